@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One-shot set-up of a fresh machine (Debian 12, Python 3.11): system packages, the application
+# environment (.venv) and the Triton tools environment (.venv-triton). Safe to re-run: each step
+# is skipped when its stamp file says it is already done for the same inputs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${TRITONFLOW_PYTHON:-python3.11}
+
+stamp() { sha256sum "$@" | sha256sum | cut -c1-16; }
+
+# ---------------------------------------------------------------- system packages
+need_apt=()
+for pkg in libb64-0d nginx-light; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  echo "[setup] apt-get install ${need_apt[*]}"
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}" >/dev/null
+fi
+
+# ---------------------------------------------------------------- application environment
+want=$(stamp requirements.txt constraints/constraints.txt constraints/requirements-nodeps.txt pyproject.toml)
+if [ "$(cat .venv/.tritonflow-stamp 2>/dev/null)" != "$want" ]; then
+  echo "[setup] creating .venv (application environment)"
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  .venv/bin/pip install -q -U pip wheel setuptools
+  .venv/bin/pip install -q -r requirements.txt -c constraints/constraints.txt
+  # whylogs pins platformdirs<4 but runs with 4 (needed by model-signing): install it without deps.
+  .venv/bin/pip install -q --no-deps -r constraints/requirements-nodeps.txt
+  .venv/bin/pip install -q --no-deps -e .
+  echo "$want" > .venv/.tritonflow-stamp
+fi
+
+# ---------------------------------------------------------------- Triton tools environment
+bash scripts/setup_triton_env.sh
+echo "[setup] done"

@@ -1,0 +1,91 @@
+"""The one exception hierarchy of tritonflow.
+
+Two branches decide how Airflow treats a failure:
+
+* :class:`DataError` -- the input is bad (model, config, window, artifact, parameters). Retrying
+  cannot help, so tasks raise ``AirflowFailException`` for it (see ``plugins``).
+* :class:`TransientError` -- a system flaked (a service is down, a timeout). Tasks let Airflow retry.
+
+Every message names the field, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+
+class TritonflowError(Exception):
+    """Base class of every error raised by tritonflow."""
+
+    retryable: bool = False
+
+
+# --------------------------------------------------------------------------- bad data (no retry)
+class DataError(TritonflowError):
+    """The input is wrong; retrying will not help."""
+
+
+class SettingsError(DataError):
+    """A setting (environment variable or parameter) has an invalid value."""
+
+
+class ModelConversionError(DataError):
+    """A model could not be converted to a Triton-servable format."""
+
+
+class ModelValidationError(DataError):
+    """A converted model or its config.pbtxt failed a pre-push check."""
+
+
+class ParityError(ModelValidationError):
+    """The converted model's outputs differ from the source model beyond tolerance."""
+
+
+class ModelConfigError(ModelValidationError):
+    """A Triton config.pbtxt is malformed or contradicts the model."""
+
+
+class RepositoryLayoutError(DataError):
+    """A Triton model repository does not follow the layout rules."""
+
+
+class SignatureVerificationError(DataError):
+    """An artifact's signature is missing, invalid or does not cover its files."""
+
+
+class RegistryError(DataError):
+    """The MLflow registry state is not what the operation needs (missing alias, two champions)."""
+
+
+class WindowError(DataError):
+    """An inference-log window is empty, malformed or lacks required columns."""
+
+
+class ContractViolation(DataError):
+    """A data contract (Great Expectations suite) failed on a window."""
+
+
+class TrafficPlanError(DataError):
+    """A traffic split plan is invalid (weights not integers 0-100 summing to 100)."""
+
+
+# ------------------------------------------------------------------ system flaked (retry allowed)
+class TransientError(TritonflowError):
+    """A system flaked; the same call may succeed later."""
+
+    retryable = True
+
+
+class ServiceUnavailableError(TransientError):
+    """A service (Triton, MLflow, S3, NGINX) did not answer in time."""
+
+
+class ModelLoadError(TransientError):
+    """Triton did not bring a model version to READY within the timeout."""
+
+
+# ------------------------------------------------------------------------- local runtime
+class RuntimeStartError(TritonflowError):
+    """A local service failed to start; the message says why and nothing was left running."""
+
+
+class ConcurrencyError(TritonflowError):
+    """Another operation already holds the lock for this model (one promotion at a time)."""
