@@ -67,6 +67,22 @@ class TrafficPlanError(DataError):
     """A traffic split plan is invalid (weights not integers 0-100 summing to 100)."""
 
 
+class GatewayConfigError(DataError):
+    """The gateway refused a generated routing config (``nginx -t``); the previous one is live."""
+
+
+class PreflightError(DataError):
+    """The serving target cannot host the challenger beside the champion; traffic untouched."""
+
+
+class ProfilingError(DataError):
+    """Model Analyzer produced no measured, stable configuration within the constraints."""
+
+
+class TrainingError(DataError):
+    """A training entry point failed or returned no usable model; the registry is unchanged."""
+
+
 # ------------------------------------------------------------------ system flaked (retry allowed)
 class TransientError(TritonflowError):
     """A system flaked; the same call may succeed later."""
@@ -82,6 +98,18 @@ class ModelLoadError(TransientError):
     """Triton did not bring a model version to READY within the timeout."""
 
 
+class InsufficientMemoryError(TransientError):
+    """Not enough free GPU or host memory to load a model version now (pre-flight check)."""
+
+
+class GatewayReloadError(ServiceUnavailableError):
+    """The gateway could not be reloaded; the previous routing config was restored on disk."""
+
+
+class MetricsUnavailableError(ServiceUnavailableError):
+    """Triton's Prometheus metrics endpoint could not be scraped (a canary analysis then fails)."""
+
+
 # ------------------------------------------------------------------------- local runtime
 class RuntimeStartError(TritonflowError):
     """A local service failed to start; the message says why and nothing was left running."""
@@ -89,3 +117,7 @@ class RuntimeStartError(TritonflowError):
 
 class ConcurrencyError(TritonflowError):
     """Another operation already holds the lock for this model (one promotion at a time)."""
+
+
+class RetrainCooldownError(ConcurrencyError):
+    """The model was retrained less than the cooldown ago; this retraining is skipped."""

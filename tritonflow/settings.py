@@ -60,6 +60,115 @@ DEFAULT_LOAD_TIMEOUT_S = 120.0
 DEFAULT_MAX_XCOM_BYTES = 48 * 1024
 
 
+# ---------------------------------------------------------------------------- repository_sync: canary
+#: Canary traffic steps for the challenger, percent of requests, comma-separated (issue 6).
+DEFAULT_CANARY_STEPS = "5,25,50,100"
+#: Seconds each canary step bakes before its analysis.
+DEFAULT_CANARY_BAKE_S = 300.0
+#: Fewest canary requests a step needs; fewer makes the step inconclusive, never a pass.
+DEFAULT_CANARY_MIN_REQUESTS = 100
+#: How many times an inconclusive step is extended (one more bake each) before the canary fails.
+DEFAULT_CANARY_MAX_EXTENSIONS = 2
+#: Highest canary error rate (failed / all requests, 0-1) a step may show.
+DEFAULT_CANARY_MAX_ERROR_RATE = 0.01
+#: Highest canary mean request latency (milliseconds, Triton's nv_inference_request_duration_us).
+DEFAULT_CANARY_MAX_MEAN_LATENCY_MS = 1000.0
+#: Highest ratio of canary to champion mean latency over the same step (dimensionless).
+DEFAULT_CANARY_MAX_LATENCY_RATIO = 1.5
+#: Highest two-sample KS statistic between canary and champion predictions (0-1).
+DEFAULT_CANARY_MAX_PREDICTION_KS = 0.2
+#: Highest PSI between canary and champion predictions (0.25 = "significant shift", Siddiqi 2006).
+DEFAULT_CANARY_MAX_PREDICTION_PSI = 0.25
+#: Response header the gateway adds to name the model version that served a request.
+DEFAULT_GATEWAY_RESPONSE_HEADER = "X-Tritonflow-Version"
+#: Seconds a second promotion of the same model waits for the lock (0: fail at once).
+DEFAULT_PROMOTION_LOCK_TIMEOUT_S = 0.0
+#: Memory a challenger needs, as a multiple of its model files' size (pre-flight estimate).
+DEFAULT_PREFLIGHT_MEMORY_FACTOR = 2.0
+#: Extra memory (MiB) the pre-flight keeps free beside the challenger estimate.
+DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB = 512
+
+
+# ---------------------------------------------------------------------------- model_registry
+#: Highest ``ai.onnx.ml`` opset the target ONNX Runtime implements (ORT 1.19: ai.onnx.ml 4).
+DEFAULT_MAX_ONNX_ML_OPSET = 4
+#: Human-readable name of the serving release the ONNX limits describe (quoted in errors).
+DEFAULT_TARGET_TRITON_RELEASE = "Triton 2.51 (ONNX Runtime 1.19)"
+#: Parity gate: absolute tolerance per output element (|onnx - source| <= atol + rtol * |source|).
+DEFAULT_PARITY_ATOL = 1e-5
+#: Parity gate: relative tolerance per output element (same formula as ``numpy.isclose``).
+DEFAULT_PARITY_RTOL = 1e-4
+#: Parity gate: smallest fraction (0-1) of rows whose classifier label must agree.
+DEFAULT_PARITY_MIN_LABEL_AGREEMENT = 1.0
+#: Rows in a validation sample built from an input example (example rows + seeded perturbations).
+DEFAULT_VALIDATION_SAMPLE_ROWS = 64
+#: Std of the seeded Gaussian perturbation, relative to each float column's scale (unitless).
+DEFAULT_VALIDATION_PERTURBATION = 0.05
+#: Max abs difference allowed between TorchScript and eager-eval outputs (case H08).
+DEFAULT_TORCHSCRIPT_ATOL = 1e-5
+#: Model Analyzer bounded search: candidate max_batch_size values (comma-separated ints).
+DEFAULT_ANALYZER_MAX_BATCH_SIZES = "8,32"
+#: Model Analyzer bounded search: candidate instance counts per group (comma-separated ints).
+DEFAULT_ANALYZER_INSTANCE_COUNTS = "1"
+#: Model Analyzer bounded search: dynamic batching max queue delays (microseconds, comma-separated).
+DEFAULT_ANALYZER_QUEUE_DELAYS_US = "500"
+#: Model Analyzer bounded search: client concurrencies (comma-separated ints).
+DEFAULT_ANALYZER_CONCURRENCY = "4"
+#: perf_analyzer measurement window (milliseconds, time_windows mode).
+DEFAULT_ANALYZER_MEASUREMENT_MS = 1000
+#: Latency constraint of the profiling objective: p99 latency at most this many milliseconds.
+DEFAULT_ANALYZER_P99_LATENCY_MS = 100.0
+#: A config whose throughput coefficient of variation across passes exceeds this is unstable (H12).
+DEFAULT_ANALYZER_STABILITY_CV = 0.1
+#: Seconds a Model Analyzer ``profile`` run may take before it is stopped.
+DEFAULT_ANALYZER_TIMEOUT_S = 600.0
+#: Fraction (0-1) of a GPU's free memory the instances of one model may plan to use.
+DEFAULT_GPU_MEMORY_BUDGET_FRACTION = 0.8
+#: Fraction (0-1) of available host memory the CPU instances of one model may plan to use.
+DEFAULT_HOST_MEMORY_BUDGET_FRACTION = 0.5
+#: Planned memory per model instance, as a multiple of the model file size (weights + arenas).
+DEFAULT_INSTANCE_MEMORY_FACTOR = 2.0
+#: Upper bound on instances of one model per device (or on the host for KIND_CPU).
+DEFAULT_MAX_INSTANCE_COUNT = 4
+
+# ---------------------------------------------------------------------------- plugins (Airflow)
+#: HMAC secret shared with the MLflow webhook (empty: the receiver refuses every delivery).
+DEFAULT_WEBHOOK_SECRET = ""
+#: Seconds a webhook's X-MLflow-Timestamp may differ from now (Standard Webhooks uses 5 minutes).
+DEFAULT_WEBHOOK_TOLERANCE_S = 300
+#: URL that failure notifications are POSTed to as JSON (empty: log only).
+DEFAULT_ALERT_WEBHOOK_URL = ""
+#: Seconds to wait for the alert webhook to answer.
+DEFAULT_ALERT_TIMEOUT_S = 10.0
+#: YAML/JSON file mapping registry changes to DAG ids (empty: the built-in default mapping).
+DEFAULT_EVENT_MAPPING_PATH = ""
+#: Seconds between two polls of the MLflow registry by the registry watcher.
+DEFAULT_REGISTRY_POLL_INTERVAL_S = 60.0
+#: Base URL of the MLflow UI for extra links (empty: the resolved tracking URI).
+DEFAULT_MLFLOW_UI_URL = ""
+
+
+# ---------------------------------------------------------------------------- model_registry: shadow/retrain
+#: Fewest labelled rows a shadow comparison needs; fewer is "inconclusive", never a win (issue 5).
+DEFAULT_SHADOW_MIN_LABELS = 200
+#: Two-sided confidence level (0-1) of the paired bootstrap intervals of the shadow comparison.
+DEFAULT_SHADOW_CONFIDENCE = 0.95
+#: Improvement (primary-metric units, e.g. AUC points) the challenger must show at the lower bound.
+DEFAULT_SHADOW_MARGIN = 0.01
+#: Largest worsening (metric units) tolerated on a guardrail metric.
+DEFAULT_SHADOW_GUARDRAIL_TOLERANCE = 0.02
+#: Bootstrap resamples of the shadow comparison.
+DEFAULT_SHADOW_N_BOOT = 1000
+#: Champion counts as degraded when worse than its reference metric by more (metric units).
+DEFAULT_SHADOW_DEGRADATION_TOLERANCE = 0.05
+#: Champion counts as degraded below this primary metric value (NaN: check off).
+DEFAULT_SHADOW_CHAMPION_FLOOR = float("nan")
+#: Seconds after a successful retraining of a model before another one may start.
+DEFAULT_RETRAIN_COOLDOWN_S = 6 * 3600.0
+#: Seconds after which an unfinished retraining lock is treated as abandoned (crashed worker).
+DEFAULT_RETRAIN_STALE_AFTER_S = 12 * 3600.0
+
+
 def _field(default: Any, env: str, doc: str) -> Any:
     return dataclasses.field(default=default, metadata={"env": env, "doc": doc})
 
@@ -100,6 +209,155 @@ class Settings:
     )
     max_xcom_bytes: int = _field(
         DEFAULT_MAX_XCOM_BYTES, "MAX_XCOM_BYTES", "Largest XCom a task may return (bytes)."
+    )
+
+    # ------------------------------------------------------------------ repository_sync: canary
+    canary_steps: str = _field(
+        DEFAULT_CANARY_STEPS, "CANARY_STEPS", "Canary steps, percent of traffic, comma-separated."
+    )
+    canary_bake_s: float = _field(DEFAULT_CANARY_BAKE_S, "CANARY_BAKE_S", "Seconds each step bakes.")
+    canary_min_requests: int = _field(
+        DEFAULT_CANARY_MIN_REQUESTS, "CANARY_MIN_REQUESTS", "Fewest canary requests per step."
+    )
+    canary_max_extensions: int = _field(
+        DEFAULT_CANARY_MAX_EXTENSIONS, "CANARY_MAX_EXTENSIONS", "Extensions of an inconclusive step."
+    )
+    canary_max_error_rate: float = _field(
+        DEFAULT_CANARY_MAX_ERROR_RATE, "CANARY_MAX_ERROR_RATE", "Highest canary error rate (0-1)."
+    )
+    canary_max_mean_latency_ms: float = _field(
+        DEFAULT_CANARY_MAX_MEAN_LATENCY_MS, "CANARY_MAX_MEAN_LATENCY_MS", "Highest canary mean latency (ms)."
+    )
+    canary_max_latency_ratio: float = _field(
+        DEFAULT_CANARY_MAX_LATENCY_RATIO, "CANARY_MAX_LATENCY_RATIO", "Highest canary/champion latency ratio."
+    )
+    canary_max_prediction_ks: float = _field(
+        DEFAULT_CANARY_MAX_PREDICTION_KS, "CANARY_MAX_PREDICTION_KS", "Highest prediction KS statistic."
+    )
+    canary_max_prediction_psi: float = _field(
+        DEFAULT_CANARY_MAX_PREDICTION_PSI, "CANARY_MAX_PREDICTION_PSI", "Highest prediction PSI."
+    )
+    gateway_response_header: str = _field(
+        DEFAULT_GATEWAY_RESPONSE_HEADER, "GATEWAY_RESPONSE_HEADER", "Header naming the serving version."
+    )
+    promotion_lock_timeout_s: float = _field(
+        DEFAULT_PROMOTION_LOCK_TIMEOUT_S, "PROMOTION_LOCK_TIMEOUT_S", "Seconds to wait for a promotion lock."
+    )
+    preflight_memory_factor: float = _field(
+        DEFAULT_PREFLIGHT_MEMORY_FACTOR, "PREFLIGHT_MEMORY_FACTOR", "Challenger memory / model file size."
+    )
+    preflight_memory_margin_mib: int = _field(
+        DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB, "PREFLIGHT_MEMORY_MARGIN_MIB", "Memory kept free (MiB)."
+    )
+
+    # -------------------------------------------------------------- model_registry (conversion,
+    # validation, parity gate, Model Analyzer, hardware)
+    max_onnx_ml_opset: int = _field(
+        DEFAULT_MAX_ONNX_ML_OPSET, "MAX_ONNX_ML_OPSET", "Highest ai.onnx.ml opset Triton's ORT runs."
+    )
+    target_triton_release: str = _field(
+        DEFAULT_TARGET_TRITON_RELEASE, "TARGET_TRITON_RELEASE", "Serving release the limits describe."
+    )
+    parity_atol: float = _field(DEFAULT_PARITY_ATOL, "PARITY_ATOL", "Parity gate absolute tolerance.")
+    parity_rtol: float = _field(DEFAULT_PARITY_RTOL, "PARITY_RTOL", "Parity gate relative tolerance.")
+    parity_min_label_agreement: float = _field(
+        DEFAULT_PARITY_MIN_LABEL_AGREEMENT, "PARITY_MIN_LABEL_AGREEMENT", "Min label agreement (0-1)."
+    )
+    validation_sample_rows: int = _field(
+        DEFAULT_VALIDATION_SAMPLE_ROWS, "VALIDATION_SAMPLE_ROWS", "Rows of a perturbed validation sample."
+    )
+    validation_perturbation: float = _field(
+        DEFAULT_VALIDATION_PERTURBATION, "VALIDATION_PERTURBATION", "Relative std of perturbations."
+    )
+    torchscript_atol: float = _field(
+        DEFAULT_TORCHSCRIPT_ATOL, "TORCHSCRIPT_ATOL", "TorchScript vs eager-eval max abs diff."
+    )
+    analyzer_max_batch_sizes: str = _field(
+        DEFAULT_ANALYZER_MAX_BATCH_SIZES, "ANALYZER_MAX_BATCH_SIZES", "Searched max_batch_size values."
+    )
+    analyzer_instance_counts: str = _field(
+        DEFAULT_ANALYZER_INSTANCE_COUNTS, "ANALYZER_INSTANCE_COUNTS", "Searched instance counts."
+    )
+    analyzer_queue_delays_us: str = _field(
+        DEFAULT_ANALYZER_QUEUE_DELAYS_US, "ANALYZER_QUEUE_DELAYS_US", "Searched queue delays (us)."
+    )
+    analyzer_concurrency: str = _field(
+        DEFAULT_ANALYZER_CONCURRENCY, "ANALYZER_CONCURRENCY", "Searched client concurrencies."
+    )
+    analyzer_measurement_ms: int = _field(
+        DEFAULT_ANALYZER_MEASUREMENT_MS, "ANALYZER_MEASUREMENT_MS", "perf_analyzer window (ms)."
+    )
+    analyzer_p99_latency_ms: float = _field(
+        DEFAULT_ANALYZER_P99_LATENCY_MS, "ANALYZER_P99_LATENCY_MS", "p99 latency constraint (ms)."
+    )
+    analyzer_stability_cv: float = _field(
+        DEFAULT_ANALYZER_STABILITY_CV, "ANALYZER_STABILITY_CV", "Max throughput CV of a stable config."
+    )
+    analyzer_timeout_s: float = _field(
+        DEFAULT_ANALYZER_TIMEOUT_S, "ANALYZER_TIMEOUT_S", "Model Analyzer run timeout (s)."
+    )
+    gpu_memory_budget_fraction: float = _field(
+        DEFAULT_GPU_MEMORY_BUDGET_FRACTION, "GPU_MEMORY_BUDGET_FRACTION", "Share of free GPU memory."
+    )
+    host_memory_budget_fraction: float = _field(
+        DEFAULT_HOST_MEMORY_BUDGET_FRACTION, "HOST_MEMORY_BUDGET_FRACTION", "Share of free host memory."
+    )
+    instance_memory_factor: float = _field(
+        DEFAULT_INSTANCE_MEMORY_FACTOR, "INSTANCE_MEMORY_FACTOR", "Instance memory / model file size."
+    )
+    max_instance_count: int = _field(
+        DEFAULT_MAX_INSTANCE_COUNT, "MAX_INSTANCE_COUNT", "Most instances of a model per device."
+    )
+
+    # -------------------------------------------------------------- plugins (Airflow)
+    webhook_secret: str = _field(
+        DEFAULT_WEBHOOK_SECRET, "WEBHOOK_SECRET", "HMAC secret of the MLflow webhook."
+    )
+    webhook_tolerance_s: int = _field(
+        DEFAULT_WEBHOOK_TOLERANCE_S, "WEBHOOK_TOLERANCE_S", "Accepted webhook clock skew (s)."
+    )
+    alert_webhook_url: str = _field(
+        DEFAULT_ALERT_WEBHOOK_URL, "ALERT_WEBHOOK_URL", "Failure notifications POST URL (empty: log)."
+    )
+    alert_timeout_s: float = _field(
+        DEFAULT_ALERT_TIMEOUT_S, "ALERT_TIMEOUT_S", "Alert webhook timeout (s)."
+    )
+    event_mapping_path: str = _field(
+        DEFAULT_EVENT_MAPPING_PATH, "EVENT_MAPPING_PATH", "Registry-event-to-DAG mapping file."
+    )
+    registry_poll_interval_s: float = _field(
+        DEFAULT_REGISTRY_POLL_INTERVAL_S, "REGISTRY_POLL_INTERVAL_S", "Registry watcher poll (s)."
+    )
+    mlflow_ui_url: str = _field(
+        DEFAULT_MLFLOW_UI_URL, "MLFLOW_UI_URL", "MLflow UI base URL for links (empty: tracking URI)."
+    )
+
+    # -------------------------------------------------------------- model_registry: shadow/retrain
+    shadow_min_labels: int = _field(
+        DEFAULT_SHADOW_MIN_LABELS, "SHADOW_MIN_LABELS", "Fewest labelled rows to decide (else inconclusive)."
+    )
+    shadow_confidence: float = _field(
+        DEFAULT_SHADOW_CONFIDENCE, "SHADOW_CONFIDENCE", "Bootstrap interval confidence (0-1)."
+    )
+    shadow_margin: float = _field(
+        DEFAULT_SHADOW_MARGIN, "SHADOW_MARGIN", "Required primary-metric gain at the lower bound."
+    )
+    shadow_guardrail_tolerance: float = _field(
+        DEFAULT_SHADOW_GUARDRAIL_TOLERANCE, "SHADOW_GUARDRAIL_TOLERANCE", "Tolerated guardrail loss."
+    )
+    shadow_n_boot: int = _field(DEFAULT_SHADOW_N_BOOT, "SHADOW_N_BOOT", "Bootstrap resamples.")
+    shadow_degradation_tolerance: float = _field(
+        DEFAULT_SHADOW_DEGRADATION_TOLERANCE, "SHADOW_DEGRADATION_TOLERANCE",
+        "Champion drop below its reference that counts as degraded.",
+    )
+    shadow_champion_floor: float = _field(
+        DEFAULT_SHADOW_CHAMPION_FLOOR, "SHADOW_CHAMPION_FLOOR", "Champion metric floor (nan: off)."
+    )
+    retrain_cooldown_s: float = _field(
+        DEFAULT_RETRAIN_COOLDOWN_S, "RETRAIN_COOLDOWN_S", "Seconds between retrainings of a model."
+    )
+    retrain_stale_after_s: float = _field(
+        DEFAULT_RETRAIN_STALE_AFTER_S, "RETRAIN_STALE_AFTER_S", "Age (s) of an abandoned retrain lock."
     )
 
     # ------------------------------------------------------------------ derived values

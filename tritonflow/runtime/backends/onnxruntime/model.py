@@ -9,7 +9,7 @@ It honours the model configuration:
 
 * input/output names and data types (checked against the ONNX graph at load time; a mismatch
   refuses the load and names the tensor, the config type and the model type, in that order);
-* ``dims`` and ``max_batch_size`` (with ``max_batch_size > 0`` the batch axis is implicit and must
+* ``dims``, ``reshape`` and ``max_batch_size`` (with ``max_batch_size > 0`` the batch axis is implicit and must
   be dynamic or absent from the config; requests larger than ``max_batch_size`` are refused);
 * dynamic batching: the requests Triton hands to one ``execute`` call are concatenated along the
   batch axis, run in one ONNX Runtime call and split back per request;
@@ -116,8 +116,10 @@ class TritonPythonModel:
         elif have != cfg["data_type"]:
             problems.append(f"{kind} '{name}': config {cfg['data_type']}, model {tensor.type}")
         shape = [d if isinstance(d, int) else -1 for d in (tensor.shape or [])]
-        if tensor.shape is not None and not _shape_ok(cfg.get("dims", []), tensor.shape, batched):
-            implied = len(cfg.get("dims", [])) + (1 if batched else 0)
+        # With a reshape block the model sees reshape.shape, Triton's clients see dims.
+        dims = cfg["reshape"].get("shape", []) if "reshape" in cfg else cfg.get("dims", [])
+        if tensor.shape is not None and not _shape_ok(dims, tensor.shape, batched):
+            implied = len(dims) + (1 if batched else 0)
             problems.append(
                 f"{kind} '{name}': model has rank {len(shape)} shape {shape}, config implies rank "
                 f"{implied} (dims {cfg.get('dims', [])}, max_batch_size {self.max_batch_size})"

@@ -1,0 +1,193 @@
+"""The local runtime runs real services: Triton round trips (folder and S3), MLflow, NGINX, and
+start-up failures that are clean."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from tritonflow.exceptions import RuntimeStartError
+from tritonflow.runtime.services import MlflowServer, S3Server, TritonServer, port_in_use
+from tests.conftest import make_settings
+
+pytestmark = pytest.mark.integration
+
+MODEL = "iris_clf"
+
+
+@pytest.fixture(scope="module")
+def iris_onnx():
+    """A small scikit-learn classifier and its ONNX form with tensor outputs (no ZipMap)."""
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+
+    X, y = load_iris(return_X_y=True)
+    X = X.astype(np.float32)
+    clf = LogisticRegression(max_iter=500).fit(X, y)
+    onx = to_onnx(
+        clf,
+        X[:1],
+        options={id(clf): {"zipmap": False}},
+        target_opset={"": 17, "ai.onnx.ml": 3},
+    )
+    return clf, X, onx.SerializeToString()
+
+
+def _config_pbtxt() -> str:
+    cfg = model_config_pb2.ModelConfig(name=MODEL, backend="onnxruntime", max_batch_size=256)
+    cfg.input.add(name="X", data_type=model_config_pb2.TYPE_FP32, dims=[4])
+    label = cfg.output.add(name="label", data_type=model_config_pb2.TYPE_INT64, dims=[1])
+    label.reshape.shape[:] = []  # the model's label tensor is [batch]; clients see [batch, 1]
+    cfg.output.add(name="probabilities", data_type=model_config_pb2.TYPE_FP32, dims=[3])
+    cfg.dynamic_batching.max_queue_delay_microseconds = 100
+    cfg.instance_group.add(kind=model_config_pb2.ModelInstanceGroup.KIND_CPU, count=1)
+    return text_format.MessageToString(cfg)
+
+
+def _infer(url: str, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    client = httpclient.InferenceServerClient(url)
+    inp = httpclient.InferInput("X", list(X.shape), "FP32")
+    inp.set_data_from_numpy(X)
+    out = [httpclient.InferRequestedOutput("label"), httpclient.InferRequestedOutput("probabilities")]
+    res = client.infer(MODEL, [inp], outputs=out)
+    return res.as_numpy("label"), res.as_numpy("probabilities")
+
+
+def _load_and_check(triton: TritonServer, clf, X) -> None:
+    client = httpclient.InferenceServerClient(triton.http_url)
+    client.load_model(MODEL)
+    assert client.is_model_ready(MODEL, "1")
+    labels, probs = _infer(triton.http_url, X)
+    np.testing.assert_allclose(probs, clf.predict_proba(X), atol=1e-5)
+    np.testing.assert_array_equal(labels.reshape(-1), clf.predict(X))
+
+
+def test_sklearn_model_round_trips_through_a_folder_repository(tmp_path, iris_onnx, triton_factory):
+    clf, X, onnx_bytes = iris_onnx
+    version = tmp_path / "repo" / MODEL / "1"
+    version.mkdir(parents=True)
+    (version / "model.onnx").write_bytes(onnx_bytes)
+    (tmp_path / "repo" / MODEL / "config.pbtxt").write_text(_config_pbtxt())
+
+    triton = triton_factory(str(tmp_path / "repo"))
+    _load_and_check(triton, clf, X)
+
+
+def test_sklearn_model_round_trips_through_an_s3_repository(iris_onnx, s3_server, triton_factory):
+    clf, X, onnx_bytes = iris_onnx
+    s3 = boto3.client("s3", endpoint_url=s3_server.endpoint_url)
+    s3.create_bucket(Bucket="roundtrip")
+    s3.put_object(Bucket="roundtrip", Key=f"triton/{MODEL}/1/model.onnx", Body=onnx_bytes)
+    s3.put_object(Bucket="roundtrip", Key=f"triton/{MODEL}/config.pbtxt", Body=_config_pbtxt().encode())
+
+    triton = triton_factory(s3_server.triton_url("roundtrip", "triton"))
+    assert triton.repository.startswith("s3://http://127.0.0.1:")
+    _load_and_check(triton, clf, X)
+
+
+def test_mlflow_server_registers_a_model_and_reads_it_back(mlflow_server, iris_onnx):
+    import mlflow
+    from mlflow.models import infer_signature
+
+    clf, X, _ = iris_onnx
+    mlflow.set_tracking_uri(mlflow_server.tracking_uri)
+    mlflow.set_experiment("runtime-smoke")
+    with mlflow.start_run():
+        info = mlflow.sklearn.log_model(
+            clf, name="model", signature=infer_signature(X, clf.predict(X)),
+            registered_model_name="runtime_smoke",
+        )
+    client = mlflow.MlflowClient(mlflow_server.tracking_uri)
+    version = client.get_model_version("runtime_smoke", info.registered_model_version)
+    assert version.name == "runtime_smoke"
+    loaded = mlflow.pyfunc.load_model(f"models:/runtime_smoke/{version.version}")
+    np.testing.assert_array_equal(loaded.predict(X), clf.predict(X))
+
+
+def test_nginx_gateway_proxies_an_inference_to_triton(tmp_path, iris_onnx, triton_factory, gateway_factory):
+    clf, X, onnx_bytes = iris_onnx
+    version = tmp_path / "repo" / MODEL / "1"
+    version.mkdir(parents=True)
+    (version / "model.onnx").write_bytes(onnx_bytes)
+    (tmp_path / "repo" / MODEL / "config.pbtxt").write_text(_config_pbtxt())
+    triton = triton_factory(str(tmp_path / "repo"))
+    httpclient.InferenceServerClient(triton.http_url).load_model(MODEL)
+
+    gateway = gateway_factory(triton)
+    labels, probs = _infer(gateway.url.removeprefix("http://"), X[:5])
+    np.testing.assert_allclose(probs, clf.predict_proba(X[:5]), atol=1e-5)
+    access_log = (gateway.conf_dir / "logs" / "access.log").read_text()
+    assert f"/v2/models/{MODEL}/infer" in access_log
+
+
+def test_a_taken_port_fails_clearly_and_leaves_no_process(tmp_path):
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    try:
+        settings = make_settings(tmp_path / "home", mlflow_port=taken)
+        server = MlflowServer(settings)
+        with pytest.raises(RuntimeStartError, match=rf"port 127\.0\.0\.1:{taken} is already in use"):
+            server.start()
+        assert server.process is None
+        assert not server.pid_path.exists()
+    finally:
+        holder.close()
+
+
+def test_a_service_that_dies_during_start_up_reports_its_log_and_leaves_nothing(tmp_path):
+    # A repository path that is a file makes Triton exit at start-up.
+    bogus = tmp_path / "not-a-folder"
+    bogus.write_text("x")
+    settings = make_settings(tmp_path / "home", start_timeout_s=30.0)
+    server = TritonServer(settings, repository=str(bogus))
+    server.prepare = lambda: None  # keep the bogus file as the repository
+    with pytest.raises(RuntimeStartError) as err:
+        server.start()
+    message = str(err.value)
+    assert "triton" in message and str(server.log_path) in message
+    for port in server.ports():
+        assert not port_in_use(settings.host, port)
+    assert not server.pid_path.exists()
+
+
+def test_a_missing_binary_is_reported_with_the_set_up_command(tmp_path):
+    settings = make_settings(tmp_path / "home", triton_venv=tmp_path / "no-venv")
+    with pytest.raises(RuntimeStartError, match=r"binary .*tritonserver is missing; run scripts/setup.sh"):
+        TritonServer(settings, repository=str(tmp_path / "repo")).start()
+
+
+def test_cli_starts_reports_and_stops_the_s3_endpoint(tmp_path):
+    env = dict(os.environ, TRITONFLOW_HOME=str(tmp_path / "home"), TRITONFLOW_S3_PORT=str(_free()))
+    run = lambda *a: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "tritonflow.cli", "runtime", *a], env=env, capture_output=True, text=True, timeout=120
+    )
+    started = run("start", "--services", "s3")
+    assert started.returncode == 0, started.stderr
+    status = json.loads(run("status", "--json").stdout)
+    assert status["s3"]["healthy"] is True
+    stopped = run("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    status = json.loads(run("status", "--json").stdout)
+    assert status["s3"]["healthy"] is False
+
+
+def _free() -> int:
+    from tritonflow.runtime.services import free_port
+
+    return free_port()
