@@ -1,0 +1,49 @@
+"""Settings are typed, read from TRITONFLOW_* variables only when asked, and fail clearly."""
+
+from pathlib import Path
+
+import pytest
+
+from tritonflow import settings as settings_module
+from tritonflow.exceptions import SettingsError
+from tritonflow.settings import DEFAULT_TRITON_HTTP_PORT, Settings
+
+
+def test_defaults_apply_when_no_variable_is_set():
+    s = Settings.from_env({})
+    assert s.triton_http_port == DEFAULT_TRITON_HTTP_PORT
+    assert s.resolved_repository_uri == str(s.home / "model_repository")
+    assert s.resolved_mlflow_backend_uri.startswith("sqlite:///")
+
+
+def test_variables_are_converted_to_the_field_type():
+    s = Settings.from_env({"TRITONFLOW_TRITON_HTTP_PORT": "9100", "TRITONFLOW_HOME": "/tmp/tf-home",
+                           "TRITONFLOW_START_TIMEOUT_S": "2.5"})
+    assert s.triton_http_port == 9100
+    assert s.home == Path("/tmp/tf-home")
+    assert s.start_timeout_s == 2.5
+
+
+def test_a_malformed_variable_names_the_variable_the_value_and_the_type():
+    with pytest.raises(SettingsError, match=r"TRITONFLOW_MLFLOW_PORT='fifty' is not a valid int"):
+        Settings.from_env({"TRITONFLOW_MLFLOW_PORT": "fifty"})
+
+
+def test_overrides_win_over_the_environment():
+    s = Settings.from_env({"TRITONFLOW_GATEWAY_PORT": "9000"}, gateway_port=9001)
+    assert s.gateway_port == 9001
+
+
+def test_importing_the_module_reads_nothing_from_the_environment(monkeypatch):
+    monkeypatch.setenv("TRITONFLOW_TRITON_HTTP_PORT", "not-a-number")
+    import importlib
+
+    importlib.reload(settings_module)  # must not raise: nothing is read at import time
+    with pytest.raises(SettingsError):
+        settings_module.get_settings()
+
+
+def test_every_field_is_documented_for_the_configuration_reference():
+    rows = Settings.describe()
+    assert rows and all(name.startswith("TRITONFLOW_") and doc for name, _, doc in rows)
+    assert len({name for name, _, _ in rows}) == len(rows)
