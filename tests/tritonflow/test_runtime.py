@@ -191,3 +191,46 @@ def _free() -> int:
     from tritonflow.runtime.services import free_port
 
     return free_port()
+
+
+def _write_repo(root: Path, onnx_bytes: bytes, config: str) -> None:
+    version = root / MODEL / "1"
+    version.mkdir(parents=True)
+    (version / "model.onnx").write_bytes(onnx_bytes)
+    (root / MODEL / "config.pbtxt").write_text(config)
+
+
+def test_onnxruntime_backend_batches_concurrent_requests(tmp_path, iris_onnx, triton_factory):
+    from concurrent.futures import ThreadPoolExecutor
+
+    clf, X, onnx_bytes = iris_onnx
+    config = _config_pbtxt().replace(
+        "max_queue_delay_microseconds: 100", "max_queue_delay_microseconds: 300000"
+    )
+    _write_repo(tmp_path / "repo", onnx_bytes, config)
+    triton = triton_factory(str(tmp_path / "repo"))
+    httpclient.InferenceServerClient(triton.http_url).load_model(MODEL)
+
+    rows = X[:24]
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        results = list(pool.map(lambda i: _infer(triton.http_url, rows[i : i + 1]), range(len(rows))))
+    probs = np.vstack([p for _, p in results])
+    np.testing.assert_allclose(probs, clf.predict_proba(rows), atol=1e-5)
+
+    stats = httpclient.InferenceServerClient(triton.http_url).get_inference_statistics(MODEL)
+    model_stats = stats["model_stats"][0]
+    assert model_stats["inference_count"] == len(rows)
+    # Fewer executions than requests: the backend ran several requests as one batch.
+    assert model_stats["execution_count"] < len(rows)
+
+
+def test_onnxruntime_backend_refuses_a_config_whose_dtype_contradicts_the_model(tmp_path, iris_onnx, triton_factory):
+    _, _, onnx_bytes = iris_onnx
+    wrong = _config_pbtxt().replace("data_type: TYPE_FP32\n  dims: 4", "data_type: TYPE_INT64\n  dims: 4")
+    assert wrong != _config_pbtxt()
+    _write_repo(tmp_path / "repo", onnx_bytes, wrong)
+    triton = triton_factory(str(tmp_path / "repo"))
+    client = httpclient.InferenceServerClient(triton.http_url)
+    with pytest.raises(Exception, match=r"input 'X': config TYPE_INT64, model tensor\(float\)"):
+        client.load_model(MODEL)
+    assert not client.is_model_ready(MODEL)
