@@ -51,6 +51,18 @@ class SignatureVerificationError(DataError):
     """An artifact's signature is missing, invalid or does not cover its files."""
 
 
+class RepositoryConflictError(DataError):
+    """A model version already exists in the repository with different content (immutable)."""
+
+
+class ModelLoadRefusedError(DataError):
+    """Triton refused to load a model version (bad model or config); the message carries why."""
+
+
+class InferenceRequestError(DataError):
+    """Triton rejected an inference request (shape, dtype, batch size); the message carries why."""
+
+
 class RegistryError(DataError):
     """The MLflow registry state is not what the operation needs (missing alias, two champions)."""
 

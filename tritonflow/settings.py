@@ -169,6 +169,30 @@ DEFAULT_RETRAIN_COOLDOWN_S = 6 * 3600.0
 DEFAULT_RETRAIN_STALE_AFTER_S = 12 * 3600.0
 
 
+# ---------------------------------------------------------------------------- drift_checks
+#: Look-back of the dynamic drift threshold (days of hourly windows).
+DEFAULT_DRIFT_HISTORY_WINDOW_DAYS = 30.0
+#: Quantile of a distance statistic's history used as threshold (P95; p-values use 1 - q).
+DEFAULT_DRIFT_QUANTILE = 0.95
+#: Hourly windows needed before the dynamic threshold replaces the static one (windows).
+DEFAULT_DRIFT_MIN_HISTORY_WINDOWS = 48
+#: Rows of each side passed to Evidently's DataDriftPreset (rows).
+DEFAULT_DRIFT_EVIDENTLY_SAMPLE_ROWS = 5000
+#: SQLAlchemy URL of the drift history store; empty means SQLite at ``<home>/drift/history.db``.
+DEFAULT_DRIFT_HISTORY_DB_URL = ""
+#: Inference-log root (folder or s3://bucket/prefix); empty means ``<home>/inference_logs``.
+DEFAULT_INFERENCE_LOG_ROOT = ""
+
+
+# ---------------------------------------------------------------------------- repository_sync: publish
+#: PEM ECDSA private key used to sign model versions (OpenSSF model-signing); never logged.
+DEFAULT_SIGNING_KEY_PATH = DEFAULT_HOME / "keys" / "model_signing.pem"
+#: Folder of trusted PEM public keys (``*.pub``/``*.pem``); several allow key rotation.
+DEFAULT_SIGNING_TRUSTED_KEYS_DIR = DEFAULT_HOME / "keys" / "trusted"
+#: boto3 ``endpoint_url`` for an S3 repository; empty: the endpoint written in the s3:// URL.
+DEFAULT_S3_ENDPOINT_URL = ""
+
+
 def _field(default: Any, env: str, doc: str) -> Any:
     return dataclasses.field(default=default, metadata={"env": env, "doc": doc})
 
@@ -358,6 +382,37 @@ class Settings:
     )
     retrain_stale_after_s: float = _field(
         DEFAULT_RETRAIN_STALE_AFTER_S, "RETRAIN_STALE_AFTER_S", "Age (s) of an abandoned retrain lock."
+    )
+
+    # -------------------------------------------------------------- drift_checks
+    drift_history_window_days: float = _field(
+        DEFAULT_DRIFT_HISTORY_WINDOW_DAYS, "DRIFT_HISTORY_WINDOW_DAYS", "Dynamic threshold look-back (days)."
+    )
+    drift_quantile: float = _field(
+        DEFAULT_DRIFT_QUANTILE, "DRIFT_QUANTILE", "Threshold quantile of distances (p-values: 1 - q)."
+    )
+    drift_min_history_windows: int = _field(
+        DEFAULT_DRIFT_MIN_HISTORY_WINDOWS, "DRIFT_MIN_HISTORY_WINDOWS", "Windows before dynamic thresholds."
+    )
+    drift_evidently_sample_rows: int = _field(
+        DEFAULT_DRIFT_EVIDENTLY_SAMPLE_ROWS, "DRIFT_EVIDENTLY_SAMPLE_ROWS", "Rows per side sent to Evidently."
+    )
+    drift_history_db_url: str = _field(
+        DEFAULT_DRIFT_HISTORY_DB_URL, "DRIFT_HISTORY_DB_URL", "Drift history DB URL (empty: SQLite)."
+    )
+    inference_log_root: str = _field(
+        DEFAULT_INFERENCE_LOG_ROOT, "INFERENCE_LOG_ROOT", "Inference-log root: folder or s3://bucket/prefix."
+    )
+
+    # -------------------------------------------------------------- repository_sync: publish
+    signing_key_path: Path = _field(
+        DEFAULT_SIGNING_KEY_PATH, "SIGNING_KEY_PATH", "Private key (PEM) that signs model versions."
+    )
+    signing_trusted_keys_dir: Path = _field(
+        DEFAULT_SIGNING_TRUSTED_KEYS_DIR, "SIGNING_TRUSTED_KEYS_DIR", "Trusted public keys (PEM) folder."
+    )
+    s3_endpoint_url: str = _field(
+        DEFAULT_S3_ENDPOINT_URL, "S3_ENDPOINT_URL", "boto3 S3 endpoint (empty: from the s3:// URL)."
     )
 
     # ------------------------------------------------------------------ derived values

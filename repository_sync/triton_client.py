@@ -1,0 +1,683 @@
+"""Triton model-control client: verified load, wait for READY, unload, index, smoke inference.
+
+Built on ``tritonclient.http`` against a Triton started with ``--model-control-mode=explicit``
+(Triton "Model Management" and "Model Repository Extension" docs).
+
+Loading (issue 3 part 9):
+
+* Before every load the version folder is verified against its OpenSSF model-signing signature with
+  the trusted keys (for S3 a temporary local copy is downloaded and verified). An unsigned or
+  tampered version is never sent to Triton.
+* The config used is the version's signed ``config.pbtxt.intended`` (or one the caller passes),
+  sent through the load API's ``config`` parameter, which overrides the on-disk ``config.pbtxt``
+  for that load. Its ``version_policy`` is set to ``specific`` = the requested version plus the
+  versions already READY (``keep_loaded=True``), so loading a challenger does not unload the
+  champion. Triton applies one config per loaded model: the kept versions are reloaded with the
+  new config if it differs; pass ``keep_loaded=False`` (or load under another model name) when that
+  is not wanted.
+* After the load call, READY is awaited with a timeout (``is_model_ready`` polled, the repository
+  index consulted for the failure reason). On any failure -- refused load, timeout, failed smoke
+  inference -- the model is put back as it was: the previously READY versions are reloaded with
+  the previous config, or the model is unloaded if nothing was loaded before. Nothing stays
+  half-loaded.
+
+Inputs (case H06): integer inputs are built from object/int columns value by value, never through
+float, so ``9007199254740993`` (2**53 + 1) arrives exactly. A row with a missing or non-integer id
+is not sent; it is reported in :attr:`SmokeResult.invalid_rows` and counted as an invalid request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import numbers
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from repository_sync.layout import INTENDED_CONFIG_FILENAME, VersionLayout, plan_version
+from repository_sync.signing import SignatureInfo, load_public_keys, verify_version
+from repository_sync.storage import RepositoryStorage, open_repository
+from tritonflow.exceptions import (
+    DataError,
+    InferenceRequestError,
+    ModelLoadError,
+    ModelLoadRefusedError,
+    ParityError,
+    ServiceUnavailableError,
+    SignatureVerificationError,
+)
+from tritonflow.settings import DEFAULT_LOAD_TIMEOUT_S
+
+#: Seconds between two READY polls.
+DEFAULT_POLL_INTERVAL_S = 0.2
+#: Floats at or above this magnitude may be rounded integers (IEEE 754 binary64, 53-bit significand;
+#: the largest "safe" integer is 2**53 - 1).
+FLOAT64_EXACT_INT_LIMIT = 2**53
+_INT_TEXT_RE = re.compile(r"^[+-]?\d+$")
+_INT_DATATYPES = {"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"}
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One model input as Triton serves it.
+
+    Attributes:
+        name: Tensor name.
+        datatype: Triton datatype string (``INT64``, ``FP32``...).
+        dims: Per-row dims (without the batch axis when the model batches).
+    """
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+
+
+@dataclasses.dataclass
+class SmokeResult:
+    """Outcome of a smoke inference.
+
+    Attributes:
+        outputs: Output name -> array for the rows sent (in sample order).
+        rows_sent: Indices (sample positions) of the rows sent.
+        invalid_rows: ``(position, reason)`` of rows refused before sending.
+        max_abs_error: Output name -> max |served - expected| (when expected values were given).
+    """
+
+    outputs: dict[str, np.ndarray]
+    rows_sent: list[int]
+    invalid_rows: list[tuple[int, str]]
+    max_abs_error: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def invalid_requests(self) -> int:
+        """Number of rows refused as invalid requests."""
+        return len(self.invalid_rows)
+
+    def summary(self) -> dict:
+        """Small JSON-serialisable summary (no arrays)."""
+        return {
+            "rows_sent": len(self.rows_sent),
+            "invalid_requests": self.invalid_requests,
+            "invalid_rows": [[i, r] for i, r in self.invalid_rows[:20]],
+            "max_abs_error": self.max_abs_error,
+        }
+
+
+# --------------------------------------------------------------------------- input building
+def _is_missing(value: Any) -> bool:
+    if value is None:
+        return True
+    try:
+        import pandas as pd
+
+        if value is pd.NA or value is pd.NaT:
+            return True
+    except ImportError:  # pragma: no cover
+        pass
+    return isinstance(value, float) and math.isnan(value) or (
+        isinstance(value, np.floating) and bool(np.isnan(value))
+    )
+
+
+def exact_integer(value: Any, datatype: str = "INT64") -> int:
+    """Convert one id value to a Python int without a float round trip.
+
+    Args:
+        value: int, numpy integer, decimal string, or an integral float below 2**53.
+        datatype: Target Triton integer type (range-checked).
+
+    Returns:
+        The exact integer.
+
+    Raises:
+        ValueError: Missing, not an integer, a float at or above 2**53 (its digits may already be lost,
+            read the column as strings or pandas ``Int64``), or out of the datatype's range. The
+            message says which.
+    """
+    if _is_missing(value):
+        raise ValueError("missing value")
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"boolean {value!r} is not an integer id")
+    if isinstance(value, numbers.Integral):
+        out = int(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        if not _INT_TEXT_RE.match(text):
+            raise ValueError(f"{value!r} is not an integer")
+        out = int(text)
+    elif isinstance(value, numbers.Real):
+        f = float(value)
+        if not f.is_integer():
+            raise ValueError(f"{value!r} is not an integer")
+        if abs(f) >= FLOAT64_EXACT_INT_LIMIT:  # 2**53 + 1 rounds to 2**53: ambiguous from here on
+            raise ValueError(
+                f"{value!r} arrived as a float at or above 2**53 and may have lost digits; read ids as "
+                "strings or pandas 'Int64', never float"
+            )
+        out = int(f)
+    else:
+        raise ValueError(f"{value!r} ({type(value).__name__}) is not an integer")
+    info = np.iinfo(datatype.lower())
+    if not info.min <= out <= info.max:
+        raise ValueError(f"{out} is outside the {datatype} range [{info.min}, {info.max}]")
+    return out
+
+
+def frame_to_inputs(frame, specs: Sequence[InputSpec]) -> tuple[dict[str, np.ndarray], list[int], list[tuple[int, str]]]:
+    """Build request tensors from a pandas DataFrame, refusing bad rows instead of coercing them.
+
+    Each input is taken from the column of the same name (per-row dims ``[1]`` or ``[]``). With a
+    single input of dims ``[k]`` whose name is not a column, the frame's ``k`` columns are stacked.
+
+    Args:
+        frame: ``pandas.DataFrame`` of requests, one row per request.
+        specs: The model's inputs.
+
+    Returns:
+        ``(arrays, rows_sent, invalid_rows)``: arrays of shape ``(len(rows_sent), *dims)``;
+        ``invalid_rows`` lists ``(position, reason)`` for rows with a missing/invalid value.
+
+    Raises:
+        DataError: A needed column is absent (the message lists the columns).
+    """
+    from tritonclient.utils import triton_to_np_dtype
+
+    n = len(frame)
+    invalid: dict[int, str] = {}
+    columns: dict[str, list] = {}
+    for spec in specs:
+        if spec.name in frame.columns:
+            cols = [spec.name]
+        elif len(specs) == 1 and len(spec.dims) == 1 and spec.dims[0] in (-1, frame.shape[1]):
+            cols = list(frame.columns)
+        else:
+            raise DataError(
+                f"input {spec.name!r} ({spec.datatype}, dims {list(spec.dims)}) has no column in the "
+                f"sample; columns are {list(frame.columns)}"
+            )
+        for col in cols:
+            for pos, value in enumerate(frame[col].astype(object)):
+                if pos in invalid:
+                    continue
+                if spec.datatype in _INT_DATATYPES:
+                    try:
+                        exact_integer(value, spec.datatype)
+                    except ValueError as exc:
+                        invalid[pos] = f"{col}: {exc}"
+                elif spec.datatype == "BYTES":
+                    if _is_missing(value):
+                        invalid[pos] = f"{col}: missing value"
+                elif _is_missing(value):
+                    invalid[pos] = f"{col}: missing value"
+        columns[spec.name] = cols
+    rows = [i for i in range(n) if i not in invalid]
+    arrays: dict[str, np.ndarray] = {}
+    for spec in specs:
+        cols = columns[spec.name]
+        if spec.datatype in _INT_DATATYPES:
+            data = [[exact_integer(frame[c].iloc[i], spec.datatype) for c in cols] for i in rows]
+            arr = np.array(data, dtype=triton_to_np_dtype(spec.datatype)).reshape(len(rows), len(cols))
+        elif spec.datatype == "BYTES":
+            arr = np.array([[str(frame[c].iloc[i]).encode() for c in cols] for i in rows], dtype=object)
+            arr = arr.reshape(len(rows), len(cols))
+        else:
+            arr = frame[cols].iloc[rows].to_numpy(dtype=triton_to_np_dtype(spec.datatype))
+            arr = arr.reshape(len(rows), len(cols))
+        if spec.dims == ():
+            arr = arr.reshape(len(rows))
+        arrays[spec.name] = arr
+    return arrays, rows, sorted(invalid.items())
+
+
+def _check_array(spec: InputSpec, array: np.ndarray) -> np.ndarray:
+    from tritonclient.utils import triton_to_np_dtype
+
+    target = np.dtype(triton_to_np_dtype(spec.datatype)) if spec.datatype != "BYTES" else np.dtype(object)
+    array = np.asarray(array)
+    if spec.datatype in _INT_DATATYPES and array.dtype.kind == "f":
+        raise DataError(
+            f"input {spec.name!r} is {spec.datatype} but the sample array is {array.dtype}: ids above "
+            "2**53 lose digits through float; pass an integer array or a DataFrame with object/int columns"
+        )
+    if array.dtype != target:
+        array = array.astype(target)
+    return array
+
+
+def _config_message(config: Any, name: str):
+    """A ModelConfig from pbtxt text/bytes, a JSON string, a dict or a ModelConfig."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    msg = model_config_pb2.ModelConfig()
+    if isinstance(config, model_config_pb2.ModelConfig):
+        msg.CopyFrom(config)
+    elif isinstance(config, Mapping):
+        json_format.ParseDict(dict(config), msg, ignore_unknown_fields=True)
+    else:
+        text = config.decode() if isinstance(config, bytes) else str(config)
+        try:
+            if text.lstrip().startswith("{"):
+                json_format.Parse(text, msg, ignore_unknown_fields=True)
+            else:
+                text_format.Parse(text, msg)
+        except (text_format.ParseError, json_format.ParseError) as exc:
+            raise ModelLoadRefusedError(f"config for model '{name}' does not parse: {exc}") from None
+    if msg.name and msg.name != name:
+        raise ModelLoadRefusedError(f"config names model {msg.name!r}, expected {name!r}")
+    msg.name = name
+    return msg
+
+
+def _config_json(msg) -> str:
+    from google.protobuf import json_format
+
+    return json_format.MessageToJson(msg, preserving_proto_field_name=True, indent=None)
+
+
+# --------------------------------------------------------------------------- client
+class TritonModelControl:
+    """Model-control and inference client for one Triton server (explicit model-control mode).
+
+    Args:
+        url: ``host:port`` of Triton's HTTP endpoint (as tritonclient expects it).
+        repository: The repository Triton serves (folder, S3 URL or storage), used to verify
+            signatures before loads. Required for :meth:`load`.
+        trusted_keys: Public key folder/files, or the mapping from ``load_public_keys``.
+        endpoint_url: boto3 endpoint for an S3 repository (must match its host:port).
+        load_timeout_s: Default seconds to wait for READY (setting ``load_timeout_s``).
+        poll_interval_s: Seconds between READY polls.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        repository: str | RepositoryStorage | None = None,
+        trusted_keys: Any = None,
+        endpoint_url: str | None = None,
+        load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+    ):
+        import tritonclient.http as httpclient
+
+        self.url = url
+        self.load_timeout_s = float(load_timeout_s)
+        self.poll_interval_s = float(poll_interval_s)
+        self.client = httpclient.InferenceServerClient(
+            url=url, connection_timeout=30.0, network_timeout=max(60.0, self.load_timeout_s + 30.0)
+        )
+        if repository is None or isinstance(repository, RepositoryStorage):
+            self.storage = repository
+        else:
+            self.storage = open_repository(repository, endpoint_url=endpoint_url)
+        self._keys = None if trusted_keys is None else (
+            dict(trusted_keys) if isinstance(trusted_keys, Mapping) else load_public_keys(trusted_keys)
+        )
+
+    def close(self) -> None:
+        """Close the HTTP connections (Triton waits for open connections when it shuts down)."""
+        with _suppress():
+            self.client.close()
+
+    def __enter__(self) -> "TritonModelControl":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ small wrappers
+    def _call(self, what: str, fn, *args, **kwargs):
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            return fn(*args, **kwargs)
+        except InferenceServerException:
+            raise
+        except (ConnectionError, OSError) as exc:
+            raise ServiceUnavailableError(f"Triton at {self.url} unreachable while {what}: {exc}") from exc
+
+    def index(self) -> list[dict]:
+        """Repository index: one dict per model version known to Triton (name, version, state,
+        reason), including models not loaded."""
+        return list(self._call("reading the repository index", self.client.get_model_repository_index))
+
+    def ready_versions(self, name: str) -> list[int]:
+        """Versions of ``name`` that are READY now (from the repository index)."""
+        out = []
+        for entry in self.index():
+            if entry.get("name") == name and entry.get("state") == "READY" and entry.get("version"):
+                out.append(int(entry["version"]))
+        return sorted(set(out))
+
+    def _reason(self, name: str, version: int) -> str:
+        with _suppress():
+            for entry in self.index():
+                if entry.get("name") == name and str(entry.get("version", "")) in {str(version), ""}:
+                    if entry.get("reason"):
+                        return f"{entry.get('state')}: {entry['reason']}"
+        return "no reason reported"
+
+    def is_ready(self, name: str, version: int) -> bool:
+        """Whether ``name`` version ``version`` is READY."""
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            return bool(self._call("checking readiness", self.client.is_model_ready, name, str(version)))
+        except InferenceServerException:
+            return False
+
+    def wait_ready(self, name: str, version: int, timeout_s: float | None = None) -> float:
+        """Poll until the version is READY.
+
+        Returns:
+            Seconds waited.
+
+        Raises:
+            ModelLoadError: Not READY within ``timeout_s`` (default ``load_timeout_s``); the
+                message carries the state and reason from the repository index.
+        """
+        timeout_s = self.load_timeout_s if timeout_s is None else timeout_s
+        start = time.monotonic()
+        while True:
+            if self.is_ready(name, version):
+                return time.monotonic() - start
+            if time.monotonic() - start >= timeout_s:
+                raise ModelLoadError(
+                    f"model '{name}' version {version} not READY after {timeout_s:.1f} s "
+                    f"({self._reason(name, version)})"
+                )
+            time.sleep(self.poll_interval_s)
+
+    def unload(self, name: str) -> None:
+        """Unload every version of ``name`` (no error if it is not loaded)."""
+        self._call(f"unloading '{name}'", self.client.unload_model, name)
+
+    def model_config(self, name: str) -> dict:
+        """The config Triton is serving ``name`` with (JSON dict)."""
+        return self._call(f"reading the config of '{name}'", self.client.get_model_config, name)
+
+    def input_specs(self, name: str, version: int) -> list[InputSpec]:
+        """Inputs of a loaded version, per-row dims (batch axis removed when the model batches)."""
+        meta = self._call("reading model metadata", self.client.get_model_metadata, name, str(version))
+        batched = int(self.model_config(name).get("max_batch_size", 0)) > 0
+        specs = []
+        for item in meta["inputs"]:
+            shape = tuple(int(d) for d in item["shape"])
+            specs.append(InputSpec(item["name"], item["datatype"], shape[1:] if batched else shape))
+        return specs
+
+    # ------------------------------------------------------------------ verification
+    def verify(self, name: str, version: int) -> tuple[SignatureInfo, bytes]:
+        """Verify a version in the repository; return its signature info and intended config.
+
+        Raises:
+            SignatureVerificationError: Missing intended config or signature, untrusted key, or
+                a modified/extra/missing file (named).
+            DataError: No repository or trusted keys configured, or the version is absent.
+        """
+        if self.storage is None or self._keys is None:
+            raise DataError(
+                "verification before load needs the repository and trusted keys: pass repository= "
+                "and trusted_keys= (TRITONFLOW_SIGNING_TRUSTED_KEYS_DIR)"
+            )
+        from repository_sync.publish import model_filename_for
+
+        probe: VersionLayout = plan_version(name, version)
+        with self.storage.local_version(probe) as local:
+            intended = local / INTENDED_CONFIG_FILENAME
+            if not intended.is_file():
+                raise SignatureVerificationError(
+                    f"{self.storage.version_uri(probe)}/{INTENDED_CONFIG_FILENAME} is missing: the "
+                    "version was not published by tritonflow or is incomplete; refusing to load"
+                )
+            config_bytes = intended.read_bytes()
+            try:
+                filename = model_filename_for(_config_message(config_bytes, name))
+            except Exception as exc:
+                raise SignatureVerificationError(
+                    f"{self.storage.version_uri(probe)}/{INTENDED_CONFIG_FILENAME} is unreadable "
+                    f"({exc}); refusing to load"
+                ) from None
+            layout = plan_version(name, version, filename)
+            info = verify_version(local, self._keys, signature_file=layout.signature_filename)
+        return info, config_bytes
+
+    # ------------------------------------------------------------------ load
+    def load(
+        self,
+        name: str,
+        version: int,
+        config: Any = None,
+        *,
+        keep_loaded: bool = True,
+        timeout_s: float | None = None,
+    ) -> dict:
+        """Verify, load and wait for READY; put the model back as it was on any failure.
+
+        Args:
+            name: Triton model name.
+            version: Version to load (a folder in the repository).
+            config: Config to load with (pbtxt, JSON, dict or ModelConfig); default: the version's
+                signed ``config.pbtxt.intended``. Its version policy is replaced (see module doc).
+            keep_loaded: Keep the versions already READY loaded beside this one.
+            timeout_s: Seconds to wait for READY (default ``load_timeout_s``).
+
+        Returns:
+            ``{"model_name", "version", "versions", "signature_digest", "key_id", "load_s"}``.
+
+        Raises:
+            SignatureVerificationError: The version (or a kept one) fails verification; nothing
+                is sent to Triton.
+            ModelLoadRefusedError: Triton refused the load (its message included).
+            ModelLoadError: Not READY in time.
+        """
+        from tritonclient.utils import InferenceServerException
+
+        version = plan_version(name, version).version
+        start = time.monotonic()
+        previous = self.ready_versions(name)
+        previous_config = self.model_config(name) if previous else None
+        keep = [v for v in previous if v != version] if keep_loaded else []
+        info, intended = self.verify(name, version)
+        for v in keep:
+            self.verify(name, v)
+        msg = _config_message(intended if config is None else config, name)
+        msg.version_policy.Clear()
+        msg.version_policy.specific.versions.extend(sorted({version, *keep}))
+        try:
+            try:
+                self._call(f"loading '{name}'", self.client.load_model, name, config=_config_json(msg))
+            except InferenceServerException as exc:
+                raise ModelLoadRefusedError(
+                    f"Triton refused to load model '{name}' version {version}: {exc.message()}"
+                ) from None
+            self.wait_ready(name, version, timeout_s)
+        except BaseException:
+            self._restore(name, previous, previous_config)
+            raise
+        return {
+            "model_name": name,
+            "version": version,
+            "versions": sorted({version, *keep}),
+            "signature_digest": info.signature_digest,
+            "key_id": info.key_id,
+            "load_s": round(time.monotonic() - start, 3),
+        }
+
+    def _restore(self, name: str, previous: list[int], previous_config: dict | None) -> None:
+        """Put ``name`` back to its previous READY versions, or unload it."""
+        with _suppress():
+            if previous and previous_config is not None:
+                if self.ready_versions(name) == previous:
+                    return  # Triton kept the old model after a refused reload
+                cfg = dict(previous_config)
+                cfg["version_policy"] = {"specific": {"versions": previous}}
+                self.client.load_model(name, config=json.dumps(cfg))
+            else:
+                self.client.unload_model(name)
+
+    # ------------------------------------------------------------------ inference
+    def infer(self, name: str, version: int, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Run one inference request and return the outputs as numpy arrays.
+
+        Args:
+            name: Model name. version: Model version.
+            inputs: Input name -> array with the batch axis first (when the model batches).
+                Integer inputs must be integer arrays (never float, case H06).
+            outputs: Output names to return (default: all from the model metadata).
+
+        Raises:
+            DataError: Missing input or a float array for an integer input.
+            InferenceRequestError: Triton rejected the request (message included).
+
+        Rows are sent in chunks of at most ``max_batch_size`` when the model batches.
+        """
+        import tritonclient.http as httpclient
+        from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+        specs = {s.name: s for s in self.input_specs(name, version)}
+        missing = sorted(set(specs) - set(inputs))
+        if missing:
+            raise DataError(f"inputs {missing} of model '{name}' are missing; given {sorted(inputs)}")
+        arrays = {n: _check_array(spec, inputs[n]) for n, spec in specs.items()}
+        if outputs is None:
+            meta = self._call("reading model metadata", self.client.get_model_metadata, name, str(version))
+            outputs = [o["name"] for o in meta["outputs"]]
+        max_batch = int(self.model_config(name).get("max_batch_size", 0))
+        n_rows = len(next(iter(arrays.values()))) if arrays else 0
+        step = max_batch if max_batch > 0 else max(n_rows, 1)
+        parts: dict[str, list[np.ndarray]] = {o: [] for o in outputs}
+        for start in range(0, max(n_rows, 1), step):
+            chunk = {n: (a[start : start + step] if max_batch > 0 else a) for n, a in arrays.items()}
+            req = []
+            for input_name, arr in chunk.items():
+                datatype = specs[input_name].datatype
+                item = httpclient.InferInput(
+                    input_name, list(arr.shape), datatype if datatype == "BYTES" else np_to_triton_dtype(arr.dtype)
+                )
+                item.set_data_from_numpy(arr, binary_data=True)
+                req.append(item)
+            out_req = [httpclient.InferRequestedOutput(o, binary_data=True) for o in outputs]
+            try:
+                result = self._call(
+                    f"inferring on '{name}'", self.client.infer, name, req,
+                    model_version=str(version), outputs=out_req,
+                )
+            except InferenceServerException as exc:
+                raise InferenceRequestError(
+                    f"inference on model '{name}' version {version} failed: {exc.message()}"
+                ) from None
+            for o in outputs:
+                parts[o].append(result.as_numpy(o))
+            if max_batch <= 0:
+                break
+        return {o: np.concatenate(v) if len(v) > 1 else v[0] for o, v in parts.items()}
+
+    def smoke_test(
+        self,
+        name: str,
+        version: int,
+        sample: Any,
+        expected: Mapping[str, np.ndarray] | None = None,
+        *,
+        atol: float = 1e-5,
+        rtol: float = 1e-5,
+    ) -> SmokeResult:
+        """Send a sample through the served version and compare with expected outputs.
+
+        Args:
+            sample: ``pandas.DataFrame`` (rows refused when an id is missing/invalid, H06) or a
+                mapping input name -> array.
+            expected: Output name -> array for every sample row (rows refused are skipped).
+            atol, rtol: Tolerances, as in ``numpy.isclose`` (|a-b| <= atol + rtol*|b|).
+
+        Returns:
+            :class:`SmokeResult`.
+
+        Raises:
+            ParityError: An output differs; names the output, worst row, max absolute and relative
+                error.
+            DataError: No valid row to send, or bad sample.
+        """
+        if isinstance(sample, Mapping):
+            arrays = dict(sample)
+            n = len(next(iter(arrays.values()))) if arrays else 0
+            rows, invalid = list(range(n)), []
+        else:
+            arrays, rows, invalid = frame_to_inputs(sample, self.input_specs(name, version))
+        if not rows:
+            raise DataError(
+                f"smoke test of model '{name}' version {version}: no valid row to send "
+                f"({len(invalid)} invalid: {invalid[:5]})"
+            )
+        outputs = self.infer(name, version, arrays, list(expected) if expected else None)
+        result = SmokeResult(outputs=outputs, rows_sent=rows, invalid_rows=invalid)
+        for out_name, want in (expected or {}).items():
+            want = np.asarray(want)[rows]
+            got = outputs[out_name]
+            if got.shape != want.shape:
+                try:
+                    got = got.reshape(want.shape)
+                except ValueError:
+                    raise ParityError(
+                        f"output {out_name!r}: served shape {got.shape} != expected {want.shape}"
+                    ) from None
+            diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+            result.max_abs_error[out_name] = float(diff.max()) if diff.size else 0.0
+            bad = diff > atol + rtol * np.abs(want.astype(np.float64))
+            if bad.any():
+                per_row = diff.reshape(len(rows), -1).max(axis=1)
+                worst = int(np.argmax(per_row))
+                rel = diff / np.maximum(np.abs(want.astype(np.float64)), np.finfo(np.float64).tiny)
+                raise ParityError(
+                    f"smoke test of model '{name}' version {version}: output {out_name!r} differs "
+                    f"from the source model in {int(bad.reshape(len(rows), -1).any(axis=1).sum())} of "
+                    f"{len(rows)} rows; worst row {rows[worst]}; max abs error {float(diff.max()):.3g}, "
+                    f"max rel error {float(rel.max()):.3g} (atol {atol}, rtol {rtol})"
+                )
+        return result
+
+    def load_and_smoke_test(
+        self,
+        name: str,
+        version: int,
+        sample: Any,
+        expected: Mapping[str, np.ndarray] | None = None,
+        *,
+        config: Any = None,
+        keep_loaded: bool = True,
+        timeout_s: float | None = None,
+        atol: float = 1e-5,
+        rtol: float = 1e-5,
+    ) -> tuple[dict, SmokeResult]:
+        """:meth:`load` then :meth:`smoke_test`; on a failed smoke test the model is put back as
+        it was before the load, then the error is raised.
+
+        Returns:
+            ``(load_info, smoke_result)``.
+        """
+        previous = self.ready_versions(name)
+        previous_config = self.model_config(name) if previous else None
+        info = self.load(name, version, config, keep_loaded=keep_loaded, timeout_s=timeout_s)
+        try:
+            smoke = self.smoke_test(name, version, sample, expected, atol=atol, rtol=rtol)
+        except BaseException:
+            self._restore(name, previous, previous_config)
+            raise
+        return info, smoke
+
+
+class _suppress:
+    """Swallow exceptions during best-effort cleanup (the original error is what matters)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return exc[0] is not None and issubclass(exc[0], Exception)

@@ -1,0 +1,117 @@
+"""Signing and verification of version folders with OpenSSF model-signing."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+
+import pytest
+
+from repository_sync.signing import (
+    SigningKeyError,
+    generate_key_pair,
+    key_id_of,
+    sign_version,
+    verify_version,
+)
+from tritonflow.exceptions import SignatureVerificationError
+
+SIG = "model.onnx.sig"
+
+
+@pytest.fixture
+def version_dir(tmp_path):
+    folder = tmp_path / "7"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"\x08\x07onnx-bytes" * 100)
+    (folder / "config.pbtxt.intended").write_text('name: "m"\nbackend: "onnxruntime"\n')
+    return folder
+
+
+def test_signature_covers_model_and_config_and_reports_digest_and_key_id(version_dir, signing_keys):
+    info = sign_version(version_dir, signing_keys.private, signature_file=SIG)
+    assert info.files == ("config.pbtxt.intended", "model.onnx")
+    assert info.key_id == signing_keys.key_id == key_id_of(signing_keys.public.read_bytes())
+    assert info.signature_digest == hashlib.sha256((version_dir / SIG).read_bytes()).hexdigest()
+    verified = verify_version(version_dir, signing_keys.trusted_dir, signature_file=SIG)
+    assert verified.key_id == info.key_id and verified.signature_digest == info.signature_digest
+
+
+def test_tampered_model_file_is_refused_naming_the_file(version_dir, signing_keys):
+    sign_version(version_dir, signing_keys.private, signature_file=SIG)
+    data = bytearray((version_dir / "model.onnx").read_bytes())
+    data[10] ^= 1
+    (version_dir / "model.onnx").write_bytes(bytes(data))
+    with pytest.raises(SignatureVerificationError, match=r"modified file\(s\): model.onnx"):
+        verify_version(version_dir, signing_keys.trusted_dir, signature_file=SIG)
+
+
+def test_changed_serving_config_is_refused(version_dir, signing_keys):
+    sign_version(version_dir, signing_keys.private, signature_file=SIG)
+    (version_dir / "config.pbtxt.intended").write_text('name: "m"\nbackend: "python"\n')
+    with pytest.raises(SignatureVerificationError, match="config.pbtxt.intended"):
+        verify_version(version_dir, signing_keys.trusted_dir, signature_file=SIG)
+
+
+def test_extra_and_missing_files_are_refused_and_named(version_dir, signing_keys):
+    sign_version(version_dir, signing_keys.private, signature_file=SIG)
+    (version_dir / "model.py").write_text("import os")
+    (version_dir / "config.pbtxt.intended").unlink()
+    with pytest.raises(SignatureVerificationError) as err:
+        verify_version(version_dir, signing_keys.trusted_dir, signature_file=SIG)
+    assert "unsigned extra file(s): model.py" in str(err.value)
+    assert "signed file(s) missing: config.pbtxt.intended" in str(err.value)
+
+
+def test_missing_signature_is_refused_naming_the_signature_file(version_dir, signing_keys):
+    with pytest.raises(SignatureVerificationError, match=r"model.onnx.sig' is missing"):
+        verify_version(version_dir, signing_keys.trusted_dir, signature_file=SIG)
+
+
+def test_signature_from_an_untrusted_key_is_refused(version_dir, signing_keys, other_keys):
+    sign_version(version_dir, other_keys.private, signature_file=SIG)
+    with pytest.raises(SignatureVerificationError, match=other_keys.key_id):
+        verify_version(version_dir, signing_keys.trusted_dir, signature_file=SIG)
+
+
+def test_key_rotation_trusts_old_and_new_keys_together(tmp_path, version_dir, signing_keys, other_keys):
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    shutil.copy(signing_keys.public, trusted / "old.pub")
+    shutil.copy(other_keys.public, trusted / "new.pub")
+    for keys in (signing_keys, other_keys):
+        sign_version(version_dir, keys.private, signature_file=SIG)
+        assert verify_version(version_dir, trusted, signature_file=SIG).key_id == keys.key_id
+
+
+def test_corrupted_signature_bundle_is_refused(version_dir, signing_keys):
+    sign_version(version_dir, signing_keys.private, signature_file=SIG)
+    text = (version_dir / SIG).read_text()
+    (version_dir / SIG).write_text(text.replace('"sig":"', '"sig":"AAAA', 1))
+    with pytest.raises(SignatureVerificationError, match="does not verify"):
+        verify_version(version_dir, signing_keys.trusted_dir, signature_file=SIG)
+
+
+def test_private_key_given_as_pem_bytes_signs_like_the_file(version_dir, signing_keys):
+    info = sign_version(version_dir, signing_keys.private.read_bytes(), signature_file=SIG)
+    assert info.key_id == signing_keys.key_id
+    verify_version(version_dir, signing_keys.public, signature_file=SIG)
+
+
+def test_missing_private_key_file_is_a_clear_error(version_dir, tmp_path):
+    with pytest.raises(SigningKeyError, match="does not exist"):
+        sign_version(version_dir, tmp_path / "nope.pem", signature_file=SIG)
+
+
+def test_generated_private_key_is_private_and_not_overwritten(tmp_path):
+    generate_key_pair(tmp_path / "k.pem", tmp_path / "k.pub")
+    assert (tmp_path / "k.pem").stat().st_mode & 0o077 == 0
+    with pytest.raises(SigningKeyError, match="exists"):
+        generate_key_pair(tmp_path / "k.pem", tmp_path / "k.pub")
+
+
+def test_empty_trusted_keys_folder_is_refused(version_dir, signing_keys, tmp_path):
+    sign_version(version_dir, signing_keys.private, signature_file=SIG)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SigningKeyError, match="no trusted public key"):
+        verify_version(version_dir, tmp_path / "empty", signature_file=SIG)
