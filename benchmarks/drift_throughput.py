@@ -1,0 +1,108 @@
+"""Drift check throughput: tritonflow's hourly check vs Evidently DataDriftPreset.
+
+Usage::
+
+    .venv/bin/python benchmarks/drift_throughput.py                  # 1,000,000 x 20 (Evidently ~2 min)
+    .venv/bin/python benchmarks/drift_throughput.py --rows 100000    # quick run
+    .venv/bin/python benchmarks/drift_throughput.py --skip-evidently-full
+
+Prints: our check end to end (contract + 6 statistics-per-feature pipeline + thresholds + history
+write + Evidently report on a 5,000-row sample), Evidently DataDriftPreset on the full data, both
+rows/s, the ratio (goal >= 30x), and the 30-day P95 threshold lookup for 50 features x 720 hours.
+GX import and context creation are timed separately (a one-off per worker process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000, help="rows of reference and current")
+    ap.add_argument("--features", type=int, default=20)
+    ap.add_argument("--skip-evidently-full", action="store_true", help="do not run Evidently on all rows")
+    args = ap.parse_args()
+
+    from drift_checks.history import HistoryStore
+    from drift_checks.inference_log import LogSchema
+    from drift_checks.thresholds import ThresholdPolicy, resolve_thresholds
+    from drift_checks.verdict import CheckConfig, check_window, prepare_reference
+
+    rng = np.random.default_rng(0)
+    cols = [f"f{i:02d}" for i in range(args.features)]
+    ref = pd.DataFrame({c: rng.normal(0, 1 + i % 3, args.rows) for i, c in enumerate(cols)})
+    cur = pd.DataFrame({c: rng.normal(0.05 * (i % 4), 1 + i % 3, args.rows) for i, c in enumerate(cols)})
+    schema = LogSchema({c: "float" for c in cols})
+    tmp = Path(tempfile.mkdtemp(prefix="drift_bench_"))
+    history = HistoryStore(f"sqlite:///{tmp / 'h.db'}")
+    start = dt.datetime(2024, 5, 1, 13, tzinfo=dt.timezone.utc)
+
+    t = time.perf_counter()
+    from drift_checks.contracts import _batch_definition
+
+    _batch_definition()
+    t_gx = time.perf_counter() - t
+
+    t = time.perf_counter()
+    prepared = prepare_reference(ref, schema)
+    t_prep = time.perf_counter() - t
+    t = time.perf_counter()
+    out = check_window(model="bench", frame=cur, start=start, end=start + dt.timedelta(hours=1),
+                       reference=prepared, history=history, artefact_dir=tmp / "art",
+                       config=CheckConfig(evidently_sample_rows=5000))
+    t_check = time.perf_counter() - t
+    ours = t_prep + t_check
+    print(f"rows={args.rows:,} features={args.features}")
+    print(f"GX import + ephemeral context (once per process): {t_gx:.2f} s")
+    print(f"ours: reference prep {t_prep:.2f} s + hourly check {t_check:.2f} s = {ours:.2f} s "
+          f"({args.rows / ours:,.0f} rows/s); severity={out['severity']}, "
+          f"evidently sample status={out['evidently']['status']}")
+
+    if not args.skip_evidently_full:
+        from evidently import DataDefinition, Dataset, Report
+        from evidently.presets import DataDriftPreset
+
+        dd = DataDefinition(numerical_columns=cols)
+        t = time.perf_counter()
+        Report([DataDriftPreset()]).run(Dataset.from_pandas(cur, data_definition=dd),
+                                        Dataset.from_pandas(ref, data_definition=dd))
+        t_ev = time.perf_counter() - t
+        print(f"Evidently DataDriftPreset full data: {t_ev:.2f} s ({args.rows / t_ev:,.0f} rows/s)")
+        print(f"ratio Evidently / ours: {t_ev / ours:.1f}x (with GX start-up: {t_ev / (ours + t_gx):.1f}x)")
+
+    # 30-day P95 lookup: 50 features x 3 statistics x 720 hours for one model (+ 1 other model)
+    hist = HistoryStore(f"sqlite:///{tmp / 'p95.db'}")
+    t0 = dt.datetime(2024, 4, 1, tzinfo=dt.timezone.utc)
+    feats = [f"f{i}" for i in range(50)]
+    stats_ = ["psi", "ks_p_value", "wasserstein_normed"]
+    t = time.perf_counter()
+    hist.bulk_load({"model": m, "feature": f, "statistic": s, "hour": t0 + dt.timedelta(hours=h),
+                    "value": float(v)}
+                   for m in ("bench", "other") for f in feats for s in stats_
+                   for h, v in enumerate(rng.gamma(2, 0.02, 720)))
+    t_load = time.perf_counter() - t
+    now = t0 + dt.timedelta(hours=720)
+    series = [(f, s) for f in feats for s in stats_]
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        thr = resolve_thresholds(hist, "bench", now, series, ThresholdPolicy())
+        times.append(time.perf_counter() - t)
+    assert all(v.source == "dynamic" and v.n_history == 720 for v in thr.values())
+    print(f"P95 lookup (SQLite, 50 features x 3 statistics x 720 hours): best {min(times) * 1000:.0f} ms "
+          f"(history load {t_load:.1f} s for {2 * 50 * 3 * 720:,} rows)")
+
+
+if __name__ == "__main__":
+    main()

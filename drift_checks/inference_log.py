@@ -1,0 +1,395 @@
+"""The inference-log contract, a writer for producers and the hourly window reader.
+
+Layout (folder or S3 prefix)::
+
+    <root>/<model>/date=YYYY-MM-DD/hour=HH/<uuid>.parquet          inference records
+    <root>/<model>/labels/date=YYYY-MM-DD/hour=HH/<uuid>.parquet   labels (arrive later)
+
+Inference records have the columns
+
+* ``request_id``: string, unique per request (joins labels);
+* ``timestamp``: timezone-aware UTC timestamp of the request;
+* ``model_version``: integer MLflow model version that served it;
+* the feature columns and the prediction columns named by :class:`LogSchema`.
+
+Labels have ``request_id``, ``timestamp`` (when the label arrived, UTC) and label columns; they
+are joined to inference records by ``request_id`` (:func:`join_labels`).
+
+Partitions are by the record's UTC hour, so one hourly window (the DAG's data interval
+``[start, end)``) reads one ``date=/hour=`` folder per hour it covers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import io
+from typing import Any, Iterable, Literal, Mapping
+
+import pandas as pd
+
+from drift_checks.storage import Store, new_object_name
+from tritonflow.exceptions import WindowError
+
+ColumnKind = Literal["float", "int", "category", "bool", "datetime"]
+#: Columns every inference record has, with their kind.
+BASE_COLUMNS: dict[str, str] = {"request_id": "string", "timestamp": "timestamp", "model_version": "int"}
+LABEL_BASE_COLUMNS: dict[str, str] = {"request_id": "string", "timestamp": "timestamp"}
+_KINDS = ("float", "int", "category", "bool", "datetime", "string", "timestamp")
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSchema:
+    """Feature and prediction columns of one model's inference log.
+
+    Attributes:
+        features: ``{column: kind}``; kind is ``"float"``, ``"int"``, ``"category"``, ``"bool"``
+            or ``"datetime"``. Numeric kinds are scored with numeric statistics, the others with
+            categorical ones (datetime: contract only).
+        predictions: ``{column: kind}`` for the model's outputs.
+    """
+
+    features: Mapping[str, str]
+    predictions: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for col, kind in {**self.features, **self.predictions}.items():
+            if kind not in _KINDS:
+                raise WindowError(f"column {col!r} has kind {kind!r}; expected one of {_KINDS}")
+            if col in BASE_COLUMNS:
+                raise WindowError(f"column {col!r} is reserved for the log itself")
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """All columns in file order: base, features, predictions."""
+        return {**BASE_COLUMNS, **self.features, **self.predictions}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"features": dict(self.features), "predictions": dict(self.predictions)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LogSchema":
+        return cls(features=dict(d["features"]), predictions=dict(d.get("predictions", {})))
+
+    @classmethod
+    def infer(cls, frame: pd.DataFrame, predictions: Iterable[str] = ()) -> "LogSchema":
+        """Schema from a frame's dtypes (base columns skipped)."""
+        preds = set(predictions)
+        feats, outs = {}, {}
+        for col in frame.columns:
+            if col in BASE_COLUMNS:
+                continue
+            (outs if col in preds else feats)[col] = _kind_of(frame[col])
+        return cls(feats, outs)
+
+
+def _kind_of(s: pd.Series) -> str:
+    if pd.api.types.is_bool_dtype(s):
+        return "bool"
+    if pd.api.types.is_integer_dtype(s):
+        return "int"
+    if pd.api.types.is_float_dtype(s):
+        return "float"
+    if pd.api.types.is_datetime64_any_dtype(s):
+        return "datetime"
+    return "category"
+
+
+def _arrow_type_ok(kind: str, t) -> bool:
+    import pyarrow as pa
+
+    if kind == "float":
+        return pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_null(t)
+    if kind == "int":
+        return pa.types.is_integer(t)
+    if kind == "bool":
+        return pa.types.is_boolean(t)
+    if kind in ("category", "string"):
+        return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t)
+                or pa.types.is_null(t) or pa.types.is_string_view(t))
+    if kind == "datetime":
+        return pa.types.is_timestamp(t) or pa.types.is_date(t)
+    if kind == "timestamp":
+        return pa.types.is_timestamp(t) and t.tz is not None
+    return False
+
+
+_EXPECTED = {
+    "float": "a floating-point or integer column",
+    "int": "an integer column",
+    "bool": "a boolean column",
+    "category": "a string column",
+    "string": "a string column",
+    "datetime": "a timestamp or date column",
+    "timestamp": "a timezone-aware (UTC) timestamp column",
+}
+
+
+def validate_frame(frame: pd.DataFrame, schema: LogSchema, source: str) -> None:
+    """Check a frame against the log contract before writing.
+
+    Raises:
+        WindowError: A column is missing or has the wrong type; names source, column, dtype.
+    """
+    import pyarrow as pa
+
+    for col, kind in schema.columns.items():
+        if col not in frame.columns:
+            raise WindowError(f"{source}: column {col!r} is missing; expected {_EXPECTED[kind]}")
+        try:
+            t = pa.Array.from_pandas(frame[col]).type
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise WindowError(f"{source}: column {col!r} cannot be stored ({exc}); "
+                              f"expected {_EXPECTED[kind]}") from None
+        if not _arrow_type_ok(kind, t):
+            raise WindowError(f"{source}: column {col!r} has type {t} (pandas {frame[col].dtype}); "
+                              f"expected {_EXPECTED[kind]}")
+
+
+def _hour_floor(ts: dt.datetime) -> pd.Timestamp:
+    t = pd.Timestamp(ts)
+    if t.tzinfo is None:
+        raise WindowError(f"time {ts!r} is naive; expected a timezone-aware (UTC) datetime")
+    return t.tz_convert("UTC").floor("h")
+
+
+def partition_prefix(model: str, hour: dt.datetime, labels: bool = False) -> str:
+    """``<model>[/labels]/date=YYYY-MM-DD/hour=HH`` of the hour containing ``hour``."""
+    h = _hour_floor(hour)
+    base = f"{model}/labels" if labels else model
+    return f"{base}/date={h:%Y-%m-%d}/hour={h:%H}"
+
+
+def _write_partitions(store: Store, model: str, frame: pd.DataFrame, labels: bool) -> list[str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ts = frame["timestamp"].dt.tz_convert("UTC")
+    frame = frame.assign(timestamp=ts)
+    uris = []
+    for hour, part in frame.groupby(ts.dt.floor("h"), sort=True):
+        buf = io.BytesIO()
+        pq.write_table(pa.Table.from_pandas(part.reset_index(drop=True), preserve_index=False), buf)
+        key = f"{partition_prefix(model, hour, labels)}/{new_object_name()}"
+        uris.append(store.put_bytes(key, buf.getvalue()))
+    return uris
+
+
+def _check_model(model: str) -> None:
+    if not model or "/" in model or model.startswith(".") or model == "labels":
+        raise WindowError(f"model name {model!r} is not usable as a folder; expected e.g. 'fraud_v2'")
+
+
+class InferenceLogWriter:
+    """Writes inference records (and labels) for one model, one file per hour touched.
+
+    Args:
+        root: Folder or ``s3://bucket/prefix``.
+        model: Model name (one folder level).
+        schema: Columns contract; inferred from the first frame when ``None``.
+        endpoint_url: S3-compatible endpoint.
+
+    Example::
+
+        w = InferenceLogWriter("/data/logs", "rain", LogSchema({"x": "float"}, {"p": "float"}))
+        w.write(frame)  # -> ['/data/logs/rain/date=2024-05-01/hour=13/3f...parquet']
+    """
+
+    def __init__(self, root: str, model: str, schema: LogSchema | None = None,
+                 endpoint_url: str | None = None):
+        _check_model(model)
+        self.store = Store(root, endpoint_url)
+        self.model = model
+        self.schema = schema
+
+    def write(self, frame: pd.DataFrame) -> list[str]:
+        """Validate and write records, partitioned by UTC hour of ``timestamp``.
+
+        Args:
+            frame: One row per request with the base, feature and prediction columns.
+
+        Returns:
+            URIs of the written Parquet files (empty for an empty frame).
+
+        Raises:
+            WindowError: Missing column, wrong type, naive timestamps, duplicate request ids.
+        """
+        if self.schema is None:
+            self.schema = LogSchema.infer(frame)
+        validate_frame(frame, self.schema, f"inference log of {self.model!r}")
+        if frame.empty:
+            return []
+        if frame["request_id"].duplicated().any():
+            dup = frame.loc[frame["request_id"].duplicated(), "request_id"].iloc[0]
+            raise WindowError(f"request_id {dup!r} appears twice; expected unique request ids")
+        cols = list(self.schema.columns)
+        return _write_partitions(self.store, self.model, frame[cols], labels=False)
+
+    def write_labels(self, labels: pd.DataFrame) -> list[str]:
+        """Write labels (``request_id``, ``timestamp`` of arrival, label columns).
+
+        Raises:
+            WindowError: ``request_id`` or a UTC ``timestamp`` is missing.
+        """
+        for col, kind in LABEL_BASE_COLUMNS.items():
+            if col not in labels.columns:
+                raise WindowError(f"labels: column {col!r} is missing; expected {_EXPECTED[kind]}")
+        import pyarrow as pa
+
+        t = pa.Array.from_pandas(labels["timestamp"]).type
+        if not _arrow_type_ok("timestamp", t):
+            raise WindowError(f"labels: column 'timestamp' has type {t}; expected {_EXPECTED['timestamp']}")
+        if labels.empty:
+            return []
+        return _write_partitions(self.store, self.model, labels, labels=True)
+
+
+@dataclasses.dataclass
+class Window:
+    """One window of the inference log.
+
+    Attributes:
+        model: Model name.
+        start / end: UTC bounds, ``[start, end)``.
+        frame: Records with ``start <= timestamp < end`` (sorted by timestamp, request_id).
+        files: URIs read.
+    """
+
+    model: str
+    start: pd.Timestamp
+    end: pd.Timestamp
+    frame: pd.DataFrame
+    files: list[str]
+
+    @property
+    def empty(self) -> bool:
+        return len(self.frame) == 0
+
+
+def _hours(start: pd.Timestamp, end: pd.Timestamp) -> list[pd.Timestamp]:
+    out, h = [], start.floor("h")
+    while h < end:
+        out.append(h)
+        h += pd.Timedelta(hours=1)
+    return out
+
+
+def _read_parquet(store: Store, key: str, required: Mapping[str, str]) -> pd.DataFrame:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    uri = store.uri(key)
+    try:
+        table = pq.read_table(io.BytesIO(store.get_bytes(key)))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise WindowError(f"{uri}: not a readable Parquet file ({exc})") from None
+    for col, kind in required.items():
+        if col not in table.column_names:
+            raise WindowError(f"{uri}: column {col!r} is missing; expected {_EXPECTED[kind]}")
+        if not _arrow_type_ok(kind, table.schema.field(col).type):
+            raise WindowError(f"{uri}: column {col!r} has type {table.schema.field(col).type}; "
+                              f"expected {_EXPECTED[kind]}")
+    return table.to_pandas()
+
+
+def _read_range(store: Store, model: str, start, end, required, labels: bool):
+    s, e = _hour_floor(start), pd.Timestamp(end)
+    if e.tzinfo is None:
+        raise WindowError(f"window end {end!r} is naive; expected a timezone-aware (UTC) datetime")
+    e = e.tz_convert("UTC")
+    s_exact = pd.Timestamp(start).tz_convert("UTC")
+    if e <= s_exact:
+        raise WindowError(f"window end {e} is not after start {s_exact}")
+    frames, files = [], []
+    for h in _hours(s, e):
+        for key in store.list(partition_prefix(model, h, labels)):
+            if not key.endswith(".parquet"):
+                continue
+            frames.append(_read_parquet(store, key, required))
+            files.append(store.uri(key))
+    if not frames:
+        return None, files, s_exact, e
+    frame = pd.concat(frames, ignore_index=True)
+    ts = frame["timestamp"].dt.tz_convert("UTC")
+    frame = frame[(ts >= s_exact) & (ts < e)]
+    return frame, files, s_exact, e
+
+
+def read_window(root: str, model: str, start: dt.datetime, end: dt.datetime,
+                schema: LogSchema | None = None, endpoint_url: str | None = None) -> Window:
+    """Read the records of ``model`` with ``start <= timestamp < end`` (UTC).
+
+    Args:
+        root: Folder or ``s3://bucket/prefix``.
+        model: Model name.
+        start / end: Timezone-aware bounds (the DAG's ``data_interval_start``/``_end``).
+        schema: When given, every file must hold its columns with compatible types.
+        endpoint_url: S3-compatible endpoint.
+
+    Returns:
+        A :class:`Window`; an hour with no files gives an empty frame with the schema's columns
+        (the caller reports "no data", it is not an error).
+
+    Raises:
+        WindowError: Naive or inverted bounds, a malformed file, a missing column or a column of
+            the wrong type; the message names the file, the column and the expected type.
+    """
+    _check_model(model)
+    store = Store(root, endpoint_url)
+    required = schema.columns if schema is not None else dict(BASE_COLUMNS)
+    frame, files, s, e = _read_range(store, model, start, end, required, labels=False)
+    if frame is None:
+        frame = _empty_frame(required)
+    frame = frame.sort_values(["timestamp", "request_id"], kind="stable").reset_index(drop=True)
+    return Window(model=model, start=s, end=e, frame=frame, files=files)
+
+
+def read_labels(root: str, model: str, start: dt.datetime, end: dt.datetime,
+                endpoint_url: str | None = None) -> pd.DataFrame:
+    """Labels that arrived in ``[start, end)`` (UTC); empty frame if none.
+
+    Raises:
+        WindowError: As :func:`read_window`.
+    """
+    _check_model(model)
+    store = Store(root, endpoint_url)
+    frame, _, _, _ = _read_range(store, model, start, end, LABEL_BASE_COLUMNS, labels=True)
+    return _empty_frame(LABEL_BASE_COLUMNS) if frame is None else frame.reset_index(drop=True)
+
+
+def join_labels(records: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
+    """Left-join labels to inference records by ``request_id``.
+
+    When a request got several labels the latest (by label ``timestamp``) wins. The label's
+    arrival time becomes ``label_timestamp``; records without a label keep nulls.
+    """
+    if "request_id" not in labels.columns:
+        raise WindowError("labels: column 'request_id' is missing; expected a string column")
+    lab = labels.sort_values("timestamp", kind="stable").drop_duplicates("request_id", keep="last")
+    lab = lab.rename(columns={"timestamp": "label_timestamp"})
+    clash = [c for c in lab.columns if c in records.columns and c != "request_id"]
+    if clash:
+        raise WindowError(f"label columns {clash} clash with inference-log columns")
+    return records.merge(lab, on="request_id", how="left")
+
+
+def _empty_frame(columns: Mapping[str, str]) -> pd.DataFrame:
+    dtypes = {"float": "float64", "int": "int64", "bool": "bool", "category": "object",
+              "string": "object", "datetime": "datetime64[ns]", "timestamp": "datetime64[ns, UTC]"}
+    return pd.DataFrame({c: pd.Series([], dtype=dtypes[k]) for c, k in columns.items()})
+
+
+def numeric_columns(schema: LogSchema) -> list[str]:
+    """Feature columns scored with numeric statistics."""
+    return [c for c, k in schema.features.items() if k in ("float", "int")]
+
+
+def categorical_columns(schema: LogSchema) -> list[str]:
+    """Feature columns scored with categorical statistics."""
+    return [c for c, k in schema.features.items() if k in ("category", "bool", "string")]
+
+
+__all__ = [
+    "LogSchema", "InferenceLogWriter", "Window", "read_window", "read_labels", "join_labels",
+    "partition_prefix", "validate_frame", "numeric_columns", "categorical_columns",
+]

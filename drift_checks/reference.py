@@ -1,0 +1,117 @@
+"""Reference data per model version: a sample of the training data plus its whylogs profile.
+
+Layout (folder or S3 prefix)::
+
+    <root>/<model>/reference/v<version>/sample.parquet
+    <root>/<model>/reference/v<version>/profile.bin
+    <root>/<model>/reference/v<version>/meta.json      schema, rows, sampling seed
+
+Recorded when a version is published or retrained (from its training data in MLflow), or from a
+designated window of the inference log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from typing import Any
+
+import pandas as pd
+
+from drift_checks.inference_log import LogSchema
+from drift_checks.profiles import profile_frame, read_profile, write_profile
+from drift_checks.storage import Store
+from tritonflow.exceptions import WindowError
+
+#: Default rows kept in a reference sample.
+DEFAULT_REFERENCE_ROWS = 100_000
+
+
+@dataclasses.dataclass
+class Reference:
+    """The reference of one model version.
+
+    Attributes:
+        model / version: Model name and MLflow model version.
+        frame: The sample (feature columns).
+        schema: Feature kinds.
+        profile: whylogs profile view of the sample.
+        uri: URI of the version's reference folder.
+    """
+
+    model: str
+    version: int
+    frame: pd.DataFrame
+    schema: LogSchema
+    profile: Any
+    uri: str
+
+
+def _prefix(model: str, version: int) -> str:
+    if int(version) < 1:
+        raise WindowError(f"model version {version!r}; expected an integer >= 1")
+    return f"{model}/reference/v{int(version)}"
+
+
+def save_reference(root: str, model: str, version: int, frame: pd.DataFrame,
+                   schema: LogSchema | None = None, *, max_rows: int = DEFAULT_REFERENCE_ROWS,
+                   seed: int = 0, endpoint_url: str | None = None) -> Reference:
+    """Sample (deterministically), profile and store the reference of a model version.
+
+    Args:
+        root: Folder or ``s3://bucket/prefix``.
+        model / version: Model name and version.
+        frame: Training data (or a designated window); feature columns at least.
+        schema: Feature kinds; inferred from ``frame`` when ``None``.
+        max_rows: Rows kept (uniform sample without replacement, ``seed``).
+        endpoint_url: S3-compatible endpoint.
+
+    Raises:
+        WindowError: ``frame`` is empty or lacks a schema column.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if frame.empty:
+        raise WindowError(f"reference for {model!r} v{version} is empty; expected training rows")
+    schema = schema or LogSchema.infer(frame)
+    missing = [c for c in schema.features if c not in frame.columns]
+    if missing:
+        raise WindowError(f"reference for {model!r} v{version} lacks feature columns {missing}")
+    sample = frame[list(schema.features)]
+    if len(sample) > max_rows:
+        sample = sample.sample(n=max_rows, random_state=seed).sort_index()
+    sample = sample.reset_index(drop=True)
+    store = Store(root, endpoint_url)
+    p = _prefix(model, version)
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pandas(sample, preserve_index=False), buf)
+    store.put_bytes(f"{p}/sample.parquet", buf.getvalue())
+    view = profile_frame(sample)
+    write_profile(store, f"{p}/profile.bin", view)
+    meta = {"model": model, "version": int(version), "rows": len(sample), "source_rows": len(frame),
+            "seed": seed, "schema": schema.to_dict()}
+    store.put_bytes(f"{p}/meta.json", json.dumps(meta, sort_keys=True).encode())
+    return Reference(model, int(version), sample, schema, view, store.uri(p))
+
+
+def load_reference(root: str, model: str, version: int, endpoint_url: str | None = None,
+                   with_profile: bool = True) -> Reference:
+    """Load a stored reference.
+
+    Raises:
+        WindowError: No reference stored for this version, or its files are unreadable.
+    """
+    import pyarrow.parquet as pq
+
+    store = Store(root, endpoint_url)
+    p = _prefix(model, version)
+    try:
+        meta = json.loads(store.get_bytes(f"{p}/meta.json"))
+        frame = pq.read_table(io.BytesIO(store.get_bytes(f"{p}/sample.parquet"))).to_pandas()
+        view = read_profile(store, f"{p}/profile.bin") if with_profile else None
+    except FileNotFoundError as exc:
+        raise WindowError(f"no reference stored for {model!r} v{version} at {store.uri(p)} ({exc}); "
+                          "expected save_reference() when the version was published") from None
+    return Reference(model, int(version), frame, LogSchema.from_dict(meta["schema"]), view, store.uri(p))

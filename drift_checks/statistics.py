@@ -1,0 +1,455 @@
+"""Registry of drift statistics: pure, deterministic functions with their metadata.
+
+Every statistic compares a *reference* sample (training data of the model version) with a
+*current* window (one hour of the inference log) for one feature and returns a
+:class:`StatisticResult`. Each registry entry (:class:`Statistic`) carries:
+
+* ``kind``: ``"numeric"`` or ``"categorical"``;
+* ``direction``: ``"p_value"`` (drift when ``value <= threshold``: the bad tail is LOW) or
+  ``"distance"`` (drift when ``value >= threshold``: the bad tail is HIGH);
+* ``default_threshold`` and ``threshold_source``: the static threshold used until enough history
+  exists for a dynamic one (see :mod:`drift_checks.thresholds`);
+* degenerate-input behaviour: an empty side gives status ``"empty"``, a side whose values are all
+  null gives ``"all_null"``; both with ``value=None`` (never a silent NaN). A constant reference
+  column gives status ``"constant"`` with a value where the statistic is still defined.
+
+Static thresholds follow Evidently 0.7's defaults (``evidently/legacy/calculations/stattests``):
+K-S p-value 0.05, chi-square p-value 0.05, PSI 0.1 (0.2 is the usual "significant" level),
+normalised Wasserstein 0.1, Jensen-Shannon distance 0.1. The unseen-category share (0.05) is a
+tritonflow choice: more than 5 % of the window's rows in categories the reference never saw.
+
+Numeric inputs are prepared once with :func:`prepare_numeric` (finite values, sorted), so the
+reference side can be prepared once per model version and reused every hour. All numeric
+statistics run in O(n log n) with numpy ``sort``/``searchsorted``; results are bit-for-bit
+identical when the same window is scored twice (no sampling, no sketches; case H18).
+
+Categorical inputs are count histograms (``{category: count}``), so the same functions score raw
+windows and stored hourly count histograms alike. Chi-square always scales the expected
+frequencies to the current window's size (case H17).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable, Iterable, Literal, Mapping
+
+import numpy as np
+
+Kind = Literal["numeric", "categorical"]
+Direction = Literal["p_value", "distance"]
+
+#: Number of reference-quantile bins used by PSI (deciles, as in common PSI practice).
+PSI_BINS = 10
+#: Floor applied to empty bin proportions in PSI and to proportions in Jensen-Shannon, so the
+#: logarithm stays finite. Evidently uses the same value (``np.where(p == 0, 0.0001, p)``).
+PSI_EPSILON = 1e-4
+#: Floor of the reference standard deviation in the normalised Wasserstein distance, from
+#: Evidently's ``wasserstein_distance_norm`` (``norm = max(np.std(reference), 0.001)``).
+WASSERSTEIN_STD_FLOOR = 1e-3
+#: scipy's ``ks_2samp`` is exact up to this many rows per side; beyond it the asymptotic
+#: Smirnov distribution is used (same rule as scipy's ``method="auto"``).
+KS_EXACT_MAX_N = 10_000
+
+Status = Literal["ok", "empty", "all_null", "constant"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StatisticResult:
+    """One statistic for one feature and one window.
+
+    Attributes:
+        name: Registry name of the statistic (e.g. ``"psi"``).
+        value: The score compared with the threshold; ``None`` when undefined (see ``status``).
+            Never NaN or infinite.
+        status: ``"ok"``, ``"empty"`` (a side has no rows), ``"all_null"`` (a side has rows but
+            every value is null) or ``"constant"`` (the reference is constant; value still given).
+        extra: Secondary numbers (e.g. the KS statistic next to its p-value), JSON-serialisable.
+    """
+
+    name: str
+    value: float | None
+    status: str = "ok"
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form."""
+        return {"name": self.name, "value": self.value, "status": self.status, **dict(self.extra)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Statistic:
+    """Registry entry: a pure statistic and its metadata.
+
+    Attributes:
+        name: Unique name, used as the key in the history store.
+        kind: ``"numeric"`` or ``"categorical"``.
+        direction: ``"p_value"`` (drift when value <= threshold) or ``"distance"`` (drift when
+            value >= threshold).
+        default_threshold: Static threshold used until enough history exists.
+        threshold_source: Where the default comes from.
+        fn: ``fn(pair) -> StatisticResult`` with a :class:`NumericPair` or
+            :class:`CategoricalPair`.
+        description: One line for reports.
+    """
+
+    name: str
+    kind: Kind
+    direction: Direction
+    default_threshold: float
+    threshold_source: str
+    fn: Callable[[Any], StatisticResult]
+    description: str
+
+    def is_drift(self, value: float | None, threshold: float) -> bool | None:
+        """Whether ``value`` is on the drift side of ``threshold``; ``None`` if value undefined."""
+        if value is None or not math.isfinite(value):
+            return None
+        return value <= threshold if self.direction == "p_value" else value >= threshold
+
+
+# ----------------------------------------------------------------------------- numeric inputs
+@dataclasses.dataclass(frozen=True)
+class NumericSample:
+    """A numeric column prepared for scoring.
+
+    Attributes:
+        values: Finite values, sorted ascending (float64, 1-D).
+        n_rows: Rows in the column including nulls.
+        n_null: Null / NaN / infinite values dropped.
+    """
+
+    values: np.ndarray
+    n_rows: int
+    n_null: int
+
+    @property
+    def status(self) -> Status:
+        if self.n_rows == 0:
+            return "empty"
+        if self.values.size == 0:
+            return "all_null"
+        return "ok"
+
+
+def prepare_numeric(values: Iterable[float] | np.ndarray) -> NumericSample:
+    """Drop nulls/NaN/inf and sort, once per column (reuse the reference's every hour).
+
+    Args:
+        values: 1-D array-like of numbers (pandas Series, numpy array; ``None`` allowed).
+
+    Returns:
+        A :class:`NumericSample`.
+    """
+    arr = np.asarray(values, dtype="float64").ravel()
+    n = int(arr.size)
+    finite = arr[np.isfinite(arr)]
+    finite = np.sort(finite, kind="quicksort")
+    return NumericSample(values=finite, n_rows=n, n_null=n - int(finite.size))
+
+
+class NumericPair:
+    """Reference and current samples of one numeric feature, with shared cached work.
+
+    The merged empirical CDFs are computed once and shared by KS and Wasserstein.
+    """
+
+    def __init__(self, reference: NumericSample, current: NumericSample):
+        self.reference = reference
+        self.current = current
+
+    @property
+    def degenerate(self) -> Status | None:
+        """``"empty"``/``"all_null"`` when a side cannot be scored, else ``None``."""
+        for side in (self.current, self.reference):
+            if side.status != "ok":
+                return side.status
+        return None
+
+    @property
+    def reference_constant(self) -> bool:
+        r = self.reference.values
+        return bool(r.size and r[0] == r[-1])
+
+    @functools.cached_property
+    def merged(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(merged sorted values, reference ECDF, current ECDF) evaluated at every merged value."""
+        a, b = self.reference.values, self.current.values
+        allv = np.concatenate([a, b])
+        allv.sort(kind="stable")  # two sorted runs: timsort merges them in linear time
+        cdf_a = np.searchsorted(a, allv, side="right") / a.size
+        cdf_b = np.searchsorted(b, allv, side="right") / b.size
+        return allv, cdf_a, cdf_b
+
+
+def _degenerate(name: str, status: str) -> StatisticResult:
+    return StatisticResult(name=name, value=None, status=status)
+
+
+def ks_p_value(pair: NumericPair) -> StatisticResult:
+    """Two-sample Kolmogorov-Smirnov test (two-sided).
+
+    Same statistic and p-value as ``scipy.stats.ks_2samp(method="auto")``: exact distribution
+    when both sides have at most 10,000 values (delegates to scipy), else Smirnov's asymptotic
+    distribution ``scipy.stats.kstwo.sf(D, round(n*m/(n+m)))``.
+
+    Returns:
+        value = p-value (direction ``p_value``); ``extra["statistic"]`` = D in [0, 1].
+    """
+    if (status := pair.degenerate) is not None:
+        return _degenerate("ks_p_value", status)
+    from scipy import stats
+
+    a, b = pair.reference.values, pair.current.values
+    if max(a.size, b.size) <= KS_EXACT_MAX_N:
+        res = stats.ks_2samp(a, b, method="auto")
+        d, p = float(res.statistic), float(res.pvalue)
+    else:
+        _, cdf_a, cdf_b = pair.merged
+        d = float(np.max(np.abs(cdf_a - cdf_b)))
+        m, n = sorted([float(a.size), float(b.size)], reverse=True)
+        p = float(np.clip(stats.kstwo.sf(d, np.round(m * n / (m + n))), 0.0, 1.0))
+    return StatisticResult(
+        "ks_p_value", p, "constant" if pair.reference_constant else "ok", {"statistic": d}
+    )
+
+
+def psi(pair: NumericPair) -> StatisticResult:
+    """Population Stability Index on reference-quantile bins.
+
+    Bins: the reference's deciles (:data:`PSI_BINS`), outer bins open to +-infinity, duplicate
+    edges merged (a constant reference gives 2 bins). Empty-bin proportions are floored at
+    :data:`PSI_EPSILON`. ``PSI = sum((c_i - r_i) * ln(c_i / r_i))``.
+
+    Returns:
+        value >= 0 (direction ``distance``); ``extra["bins"]`` = number of bins used.
+    """
+    if (status := pair.degenerate) is not None:
+        return _degenerate("psi", status)
+    a, b = pair.reference.values, pair.current.values
+    qs = np.linspace(0, 1, PSI_BINS + 1)[1:-1]
+    edges = np.unique(np.quantile(a, qs))
+    # bin i holds values in (edges[i-1], edges[i]]
+    ra = np.diff(np.concatenate([[0], np.searchsorted(a, edges, side="right"), [a.size]])) / a.size
+    rb = np.diff(np.concatenate([[0], np.searchsorted(b, edges, side="right"), [b.size]])) / b.size
+    ra = np.where(ra == 0, PSI_EPSILON, ra)
+    rb = np.where(rb == 0, PSI_EPSILON, rb)
+    value = float(np.sum((rb - ra) * np.log(rb / ra)))
+    return StatisticResult(
+        "psi", value, "constant" if pair.reference_constant else "ok", {"bins": int(ra.size)}
+    )
+
+
+def wasserstein_normed(pair: NumericPair) -> StatisticResult:
+    """Wasserstein-1 distance divided by the reference's standard deviation (Evidently's
+    ``wasserstein_distance_norm``; the std is floored at :data:`WASSERSTEIN_STD_FLOOR`).
+
+    ``W1 = integral |F_ref(x) - F_cur(x)| dx``, computed exactly from the merged ECDFs (equals
+    ``scipy.stats.wasserstein_distance``).
+
+    Returns:
+        value >= 0 in reference standard deviations (direction ``distance``).
+    """
+    if (status := pair.degenerate) is not None:
+        return _degenerate("wasserstein_normed", status)
+    allv, cdf_a, cdf_b = pair.merged
+    w = float(np.sum(np.abs(cdf_a[:-1] - cdf_b[:-1]) * np.diff(allv)))
+    std = float(np.std(pair.reference.values))
+    norm = max(std, WASSERSTEIN_STD_FLOOR)
+    return StatisticResult(
+        "wasserstein_normed",
+        w / norm,
+        "constant" if pair.reference_constant else "ok",
+        {"wasserstein": w, "reference_std": std},
+    )
+
+
+# ------------------------------------------------------------------------- categorical inputs
+def category_counts(values: Iterable[Any]) -> dict[str, int]:
+    """Count categories of a column (nulls dropped; categories compared as strings).
+
+    Args:
+        values: 1-D array-like (pandas Series preferred).
+
+    Returns:
+        ``{category: count}`` sorted by category, so results are order-independent.
+    """
+    import pandas as pd
+
+    s = pd.Series(values)
+    s = s[s.notna()].astype(str)
+    vc = s.value_counts(sort=False)
+    return {str(k): int(vc[k]) for k in sorted(vc.index)}
+
+
+class CategoricalPair:
+    """Reference and current count histograms of one categorical feature.
+
+    Args:
+        reference: ``{category: count}`` of the reference.
+        current: ``{category: count}`` of the current window.
+        reference_rows / current_rows: Rows including nulls (to tell "empty" from "all_null");
+            default: the histogram's total.
+    """
+
+    def __init__(
+        self,
+        reference: Mapping[str, int],
+        current: Mapping[str, int],
+        reference_rows: int | None = None,
+        current_rows: int | None = None,
+    ):
+        self.reference = {str(k): int(v) for k, v in reference.items() if v}
+        self.current = {str(k): int(v) for k, v in current.items() if v}
+        self.reference_rows = sum(self.reference.values()) if reference_rows is None else reference_rows
+        self.current_rows = sum(self.current.values()) if current_rows is None else current_rows
+        self.categories = sorted(set(self.reference) | set(self.current))
+
+    @property
+    def degenerate(self) -> Status | None:
+        for rows, counts in ((self.current_rows, self.current), (self.reference_rows, self.reference)):
+            if rows == 0:
+                return "empty"
+            if not counts:
+                return "all_null"
+        return None
+
+    def vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        """Counts of reference and current over the union of categories (sorted)."""
+        r = np.array([self.reference.get(c, 0) for c in self.categories], dtype="float64")
+        c = np.array([self.current.get(c, 0) for c in self.categories], dtype="float64")
+        return r, c
+
+
+def jensen_shannon(pair: CategoricalPair) -> StatisticResult:
+    """Jensen-Shannon distance between category proportions (``scipy.spatial.distance.
+    jensenshannon``, natural log, range [0, sqrt(ln 2)]), as Evidently's ``jensenshannon`` test.
+    Proportions are floored at :data:`PSI_EPSILON` like Evidently.
+
+    Returns:
+        value >= 0 (direction ``distance``).
+    """
+    if (status := pair.degenerate) is not None:
+        return _degenerate("jensen_shannon", status)
+    from scipy.spatial import distance
+
+    r, c = pair.vectors()
+    p = np.where(r == 0, PSI_EPSILON, r / r.sum())
+    q = np.where(c == 0, PSI_EPSILON, c / c.sum())
+    value = float(distance.jensenshannon(p, q))
+    status = "constant" if len(pair.reference) == 1 else "ok"
+    return StatisticResult("jensen_shannon", value if math.isfinite(value) else 0.0, status)
+
+
+def chi_square_p_value(pair: CategoricalPair) -> StatisticResult:
+    """Pearson chi-square test of homogeneity on the 2 x k table (reference, current) over the
+    union of categories (``scipy.stats.chi2_contingency(correction=False)``).
+
+    The expected counts of each row are scaled to that row's total, so a current window with
+    the reference's mix gives p ~ 1 whatever its size (case H17, whylogs#492). Categories unseen
+    in the reference are part of the table (no division by zero). A single category on both
+    sides gives p = 1 with status ``"constant"``.
+
+    Returns:
+        value = p-value (direction ``p_value``); ``extra["statistic"]``, ``extra["dof"]``.
+    """
+    if (status := pair.degenerate) is not None:
+        return _degenerate("chi_square_p_value", status)
+    if len(pair.categories) < 2:
+        return StatisticResult("chi_square_p_value", 1.0, "constant", {"statistic": 0.0, "dof": 0})
+    from scipy import stats
+
+    r, c = pair.vectors()
+    res = stats.chi2_contingency(np.vstack([r, c]), correction=False)
+    return StatisticResult(
+        "chi_square_p_value",
+        float(res.pvalue),
+        "ok",
+        {"statistic": float(res.statistic), "dof": int(res.dof)},
+    )
+
+
+def unseen_share(pair: CategoricalPair) -> StatisticResult:
+    """Share of the current window's non-null rows whose category is absent from the reference.
+
+    Returns:
+        value in [0, 1] (direction ``distance``); ``extra["unseen"]`` lists up to 20 categories.
+    """
+    if (status := pair.degenerate) is not None:
+        return _degenerate("unseen_share", status)
+    unseen = sorted(k for k in pair.current if k not in pair.reference)
+    total = sum(pair.current.values())
+    value = sum(pair.current[k] for k in unseen) / total
+    return StatisticResult("unseen_share", float(value), "ok", {"unseen": unseen[:20]})
+
+
+# ------------------------------------------------------------------------------ the registry
+_EVIDENTLY = "Evidently 0.7 default stat-test threshold"
+REGISTRY: dict[str, Statistic] = {
+    s.name: s
+    for s in [
+        Statistic("ks_p_value", "numeric", "p_value", 0.05, _EVIDENTLY + " (K-S p-value)",
+                  ks_p_value, "Two-sample Kolmogorov-Smirnov p-value (statistic D in extra)"),
+        Statistic("psi", "numeric", "distance", 0.1, _EVIDENTLY + " (PSI; 0.2 = significant)",
+                  psi, "Population Stability Index on reference deciles"),
+        Statistic("wasserstein_normed", "numeric", "distance", 0.1,
+                  _EVIDENTLY + " (Wasserstein distance, normed)", wasserstein_normed,
+                  "Wasserstein-1 distance in reference standard deviations"),
+        Statistic("jensen_shannon", "categorical", "distance", 0.1,
+                  _EVIDENTLY + " (Jensen-Shannon distance)", jensen_shannon,
+                  "Jensen-Shannon distance between category proportions"),
+        Statistic("chi_square_p_value", "categorical", "p_value", 0.05,
+                  _EVIDENTLY + " (chi-square p-value)", chi_square_p_value,
+                  "Chi-square homogeneity test p-value, expected counts scaled to window size"),
+        Statistic("unseen_share", "categorical", "distance", 0.05,
+                  "tritonflow choice: 5 % of rows in categories the reference never saw",
+                  unseen_share, "Share of rows in categories unseen in the reference"),
+    ]
+}
+
+
+def statistics_for(kind: Kind, names: Iterable[str] | None = None) -> list[Statistic]:
+    """Registry entries of one kind, optionally restricted to ``names`` (order kept).
+
+    Raises:
+        KeyError: A name is not registered (message lists the registered names).
+    """
+    if names is None:
+        return [s for s in REGISTRY.values() if s.kind == kind]
+    out = []
+    for n in names:
+        if n not in REGISTRY:
+            raise KeyError(f"statistic {n!r} is not registered; expected one of {sorted(REGISTRY)}")
+        if REGISTRY[n].kind == kind:
+            out.append(REGISTRY[n])
+    return out
+
+
+def score_numeric(
+    reference: NumericSample, current: NumericSample, names: Iterable[str] | None = None
+) -> dict[str, StatisticResult]:
+    """Every numeric statistic for one feature (shared ECDF work).
+
+    Returns:
+        ``{statistic name: StatisticResult}``.
+    """
+    pair = NumericPair(reference, current)
+    return {s.name: s.fn(pair) for s in statistics_for("numeric", names)}
+
+
+def score_categorical(
+    reference: Mapping[str, int],
+    current: Mapping[str, int],
+    *,
+    reference_rows: int | None = None,
+    current_rows: int | None = None,
+    names: Iterable[str] | None = None,
+) -> dict[str, StatisticResult]:
+    """Every categorical statistic for one feature from count histograms.
+
+    Returns:
+        ``{statistic name: StatisticResult}``.
+    """
+    pair = CategoricalPair(reference, current, reference_rows, current_rows)
+    return {s.name: s.fn(pair) for s in statistics_for("categorical", names)}

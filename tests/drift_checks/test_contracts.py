@@ -1,0 +1,72 @@
+"""Great Expectations contract: derivation, H15 all-null column, H20 datetime normalisation."""
+
+import io
+
+import pandas as pd
+
+from drift_checks.contracts import Contract, ExpectationSpec, derive_contract, run_contract
+from drift_checks.inference_log import LogSchema
+
+H15_SCHEMA = LogSchema({"session_minutes": "float", "device": "category",
+                        "promo_code": "category", "pages_viewed": "int"})
+H20_BATCH = """snapshot_date,store_id,units
+2025-03-01,11,4
+2025-03-01,17,9
+2025-03-02,11,3
+2025-03-02,23,7
+2025-03-03,17,2
+2025-03-03,23,5
+"""
+DAYS = ["2025-03-01", "2025-03-02", "2025-03-03"]
+
+
+def test_h20_datetime_column_and_iso_string_value_sets_agree_after_normalisation():
+    df = pd.read_csv(io.StringIO(H20_BATCH), parse_dates=["snapshot_date"])
+    contract = Contract((
+        ExpectationSpec("ExpectColumnDistinctValuesToEqualSet", {"column": "snapshot_date", "value_set": DAYS}),
+        ExpectationSpec("ExpectColumnValuesToBeInSet", {"column": "snapshot_date", "value_set": DAYS}),
+        ExpectationSpec("ExpectColumnMaxToBeBetween", {"column": "snapshot_date",
+                                                       "min_value": "2025-03-03", "max_value": "2025-03-03"}),
+    ))
+    res = run_contract(contract, df)
+    assert [(r.success, r.raised) for r in res.results] == [(True, False)] * 3
+    assert res.status == "passed"
+    assert str(df["snapshot_date"].dtype).startswith("datetime64")  # caller's frame untouched
+
+
+def test_h20_tz_aware_column_and_bounds_with_offsets_share_one_representation():
+    df = pd.DataFrame({"t": pd.to_datetime(["2025-03-01T10:00:00+00:00"] * 3, utc=True)})
+    res = run_contract(Contract((ExpectationSpec(
+        "ExpectColumnMaxToBeBetween", {"column": "t", "min_value": "2025-03-01T11:00:00+01:00",
+                                       "max_value": "2025-03-01T11:00:00+01:00"}),)), df)
+    assert res.results[0].success and not res.results[0].raised
+
+
+def test_h20_an_expectation_that_raises_is_an_error_of_the_check_not_a_data_failure():
+    df = pd.DataFrame({"units": [1, 2, 3]})
+    res = run_contract(Contract((
+        ExpectationSpec("ExpectColumnMaxToBeBetween", {"column": "units", "min_value": "a", "max_value": "b"}),
+        ExpectationSpec("ExpectColumnMaxToBeBetween", {"column": "units", "max_value": 10}),
+    )), df)
+    assert res.status == "error"
+    assert [r.raised for r in res.results] == [True, False]
+    assert res.failures == [] and res.invalid_columns == []  # the data is not blamed
+    assert res.check_errors[0].column == "units" and res.check_errors[0].message
+
+
+def test_h15_all_null_column_fails_its_null_expectation_and_only_that_column_is_invalid(h15_frames):
+    ref, all_null, _ = h15_frames
+    res = run_contract(derive_contract(ref, H15_SCHEMA), all_null)
+    assert res.invalid_columns == ["promo_code"]
+    nulls = [r for r in res.failures if r.expectation == "expect_column_values_to_not_be_null"]
+    assert nulls[0].column == "promo_code" and nulls[0].observed["unexpected_percent"] == 100.0
+
+
+def test_scale_error_and_missing_column_are_named_with_observed_values(h15_frames):
+    ref, _, _ = h15_frames
+    cur = ref.assign(session_minutes=ref.session_minutes * 1000).drop(columns=["device"])
+    res = run_contract(derive_contract(ref, H15_SCHEMA), cur)
+    assert res.invalid_columns == ["device", "session_minutes"]
+    by = {(r.column, r.expectation): r for r in res.failures}
+    assert by[("session_minutes", "expect_column_max_to_be_between")].observed == 41700.0
+    assert ("device", "expect_column_to_exist") in by

@@ -1,0 +1,85 @@
+"""Inference-log contract, writer, hourly reader and labels (filesystem and S3)."""
+
+import pandas as pd
+import pytest
+
+from drift_checks.inference_log import (InferenceLogWriter, LogSchema, join_labels, read_labels,
+                                        read_window)
+from tritonflow.exceptions import WindowError
+
+SCHEMA = LogSchema({"x": "float", "device": "category"}, {"p_rain": "float"})
+H0 = pd.Timestamp("2024-05-01T13:00:00Z")
+
+
+def _records(n=6, start=H0 - pd.Timedelta(minutes=30), step="20min", prefix="r"):
+    ts = pd.date_range(start, periods=n, freq=step, tz="UTC")
+    return pd.DataFrame({"request_id": [f"{prefix}{i}" for i in range(n)], "timestamp": ts,
+                         "model_version": [3] * n, "x": [float(i) for i in range(n)],
+                         "device": ["ios", "android"] * (n // 2), "p_rain": [0.5] * n})
+
+
+def test_writer_partitions_by_utc_hour_and_reader_selects_one_hour(tmp_path):
+    w = InferenceLogWriter(str(tmp_path), "rain", SCHEMA)
+    uris = w.write(_records())  # 12:30 .. 14:10
+    assert sorted(u.split("rain/")[1].rsplit("/", 1)[0] for u in uris) == [
+        "date=2024-05-01/hour=12", "date=2024-05-01/hour=13", "date=2024-05-01/hour=14"]
+    win = read_window(str(tmp_path), "rain", H0, H0 + pd.Timedelta(hours=1), SCHEMA)
+    assert list(win.frame["request_id"]) == ["r2", "r3", "r4"]
+    assert (win.frame["timestamp"] >= H0).all() and (win.frame["timestamp"] < H0 + pd.Timedelta(hours=1)).all()
+    assert not list(tmp_path.rglob("*.tmp"))  # atomic: no temp file left
+
+
+def test_an_hour_without_files_is_an_empty_window_not_an_error(tmp_path):
+    win = read_window(str(tmp_path), "rain", H0, H0 + pd.Timedelta(hours=1), SCHEMA)
+    assert win.empty and "x" in win.frame.columns
+
+
+def test_missing_column_in_a_stored_file_names_file_column_and_type(tmp_path):
+    InferenceLogWriter(str(tmp_path), "rain", LogSchema({"x": "float"})).write(_records().drop(columns=["device", "p_rain"]))
+    with pytest.raises(WindowError, match=r"hour=13/.*\.parquet: column 'device' is missing; expected a string column"):
+        read_window(str(tmp_path), "rain", H0, H0 + pd.Timedelta(hours=1), SCHEMA)
+
+
+def test_malformed_parquet_file_is_refused_with_its_path(tmp_path):
+    part = tmp_path / "rain" / "date=2024-05-01" / "hour=13"
+    part.mkdir(parents=True)
+    (part / "broken.parquet").write_bytes(b"not parquet")
+    with pytest.raises(WindowError, match="broken.parquet: not a readable Parquet file"):
+        read_window(str(tmp_path), "rain", H0, H0 + pd.Timedelta(hours=1))
+
+
+def test_writer_refuses_wrong_types_and_naive_timestamps(tmp_path):
+    w = InferenceLogWriter(str(tmp_path), "rain", SCHEMA)
+    bad = _records().assign(x=["a"] * 6)
+    with pytest.raises(WindowError, match="column 'x' has type string.*expected a floating-point"):
+        w.write(bad)
+    naive = _records().assign(timestamp=lambda d: d.timestamp.dt.tz_localize(None))
+    with pytest.raises(WindowError, match="column 'timestamp'.*timezone-aware"):
+        w.write(naive)
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_labels_arrive_later_and_join_by_request_id_latest_wins(tmp_path):
+    w = InferenceLogWriter(str(tmp_path), "rain", SCHEMA)
+    w.write(_records())
+    later = H0 + pd.Timedelta(hours=5)
+    w.write_labels(pd.DataFrame({"request_id": ["r2", "r3", "r3"], "rain": [1, 0, 1],
+                                 "timestamp": [later, later, later + pd.Timedelta(minutes=5)]}))
+    labels = read_labels(str(tmp_path), "rain", later, later + pd.Timedelta(hours=1))
+    win = read_window(str(tmp_path), "rain", H0, H0 + pd.Timedelta(hours=1), SCHEMA)
+    joined = join_labels(win.frame, labels).set_index("request_id")
+    assert joined.loc["r2", "rain"] == 1 and joined.loc["r3", "rain"] == 1
+    assert pd.isna(joined.loc["r4", "rain"])
+
+
+def test_s3_root_round_trip_on_an_s3_compatible_endpoint(s3_root):
+    root, endpoint = s3_root
+    InferenceLogWriter(root, "rain", SCHEMA, endpoint_url=endpoint).write(_records())
+    win = read_window(root, "rain", H0, H0 + pd.Timedelta(hours=1), SCHEMA, endpoint_url=endpoint)
+    assert list(win.frame["request_id"]) == ["r2", "r3", "r4"]
+    assert all(f.startswith(root + "/rain/date=2024-05-01/hour=13/") for f in win.files)
+
+
+def test_s3_root_with_endpoint_inside_the_uri_is_refused():
+    with pytest.raises(WindowError, match="no valid bucket"):
+        read_window("s3://http://127.0.0.1:9000/bucket", "rain", H0, H0 + pd.Timedelta(hours=1))

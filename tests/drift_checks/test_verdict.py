@@ -1,0 +1,116 @@
+"""The hourly check end to end: cases H15 (all-null column, empty window), reruns, hysteresis."""
+
+import datetime as dt
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from drift_checks.history import HistoryStore
+from drift_checks.inference_log import LogSchema
+from drift_checks.reference import load_reference, save_reference
+from drift_checks.thresholds import ThresholdPolicy
+from drift_checks.verdict import CheckConfig, check_window, prepare_reference
+
+H15_SCHEMA = LogSchema({"session_minutes": "float", "device": "category",
+                        "promo_code": "category", "pages_viewed": "int"})
+T0 = dt.datetime(2024, 5, 1, 13, tzinfo=dt.timezone.utc)
+HOUR = dt.timedelta(hours=1)
+
+
+@pytest.fixture
+def history(tmp_path):
+    h = HistoryStore(f"sqlite:///{tmp_path / 'history.db'}")
+    yield h
+    h.engine.dispose()
+
+
+def test_h15_all_null_column_is_a_data_quality_failure_and_other_columns_get_drift_results(
+        h15_frames, history, tmp_path):
+    ref, all_null, _ = h15_frames
+    out = check_window(model="shop", frame=all_null, start=T0, end=T0 + HOUR,
+                       reference=prepare_reference(ref, H15_SCHEMA), history=history,
+                       artefact_dir=tmp_path / "art")
+    assert out["features"]["promo_code"]["severity"] == "invalid"
+    assert {"kind": "data_quality", "column": "promo_code"}.items() <= next(
+        a for a in out["alerts"] if a.get("expectation") == "expect_column_values_to_not_be_null").items()
+    for col in ("session_minutes", "device", "pages_viewed"):
+        assert out["features"][col]["severity"] in ("ok", "warning", "drift")
+        assert out["features"][col]["statistics"]
+    ev = out["evidently"]
+    assert ev["status"] == "ok" and "promo_code" in ev["excluded"]
+    assert set(ev["scores"]) == {"session_minutes", "device", "pages_viewed"}
+    assert (tmp_path / "art" / "evidently_data_drift.html").is_file()
+    assert len(json.dumps(out)) < 48 * 1024
+
+
+def test_h15_empty_window_is_no_data_with_an_alert_and_leaves_the_baseline_alone(h15_frames, history, tmp_path):
+    ref, _, empty = h15_frames
+    out = check_window(model="shop", frame=empty, start=T0, end=T0 + HOUR,
+                       reference=prepare_reference(ref, H15_SCHEMA), history=history,
+                       artefact_dir=tmp_path)
+    assert out["status"] == "no_data" and out["drift"] is False
+    assert out["alerts"][0]["kind"] == "data_availability"
+    assert history.window("shop", T0)["status"] == "no_data"
+    assert history.values("shop", "session_minutes", "psi") == []
+    assert not (tmp_path / "evidently_data_drift.html").exists()
+
+
+def _frame(rng, n, shift=0.0):
+    return pd.DataFrame({"x": rng.normal(shift, 1.0, n), "c": rng.choice(["a", "b", "c"], n)})
+
+
+SCHEMA = LogSchema({"x": "float", "c": "category"})
+
+
+def test_rerun_of_the_same_hour_gives_identical_summary_and_one_row_per_statistic(history):
+    rng = np.random.default_rng(0)
+    ref = prepare_reference(_frame(rng, 5000), SCHEMA)
+    cur = _frame(rng, 2000, 0.3)
+    cfg = CheckConfig(evidently_sample_rows=0)
+    a = check_window(model="m", frame=cur, start=T0, end=T0 + HOUR, reference=ref, history=history, config=cfg)
+    b = check_window(model="m", frame=cur, start=T0, end=T0 + HOUR, reference=ref, history=history, config=cfg)
+    assert a == b
+    assert len(history.values("m", "x", "psi")) == 1
+
+
+def test_statistics_recorded_every_hour_and_drift_needs_consecutive_flagged_windows(history):
+    rng = np.random.default_rng(1)
+    ref = prepare_reference(_frame(rng, 5000), SCHEMA)
+    cfg = CheckConfig(evidently_sample_rows=0, policy=ThresholdPolicy(min_history=48))
+    calm = check_window(model="m", frame=_frame(rng, 2000), start=T0, end=T0 + HOUR,
+                        reference=ref, history=history, config=cfg)
+    assert calm["severity"] == "ok" and len(history.values("m", "x", "psi")) == 1
+    first = check_window(model="m", frame=_frame(rng, 2000, 1.0), start=T0 + HOUR, end=T0 + 2 * HOUR,
+                         reference=ref, history=history, config=cfg)
+    assert first["features"]["x"]["severity"] == "warning" and first["drift"] is False
+    second = check_window(model="m", frame=_frame(rng, 2000, 1.0), start=T0 + 2 * HOUR,
+                          end=T0 + 3 * HOUR, reference=ref, history=history, config=cfg)
+    assert second["features"]["x"]["severity"] == "drift"
+    assert second["features"]["c"]["severity"] == "ok"
+    assert second["dataset_score"] == pytest.approx(0.5) and second["drift"] is True
+    assert any(a["kind"] == "drift" and a["features"] == ["x"] for a in second["alerts"])
+
+
+def test_constant_and_all_null_numeric_columns_never_read_as_ok(history):
+    ref = prepare_reference(pd.DataFrame({"x": [np.nan] * 10, "c": ["a"] * 10}), SCHEMA)
+    out = check_window(model="m", frame=pd.DataFrame({"x": [1.0] * 5, "c": ["a"] * 5}), start=T0,
+                       end=T0 + HOUR, reference=ref, history=history,
+                       config=CheckConfig(evidently_sample_rows=0))
+    assert out["features"]["x"]["severity"] == "invalid"
+    assert "all_null" in out["features"]["x"]["reason"]
+
+
+def test_reference_is_stored_with_its_profile_and_loaded_back(tmp_path):
+    rng = np.random.default_rng(2)
+    frame = _frame(rng, 500)
+    saved = save_reference(str(tmp_path), "m", 7, frame, SCHEMA, max_rows=200)
+    loaded = load_reference(str(tmp_path), "m", 7)
+    assert len(loaded.frame) == 200 and loaded.schema == SCHEMA
+    pd.testing.assert_frame_equal(loaded.frame, saved.frame)
+    assert loaded.profile.get_column("x").get_metric("counts").n.value == 200
+    from tritonflow.exceptions import WindowError
+
+    with pytest.raises(WindowError, match="no reference stored for 'm' v8"):
+        load_reference(str(tmp_path), "m", 8)
