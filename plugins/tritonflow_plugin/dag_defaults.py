@@ -1,0 +1,36 @@
+"""Defaults every tritonflow DAG shares: task arguments, assets and the DAG tag.
+
+Cheap to import (only ``datetime`` and ``airflow.sdk``), so DAG files can use it at parse time.
+
+* :data:`DEFAULT_ARGS` -- every task has an ``execution_timeout`` (a hang becomes a failure within
+  minutes: case H24), two retries for flaky systems (bad data fails at once through
+  ``fail_fast_on_bad_data``) and the failure notifier.
+* :data:`DRIFT_ALERTS` -- the Asset the drift monitor emits an event on when a model's inputs
+  drifted; the event's ``extra`` carries ``model``, ``version``, ``features``, ``scores`` and the
+  window. ``shadow_evaluation`` is scheduled on it.
+* :data:`MODEL_PUBLISHED` -- emitted by ``model_publish`` when a version is READY in Triton.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import Asset
+
+from tritonflow_plugin.notifications import TritonflowFailureNotifier
+
+#: Tag on every tritonflow DAG (filter in the Airflow UI).
+TAG = "tritonflow"
+#: Default per-task timeout; tasks that profile or train set a longer one explicitly.
+TASK_TIMEOUT = timedelta(minutes=15)
+
+DEFAULT_ARGS = {
+    "owner": "tritonflow",
+    "retries": 2,
+    "retry_delay": timedelta(seconds=30),
+    "execution_timeout": TASK_TIMEOUT,
+    "on_failure_callback": TritonflowFailureNotifier(),
+}
+
+DRIFT_ALERTS = Asset(name="tritonflow_drift_alerts", uri="tritonflow://drift/alerts")
+MODEL_PUBLISHED = Asset(name="tritonflow_model_published", uri="tritonflow://registry/published")
