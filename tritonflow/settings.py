@@ -38,7 +38,7 @@ DEFAULT_MLFLOW_PORT = 5000
 DEFAULT_S3_PORT = 5555
 DEFAULT_GATEWAY_PORT = 8080
 #: Seconds to wait for a started service to report healthy.
-DEFAULT_START_TIMEOUT_S = 90.0
+DEFAULT_START_TIMEOUT_S = 180.0
 
 # ---------------------------------------------------------------------------- MLflow
 #: MLflow tracking server backend; empty means SQLite under ``<home>/mlflow/mlflow.db``.

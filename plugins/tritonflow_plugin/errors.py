@@ -1,0 +1,68 @@
+"""Map tritonflow's exception hierarchy onto Airflow's retry semantics.
+
+* :class:`tritonflow.exceptions.DataError` (bad input) becomes
+  :class:`airflow.sdk.exceptions.AirflowFailException`: the task fails at once, no retry.
+* :class:`tritonflow.exceptions.TransientError` (a system flaked) propagates unchanged, so Airflow
+  applies the task's ``retries``.
+
+Example::
+
+    @task(retries=3, execution_timeout=timedelta(minutes=10))
+    @fail_fast_on_bad_data
+    def validate(model_uri: str) -> dict: ...
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, TypeVar
+
+from tritonflow.exceptions import DataError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def to_airflow_exception(exc: DataError) -> Exception:
+    """Return the ``AirflowFailException`` that stands for ``exc`` (its class name and message).
+
+    Args:
+        exc: A tritonflow bad-input error.
+
+    Returns:
+        ``AirflowFailException("<ClassName>: <message>")`` chained to ``exc`` by the caller.
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+
+    return AirflowFailException(f"{type(exc).__name__}: {exc}")
+
+
+def fail_fast_on_bad_data(func: F) -> F:
+    """Decorate a task callable so bad data fails the task without retries.
+
+    Works on plain and ``async`` functions; put it *under* ``@task`` so Airflow wraps the
+    decorated callable.
+
+    Raises:
+        AirflowFailException: When ``func`` raises a ``DataError`` (original chained as cause).
+        TransientError: Re-raised unchanged so Airflow retries.
+    """
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await func(*args, **kwargs)
+            except DataError as exc:
+                raise to_airflow_exception(exc) from exc
+
+        return async_wrapper  # type: ignore[return-value]
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except DataError as exc:
+            raise to_airflow_exception(exc) from exc
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,385 @@
+"""Registry watcher: stage transitions and alias moves, for MLflow setups without webhooks.
+
+Open-source MLflow sends no webhook for stage transitions (and webhooks need a SQL backend and a
+reachable receiver), so this module polls the registry and turns what changed into
+:class:`~tritonflow_plugin.event_mapping.RegistryChange` objects.
+
+Design:
+
+* :func:`take_snapshot` reads the registry into a set of *facts* ``(model, version, kind, value)``
+  with ``kind`` in ``version`` (the version exists), ``stage`` (its legacy stage) and ``alias``
+  (an alias points at it).
+* :func:`diff_facts` (pure) turns two fact sets into changes: new version -> ``version_created``,
+  new stage fact -> ``stage_changed``, new alias fact -> ``alias_set``, alias fact gone and the
+  alias on no other version -> ``alias_deleted``.
+* :class:`SeenStateStore` keeps, per consumer (the DAG a trigger feeds), the facts already
+  acted on, in SQLite under ``<TRITONFLOW_HOME>/registry_watcher.sqlite``. :meth:`~SeenStateStore.advance`
+  diffs and stores in one ``BEGIN IMMEDIATE`` transaction, so two pollers (or a restarted
+  triggerer) never report one transition twice. The first poll of a consumer records a baseline
+  and reports nothing (no storm of events for the existing registry). A transition is recorded
+  before its event is yielded: at-most-once delivery, never twice. An alias moved back to a
+  version it held earlier is a new transition and fires again.
+* :class:`RegistryEventTrigger` is an Airflow 3 ``BaseEventTrigger`` for an ``AssetWatcher``:
+  it polls every ``poll_interval_s`` and yields one ``TriggerEvent`` per mapped action for its
+  ``dag_id`` (payload = the DAG run conf of :func:`~tritonflow_plugin.event_mapping.actions_for`).
+
+Usage in a DAG file (see :func:`registry_asset`)::
+
+    schedule = registry_asset("canary_promotion", watch=True)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterable, Sequence
+
+from tritonflow_plugin.event_mapping import (
+    ALIAS_DELETED,
+    ALIAS_SET,
+    STAGE_CHANGED,
+    VERSION_CREATED,
+    RegistryChange,
+    Rule,
+    actions_for,
+    registry_asset_name,
+    registry_asset_uri,
+)
+
+Fact = tuple[str, str, str, str]
+#: Fact kinds.
+FACT_VERSION, FACT_STAGE, FACT_ALIAS = "version", "stage", "alias"
+#: Legacy stage that means "no stage" (not a transition target worth an event).
+NO_STAGE = "None"
+#: File name of the watcher state under ``Settings.home``.
+STATE_FILE_NAME = "registry_watcher.sqlite"
+#: Page size of registry searches.
+SEARCH_PAGE_SIZE = 200
+
+
+def take_snapshot(client: Any, models: Sequence[str] | None = None) -> set[Fact]:
+    """Read the registry's versions, stages and aliases as facts.
+
+    Args:
+        client: An ``mlflow.MlflowClient``.
+        models: Registered model names to watch (default: every registered model).
+
+    Returns:
+        ``{(model, version, kind, value)}``: ``("m", "3", "version", "")``,
+        ``("m", "3", "stage", "Production")``, ``("m", "3", "alias", "champion")``.
+
+    Raises:
+        mlflow.exceptions.MlflowException: the registry cannot be read (the trigger retries on
+            its next poll).
+    """
+    if models is None:
+        names: list[str] = []
+        token = None
+        while True:
+            page = client.search_registered_models(max_results=SEARCH_PAGE_SIZE, page_token=token)
+            names.extend(m.name for m in page)
+            token = page.token
+            if not token:
+                break
+    else:
+        names = list(models)
+    facts: set[Fact] = set()
+    for name in names:
+        escaped = name.replace("'", "\\'")
+        token = None
+        while True:
+            page = client.search_model_versions(
+                f"name='{escaped}'", max_results=SEARCH_PAGE_SIZE, page_token=token
+            )
+            for mv in page:
+                version = str(mv.version)
+                facts.add((name, version, FACT_VERSION, ""))
+                stage = getattr(mv, "current_stage", None) or NO_STAGE
+                facts.add((name, version, FACT_STAGE, stage))
+            token = page.token
+            if not token:
+                break
+        # search_model_versions leaves ``aliases`` empty; the registered model holds them.
+        aliases = getattr(client.get_registered_model(name), "aliases", None) or {}
+        if not isinstance(aliases, dict):  # older clients: list of RegisteredModelAlias
+            aliases = {a.alias: a.version for a in aliases}
+        for alias, version in aliases.items():
+            facts.add((name, str(version), FACT_ALIAS, alias))
+    return facts
+
+
+def diff_facts(previous: Iterable[Fact], current: Iterable[Fact]) -> list[RegistryChange]:
+    """Return the registry changes that lead from ``previous`` to ``current`` facts.
+
+    Ordered: versions created, then stage changes, then aliases set, then aliases deleted;
+    within a kind by model and numeric version.
+    """
+    prev, cur = set(previous), set(current)
+    added, removed = cur - prev, prev - cur
+    current_aliases = {(m, v) for (m, _ver, k, v) in cur if k == FACT_ALIAS}
+
+    def order(f: Fact) -> tuple:
+        m, ver, _k, val = f
+        return (m, int(ver) if ver.isdigit() else 0, ver, val)
+
+    changes: list[RegistryChange] = []
+    for m, ver, _k, _v in sorted((f for f in added if f[2] == FACT_VERSION), key=order):
+        changes.append(RegistryChange(kind=VERSION_CREATED, model=m, version=ver, source="watcher"))
+    for m, ver, _k, stage in sorted((f for f in added if f[2] == FACT_STAGE), key=order):
+        if stage != NO_STAGE:
+            changes.append(
+                RegistryChange(kind=STAGE_CHANGED, model=m, version=ver, stage=stage, source="watcher")
+            )
+    for m, ver, _k, alias in sorted((f for f in added if f[2] == FACT_ALIAS), key=order):
+        changes.append(RegistryChange(kind=ALIAS_SET, model=m, version=ver, alias=alias, source="watcher"))
+    for m, ver, _k, alias in sorted((f for f in removed if f[2] == FACT_ALIAS), key=order):
+        if (m, alias) not in current_aliases:  # moved aliases were reported as alias_set
+            changes.append(
+                RegistryChange(kind=ALIAS_DELETED, model=m, version=ver, alias=alias, source="watcher")
+            )
+    return changes
+
+
+class SeenStateStore:
+    """Restart-safe record of the registry facts each consumer has already acted on.
+
+    Args:
+        path: SQLite file (default ``<Settings.home>/registry_watcher.sqlite``); created on use.
+    """
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        if path is None:
+            from tritonflow.settings import get_settings
+
+            path = get_settings().home / STATE_FILE_NAME
+        self.path = Path(path)
+
+    @contextlib.contextmanager
+    def _connect(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS seen_fact (consumer TEXT NOT NULL, model TEXT NOT NULL,"
+                " version TEXT NOT NULL, kind TEXT NOT NULL, value TEXT NOT NULL,"
+                " recorded_at REAL NOT NULL, PRIMARY KEY (consumer, model, version, kind, value))"
+            )
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS watcher_baseline (consumer TEXT PRIMARY KEY,"
+                " recorded_at REAL NOT NULL)"
+            )
+            yield conn
+        finally:
+            conn.close()
+
+    def facts(self, consumer: str) -> set[Fact]:
+        """Facts recorded for ``consumer``."""
+        with self._connect() as conn:
+            rows = conn.execute(
+                "SELECT model, version, kind, value FROM seen_fact WHERE consumer = ?", (consumer,)
+            ).fetchall()
+        return {tuple(r) for r in rows}  # type: ignore[misc]
+
+    def advance(self, consumer: str, current: Iterable[Fact]) -> list[RegistryChange]:
+        """Record ``current`` as acted on and return what changed since the last call.
+
+        The first call for a consumer records a baseline and returns ``[]``. Diff and write
+        happen in one exclusive transaction, so concurrent or repeated calls with the same
+        registry state return each change once in total.
+        """
+        current = set(current)
+        now = time.time()
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                baseline = conn.execute(
+                    "SELECT 1 FROM watcher_baseline WHERE consumer = ?", (consumer,)
+                ).fetchone()
+                previous = {
+                    tuple(r)
+                    for r in conn.execute(
+                        "SELECT model, version, kind, value FROM seen_fact WHERE consumer = ?",
+                        (consumer,),
+                    )
+                }
+                changes = diff_facts(previous, current) if baseline else []
+                gone = previous - current
+                new = current - previous
+                conn.executemany(
+                    "DELETE FROM seen_fact WHERE consumer=? AND model=? AND version=? AND kind=? AND value=?",
+                    [(consumer, *f) for f in gone],
+                )
+                conn.executemany(
+                    "INSERT INTO seen_fact VALUES (?, ?, ?, ?, ?, ?)",
+                    [(consumer, *f, now) for f in new],
+                )
+                if not baseline:
+                    conn.execute("INSERT INTO watcher_baseline VALUES (?, ?)", (consumer, now))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return changes
+
+
+def poll_once(
+    client: Any,
+    store: SeenStateStore,
+    consumer: str,
+    rules: Sequence[Rule],
+    models: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+    """One watcher poll: snapshot, advance the seen state, map to ``consumer``'s DAG runs.
+
+    Returns:
+        The DAG run confs (see ``event_mapping.actions_for``) of actions whose ``dag_id`` is
+        ``consumer``, in change order.
+    """
+    changes = store.advance(consumer, take_snapshot(client, models))
+    out = []
+    for change in changes:
+        for action in actions_for(change, rules):
+            if action.dag_id == consumer:
+                out.append(action.conf)
+    return out
+
+
+try:  # The trigger needs Airflow core (the triggerer); the pure parts above do not.
+    from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+except ImportError:  # pragma: no cover - core not installed (task-SDK-only worker)
+    BaseEventTrigger = object  # type: ignore[assignment,misc]
+    TriggerEvent = None  # type: ignore[assignment]
+
+
+class RegistryEventTrigger(BaseEventTrigger):  # type: ignore[misc,valid-type]
+    """Event trigger that fires when the registry changes in a way mapped to ``dag_id``.
+
+    Args:
+        dag_id: The DAG this watcher feeds (its seen-state consumer and mapping target).
+        tracking_uri: MLflow tracking/registry URI (default ``Settings.resolved_mlflow_tracking_uri``).
+        models: Registered model names to watch (default: all).
+        poll_interval_s: Seconds between polls (default ``Settings.registry_poll_interval_s``).
+        state_path: SQLite state file (default under ``Settings.home``).
+        mapping_path: Mapping file (default ``Settings.event_mapping_path``).
+        max_polls: Stop after this many polls (``None``: forever; tests use a bound).
+    """
+
+    def __init__(
+        self,
+        dag_id: str,
+        tracking_uri: str | None = None,
+        models: list[str] | None = None,
+        poll_interval_s: float | None = None,
+        state_path: str | None = None,
+        mapping_path: str | None = None,
+        max_polls: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.dag_id = dag_id
+        self.tracking_uri = tracking_uri
+        self.models = models
+        self.poll_interval_s = poll_interval_s
+        self.state_path = state_path
+        self.mapping_path = mapping_path
+        self.max_polls = max_polls
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Classpath and kwargs, as the triggerer stores them."""
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "dag_id": self.dag_id,
+                "tracking_uri": self.tracking_uri,
+                "models": self.models,
+                "poll_interval_s": self.poll_interval_s,
+                "state_path": self.state_path,
+                "mapping_path": self.mapping_path,
+                "max_polls": self.max_polls,
+            },
+        )
+
+    def _poll(self) -> list[dict[str, Any]]:
+        from mlflow import MlflowClient
+
+        from tritonflow.settings import get_settings
+        from tritonflow_plugin.event_mapping import load_mapping
+
+        settings = get_settings()
+        uri = self.tracking_uri or settings.resolved_mlflow_tracking_uri
+        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        store = SeenStateStore(self.state_path)
+        rules = load_mapping(self.mapping_path)
+        return poll_once(client, store, self.dag_id, rules, self.models)
+
+    async def run(self) -> AsyncIterator[Any]:
+        """Poll forever (or ``max_polls`` times), yielding one event per mapped change."""
+        from tritonflow.settings import get_settings
+
+        interval = self.poll_interval_s or get_settings().registry_poll_interval_s
+        polls = 0
+        while self.max_polls is None or polls < self.max_polls:
+            polls += 1
+            try:
+                confs = await asyncio.to_thread(self._poll)
+            except Exception as exc:  # registry down: log and try again next poll
+                self.log.warning("registry poll for %s failed: %s", self.dag_id, exc)
+                confs = []
+            for conf in confs:
+                self.log.info("registry change for %s: %s", self.dag_id, conf["registry_event"])
+                yield TriggerEvent(conf)
+            if self.max_polls is None or polls < self.max_polls:
+                await asyncio.sleep(interval)
+
+
+def registry_asset(dag_id: str, *, watch: bool = False, **trigger_kwargs: Any) -> Any:
+    """The asset whose events start ``dag_id`` for registry changes.
+
+    The webhook receiver emits events on it; with ``watch=True`` it also carries an
+    ``AssetWatcher`` running :class:`RegistryEventTrigger` (use when webhooks are not
+    configured, and for stage transitions, which have no webhook).
+
+    Returns:
+        ``airflow.sdk.Asset(name="tritonflow_registry__<dag_id>", uri="tritonflow://registry/<dag_id>")``.
+    """
+    from airflow.sdk import Asset, AssetWatcher
+
+    watchers = []
+    if watch:
+        watchers.append(
+            AssetWatcher(
+                name=f"registry_watcher__{dag_id}",
+                trigger=RegistryEventTrigger(dag_id=dag_id, **trigger_kwargs),
+            )
+        )
+    return Asset(name=registry_asset_name(dag_id), uri=registry_asset_uri(dag_id), watchers=watchers)
+
+
+def registry_conf_from_context(context: Any) -> dict[str, Any]:
+    """The registry-event conf of the running DAG run, from ``dag_run.conf`` or asset events.
+
+    DAG runs started by the webhook in ``dagrun`` mode carry it in ``dag_run.conf``; runs
+    scheduled on :func:`registry_asset` carry it in the triggering asset event's extra
+    (``payload`` for watcher events, the conf itself for webhook events).
+
+    Returns:
+        The conf dict, or ``{}`` for runs not started by a registry change.
+    """
+    dag_run = context.get("dag_run")
+    conf = dict(getattr(dag_run, "conf", None) or {})
+    if conf.get("registry_event"):
+        return conf
+    events = context.get("triggering_asset_events") or {}
+    try:
+        items = list(events.items())
+    except Exception:
+        items = []
+    for _asset, evs in items:
+        for ev in reversed(list(evs)):
+            extra = dict(getattr(ev, "extra", None) or {})
+            payload = extra.get("payload", extra)
+            if isinstance(payload, dict) and payload.get("registry_event"):
+                return payload
+    return {}

@@ -1,0 +1,118 @@
+"""Registry watcher against a real MLflow server: diff, dedup, restart safety, event trigger."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+import warnings
+
+import pytest
+from mlflow import MlflowClient
+
+from tritonflow_plugin.event_mapping import (
+    ALIAS_DELETED, ALIAS_SET, STAGE_CHANGED, VERSION_CREATED, load_mapping,
+)
+from tritonflow_plugin.registry_watcher import (
+    RegistryEventTrigger, SeenStateStore, diff_facts, poll_once, take_snapshot,
+)
+
+
+@pytest.fixture()
+def registry(mlflow_tracking_uri):
+    client = MlflowClient(tracking_uri=mlflow_tracking_uri, registry_uri=mlflow_tracking_uri)
+    name = f"churn_{uuid.uuid4().hex[:8]}"
+    client.create_registered_model(name)
+    return client, name
+
+
+def _new_version(client, name):
+    return client.create_model_version(name, source=f"s3://tritonflow-tests/{name}/model", run_id=None).version
+
+
+def _kinds(changes):
+    return [(c.kind, c.version, c.alias or c.stage) for c in changes]
+
+
+def test_first_poll_is_a_baseline_then_each_transition_is_reported_once(registry, tmp_path):
+    client, name = registry
+    v1 = _new_version(client, name)
+    store = SeenStateStore(tmp_path / "state.sqlite")
+    assert store.advance("canary_promotion", take_snapshot(client, [name])) == []
+
+    v2 = _new_version(client, name)
+    client.set_registered_model_alias(name, "challenger", v2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        client.transition_model_version_stage(name, v1, "Production")
+    changes = store.advance("canary_promotion", take_snapshot(client, [name]))
+    assert _kinds(changes) == [
+        (VERSION_CREATED, v2, None), (STAGE_CHANGED, v1, "Production"), (ALIAS_SET, v2, "challenger"),
+    ]
+    assert all(c.model == name and c.source == "watcher" for c in changes)
+    # same registry state: nothing again, also from a restarted watcher (new store object)
+    assert store.advance("canary_promotion", take_snapshot(client, [name])) == []
+    assert SeenStateStore(tmp_path / "state.sqlite").advance(
+        "canary_promotion", take_snapshot(client, [name])) == []
+
+
+def test_alias_move_is_set_and_alias_removal_is_deleted(registry, tmp_path):
+    client, name = registry
+    v1, v2 = _new_version(client, name), _new_version(client, name)
+    client.set_registered_model_alias(name, "champion", v1)
+    store = SeenStateStore(tmp_path / "state.sqlite")
+    store.advance("c", take_snapshot(client, [name]))
+    client.set_registered_model_alias(name, "champion", v2)
+    assert _kinds(store.advance("c", take_snapshot(client, [name]))) == [(ALIAS_SET, v2, "champion")]
+    client.delete_registered_model_alias(name, "champion")
+    assert _kinds(store.advance("c", take_snapshot(client, [name]))) == [(ALIAS_DELETED, v2, "champion")]
+    # moving the alias back to v1 is a new transition and is reported
+    client.set_registered_model_alias(name, "champion", v1)
+    assert _kinds(store.advance("c", take_snapshot(client, [name]))) == [(ALIAS_SET, v1, "champion")]
+
+
+def test_consumers_keep_separate_state(registry, tmp_path):
+    client, name = registry
+    store = SeenStateStore(tmp_path / "state.sqlite")
+    store.advance("model_publish", take_snapshot(client, [name]))
+    store.advance("canary_rollback", take_snapshot(client, [name]))
+    v = _new_version(client, name)
+    assert _kinds(store.advance("model_publish", take_snapshot(client, [name]))) == [(VERSION_CREATED, v, None)]
+    assert _kinds(store.advance("canary_rollback", take_snapshot(client, [name]))) == [(VERSION_CREATED, v, None)]
+
+
+def test_poll_once_returns_only_the_consumers_dag_runs(registry, tmp_path):
+    client, name = registry
+    store = SeenStateStore(tmp_path / "state.sqlite")
+    rules = load_mapping("")
+    assert poll_once(client, store, "canary_promotion", rules, [name]) == []
+    v = _new_version(client, name)
+    client.set_registered_model_alias(name, "champion", v)
+    (conf,) = poll_once(client, store, "canary_promotion", rules, [name])
+    assert conf["model_name"] == name and conf["model_version"] == v and conf["alias"] == "champion"
+    assert poll_once(client, store, "canary_promotion", rules, [name]) == []
+
+
+def test_event_trigger_fires_once_per_mapped_transition(registry, tmp_path, mlflow_tracking_uri):
+    client, name = registry
+    kwargs = dict(dag_id="canary_promotion", tracking_uri=mlflow_tracking_uri, models=[name],
+                  poll_interval_s=0.01, state_path=str(tmp_path / "state.sqlite"), mapping_path="",
+                  max_polls=1)
+
+    async def collect(trigger):
+        return [ev async for ev in trigger.run()]
+
+    assert asyncio.run(collect(RegistryEventTrigger(**kwargs))) == []  # baseline
+    v = _new_version(client, name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        client.transition_model_version_stage(name, v, "Production")
+    classpath, restored = RegistryEventTrigger(**kwargs).serialize()
+    assert classpath.endswith("registry_watcher.RegistryEventTrigger")
+    events = asyncio.run(collect(RegistryEventTrigger(**restored)))
+    assert [e.payload["registry_event"]["stage"] for e in events] == ["Production"]
+    assert asyncio.run(collect(RegistryEventTrigger(**restored))) == []
+
+
+def test_diff_of_identical_fact_sets_is_empty():
+    facts = {("m", "1", "version", ""), ("m", "1", "alias", "champion")}
+    assert diff_facts(facts, set(facts)) == []
