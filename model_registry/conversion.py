@@ -1,0 +1,686 @@
+"""Convert registered models to formats Triton serves: ONNX (and TorchScript for PyTorch).
+
+Supported sources:
+
+* **scikit-learn** estimators and pipelines through ``skl2onnx``, with ZipMap disabled so a
+  classifier's probabilities are a plain ``tensor(float) [N, C]`` and labels ``tensor(int64)``
+  (case H03; skl2onnx documentation "Probabilities as a vector or as a ZipMap").
+* **PyTorch** ``nn.Module`` to ONNX with a dynamic batch axis, and to TorchScript traced in
+  ``eval()`` under ``torch.no_grad()``; :func:`verify_torchscript` then requires TorchScript and
+  eager-eval outputs to agree within ``torchscript_atol`` (1e-5) and two calls to be identical
+  (case H08). ``torch`` is imported lazily.
+* **ONNX** models pass through (loaded, checked, I/O names made safe).
+
+Shapes and dtypes come from the MLflow model signature (``mlflow.models.ModelSignature``) or an
+explicit ``schema``; a model with neither gets :class:`ModelConversionError`.
+
+Tensor names are made safe identifiers matching ``[A-Za-z_][A-Za-z0-9_]*`` (case H11: a name such
+as ``onnx::Cast_2`` breaks perf_analyzer's ``NAME:DIMS`` syntax); the renames are kept in
+``ConvertedModel.name_mapping`` for the name-mapping file.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import re
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from tritonflow.exceptions import ModelConversionError, ModelValidationError
+from tritonflow.settings import Settings, get_settings
+
+from model_registry.triton_config import OnnxLike, load_onnx, model_io
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+_NUMPY_KINDS = {
+    "float32": "float32", "float64": "float64", "float16": "float16", "double": "float64",
+    "float": "float32", "int64": "int64", "long": "int64", "int32": "int32", "integer": "int32",
+    "bool": "bool", "boolean": "bool", "int8": "int8", "uint8": "uint8", "int16": "int16",
+    "string": "object", "str": "object", "object": "object",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSchema:
+    """One model input as conversion needs it.
+
+    Attributes:
+        name: Tensor name (a safe identifier after conversion).
+        dtype: numpy dtype name (``float32``, ``int64``, ...).
+        shape: Dimensions, ``-1`` for variable (axis 0 is the batch axis).
+        columns: Source column names folded into this tensor (tabular signatures), else empty.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    columns: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class ConvertedModel:
+    """Result of a conversion.
+
+    Attributes:
+        onnx_model: The ONNX ``ModelProto`` (``None`` for a TorchScript-only result).
+        format: ``"onnx"`` or ``"torchscript"``.
+        source_flavor: ``sklearn``, ``pytorch`` or ``onnx``.
+        inputs: Input schema used for the conversion.
+        name_mapping: ``{original tensor name: served name}`` for every renamed tensor.
+        torchscript: The traced ``torch.jit.ScriptModule`` when ``format == "torchscript"``.
+        notes: Human-readable notes (renames, opset chosen, ...).
+    """
+
+    onnx_model: "onnx.ModelProto | None"
+    format: str
+    source_flavor: str
+    inputs: list[TensorSchema]
+    name_mapping: dict[str, str] = dataclasses.field(default_factory=dict)
+    torchscript: Any = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def default_model_filename(self) -> str:
+        """File name in the version folder: ``model.onnx`` or ``model.pt``."""
+        return "model.onnx" if self.format == "onnx" else "model.pt"
+
+    def serialized(self) -> bytes:
+        """The model file's bytes."""
+        if self.format == "onnx":
+            return self.onnx_model.SerializeToString()
+        import io
+
+        import torch
+
+        buf = io.BytesIO()
+        torch.jit.save(self.torchscript, buf)
+        return buf.getvalue()
+
+    def name_mapping_json(self) -> str:
+        """The name-mapping file's content (``{"original": "served"}``, sorted keys)."""
+        return json.dumps(self.name_mapping, indent=2, sort_keys=True)
+
+
+# ----------------------------------------------------------------------------- schema
+def schema_from_signature(
+    signature: Any = None,
+    schema: Sequence[TensorSchema] | Mapping[str, Any] | None = None,
+    *,
+    model_name: str = "model",
+    input_name: str = "features",
+) -> list[TensorSchema]:
+    """Derive the conversion input schema.
+
+    Args:
+        signature: ``mlflow.models.ModelSignature`` (or ``None``). Tensor-based input specs map
+            one to one; column-based (tabular) specs fold into ONE tensor ``input_name`` of shape
+            ``[-1, n_columns]`` whose dtype is ``int64`` when every column is an integer, else
+            ``float32``.
+        schema: Explicit schema that wins over the signature: a list of :class:`TensorSchema`, or
+            a mapping ``{name: {"dtype": "float32", "shape": [-1, 3]}}``.
+        model_name: Used in error messages.
+        input_name: Tensor name for folded tabular columns.
+
+    Raises:
+        ModelConversionError: Neither a signature with inputs nor a schema was given, or an entry
+            has an unsupported dtype.
+    """
+    if schema is not None:
+        return _schema_from_user(schema, model_name)
+    if signature is None or getattr(signature, "inputs", None) is None:
+        raise ModelConversionError(
+            f"model {model_name!r} was logged without a signature and no schema was given: "
+            "shapes and dtypes cannot be inferred (log the model with "
+            "mlflow.models.infer_signature(...) or pass schema={'features': "
+            "{'dtype': 'float32', 'shape': [-1, N]}})"
+        )
+    from mlflow.types.schema import TensorSpec
+
+    specs = list(signature.inputs.inputs)
+    if specs and all(isinstance(s, TensorSpec) for s in specs):
+        out = []
+        for i, s in enumerate(specs):
+            name = s.name or (input_name if len(specs) == 1 else f"input_{i}")
+            out.append(TensorSchema(name, np.dtype(s.type).name, tuple(int(d) for d in s.shape)))
+        return out
+    kinds = []
+    columns = []
+    for s in specs:
+        t = str(getattr(s.type, "name", s.type)).lower()
+        if t not in _NUMPY_KINDS or _NUMPY_KINDS[t] == "object":
+            raise ModelConversionError(
+                f"model {model_name!r}: signature column {s.name!r} has type {t!r} "
+                "(expected a numeric column: double, float, long, integer or boolean)"
+            )
+        kinds.append(_NUMPY_KINDS[t])
+        columns.append(s.name or f"col_{len(columns)}")
+    dtype = "int64" if all(k in {"int64", "int32"} for k in kinds) else "float32"
+    return [TensorSchema(input_name, dtype, (-1, len(specs)), tuple(columns))]
+
+
+def _schema_from_user(schema: Any, model_name: str) -> list[TensorSchema]:
+    if isinstance(schema, Mapping):
+        out = []
+        for name, spec in schema.items():
+            try:
+                dtype = np.dtype(spec["dtype"]).name
+                shape = tuple(int(d) for d in spec["shape"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ModelConversionError(
+                    f"model {model_name!r}: schema entry {name!r}={spec!r} is invalid "
+                    "(expected {'dtype': 'float32', 'shape': [-1, N]})"
+                ) from exc
+            out.append(TensorSchema(str(name), dtype, shape, tuple(spec.get("columns", ()))))
+        return out
+    out = list(schema)
+    if not out or not all(isinstance(s, TensorSchema) for s in out):
+        raise ModelConversionError(
+            f"model {model_name!r}: schema={schema!r} is invalid (expected TensorSchema items or a mapping)"
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- name safety
+def safe_tensor_name(name: str, taken: set[str] | None = None) -> str:
+    """Return ``name`` as an identifier matching ``[A-Za-z_][A-Za-z0-9_]*``, unique in ``taken``.
+
+    ``onnx::Cast_2`` becomes ``onnx__Cast_2``.
+    """
+    out = re.sub(r"[^A-Za-z0-9_]", "_", name) or "t"
+    if not re.match(r"[A-Za-z_]", out[0]):
+        out = "_" + out
+    base, n = out, 1
+    while taken is not None and out in taken:
+        n += 1
+        out = f"{base}_{n}"
+    return out
+
+
+def sanitize_io_names(
+    model: "onnx.ModelProto", rename: Mapping[str, str] | None = None
+) -> tuple["onnx.ModelProto", dict[str, str]]:
+    """Rename graph inputs/outputs to safe identifiers, rewiring every node that uses them.
+
+    Args:
+        model: ONNX model (modified copy returned; the argument is untouched).
+        rename: Explicit ``{old: new}`` renames (e.g. from the signature's names); other unsafe
+            names are made safe with :func:`safe_tensor_name`.
+
+    Returns:
+        ``(model, mapping)`` where mapping holds only the names that changed.
+
+    Raises:
+        ModelConversionError: An explicit new name is not a safe identifier or collides.
+    """
+    model = copy.deepcopy(model)
+    g = model.graph
+    inits = {i.name for i in g.initializer}
+    io_names = [v.name for v in g.input if v.name not in inits] + [v.name for v in g.output]
+    all_names = set(inits) | {o for n in g.node for o in n.output} | set(io_names)
+    mapping: dict[str, str] = {}
+    taken = set(all_names)
+    for old in io_names:
+        new = (rename or {}).get(old)
+        if new is None:
+            if SAFE_NAME.match(old):
+                continue
+            new = safe_tensor_name(old, taken)
+        elif not SAFE_NAME.match(new):
+            raise ModelConversionError(
+                f"rename {old!r} -> {new!r}: {new!r} is not a safe tensor name "
+                "(expected [A-Za-z_][A-Za-z0-9_]*)"
+            )
+        elif new != old and new in taken:
+            raise ModelConversionError(f"rename {old!r} -> {new!r}: {new!r} is already used in the graph")
+        if new != old:
+            mapping[old] = new
+            taken.add(new)
+    if not mapping:
+        return model, {}
+
+    def sub(name: str) -> str:
+        return mapping.get(name, name)
+
+    for v in list(g.input) + list(g.output) + list(g.value_info):
+        v.name = sub(v.name)
+    for node in g.node:
+        node.input[:] = [sub(x) for x in node.input]
+        node.output[:] = [sub(x) for x in node.output]
+    return model, mapping
+
+
+# ----------------------------------------------------------------------------- scikit-learn
+def _classifiers(est: Any) -> list[Any]:
+    """The estimator and every nested estimator that is a classifier (for ZipMap options)."""
+    from sklearn.base import is_classifier
+
+    found = []
+    stack = [est]
+    seen = set()
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        try:
+            if is_classifier(e):
+                found.append(e)
+        except Exception:  # noqa: BLE001 - non-estimators in containers
+            pass
+        for attr in ("steps", "transformer_list", "transformers", "estimators"):
+            for item in getattr(e, attr, None) or []:
+                if isinstance(item, tuple):
+                    stack.extend(x for x in item if hasattr(x, "get_params"))
+                elif hasattr(item, "get_params"):
+                    stack.append(item)
+        for attr in ("estimator", "base_estimator", "final_estimator"):
+            sub = getattr(e, attr, None)
+            if sub is not None and hasattr(sub, "get_params"):
+                stack.append(sub)
+    return found
+
+
+def _target_opsets(settings: Settings, target_opset: int | None) -> dict[str, int]:
+    from skl2onnx import __max_supported_opset__
+
+    default = min(settings.max_onnx_opset, int(__max_supported_opset__))
+    if target_opset is not None:
+        if target_opset > settings.max_onnx_opset:
+            raise ModelConversionError(
+                f"target_opset={target_opset} exceeds max_onnx_opset={settings.max_onnx_opset} "
+                f"of {settings.target_triton_release}"
+            )
+        default = target_opset
+    return {"": default, "ai.onnx.ml": settings.max_onnx_ml_opset}
+
+
+def convert_sklearn(
+    model: Any,
+    signature: Any = None,
+    *,
+    schema: Any = None,
+    target_opset: int | None = None,
+    model_name: str = "model",
+    input_name: str = "features",
+    settings: Settings | None = None,
+) -> ConvertedModel:
+    """Convert a scikit-learn estimator or pipeline to ONNX with ZipMap disabled.
+
+    Args:
+        model: Fitted estimator or ``Pipeline``.
+        signature: MLflow ``ModelSignature`` (shapes and dtypes).
+        schema: Explicit schema, wins over the signature (see :func:`schema_from_signature`).
+        target_opset: Default-domain opset, at most ``settings.max_onnx_opset`` (default: that
+            limit, capped by what skl2onnx supports). ``ai.onnx.ml`` uses ``max_onnx_ml_opset``.
+        model_name: Used in messages and as the graph name.
+        input_name: Tensor name for tabular signatures.
+        settings: Settings (default: from the environment).
+
+    Returns:
+        ConvertedModel whose classifier outputs are ``label`` (int64 ``[N]``) and
+        ``probabilities`` (float ``[N, C]``).
+
+    Raises:
+        ModelConversionError: No signature/schema, or skl2onnx cannot convert the model.
+    """
+    from skl2onnx import convert_sklearn as _convert
+    from skl2onnx.common.data_types import (
+        BooleanTensorType,
+        DoubleTensorType,
+        FloatTensorType,
+        Int32TensorType,
+        Int64TensorType,
+    )
+
+    settings = settings or get_settings()
+    inputs = schema_from_signature(signature, schema, model_name=model_name, input_name=input_name)
+    types = {
+        "float32": FloatTensorType, "float64": DoubleTensorType, "int64": Int64TensorType,
+        "int32": Int32TensorType, "bool": BooleanTensorType,
+    }
+    initial = []
+    for s in inputs:
+        if s.dtype not in types:
+            raise ModelConversionError(
+                f"model {model_name!r}: input {s.name!r} dtype {s.dtype} is not convertible "
+                f"(expected one of {sorted(types)})"
+            )
+        initial.append((s.name, types[s.dtype]([None if d < 0 else d for d in s.shape])))
+    options = {id(c): {"zipmap": False} for c in _classifiers(model)}
+    opsets = _target_opsets(settings, target_opset)
+    try:
+        onx = _convert(model, initial_types=initial, options=options or None,
+                       target_opset=opsets, name=model_name)
+    except Exception as exc:  # skl2onnx raises many types
+        raise ModelConversionError(
+            f"model {model_name!r}: skl2onnx cannot convert {type(model).__name__}: {exc}"
+        ) from exc
+    onx = _dedupe_opsets(onx)
+    onx, mapping = sanitize_io_names(onx)
+    return ConvertedModel(onx, "onnx", "sklearn", inputs, mapping,
+                          notes=[f"skl2onnx target opsets {opsets}, ZipMap disabled"])
+
+
+def _dedupe_opsets(model: "onnx.ModelProto") -> "onnx.ModelProto":
+    """Keep one ``opset_import`` per domain (highest version); skl2onnx may repeat one."""
+    best: dict[str, int] = {}
+    for o in model.opset_import:
+        best[o.domain] = max(best.get(o.domain, 0), o.version)
+    if len(best) == len(model.opset_import):
+        return model
+    del model.opset_import[:]
+    for domain, version in best.items():
+        op = model.opset_import.add()
+        op.domain, op.version = domain, version
+    return model
+
+
+def sklearn_predict_fn(model: Any) -> Callable[[Any], dict[str, np.ndarray]]:
+    """Source predictor for :func:`model_registry.validation.parity_check`.
+
+    Returns a callable mapping the input array to ``{"label": predict(X), "probabilities":
+    predict_proba(X)}`` for classifiers, ``{"variable": predict(X)}`` (skl2onnx's regressor
+    output name) otherwise.
+    """
+    from sklearn.base import is_classifier
+
+    if is_classifier(model):
+        return lambda x: {"label": np.asarray(model.predict(x)),
+                          "probabilities": np.asarray(model.predict_proba(x))}
+    return lambda x: {"variable": np.asarray(model.predict(x)).reshape(len(x), -1)}
+
+
+# ----------------------------------------------------------------------------- PyTorch
+def _example_tensors(inputs: Sequence[TensorSchema], batch: int = 2, seed: int = 0) -> list[Any]:
+    import torch
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in inputs:
+        shape = [batch if i == 0 and d < 0 else (d if d > 0 else 8) for i, d in enumerate(s.shape)]
+        if s.dtype.startswith("float"):
+            arr = rng.normal(size=shape).astype(s.dtype)
+        elif s.dtype == "bool":
+            arr = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            arr = rng.integers(0, 10, size=shape).astype(s.dtype)
+        out.append(torch.from_numpy(arr))
+    return out
+
+
+def convert_pytorch(
+    module: Any,
+    signature: Any = None,
+    *,
+    schema: Any = None,
+    example: Sequence[Any] | None = None,
+    output_names: Sequence[str] | None = None,
+    target_opset: int | None = None,
+    export_format: str = "onnx",
+    model_name: str = "model",
+    settings: Settings | None = None,
+) -> ConvertedModel:
+    """Convert a PyTorch module to ONNX (dynamic batch axis) or TorchScript (traced in eval).
+
+    The module is deep-copied, put in ``eval()`` and exported/traced under ``torch.no_grad()``,
+    so Dropout and BatchNorm are recorded in inference behaviour (case H08). The caller's module
+    is not modified.
+
+    Args:
+        module: ``torch.nn.Module``.
+        signature: MLflow ``ModelSignature`` (input names, dtypes, shapes; -1 axes are dynamic).
+        schema: Explicit schema, wins over the signature.
+        example: Example input tensors for tracing (default: seeded values of batch 2 built from
+            the schema).
+        output_names: Output tensor names (default ``output_0``...).
+        target_opset: ONNX opset (default: ``settings.max_onnx_opset``, capped at 18, the
+            highest the TorchScript-based exporter emits reliably).
+        export_format: ``"onnx"`` or ``"torchscript"``.
+        model_name: Used in messages.
+        settings: Settings (default: from the environment).
+
+    Raises:
+        ModelConversionError: No signature/schema, bad arguments, or the exporter failed.
+        ModelValidationError: TorchScript result fails :func:`verify_torchscript`.
+    """
+    import torch
+
+    settings = settings or get_settings()
+    if export_format not in {"onnx", "torchscript"}:
+        raise ModelConversionError(
+            f"export_format={export_format!r} is invalid (expected 'onnx' or 'torchscript')"
+        )
+    inputs = schema_from_signature(signature, schema, model_name=model_name, input_name="input")
+    renamed = [dataclasses.replace(s, name=safe_tensor_name(s.name)) for s in inputs]
+    mapping = {a.name: b.name for a, b in zip(inputs, renamed) if a.name != b.name}
+    args = tuple(example) if example is not None else tuple(_example_tensors(renamed))
+    net = copy.deepcopy(module).eval()
+    if export_format == "torchscript":
+        with torch.no_grad():
+            traced = torch.jit.trace(net, args)
+        verify_torchscript(traced, module, args, atol=settings.torchscript_atol, model_name=model_name)
+        return ConvertedModel(None, "torchscript", "pytorch", renamed, mapping, torchscript=traced,
+                              notes=["traced in eval() under no_grad"])
+
+    import io
+
+    with torch.no_grad():
+        probe = net(*args)
+    n_out = len(probe) if isinstance(probe, (tuple, list)) else 1
+    outs = list(output_names or [f"output_{i}" for i in range(n_out)])
+    if len(outs) != n_out or not all(SAFE_NAME.match(o) for o in outs):
+        raise ModelConversionError(
+            f"output_names={outs!r} is invalid (expected {n_out} names matching [A-Za-z_][A-Za-z0-9_]*)"
+        )
+    opset = min(target_opset or settings.max_onnx_opset, settings.max_onnx_opset, 18)
+    dynamic_axes: dict[str, dict[int, str]] = {}
+    for s in renamed:
+        dyn = {i: ("batch" if i == 0 else f"{s.name}_dim{i}") for i, d in enumerate(s.shape) if d < 0}
+        dyn.setdefault(0, "batch")
+        dynamic_axes[s.name] = dyn
+    for o in outs:
+        dynamic_axes[o] = {0: "batch"}
+    buf = io.BytesIO()
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                net, args, buf, input_names=[s.name for s in renamed], output_names=outs,
+                dynamic_axes=dynamic_axes, opset_version=opset, dynamo=False,
+                do_constant_folding=True,
+            )
+    except Exception as exc:  # exporter raises many types
+        raise ModelConversionError(f"model {model_name!r}: torch.onnx.export failed: {exc}") from exc
+    onx = load_onnx(buf.getvalue())
+    onx, more = sanitize_io_names(onx)
+    mapping.update(more)
+    return ConvertedModel(onx, "onnx", "pytorch", renamed, mapping,
+                          notes=[f"torch.onnx.export opset {opset}, dynamic batch axis, eval()"])
+
+
+def verify_torchscript(
+    scripted: Any,
+    eager_module: Any,
+    sample: Sequence[Any],
+    *,
+    atol: float | None = None,
+    model_name: str = "model",
+) -> dict[str, float]:
+    """Check a TorchScript module against the eager module in eval mode (case H08).
+
+    Two checks, both required: (1) max |TorchScript - eager-eval| <= ``atol`` on ``sample``;
+    (2) two TorchScript calls on ``sample`` give identical outputs (a train-mode trace keeps
+    Dropout active and fails this).
+
+    Args:
+        scripted: ``torch.jit.ScriptModule`` to check.
+        eager_module: The source ``nn.Module`` (deep-copied and put in eval; not modified).
+        sample: Input tensors (a fixed sample).
+        atol: Max abs difference (default ``settings.torchscript_atol``, 1e-5).
+        model_name: Used in messages.
+
+    Returns:
+        ``{"max_abs_diff": ..., "repeat_max_abs_diff": ...}``.
+
+    Raises:
+        ModelValidationError: Either check fails; the message gives both numbers.
+    """
+    import torch
+
+    atol = get_settings().torchscript_atol if atol is None else atol
+    ref_net = copy.deepcopy(eager_module).eval()
+    args = tuple(sample)
+    with torch.no_grad():
+        ref = _flat(ref_net(*args))
+        a = _flat(scripted(*args))
+        b = _flat(scripted(*args))
+    diff = max(float(np.max(np.abs(x - y))) if x.size else 0.0 for x, y in zip(a, ref))
+    rep = max(float(np.max(np.abs(x - y))) if x.size else 0.0 for x, y in zip(a, b))
+    problems = []
+    if not np.isfinite(diff) or diff > atol:
+        problems.append(
+            f"TorchScript vs eager eval() max abs diff {diff:.3g} > {atol:g}"
+        )
+    if rep != 0.0:
+        problems.append(f"two TorchScript calls differ (max abs diff {rep:.3g}; expected identical)")
+    if problems:
+        raise ModelValidationError(
+            f"model {model_name!r}: TorchScript check failed: " + "; ".join(problems)
+            + ". The module was probably traced in train mode: call model.eval() and trace "
+            "under torch.no_grad() (model_registry.conversion.convert_pytorch does this)"
+        )
+    return {"max_abs_diff": diff, "repeat_max_abs_diff": rep}
+
+
+def _flat(out: Any) -> list[np.ndarray]:
+    if isinstance(out, (tuple, list)):
+        return [o.detach().cpu().numpy() for o in out]
+    return [out.detach().cpu().numpy()]
+
+
+# ----------------------------------------------------------------------------- ONNX passthrough
+def convert_onnx(
+    model: OnnxLike,
+    signature: Any = None,
+    *,
+    schema: Any = None,
+    rename: Mapping[str, str] | None = None,
+    model_name: str = "model",
+) -> ConvertedModel:
+    """Pass an ONNX model through: load, ``onnx.checker``, make I/O names safe.
+
+    Unsafe input names are renamed positionally to the signature's (or schema's) input names when
+    those are safe and the counts match (``onnx::Cast_2`` -> ``token_type_ids``, case H11), else
+    by :func:`safe_tensor_name`. Without a signature or schema the graph's own declaration is used.
+
+    Raises:
+        ModelConversionError: The model does not load or fails ``onnx.checker``.
+    """
+    import onnx
+
+    try:
+        proto = load_onnx(model)
+        onnx.checker.check_model(proto)
+    except Exception as exc:  # ModelConfigError or onnx.checker.ValidationError
+        raise ModelConversionError(f"model {model_name!r}: ONNX model is invalid: {exc}") from exc
+    graph_inputs, _ = model_io(proto)
+    inputs: list[TensorSchema]
+    if signature is not None or schema is not None:
+        inputs = schema_from_signature(signature, schema, model_name=model_name)
+    else:
+        inputs = [
+            TensorSchema(t.name, _onnx_to_numpy(t.onnx_type), tuple(d if isinstance(d, int) else -1 for d in (t.shape or ())))
+            for t in graph_inputs
+        ]
+    auto: dict[str, str] = {}
+    if len(inputs) == len(graph_inputs):
+        for g, s in zip(graph_inputs, inputs):
+            if g.name != s.name and not SAFE_NAME.match(g.name) and SAFE_NAME.match(s.name):
+                auto[g.name] = s.name
+    auto.update(rename or {})
+    proto, mapping = sanitize_io_names(proto, auto)
+    served = {t.name for t in model_io(proto)[0]}
+    inputs = [s if s.name in served else dataclasses.replace(s, name=mapping.get(s.name, s.name)) for s in inputs]
+    return ConvertedModel(proto, "onnx", "onnx", inputs, mapping, notes=["ONNX passthrough"])
+
+
+def _onnx_to_numpy(onnx_type: str) -> str:
+    from model_registry.triton_config import ONNX_TO_TRITON, TRITON_TO_NUMPY
+
+    return TRITON_TO_NUMPY.get(ONNX_TO_TRITON.get(onnx_type, ""), "float32")
+
+
+# ----------------------------------------------------------------------------- dispatch
+def convert_model(
+    model: Any,
+    flavor: str,
+    signature: Any = None,
+    *,
+    schema: Any = None,
+    model_name: str = "model",
+    settings: Settings | None = None,
+    **kwargs: Any,
+) -> ConvertedModel:
+    """Convert ``model`` of the given MLflow flavor (``sklearn``, ``pytorch``, ``onnx``).
+
+    Raises:
+        ModelConversionError: Unknown flavor, or the flavor's converter failed.
+    """
+    if flavor == "sklearn":
+        return convert_sklearn(model, signature, schema=schema, model_name=model_name, settings=settings, **kwargs)
+    if flavor == "pytorch":
+        return convert_pytorch(model, signature, schema=schema, model_name=model_name, settings=settings, **kwargs)
+    if flavor == "onnx":
+        return convert_onnx(model, signature, schema=schema, model_name=model_name, **kwargs)
+    raise ModelConversionError(
+        f"flavor={flavor!r} is not supported (expected 'sklearn', 'pytorch' or 'onnx')"
+    )
+
+
+def convert_mlflow_model(
+    model_uri: str,
+    *,
+    schema: Any = None,
+    model_name: str | None = None,
+    settings: Settings | None = None,
+    **kwargs: Any,
+) -> ConvertedModel:
+    """Load an MLflow model by URI, pick its flavor and convert it with its signature.
+
+    Args:
+        model_uri: ``models:/name/1``, ``runs:/...`` or a local path.
+        schema: Explicit schema for a model logged without a signature.
+        model_name: Used in messages (default: last URI segment).
+
+    Raises:
+        ModelConversionError: No supported flavor, no signature and no schema, or conversion failed.
+    """
+    import mlflow
+
+    info = mlflow.models.get_model_info(model_uri)
+    name = model_name or model_uri.rstrip("/").split("/")[-1]
+    flavors = info.flavors
+    if "sklearn" in flavors:
+        native, flavor = mlflow.sklearn.load_model(model_uri), "sklearn"
+    elif "pytorch" in flavors:
+        import mlflow.pytorch
+
+        native, flavor = mlflow.pytorch.load_model(model_uri), "pytorch"
+    elif "onnx" in flavors:
+        import mlflow.onnx
+
+        native, flavor = mlflow.onnx.load_model(model_uri), "onnx"
+    else:
+        raise ModelConversionError(
+            f"model {name!r} ({model_uri}) has flavors {sorted(flavors)}; expected one of sklearn, pytorch, onnx"
+        )
+    return convert_model(native, flavor, info.signature, schema=schema, model_name=name,
+                         settings=settings, **kwargs)

@@ -1,0 +1,789 @@
+"""Pre-push checks of a converted model and its ``config.pbtxt``, and the numerical parity gate.
+
+Nothing is pushed unless :func:`validate_for_push` and :func:`parity_check` pass. The checks:
+
+1. ``onnx.checker.check_model``.
+2. IR version and every ``opset_import`` within the target serving release
+   (``max_onnx_ir_version``, ``max_onnx_opset``, ``max_onnx_ml_opset``; case H09).
+   :func:`make_compatible` re-exports with ``onnx.version_converter`` and lowers the IR version
+   when that is safe; the caller then re-runs parity.
+3. Outputs are dense tensors: ZipMap / sequence / map outputs are refused (case H03).
+4. The config agrees with the model (names, dtypes, ranks; cases H01, H06), see
+   :func:`model_registry.triton_config.check_config`.
+5. The model runs in ONNX Runtime at batch 1 AND at a batch >= 2 whenever ``max_batch_size > 0``,
+   and each row's output does not depend on the batch it was in (case H02).
+6. No NaN/Inf in the outputs.
+
+Parity (:func:`parity_check`) compares the source model with the converted one per output with
+``|onnx - source| <= atol + rtol * |source|`` (the ``numpy.isclose`` formula) and, for label
+outputs (integer/bool/string), the fraction of agreeing rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from tritonflow.exceptions import ModelValidationError, ParityError
+from tritonflow.settings import Settings, get_settings
+
+from model_registry.triton_config import OnnxLike, load_onnx, model_io, validate_config
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+    import onnxruntime
+    from tritonclient.grpc import model_config_pb2
+
+    from model_registry.conversion import TensorSchema
+
+log = logging.getLogger(__name__)
+
+#: ONNX element types that need at least this IR version (onnx/docs/IR.md, "Versioning").
+_ELEM_TYPE_MIN_IR = {17: 9, 18: 9, 19: 9, 20: 9, 21: 10, 22: 10, 23: 11}
+
+
+# ----------------------------------------------------------------------------- IR / opset (H09)
+@dataclasses.dataclass
+class CompatReport:
+    """IR/opset compatibility of a model with the target release.
+
+    Attributes:
+        ir_version: The model's IR version.
+        opsets: ``{domain: version}`` (``""`` is ai.onnx).
+        problems: One message per limit exceeded (empty: compatible).
+    """
+
+    ir_version: int
+    opsets: dict[str, int]
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        """True when no limit is exceeded."""
+        return not self.problems
+
+
+def check_onnx_compat(
+    model: OnnxLike, settings: Settings | None = None, *, model_name: str = "model"
+) -> CompatReport:
+    """Compare ``ir_version`` and every ``opset_import`` with the target release's limits.
+
+    Limits: ``settings.max_onnx_ir_version``, ``max_onnx_opset`` (ai.onnx),
+    ``max_onnx_ml_opset`` (ai.onnx.ml); the release is ``settings.target_triton_release``.
+    """
+    s = settings or get_settings()
+    proto = load_onnx(model)
+    opsets: dict[str, int] = {}
+    for o in proto.opset_import:
+        opsets[o.domain] = max(opsets.get(o.domain, 0), o.version)
+    how = (
+        "re-export at the allowed versions: lower target_opset in the exporter (skl2onnx "
+        "target_opset / torch.onnx.export opset_version), or onnx.version_converter."
+        "convert_version(model, {op}) and set model.ir_version (model_registry.validation."
+        "make_compatible does both when safe), then re-run parity"
+    )
+    problems = []
+    target = s.target_triton_release
+    if proto.ir_version > s.max_onnx_ir_version:
+        problems.append(
+            f"model {model_name!r} IR {proto.ir_version} > target max {s.max_onnx_ir_version} "
+            f"({target}); {how.format(op=min(opsets.get('', s.max_onnx_opset), s.max_onnx_opset))}"
+        )
+    limits = {"": ("ai.onnx", s.max_onnx_opset), "ai.onnx": ("ai.onnx", s.max_onnx_opset),
+              "ai.onnx.ml": ("ai.onnx.ml", s.max_onnx_ml_opset)}
+    for domain, version in sorted(opsets.items()):
+        if domain in limits and version > limits[domain][1]:
+            label, limit = limits[domain]
+            problems.append(
+                f"model {model_name!r} opset {label} {version} > target max {limit} ({target}); "
+                + how.format(op=s.max_onnx_opset)
+            )
+    return CompatReport(int(proto.ir_version), opsets, problems)
+
+
+def ensure_onnx_compat(model: OnnxLike, settings: Settings | None = None, *, model_name: str = "model") -> CompatReport:
+    """:func:`check_onnx_compat`, raising when a limit is exceeded.
+
+    Raises:
+        ModelValidationError: Names the model's IR/opset, the limit, the target release and how to
+            re-export.
+    """
+    report = check_onnx_compat(model, settings, model_name=model_name)
+    if report.problems:
+        raise ModelValidationError("; ".join(report.problems))
+    return report
+
+
+def min_ir_version(model: "onnx.ModelProto") -> int:
+    """Lowest IR version that can express ``model`` (its opsets and element types).
+
+    Source: ``onnx.helper.VERSION_TABLE`` (release, IR, ai.onnx opset, ai.onnx.ml opset, ...) and
+    the IR changelog for element types (float8: IR 9; int4/uint4: IR 10; float4: IR 11).
+    """
+    from onnx import helper
+
+    need = 3
+    for o in model.opset_import:
+        col = {"": 2, "ai.onnx": 2, "ai.onnx.ml": 3}.get(o.domain)
+        if col is None:
+            continue
+        rows = [r[1] for r in helper.VERSION_TABLE if r[col] is not None and r[col] >= o.version]
+        need = max(need, min(rows) if rows else model.ir_version)
+    types: set[int] = set()
+    g = model.graph
+    for t in list(g.initializer):
+        types.add(t.data_type)
+    for v in list(g.input) + list(g.output) + list(g.value_info):
+        if v.type.WhichOneof("value") == "tensor_type":
+            types.add(v.type.tensor_type.elem_type)
+    for n in g.node:
+        for a in n.attribute:
+            if a.name == "to" and n.op_type in {"Cast", "CastLike"}:
+                types.add(a.i)
+    for t in types:
+        need = max(need, _ELEM_TYPE_MIN_IR.get(t, 3))
+    return need
+
+
+def downconvert_ir_version(model: "onnx.ModelProto", max_ir: int, *, model_name: str = "model") -> "onnx.ModelProto":
+    """Return a copy of ``model`` with ``ir_version`` lowered to ``max_ir`` when that is safe.
+
+    Safe means every opset and element type the model uses exists at ``max_ir``
+    (:func:`min_ir_version`) and the result passes ``onnx.checker``.
+
+    Raises:
+        ModelValidationError: Lowering is not safe; the message names the needed IR version.
+    """
+    import onnx
+
+    if model.ir_version <= max_ir:
+        return model
+    need = min_ir_version(model)
+    if need > max_ir:
+        raise ModelValidationError(
+            f"model {model_name!r}: IR version cannot be lowered to {max_ir}: its opsets/types need "
+            f"IR {need}; re-export with a lower opset"
+        )
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.ir_version = max_ir
+    try:
+        onnx.checker.check_model(out)
+    except onnx.checker.ValidationError as exc:
+        raise ModelValidationError(
+            f"model {model_name!r}: lowered to IR {max_ir} the model is invalid: {exc}"
+        ) from exc
+    return out
+
+
+def make_compatible(
+    model: OnnxLike, settings: Settings | None = None, *, model_name: str = "model"
+) -> tuple["onnx.ModelProto", list[str]]:
+    """Bring a model within the target limits: opset via ``onnx.version_converter``, then IR.
+
+    The caller must re-run the parity gate on the result.
+
+    Returns:
+        ``(model, notes)``; notes list what changed (empty: nothing to do).
+
+    Raises:
+        ModelValidationError: The version converter fails, or limits are still exceeded.
+    """
+    import onnx
+    from onnx import version_converter
+
+    s = settings or get_settings()
+    proto = load_onnx(model)
+    notes: list[str] = []
+    default = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    if default > s.max_onnx_opset:
+        try:
+            proto = version_converter.convert_version(proto, s.max_onnx_opset)
+            onnx.checker.check_model(proto)
+        except Exception as exc:  # converter raises RuntimeError / ValidationError
+            raise ModelValidationError(
+                f"model {model_name!r}: onnx.version_converter cannot lower opset {default} to "
+                f"{s.max_onnx_opset}: {exc}; re-export with target_opset={s.max_onnx_opset}"
+            ) from exc
+        notes.append(f"opset {default} -> {s.max_onnx_opset} (onnx.version_converter)")
+    if proto.ir_version > s.max_onnx_ir_version:
+        before = proto.ir_version
+        proto = downconvert_ir_version(proto, s.max_onnx_ir_version, model_name=model_name)
+        notes.append(f"IR {before} -> {proto.ir_version}")
+    ensure_onnx_compat(proto, s, model_name=model_name)
+    return proto, notes
+
+
+# ----------------------------------------------------------------------------- outputs (H03)
+def check_outputs_are_tensors(model: OnnxLike, *, model_name: str = "model") -> None:
+    """Refuse outputs that are not dense tensors (ZipMap, sequence, map).
+
+    Raises:
+        ModelValidationError: Names each such output and its type, and how to re-convert.
+    """
+    _, outputs = model_io(model)
+    bad = [o for o in outputs if not o.is_tensor]
+    if bad:
+        listed = ", ".join(f"output {o.name!r} has type {o.onnx_type}" for o in bad)
+        raise ModelValidationError(
+            f"model {model_name!r}: {listed}; Triton serves only tensors. Re-convert with "
+            "ZipMap disabled: skl2onnx convert_sklearn(..., options={id(clf): {'zipmap': False}}) "
+            "(model_registry.conversion.convert_sklearn does this), which gives "
+            "probabilities as tensor(float) [N, C]"
+        )
+
+
+# ----------------------------------------------------------------------------- running models
+def make_session(model: "OnnxLike | onnxruntime.InferenceSession") -> "onnxruntime.InferenceSession":
+    """ONNX Runtime CPU session from a proto, path, bytes, or an existing session (returned as is)."""
+    import onnxruntime as ort
+
+    if isinstance(model, ort.InferenceSession):
+        return model
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    proto = load_onnx(model)
+    return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _rows(feeds: Mapping[str, np.ndarray], idx: Sequence[int]) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v)[list(idx)] for k, v in feeds.items()}
+
+
+def _n_rows(feeds: Mapping[str, np.ndarray]) -> int:
+    return min(len(np.asarray(v)) for v in feeds.values()) if feeds else 0
+
+
+def check_batching(
+    model: "OnnxLike | onnxruntime.InferenceSession",
+    sample: Mapping[str, np.ndarray],
+    *,
+    max_batch_size: int,
+    model_name: str = "model",
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+) -> dict[str, Any]:
+    """Run the model at batch 1 and at a batch >= 2 in ONNX Runtime (case H02).
+
+    With ``max_batch_size > 0`` every input and output must declare a dynamic axis 0, the model
+    must run at batch 1 and at batch ``b = min(max_batch_size, 3)`` (when ``b >= 2``), and row 0's
+    outputs in the batch must equal its batch-1 outputs. With ``max_batch_size == 0`` the model
+    runs once on ``sample`` as given (full shapes).
+
+    Args:
+        model: ONNX model or session.
+        sample: ``{input name: array}``; rows along axis 0 (repeated when fewer than ``b``).
+        max_batch_size: The config's value.
+        model_name: Used in messages.
+        atol: Absolute tolerance of the row-independence comparison.
+        rtol: Relative tolerance of the row-independence comparison.
+
+    Returns:
+        ``{"batch_sizes": [...], "outputs": {name: array of the batch-1 run}}``.
+
+    Raises:
+        ModelValidationError: A fixed batch axis with batching on; a failed run (the message names
+            the batch size); or outputs that depend on the batch composition.
+    """
+    sess = make_session(model)
+    if max_batch_size <= 0:
+        outs = _run(sess, dict(sample), model_name, batch=None)
+        return {"batch_sizes": [], "outputs": outs}
+    fixed = []
+    # Inputs only: ONNX Runtime reports *inferred* output shapes (a baked Reshape shows up as a
+    # fixed output batch), which the runs below diagnose with the failing batch size instead.
+    for t in sess.get_inputs():
+        if t.shape and isinstance(t.shape[0], int) and t.shape[0] > 0:
+            fixed.append(f"{t.name!r} shape {list(t.shape)}")
+    if fixed:
+        raise ModelValidationError(
+            f"model {model_name!r}: max_batch_size {max_batch_size} needs a dynamic batch axis but "
+            f"the model fixes axis 0 ({'; '.join(fixed)}); re-export with a dynamic batch axis, or "
+            "serve with max_batch_size: 0, full dims and no dynamic_batching"
+        )
+    n = _n_rows(sample)
+    if n < 1:
+        raise ModelValidationError(f"model {model_name!r}: validation sample has no rows (expected >= 1)")
+    one = _run(sess, _rows(sample, [0]), model_name, batch=1)
+    sizes = [1]
+    b = min(max_batch_size, 3)
+    if b >= 2:
+        idx = [i % n for i in range(b)]
+        many = _run(sess, _rows(sample, idx), model_name, batch=b)
+        sizes.append(b)
+        for name, arr in one.items():
+            got = np.asarray(many[name])
+            if got.shape[0] != b:
+                raise ModelValidationError(
+                    f"model {model_name!r}: output {name!r} has {got.shape[0]} rows for a batch of "
+                    f"{b} (expected {b}); the graph does not keep the batch axis"
+                )
+            if not _same(got[:1], np.asarray(arr), atol, rtol):
+                raise ModelValidationError(
+                    f"model {model_name!r}: output {name!r} of row 0 differs between batch 1 and "
+                    f"batch {b}; the outputs depend on the batch (e.g. batch statistics)"
+                )
+    return {"batch_sizes": sizes, "outputs": one}
+
+
+def _same(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> bool:
+    if a.shape != b.shape:
+        return False
+    if a.dtype.kind in "fc":
+        return bool(np.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True))
+    return bool(np.array_equal(a, b))
+
+
+def _run(sess: Any, feeds: dict[str, np.ndarray], model_name: str, batch: int | None) -> dict[str, np.ndarray]:
+    try:
+        values = sess.run(None, feeds)
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidArgument types
+        first = str(exc).strip().splitlines()[0][:400]
+        at = f"at batch size {batch}" if batch is not None else "on the validation sample"
+        hint = (
+            "; the batch axis is declared dynamic but the graph fixes it (e.g. a Reshape baked to "
+            "the traced batch size): re-export without hard-coded batch sizes, or serve with "
+            "max_batch_size: 0"
+            if batch and batch > 1
+            else ""
+        )
+        raise ModelValidationError(
+            f"model {model_name!r} fails {at} in onnxruntime: {first}{hint}"
+        ) from exc
+    return {o.name: v for o, v in zip(sess.get_outputs(), values)}
+
+
+def check_finite(outputs: Mapping[str, Any], *, model_name: str = "model") -> None:
+    """Refuse NaN or Inf in float outputs.
+
+    Raises:
+        ModelValidationError: Names the output, the count of non-finite values and their first rows.
+    """
+    for name, value in outputs.items():
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "fc":
+            continue
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            rows = np.unique(np.nonzero(bad.reshape(bad.shape[0], -1) if arr.ndim else bad.reshape(1, 1))[0])
+            raise ModelValidationError(
+                f"model {model_name!r}: output {name!r} has {int(bad.sum())} NaN/Inf values "
+                f"(rows {rows[:10].tolist()}); expected finite values"
+            )
+
+
+# ----------------------------------------------------------------------------- all checks
+@dataclasses.dataclass
+class ValidationReport:
+    """What :func:`validate_for_push` checked.
+
+    Attributes:
+        model_name: Model name.
+        ir_version: The model's IR version.
+        opsets: ``{domain: version}``.
+        batch_sizes: Batch sizes the model was run at.
+        checks: Names of the checks that passed, in order.
+    """
+
+    model_name: str
+    ir_version: int
+    opsets: dict[str, int]
+    batch_sizes: list[int]
+    checks: list[str]
+
+
+def validate_for_push(
+    model: OnnxLike,
+    config: "model_config_pb2.ModelConfig",
+    sample: Mapping[str, np.ndarray],
+    *,
+    model_name: str | None = None,
+    settings: Settings | None = None,
+) -> ValidationReport:
+    """Run every pre-push check; the first failure raises and nothing may be pushed.
+
+    Order: ``onnx.checker``; IR/opset limits; tensor outputs; config vs model; ONNX Runtime runs
+    at batch 1 and >= 2 (when batching) with row independence; no NaN/Inf.
+
+    Args:
+        model: Converted ONNX model.
+        config: The ``ModelConfig`` that will serve it.
+        sample: Validation feeds ``{input name: array}``.
+        model_name: Used in messages (default ``config.name``).
+        settings: Settings (default: from the environment).
+
+    Raises:
+        ModelValidationError: (or :class:`ModelConfigError`) naming the model, the check and the
+            tensor or limit involved.
+    """
+    import onnx
+
+    s = settings or get_settings()
+    name = model_name or config.name or "model"
+    proto = load_onnx(model)
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as exc:
+        raise ModelValidationError(f"model {name!r}: onnx.checker refused the model: {exc}") from exc
+    checks = ["onnx.checker"]
+    compat = ensure_onnx_compat(proto, s, model_name=name)
+    checks.append("ir_opset")
+    check_outputs_are_tensors(proto, model_name=name)
+    checks.append("tensor_outputs")
+    validate_config(config, proto, model_name=name)
+    checks.append("config")
+    run = check_batching(proto, sample, max_batch_size=int(config.max_batch_size), model_name=name)
+    checks.append("batching")
+    check_finite(run["outputs"], model_name=name)
+    checks.append("finite")
+    return ValidationReport(name, compat.ir_version, compat.opsets, run["batch_sizes"], checks)
+
+
+# ----------------------------------------------------------------------------- validation sample
+def to_feeds(data: Any, inputs: Sequence["TensorSchema"]) -> dict[str, np.ndarray]:
+    """Turn an input example / dataset into ONNX feeds ``{input name: array}`` per the schema.
+
+    Accepts a ``pandas.DataFrame`` (columns picked by each schema entry's ``columns``, or all
+    columns for a single input), a dict of arrays, or one array (single input).
+
+    Raises:
+        ModelValidationError: Missing columns/inputs, or values not castable to the dtype.
+    """
+    import pandas as pd
+
+    feeds: dict[str, np.ndarray] = {}
+    for s in inputs:
+        try:
+            if isinstance(data, pd.DataFrame):
+                if s.columns:
+                    missing = [c for c in s.columns if c not in data.columns]
+                    if missing:
+                        raise ModelValidationError(
+                            f"validation data lacks columns {missing} for input {s.name!r} "
+                            f"(has {list(data.columns)})"
+                        )
+                    arr = data[list(s.columns)].to_numpy()
+                elif s.name in data.columns:
+                    arr = data[[s.name]].to_numpy()
+                elif len(inputs) == 1:
+                    arr = data.to_numpy()
+                else:
+                    raise ModelValidationError(f"validation data has no column for input {s.name!r}")
+            elif isinstance(data, Mapping):
+                if s.name not in data:
+                    raise ModelValidationError(
+                        f"validation data lacks input {s.name!r} (has {sorted(data)})"
+                    )
+                arr = np.asarray(data[s.name])
+            elif len(inputs) == 1:
+                arr = np.asarray(data)
+            else:
+                raise ModelValidationError(
+                    f"validation data of type {type(data).__name__} cannot feed {len(inputs)} inputs "
+                    "(expected a DataFrame or a dict)"
+                )
+            if s.dtype.startswith(("int", "uint")) and np.asarray(arr).dtype.kind == "f":
+                if not np.all(np.isfinite(arr)):
+                    raise ModelValidationError(
+                        f"validation data for integer input {s.name!r} has missing values"
+                    )
+            feeds[s.name] = np.asarray(arr).astype(s.dtype)
+        except (TypeError, ValueError) as exc:
+            raise ModelValidationError(
+                f"validation data for input {s.name!r} cannot be cast to {s.dtype}: {exc}"
+            ) from exc
+    return feeds
+
+
+def validation_sample(
+    inputs: Sequence["TensorSchema"],
+    *,
+    dataset: Any = None,
+    input_example: Any = None,
+    rows: int | None = None,
+    perturbation: float | None = None,
+    seed: int = 0,
+    settings: Settings | None = None,
+) -> dict[str, np.ndarray]:
+    """Build the validation sample: the user's dataset, else the input example plus perturbations.
+
+    With a dataset, its rows are used as they are (the first ``rows`` rows when ``rows`` is given).
+    With an input example, the example rows come first unchanged, then copies with seeded Gaussian
+    noise of std ``perturbation * scale`` added to float inputs (scale: the column's std in the
+    example, else its absolute value, else 1); integer inputs (ids, labels) are repeated unchanged.
+
+    Args:
+        inputs: The conversion input schema.
+        dataset: User dataset (DataFrame, dict or array).
+        input_example: MLflow input example (same kinds).
+        rows: Rows in a perturbed sample (default ``settings.validation_sample_rows``).
+        perturbation: Relative noise std (default ``settings.validation_perturbation``).
+        seed: Seed of ``numpy.random.default_rng``.
+        settings: Settings (default: from the environment).
+
+    Raises:
+        ModelValidationError: Neither a dataset nor an input example, or they do not fit the schema.
+    """
+    s = settings or get_settings()
+    if dataset is not None:
+        feeds = to_feeds(dataset, inputs)
+        return _rows(feeds, range(min(_n_rows(feeds), rows))) if rows else feeds
+    if input_example is None:
+        raise ModelValidationError(
+            "no validation data: pass dataset=... or log the model with an input_example "
+            "(expected one of the two)"
+        )
+    base = to_feeds(input_example, inputs)
+    n = _n_rows(base)
+    if n < 1:
+        raise ModelValidationError("input example has no rows (expected >= 1)")
+    total = max(rows or s.validation_sample_rows, n)
+    rel = s.validation_perturbation if perturbation is None else perturbation
+    rng = np.random.default_rng(seed)
+    out = {}
+    idx = [i % n for i in range(total)]
+    for name, arr in base.items():
+        tiled = arr[idx].copy()
+        if arr.dtype.kind == "f" and total > n:
+            scale = arr.std(axis=0) if n > 1 else np.zeros(arr.shape[1:])
+            scale = np.where(scale > 0, scale, np.abs(arr).mean(axis=0))
+            scale = np.where(scale > 0, scale, 1.0)
+            noise = rng.normal(size=tiled[n:].shape) * rel * scale
+            tiled[n:] = (tiled[n:] + noise).astype(arr.dtype)
+        out[name] = tiled
+    return out
+
+
+# ----------------------------------------------------------------------------- parity gate
+@dataclasses.dataclass
+class OutputParity:
+    """Parity of one output.
+
+    Attributes:
+        name: ONNX output name.
+        kind: ``"numeric"`` (tolerance) or ``"label"`` (exact agreement).
+        max_abs_error: Largest |onnx - source| (0 for labels).
+        max_rel_error: Largest |onnx - source| / |source| (|source| floored at 1e-12).
+        atol: Absolute tolerance used.
+        rtol: Relative tolerance used.
+        label_agreement: Fraction of rows whose label agrees (labels only).
+        violations: Rows out of tolerance (or disagreeing).
+        worst_rows: Up to ``worst_k`` row indices, worst first.
+        passed: Whether this output passed.
+    """
+
+    name: str
+    kind: str
+    max_abs_error: float
+    max_rel_error: float
+    atol: float
+    rtol: float
+    label_agreement: float | None
+    violations: int
+    worst_rows: list[int]
+    passed: bool
+
+
+@dataclasses.dataclass
+class ParityResult:
+    """Outcome of :func:`parity_check`.
+
+    Attributes:
+        rows: Rows compared.
+        outputs: Per-output results.
+    """
+
+    rows: int
+    outputs: dict[str, OutputParity]
+
+    @property
+    def passed(self) -> bool:
+        """True when every output passed."""
+        return all(o.passed for o in self.outputs.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (for MLflow tags/artifacts)."""
+        return {"rows": self.rows, "passed": self.passed,
+                "outputs": {k: dataclasses.asdict(v) for k, v in self.outputs.items()}}
+
+    def describe_failures(self, model_name: str = "model") -> str:
+        """One sentence per failed output: name, worst rows, max abs and rel errors."""
+        parts = []
+        for o in self.outputs.values():
+            if o.passed:
+                continue
+            if o.kind == "label":
+                parts.append(
+                    f"output {o.name!r}: label agreement {o.label_agreement:.4f} below the minimum "
+                    f"({o.violations}/{self.rows} rows disagree); worst rows {o.worst_rows}"
+                )
+            else:
+                parts.append(
+                    f"output {o.name!r}: {o.violations}/{self.rows} rows out of tolerance "
+                    f"(atol {o.atol:g}, rtol {o.rtol:g}); max abs error {o.max_abs_error:.6g}, "
+                    f"max rel error {o.max_rel_error:.6g}; worst rows {o.worst_rows}"
+                )
+        return f"parity gate failed for model {model_name!r}: " + "; ".join(parts)
+
+
+def _per_output(value: float | Mapping[str, float] | None, name: str, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, Mapping):
+        return float(value.get(name, default))
+    return float(value)
+
+
+def _as_outputs(result: Any) -> dict[str, np.ndarray] | np.ndarray:
+    import pandas as pd
+
+    if isinstance(result, Mapping):
+        return {k: np.asarray(v) for k, v in result.items()}
+    if isinstance(result, pd.DataFrame):
+        if result.shape[1] == 1:
+            return result.iloc[:, 0].to_numpy()
+        return {str(c): result[c].to_numpy() for c in result.columns}
+    if isinstance(result, pd.Series):
+        return result.to_numpy()
+    return np.asarray(result)
+
+
+def parity_check(
+    source_predict: Callable[[Any], Any],
+    onnx_model: "OnnxLike | onnxruntime.InferenceSession",
+    sample: Mapping[str, np.ndarray],
+    *,
+    source_sample: Any = None,
+    atol: float | Mapping[str, float] | None = None,
+    rtol: float | Mapping[str, float] | None = None,
+    label_outputs: Sequence[str] | None = None,
+    min_label_agreement: float | None = None,
+    output_map: Mapping[str, str] | None = None,
+    worst_k: int = 5,
+    raise_on_failure: bool = True,
+    model_name: str = "model",
+    settings: Settings | None = None,
+) -> ParityResult:
+    """Blocking numerical parity gate between the source model and the converted ONNX model.
+
+    Numeric outputs pass when every element satisfies ``|onnx - source| <= atol + rtol * |source|``
+    (``numpy.isclose``'s formula); label outputs (integer, bool or string dtypes, or named in
+    ``label_outputs``) pass when the fraction of agreeing rows is >= ``min_label_agreement``.
+
+    Args:
+        source_predict: Callable taking ``source_sample`` (default: the single sample array, or the
+            dict of arrays for several inputs) and returning ``{name: array}``, a DataFrame, or
+            one array (e.g. an MLflow pyfunc's ``predict``).
+        onnx_model: ONNX model, path, bytes or an ONNX Runtime session.
+        sample: ONNX feeds ``{input name: array [N, ...]}``.
+        source_sample: What to pass to ``source_predict`` when it needs another form (DataFrame).
+        atol: Absolute tolerance, one value or ``{output: value}`` (default ``settings.parity_atol``).
+        rtol: Relative tolerance, same forms (default ``settings.parity_rtol``).
+        label_outputs: Outputs compared as labels (default: by dtype).
+        min_label_agreement: Fraction 0-1 (default ``settings.parity_min_label_agreement``).
+        output_map: ``{source output key: onnx output name}`` when the names differ.
+        worst_k: How many worst rows to report per output.
+        raise_on_failure: Raise :class:`ParityError` when any output fails (default True).
+        model_name: Used in messages.
+        settings: Settings (default: from the environment).
+
+    Returns:
+        ParityResult with per-output max abs/rel error and worst rows.
+
+    Raises:
+        ParityError: An output is out of tolerance (names the output, the worst rows, the max
+            absolute and relative errors), or source and ONNX outputs cannot be matched.
+    """
+    s = settings or get_settings()
+    sess = make_session(onnx_model)
+    onnx_out = _run(sess, dict(sample), model_name, batch=None)
+    if source_sample is None:
+        source_sample = next(iter(sample.values())) if len(sample) == 1 else dict(sample)
+    src = _as_outputs(source_predict(source_sample))
+    pairs = _match_outputs(src, onnx_out, output_map, model_name)
+    min_agree = s.parity_min_label_agreement if min_label_agreement is None else min_label_agreement
+    labels = set(label_outputs or ())
+    rows = _n_rows(sample)
+    results: dict[str, OutputParity] = {}
+    for name, (want, got) in pairs.items():
+        want = np.asarray(want)
+        got = np.asarray(got)
+        n = want.shape[0] if want.ndim else 1
+        if got.size != want.size or (got.ndim and got.shape[0] != n):
+            raise ParityError(
+                f"parity gate failed for model {model_name!r}: output {name!r} has shape "
+                f"{list(got.shape)} but the source gives {list(want.shape)}"
+            )
+        w = want.reshape(n, -1)
+        g = got.reshape(n, -1)
+        is_label = name in labels or want.dtype.kind in "iubOSU" or got.dtype.kind in "iubOSU"
+        if is_label:
+            if w.dtype.kind in "OSU" or g.dtype.kind in "OSU":
+                agree_rows = np.all(w.astype(str) == g.astype(str), axis=1)
+            else:
+                agree_rows = np.all(w == g, axis=1)
+            agreement = float(agree_rows.mean()) if n else 1.0
+            bad = np.nonzero(~agree_rows)[0]
+            results[name] = OutputParity(name, "label", 0.0, 0.0, 0.0, 0.0, agreement,
+                                         int(bad.size), bad[:worst_k].tolist(), agreement >= min_agree)
+            continue
+        a = _per_output(atol, name, s.parity_atol)
+        r = _per_output(rtol, name, s.parity_rtol)
+        w = w.astype(np.float64)
+        g = g.astype(np.float64)
+        diff = np.abs(g - w)
+        diff = np.where(np.isnan(diff) & ~(np.isnan(g) & np.isnan(w)), np.inf, np.nan_to_num(diff, nan=0.0))
+        rel = diff / np.maximum(np.abs(w), 1e-12)
+        ok = diff <= a + r * np.abs(w)
+        row_bad = ~np.all(ok, axis=1)
+        row_err = diff.max(axis=1) if diff.size else np.zeros(n)
+        order = np.argsort(-row_err, kind="stable")
+        worst = [int(i) for i in order[:worst_k] if row_bad[i]] or [int(i) for i in order[:worst_k]]
+        results[name] = OutputParity(
+            name, "numeric", float(diff.max()) if diff.size else 0.0,
+            float(rel.max()) if rel.size else 0.0, a, r, None, int(row_bad.sum()),
+            worst, not row_bad.any(),
+        )
+    result = ParityResult(rows, results)
+    if raise_on_failure and not result.passed:
+        raise ParityError(result.describe_failures(model_name))
+    return result
+
+
+def _match_outputs(
+    src: dict[str, np.ndarray] | np.ndarray,
+    onnx_out: dict[str, np.ndarray],
+    output_map: Mapping[str, str] | None,
+    model_name: str,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    if isinstance(src, dict):
+        pairs = {}
+        for key, value in src.items():
+            target = (output_map or {}).get(key, key)
+            if target not in onnx_out:
+                raise ParityError(
+                    f"parity gate failed for model {model_name!r}: source output {key!r} has no "
+                    f"ONNX output {target!r} (ONNX outputs: {sorted(onnx_out)}); pass output_map"
+                )
+            pairs[target] = (value, onnx_out[target])
+        return pairs
+    if output_map:
+        target = next(iter(output_map.values()))
+        return {target: (src, onnx_out[target])}
+    if len(onnx_out) == 1:
+        name = next(iter(onnx_out))
+        return {name: (src, onnx_out[name])}
+    same = [k for k, v in onnx_out.items() if np.asarray(v).size == src.size]
+    kind = [k for k in same if (np.asarray(onnx_out[k]).dtype.kind in "iub") == (src.dtype.kind in "iubOSU")]
+    pick = kind or same
+    if len(pick) != 1:
+        raise ParityError(
+            f"parity gate failed for model {model_name!r}: cannot tell which ONNX output "
+            f"({sorted(onnx_out)}) the source's single output matches; pass output_map"
+        )
+    return {pick[0]: (src, onnx_out[pick[0]])}
