@@ -128,8 +128,13 @@ def test_nginx_gateway_proxies_an_inference_to_triton(tmp_path, iris_onnx, trito
     gateway = gateway_factory(triton)
     labels, probs = _infer(gateway.url.removeprefix("http://"), X[:5])
     np.testing.assert_allclose(probs, clf.predict_proba(X[:5]), atol=1e-5)
-    access_log = (gateway.conf_dir / "logs" / "access.log").read_text()
-    assert f"/v2/models/{MODEL}/infer" in access_log
+    # NGINX logs a request after sending its response: give the log phase a moment.
+    import time
+
+    log_file, deadline = gateway.conf_dir / "logs" / "access.log", time.monotonic() + 10
+    while f"/v2/models/{MODEL}/infer" not in log_file.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert f"/v2/models/{MODEL}/infer" in log_file.read_text()
 
 
 def test_a_taken_port_fails_clearly_and_leaves_no_process(tmp_path):
