@@ -1,0 +1,196 @@
+"""DAG ``canary_promotion``: promote a challenger step by step through the gateway, or roll back.
+
+Wiring only; the work is in :mod:`tritonflow.pipelines.canary` (imported inside the tasks so the
+file parses fast and without network).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import Param, dag, get_current_context, task
+
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG
+from tritonflow_plugin.errors import fail_fast_on_bad_data
+from tritonflow_plugin.registry_watcher import registry_asset, registry_conf_from_context
+
+#: The promotion task's timeout: the longest canary the params allow (checked by ``resolve``).
+CANARY_TASK_TIMEOUT = timedelta(hours=4)
+#: Timeout of the short tasks (resolution, pre-flight, loading both versions).
+SHORT_TASK_TIMEOUT = timedelta(minutes=15)
+#: Largest bake time a run may ask for (seconds).
+MAX_BAKE_S = 3600
+
+DOC_MD = """
+### Canary promotion
+
+Moves a model's traffic from its **champion** to a **challenger** version through the NGINX
+gateway in steps (default 5 → 25 → 50 → 100 %). Each step bakes `bake_s` seconds and is judged on
+the challenger's errors and latency (Triton's metrics), its prediction distribution against the
+champion's over the same period (inference log) and a minimum number of requests (too little
+traffic is *inconclusive*, never a pass). Every step's figures and verdict are recorded on the
+challenger's MLflow model version (tags `tritonflow.canary.<id>.*`).
+
+* **pass at 100 %**: alias `champion` moves to the challenger, the old champion keeps
+  `previous_champion` (with `use_stages`: Production/Archived); Triton keeps the new champion and
+  the rollback target loaded; old repository versions are garbage-collected.
+* **any failed step**: automatic rollback, gateway to 100 % champion first, then the challenger is
+  unloaded; the run fails with the reason.
+
+Runs also start from registry changes (asset `tritonflow_registry__canary_promotion`); a run for a
+version that already is champion and serves 100 % is a no-op. One promotion per model at a time: a
+second one fails naming the holder. Bad input fails without retry.
+"""
+
+PARAMS = {
+    "model": Param("", type="string", description="Registered model name (empty: taken from the registry event)."),
+    "challenger": Param(
+        "challenger", type="string",
+        description="Challenger: a version number (e.g. '7') or an alias of the model (e.g. 'challenger').",
+    ),
+    "champion": Param(
+        None, type=["null", "integer"], minimum=1,
+        description="Champion version override (default: the version the gateway serves, else alias 'champion').",
+    ),
+    "steps": Param(
+        [5, 25, 50, 100], type="array", items={"type": "integer", "minimum": 1, "maximum": 100},
+        minItems=1, maxItems=10, contains={"const": 100},
+        description="Traffic percents for the challenger, strictly increasing integers 1-100, ending at 100.",
+    ),
+    "bake_s": Param(300, type="number", minimum=0, maximum=MAX_BAKE_S,
+                    description=f"Seconds each step bakes before its analysis (0-{MAX_BAKE_S})."),
+    "min_requests": Param(100, type="integer", minimum=1, maximum=1_000_000,
+                          description="Fewest challenger requests a step needs; fewer is inconclusive."),
+    "use_stages": Param(False, type="boolean",
+                        description="Also move legacy MLflow stages (Production/Archived) on promotion."),
+    "dry_run": Param(False, type="boolean",
+                     description="Resolve versions, check pre-flight and the schedule; touch nothing."),
+}
+
+
+def _holder(context) -> str:
+    ti = context["ti"]
+    return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}"
+
+
+def _request(params: dict, context) -> dict:
+    """Params, overridden by the registry event that started the run (if any)."""
+    req = {k: params.get(k) for k in PARAMS}
+    event = registry_conf_from_context(context)
+    if event:
+        req["model"] = event.get("model_name") or req["model"]
+        if event.get("model_version"):
+            req["challenger"] = str(event["model_version"])
+        if event.get("stage") == "Production":
+            req["use_stages"] = True
+        req["registry_event"] = event.get("registry_event")
+    return req
+
+
+def _fail_on_lock(func):
+    """A promotion refused by the lock fails at once (no retry) with the holder named."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        from tritonflow.exceptions import ConcurrencyError
+
+        try:
+            return func(*args, **kwargs)
+        except ConcurrencyError as exc:
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(f"ConcurrencyError: {exc}") from exc
+
+    return wrapper
+
+
+@dag(
+    dag_id="canary_promotion",
+    schedule=[registry_asset("canary_promotion")],
+    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=[TAG, "canary"],
+    doc_md=DOC_MD,
+    params=PARAMS,
+)
+def canary_promotion():
+    @task(execution_timeout=SHORT_TASK_TIMEOUT)
+    @fail_fast_on_bad_data
+    def resolve_versions() -> dict:
+        """Resolve challenger/champion; refuse a schedule the promotion task cannot hold."""
+        from repository_sync.canary import parse_steps
+        from tritonflow.exceptions import SettingsError
+        from tritonflow.pipelines.canary import canary_time_budget_s, resolve
+        from tritonflow.settings import get_settings
+
+        context = get_current_context()
+        req = _request(context["params"], context)
+        steps = list(parse_steps(req["steps"], "steps"))
+        budget = canary_time_budget_s(steps, req["bake_s"], get_settings().canary_max_extensions)
+        if budget > CANARY_TASK_TIMEOUT.total_seconds():
+            raise SettingsError(
+                f"steps={steps} with bake_s={req['bake_s']} may take {budget:.0f} s, more than the "
+                f"promotion task's execution_timeout of {CANARY_TASK_TIMEOUT.total_seconds():.0f} s; "
+                "use fewer steps or a shorter bake"
+            )
+        res = resolve(req["model"], req["challenger"], req["champion"])
+        return {**res, "steps": steps, "bake_s": req["bake_s"], "min_requests": req["min_requests"],
+                "use_stages": bool(req["use_stages"]), "dry_run": bool(req["dry_run"])}
+
+    @task(execution_timeout=SHORT_TASK_TIMEOUT)
+    @fail_fast_on_bad_data
+    def preflight(plan: dict) -> dict:
+        """Enough GPU/host memory for the challenger beside the champion; traffic untouched."""
+        if plan["noop"] or plan["champion"] == plan["challenger"]:
+            return {"skipped": plan["reason"]}
+        from tritonflow.pipelines.canary import preflight as check
+
+        return check(plan["model"], plan["champion"], plan["challenger"], triton_model=plan["triton_model"])
+
+    @task(execution_timeout=SHORT_TASK_TIMEOUT)
+    @fail_fast_on_bad_data
+    def load_side_by_side(plan: dict, memory: dict) -> dict:
+        """Signatures re-verified, champion and challenger loaded side by side."""
+        if plan["noop"] or plan["dry_run"] or plan["champion"] == plan["challenger"]:
+            return {"skipped": "no-op or dry run"}
+        from tritonflow.pipelines.canary import ensure_loaded
+
+        return ensure_loaded(plan["model"], [plan["champion"], plan["challenger"]],
+                             triton_model=plan["triton_model"])
+
+    @task(execution_timeout=CANARY_TASK_TIMEOUT, retries=0)
+    @fail_fast_on_bad_data
+    @_fail_on_lock
+    def canary(plan: dict, loaded: dict) -> dict:
+        """Steps with analysis under the promotion lock; promote at 100 % or roll back."""
+        from tritonflow.pipelines.canary import run_promotion
+
+        if plan["noop"]:
+            return {"outcome": "noop", "reason": plan["reason"]}
+        result = run_promotion(
+            plan["model"], plan["champion"], str(plan["challenger"]), steps=plan["steps"],
+            bake_s=plan["bake_s"], min_requests=plan["min_requests"], use_stages=plan["use_stages"],
+            dry_run=plan["dry_run"], holder=_holder(get_current_context()),
+        )
+        if result["outcome"] in ("rolled_back", "rollback_failed"):
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(
+                f"canary of model {plan['model']!r} version {plan['challenger']} {result['outcome']}: "
+                f"{result['reason']}" + (f"; rollback: {result['rollback'].get('error')}"
+                                         if result.get("rollback", {}) and result["rollback"].get("error") else "")
+            )
+        return {k: result.get(k) for k in ("outcome", "reason", "model", "champion", "challenger",
+                                           "canary_id", "steps", "promotion", "gc", "rollback_target")}
+
+    plan = resolve_versions()
+    memory = preflight(plan)
+    loaded = load_side_by_side(plan, memory)
+    canary(plan, loaded)
+
+
+canary_promotion()
