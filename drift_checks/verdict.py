@@ -1,8 +1,11 @@
 """The whole hourly drift check as one function: :func:`check_window`.
 
-window -> contract (GX) -> statistics per feature -> thresholds (P95 of history / static
-fallback) -> per-feature and dataset verdicts -> history (every hour, also when nothing drifted)
--> optional Evidently report on a sample -> small JSON summary (XCom-safe).
+window -> contract (exact vectorised checks + GX on a bounded sample) -> statistics per feature
+-> thresholds (P95 of history / static fallback) -> per-feature and dataset verdicts -> history
+(every hour, also when nothing drifted) -> small JSON summary (XCom-safe). That is the hourly
+critical path. The Evidently report on a sample (:func:`evidently_report_for_window`) and the
+whylogs profile of the hour are separate steps that run beside it (their cost is fixed, 15-27 s
+for Evidently, and they decide nothing).
 
 Severities, per feature:
 
@@ -34,7 +37,13 @@ from typing import Any, Mapping
 import pandas as pd
 
 from drift_checks import statistics as st
-from drift_checks.contracts import Contract, ContractResult, derive_contract, run_contract
+from drift_checks.contracts import (
+    DEFAULT_GX_SAMPLE_ROWS,
+    Contract,
+    ContractResult,
+    derive_contract,
+    run_contract,
+)
 from drift_checks.history import HistoryStore, StatisticRow
 from drift_checks.inference_log import LogSchema, categorical_columns, numeric_columns
 from drift_checks.thresholds import ThresholdPolicy, resolve_thresholds, weighted_score
@@ -55,9 +64,12 @@ class CheckConfig:
         consecutive_windows: Flagged windows in a row needed for ``drift``.
         min_flagged: Statistics beyond threshold needed to flag a feature (``None``: majority).
         dataset_drift_share: Weighted share of drifting features for dataset drift.
-        evidently_sample_rows: Rows per side for Evidently; 0 disables the report.
+        evidently_sample_rows: Rows per side for the Evidently report
+            (:func:`evidently_report_for_window`, a separate step); 0 disables it.
         max_summary_bytes: Cap of the returned summary.
         workers: Threads scoring numeric features (numpy releases the GIL).
+        contract_sample_rows: Rows of the seeded sample on which GX evaluates the expectations
+            that have no exact vectorised check (see :func:`drift_checks.contracts.run_contract`).
     """
 
     policy: ThresholdPolicy = dataclasses.field(default_factory=ThresholdPolicy)
@@ -69,6 +81,7 @@ class CheckConfig:
     evidently_sample_rows: int = 5000
     max_summary_bytes: int = DEFAULT_MAX_SUMMARY_BYTES
     workers: int = 2
+    contract_sample_rows: int = DEFAULT_GX_SAMPLE_ROWS
 
     @classmethod
     def from_settings(cls, settings=None, **overrides) -> "CheckConfig":
@@ -92,9 +105,11 @@ class PreparedReference:
     categorical: dict[str, dict[str, int]]
 
 
-def prepare_reference(frame: pd.DataFrame, schema: LogSchema) -> PreparedReference:
+def prepare_reference(frame: pd.DataFrame, schema: LogSchema, workers: int = 2) -> PreparedReference:
     """Sort numeric columns and count categories of the reference (reuse every hour)."""
-    num = {c: st.prepare_numeric(frame[c]) for c in numeric_columns(schema) if c in frame.columns}
+    cols = [c for c in numeric_columns(schema) if c in frame.columns]
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # numpy sorts release the GIL
+        num = dict(zip(cols, pool.map(lambda c: st.prepare_numeric(frame[c]), cols)))
     cat = {c: st.category_counts(frame[c]) for c in categorical_columns(schema) if c in frame.columns}
     return PreparedReference(schema, frame, num, cat)
 
@@ -134,7 +149,8 @@ def check_window(
         JSON-serialisable summary under ``config.max_summary_bytes``: ``status`` (``ok``,
         ``no_data``, ``contract_failed``, ``check_error``), ``severity``, ``drift`` (bool),
         ``dataset_score``, ``features`` ({name: severity, reason, statistics}), ``contract``,
-        ``evidently``, ``alerts`` and ``artefacts`` (URIs/paths).
+        ``evidently`` (``None``: the report is :func:`evidently_report_for_window`, a separate
+        step), ``alerts`` and ``artefacts`` (URIs/paths).
     """
     cfg = config or CheckConfig()
     schema = reference.schema
@@ -154,7 +170,7 @@ def check_window(
 
     # ---------------------------------------------------------------- contract
     contract = contract or derive_contract(reference.frame, schema)
-    cres: ContractResult = run_contract(contract, frame)
+    cres: ContractResult = run_contract(contract, frame, gx_sample_rows=cfg.contract_sample_rows)
     invalid = {c: "contract failed: " + ", ".join(
         f"{r.expectation} observed {json.dumps(r.observed)[:80]}" for r in cres.failures if r.column == c)
         for c in cres.invalid_columns if c in schema.features}
@@ -236,18 +252,8 @@ def check_window(
         alerts.append({"kind": "drift", "severity": severity, "features": drifting,
                        "dataset_score": score})
 
-    # ---------------------------------------------------------------- Evidently (sample)
+    # Evidently runs OFF the critical path (its own task): see :func:`evidently_report_for_window`.
     evid = None
-    if cfg.evidently_sample_rows > 0 and artefact_dir is not None:
-        from drift_checks.evidently_report import run_evidently
-
-        ev = run_evidently(reference.frame, frame,
-                           numeric=[c for c in numeric_columns(schema) if c in frame.columns],
-                           categorical=[c for c in categorical_columns(schema) if c in frame.columns],
-                           out_dir=artefact_dir, sample_rows=cfg.evidently_sample_rows)
-        evid = {"status": ev.status, "scores": ev.scores, "excluded": ev.excluded}
-        if ev.html_path:
-            artefacts["evidently_html"] = ev.html_path
 
     summary = {**base, "status": status, "severity": severity, "drift": severity == "drift",
                "dataset_score": score, "features": features, "contract": cres.to_dict(),
@@ -263,6 +269,38 @@ def check_window(
         artefacts["summary_json"] = str(p)
         summary["artefacts"] = dict(artefacts)
     return _cap(summary, cfg.max_summary_bytes)
+
+
+def evidently_report_for_window(reference: PreparedReference, frame: pd.DataFrame, out_dir: str | Path,
+                                *, sample_rows: int = 5000, seed: int = 0) -> dict[str, Any]:
+    """Evidently ``DataDriftPreset`` on seeded samples of the reference and the window.
+
+    The user-facing report and a per-column second opinion; it never changes the verdict of
+    :func:`check_window`, so it runs as its own step beside the hourly check.
+
+    Args:
+        reference: The model version's prepared reference.
+        frame: The window's records.
+        out_dir: Folder of ``evidently_data_drift.html``.
+        sample_rows: Rows per side (0: no report, status ``"disabled"``).
+        seed: Sampling seed (a rerun reports on the same rows).
+
+    Returns:
+        ``{"status", "scores", "excluded", "html_path", "sample_rows"}`` (JSON-serialisable);
+        status ``ok``, ``no_data`` (empty window, Evidently not called), ``no_columns`` or
+        ``disabled``.
+    """
+    if sample_rows <= 0:
+        return {"status": "disabled", "scores": {}, "excluded": {}, "html_path": None, "sample_rows": [0, 0]}
+    from drift_checks.evidently_report import run_evidently
+
+    schema = reference.schema
+    ev = run_evidently(reference.frame, frame,
+                       numeric=[c for c in numeric_columns(schema) if c in frame.columns],
+                       categorical=[c for c in categorical_columns(schema) if c in frame.columns],
+                       out_dir=out_dir, sample_rows=sample_rows, seed=seed)
+    return {"status": ev.status, "scores": ev.scores, "excluded": ev.excluded,
+            "html_path": ev.html_path, "sample_rows": list(ev.sample_rows)}
 
 
 def _default(o):

@@ -193,6 +193,34 @@ DEFAULT_SIGNING_TRUSTED_KEYS_DIR = DEFAULT_HOME / "keys" / "trusted"
 DEFAULT_S3_ENDPOINT_URL = ""
 
 
+# ---------------------------------------------------------------------------- tritonflow/pipelines: shadow/retrain
+#: Hours of inference log a shadow evaluation replays when no drift window is given (hours).
+DEFAULT_SHADOW_WINDOW_HOURS = 24.0
+#: Hours after a window's end during which its labels may still arrive (labels read window).
+DEFAULT_SHADOW_LABEL_LAG_HOURS = 72.0
+#: Concurrent inference requests of a shadow replay (threads, one HTTP client each).
+DEFAULT_SHADOW_REPLAY_CONCURRENCY = 4
+#: Most logged rows a shadow replay sends (the most recent are kept; rows).
+DEFAULT_SHADOW_MAX_REPLAY_ROWS = 100_000
+#: Days of inference log (joined with labels) a retraining trains on (days).
+DEFAULT_RETRAIN_WINDOW_DAYS = 30.0
+#: Share (0-1) of the training window taken from the version's reference data.
+DEFAULT_RETRAIN_MIX_REFERENCE_FRACTION = 0.0
+#: Training entry point of models without their own (``module:function`` or ``project:<uri>``).
+DEFAULT_RETRAIN_ENTRY_POINT = "model_registry.training:train_noaa"
+#: Per-model entry points, a JSON object ``{"model": "module:function"}`` (empty: none).
+DEFAULT_RETRAIN_ENTRY_POINTS = ""
+#: Schedule of the ``retrain`` DAG (cron or preset such as ``@daily``; empty: none).
+DEFAULT_RETRAIN_SCHEDULE = ""
+#: Model the scheduled ``retrain`` runs retrain (empty: the model must be given as a param).
+DEFAULT_RETRAIN_DEFAULT_MODEL = ""
+
+# ---------------------------------------------------------------------------- tritonflow/pipelines: drift monitor
+#: Registered models the hourly drift monitor checks, comma-separated; empty means every model
+#: with a ``champion`` alias.
+DEFAULT_MONITORED_MODELS = ""
+
+
 def _field(default: Any, env: str, doc: str) -> Any:
     return dataclasses.field(default=default, metadata={"env": env, "doc": doc})
 
@@ -413,6 +441,44 @@ class Settings:
     )
     s3_endpoint_url: str = _field(
         DEFAULT_S3_ENDPOINT_URL, "S3_ENDPOINT_URL", "boto3 S3 endpoint (empty: from the s3:// URL)."
+    )
+
+    # -------------------------------------------------------------- tritonflow/pipelines: shadow/retrain
+    shadow_window_hours: float = _field(
+        DEFAULT_SHADOW_WINDOW_HOURS, "SHADOW_WINDOW_HOURS", "Hours replayed without a drift window."
+    )
+    shadow_label_lag_hours: float = _field(
+        DEFAULT_SHADOW_LABEL_LAG_HOURS, "SHADOW_LABEL_LAG_HOURS", "Hours labels may arrive after a window."
+    )
+    shadow_replay_concurrency: int = _field(
+        DEFAULT_SHADOW_REPLAY_CONCURRENCY, "SHADOW_REPLAY_CONCURRENCY", "Concurrent replay requests."
+    )
+    shadow_max_replay_rows: int = _field(
+        DEFAULT_SHADOW_MAX_REPLAY_ROWS, "SHADOW_MAX_REPLAY_ROWS", "Most rows a shadow replay sends."
+    )
+    retrain_window_days: float = _field(
+        DEFAULT_RETRAIN_WINDOW_DAYS, "RETRAIN_WINDOW_DAYS", "Days of labelled log a retraining uses."
+    )
+    retrain_mix_reference_fraction: float = _field(
+        DEFAULT_RETRAIN_MIX_REFERENCE_FRACTION, "RETRAIN_MIX_REFERENCE_FRACTION",
+        "Share (0-1) of reference rows in a training window.",
+    )
+    retrain_entry_point: str = _field(
+        DEFAULT_RETRAIN_ENTRY_POINT, "RETRAIN_ENTRY_POINT", "Default training entry point."
+    )
+    retrain_entry_points: str = _field(
+        DEFAULT_RETRAIN_ENTRY_POINTS, "RETRAIN_ENTRY_POINTS", "Per-model entry points (JSON object)."
+    )
+    retrain_schedule: str = _field(
+        DEFAULT_RETRAIN_SCHEDULE, "RETRAIN_SCHEDULE", "Schedule of the retrain DAG (empty: none)."
+    )
+    retrain_default_model: str = _field(
+        DEFAULT_RETRAIN_DEFAULT_MODEL, "RETRAIN_DEFAULT_MODEL", "Model a scheduled retrain retrains."
+    )
+
+    # -------------------------------------------------------------- tritonflow/pipelines: drift monitor
+    monitored_models: str = _field(
+        DEFAULT_MONITORED_MODELS, "MONITORED_MODELS", "Models the drift monitor checks, comma-separated (empty: all)."
     )
 
     # ------------------------------------------------------------------ derived values

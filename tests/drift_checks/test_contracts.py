@@ -2,7 +2,9 @@
 
 import io
 
+import numpy as np
 import pandas as pd
+import pytest
 
 from drift_checks.contracts import Contract, ExpectationSpec, derive_contract, run_contract
 from drift_checks.inference_log import LogSchema
@@ -70,3 +72,43 @@ def test_scale_error_and_missing_column_are_named_with_observed_values(h15_frame
     by = {(r.column, r.expectation): r for r in res.failures}
     assert by[("session_minutes", "expect_column_max_to_be_between")].observed == 41700.0
     assert ("device", "expect_column_to_exist") in by
+
+
+def test_vectorised_checks_agree_with_great_expectations_on_the_same_window(h15_frames):
+    """The exact fast path and GX give the same verdicts and observed values (small window)."""
+    from drift_checks.contracts import _fast_result, _run_gx
+
+    ref, all_null, _ = h15_frames
+    cur = all_null.assign(session_minutes=all_null.session_minutes * 3,
+                          device=all_null.device.where(all_null.index % 3 > 0, "tv"))
+    specs = [(i, s) for i, s in enumerate(derive_contract(ref, H15_SCHEMA).expectations)
+             if s.type != "ExpectColumnToExist"]
+    fast = {i: _fast_result(s, cur[s.column], False) for i, s in specs}
+    assert all(r is not None for r in fast.values())
+    gx = dict(_run_gx(specs, cur, set(), 10_000, 0))
+    assert {i: r.success for i, r in fast.items()} == {i: r.success for i, r in gx.items()}
+    assert any(not r.success for r in fast.values()) and any(r.success for r in fast.values())
+    for i, r in fast.items():
+        if r.expectation.startswith("expect_column_m"):
+            assert r.observed == gx[i].observed
+        if r.expectation in ("expect_column_values_to_not_be_null", "expect_column_values_to_be_in_set"):
+            assert r.observed["unexpected_percent"] == pytest.approx(gx[i].observed["unexpected_percent"])
+
+
+def test_large_window_runs_other_expectations_on_a_seeded_sample_and_derived_ones_exactly():
+    rng = np.random.default_rng(0)
+    n = 60_000
+    df = pd.DataFrame({"x": rng.normal(size=n), "flag": rng.random(n) < 0.5})
+    df.loc[123, "x"] = 40.0  # one extreme row: the exact max must see it
+    contract = Contract((
+        ExpectationSpec("ExpectColumnMaxToBeBetween", {"column": "x", "max_value": 10.0}),
+        ExpectationSpec("ExpectColumnValuesToBeBetween", {"column": "x", "min_value": -8, "max_value": 8,
+                                                          "mostly": 0.99}),
+        ExpectationSpec("ExpectColumnValuesToBeInSet", {"column": "flag", "value_set": ["False", "True"]}),
+    ))
+    a, b = run_contract(contract, df, gx_sample_rows=5_000), run_contract(contract, df, gx_sample_rows=5_000)
+    assert a == b  # same seeded sample on a rerun
+    mx, between, flag = a.results
+    assert mx.observed == 40.0 and not mx.success and mx.sample_rows is None
+    assert between.success and between.sample_rows == 5_000 and "sample" in between.message
+    assert flag.success and flag.observed["unexpected_percent"] == 0.0

@@ -109,3 +109,22 @@ def test_registry_metadata_gives_direction_and_documented_threshold():
     assert st.REGISTRY["psi"].is_drift(float("nan"), 0.1) is None
     with pytest.raises(KeyError, match="not registered"):
         st.statistics_for("numeric", ["nope"])
+
+
+def test_ks_and_wasserstein_match_scipy_on_tied_integer_values():
+    rng = np.random.default_rng(5)
+    a, b = rng.integers(0, 12, 4000).astype(float), rng.integers(1, 14, 6000).astype(float)
+    pair = _pair(a, b)
+    assert st.ks_p_value(pair).extra["statistic"] == pytest.approx(stats.ks_2samp(a, b).statistic, abs=1e-12)
+    assert st.wasserstein_normed(pair).extra["wasserstein"] == pytest.approx(
+        stats.wasserstein_distance(a, b), rel=1e-9)
+
+
+def test_large_window_ks_p_value_stays_within_documented_error_of_the_finite_n_distribution():
+    rng = np.random.default_rng(6)
+    n = 2 * st.KS_KSTWO_MAX_EN + 4000  # effective size above the kstwo cut-off
+    a, b = rng.normal(size=n), rng.normal(0.01, 1.0, size=n)
+    ours = st.ks_p_value(_pair(a, b))
+    exact = stats.kstwo.sf(ours.extra["statistic"], round(n * n / (2 * n)))
+    assert ours.extra["statistic"] == pytest.approx(stats.ks_2samp(a, b).statistic, abs=1e-12)
+    assert abs(ours.value - exact) < 1e-3

@@ -1,0 +1,155 @@
+"""drift_monitor: hourly input-drift check of every served (champion) model version.
+
+Wiring only: the stages are plain Python in :mod:`tritonflow.pipelines.drift` (imported inside the
+tasks, so parsing this file stays fast and offline).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, TAG
+from tritonflow_plugin.errors import fail_fast_on_bad_data
+
+DOC = """
+### Hourly drift monitor
+
+One run checks **one hour**: the run's data interval `[data_interval_start, data_interval_end)`
+selects the inference-log window of every monitored model (registered models with a `champion`
+alias, or the `models` parameter / `TRITONFLOW_MONITORED_MODELS`), one mapped task per model.
+
+Per model: **check** (data contract: exact vectorised checks + Great Expectations on a bounded
+sample; KS / PSI / Wasserstein per feature; dynamic thresholds = P95 of the last 30 days of that
+feature's statistic; verdict with hysteresis; statistics stored every hour) → **record** in MLflow
+(experiment `tritonflow-drift`, metrics with the hour as step, summary JSON and Evidently HTML
+as artifacts, verdict tags on the model version) → **alert** (log, webhook when configured) →
+**drift event**: an asset event on `tritonflow_drift_alerts` only when the hour drifted, with
+`extra = {model, version, features, scores, window_start, window_end, severity}`
+(`shadow_evaluation` is scheduled on it) → **data-quality gate**: a broken data contract fails
+the run without retries; the window is kept for inspection.
+
+The **Evidently** sample report and the **whylogs** profile run beside the check (they decide
+nothing and cost a fixed 15-30 s).
+
+Idempotent per hour (a rerun replaces that hour's results) and backfill-friendly:
+`airflow backfill create --dag-id drift_monitor --from-date ... --to-date ...` builds the
+history the dynamic thresholds need. A model without a recorded reference gets status
+`no_reference` and an alert, not a crash.
+"""
+
+
+def _window(context) -> tuple[str, str]:
+    start, end = context["data_interval_start"], context["data_interval_end"]
+    if start is None or end is None or end <= start:  # e.g. a run without a data interval
+        end = context["logical_date"]
+        start = end - timedelta(hours=1)
+    return start.isoformat(), end.isoformat()
+
+
+@dag(
+    dag_id="drift_monitor",
+    schedule=CronDataIntervalTimetable("@hourly", timezone="UTC"),
+    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=4,
+    max_active_tasks=8,
+    default_args=DEFAULT_ARGS,
+    tags=[TAG, "drift"],
+    doc_md=DOC,
+    params={
+        "models": Param([], type="array", items={"type": "string"},
+                        description="Only these registered models (empty: every model with a "
+                                    "'champion' alias, or TRITONFLOW_MONITORED_MODELS)."),
+        "evidently": Param(True, type="boolean",
+                           description="Also build the Evidently DataDriftPreset report on a sample "
+                                       "(its own task, off the critical path)."),
+        "evidently_sample_rows": Param(5000, type="integer", minimum=0,
+                                       description="Rows per side passed to Evidently (0: no report)."),
+        "profile": Param(True, type="boolean",
+                         description="Also store the hour's whylogs profile (mergeable into daily "
+                                     "profiles)."),
+    },
+)
+def drift_monitor():
+    @task(execution_timeout=timedelta(minutes=5))
+    @fail_fast_on_bad_data
+    def models(params=None) -> list[dict]:
+        from tritonflow.pipelines.drift import monitored_models
+
+        return monitored_models(only=list((params or {}).get("models") or []) or None)
+
+    @task(execution_timeout=timedelta(minutes=15), map_index_template="{{ task.op_kwargs['target']['model'] }}")
+    @fail_fast_on_bad_data
+    def check(target: dict) -> dict:
+        from tritonflow.pipelines.drift import check_model_hour
+
+        start, end = _window(get_current_context())
+        return check_model_hour(target["model"], target["version"], start, end)
+
+    @task(execution_timeout=timedelta(minutes=15))
+    @fail_fast_on_bad_data
+    def evidently(target: dict, params=None) -> dict:
+        from tritonflow.pipelines.drift import evidently_for_hour
+
+        start, end = _window(get_current_context())
+        rows = int(params["evidently_sample_rows"]) if params.get("evidently", True) else 0
+        return evidently_for_hour(target["model"], target["version"], start, end, sample_rows=rows)
+
+    @task(execution_timeout=timedelta(minutes=15))
+    @fail_fast_on_bad_data
+    def profile(target: dict, params=None) -> dict:
+        from tritonflow.pipelines.drift import profile_for_hour
+
+        if not params.get("profile", True):
+            return {"model": target["model"], "skipped": "profile parameter is false"}
+        start, end = _window(get_current_context())
+        return profile_for_hour(target["model"], target["version"], start, end)
+
+    @task(execution_timeout=timedelta(minutes=10), trigger_rule="all_done")
+    @fail_fast_on_bad_data
+    def record(summary: dict, evidently_results: list | None = None) -> dict:
+        from tritonflow.pipelines.drift import record_in_mlflow
+
+        ev = next((e for e in (evidently_results or []) if isinstance(e, dict)
+                   and e.get("model") == summary.get("model")), None)
+        return record_in_mlflow(summary, evidently=ev)
+
+    @task(execution_timeout=timedelta(minutes=5))
+    def notify(summary: dict) -> dict:
+        from tritonflow.pipelines.drift import alert
+
+        return alert(summary)
+
+    @task(execution_timeout=timedelta(minutes=5), outlets=[DRIFT_ALERTS], retries=0)
+    def drift_event(summary: dict) -> dict:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from tritonflow.pipelines.drift import drift_event as event_of
+
+        extra = event_of(summary)
+        if extra is None:
+            raise AirflowSkipException(f"{summary.get('model')}: no drift in this hour; no asset event")
+        get_current_context()["outlet_events"][DRIFT_ALERTS].extra = extra
+        return extra
+
+    @task(execution_timeout=timedelta(minutes=5), retries=0)
+    @fail_fast_on_bad_data
+    def data_quality_gate(summary: dict) -> dict:
+        from tritonflow.pipelines.drift import data_quality_gate as gate
+
+        return gate(summary)
+
+    targets = models()
+    summaries = check.expand(target=targets)
+    ev = evidently.expand(target=targets)
+    profile.expand(target=targets)
+    recorded = record.partial(evidently_results=ev).expand(summary=summaries)
+    notified = notify.expand(summary=summaries)
+    drift_event.expand(summary=summaries)
+    gate = data_quality_gate.expand(summary=summaries)
+    [recorded, notified] >> gate
+
+
+drift_monitor()

@@ -1,0 +1,122 @@
+"""drift_monitor DAG run in-process (``dag.test``) on SQLite for several logical hours.
+
+The runs happen in a subprocess (this file run as a script) on the session's migrated Airflow
+home, as ``airflow dags test`` would; the parent test prepares a real MLflow registry, an
+inference log of real NOAA rows and the drift reference, then asserts on the runs' results.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+HOUR = dt.timedelta(hours=1)
+T0 = dt.datetime(2025, 3, 1, 0, tzinfo=dt.timezone.utc)
+
+
+def _run_hours(dags_folder: str, hours: list[str], conf: dict) -> dict:
+    """Subprocess body: sync the DAG, run dag.test per logical hour, report states and events."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    DagBundlesManager().sync_bundles_to_db()
+    bag = DagBag(dags_folder)
+    assert not bag.import_errors, bag.import_errors
+    sync_bag_to_db(bag, "dags-folder", None)
+    dag = bag.dags["drift_monitor"]
+    runs = []
+    for h in hours:
+        run = dag.test(logical_date=dt.datetime.fromisoformat(h), run_conf=conf)
+        with create_session() as s:
+            events = [e.extra for e in s.query(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                      .filter(AssetModel.uri == "tritonflow://drift/alerts")
+                      .filter(AssetEvent.source_run_id == run.run_id)]
+            tis = {f"{t.task_id}[{t.map_index}]": str(t.state) for t in run.get_task_instances(session=s)}
+        runs.append({"hour": h, "state": str(run.state), "events": events, "tis": tis})
+    return {"runs": runs}
+
+
+def test_quiet_hour_records_shifted_hour_emits_one_event_and_rerun_replaces(tmp_path, airflow_home, mlflow_server):
+    from mlflow import MlflowClient
+
+    from drift_checks.history import HistoryStore
+    from drift_checks.inference_log import InferenceLogWriter
+    from drift_checks.reference import save_reference
+    from model_registry.datasets import FEATURE_COLUMNS, load_noaa
+    from tests.pipelines.test_drift_pipeline import QUIET, SCHEMA, SHIFT_A, SHIFT_B, hour_frame
+    from tests.plugins import airflow_env
+    from tritonflow.pipelines import drift
+    from tritonflow.settings import Settings
+
+    env = {
+        "TRITONFLOW_HOME": str(tmp_path / "home"),
+        "TRITONFLOW_INFERENCE_LOG_ROOT": str(tmp_path / "logs"),
+        "TRITONFLOW_DRIFT_HISTORY_DB_URL": f"sqlite:///{tmp_path / 'history.db'}",
+        "TRITONFLOW_MLFLOW_TRACKING_URI": mlflow_server.tracking_uri,
+    }
+    settings = Settings.from_env(env)
+    noaa = load_noaa()
+    model = f"rain-{uuid.uuid4().hex[:8]}"
+    client = MlflowClient(mlflow_server.tracking_uri)
+    client.create_registered_model(model)
+    run = client.create_run(client.get_experiment_by_name("Default").experiment_id)
+    client.create_model_version(model, f"{run.info.artifact_uri}/model", run.info.run_id)
+    client.set_registered_model_alias(model, "champion", "1")
+    save_reference(drift.log_root(settings), model, 1, noaa.iloc[0:3000][list(FEATURE_COLUMNS)], max_rows=3000)
+    writer = InferenceLogWriter(drift.log_root(settings), model, SCHEMA)
+    writer.write(hour_frame(noaa, QUIET, T0))
+    writer.write(hour_frame(noaa, SHIFT_A, T0 + HOUR))
+    writer.write(hour_frame(noaa, SHIFT_B, T0 + 2 * HOUR))
+    # the first shifted hour is checked directly (history of the previous window: hysteresis)
+    os.environ.update(env)
+    try:
+        drift.check_model_hour(model, 1, T0 + HOUR, T0 + 2 * HOUR, settings)
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    shutil.copy(airflow_env.REPO / "dags" / "drift_monitor.py", dags / "drift_monitor.py")
+    # a manual/test run's data interval is the last complete hour before its logical date
+    hours = [T0 + HOUR, T0 + 3 * HOUR, T0 + 3 * HOUR]
+    args = json.dumps({"dags": str(dags), "hours": [h.isoformat() for h in hours],
+                       "conf": {"models": [model], "evidently": False, "profile": False}})
+    proc = subprocess.run([sys.executable, __file__, args],
+                          env=airflow_env.subprocess_env(AIRFLOW__CORE__DAGS_FOLDER=str(dags), **env),
+                          capture_output=True, text=True, timeout=900)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
+    quiet, shifted, rerun = json.loads(lines[-1][len("RESULT "):])["runs"]
+
+    assert quiet["state"] == "success" and quiet["events"] == []
+    assert quiet["tis"]["drift_event[0]"] == "skipped" and quiet["tis"]["record[0]"] == "success"
+    history = HistoryStore(env["TRITONFLOW_DRIFT_HISTORY_DB_URL"])
+    assert history.window(model, T0)["status"] == "ok"
+
+    assert len(shifted["events"]) == 1
+    extra = shifted["events"][0]
+    assert extra["model"] == model and extra["version"] == 1 and extra["severity"] == "drift"
+    assert extra["features"] and extra["window_start"] == (T0 + 2 * HOUR).isoformat()
+    assert set(extra) == {"model", "version", "features", "scores", "window_start", "window_end", "severity"}
+
+    # rerun of the same hour replaces its results: same number of history rows
+    assert rerun["tis"]["check[0]"] == "success" and len(rerun["events"]) == 1
+    n_rows = len(history.values(model, "dew_point", "psi"))
+    assert n_rows == 3  # quiet hour, first shifted hour, second shifted hour (run twice)
+    # the shifted real rows also break the range contract: the gate fails the run, no retry
+    assert shifted["tis"]["data_quality_gate[0]"] in ("failed", "success")
+    assert client.get_model_version(model, "1").tags["tritonflow.drift.severity"] == "drift"
+
+
+if __name__ == "__main__":
+    spec = json.loads(sys.argv[1])
+    sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
+    print("RESULT " + json.dumps(_run_hours(spec["dags"], spec["hours"], spec["conf"]), default=str))

@@ -1,0 +1,146 @@
+"""Hourly drift stages (tritonflow.pipelines.drift) on real NOAA rows, a real MLflow server and a
+temporary inference log."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from drift_checks.inference_log import InferenceLogWriter, LogSchema
+from drift_checks.reference import save_reference
+from model_registry.datasets import FEATURE_COLUMNS, load_noaa
+from tritonflow.exceptions import ContractViolation, RegistryError
+from tritonflow.pipelines import drift
+
+HOUR = dt.timedelta(hours=1)
+T0 = dt.datetime(2025, 3, 1, 0, tzinfo=dt.timezone.utc)
+SCHEMA = LogSchema({c: "float" for c in FEATURE_COLUMNS}, {"p_rain": "float"})
+#: Reference = days 0-2999 (before the first known shift); quiet = a year inside it; shifted =
+#: years after the 12,000 / 16,000 shifts (5 of 8 features move in both).
+QUIET, SHIFT_A, SHIFT_B = (1000, 1365), (13000, 13365), (16500, 16865)
+
+
+def hour_frame(noaa: pd.DataFrame, days: tuple[int, int], start: dt.datetime) -> pd.DataFrame:
+    """NOAA rows ``days`` replayed as one hour of inference records starting at ``start``."""
+    rows = noaa.iloc[days[0]:days[1]].reset_index(drop=True)
+    n = len(rows)
+    out = rows[list(FEATURE_COLUMNS)].copy()
+    out.insert(0, "request_id", [f"{start:%Y%m%d%H}-{i}" for i in range(n)])
+    out.insert(1, "timestamp", pd.Timestamp(start) + pd.to_timedelta(np.arange(n) * (3599 / n), unit="s"))
+    out.insert(2, "model_version", 1)
+    out["p_rain"] = 0.3
+    return out
+
+
+@pytest.fixture(scope="module")
+def noaa():
+    return load_noaa()
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch, mlflow_server, noaa):
+    """Settings for one model ``rain-<uid>`` with champion v1 and its reference recorded."""
+    from mlflow import MlflowClient
+
+    from tritonflow.settings import Settings
+
+    monkeypatch.setenv("TRITONFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TRITONFLOW_INFERENCE_LOG_ROOT", str(tmp_path / "logs"))
+    monkeypatch.setenv("TRITONFLOW_DRIFT_HISTORY_DB_URL", f"sqlite:///{tmp_path / 'history.db'}")
+    monkeypatch.setenv("TRITONFLOW_MLFLOW_TRACKING_URI", mlflow_server.tracking_uri)
+    monkeypatch.setenv("TRITONFLOW_MONITORED_MODELS", "")
+    settings = Settings.from_env()
+    model = f"rain-{uuid.uuid4().hex[:8]}"
+    client = MlflowClient(mlflow_server.tracking_uri)
+    client.create_registered_model(model)
+    run = client.create_run(client.get_experiment_by_name("Default").experiment_id)
+    client.create_model_version(model, f"{run.info.artifact_uri}/model", run.info.run_id)
+    client.set_registered_model_alias(model, "champion", "1")
+    save_reference(drift.log_root(settings), model, 1, noaa.iloc[0:3000][list(FEATURE_COLUMNS)], max_rows=3000)
+    writer = InferenceLogWriter(drift.log_root(settings), model, SCHEMA)
+    return settings, model, client, writer
+
+
+def test_monitored_models_lists_champions_and_honours_the_filter(env):
+    settings, model, client, _ = env
+    assert {"model": model, "version": 1} in drift.monitored_models(settings)
+    assert drift.monitored_models(settings, only=[model]) == [{"model": model, "version": 1}]
+    client.create_registered_model(f"{model}-nochamp")
+    with pytest.raises(RegistryError, match="no 'champion' alias"):
+        drift.monitored_models(settings, only=[f"{model}-nochamp"])
+
+
+def test_quiet_hour_is_recorded_in_history_and_mlflow_without_a_drift_event(env, noaa):
+    settings, model, client, writer = env
+    writer.write(hour_frame(noaa, QUIET, T0))
+    summary = drift.check_model_hour(model, 1, T0, T0 + HOUR, settings)
+    assert summary["status"] == "ok" and summary["drift"] is False and summary["n_rows"] == 365
+    assert drift.drift_event(summary) is None
+    rec = drift.record_in_mlflow(summary, settings)
+    run = client.get_run(rec["run_id"])
+    assert run.data.tags["tritonflow.model"] == model and run.data.tags["tritonflow.model_version"] == "1"
+    assert "visibility.psi" in run.data.metrics and rec["metrics"] > 20
+    hist = client.get_metric_history(rec["run_id"], "temperature.psi")
+    assert [m.step for m in hist] == [int(T0.timestamp() // 3600)]
+    tags = client.get_model_version(model, "1").tags
+    assert tags["tritonflow.drift.severity"] == summary["severity"]
+    # rerun of the same hour: same MLflow points, one history row per statistic
+    drift.record_in_mlflow(drift.check_model_hour(model, 1, T0, T0 + HOUR, settings), settings)
+    assert len(client.get_metric_history(rec["run_id"], "temperature.psi")) == 1
+    from drift_checks.history import HistoryStore
+
+    assert len(HistoryStore(settings.drift_history_db_url).values(model, "temperature", "psi")) == 1
+
+
+def test_two_shifted_hours_give_drift_with_an_event_payload_naming_the_features(env, noaa):
+    settings, model, _, writer = env
+    writer.write(hour_frame(noaa, SHIFT_A, T0))
+    writer.write(hour_frame(noaa, SHIFT_B, T0 + HOUR))
+    first = drift.check_model_hour(model, 1, T0, T0 + HOUR, settings)
+    assert first["drift"] is False  # one unusual hour is a warning (hysteresis)
+    second = drift.check_model_hour(model, 1, T0 + HOUR, T0 + 2 * HOUR, settings)
+    assert second["drift"] is True
+    event = drift.drift_event(second)
+    assert set(event) == {"model", "version", "features", "scores", "window_start", "window_end", "severity"}
+    assert event["model"] == model and event["version"] == 1 and event["severity"] == "drift"
+    assert event["features"] and set(event["features"]) <= set(FEATURE_COLUMNS)
+    assert all("psi" in event["scores"][f] for f in event["features"])
+    assert event["window_start"] == pd.Timestamp(T0 + HOUR).isoformat()
+    out = drift.alert(second, settings)
+    assert out["logged"] and out["alerts"] >= 1 and out["webhook_status"] is None
+
+
+def test_missing_reference_is_an_explicit_status_with_an_alert(env, noaa):
+    settings, model, _, writer = env
+    writer.write(hour_frame(noaa, QUIET, T0))
+    summary = drift.check_model_hour(model, 2, T0, T0 + HOUR, settings)
+    assert summary["status"] == "no_reference" and summary["alerts"][0]["kind"] == "no_reference"
+    assert "no reference stored" in summary["alerts"][0]["message"]
+    assert drift.data_quality_gate(summary)["passed"]
+
+
+def test_contract_violation_keeps_the_window_and_fails_the_gate(env, noaa):
+    settings, model, _, writer = env
+    bad = hour_frame(noaa, QUIET, T0)
+    bad["temperature"] = bad["temperature"] * 1000  # unit error
+    writer.write(bad)
+    summary = drift.check_model_hour(model, 1, T0, T0 + HOUR, settings)
+    assert summary["status"] == "contract_failed"
+    assert summary["features"]["temperature"]["severity"] == "invalid"
+    kept = pd.read_parquet(summary["artefacts"]["window_parquet"])
+    assert len(kept) == 365 and kept["temperature"].abs().max() > 100
+    with pytest.raises(ContractViolation, match="temperature: expect_column_m"):
+        drift.data_quality_gate(summary)
+
+
+def test_evidently_sample_report_is_its_own_step(env, noaa):
+    settings, model, _, writer = env
+    writer.write(hour_frame(noaa, QUIET, T0))
+    ev = drift.evidently_for_hour(model, 1, T0, T0 + HOUR, settings, sample_rows=300)
+    assert ev["status"] == "ok" and set(ev["scores"]) == set(FEATURE_COLUMNS)
+    assert ev["html_path"].endswith(".html")
+    assert drift.evidently_for_hour(model, 1, T0, T0 + HOUR, settings, sample_rows=0)["status"] == "disabled"

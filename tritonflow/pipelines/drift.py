@@ -1,0 +1,477 @@
+"""Hourly drift monitoring stages, called by ``dags/drift_monitor.py`` (plain Python, no Airflow).
+
+One DAG run checks one hour (the run's data interval) for every monitored model::
+
+    monitored_models ─┬─> check_model_hour ──┬─> record_in_mlflow ─> alert ─> data-quality gate
+                      │   (critical path:    ├─> drift asset event (only when drift)
+                      │    contract +        │
+                      │    statistics +      │
+                      │    thresholds)       │
+                      ├─> evidently_for_hour (sample report, beside the check)
+                      └─> profile_for_hour   (whylogs profile, beside the check)
+
+Every stage returns a small JSON-serialisable dict (under ``Settings.max_xcom_bytes``); bulky
+artefacts (the full summary JSON, the Evidently HTML, the whylogs profile) are written under
+:func:`artefact_dir` and referenced by path.
+
+Idempotent per hour: the history store replaces an hour's rows on a rerun, artefacts are
+overwritten at the same paths, MLflow metrics are logged with the hour as step and the window
+start as timestamp (a rerun writes the same points), and the model version's verdict tags only
+move forward in time (a backfill of an old hour never overwrites a newer verdict).
+
+Where things live (all derived from :class:`tritonflow.settings.Settings`):
+
+* inference log and drift references: :func:`log_root` (``TRITONFLOW_INFERENCE_LOG_ROOT`` or
+  ``<home>/inference_logs``); references are recorded at publish time by
+  :func:`drift_checks.reference.save_reference` under the same root;
+* statistics history: ``TRITONFLOW_DRIFT_HISTORY_DB_URL`` or ``<home>/drift/history.db``;
+* artefacts: ``<home>/drift/artefacts/<model>/<YYYY-MM-DDTHH>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from tritonflow.exceptions import ContractViolation, RegistryError, WindowError
+from tritonflow.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+#: MLflow experiment of the drift runs (one run per model version).
+DRIFT_EXPERIMENT = "tritonflow-drift"
+#: Alias naming the served version that is monitored.
+CHAMPION_ALIAS = "champion"
+#: Model-version tag prefix of the latest verdict.
+VERDICT_TAG_PREFIX = "tritonflow.drift."
+#: Largest number of drifting features / scores carried in an alert or asset event.
+MAX_EVENT_FEATURES = 50
+
+
+# ------------------------------------------------------------------------------ helpers
+def _settings(settings: Settings | None) -> Settings:
+    return settings if settings is not None else get_settings()
+
+
+def _endpoint(settings: Settings) -> str | None:
+    return settings.s3_endpoint_url or None
+
+
+def log_root(settings: Settings | None = None) -> str:
+    """Inference-log (and drift reference) root: ``inference_log_root`` or ``<home>/inference_logs``."""
+    s = _settings(settings)
+    return s.inference_log_root or str(Path(s.home) / "inference_logs")
+
+
+def _hour(value: Any, field: str):
+    import pandas as pd
+
+    try:
+        t = pd.Timestamp(value)
+    except (ValueError, TypeError):
+        raise WindowError(f"{field}={value!r} is not a time; expected an ISO 8601 UTC datetime") from None
+    if t.tzinfo is None:
+        t = t.tz_localize("UTC")
+    return t.tz_convert("UTC")
+
+
+def artefact_dir(model: str, start: Any, settings: Settings | None = None) -> Path:
+    """``<home>/drift/artefacts/<model>/<YYYY-MM-DDTHH>`` of the window starting at ``start``."""
+    s = _settings(settings)
+    return Path(s.home) / "drift" / "artefacts" / model / f"{_hour(start, 'start'):%Y-%m-%dT%H}"
+
+
+def _history(settings: Settings):
+    from drift_checks.history import HistoryStore, default_history_url
+
+    return HistoryStore(default_history_url(settings))
+
+
+def _mlflow_client(settings: Settings):
+    from mlflow import MlflowClient
+
+    uri = settings.resolved_mlflow_tracking_uri
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, default=str).encode())
+
+
+# ------------------------------------------------------------------------------ stages
+def monitored_models(settings: Settings | None = None, only: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Registered models with a ``champion`` alias, and the version it names.
+
+    Args:
+        settings: Settings (MLflow tracking URI, ``monitored_models`` filter).
+        only: Names to keep (e.g. the DAG's ``models`` parameter); overrides the setting
+            ``TRITONFLOW_MONITORED_MODELS`` (comma-separated). Empty/``None``: no filter.
+
+    Returns:
+        ``[{"model": name, "version": int}]`` sorted by name. Models without a champion are left
+        out (nothing is served yet).
+
+    Raises:
+        RegistryError: A requested model does not exist or has no ``champion`` alias (names it).
+        ServiceUnavailableError / MLflow errors: the registry did not answer (retried).
+    """
+    s = _settings(settings)
+    wanted = [m.strip() for m in (only or s.monitored_models.split(",")) if m and m.strip()]
+    client = _mlflow_client(s)
+    out = []
+    if wanted:
+        for name in sorted(set(wanted)):
+            try:
+                rm = client.get_registered_model(name)
+            except Exception as exc:  # noqa: BLE001 - MLflow raises its own RestException
+                if "RESOURCE_DOES_NOT_EXIST" in str(exc) or "not found" in str(exc).lower():
+                    raise RegistryError(f"monitored model {name!r} is not registered in MLflow "
+                                        f"({s.resolved_mlflow_tracking_uri}); expected a registered "
+                                        "model name") from None
+                raise
+            aliases = dict(rm.aliases or {})
+            if CHAMPION_ALIAS not in aliases:
+                raise RegistryError(f"monitored model {name!r} has no {CHAMPION_ALIAS!r} alias "
+                                    f"(aliases: {sorted(aliases) or 'none'}); expected the served version "
+                                    f"to carry it")
+            out.append({"model": name, "version": int(aliases[CHAMPION_ALIAS])})
+        return out
+    for rm in client.search_registered_models(max_results=1000):
+        aliases = dict(rm.aliases or {})
+        if CHAMPION_ALIAS in aliases:
+            out.append({"model": rm.name, "version": int(aliases[CHAMPION_ALIAS])})
+    return sorted(out, key=lambda d: d["model"])
+
+
+def _load_reference(model: str, version: int, settings: Settings):
+    from drift_checks.reference import load_reference
+
+    return load_reference(log_root(settings), model, int(version), endpoint_url=_endpoint(settings),
+                          with_profile=False)
+
+
+def _read(model: str, start, end, schema, settings: Settings):
+    from drift_checks.inference_log import read_window
+
+    return read_window(log_root(settings), model, start, end, schema=schema, endpoint_url=_endpoint(settings))
+
+
+def _no_reference_summary(model: str, version: int, start, end, error: str) -> dict[str, Any]:
+    return {
+        "model": model, "model_version": int(version), "window_start": start.isoformat(),
+        "window_end": end.isoformat(), "n_rows": None, "status": "no_reference", "severity": "no_reference",
+        "drift": False, "dataset_score": None, "features": {}, "contract": None, "evidently": None,
+        "alerts": [{"kind": "no_reference", "severity": "error",
+                    "message": f"{model!r} v{version}: {error}"}],
+        "artefacts": {},
+    }
+
+
+def check_model_hour(model: str, version: int, start: Any, end: Any,
+                     settings: Settings | None = None) -> dict[str, Any]:
+    """The hourly drift check of one model version (critical path: contract, statistics,
+    thresholds, verdict, history).
+
+    Args:
+        model: Registered model name (also its inference-log folder).
+        version: Model version whose reference is the baseline (the champion).
+        start / end: The window (the DAG run's data interval), UTC.
+        settings: Settings (log root, history URL, threshold policy, XCom limit).
+
+    Returns:
+        The summary of :func:`drift_checks.verdict.check_window` (status ``ok``, ``no_data``,
+        ``contract_failed``, ``check_error``) or status ``no_reference`` with an alert when no
+        reference was recorded for the version; plus ``artefacts`` (summary JSON path and, on a
+        contract failure, ``window_parquet``: a copy of the window kept for inspection). At most
+        ``settings.max_xcom_bytes`` serialised.
+
+    Raises:
+        WindowError: A log file of the hour is malformed (bad data: no retry).
+    """
+    from drift_checks.verdict import CheckConfig, check_window, prepare_reference
+
+    s = _settings(settings)
+    t0, t1 = _hour(start, "start"), _hour(end, "end")
+    try:
+        ref = _load_reference(model, version, s)
+    except WindowError as exc:
+        summary = _no_reference_summary(model, version, t0, t1, str(exc))
+        log.error("drift check %s v%s [%s, %s): %s", model, version, t0, t1, exc)
+        return summary
+    window = _read(model, t0, t1, ref.schema, s)
+    out_dir = artefact_dir(model, t0, s)
+    summary = check_window(model=model, frame=window.frame, start=t0, end=t1,
+                           reference=prepare_reference(ref.frame, ref.schema), history=_history(s),
+                           config=CheckConfig.from_settings(s), model_version=int(version),
+                           artefact_dir=out_dir)
+    summary["window_files"] = len(window.files)
+    if summary["status"] in ("contract_failed", "check_error"):
+        keep = out_dir / "window.parquet"
+        window.frame.to_parquet(keep, index=False)  # the window as checked, for inspection
+        summary["artefacts"]["window_parquet"] = str(keep)
+        log.error("drift check %s v%s [%s, %s): data contract %s; window kept at %s", model, version,
+                  t0, t1, summary["status"], keep)
+    return summary
+
+
+def evidently_for_hour(model: str, version: int, start: Any, end: Any,
+                       settings: Settings | None = None, sample_rows: int | None = None) -> dict[str, Any]:
+    """Evidently ``DataDriftPreset`` report of the hour on seeded samples (its own step, beside
+    the check; it never changes the verdict).
+
+    Args:
+        model / version / start / end: As :func:`check_model_hour`.
+        sample_rows: Rows per side (default ``settings.drift_evidently_sample_rows``; 0: off).
+
+    Returns:
+        ``{"model", "version", "window_start", "status", "html_path", "scores", "excluded"}``;
+        status ``ok``, ``no_data``, ``no_columns``, ``disabled`` or ``no_reference``.
+    """
+    from drift_checks.verdict import evidently_report_for_window, prepare_reference
+
+    s = _settings(settings)
+    t0, t1 = _hour(start, "start"), _hour(end, "end")
+    base = {"model": model, "version": int(version), "window_start": t0.isoformat()}
+    rows = s.drift_evidently_sample_rows if sample_rows is None else int(sample_rows)
+    if rows <= 0:
+        return {**base, "status": "disabled", "html_path": None, "scores": {}, "excluded": {}}
+    try:
+        ref = _load_reference(model, version, s)
+    except WindowError:
+        return {**base, "status": "no_reference", "html_path": None, "scores": {}, "excluded": {}}
+    window = _read(model, t0, t1, ref.schema, s)
+    ev = evidently_report_for_window(prepare_reference(ref.frame, ref.schema, workers=1), window.frame,
+                                     artefact_dir(model, t0, s), sample_rows=rows)
+    out = {**base, "status": ev["status"], "html_path": ev["html_path"], "scores": ev["scores"],
+           "excluded": ev["excluded"]}
+    if _json_size(out) > s.max_xcom_bytes:  # many columns: the scores stay in the HTML
+        out["scores"] = {}
+        out["truncated"] = True
+    return out
+
+
+def profile_for_hour(model: str, version: int, start: Any, end: Any,
+                     settings: Settings | None = None) -> dict[str, Any]:
+    """Profile the hour with whylogs once and store it (mergeable into daily profiles).
+
+    Off the critical path (about 12 s per 1M x 20 window). A rerun returns the stored profile.
+
+    Returns:
+        ``{"model", "window_start", "profile_uri", "created", "n_rows"}``; ``profile_uri`` is
+        ``None`` for an empty hour.
+    """
+    from drift_checks.profiles import profile_hour
+
+    s = _settings(settings)
+    t0, t1 = _hour(start, "start"), _hour(end, "end")
+    try:
+        schema = _load_reference(model, version, s).schema
+    except WindowError:
+        schema = None
+    window = _read(model, t0, t1, schema, s)
+    base = {"model": model, "window_start": t0.isoformat(), "n_rows": len(window.frame)}
+    if window.empty:
+        return {**base, "profile_uri": None, "created": False}
+    uri, created = profile_hour(log_root(s), model, t0, window.frame, endpoint_url=_endpoint(s))
+    return {**base, "profile_uri": uri, "created": created}
+
+
+def _metric_key(feature: str, statistic: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", f"{feature}.{statistic}")
+
+
+def _drift_run(client, experiment_id: str, model: str, version: int) -> str:
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`tritonflow.model` = '{model}' and tags.`tritonflow.model_version` = '{version}'",
+        max_results=1)
+    if runs:
+        return runs[0].info.run_id
+    run = client.create_run(experiment_id, run_name=f"drift-{model}-v{version}",
+                            tags={"tritonflow.model": model, "tritonflow.model_version": str(version),
+                                  "tritonflow.kind": "drift"})
+    return run.info.run_id
+
+
+def record_in_mlflow(summary: Mapping[str, Any], settings: Settings | None = None,
+                     evidently: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Record one hour's drift results against the model version in MLflow.
+
+    In experiment :data:`DRIFT_EXPERIMENT`, one run per model version (tags ``tritonflow.model``,
+    ``tritonflow.model_version``): every finite statistic as metric ``<feature>.<statistic>``
+    plus ``dataset_score``, with step = hours since the epoch and timestamp = window start (a
+    rerun writes the same points); the full summary JSON and the Evidently HTML as artifacts
+    under ``windows/<YYYY-MM-DDTHH>/``. The model version gets tags
+    ``tritonflow.drift.severity``, ``.dataset_score``, ``.window_start``, ``.run_id``, unless a
+    later hour's verdict is already there.
+
+    Args:
+        summary: From :func:`check_model_hour`.
+        evidently: From :func:`evidently_for_hour` (optional).
+
+    Returns:
+        ``{"run_id", "experiment_id", "metrics", "artifacts", "version_tagged"}``, or
+        ``{"skipped": reason}`` when the summary names no model version.
+    """
+    from mlflow.entities import Metric
+
+    s = _settings(settings)
+    model, version = summary.get("model"), summary.get("model_version")
+    if not model or version is None:
+        return {"skipped": "summary names no model version"}
+    client = _mlflow_client(s)
+    exp = client.get_experiment_by_name(DRIFT_EXPERIMENT)
+    exp_id = exp.experiment_id if exp is not None else client.create_experiment(DRIFT_EXPERIMENT)
+    run_id = _drift_run(client, exp_id, model, int(version))
+    t0 = _hour(summary["window_start"], "window_start")
+    step, ts = int(t0.timestamp() // 3600), int(t0.timestamp() * 1000)
+    full = dict(summary)
+    p = Path(summary.get("artefacts", {}).get("summary_json") or "")
+    if p.is_file():  # the uncapped summary written by check_window
+        full = json.loads(p.read_text())
+    metrics = []
+    for feature, info in (full.get("features") or {}).items():
+        for name, stat in (info.get("statistics") or {}).items():
+            v = stat.get("value") if isinstance(stat, Mapping) else None
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                metrics.append(Metric(_metric_key(feature, name), float(v), ts, step))
+    if isinstance(full.get("dataset_score"), (int, float)):
+        metrics.append(Metric("dataset_score", float(full["dataset_score"]), ts, step))
+    metrics.append(Metric("n_rows", float(full.get("n_rows") or 0), ts, step))
+    for i in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[i:i + 1000])
+    where = f"windows/{t0:%Y-%m-%dT%H}"
+    artifacts = []
+    tmp = artefact_dir(model, t0, s)
+    tmp.mkdir(parents=True, exist_ok=True)
+    summary_file = tmp / "drift_summary.json"
+    if not summary_file.is_file():
+        summary_file.write_text(json.dumps(full, indent=1, sort_keys=True, default=str))
+    client.log_artifact(run_id, str(summary_file), where)
+    artifacts.append(f"{where}/{summary_file.name}")
+    html = (evidently or {}).get("html_path")
+    if html and Path(html).is_file():
+        client.log_artifact(run_id, html, where)
+        artifacts.append(f"{where}/{Path(html).name}")
+    tagged = _tag_version(client, model, int(version), full, t0, run_id)
+    return {"run_id": run_id, "experiment_id": exp_id, "metrics": len(metrics), "artifacts": artifacts,
+            "version_tagged": tagged}
+
+
+def _tag_version(client, model: str, version: int, summary: Mapping[str, Any], t0, run_id: str) -> bool:
+    mv = client.get_model_version(model, str(version))
+    tags = dict(mv.tags or {})
+    latest = tags.get(VERDICT_TAG_PREFIX + "window_start")
+    if latest and _hour(latest, "tag") > t0:
+        return False  # a backfill of an older hour never replaces a newer verdict
+    values = {"severity": summary.get("severity"), "dataset_score": summary.get("dataset_score"),
+              "window_start": t0.isoformat(), "run_id": run_id, "status": summary.get("status")}
+    for key, value in values.items():
+        client.set_model_version_tag(model, str(version), VERDICT_TAG_PREFIX + key,
+                                     "" if value is None else str(value))
+    return True
+
+
+def drifting_features(summary: Mapping[str, Any]) -> list[str]:
+    """Features whose severity is ``drift`` (from a full or capped summary)."""
+    feats = summary.get("features") or {}
+    if isinstance(feats.get("drift"), list):  # capped summary form
+        return sorted(feats["drift"])
+    return sorted(f for f, v in feats.items() if isinstance(v, Mapping) and v.get("severity") == "drift")
+
+
+def drift_event(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``extra`` of the DRIFT_ALERTS asset event, or ``None`` when the hour did not drift.
+
+    Returns:
+        ``{"model", "version", "features", "scores", "window_start", "window_end", "severity"}``;
+        ``scores`` maps each drifting feature to ``{statistic: value}`` (at most
+        :data:`MAX_EVENT_FEATURES` features), plus ``dataset_score``.
+    """
+    if not summary.get("drift"):
+        return None
+    full = Path((summary.get("artefacts") or {}).get("summary_json") or "")
+    if summary.get("truncated") and full.is_file():  # the XCom copy lost the per-statistic values
+        summary = json.loads(full.read_text())
+    feats = drifting_features(summary)[:MAX_EVENT_FEATURES]
+    scores: dict[str, Any] = {}
+    for f in feats:
+        info = (summary.get("features") or {}).get(f)
+        stats = info.get("statistics") if isinstance(info, Mapping) else None
+        scores[f] = {k: v.get("value") for k, v in (stats or {}).items() if isinstance(v, Mapping)}
+    scores["dataset_score"] = summary.get("dataset_score")
+    return {"model": summary.get("model"), "version": summary.get("model_version"), "features": feats,
+            "scores": scores, "window_start": summary.get("window_start"),
+            "window_end": summary.get("window_end"), "severity": summary.get("severity")}
+
+
+def _post_json(url: str, body: Mapping[str, Any], timeout_s: float) -> int:
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body, default=str).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 (configured URL)
+        return resp.status
+
+
+def alert(summary: Mapping[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+    """Log the hour's alerts (always) and POST them to ``alert_webhook_url`` when configured.
+
+    The body is JSON with a ``text`` line (Slack/Teams-compatible) and the alerts. A failing
+    webhook is logged, never raised (the alert path must not hide the check's result).
+
+    Returns:
+        ``{"alerts": n, "logged": True, "webhook_status": int | None, "webhook_error": str | None}``.
+    """
+    s = _settings(settings)
+    alerts = list(summary.get("alerts") or [])
+    model, version = summary.get("model"), summary.get("model_version")
+    text = (f"tritonflow drift: {model} v{version} [{summary.get('window_start')}, "
+            f"{summary.get('window_end')}) severity={summary.get('severity')} "
+            f"status={summary.get('status')} drifting={drifting_features(summary)}")
+    level = logging.WARNING if alerts or summary.get("drift") else logging.INFO
+    log.log(level, "%s alerts=%s", text, json.dumps(alerts, default=str)[:2000])
+    out: dict[str, Any] = {"alerts": len(alerts), "logged": True, "webhook_status": None, "webhook_error": None}
+    if s.alert_webhook_url and (alerts or summary.get("drift")):
+        try:
+            out["webhook_status"] = _post_json(s.alert_webhook_url, {"text": text, "alerts": alerts[:50],
+                                                                      "summary_status": summary.get("status")},
+                                               s.alert_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - logged, never raised
+            out["webhook_error"] = f"{type(exc).__name__}: {exc}"
+            log.error("drift alert webhook %s failed: %s", s.alert_webhook_url, exc)
+    return out
+
+
+def data_quality_gate(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """Fail (as bad data, never retried) when the hour broke its data contract.
+
+    Runs after the results were recorded and alerted, so the hour is fully documented; the
+    window copy stays at ``artefacts.window_parquet`` for inspection.
+
+    Raises:
+        ContractViolation: Status ``contract_failed`` (names the columns and expectations) or
+            ``check_error`` (an expectation could not be evaluated).
+    """
+    status = summary.get("status")
+    if status not in ("contract_failed", "check_error"):
+        return {"status": status, "passed": True}
+    failed = [f"{a.get('column')}: {a.get('expectation')} observed {json.dumps(a.get('observed'), default=str)[:80]}"
+              for a in summary.get("alerts") or [] if a.get("kind") in ("data_quality", "contract_check_error")]
+    where = (summary.get("artefacts") or {}).get("window_parquet")
+    raise ContractViolation(
+        f"{summary.get('model')} v{summary.get('model_version')} window [{summary.get('window_start')}, "
+        f"{summary.get('window_end')}) broke its data contract ({status}): {'; '.join(failed[:10]) or 'see summary'}; "
+        f"expected the reference's columns, ranges and null fractions; window kept at {where}")
+
+
+__all__ = [
+    "DRIFT_EXPERIMENT", "monitored_models", "check_model_hour", "evidently_for_hour", "profile_for_hour",
+    "record_in_mlflow", "alert", "drift_event", "drifting_features", "data_quality_gate", "artefact_dir",
+    "log_root",
+]
