@@ -1,0 +1,126 @@
+"""Benchmark: end-to-end publish latency of a small tabular model on the local stack.
+
+Starts its own MLflow server and Triton (explicit mode, local folder repository) on free loopback
+ports under a temporary home, then N times: trains a small scikit-learn classifier (a new model
+version each run), registers it with alias ``challenger`` and runs every publish stage
+(:mod:`tritonflow.pipelines.publish`): resolve, convert + validate + parity gate, profile (Model
+Analyzer, bounded sweep; ``--no-profile`` to skip), sign + push, load + smoke, record. Prints the
+seconds per stage and in total for each run and the median against the reference (about 92 s for
+convert-profile-push-load in a comparable production pipeline) and the goal (median under 60 s).
+
+Not a test: it prints figures and asserts nothing.
+
+Usage::
+
+    .venv/bin/python benchmarks/publish_latency.py --runs 3
+    .venv/bin/python benchmarks/publish_latency.py --runs 3 --no-profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+#: Reference: convert-profile-push-load in a comparable production pipeline (seconds).
+REFERENCE_S = 92.0
+#: Goal: median end-to-end publish time (seconds).
+GOAL_S = 60.0
+STAGES = ("resolve", "convert_and_validate", "profile", "sign_and_push", "load_and_smoke", "record")
+
+
+def _train(seed: int):
+    import numpy as np
+    import pandas as pd
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(seed)
+    n = 2000
+    X = pd.DataFrame({f"f{i}": rng.normal(size=n) for i in range(8)})
+    y = (X.f0 + 0.5 * X.f1 - 0.3 * X.f2 + rng.normal(scale=0.5, size=n) > 0).astype(int).to_numpy()
+    return make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y), X
+
+
+def _register(tracking_uri: str, name: str, seed: int) -> int:
+    import mlflow
+    import mlflow.sklearn
+    import sklearn
+    from mlflow.models import infer_signature
+
+    model, X = _train(seed)
+    mlflow.set_tracking_uri(tracking_uri)
+    with mlflow.start_run():
+        info = mlflow.sklearn.log_model(model, name="model", signature=infer_signature(X, model.predict(X)),
+                                        input_example=X.head(5), registered_model_name=name,
+                                        pip_requirements=[f"scikit-learn=={sklearn.__version__}"])
+    version = int(info.registered_model_version)
+    mlflow.MlflowClient(tracking_uri).set_registered_model_alias(name, "challenger", str(version))
+    return version
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="publishes to time (a new version each)")
+    parser.add_argument("--no-profile", action="store_true", help="skip Model Analyzer profiling")
+    parser.add_argument("--max-batch-size", type=int, default=8)
+    args = parser.parse_args(argv)
+
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    from tritonflow.pipelines import publish as pipeline
+    from tritonflow.runtime.services import MlflowServer, TritonServer, free_port
+    from tritonflow.settings import Settings
+
+    home = Path(tempfile.mkdtemp(prefix="tritonflow-bench-publish-"))
+    repo = home / "model_repository"
+    repo.mkdir()
+    ports = {k: free_port() for k in ("triton_http_port", "triton_grpc_port", "triton_metrics_port",
+                                      "mlflow_port", "s3_port", "gateway_port")}
+    settings = Settings.from_env(
+        {}, home=home, repository_uri=str(repo), **ports,
+        # the tight, bounded sweep (one searched config + Model Analyzer's default)
+        analyzer_max_batch_sizes=str(args.max_batch_size), analyzer_instance_counts="1",
+        analyzer_queue_delays_us="100", analyzer_concurrency="1", analyzer_measurement_ms=1000,
+        analyzer_stability_cv=0.5,
+    )
+    t_start = time.perf_counter()
+    mlflow_server = MlflowServer(settings).start()
+    triton = TritonServer(settings, repository=str(repo)).start()
+    print(f"stack up in {time.perf_counter() - t_start:.1f} s (MLflow {mlflow_server.tracking_uri}, "
+          f"Triton {triton.http_url}); home {home}")
+    profiling = not args.no_profile
+    reason = pipeline.profiling_unavailable_reason(settings) if profiling else ""
+    if reason:
+        print(f"profiling unavailable: {reason}")
+    name = f"bench_tabular_{uuid.uuid4().hex[:6]}"
+    totals: list[float] = []
+    try:
+        print(f"{'run':>3} {'version':>7} " + " ".join(f"{s:>20}" for s in STAGES) + f" {'total':>8}")
+        for i in range(args.runs):
+            version = _register(mlflow_server.tracking_uri, name, seed=i)
+            summary = pipeline.publish(f"{name}@challenger", triton_url=triton.http_url, settings=settings,
+                                       max_batch_size=args.max_batch_size, profile_enabled=profiling)
+            t = summary["timings_s"]
+            totals.append(t["total"])
+            print(f"{i + 1:>3} {version:>7} " + " ".join(f"{t.get(s, 0.0):>20.2f}" for s in STAGES)
+                  + f" {t['total']:>8.2f}   profile={summary['profile']}")
+    finally:
+        triton.stop()
+        mlflow_server.stop()
+    median = statistics.median(totals)
+    print(f"median end-to-end publish: {median:.1f} s over {len(totals)} runs "
+          f"(reference {REFERENCE_S:.0f} s, goal < {GOAL_S:.0f} s: {'met' if median < GOAL_S else 'NOT met'})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
