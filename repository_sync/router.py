@@ -45,6 +45,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import uuid
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -377,6 +378,57 @@ class ApplyRecord:
     changed: bool
     test_s: float
     reload_s: float
+
+
+class WatcherReload:
+    """Reload an NGINX that runs in another container, through its reload watcher.
+
+    A worker cannot signal NGINX in another container. The gateway container of the
+    docker-compose stack runs ``deploy/nginx/reload-watcher.sh`` beside NGINX; it watches
+    ``<conf_dir>/reload.request``, runs ``nginx -t`` and ``nginx -s reload``, waits until the new
+    config is live and answers ``<token> ok`` or ``<token> failed`` (plus NGINX's output) in
+    ``<conf_dir>/reload.result``. Use an instance as :class:`NginxRouter`'s ``reload`` with
+    ``test=None`` (the watcher tests the config itself).
+
+    Args:
+        conf_dir: The gateway config folder shared with the NGINX container.
+        timeout_s: Seconds to wait for the watcher's answer.
+    """
+
+    def __init__(self, conf_dir: str | os.PathLike[str], timeout_s: float = 30.0):
+        self.conf_dir = Path(conf_dir)
+        self.timeout_s = timeout_s
+
+    def __call__(self) -> str:
+        """Post a fresh token and wait for the watcher's answer to it.
+
+        Returns:
+            NGINX's output on success.
+
+        Raises:
+            GatewayConfigError: The watcher refused the config (``nginx -t`` or reload failed).
+            GatewayReloadError: No answer within ``timeout_s``.
+        """
+        token = uuid.uuid4().hex
+        tmp = self.conf_dir / f".reload.request.{token}"
+        tmp.write_text(token + "\n")
+        os.replace(tmp, self.conf_dir / "reload.request")
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            try:
+                first, _, rest = (self.conf_dir / "reload.result").read_text().partition("\n")
+            except FileNotFoundError:
+                first, rest = "", ""
+            parts = first.split()
+            if parts and parts[0] == token:
+                if parts[1:] == ["ok"]:
+                    return rest
+                raise GatewayConfigError(f"gateway refused the reload: {rest.strip()}")
+            time.sleep(0.05)
+        raise GatewayReloadError(
+            f"gateway reload watcher gave no answer to token {token} within {self.timeout_s} s "
+            f"(is the gateway container running its reload watcher on {self.conf_dir}?)"
+        )
 
 
 class NginxRouter(TrafficRouter):

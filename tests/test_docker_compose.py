@@ -82,16 +82,9 @@ SHARED_AIRFLOW_SETTINGS = (
     "AIRFLOW__API__SECRET_KEY",
     "AIRFLOW__CORE__FERNET_KEY",
 )
-#: TRITONFLOW_* variables the stack sets that are not (yet) ``Settings`` fields: where the stack's
-#: services are as seen from the Airflow containers, and the gateway's shared folder and reload
-#: mechanism (deploy/nginx/reload-watcher.sh).
+#: TRITONFLOW_* variables the stack sets that are not ``Settings`` fields (informational only).
 DEPLOYMENT_VARIABLES = {
-    "TRITONFLOW_TRITON_URL",
     "TRITONFLOW_TRITON_GRPC_URL",
-    "TRITONFLOW_TRITON_METRICS_URL",
-    "TRITONFLOW_GATEWAY_URL",
-    "TRITONFLOW_GATEWAY_CONF_DIR",
-    "TRITONFLOW_GATEWAY_RELOAD",
 }
 
 
@@ -758,27 +751,10 @@ class LocalGateway:
 
 
 def request_reload(conf_dir: Path, timeout_s: float = 30.0) -> str:
-    """Client side of the reload-watcher protocol: post a token, wait for its answer.
+    """Client side of the reload-watcher protocol, as the canary router uses it."""
+    from repository_sync.router import WatcherReload
 
-    Returns NGINX's output on success; raises RuntimeError with it when the watcher refused.
-    """
-    token = uuid.uuid4().hex
-    tmp = conf_dir / f".reload.request.{token}"
-    tmp.write_text(token + "\n")
-    os.replace(tmp, conf_dir / "reload.request")
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            first, _, rest = (conf_dir / "reload.result").read_text().partition("\n")
-        except FileNotFoundError:
-            first, rest = "", ""
-        parts = first.split()
-        if parts and parts[0] == token:
-            if parts[1:] == ["ok"]:
-                return rest
-            raise RuntimeError(f"gateway refused the reload: {rest.strip()}")
-        time.sleep(0.05)
-    raise TimeoutError(f"no answer to reload token {token} within {timeout_s} s")
+    return WatcherReload(conf_dir, timeout_s=timeout_s)()
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -882,10 +858,12 @@ def test_reload_watcher_reports_a_refused_config_and_nginx_keeps_serving(local_g
     from repository_sync.router import NginxRouter, TrafficPlan
 
     gw = local_gateway
+    from tritonflow.exceptions import GatewayConfigError
+
     router = NginxRouter(gw.conf_dir, reload=lambda: request_reload(gw.conf_dir), test=None)
     router.apply(TrafficPlan.single("churn", 3))
     (gw.conf_dir / "http.d" / "broken.conf").write_text("this is not nginx;\n")
-    with pytest.raises(RuntimeError, match="unknown directive"):
+    with pytest.raises(GatewayConfigError, match="unknown directive"):
         request_reload(gw.conf_dir)
     status, _, body = _get(gw.url + "/v2/models/churn/infer", data=b"{}")
     assert status == 200 and body["path"] == "/v2/models/churn/versions/3/infer"

@@ -56,6 +56,10 @@ DEFAULT_MAX_ONNX_OPSET = 21
 DEFAULT_LOAD_TIMEOUT_S = 120.0
 
 # ---------------------------------------------------------------------------- XCom discipline
+#: Gateway reload mechanism: "local" signals NGINX on this host; "watcher" asks the gateway
+#: container's reload watcher through ``<conf_dir>/reload.request`` (docker-compose).
+DEFAULT_GATEWAY_RELOAD = "local"
+
 #: Largest serialised return value (bytes) a tritonflow task may push to XCom (case H24).
 DEFAULT_MAX_XCOM_BYTES = 48 * 1024
 
@@ -481,6 +485,22 @@ class Settings:
         DEFAULT_MONITORED_MODELS, "MONITORED_MODELS", "Models the drift monitor checks, comma-separated (empty: all)."
     )
 
+    # remote deployment (docker-compose): services addressed by name instead of host + port
+    triton_url: str = _field(
+        "", "TRITON_URL", "host:port of Triton's HTTP endpoint (empty: <host>:<triton_http_port>)."
+    )
+    triton_metrics_url: str = _field(
+        "", "TRITON_METRICS_URL", "Triton metrics URL (empty: http://<host>:<triton_metrics_port>/metrics)."
+    )
+    gateway_url: str = _field("", "GATEWAY_URL", "Gateway base URL (empty: http://<host>:<gateway_port>).")
+    gateway_conf_dir: str = _field(
+        "", "GATEWAY_CONF_DIR", "Gateway config folder the router writes (empty: <home>/run/gateway)."
+    )
+    gateway_reload: str = _field(
+        DEFAULT_GATEWAY_RELOAD, "GATEWAY_RELOAD",
+        "How the router reloads NGINX: 'local' (nginx -s reload) or 'watcher' (reload.request file).",
+    )
+
     # ------------------------------------------------------------------ derived values
     @property
     def log_dir(self) -> Path:
@@ -515,7 +535,22 @@ class Settings:
     @property
     def triton_http_url(self) -> str:
         """``host:port`` of Triton's HTTP endpoint, as tritonclient expects it."""
-        return f"{self.host}:{self.triton_http_port}"
+        return self.triton_url or f"{self.host}:{self.triton_http_port}"
+
+    @property
+    def resolved_triton_metrics_url(self) -> str:
+        """Triton's Prometheus metrics URL."""
+        return self.triton_metrics_url or f"http://{self.host}:{self.triton_metrics_port}/metrics"
+
+    @property
+    def resolved_gateway_url(self) -> str:
+        """Base URL of the NGINX gateway."""
+        return self.gateway_url or f"http://{self.host}:{self.gateway_port}"
+
+    @property
+    def resolved_gateway_conf_dir(self) -> Path:
+        """Folder holding the gateway's ``http.d/`` and ``locations.d/`` (the router writes there)."""
+        return Path(self.gateway_conf_dir) if self.gateway_conf_dir else self.run_dir / "gateway"
 
     # ------------------------------------------------------------------ construction
     @classmethod

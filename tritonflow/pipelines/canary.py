@@ -126,17 +126,25 @@ class CanaryEnvironment:
             **overrides: Field values that win (e.g. ``metrics_url``).
         """
         s = settings or get_settings()
-        if gateway is None:
-            from tritonflow.runtime.services import NginxGateway
+        if gateway is None and s.gateway_reload == "watcher":
+            # docker-compose: NGINX runs in its own container and reloads through its watcher.
+            from repository_sync.router import WatcherReload
 
-            gateway = NginxGateway(s)
+            gateway_url, conf_dir = s.resolved_gateway_url, s.resolved_gateway_conf_dir
+            reload = WatcherReload(conf_dir)
+        else:
+            if gateway is None:
+                from tritonflow.runtime.services import NginxGateway
+
+                gateway = NginxGateway(s)
+            gateway_url, conf_dir, reload = gateway.url, Path(gateway.conf_dir), gateway.reload
         values: dict[str, Any] = dict(
             settings=s,
             triton_url=s.triton_http_url,
-            metrics_url=f"http://{s.host}:{s.triton_metrics_port}/metrics",
-            gateway_url=gateway.url,
-            gateway_conf_dir=Path(gateway.conf_dir),
-            gateway_reload=gateway.reload,
+            metrics_url=s.resolved_triton_metrics_url,
+            gateway_url=gateway_url,
+            gateway_conf_dir=conf_dir,
+            gateway_reload=reload,
             gateway_test=None,
             repository_uri=s.resolved_repository_uri,
             trusted_keys=s.signing_trusted_keys_dir,
