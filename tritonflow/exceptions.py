@@ -95,6 +95,10 @@ class TrainingError(DataError):
     """A training entry point failed or returned no usable model; the registry is unchanged."""
 
 
+class ChallengerUnavailableError(DataError):
+    """A challenger could not be loaded or did not answer in a shadow replay; the champion is untouched."""
+
+
 # ------------------------------------------------------------------ system flaked (retry allowed)
 class TransientError(TritonflowError):
     """A system flaked; the same call may succeed later."""

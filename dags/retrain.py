@@ -1,0 +1,155 @@
+"""DAG ``retrain``: train a fresh challenger on recent labelled traffic, then publish it.
+
+Wiring only; the work is in :mod:`tritonflow.pipelines.retrain` (imported inside the tasks so the
+file parses fast and without network). The schedule and the default model come from the
+environment at parse time (``TRITONFLOW_RETRAIN_SCHEDULE``, ``TRITONFLOW_RETRAIN_DEFAULT_MODEL``;
+reading them needs no network).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import Param, dag, get_current_context, task
+
+from tritonflow.settings import get_settings
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG
+from tritonflow_plugin.errors import fail_fast_on_bad_data
+from tritonflow_plugin.xcom import limit_xcom_size
+
+#: Timeout of building the training window (reading the log and the labels).
+WINDOW_TASK_TIMEOUT = timedelta(minutes=30)
+#: Timeout of one training run (the user's entry point) and its registration.
+TRAIN_TASK_TIMEOUT = timedelta(hours=3)
+#: Timeout of the fire-and-forget trigger.
+SHORT_TASK_TIMEOUT = timedelta(minutes=10)
+
+_SETTINGS = get_settings()
+
+DOC_MD = """
+### Retrain
+
+Trains a fresh **challenger** for one model on recent, labelled traffic and publishes it.
+
+Started by `shadow_evaluation` (champion degraded, no better challenger), manually, or on the
+optional schedule `TRITONFLOW_RETRAIN_SCHEDULE` (none by default).
+
+1. **training_window**: the inference log of the last `days` days before `window_end` (default: the
+   drift event's window end, else now), joined with the labels that arrived (by `request_id`),
+   optionally mixed with a share of the champion's reference data; stored as Parquet with its
+   lineage (bounds, row counts, SHA-256 data hash, drift event);
+2. **train**: the model's training entry point (`entry_point`, else
+   `TRITONFLOW_RETRAIN_ENTRY_POINTS[model]`, else `TRITONFLOW_RETRAIN_ENTRY_POINT`, default the
+   NOAA demo's `model_registry.training:train_noaa`) in an MLflow run; the model is registered as
+   a new version with alias `challenger`, the reason and the lineage as `tritonflow.*` tags. A
+   failing training leaves the registry unchanged. At most one retraining per model is in flight
+   (`max_active_runs=1` and a lock shared by all workers) and a cooldown
+   (`TRITONFLOW_RETRAIN_COOLDOWN_S`) follows each success: a refused run is **skipped** with the
+   reason (`ignore_cooldown` lifts the cooldown, never the lock);
+3. **trigger_publish**: fire-and-forget trigger of `model_publish` for the new version (conf
+   `model`, `version_or_alias`, `then: ["shadow_evaluation"]`), which publishes it and starts the
+   next shadow evaluation.
+"""
+
+PARAMS = {
+    "model": Param(_SETTINGS.retrain_default_model, type="string",
+                   description="Registered model name to retrain (default: TRITONFLOW_RETRAIN_DEFAULT_MODEL)."),
+    "reason": Param("manual", type="string", minLength=1,
+                    description="Why it runs: drift, champion_degraded, schedule, manual... (tagged on the version)."),
+    "drift_event": Param("", type="string",
+                         description="JSON of the drift event that caused it (empty: none)."),
+    "days": Param(None, type=["null", "number"], exclusiveMinimum=0, maximum=3650,
+                  description="Days of labelled log to train on (empty: TRITONFLOW_RETRAIN_WINDOW_DAYS)."),
+    "window_end": Param("", type="string",
+                        description="End of the training window, ISO 8601 (empty: the drift event's end, else now)."),
+    "mix_reference_fraction": Param(None, type=["null", "number"], minimum=0, exclusiveMaximum=1,
+                                    description="Share of reference rows in the window (empty: TRITONFLOW_RETRAIN_MIX_REFERENCE_FRACTION)."),
+    "entry_point": Param("", type="string",
+                         description="Training entry point 'module:function' or 'project:<uri>[#entry]' (empty: configured)."),
+    "training_params": Param({}, type="object",
+                             description="Parameters passed to the training entry point."),
+    "label_column": Param("", type="string",
+                          description="Label column of the inference-log labels (empty: their only one)."),
+    "ignore_cooldown": Param(False, type="boolean",
+                             description="Retrain within the cooldown (never bypasses a retraining in flight)."),
+}
+
+
+def _reason(params, context) -> str:
+    """The reason param; a scheduled run that kept the default says ``schedule``."""
+    reason = (params.get("reason") or "manual").strip()
+    run_type = str(getattr(context.get("dag_run"), "run_type", "") or "").lower()
+    return "schedule" if reason == "manual" and run_type.endswith("scheduled") else reason
+
+
+@dag(
+    dag_id="retrain",
+    schedule=_SETTINGS.retrain_schedule or None,
+    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=[TAG, "retrain"],
+    doc_md=DOC_MD,
+    params=PARAMS,
+    render_template_as_native_obj=True,
+)
+def retrain():
+    @task(execution_timeout=WINDOW_TASK_TIMEOUT)
+    @fail_fast_on_bad_data
+    @limit_xcom_size
+    def training_window() -> dict:
+        """Inference log joined with labels (+ reference mix), stored with its lineage."""
+        from tritonflow.exceptions import DataError
+        from tritonflow.pipelines.retrain import training_window as build
+
+        params = get_current_context()["params"]
+        model = (params.get("model") or "").strip()
+        if not model:
+            raise DataError("model='' ; expected the registered model to retrain (param 'model' or "
+                            "TRITONFLOW_RETRAIN_DEFAULT_MODEL)")
+        return build(model, days=params.get("days"),
+                     mix_reference_fraction=params.get("mix_reference_fraction"),
+                     end=params.get("window_end") or None, drift_event=params.get("drift_event"),
+                     label_column=params.get("label_column") or None)
+
+    @task(execution_timeout=TRAIN_TASK_TIMEOUT)
+    @fail_fast_on_bad_data
+    @limit_xcom_size
+    def train(window: dict) -> dict:
+        """Run the entry point under the single-flight lock and cooldown; register a challenger."""
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from tritonflow.exceptions import ConcurrencyError
+        from tritonflow.pipelines.retrain import run_training
+
+        context = get_current_context()
+        params, ti = context["params"], context["ti"]
+        try:
+            result = run_training(
+                window["model"], window, entry_point=params.get("entry_point") or None,
+                reason=_reason(params, context), drift_event=params.get("drift_event"),
+                params=params.get("training_params") or None,
+                ignore_cooldown=bool(params.get("ignore_cooldown")),
+                holder=f"{ti.dag_id}/{ti.run_id}",
+            )
+        except ConcurrencyError as exc:  # in flight elsewhere, or within the cooldown
+            raise AirflowSkipException(f"{type(exc).__name__}: {exc}") from exc
+        return {k: result[k] for k in ("name", "version", "run_id", "model_uri", "alias",
+                                        "entry_point", "publish_conf")}
+
+    trigger_publish = TriggerDagRunOperator(
+        task_id="trigger_publish",
+        trigger_dag_id="model_publish",
+        conf="{{ ti.xcom_pull(task_ids='train')['publish_conf'] }}",
+        wait_for_completion=False,
+        deferrable=False,
+        execution_timeout=SHORT_TASK_TIMEOUT,
+    )
+
+    train(training_window()) >> trigger_publish
+
+
+retrain()
