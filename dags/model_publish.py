@@ -75,7 +75,7 @@ PARAMS = {
     "version_or_alias": Param("champion", type="string", pattern=SELECTOR_PATTERN,
                               description="Model version (e.g. '3'), alias (e.g. 'champion', 'challenger') "
                                           "or legacy stage ('Production')."),
-    "repository": Param("", type="string",
+    "repository": Param(None, type=["null", "string"],
                         description="Triton model repository: a folder or s3://http://host:port/bucket/prefix "
                                     "(empty: TRITONFLOW_REPOSITORY_URI, else the local repository)."),
     "atol": Param(DEFAULT_PARITY_ATOL, type="number", minimum=0,
@@ -87,7 +87,7 @@ PARAMS = {
                                         "of the profiling sweep."),
     "profile": Param(True, type="boolean",
                      description="Profile with Model Analyzer (bounded sweep) and adopt the best stable config."),
-    "dataset_uri": Param("", type="string",
+    "dataset_uri": Param(None, type=["null", "string"],
                          description="Validation dataset (CSV/Parquet path or MLflow artifact URI); empty: the "
                                      "logged input example plus seeded perturbations."),
 }

@@ -59,11 +59,11 @@ Triggers are fire-and-forget (`wait_for_completion=False`, `deferrable=False`, c
 PARAMS = {
     "model": Param("", type="string",
                    description="Registered model name (empty: the model of the drift event)."),
-    "challenger": Param("", type="string",
+    "challenger": Param(None, type=["null", "string"],
                         description="Challenger version (e.g. '7') or alias (empty: alias 'challenger')."),
-    "window_start": Param("", type="string",
+    "window_start": Param(None, type=["null", "string"],
                           description="Replay window start, ISO 8601 (empty: window_end - window_hours)."),
-    "window_end": Param("", type="string",
+    "window_end": Param(None, type=["null", "string"],
                         description="Replay window end, ISO 8601 (empty: the drift event's end, else now)."),
     "window_hours": Param(None, type=["null", "number"], exclusiveMinimum=0, maximum=24 * 90,
                           description="Hours replayed before window_end (empty: TRITONFLOW_SHADOW_WINDOW_HOURS)."),
@@ -73,9 +73,9 @@ PARAMS = {
                         description="Two-sided confidence of the bootstrap (empty: TRITONFLOW_SHADOW_CONFIDENCE)."),
     "margin": Param(None, type=["null", "number"], minimum=0,
                     description="Improvement the challenger needs at the lower bound (empty: TRITONFLOW_SHADOW_MARGIN)."),
-    "label_column": Param("", type="string",
+    "label_column": Param(None, type=["null", "string"],
                           description="Label column of the inference-log labels (empty: their only one)."),
-    "drift_event": Param("", type="string",
+    "drift_event": Param(None, type=["null", "string"],
                          description="JSON of a drift event to evaluate (manual re-run of an alert; empty: none)."),
 }
 

@@ -11,7 +11,7 @@ stamp() { sha256sum "$@" | sha256sum | cut -c1-16; }
 
 # ---------------------------------------------------------------- system packages
 need_apt=()
-for pkg in libb64-0d nginx-light; do
+for pkg in libb64-0d nginx-light chromium chromium-driver; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ "${#need_apt[@]}" -gt 0 ]; then

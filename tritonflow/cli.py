@@ -77,6 +77,22 @@ def _runtime(args: argparse.Namespace) -> int:
     return 0
 
 
+def settings_reference(markdown: bool = False) -> str:
+    """The configuration reference: every ``TRITONFLOW_*`` variable, its default and meaning."""
+    from tritonflow.settings import PROJECT_ROOT
+
+    rows = []
+    for name, default, doc in Settings.describe():
+        default = default.replace(str(PROJECT_ROOT), "<checkout>")
+        rows.append((name, default, doc))
+    if not markdown:
+        return "\n".join("\t".join(row) for row in rows)
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    lines += [f"| `{n}` | `{d}` | {doc.replace('|', '/')} |" if d else f"| `{n}` | (empty) | {doc.replace('|', '/')} |"
+              for n, d, doc in rows]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tritonflow`` command."""
     parser = argparse.ArgumentParser(prog="tritonflow")
@@ -86,13 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     rt.add_argument("--services", default=",".join(ALL_SERVICES), help="comma-separated subset")
     rt.add_argument("--repository", default=None, help="Triton repository: folder or s3://http://host:port/bucket/prefix")
     rt.add_argument("--json", action="store_true", help="status as JSON")
-    sub.add_parser("settings", help="print the configuration reference")
+    st = sub.add_parser("settings", help="print the configuration reference")
+    st.add_argument("--markdown", action="store_true", help="as a Markdown table (the README's)")
     args = parser.parse_args(argv)
     try:
         if args.command == "runtime":
             return _runtime(args)
-        for name, default, doc in Settings.describe():
-            print(f"{name}\t{default}\t{doc}")
+        print(settings_reference(markdown=args.markdown))
         return 0
     except TritonflowError as exc:
         print(f"error: {exc}", file=sys.stderr)

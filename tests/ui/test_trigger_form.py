@@ -1,0 +1,187 @@
+"""The Airflow UI's trigger form for ``model_publish``, driven in a real headless Chromium.
+
+The form is rendered by the api-server of the real deployment (tests/deployment/airflow_stack.py)
+from the DAG's typed ``Param``s. The test fills it like a user, submits, and checks through the
+REST API that the run was created with exactly the values typed; values the Params forbid (a
+negative ``atol``, a version selector that is neither a number nor an alias name) never become a
+run. A screenshot of the page is saved under the test's tmp folder when an assertion fails.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+
+import pytest
+
+from tests.deployment.airflow_stack import Stack, get_stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--window-size=1400,1000")
+#: Seconds the UI may take to render an element on a loaded machine.
+UI_WAIT_S = 90
+DAG_ID = "model_publish"
+
+
+@pytest.fixture(scope="module")
+def stack(request, tmp_path_factory) -> Stack:
+    return get_stack(request, tmp_path_factory)
+
+
+@pytest.fixture
+def browser(request, tmp_path):
+    """Headless Chromium through chromedriver; a PNG of the page is kept when the test fails."""
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        pytest.fail("chromium / chromedriver missing: run scripts/setup.sh (Debian chromium, chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="tf_chromium_")
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(UI_WAIT_S)
+    yield driver
+    report = getattr(request.node, "rep_call", None)
+    if report is None or report.failed:
+        shot = tmp_path / "trigger_form_failure.png"
+        try:
+            driver.save_screenshot(str(shot))
+            print(f"screenshot: {shot}")
+        except Exception:  # noqa: BLE001 - the browser itself may be gone
+            pass
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def _wait(driver, css: str, *, clickable: bool = False):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    cond = ec.element_to_be_clickable if clickable else ec.presence_of_element_located
+    return WebDriverWait(driver, UI_WAIT_S).until(cond((By.CSS_SELECTOR, css)))
+
+
+def _type(driver, param: str, text: str) -> None:
+    """Replace the value of the form field of ``param`` the way a user does (select all, type)."""
+    from selenium.webdriver.common.keys import Keys
+
+    field = _wait(driver, f"input[name='element_{param}']", clickable=True)
+    field.click()
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys(Keys.BACKSPACE)
+    field.send_keys(text)
+
+
+def _value(driver, param: str) -> str:
+    return _wait(driver, f"input[name='element_{param}']").get_attribute("value")
+
+
+def _open_form(driver, stack: Stack) -> None:
+    driver.get(f"{stack.url}/dags/{DAG_ID}")
+    _wait(driver, "button[aria-label='Trigger Dag']", clickable=True).click()
+    _wait(driver, "[data-testid='trigger-dag-submit']")
+
+
+def _invalid_fields(driver) -> list[str]:
+    """Names of the Params whose form field is marked invalid."""
+    from selenium.webdriver.common.by import By
+
+    return [el.get_attribute("name").removeprefix("element_")
+            for el in driver.find_elements(By.CSS_SELECTOR, "input[aria-invalid='true']")]
+
+
+def _submit(driver) -> None:
+    """Click Trigger; fail naming the fields that keep the form from submitting."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        WebDriverWait(driver, 20).until(
+            ec.element_to_be_clickable((By.CSS_SELECTOR, "[data-testid='trigger-dag-submit']"))).click()
+    except TimeoutException:
+        pytest.fail(f"the trigger form refuses to submit; fields marked invalid: {_invalid_fields(driver)} "
+                    "(a Param whose default is '' counts as a missing required value in the Airflow 3 "
+                    "form: declare it type=['null', 'string'] with default None)")
+
+
+def _runs(stack: Stack) -> list[dict]:
+    return stack.api.dag_runs(DAG_ID)
+
+
+def _wait_new_run(stack: Stack, before: set[str], timeout_s: float = UI_WAIT_S) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    new: list[dict] = []
+    while time.monotonic() < deadline and not new:
+        new = [r for r in _runs(stack) if r["dag_run_id"] not in before]
+        time.sleep(1)
+    return new
+
+
+def test_trigger_form_creates_a_model_publish_run_with_the_typed_params(stack, browser):
+    stack.api.wait_for_dag(DAG_ID, timeout_s=120)
+    params = stack.api.get(f"/dags/{DAG_ID}/details")["params"]
+    assert {"model", "version_or_alias", "atol"} <= set(params), sorted(params)
+    assert params["atol"]["schema"].get("minimum") == 0
+    before = {r["dag_run_id"] for r in _runs(stack)}
+
+    _open_form(browser, stack)
+    _type(browser, "model", stack.model)
+    _type(browser, "version_or_alias", "3")
+    _type(browser, "atol", "0.002")
+    _submit(browser)
+
+    new = _wait_new_run(stack, before)
+    assert len(new) == 1, f"no run created by the form; runs: {_runs(stack)}"
+    (run,) = new
+    assert run["run_type"] == "manual"
+    conf = run["conf"]
+    assert (conf["model"], conf["version_or_alias"], conf["atol"]) == (stack.model, "3", 0.002)
+    # Params left alone keep their declared defaults.
+    for name in set(params) - {"model", "version_or_alias", "atol"}:
+        assert conf[name] == params[name]["value"], name
+
+
+def test_trigger_form_never_submits_a_negative_atol_or_an_invalid_version(stack, browser):
+    stack.api.wait_for_dag(DAG_ID, timeout_s=120)
+    before = {r["dag_run_id"] for r in _runs(stack)}
+    _open_form(browser, stack)
+    _type(browser, "model", stack.model)
+
+    # A negative tolerance: the number field enforces the Param's minimum on blur.
+    _type(browser, "atol", "-1")
+    _wait(browser, "input[name='element_model']", clickable=True).click()  # leave the field
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(browser, UI_WAIT_S).until(lambda d: _value(d, "atol") not in ("", "-1", "-"))
+    assert float(_value(browser, "atol")) >= 0, _value(browser, "atol")
+
+    # A version selector outside the Param's pattern: the API refuses the run and the form says so,
+    # naming the parameter.
+    _type(browser, "version_or_alias", "3; drop")
+    _submit(browser)
+    WebDriverWait(browser, UI_WAIT_S).until(
+        lambda d: "Invalid input for param version_or_alias" in d.find_element("tag name", "body").text
+    )
+    time.sleep(3)  # a run created despite the error would be listed by now
+    created = [r for r in _runs(stack) if r["dag_run_id"] not in before]
+    assert created == [], f"the form created runs from invalid input: {created}"
+
+    # The same refusal through the REST API for the negative atol the form would not send.
+    from tritonflow.runtime.airflow import AirflowApiError
+
+    with pytest.raises(AirflowApiError, match="atol") as err:
+        stack.api.post(f"/dags/{DAG_ID}/dagRuns",
+                       {"logical_date": None, "conf": {"model": stack.model, "atol": -1}})
+    assert err.value.status == 400
