@@ -35,8 +35,10 @@ resp = TestClient(app).post("/webhooks/mlflow", content=body, headers={
     "X-MLflow-Delivery-Id": did, "X-MLflow-Timestamp": ts,
     "X-MLflow-Signature": _generate_hmac_signature("e2e-secret", did, ts, body)})
 with create_session() as s:
+    # Only this delivery's events: the metadata DB is shared with other tests of the session.
     events = [{"asset": m.name, "extra": e.extra} for e, m in
-              s.query(AssetEvent, AssetModel).join(AssetModel, AssetEvent.asset_id == AssetModel.id)]
+              s.query(AssetEvent, AssetModel).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+              if (e.extra or {}).get("delivery_id") == did]
     queued = [q.target_dag_id for q in s.query(AssetDagRunQueue)]
 print("RESULT " + json.dumps({"status": resp.status_code, "body": resp.json(), "events": events,
                               "queued": queued}))

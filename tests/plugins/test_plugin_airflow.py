@@ -47,4 +47,4 @@ def test_signed_webhook_creates_asset_event_that_queues_the_mapped_dag(tmp_path,
     assert event["asset"] == "tritonflow_registry__model_publish"
     assert event["extra"]["model_name"] == "churn" and event["extra"]["model_version"] == "4"
     assert event["extra"]["then"] == ["shadow_evaluation"]
-    assert result["queued"] == ["model_publish"]
+    assert "model_publish" in result["queued"]
