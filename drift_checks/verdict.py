@@ -90,7 +90,8 @@ class CheckConfig:
         s = settings or get_settings()
         kw: dict[str, Any] = dict(policy=ThresholdPolicy.from_settings(s),
                                   evidently_sample_rows=getattr(s, "drift_evidently_sample_rows", 5000),
-                                  max_summary_bytes=getattr(s, "max_xcom_bytes", DEFAULT_MAX_SUMMARY_BYTES))
+                                  max_summary_bytes=getattr(s, "max_xcom_bytes", DEFAULT_MAX_SUMMARY_BYTES),
+                                  dataset_drift_share=getattr(s, "drift_dataset_share", 0.5))
         kw.update(overrides)
         return cls(**kw)
 

@@ -225,6 +225,13 @@ DEFAULT_RETRAIN_DEFAULT_MODEL = ""
 DEFAULT_MONITORED_MODELS = ""
 
 
+# ---------------------------------------------------------------------------- tritonflow.demo (main job)
+#: Weighted share (0-1) of drifting features that makes a window's dataset verdict ``drift`` (and
+#: emits the drift asset event). 0.5 is Evidently's default share; one strongly shifted feature of
+#: eight (NOAA's pressure at day 12,000) needs 0.125.
+DEFAULT_DRIFT_DATASET_SHARE = 0.5
+
+
 def _field(default: Any, env: str, doc: str) -> Any:
     return dataclasses.field(default=default, metadata={"env": env, "doc": doc})
 
@@ -499,6 +506,12 @@ class Settings:
     gateway_reload: str = _field(
         DEFAULT_GATEWAY_RELOAD, "GATEWAY_RELOAD",
         "How the router reloads NGINX: 'local' (nginx -s reload) or 'watcher' (reload.request file).",
+    )
+
+    # -------------------------------------------------------------- tritonflow.demo (main job)
+    drift_dataset_share: float = _field(
+        DEFAULT_DRIFT_DATASET_SHARE, "DRIFT_DATASET_SHARE",
+        "Weighted share of drifting features for a dataset drift verdict and event (0-1).",
     )
 
     # ------------------------------------------------------------------ derived values
