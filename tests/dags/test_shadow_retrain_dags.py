@@ -177,6 +177,8 @@ def test_retrain_registers_a_challenger_and_triggers_its_publish(loop):
     assert retrain["tasks"] == {"training_window": "success", "train": "success",
                                 "trigger_publish": "success"}
     (run,) = retrain["triggered"]["model_publish"]
+    dataset_uri = run["conf"].pop("dataset_uri")
+    assert dataset_uri.endswith(".parquet")  # the training window validates the publish
     assert run["conf"] == {"model": loop["model"], "version_or_alias": "2",
                            "then": ["shadow_evaluation"]}
     client = mlflow.MlflowClient(tracking_uri=loop["settings"].resolved_mlflow_tracking_uri)

@@ -165,7 +165,7 @@ def test_noaa_training_registers_a_challenger_with_reason_and_lineage(env, chall
     result, window = challenger_v1["result"], challenger_v1["window"]
     assert result["version"] == "1" and result["alias"] == "challenger"
     assert result["publish_conf"] == {"model": env["model"], "version_or_alias": "1",
-                                      "then": ["shadow_evaluation"]}
+                                      "then": ["shadow_evaluation"], "dataset_uri": window["uri"]}
     mv = _client(env).get_model_version_by_alias(env["model"], "challenger")
     assert mv.version == "1"
     tags = mv.tags

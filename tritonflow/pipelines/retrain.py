@@ -271,7 +271,8 @@ def run_training(model: str, window_ref: Mapping[str, Any], *, entry_point: Any 
     Returns:
         The registered version (:meth:`RegisteredVersion.as_dict`: ``name``, ``version``,
         ``run_id``, ``model_uri``, ``alias``, ``tags``) plus ``entry_point`` and
-        ``publish_conf`` = ``{"model", "version_or_alias", "then": ["shadow_evaluation"]}``.
+        ``publish_conf`` = ``{"model", "version_or_alias", "then": ["shadow_evaluation"],
+        "dataset_uri"}`` (the training window, as the publish's validation dataset).
 
     Raises:
         ConcurrencyError: Another retraining of the model is in flight.
@@ -314,8 +315,12 @@ def run_training(model: str, window_ref: Mapping[str, Any], *, entry_point: Any 
                      ignore_cooldown=ignore_cooldown)
     out = result.as_dict()
     out["entry_point"] = extra["entry_point"]
+    # The training window doubles as the publish's validation dataset, so the parity gate and the
+    # drift reference recorded at publish time reflect real recent data, not the input example.
     out["publish_conf"] = {"model": model, "version_or_alias": str(result.version),
                            "then": ["shadow_evaluation"]}
+    if window_ref.get("uri"):
+        out["publish_conf"]["dataset_uri"] = str(window_ref["uri"])
     return out
 
 
