@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG, START_DATE
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.registry_watcher import registry_asset, registry_conf_from_context
 
@@ -109,7 +108,7 @@ def _fail_on_lock(func):
 @dag(
     dag_id="canary_promotion",
     schedule=[registry_asset("canary_promotion")],
-    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    start_date=START_DATE,
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG, START_DATE
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 
 #: Timeout of the rollback task (a verify, at most one load, one gateway reload, registry calls).
@@ -47,7 +46,7 @@ PARAMS = {
 @dag(
     dag_id="canary_rollback",
     schedule=None,
-    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    start_date=START_DATE,
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pendulum
 from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, TAG
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, TAG, START_DATE
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 
 DOC = """
@@ -51,7 +50,7 @@ def _window(context) -> tuple[str, str]:
 @dag(
     dag_id="drift_monitor",
     schedule=CronDataIntervalTimetable("@hourly", timezone="UTC"),
-    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    start_date=START_DATE,
     catchup=False,
     max_active_runs=4,
     max_active_tasks=8,

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pendulum
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
 from tritonflow.settings import DEFAULT_PARITY_ATOL, DEFAULT_PARITY_RTOL
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, MODEL_PUBLISHED, TAG
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, MODEL_PUBLISHED, TAG, START_DATE
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.registry_watcher import registry_asset
 from tritonflow_plugin.xcom import limit_xcom_size
@@ -102,7 +101,7 @@ def _settings():
 @dag(
     dag_id=DAG_ID,
     schedule=registry_asset(DAG_ID),
-    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    start_date=START_DATE,
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,

@@ -9,11 +9,10 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-import pendulum
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG, START_DATE
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.event_mapping import CHANGE_KINDS
 from tritonflow_plugin.registry_watcher import registry_asset
@@ -94,7 +93,7 @@ def _run_id(dag_id: str, change: dict, stamp: str) -> str:
 @dag(
     dag_id=DAG_ID,
     schedule=registry_asset(DAG_ID, watch=True, mapping_path=str(WATCH_ALL_MAPPING)),
-    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    start_date=START_DATE,
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,

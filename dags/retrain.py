@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pendulum
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
 from tritonflow.settings import get_settings
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG, START_DATE
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.xcom import limit_xcom_size
 
@@ -87,7 +86,7 @@ def _reason(params, context) -> str:
 @dag(
     dag_id="retrain",
     schedule=_SETTINGS.retrain_schedule or None,
-    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    start_date=START_DATE,
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pendulum
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, TAG
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, TAG, START_DATE
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.xcom import limit_xcom_size
 
@@ -109,7 +108,7 @@ def _plan_request(context) -> dict:
 @dag(
     dag_id="shadow_evaluation",
     schedule=DRIFT_ALERTS,
-    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    start_date=START_DATE,
     catchup=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,

@@ -13,12 +13,15 @@ Cheap to import (only ``datetime`` and ``airflow.sdk``), so DAG files can use it
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import Asset
 
 from tritonflow_plugin.notifications import TritonflowFailureNotifier
 
+#: ``start_date`` of every tritonflow DAG. A run dated before it gets no tasks, so logical dates
+#: (backfills, the demo's replay) must not be earlier.
+START_DATE = datetime(2025, 1, 1, tzinfo=timezone.utc)
 #: Tag on every tritonflow DAG (filter in the Airflow UI).
 TAG = "tritonflow"
 #: Default per-task timeout; tasks that profile or train set a longer one explicitly.
