@@ -9,7 +9,21 @@ Supported sources:
   ``eval()`` under ``torch.no_grad()``; :func:`verify_torchscript` then requires TorchScript and
   eager-eval outputs to agree within ``torchscript_atol`` (1e-5) and two calls to be identical
   (case H08). ``torch`` is imported lazily.
+* **XGBoost** and **LightGBM** (their MLflow flavours) through ``onnxmltools``
+  (:mod:`model_registry.boosting`).
 * **ONNX** models pass through (loaded, checked, I/O names made safe).
+
+Flavours are a registry (:func:`register_converter`, :data:`CONVERTERS`): one
+:class:`FlavorConverter` per MLflow flavour says how to load the model, how to convert it, which
+formats it can produce and which packages' versions are its provenance.
+
+**String columns.** A tabular signature with a string column (e.g. a ``ColumnTransformer`` with a
+``OneHotEncoder``) becomes one ``[-1, 1]`` tensor per column, named after the column (skl2onnx
+matches ``ColumnTransformer`` columns by input name): strings are ``tensor(string)``
+(``TYPE_STRING`` in Triton, ``BYTES`` on the wire), integers ``int64``, other numbers ``float32``.
+A missing string is sent as :data:`MISSING_STRING` (``"nan"``), the category skl2onnx writes for
+the ``NaN`` category scikit-learn's encoders learn. Signatures without strings keep the single
+folded ``features`` tensor.
 
 Shapes and dtypes come from the MLflow model signature (``mlflow.models.ModelSignature``) or an
 explicit ``schema``; a model with neither gets :class:`ModelConversionError`.
@@ -39,6 +53,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
 SAFE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: How a missing value of a string column is sent to the converted model: skl2onnx encodes the
+#: ``NaN`` category of scikit-learn's OneHotEncoder/OrdinalEncoder as the string ``"nan"``.
+MISSING_STRING = "nan"
 
 _NUMPY_KINDS = {
     "float32": "float32", "float64": "float64", "float16": "float16", "double": "float64",
@@ -77,6 +94,10 @@ class ConvertedModel:
         name_mapping: ``{original tensor name: served name}`` for every renamed tensor.
         torchscript: The traced ``torch.jit.ScriptModule`` when ``format == "torchscript"``.
         notes: Human-readable notes (renames, opset chosen, ...).
+        outputs: Output tensors of a TorchScript result (names ``output__<i>``, dtypes, shapes
+            with ``-1`` for the batch axis); empty for ONNX (the graph declares them).
+        converter: Converter package that produced the file (``skl2onnx``, ``onnxmltools``,
+            ``torch``; empty for a passthrough), for the provenance record.
     """
 
     onnx_model: "onnx.ModelProto | None"
@@ -86,6 +107,8 @@ class ConvertedModel:
     name_mapping: dict[str, str] = dataclasses.field(default_factory=dict)
     torchscript: Any = None
     notes: list[str] = dataclasses.field(default_factory=list)
+    outputs: list[TensorSchema] = dataclasses.field(default_factory=list)
+    converter: str = ""
 
     @property
     def default_model_filename(self) -> str:
@@ -155,13 +178,16 @@ def schema_from_signature(
     columns = []
     for s in specs:
         t = str(getattr(s.type, "name", s.type)).lower()
-        if t not in _NUMPY_KINDS or _NUMPY_KINDS[t] == "object":
+        if t not in _NUMPY_KINDS:
             raise ModelConversionError(
-                f"model {model_name!r}: signature column {s.name!r} has type {t!r} "
-                "(expected a numeric column: double, float, long, integer or boolean)"
+                f"model {model_name!r}: signature column {s.name!r} has type {t!r} (expected a "
+                "numeric column (double, float, long, integer, boolean) or a string column)"
             )
         kinds.append(_NUMPY_KINDS[t])
         columns.append(s.name or f"col_{len(columns)}")
+    if "object" in kinds:  # string columns: one [-1, 1] tensor per column, named after it
+        per_column = {"object": "object", "int64": "int64", "int32": "int64", "bool": "bool"}
+        return [TensorSchema(c, per_column.get(k, "float32"), (-1, 1), (c,)) for c, k in zip(columns, kinds)]
     dtype = "int64" if all(k in {"int64", "int32"} for k in kinds) else "float32"
     return [TensorSchema(input_name, dtype, (-1, len(specs)), tuple(columns))]
 
@@ -338,13 +364,14 @@ def convert_sklearn(
         FloatTensorType,
         Int32TensorType,
         Int64TensorType,
+        StringTensorType,
     )
 
     settings = settings or get_settings()
     inputs = schema_from_signature(signature, schema, model_name=model_name, input_name=input_name)
     types = {
         "float32": FloatTensorType, "float64": DoubleTensorType, "int64": Int64TensorType,
-        "int32": Int32TensorType, "bool": BooleanTensorType,
+        "int32": Int32TensorType, "bool": BooleanTensorType, "object": StringTensorType,
     }
     initial = []
     for s in inputs:
@@ -360,13 +387,55 @@ def convert_sklearn(
         onx = _convert(model, initial_types=initial, options=options or None,
                        target_opset=opsets, name=model_name)
     except Exception as exc:  # skl2onnx raises many types
+        hint = ""
+        if "missing values are string" in str(exc):
+            hint = (" (a SimpleImputer on a string column must declare missing_values as a string; "
+                    "or leave NaN to the encoder: OneHotEncoder(handle_unknown='ignore') learns it as "
+                    f"a category, served as {MISSING_STRING!r})")
         raise ModelConversionError(
-            f"model {model_name!r}: skl2onnx cannot convert {type(model).__name__}: {exc}"
+            f"model {model_name!r}: skl2onnx cannot convert {type(model).__name__}: {exc}{hint}"
         ) from exc
-    onx = _dedupe_opsets(onx)
+    onx = fix_output_batch_axes(_dedupe_opsets(onx), inputs)
     onx, mapping = sanitize_io_names(onx)
+    inputs = [dataclasses.replace(s, name=mapping.get(s.name, s.name)) for s in inputs]
     return ConvertedModel(onx, "onnx", "sklearn", inputs, mapping,
-                          notes=[f"skl2onnx target opsets {opsets}, ZipMap disabled"])
+                          notes=[f"skl2onnx target opsets {opsets}, ZipMap disabled"], converter="skl2onnx")
+
+
+def fix_output_batch_axes(model: "onnx.ModelProto", inputs: Sequence[TensorSchema]) -> "onnx.ModelProto":
+    """Declare axis 0 of an output dynamic when the graph fixes it to 1 but it follows the batch.
+
+    Some converters (onnxmltools' LightGBM label output) declare ``[1]`` for an output that has one
+    row per input row; Triton would then refuse batching. The model is run at batch 1 and 3 in ONNX
+    Runtime; an output whose axis 0 equals the batch in both runs gets ``dim_param: "N"``. The
+    model is returned unchanged when it does not run on zero-filled inputs.
+    """
+    from model_registry.triton_config import model_io as _io
+
+    _, outputs = _io(model)
+    suspects = [o.name for o in outputs if o.shape and o.shape[0] == 1]
+    if not suspects or not inputs or any(s.shape[:1] != (-1,) for s in inputs):
+        return model
+    import onnxruntime as ort
+
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        rows = {}
+        for batch in (1, 3):
+            feeds = {}
+            for s in inputs:
+                shape = [batch] + [d if d > 0 else 1 for d in s.shape[1:]]
+                feeds[s.name] = (np.full(shape, "", dtype=object) if s.dtype == "object"
+                                 else np.zeros(shape, dtype=s.dtype))
+            rows[batch] = {o.name: np.asarray(v).shape[:1] for o, v in zip(sess.get_outputs(), sess.run(None, feeds))}
+    except Exception:  # noqa: BLE001 - leave the declaration; validation reports what fails
+        return model
+    for v in model.graph.output:
+        if v.name in suspects and rows[1].get(v.name) == (1,) and rows[3].get(v.name) == (3,):
+            dim = v.type.tensor_type.shape.dim[0]
+            dim.Clear()
+            dim.dim_param = "N"
+    return model
 
 
 def _dedupe_opsets(model: "onnx.ModelProto") -> "onnx.ModelProto":
@@ -396,174 +465,6 @@ def sklearn_predict_fn(model: Any) -> Callable[[Any], dict[str, np.ndarray]]:
         return lambda x: {"label": np.asarray(model.predict(x)),
                           "probabilities": np.asarray(model.predict_proba(x))}
     return lambda x: {"variable": np.asarray(model.predict(x)).reshape(len(x), -1)}
-
-
-# ----------------------------------------------------------------------------- PyTorch
-def _example_tensors(inputs: Sequence[TensorSchema], batch: int = 2, seed: int = 0) -> list[Any]:
-    import torch
-
-    rng = np.random.default_rng(seed)
-    out = []
-    for s in inputs:
-        shape = [batch if i == 0 and d < 0 else (d if d > 0 else 8) for i, d in enumerate(s.shape)]
-        if s.dtype.startswith("float"):
-            arr = rng.normal(size=shape).astype(s.dtype)
-        elif s.dtype == "bool":
-            arr = rng.integers(0, 2, size=shape).astype(bool)
-        else:
-            arr = rng.integers(0, 10, size=shape).astype(s.dtype)
-        out.append(torch.from_numpy(arr))
-    return out
-
-
-def convert_pytorch(
-    module: Any,
-    signature: Any = None,
-    *,
-    schema: Any = None,
-    example: Sequence[Any] | None = None,
-    output_names: Sequence[str] | None = None,
-    target_opset: int | None = None,
-    export_format: str = "onnx",
-    model_name: str = "model",
-    settings: Settings | None = None,
-) -> ConvertedModel:
-    """Convert a PyTorch module to ONNX (dynamic batch axis) or TorchScript (traced in eval).
-
-    The module is deep-copied, put in ``eval()`` and exported/traced under ``torch.no_grad()``,
-    so Dropout and BatchNorm are recorded in inference behaviour (case H08). The caller's module
-    is not modified.
-
-    Args:
-        module: ``torch.nn.Module``.
-        signature: MLflow ``ModelSignature`` (input names, dtypes, shapes; -1 axes are dynamic).
-        schema: Explicit schema, wins over the signature.
-        example: Example input tensors for tracing (default: seeded values of batch 2 built from
-            the schema).
-        output_names: Output tensor names (default ``output_0``...).
-        target_opset: ONNX opset (default: ``settings.max_onnx_opset``, capped at 18, the
-            highest the TorchScript-based exporter emits reliably).
-        export_format: ``"onnx"`` or ``"torchscript"``.
-        model_name: Used in messages.
-        settings: Settings (default: from the environment).
-
-    Raises:
-        ModelConversionError: No signature/schema, bad arguments, or the exporter failed.
-        ModelValidationError: TorchScript result fails :func:`verify_torchscript`.
-    """
-    import torch
-
-    settings = settings or get_settings()
-    if export_format not in {"onnx", "torchscript"}:
-        raise ModelConversionError(
-            f"export_format={export_format!r} is invalid (expected 'onnx' or 'torchscript')"
-        )
-    inputs = schema_from_signature(signature, schema, model_name=model_name, input_name="input")
-    renamed = [dataclasses.replace(s, name=safe_tensor_name(s.name)) for s in inputs]
-    mapping = {a.name: b.name for a, b in zip(inputs, renamed) if a.name != b.name}
-    args = tuple(example) if example is not None else tuple(_example_tensors(renamed))
-    net = copy.deepcopy(module).eval()
-    if export_format == "torchscript":
-        with torch.no_grad():
-            traced = torch.jit.trace(net, args)
-        verify_torchscript(traced, module, args, atol=settings.torchscript_atol, model_name=model_name)
-        return ConvertedModel(None, "torchscript", "pytorch", renamed, mapping, torchscript=traced,
-                              notes=["traced in eval() under no_grad"])
-
-    import io
-
-    with torch.no_grad():
-        probe = net(*args)
-    n_out = len(probe) if isinstance(probe, (tuple, list)) else 1
-    outs = list(output_names or [f"output_{i}" for i in range(n_out)])
-    if len(outs) != n_out or not all(SAFE_NAME.match(o) for o in outs):
-        raise ModelConversionError(
-            f"output_names={outs!r} is invalid (expected {n_out} names matching [A-Za-z_][A-Za-z0-9_]*)"
-        )
-    opset = min(target_opset or settings.max_onnx_opset, settings.max_onnx_opset, 18)
-    dynamic_axes: dict[str, dict[int, str]] = {}
-    for s in renamed:
-        dyn = {i: ("batch" if i == 0 else f"{s.name}_dim{i}") for i, d in enumerate(s.shape) if d < 0}
-        dyn.setdefault(0, "batch")
-        dynamic_axes[s.name] = dyn
-    for o in outs:
-        dynamic_axes[o] = {0: "batch"}
-    buf = io.BytesIO()
-    try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                net, args, buf, input_names=[s.name for s in renamed], output_names=outs,
-                dynamic_axes=dynamic_axes, opset_version=opset, dynamo=False,
-                do_constant_folding=True,
-            )
-    except Exception as exc:  # exporter raises many types
-        raise ModelConversionError(f"model {model_name!r}: torch.onnx.export failed: {exc}") from exc
-    onx = load_onnx(buf.getvalue())
-    onx, more = sanitize_io_names(onx)
-    mapping.update(more)
-    return ConvertedModel(onx, "onnx", "pytorch", renamed, mapping,
-                          notes=[f"torch.onnx.export opset {opset}, dynamic batch axis, eval()"])
-
-
-def verify_torchscript(
-    scripted: Any,
-    eager_module: Any,
-    sample: Sequence[Any],
-    *,
-    atol: float | None = None,
-    model_name: str = "model",
-) -> dict[str, float]:
-    """Check a TorchScript module against the eager module in eval mode (case H08).
-
-    Two checks, both required: (1) max |TorchScript - eager-eval| <= ``atol`` on ``sample``;
-    (2) two TorchScript calls on ``sample`` give identical outputs (a train-mode trace keeps
-    Dropout active and fails this).
-
-    Args:
-        scripted: ``torch.jit.ScriptModule`` to check.
-        eager_module: The source ``nn.Module`` (deep-copied and put in eval; not modified).
-        sample: Input tensors (a fixed sample).
-        atol: Max abs difference (default ``settings.torchscript_atol``, 1e-5).
-        model_name: Used in messages.
-
-    Returns:
-        ``{"max_abs_diff": ..., "repeat_max_abs_diff": ...}``.
-
-    Raises:
-        ModelValidationError: Either check fails; the message gives both numbers.
-    """
-    import torch
-
-    atol = get_settings().torchscript_atol if atol is None else atol
-    ref_net = copy.deepcopy(eager_module).eval()
-    args = tuple(sample)
-    with torch.no_grad():
-        ref = _flat(ref_net(*args))
-        a = _flat(scripted(*args))
-        b = _flat(scripted(*args))
-    diff = max(float(np.max(np.abs(x - y))) if x.size else 0.0 for x, y in zip(a, ref))
-    rep = max(float(np.max(np.abs(x - y))) if x.size else 0.0 for x, y in zip(a, b))
-    problems = []
-    if not np.isfinite(diff) or diff > atol:
-        problems.append(
-            f"TorchScript vs eager eval() max abs diff {diff:.3g} > {atol:g}"
-        )
-    if rep != 0.0:
-        problems.append(f"two TorchScript calls differ (max abs diff {rep:.3g}; expected identical)")
-    if problems:
-        raise ModelValidationError(
-            f"model {model_name!r}: TorchScript check failed: " + "; ".join(problems)
-            + ". The module was probably traced in train mode: call model.eval() and trace "
-            "under torch.no_grad() (model_registry.conversion.convert_pytorch does this)"
-        )
-    return {"max_abs_diff": diff, "repeat_max_abs_diff": rep}
-
-
-def _flat(out: Any) -> list[np.ndarray]:
-    if isinstance(out, (tuple, list)):
-        return [o.detach().cpu().numpy() for o in out]
-    return [out.detach().cpu().numpy()]
 
 
 # ----------------------------------------------------------------------------- ONNX passthrough
@@ -618,6 +519,82 @@ def _onnx_to_numpy(onnx_type: str) -> str:
     return TRITON_TO_NUMPY.get(ONNX_TO_TRITON.get(onnx_type, ""), "float32")
 
 
+# ----------------------------------------------------------------------------- registry
+@dataclasses.dataclass(frozen=True)
+class FlavorConverter:
+    """How one MLflow flavour is loaded and converted (one registry entry).
+
+    Attributes:
+        flavor: MLflow flavour name (a key of ``MLmodel``'s ``flavors``).
+        load: ``model_uri -> native model`` (e.g. ``mlflow.sklearn.load_model``).
+        convert: ``(native, signature, *, schema, model_name, settings, **kwargs) -> ConvertedModel``.
+        packages: Distributions whose versions are the conversion's provenance (the training
+            library and the converter), see :mod:`model_registry.provenance`.
+        formats: Formats it can produce (``"onnx"``, ``"torchscript"``).
+    """
+
+    flavor: str
+    load: Callable[[str], Any]
+    convert: Callable[..., ConvertedModel]
+    packages: tuple[str, ...]
+    formats: tuple[str, ...] = ("onnx",)
+
+
+#: The registry, in detection order (a model logged with several flavours uses the first).
+CONVERTERS: dict[str, FlavorConverter] = {}
+
+
+def register_converter(converter: FlavorConverter) -> FlavorConverter:
+    """Add (or replace) the converter of ``converter.flavor``; returns it."""
+    CONVERTERS[converter.flavor] = converter
+    return converter
+
+
+def _load(module: str) -> Callable[[str], Any]:
+    def load(uri: str) -> Any:
+        import importlib
+
+        return importlib.import_module(module).load_model(uri)
+
+    return load
+
+
+def _onnx_convert(native: Any, signature: Any, *, schema: Any = None, model_name: str = "model",
+                  settings: Settings | None = None, **kwargs: Any) -> ConvertedModel:
+    return convert_onnx(native, signature, schema=schema, model_name=model_name, **kwargs)
+
+
+register_converter(FlavorConverter("sklearn", _load("mlflow.sklearn"), convert_sklearn,
+                                   ("scikit-learn", "skl2onnx")))
+register_converter(FlavorConverter("pytorch", _load("mlflow.pytorch"),
+                                   lambda *a, **k: convert_pytorch(*a, **k), ("torch",),
+                                   ("onnx", "torchscript")))
+register_converter(FlavorConverter("onnx", _load("mlflow.onnx"), _onnx_convert, ()))
+
+
+def _builtin_converters() -> dict[str, FlavorConverter]:
+    """The registry with the optional flavours (XGBoost, LightGBM) registered."""
+    import model_registry.boosting  # noqa: F401 - registers xgboost and lightgbm
+
+    return CONVERTERS
+
+
+def converter_for(flavors: Sequence[str] | Mapping[str, Any], *, model_name: str = "model") -> FlavorConverter:
+    """The registered converter of the first supported flavour in ``flavors``.
+
+    Raises:
+        ModelConversionError: No flavour is supported (names the flavours and the supported ones).
+    """
+    registry = _builtin_converters()
+    known = set(flavors)
+    for flavor, conv in registry.items():
+        if flavor in known:
+            return conv
+    raise ModelConversionError(
+        f"model {model_name!r} has flavors {sorted(known)}; expected one of {', '.join(registry)}"
+    )
+
+
 # ----------------------------------------------------------------------------- dispatch
 def convert_model(
     model: Any,
@@ -629,20 +606,18 @@ def convert_model(
     settings: Settings | None = None,
     **kwargs: Any,
 ) -> ConvertedModel:
-    """Convert ``model`` of the given MLflow flavor (``sklearn``, ``pytorch``, ``onnx``).
+    """Convert ``model`` of the given MLflow flavour with its registered converter.
 
     Raises:
-        ModelConversionError: Unknown flavor, or the flavor's converter failed.
+        ModelConversionError: Unknown flavour, or the flavour's converter failed.
     """
-    if flavor == "sklearn":
-        return convert_sklearn(model, signature, schema=schema, model_name=model_name, settings=settings, **kwargs)
-    if flavor == "pytorch":
-        return convert_pytorch(model, signature, schema=schema, model_name=model_name, settings=settings, **kwargs)
-    if flavor == "onnx":
-        return convert_onnx(model, signature, schema=schema, model_name=model_name, **kwargs)
-    raise ModelConversionError(
-        f"flavor={flavor!r} is not supported (expected 'sklearn', 'pytorch' or 'onnx')"
-    )
+    registry = _builtin_converters()
+    if flavor not in registry:
+        raise ModelConversionError(
+            f"flavor={flavor!r} is not supported (expected one of {', '.join(repr(f) for f in registry)})"
+        )
+    return registry[flavor].convert(model, signature, schema=schema, model_name=model_name,
+                                    settings=settings, **kwargs)
 
 
 def convert_mlflow_model(
@@ -651,36 +626,37 @@ def convert_mlflow_model(
     schema: Any = None,
     model_name: str | None = None,
     settings: Settings | None = None,
+    export_format: str = "onnx",
     **kwargs: Any,
 ) -> ConvertedModel:
-    """Load an MLflow model by URI, pick its flavor and convert it with its signature.
+    """Load an MLflow model by URI, pick its flavour's converter and convert it with its signature.
 
     Args:
         model_uri: ``models:/name/1``, ``runs:/...`` or a local path.
         schema: Explicit schema for a model logged without a signature.
         model_name: Used in messages (default: last URI segment).
+        settings: Settings (default: from the environment).
+        export_format: ``"onnx"`` (every flavour) or ``"torchscript"`` (PyTorch only).
 
     Raises:
-        ModelConversionError: No supported flavor, no signature and no schema, or conversion failed.
+        ModelConversionError: No supported flavour, a format the flavour cannot produce, no
+            signature and no schema, or conversion failed.
     """
     import mlflow
 
     info = mlflow.models.get_model_info(model_uri)
     name = model_name or model_uri.rstrip("/").split("/")[-1]
-    flavors = info.flavors
-    if "sklearn" in flavors:
-        native, flavor = mlflow.sklearn.load_model(model_uri), "sklearn"
-    elif "pytorch" in flavors:
-        import mlflow.pytorch
-
-        native, flavor = mlflow.pytorch.load_model(model_uri), "pytorch"
-    elif "onnx" in flavors:
-        import mlflow.onnx
-
-        native, flavor = mlflow.onnx.load_model(model_uri), "onnx"
-    else:
+    conv = converter_for(info.flavors, model_name=name)
+    if export_format not in conv.formats:
         raise ModelConversionError(
-            f"model {name!r} ({model_uri}) has flavors {sorted(flavors)}; expected one of sklearn, pytorch, onnx"
+            f"model {name!r} ({conv.flavor}): export_format={export_format!r} is not available "
+            f"(expected one of {list(conv.formats)})"
         )
-    return convert_model(native, flavor, info.signature, schema=schema, model_name=name,
+    if "torchscript" in conv.formats:
+        kwargs["export_format"] = export_format
+    native = conv.load(model_uri)
+    return convert_model(native, conv.flavor, info.signature, schema=schema, model_name=name,
                          settings=settings, **kwargs)
+
+
+from model_registry.pytorch_conversion import convert_pytorch, verify_torchscript  # noqa: E402,F401

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from tritonflow.exceptions import ModelValidationError, ParityError
+from tritonflow.exceptions import ModelValidationError
 from tritonflow.settings import Settings, get_settings
 
 from model_registry.triton_config import OnnxLike, load_onnx, model_io, validate_config
@@ -123,19 +123,32 @@ def min_ir_version(model: "onnx.ModelProto") -> int:
     Source: ``onnx.helper.VERSION_TABLE`` (release, IR, ai.onnx opset, ai.onnx.ml opset, ...) and
     the IR changelog for element types (float8: IR 9; int4/uint4: IR 10; float4: IR 11).
     """
-    from onnx import helper
+    return max((need for need, _ in ir_requirements(model)), default=3)
 
-    need = 3
+
+def ir_requirements(model: "onnx.ModelProto") -> list[tuple[int, str]]:
+    """``(IR version, what needs it)`` for every opset and element type of ``model``, highest first.
+
+    Example: ``[(10, "opset ai.onnx.ml 5"), (10, "opset ai.onnx 21")]``.
+    """
+    from onnx import TensorProto, helper
+
+    found: list[tuple[int, str]] = []
     for o in model.opset_import:
         col = {"": 2, "ai.onnx": 2, "ai.onnx.ml": 3}.get(o.domain)
         if col is None:
             continue
         rows = [r[1] for r in helper.VERSION_TABLE if r[col] is not None and r[col] >= o.version]
-        need = max(need, min(rows) if rows else model.ir_version)
-    types: set[int] = set()
+        found.append((min(rows) if rows else int(model.ir_version), f"opset {o.domain or 'ai.onnx'} {o.version}"))
+    for t in sorted(_element_types(model)):
+        if t in _ELEM_TYPE_MIN_IR:
+            found.append((_ELEM_TYPE_MIN_IR[t], f"element type {TensorProto.DataType.Name(t)}"))
+    return sorted(found, key=lambda x: -x[0])
+
+
+def _element_types(model: "onnx.ModelProto") -> set[int]:
     g = model.graph
-    for t in list(g.initializer):
-        types.add(t.data_type)
+    types: set[int] = {t.data_type for t in g.initializer}
     for v in list(g.input) + list(g.output) + list(g.value_info):
         if v.type.WhichOneof("value") == "tensor_type":
             types.add(v.type.tensor_type.elem_type)
@@ -143,9 +156,7 @@ def min_ir_version(model: "onnx.ModelProto") -> int:
         for a in n.attribute:
             if a.name == "to" and n.op_type in {"Cast", "CastLike"}:
                 types.add(a.i)
-    for t in types:
-        need = max(need, _ELEM_TYPE_MIN_IR.get(t, 3))
-    return need
+    return types
 
 
 def downconvert_ir_version(model: "onnx.ModelProto", max_ir: int, *, model_name: str = "model") -> "onnx.ModelProto":
@@ -163,9 +174,11 @@ def downconvert_ir_version(model: "onnx.ModelProto", max_ir: int, *, model_name:
         return model
     need = min_ir_version(model)
     if need > max_ir:
+        blockers = [what for ir, what in ir_requirements(model) if ir > max_ir]
         raise ModelValidationError(
-            f"model {model_name!r}: IR version cannot be lowered to {max_ir}: its opsets/types need "
-            f"IR {need}; re-export with a lower opset"
+            f"model {model_name!r}: IR version cannot be lowered to {max_ir}: "
+            + ", ".join(f"{w} needs IR {ir}" for ir, w in ir_requirements(model) if ir > max_ir)
+            + f" (need IR {need}); re-export without {' and '.join(blockers)}"
         )
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -198,6 +211,17 @@ def make_compatible(
     s = settings or get_settings()
     proto = load_onnx(model)
     notes: list[str] = []
+    # onnx.version_converter rewrites the default domain only: an ai.onnx.ml opset above the limit
+    # blocks the model whatever happens to the IR version, so it is named first (case H09).
+    ml = max((o.version for o in proto.opset_import if o.domain == "ai.onnx.ml"), default=0)
+    if ml > s.max_onnx_ml_opset:
+        raise ModelValidationError(
+            f"model {model_name!r} cannot be served by {s.target_triton_release}: opset ai.onnx.ml "
+            f"{ml} > target max {s.max_onnx_ml_opset} (onnx.version_converter cannot lower the "
+            f"ai.onnx.ml domain); re-export with target_opset={{'': {s.max_onnx_opset}, "
+            f"'ai.onnx.ml': {s.max_onnx_ml_opset}}} (skl2onnx/onnxmltools) or raise "
+            "TRITONFLOW_MAX_ONNX_ML_OPSET for a newer image"
+        )
     default = max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=0)
     if default > s.max_onnx_opset:
         try:
@@ -211,7 +235,13 @@ def make_compatible(
         notes.append(f"opset {default} -> {s.max_onnx_opset} (onnx.version_converter)")
     if proto.ir_version > s.max_onnx_ir_version:
         before = proto.ir_version
-        proto = downconvert_ir_version(proto, s.max_onnx_ir_version, model_name=model_name)
+        try:
+            proto = downconvert_ir_version(proto, s.max_onnx_ir_version, model_name=model_name)
+        except ModelValidationError as exc:
+            raise ModelValidationError(
+                f"model {model_name!r} cannot be served by {s.target_triton_release}: IR {before} > "
+                f"target max {s.max_onnx_ir_version}, and {exc}"
+            ) from exc
         notes.append(f"IR {before} -> {proto.ir_version}")
     ensure_onnx_compat(proto, s, model_name=model_name)
     return proto, notes
@@ -249,6 +279,17 @@ def make_session(model: "OnnxLike | onnxruntime.InferenceSession") -> "onnxrunti
     opts.log_severity_level = 3
     proto = load_onnx(model)
     return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def make_runner(model: Any, model_name: str = "model") -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+    """``feeds -> {output: array}`` for an ONNX model/session, or ``model`` itself when it is already
+    such a callable (e.g. :func:`torchscript_runner`)."""
+    import onnxruntime as ort
+
+    if callable(model) and not isinstance(model, ort.InferenceSession):
+        return model
+    sess = make_session(model)
+    return lambda feeds: _run(sess, dict(feeds), model_name, batch=None)
 
 
 def _rows(feeds: Mapping[str, np.ndarray], idx: Sequence[int]) -> dict[str, np.ndarray]:
@@ -487,6 +528,9 @@ def to_feeds(data: Any, inputs: Sequence["TensorSchema"]) -> dict[str, np.ndarra
                     f"validation data of type {type(data).__name__} cannot feed {len(inputs)} inputs "
                     "(expected a DataFrame or a dict)"
                 )
+            if s.dtype == "object":
+                feeds[s.name] = string_tensor(arr)
+                continue
             if s.dtype.startswith(("int", "uint")) and np.asarray(arr).dtype.kind == "f":
                 if not np.all(np.isfinite(arr)):
                     raise ModelValidationError(
@@ -498,6 +542,29 @@ def to_feeds(data: Any, inputs: Sequence["TensorSchema"]) -> dict[str, np.ndarra
                 f"validation data for input {s.name!r} cannot be cast to {s.dtype}: {exc}"
             ) from exc
     return feeds
+
+
+def string_tensor(values: Any) -> np.ndarray:
+    """A ``tensor(string)`` feed: an object array of ``str``; missing values become ``"nan"``.
+
+    ``None``/``NaN``/``pandas.NA`` become :data:`model_registry.conversion.MISSING_STRING` (the
+    category skl2onnx writes for scikit-learn's ``NaN`` category); bytes are decoded as UTF-8.
+    """
+    import pandas as pd
+
+    from model_registry.conversion import MISSING_STRING
+
+    arr = np.asarray(values, dtype=object)
+    out = np.empty(arr.shape, dtype=object)
+    flat, res = arr.reshape(-1), out.reshape(-1)
+    for i, v in enumerate(flat):
+        if v is None or (not isinstance(v, (str, bytes)) and pd.isna(v)):
+            res[i] = MISSING_STRING
+        elif isinstance(v, bytes):
+            res[i] = v.decode("utf-8")
+        else:
+            res[i] = str(v)
+    return out
 
 
 def validation_sample(
@@ -559,231 +626,11 @@ def validation_sample(
     return out
 
 
-# ----------------------------------------------------------------------------- parity gate
-@dataclasses.dataclass
-class OutputParity:
-    """Parity of one output.
-
-    Attributes:
-        name: ONNX output name.
-        kind: ``"numeric"`` (tolerance) or ``"label"`` (exact agreement).
-        max_abs_error: Largest |onnx - source| (0 for labels).
-        max_rel_error: Largest |onnx - source| / |source| (|source| floored at 1e-12).
-        atol: Absolute tolerance used.
-        rtol: Relative tolerance used.
-        label_agreement: Fraction of rows whose label agrees (labels only).
-        violations: Rows out of tolerance (or disagreeing).
-        worst_rows: Up to ``worst_k`` row indices, worst first.
-        passed: Whether this output passed.
-    """
-
-    name: str
-    kind: str
-    max_abs_error: float
-    max_rel_error: float
-    atol: float
-    rtol: float
-    label_agreement: float | None
-    violations: int
-    worst_rows: list[int]
-    passed: bool
 
 
-@dataclasses.dataclass
-class ParityResult:
-    """Outcome of :func:`parity_check`.
-
-    Attributes:
-        rows: Rows compared.
-        outputs: Per-output results.
-    """
-
-    rows: int
-    outputs: dict[str, OutputParity]
-
-    @property
-    def passed(self) -> bool:
-        """True when every output passed."""
-        return all(o.passed for o in self.outputs.values())
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (for MLflow tags/artifacts)."""
-        return {"rows": self.rows, "passed": self.passed,
-                "outputs": {k: dataclasses.asdict(v) for k, v in self.outputs.items()}}
-
-    def describe_failures(self, model_name: str = "model") -> str:
-        """One sentence per failed output: name, worst rows, max abs and rel errors."""
-        parts = []
-        for o in self.outputs.values():
-            if o.passed:
-                continue
-            if o.kind == "label":
-                parts.append(
-                    f"output {o.name!r}: label agreement {o.label_agreement:.4f} below the minimum "
-                    f"({o.violations}/{self.rows} rows disagree); worst rows {o.worst_rows}"
-                )
-            else:
-                parts.append(
-                    f"output {o.name!r}: {o.violations}/{self.rows} rows out of tolerance "
-                    f"(atol {o.atol:g}, rtol {o.rtol:g}); max abs error {o.max_abs_error:.6g}, "
-                    f"max rel error {o.max_rel_error:.6g}; worst rows {o.worst_rows}"
-                )
-        return f"parity gate failed for model {model_name!r}: " + "; ".join(parts)
-
-
-def _per_output(value: float | Mapping[str, float] | None, name: str, default: float) -> float:
-    if value is None:
-        return default
-    if isinstance(value, Mapping):
-        return float(value.get(name, default))
-    return float(value)
-
-
-def _as_outputs(result: Any) -> dict[str, np.ndarray] | np.ndarray:
-    import pandas as pd
-
-    if isinstance(result, Mapping):
-        return {k: np.asarray(v) for k, v in result.items()}
-    if isinstance(result, pd.DataFrame):
-        if result.shape[1] == 1:
-            return result.iloc[:, 0].to_numpy()
-        return {str(c): result[c].to_numpy() for c in result.columns}
-    if isinstance(result, pd.Series):
-        return result.to_numpy()
-    return np.asarray(result)
-
-
-def parity_check(
-    source_predict: Callable[[Any], Any],
-    onnx_model: "OnnxLike | onnxruntime.InferenceSession",
-    sample: Mapping[str, np.ndarray],
-    *,
-    source_sample: Any = None,
-    atol: float | Mapping[str, float] | None = None,
-    rtol: float | Mapping[str, float] | None = None,
-    label_outputs: Sequence[str] | None = None,
-    min_label_agreement: float | None = None,
-    output_map: Mapping[str, str] | None = None,
-    worst_k: int = 5,
-    raise_on_failure: bool = True,
-    model_name: str = "model",
-    settings: Settings | None = None,
-) -> ParityResult:
-    """Blocking numerical parity gate between the source model and the converted ONNX model.
-
-    Numeric outputs pass when every element satisfies ``|onnx - source| <= atol + rtol * |source|``
-    (``numpy.isclose``'s formula); label outputs (integer, bool or string dtypes, or named in
-    ``label_outputs``) pass when the fraction of agreeing rows is >= ``min_label_agreement``.
-
-    Args:
-        source_predict: Callable taking ``source_sample`` (default: the single sample array, or the
-            dict of arrays for several inputs) and returning ``{name: array}``, a DataFrame, or
-            one array (e.g. an MLflow pyfunc's ``predict``).
-        onnx_model: ONNX model, path, bytes or an ONNX Runtime session.
-        sample: ONNX feeds ``{input name: array [N, ...]}``.
-        source_sample: What to pass to ``source_predict`` when it needs another form (DataFrame).
-        atol: Absolute tolerance, one value or ``{output: value}`` (default ``settings.parity_atol``).
-        rtol: Relative tolerance, same forms (default ``settings.parity_rtol``).
-        label_outputs: Outputs compared as labels (default: by dtype).
-        min_label_agreement: Fraction 0-1 (default ``settings.parity_min_label_agreement``).
-        output_map: ``{source output key: onnx output name}`` when the names differ.
-        worst_k: How many worst rows to report per output.
-        raise_on_failure: Raise :class:`ParityError` when any output fails (default True).
-        model_name: Used in messages.
-        settings: Settings (default: from the environment).
-
-    Returns:
-        ParityResult with per-output max abs/rel error and worst rows.
-
-    Raises:
-        ParityError: An output is out of tolerance (names the output, the worst rows, the max
-            absolute and relative errors), or source and ONNX outputs cannot be matched.
-    """
-    s = settings or get_settings()
-    sess = make_session(onnx_model)
-    onnx_out = _run(sess, dict(sample), model_name, batch=None)
-    if source_sample is None:
-        source_sample = next(iter(sample.values())) if len(sample) == 1 else dict(sample)
-    src = _as_outputs(source_predict(source_sample))
-    pairs = _match_outputs(src, onnx_out, output_map, model_name)
-    min_agree = s.parity_min_label_agreement if min_label_agreement is None else min_label_agreement
-    labels = set(label_outputs or ())
-    rows = _n_rows(sample)
-    results: dict[str, OutputParity] = {}
-    for name, (want, got) in pairs.items():
-        want = np.asarray(want)
-        got = np.asarray(got)
-        n = want.shape[0] if want.ndim else 1
-        if got.size != want.size or (got.ndim and got.shape[0] != n):
-            raise ParityError(
-                f"parity gate failed for model {model_name!r}: output {name!r} has shape "
-                f"{list(got.shape)} but the source gives {list(want.shape)}"
-            )
-        w = want.reshape(n, -1)
-        g = got.reshape(n, -1)
-        is_label = name in labels or want.dtype.kind in "iubOSU" or got.dtype.kind in "iubOSU"
-        if is_label:
-            if w.dtype.kind in "OSU" or g.dtype.kind in "OSU":
-                agree_rows = np.all(w.astype(str) == g.astype(str), axis=1)
-            else:
-                agree_rows = np.all(w == g, axis=1)
-            agreement = float(agree_rows.mean()) if n else 1.0
-            bad = np.nonzero(~agree_rows)[0]
-            results[name] = OutputParity(name, "label", 0.0, 0.0, 0.0, 0.0, agreement,
-                                         int(bad.size), bad[:worst_k].tolist(), agreement >= min_agree)
-            continue
-        a = _per_output(atol, name, s.parity_atol)
-        r = _per_output(rtol, name, s.parity_rtol)
-        w = w.astype(np.float64)
-        g = g.astype(np.float64)
-        diff = np.abs(g - w)
-        diff = np.where(np.isnan(diff) & ~(np.isnan(g) & np.isnan(w)), np.inf, np.nan_to_num(diff, nan=0.0))
-        rel = diff / np.maximum(np.abs(w), 1e-12)
-        ok = diff <= a + r * np.abs(w)
-        row_bad = ~np.all(ok, axis=1)
-        row_err = diff.max(axis=1) if diff.size else np.zeros(n)
-        order = np.argsort(-row_err, kind="stable")
-        worst = [int(i) for i in order[:worst_k] if row_bad[i]] or [int(i) for i in order[:worst_k]]
-        results[name] = OutputParity(
-            name, "numeric", float(diff.max()) if diff.size else 0.0,
-            float(rel.max()) if rel.size else 0.0, a, r, None, int(row_bad.sum()),
-            worst, not row_bad.any(),
-        )
-    result = ParityResult(rows, results)
-    if raise_on_failure and not result.passed:
-        raise ParityError(result.describe_failures(model_name))
-    return result
-
-
-def _match_outputs(
-    src: dict[str, np.ndarray] | np.ndarray,
-    onnx_out: dict[str, np.ndarray],
-    output_map: Mapping[str, str] | None,
-    model_name: str,
-) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    if isinstance(src, dict):
-        pairs = {}
-        for key, value in src.items():
-            target = (output_map or {}).get(key, key)
-            if target not in onnx_out:
-                raise ParityError(
-                    f"parity gate failed for model {model_name!r}: source output {key!r} has no "
-                    f"ONNX output {target!r} (ONNX outputs: {sorted(onnx_out)}); pass output_map"
-                )
-            pairs[target] = (value, onnx_out[target])
-        return pairs
-    if output_map:
-        target = next(iter(output_map.values()))
-        return {target: (src, onnx_out[target])}
-    if len(onnx_out) == 1:
-        name = next(iter(onnx_out))
-        return {name: (src, onnx_out[name])}
-    same = [k for k, v in onnx_out.items() if np.asarray(v).size == src.size]
-    kind = [k for k in same if (np.asarray(onnx_out[k]).dtype.kind in "iub") == (src.dtype.kind in "iubOSU")]
-    pick = kind or same
-    if len(pick) != 1:
-        raise ParityError(
-            f"parity gate failed for model {model_name!r}: cannot tell which ONNX output "
-            f"({sorted(onnx_out)}) the source's single output matches; pass output_map"
-        )
-    return {pick[0]: (src, onnx_out[pick[0]])}
+# The parity gate lives in model_registry.parity; its names stay importable from here.
+from model_registry.parity import (  # noqa: E402,F401
+    OutputParity,
+    ParityResult,
+    parity_check,
+)

@@ -96,8 +96,8 @@ DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB = 512
 # ---------------------------------------------------------------------------- model_registry
 #: Highest ``ai.onnx.ml`` opset the target ONNX Runtime implements (ORT 1.19: ai.onnx.ml 4).
 DEFAULT_MAX_ONNX_ML_OPSET = 4
-#: Human-readable name of the serving release the ONNX limits describe (quoted in errors).
-DEFAULT_TARGET_TRITON_RELEASE = "Triton 2.51 (ONNX Runtime 1.19)"
+#: The serving image the ONNX limits describe, quoted in every IR/opset refusal.
+DEFAULT_TARGET_TRITON_RELEASE = "nvcr.io/nvidia/tritonserver:24.10-py3 (Triton 2.51, ONNX Runtime 1.19)"
 #: Parity gate: absolute tolerance per output element (|onnx - source| <= atol + rtol * |source|).
 DEFAULT_PARITY_ATOL = 1e-5
 #: Parity gate: relative tolerance per output element (same formula as ``numpy.isclose``).

@@ -1,0 +1,207 @@
+"""PyTorch conversion: ``nn.Module`` to ONNX (dynamic batch axis) or TorchScript (traced in eval).
+
+The registry entry of the ``pytorch`` MLflow flavour (:mod:`model_registry.conversion`). Both
+formats deep-copy the module, put it in ``eval()`` and export/trace under ``torch.no_grad()``;
+TorchScript results must pass :func:`verify_torchscript` (case H08). TorchScript tensors are named
+by NVIDIA's libtorch convention (``<name>__<index>``, outputs ``output__<index>``), so the same
+repository loads on NVIDIA's image (``platform: "pytorch_libtorch"``) and on the local Python-based
+``pytorch`` backend. ``torch`` is imported lazily.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+
+from tritonflow.exceptions import ModelConversionError, ModelValidationError
+from tritonflow.settings import Settings, get_settings
+
+from model_registry.conversion import (
+    SAFE_NAME,
+    ConvertedModel,
+    TensorSchema,
+    safe_tensor_name,
+    sanitize_io_names,
+    schema_from_signature,
+)
+from model_registry.triton_config import load_onnx
+
+
+def _example_tensors(inputs: Sequence[TensorSchema], batch: int = 2, seed: int = 0) -> list[Any]:
+    import torch
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in inputs:
+        shape = [batch if i == 0 and d < 0 else (d if d > 0 else 8) for i, d in enumerate(s.shape)]
+        if s.dtype.startswith("float"):
+            arr = rng.normal(size=shape).astype(s.dtype)
+        elif s.dtype == "bool":
+            arr = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            arr = rng.integers(0, 10, size=shape).astype(s.dtype)
+        out.append(torch.from_numpy(arr))
+    return out
+
+
+def convert_pytorch(
+    module: Any,
+    signature: Any = None,
+    *,
+    schema: Any = None,
+    example: Sequence[Any] | None = None,
+    output_names: Sequence[str] | None = None,
+    target_opset: int | None = None,
+    export_format: str = "onnx",
+    model_name: str = "model",
+    settings: Settings | None = None,
+) -> ConvertedModel:
+    """Convert a PyTorch module to ONNX (dynamic batch axis) or TorchScript (traced in eval).
+
+    The module is deep-copied, put in ``eval()`` and exported/traced under ``torch.no_grad()``,
+    so Dropout and BatchNorm are recorded in inference behaviour (case H08). The caller's module
+    is not modified.
+
+    Args:
+        module: ``torch.nn.Module``.
+        signature: MLflow ``ModelSignature`` (input names, dtypes, shapes; -1 axes are dynamic).
+        schema: Explicit schema, wins over the signature.
+        example: Example input tensors for tracing (default: seeded values of batch 2 built from
+            the schema).
+        output_names: Output tensor names (default ``output_0``...).
+        target_opset: ONNX opset (default: ``settings.max_onnx_opset``, capped at 18, the
+            highest the TorchScript-based exporter emits reliably).
+        export_format: ``"onnx"`` or ``"torchscript"``.
+        model_name: Used in messages.
+        settings: Settings (default: from the environment).
+
+    Raises:
+        ModelConversionError: No signature/schema, bad arguments, or the exporter failed.
+        ModelValidationError: TorchScript result fails :func:`verify_torchscript`.
+    """
+    import torch
+
+    settings = settings or get_settings()
+    if export_format not in {"onnx", "torchscript"}:
+        raise ModelConversionError(
+            f"export_format={export_format!r} is invalid (expected 'onnx' or 'torchscript')"
+        )
+    inputs = schema_from_signature(signature, schema, model_name=model_name, input_name="input")
+    renamed = [dataclasses.replace(s, name=safe_tensor_name(s.name)) for s in inputs]
+    mapping = {a.name: b.name for a, b in zip(inputs, renamed) if a.name != b.name}
+    args = tuple(example) if example is not None else tuple(_example_tensors(renamed))
+    net = copy.deepcopy(module).eval()
+    if export_format == "torchscript":
+        with torch.no_grad():
+            traced = torch.jit.trace(net, args)
+        verify_torchscript(traced, module, args, atol=settings.torchscript_atol, model_name=model_name)
+        # NVIDIA's libtorch backend binds tensors by the <name>__<index> naming convention.
+        served = [dataclasses.replace(s, name=f"{s.name}__{i}") for i, s in enumerate(renamed)]
+        mapping = {a.name: b.name for a, b in zip(inputs, served)}
+        with torch.no_grad():
+            probe = _flat(traced(*args))
+        outs = [TensorSchema(f"output__{i}", np.dtype(p.dtype).name, (-1,) + tuple(p.shape[1:]))
+                for i, p in enumerate(probe)]
+        return ConvertedModel(None, "torchscript", "pytorch", served, mapping, torchscript=traced,
+                              notes=["traced in eval() under no_grad"], outputs=outs, converter="torch")
+
+    import io
+
+    with torch.no_grad():
+        probe = net(*args)
+    n_out = len(probe) if isinstance(probe, (tuple, list)) else 1
+    outs = list(output_names or [f"output_{i}" for i in range(n_out)])
+    if len(outs) != n_out or not all(SAFE_NAME.match(o) for o in outs):
+        raise ModelConversionError(
+            f"output_names={outs!r} is invalid (expected {n_out} names matching [A-Za-z_][A-Za-z0-9_]*)"
+        )
+    opset = min(target_opset or settings.max_onnx_opset, settings.max_onnx_opset, 18)
+    dynamic_axes: dict[str, dict[int, str]] = {}
+    for s in renamed:
+        dyn = {i: ("batch" if i == 0 else f"{s.name}_dim{i}") for i, d in enumerate(s.shape) if d < 0}
+        dyn.setdefault(0, "batch")
+        dynamic_axes[s.name] = dyn
+    for o in outs:
+        dynamic_axes[o] = {0: "batch"}
+    buf = io.BytesIO()
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                net, args, buf, input_names=[s.name for s in renamed], output_names=outs,
+                dynamic_axes=dynamic_axes, opset_version=opset, dynamo=False,
+                do_constant_folding=True,
+            )
+    except Exception as exc:  # exporter raises many types
+        raise ModelConversionError(f"model {model_name!r}: torch.onnx.export failed: {exc}") from exc
+    onx = load_onnx(buf.getvalue())
+    onx, more = sanitize_io_names(onx)
+    mapping.update(more)
+    return ConvertedModel(onx, "onnx", "pytorch", renamed, mapping,
+                          notes=[f"torch.onnx.export opset {opset}, dynamic batch axis, eval()"], converter="torch")
+
+
+def verify_torchscript(
+    scripted: Any,
+    eager_module: Any,
+    sample: Sequence[Any],
+    *,
+    atol: float | None = None,
+    model_name: str = "model",
+) -> dict[str, float]:
+    """Check a TorchScript module against the eager module in eval mode (case H08).
+
+    Two checks, both required: (1) max |TorchScript - eager-eval| <= ``atol`` on ``sample``;
+    (2) two TorchScript calls on ``sample`` give identical outputs (a train-mode trace keeps
+    Dropout active and fails this).
+
+    Args:
+        scripted: ``torch.jit.ScriptModule`` to check.
+        eager_module: The source ``nn.Module`` (deep-copied and put in eval; not modified).
+        sample: Input tensors (a fixed sample).
+        atol: Max abs difference (default ``settings.torchscript_atol``, 1e-5).
+        model_name: Used in messages.
+
+    Returns:
+        ``{"max_abs_diff": ..., "repeat_max_abs_diff": ...}``.
+
+    Raises:
+        ModelValidationError: Either check fails; the message gives both numbers.
+    """
+    import torch
+
+    atol = get_settings().torchscript_atol if atol is None else atol
+    ref_net = copy.deepcopy(eager_module).eval()
+    args = tuple(sample)
+    with torch.no_grad():
+        ref = _flat(ref_net(*args))
+        a = _flat(scripted(*args))
+        b = _flat(scripted(*args))
+    diff = max(float(np.max(np.abs(x - y))) if x.size else 0.0 for x, y in zip(a, ref))
+    rep = max(float(np.max(np.abs(x - y))) if x.size else 0.0 for x, y in zip(a, b))
+    problems = []
+    if not np.isfinite(diff) or diff > atol:
+        problems.append(
+            f"TorchScript vs eager eval() max abs diff {diff:.3g} > {atol:g}"
+        )
+    if rep != 0.0:
+        problems.append(f"two TorchScript calls differ (max abs diff {rep:.3g}; expected identical)")
+    if problems:
+        raise ModelValidationError(
+            f"model {model_name!r}: TorchScript check failed: " + "; ".join(problems)
+            + ". The module was probably traced in train mode: call model.eval() and trace "
+            "under torch.no_grad() (model_registry.conversion.convert_pytorch does this)"
+        )
+    return {"max_abs_diff": diff, "repeat_max_abs_diff": rep}
+
+
+def _flat(out: Any) -> list[np.ndarray]:
+    if isinstance(out, (tuple, list)):
+        return [o.detach().cpu().numpy() for o in out]
+    return [out.detach().cpu().numpy()]
+
+
