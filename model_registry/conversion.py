@@ -39,12 +39,11 @@ import copy
 import dataclasses
 import json
 import re
-import warnings
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from tritonflow.exceptions import ModelConversionError, ModelValidationError
+from tritonflow.exceptions import ModelConversionError
 from tritonflow.settings import Settings, get_settings
 
 from model_registry.triton_config import OnnxLike, load_onnx, model_io
@@ -659,4 +658,15 @@ def convert_mlflow_model(
                          settings=settings, **kwargs)
 
 
-from model_registry.pytorch_conversion import convert_pytorch, verify_torchscript  # noqa: E402,F401
+def convert_pytorch(*args: Any, **kwargs: Any) -> ConvertedModel:
+    """:func:`model_registry.pytorch_conversion.convert_pytorch` (PyTorch to ONNX or TorchScript)."""
+    from model_registry.pytorch_conversion import convert_pytorch as _convert
+
+    return _convert(*args, **kwargs)
+
+
+def verify_torchscript(*args: Any, **kwargs: Any) -> dict[str, float]:
+    """:func:`model_registry.pytorch_conversion.verify_torchscript` (case H08)."""
+    from model_registry.pytorch_conversion import verify_torchscript as _verify
+
+    return _verify(*args, **kwargs)

@@ -205,3 +205,82 @@ def _flat(out: Any) -> list[np.ndarray]:
     return [out.detach().cpu().numpy()]
 
 
+
+
+# ----------------------------------------------------------------------------- TorchScript checks
+def torchscript_runner(module: Any, inputs: Sequence[TensorSchema], outputs: Sequence[TensorSchema]):
+    """``feeds -> {output__i: array}`` running a TorchScript module on CPU under ``no_grad``.
+
+    Inputs are passed positionally in ``inputs`` order (the ``__<index>`` convention).
+    """
+    import torch
+
+    names = [s.name for s in inputs]
+    out_names = [o.name for o in outputs]
+
+    def run(feeds):
+        args = [torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in names]
+        with torch.no_grad():
+            values = _flat(module(*args))
+        return {n: v for n, v in zip(out_names, values)}
+
+    return run
+
+
+def validate_torchscript_for_push(
+    converted: ConvertedModel,
+    config: Any,
+    sample: Any,
+    *,
+    model_name: str | None = None,
+    settings: Settings | None = None,
+) -> Any:
+    """Pre-push checks of a TorchScript model and its config (the TorchScript analogue of
+    :func:`model_registry.validation.validate_for_push`).
+
+    Checks: the config agrees with the traced module's tensors (names, dtypes, ranks; the config
+    says ``platform: "pytorch_libtorch"``); the module runs at batch 1 and, when batching, at batch
+    ``min(max_batch_size, 3)`` with row 0 unchanged (case H02); outputs are finite. The eval-mode
+    and determinism checks (case H08) ran at conversion (:func:`verify_torchscript`).
+
+    Returns:
+        :class:`model_registry.validation.ValidationReport` (IR version 0, no opsets).
+
+    Raises:
+        ModelValidationError / ModelConfigError: Naming the model, the check and the tensor.
+    """
+    from model_registry.triton_config import declared_io, validate_config
+    from model_registry.validation import ValidationReport, _rows, _same, check_finite
+
+    name = model_name or config.name or "model"
+    if config.platform != "pytorch_libtorch":
+        raise ModelValidationError(
+            f"model {name!r}: a TorchScript config needs platform \"pytorch_libtorch\" (has "
+            f"platform {config.platform!r}, backend {config.backend!r})"
+        )
+    io = declared_io(converted.inputs, converted.outputs)
+    validate_config(config, io, model_name=name)
+    checks = ["torchscript_eval_determinism", "config"]
+    run = torchscript_runner(converted.torchscript, converted.inputs, converted.outputs)
+    n = min(len(np.asarray(v)) for v in sample.values())
+    try:
+        one = run(_rows(sample, [0]))
+        sizes = [1]
+        b = min(int(config.max_batch_size), 3)
+        if b >= 2:
+            many = run(_rows(sample, [i % n for i in range(b)]))
+            sizes.append(b)
+            for out, arr in one.items():
+                if many[out].shape[0] != b or not _same(many[out][:1], arr, 1e-5, 1e-4):
+                    raise ModelValidationError(
+                        f"model {name!r}: output {out!r} of row 0 differs between batch 1 and batch "
+                        f"{b} (or loses the batch axis); the outputs depend on the batch"
+                    )
+    except ModelValidationError:
+        raise
+    except Exception as exc:  # torch raises RuntimeError for shape problems
+        raise ModelValidationError(f"model {name!r} fails in TorchScript: {str(exc).splitlines()[0][:300]}") from exc
+    checks.append("batching")
+    check_finite(one, model_name=name)
+    checks.append("finite")
+    return ValidationReport(name, 0, {}, sizes, checks)

@@ -179,17 +179,41 @@ def _tensor_info(value_info: Any) -> TensorInfo:
     return TensorInfo(value_info.name, onnx_type, shape)
 
 
-def model_io(model: OnnxLike) -> tuple[list[TensorInfo], list[TensorInfo]]:
+def model_io(model: "OnnxLike | tuple[Sequence[TensorInfo], Sequence[TensorInfo]]") -> tuple[list[TensorInfo], list[TensorInfo]]:
     """Return the graph's (inputs, outputs), initializers excluded from the inputs.
+
+    ``model`` may also be an ``(inputs, outputs)`` pair of :class:`TensorInfo` (a model that is
+    not ONNX, e.g. TorchScript, see :func:`declared_io`); it is returned as lists.
 
     Raises:
         ModelConfigError: The model cannot be read.
     """
+    if isinstance(model, tuple) and len(model) == 2 and all(
+            isinstance(t, TensorInfo) for side in model for t in side):
+        return list(model[0]), list(model[1])
     proto = load_onnx(model)
     inits = {i.name for i in proto.graph.initializer}
     inputs = [_tensor_info(v) for v in proto.graph.input if v.name not in inits]
     outputs = [_tensor_info(v) for v in proto.graph.output]
     return inputs, outputs
+
+
+#: numpy dtype name -> ONNX Runtime style tensor type.
+NUMPY_TO_ONNX: dict[str, str] = {TRITON_TO_NUMPY[t]: o for o, t in ONNX_TO_TRITON.items() if t in TRITON_TO_NUMPY}
+
+
+def declared_io(inputs: Sequence[Any], outputs: Sequence[Any]) -> tuple[list[TensorInfo], list[TensorInfo]]:
+    """``(inputs, outputs)`` as :class:`TensorInfo` from schema items with ``name``, ``dtype``
+    (numpy name) and ``shape`` (``-1`` axes become symbolic, axis 0 ``"batch"``).
+
+    Used for models that are not ONNX (TorchScript: :class:`model_registry.conversion.TensorSchema`
+    items), so :func:`build_config` and :func:`check_config` treat them alike.
+    """
+    def info(t: Any) -> TensorInfo:
+        dims = tuple(("batch" if i == 0 else f"d{i}") if int(d) < 0 else int(d) for i, d in enumerate(t.shape))
+        return TensorInfo(t.name, NUMPY_TO_ONNX.get(str(t.dtype), f"tensor({t.dtype})"), dims)
+
+    return [info(t) for t in inputs], [info(t) for t in outputs]
 
 
 # ----------------------------------------------------------------------------- building configs
@@ -233,12 +257,14 @@ def build_config(
     backend: str = "onnxruntime",
     on_fixed_batch: str = "disable_batching",
     parameters: dict[str, str] | None = None,
+    platform: str = "",
 ) -> "model_config_pb2.ModelConfig":
     """Build a ``ModelConfig`` from an ONNX model's declared inputs and outputs.
 
     Args:
         name: Triton model name.
-        model: ONNX model (proto, path or bytes); names, data types and shapes come from it.
+        model: ONNX model (proto, path or bytes); names, data types and shapes come from it. Or an
+            ``(inputs, outputs)`` pair from :func:`declared_io` (TorchScript).
         max_batch_size: Largest batch Triton may form; ``0`` disables batching and writes the full
             model shape into ``dims``. With ``> 0`` every input and output must have a dynamic
             axis 0, which is left out of ``dims``.
@@ -253,6 +279,9 @@ def build_config(
             ``"disable_batching"`` (serve with ``max_batch_size: 0`` and full dims, warn) or
             ``"refuse"`` (raise).
         parameters: Optional string ``parameters`` map (e.g. ``intra_op_thread_count``).
+        platform: Triton platform instead of a backend (``"pytorch_libtorch"`` for TorchScript:
+            NVIDIA's image runs its libtorch backend, the local runtime the Python-based
+            ``pytorch`` backend); ``backend`` is then left empty.
 
     Returns:
         The ``ModelConfig`` message; render it with :func:`to_pbtxt`.
@@ -301,7 +330,11 @@ def build_config(
             batched = False
             max_batch_size = 0
 
-    cfg = pb.ModelConfig(name=name, backend=backend, max_batch_size=max_batch_size)
+    cfg = pb.ModelConfig(name=name, max_batch_size=max_batch_size)
+    if platform:
+        cfg.platform = platform
+    else:
+        cfg.backend = backend
     cfg.default_model_filename = default_model_filename
     for spec, group in ((inputs, cfg.input), (outputs, cfg.output)):
         for t in spec:
