@@ -621,6 +621,18 @@ class TritonModelControl:
         for out_name, want in (expected or {}).items():
             want = np.asarray(want)[rows]
             got = outputs[out_name]
+            if want.dtype.kind in "OSU" or got.dtype.kind in "OSU":  # string labels (BYTES)
+                text = np.vectorize(lambda v: v.decode() if isinstance(v, bytes) else str(v), otypes=[object])
+                differ = text(got).reshape(len(rows), -1) != text(want).reshape(len(rows), -1)
+                result.max_abs_error[out_name] = 0.0
+                if differ.any():
+                    bad = np.flatnonzero(differ.any(axis=1))
+                    raise ParityError(
+                        f"smoke test of model '{name}' version {version}: output {out_name!r} (strings) "
+                        f"differs from the source model in {bad.size} of {len(rows)} rows; first row "
+                        f"{rows[int(bad[0])]}"
+                    )
+                continue
             if got.shape != want.shape:
                 try:
                     got = got.reshape(want.shape)

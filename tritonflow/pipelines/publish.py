@@ -68,7 +68,6 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from tritonflow.exceptions import (
     DataError,
-    ModelConversionError,
     ParityError,
     ProfilingError,
     RepositoryConflictError,
@@ -359,125 +358,38 @@ def load_dataset(dataset_uri: str, download_dir: str | os.PathLike[str] | None =
 
 
 def _feature_columns(inputs: Sequence[Any], model_io: Any, sample: Mapping[str, Any]) -> list[tuple[str, str, int | None]]:
-    """``(column, input tensor, position or None)`` for every source column, in signature order."""
-    out: list[tuple[str, str, int | None]] = []
-    for spec in inputs:
-        if spec.columns:
-            out += [(c, spec.name, i) for i, c in enumerate(spec.columns)]
-        else:
-            arr = sample[spec.name]
-            if arr.ndim == 2 and arr.shape[1] > 1:
-                out += [(f"{spec.name}_{i}", spec.name, i) for i in range(arr.shape[1])]
-            else:
-                out.append((spec.name, spec.name, None))
-    return out
+    """``(column, input tensor, position or None)`` (:func:`model_registry.gate.feature_columns`)."""
+    from model_registry.gate import feature_columns
 
-
-def _sample_frame(inputs: Sequence[Any], model_io: Any, sample: Mapping[str, Any]):
-    """The validation sample as a DataFrame with the signature's column names and dtypes."""
-    import numpy as np
-    import pandas as pd
-
-    dtypes = {t.name: t.dtype for t in getattr(model_io, "inputs", ()) if t.name}
-    data = {}
-    for col, tensor, pos in _feature_columns(inputs, model_io, sample):
-        arr = np.asarray(sample[tensor])
-        values = arr[:, pos] if pos is not None else arr.reshape(len(arr), -1)[:, 0]
-        dtype = dtypes.get(col)
-        data[col] = values.astype(dtype) if dtype and dtype != "object" else values
-    return pd.DataFrame(data)
-
-
-def _round_integer_columns(sample: dict[str, Any], inputs: Sequence[Any], model_io: Any) -> None:
-    """Round perturbed values of integer signature columns folded into a float tensor (in place).
-
-    Tabular signatures fold int and float columns into one float tensor, and the perturbation adds
-    noise to all of it; the source model receives those columns as integers, so the ONNX model
-    must see the same integral values.
-    """
-    import numpy as np
-
-    dtypes = {t.name: t.dtype for t in getattr(model_io, "inputs", ()) if t.name}
-    for spec in inputs:
-        arr = sample.get(spec.name)
-        if arr is None or arr.dtype.kind != "f" or arr.ndim != 2:
-            continue
-        for i, col in enumerate(spec.columns):
-            if np.dtype(dtypes.get(col, "float64")).kind in "iu":
-                arr[:, i] = np.round(arr[:, i])
-
-
-def _source_input(model_io: Any, inputs: Sequence[Any], sample: Mapping[str, Any], dataset: Any, rows: int):
-    """What the MLflow pyfunc receives: original dataset rows, else the sample in signature form."""
-    tensors = next(iter(sample.values())) if len(sample) == 1 else dict(sample)
-    if model_io.input_kind == "tensors":
-        return tensors
-    has_columns = any(s.columns for s in inputs)
-    if dataset is not None and has_columns:
-        cols = [c for c, _, _ in _feature_columns(inputs, model_io, sample)]
-        frame = dataset[cols].iloc[:rows].reset_index(drop=True)
-        dtypes = {t.name: t.dtype for t in model_io.inputs if t.name}
-        for c in cols:  # MLflow's schema enforcement refuses e.g. float values in a "long" column
-            if dtypes.get(c) and dtypes[c] != "object" and frame[c].dtype != dtypes[c]:
-                with contextlib.suppress(TypeError, ValueError):
-                    frame[c] = frame[c].astype(dtypes[c])
-        return frame
-    if has_columns or model_io.input_kind == "columns":
-        return _sample_frame(inputs, model_io, sample)
-    return tensors
-
-
-def _source_outputs(model_uri: str, flavor: str, source_sample: Any) -> Any:
-    """Outputs of the source model as MLflow serves it (pyfunc), keyed like the ONNX outputs.
-
-    scikit-learn classifiers: ``label`` = the pyfunc's ``predict`` and ``probabilities`` = the raw
-    model's ``predict_proba`` (the pyfunc serves labels only); regressors: ``variable`` (skl2onnx's
-    output name) = the pyfunc's prediction as ``[N, 1]``. Other flavors: the pyfunc's output as is.
-    """
-    import mlflow.pyfunc
-    import numpy as np
-
-    pyfunc = mlflow.pyfunc.load_model(model_uri)
-    predicted = pyfunc.predict(source_sample)
-    if flavor != "sklearn":
-        return predicted
-    try:
-        raw = pyfunc.get_raw_model()
-    except NotImplementedError:
-        import mlflow.sklearn
-
-        raw = mlflow.sklearn.load_model(model_uri)
-    from sklearn.base import is_classifier
-
-    n = len(source_sample)
-    if is_classifier(raw) and hasattr(raw, "predict_proba"):
-        return {"label": np.asarray(predicted).reshape(n),
-                "probabilities": np.asarray(raw.predict_proba(source_sample))}
-    return {"variable": np.asarray(predicted).reshape(n, -1)}
+    return feature_columns(inputs, sample)
 
 
 def _write_npz(path: Path, arrays: Mapping[str, Any]) -> None:
+    """Save arrays without pickles: string (object) arrays are stored as unicode arrays."""
     import numpy as np
 
+    def plain(v: Any) -> Any:
+        arr = np.asarray(v)
+        if arr.dtype == object:
+            return np.array([x.decode() if isinstance(x, bytes) else str(x) for x in arr.reshape(-1)]).reshape(arr.shape)
+        return arr
+
     with open(path, "wb") as fh:
-        np.savez(fh, **{k: np.asarray(v) for k, v in arrays.items()})
+        np.savez(fh, **{k: plain(v) for k, v in arrays.items()})
 
 
 def _read_npz(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Inverse of :func:`_write_npz`: unicode arrays come back as object arrays of ``str``."""
     import numpy as np
 
     with np.load(path, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
+        return {k: (data[k].astype(object) if data[k].dtype.kind == "U" else data[k]) for k in data.files}
 
 
 def _parity_summary(result: Any) -> dict[str, dict[str, float]]:
-    out = {}
-    for name, o in result.outputs.items():
-        entry = {"max_abs": float(o.max_abs_error), "max_rel": float(o.max_rel_error)}
-        if o.label_agreement is not None:
-            entry["label_agreement"] = float(o.label_agreement)
-        out[name] = _json_safe(entry)
-    return out
+    from model_registry.gate import parity_summary
+
+    return parity_summary(result)
 
 
 def convert_and_validate(
@@ -488,12 +400,16 @@ def convert_and_validate(
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     dataset_uri: str | None = None,
     schema: Any = None,
+    export_format: str = "onnx",
     settings: Settings | None = None,
 ) -> dict[str, Any]:
     """Convert the model version, build its config, run every pre-push check and the parity gate.
 
-    Steps: read the MLflow signature and input example; convert (scikit-learn with ZipMap off,
-    PyTorch with a dynamic batch axis, ONNX passthrough); bring IR/opset within the target release
+    The work is :func:`model_registry.gate.validate_model` (also behind ``tritonflow validate``).
+    Steps: read the MLflow signature and input example; convert with the flavour's registered
+    converter (scikit-learn with ZipMap off and string columns as ``tensor(string)`` inputs,
+    XGBoost/LightGBM through onnxmltools, PyTorch to ONNX with a dynamic batch axis or to
+    TorchScript, ONNX passthrough); bring IR/opset within the target release
     (``max_onnx_ir_version``, ``max_onnx_opset``, ``max_onnx_ml_opset``; re-exported with
     ``onnx.version_converter`` when needed, case H09); build the validation sample (the dataset's
     first :data:`DATASET_SAMPLE_ROWS` rows, else the input example plus seeded perturbations);
@@ -503,7 +419,11 @@ def convert_and_validate(
     config vs model, batch 1 and >= 2, finite outputs); then the blocking parity gate: ONNX Runtime
     against the MLflow pyfunc on the validation sample, per output
     ``|onnx - source| <= atol + rtol * |source|`` and exact label agreement for classifiers
-    (``parity_min_label_agreement``).
+    (``parity_min_label_agreement``), per class for class probabilities; for tree ensembles also
+    on probe rows next to float32 split thresholds (:mod:`model_registry.probing`). The
+    provenance (library, converter, onnx, onnxruntime versions, IR version, opsets) is written as
+    ``tritonflow.provenance.*`` tags and the parity report is logged to MLflow whether the gate
+    passes or not.
 
     Args:
         resolved: State from :func:`resolve`.
@@ -515,10 +435,12 @@ def convert_and_validate(
             the drift reference recorded by :func:`record`.
         schema: Explicit input schema for a model logged without a signature (see
             :func:`model_registry.conversion.schema_from_signature`).
+        export_format: ``"onnx"`` or ``"torchscript"`` (PyTorch models; ``platform:
+            "pytorch_libtorch"``, file ``model.pt``).
         settings: Settings (default: from the environment).
 
     Returns:
-        ``resolved`` plus ``model_path``, ``config_path``, ``parity_report_path``,
+        ``resolved`` plus ``model_filename``, ``export_format``, ``provenance``, ``model_path``, ``config_path``, ``parity_report_path``,
         ``validation_report_path``, ``sample_path``, ``expected_path``, ``reference_frame_path``,
         ``reference_source``, ``parity`` (per output ``max_abs``/``max_rel``/``label_agreement``),
         ``checks``, ``config_summary``, ``instance_plan``, ``max_batch_size`` (served), ``atol``,
@@ -535,6 +457,8 @@ def convert_and_validate(
     a = _check_tolerance("atol", s.parity_atol if atol is None else atol)
     r = _check_tolerance("rtol", s.parity_rtol if rtol is None else rtol)
     mbs = _check_max_batch_size(max_batch_size)
+    if export_format not in ("onnx", "torchscript"):
+        raise SettingsError(f"export_format={export_format!r} is invalid; expected 'onnx' or 'torchscript'")
     reg = _registry(s, resolved.get("tracking_uri"))
     ref = _version_ref(reg, resolved)
     stage = Path(resolved["staging_dir"])
@@ -543,7 +467,8 @@ def convert_and_validate(
     stage.mkdir(parents=True)
     try:
         with _mlflow_uris(reg.tracking_uri):
-            updates = _convert_and_validate(resolved, ref, reg, stage, a, r, mbs, dataset_uri, schema, s)
+            updates = _convert_and_validate(resolved, ref, reg, stage, a, r, mbs, dataset_uri, schema, s,
+                                            export_format)
     except DataError as exc:
         _reject(reg, ref, exc, "convert_and_validate")
         raise
@@ -551,108 +476,75 @@ def convert_and_validate(
 
 
 def _convert_and_validate(resolved, ref, reg, stage: Path, atol: float, rtol: float, mbs: int,
-                          dataset_uri, schema, s: Settings) -> dict[str, Any]:
-    from model_registry.conversion import convert_mlflow_model
-    from model_registry.hardware import inventory, plan_instances
-    from model_registry.triton_config import DynamicBatchingSpec, build_config, config_summary, to_pbtxt
-    from model_registry.validation import (
-        check_onnx_compat,
-        make_compatible,
-        parity_check,
-        validate_for_push,
-        validation_sample,
-    )
-    from model_registry.analyzer import parse_int_list
+                          dataset_uri, schema, s: Settings, export_format: str = "onnx") -> dict[str, Any]:
+    from model_registry.gate import sample_frame, validate_model
+    from model_registry.provenance import provenance_tags
+    from model_registry.triton_config import config_summary, to_pbtxt
 
     name = resolved["triton_model_name"]
     model_io = reg.model_io(ref, require_signature=schema is None)
-    converted = convert_mlflow_model(ref.uri, schema=schema, model_name=name, settings=s)
-    if converted.format != "onnx" or converted.onnx_model is None:
-        raise ModelConversionError(
-            f"model {ref.uri}: conversion produced {converted.format!r}; the publish pipeline serves "
-            "ONNX models (expected format 'onnx')"
-        )
-    proto = converted.onnx_model
-    notes = list(converted.notes)
-    compat = check_onnx_compat(proto, s, model_name=name)
-    if not compat.ok:
-        proto, changed = make_compatible(proto, s, model_name=name)
-        notes += changed
-        log.warning("model %s: IR/opset above %s, re-exported: %s", name, s.target_triton_release, changed)
-
     dataset = None
     if dataset_uri:
         dataset = load_dataset(dataset_uri, stage / "dataset", reg.tracking_uri)
-    sample = validation_sample(converted.inputs, dataset=dataset, input_example=model_io.input_example,
-                               rows=DATASET_SAMPLE_ROWS if dataset is not None else None, settings=s)
-    _round_integer_columns(sample, converted.inputs, model_io)
-    n_rows = len(next(iter(sample.values())))
+    gate = validate_model(ref.uri, model_io, model_name=name, dataset=dataset, dataset_rows=DATASET_SAMPLE_ROWS,
+                          atol=atol, rtol=rtol, max_batch_size=mbs, export_format=export_format,
+                          schema=schema, settings=s)
+    parity_path = stage / PARITY_REPORT_FILENAME
+    parity_doc = gate.parity_doc(ref.uri, atol, rtol, s.parity_min_label_agreement)
+    parity_path.write_text(json.dumps(_json_safe(parity_doc), indent=2, sort_keys=True))
+    _record_provenance(reg, ref, gate.provenance, parity_path)
+    if not gate.passed:
+        raise ParityError(gate.failure)
 
-    hardware = inventory()
-    model_bytes = proto.SerializeToString()
-    plan = plan_instances(len(model_bytes), hardware=hardware, settings=s)
-    delay = parse_int_list(s.analyzer_queue_delays_us, "analyzer_queue_delays_us")[0]
-    config = build_config(name, proto, max_batch_size=mbs,
-                          dynamic_batching=DynamicBatchingSpec(max_queue_delay_us=delay) if mbs > 0 else None,
-                          instance_groups=plan.instance_groups(), default_model_filename=MODEL_FILENAME)
-    report = validate_for_push(proto, config, sample, model_name=name, settings=s)
-
-    source_sample = _source_input(model_io, converted.inputs, sample, dataset, n_rows)
-    source = _source_outputs(ref.uri, converted.source_flavor, source_sample)
-    parity = parity_check(lambda _x: source, proto, sample, source_sample=source_sample, atol=atol, rtol=rtol,
-                          raise_on_failure=False, model_name=name, settings=s)
-    parity_doc = {"model_uri": ref.uri, "source": "mlflow.pyfunc", "atol": atol, "rtol": rtol,
-                  "min_label_agreement": s.parity_min_label_agreement, **parity.to_dict()}
-    (stage / PARITY_REPORT_FILENAME).write_text(json.dumps(_json_safe(parity_doc), indent=2, sort_keys=True))
-    if not parity.passed:
-        raise ParityError(parity.describe_failures(name))
-
-    if isinstance(source, Mapping):
-        expected = {k: v for k, v in source.items()}
-    else:
-        (only,) = parity.outputs  # parity_check matched the single source output to one ONNX output
-        import numpy as np
-
-        expected = {only: np.asarray(source.to_numpy() if hasattr(source, "to_numpy") else source)}
-
-    (stage / MODEL_FILENAME).write_bytes(model_bytes)
-    text = to_pbtxt(config)
+    model_path = stage / gate.model_filename
+    model_path.write_bytes(gate.model_bytes)
+    text = to_pbtxt(gate.config)
     (stage / CONFIG_FILENAME).write_text(text)
     (stage / GENERATED_CONFIG_FILENAME).write_text(text)
-    _write_npz(stage / SAMPLE_FILENAME, sample)
-    _write_npz(stage / EXPECTED_FILENAME, expected)
+    _write_npz(stage / SAMPLE_FILENAME, gate.sample)
+    _write_npz(stage / EXPECTED_FILENAME, gate.expected)
+    converted = gate.converted
     if converted.name_mapping:
         (stage / NAME_MAPPING_FILENAME).write_text(converted.name_mapping_json())
     if dataset is not None:
-        cols = [c for c, _, _ in _feature_columns(converted.inputs, model_io, sample)]
+        cols = [c for c, _, _ in _feature_columns(converted.inputs, model_io, gate.sample)]
         reference = dataset[[c for c in cols if c in dataset.columns]]
         reference_source = f"dataset {dataset_uri}"
     else:
-        reference = _sample_frame(converted.inputs, model_io, sample)
+        reference = sample_frame(converted.inputs, model_io, gate.sample)
         reference_source = "input example + seeded perturbations (validation sample)"
     reference.to_parquet(stage / REFERENCE_FRAME_FILENAME, index=False)
-    validation_doc = {
-        **dataclasses.asdict(report), "notes": notes, "compat_problems_before": compat.problems,
-        "instance_plan": dataclasses.asdict(plan), "hardware_has_gpu": hardware.has_gpu,
-        "hardware_reason": hardware.reason, "name_mapping": converted.name_mapping,
-        "validation_rows": n_rows, "target_release": s.target_triton_release,
-    }
-    (stage / VALIDATION_REPORT_FILENAME).write_text(json.dumps(_json_safe(validation_doc), indent=2, sort_keys=True))
-    summary = config_summary(config)
-    log.info("model %s v%s converted and validated (%s); parity %s", name, ref.version,
-             ", ".join(report.checks), _parity_summary(parity))
+    (stage / VALIDATION_REPORT_FILENAME).write_text(
+        json.dumps(_json_safe(gate.validation_doc(s.target_triton_release)), indent=2, sort_keys=True))
+    summary = config_summary(gate.config)
+    parity = _parity_summary(gate.parity)
+    log.info("model %s v%s converted (%s, %s) and validated (%s); parity %s; threshold probes %s", name,
+             ref.version, converted.source_flavor, converted.format, ", ".join(gate.report.checks), parity,
+             {k: gate.probes.get(k) for k in ("probed", "rows", "passed", "note") if k in gate.probes})
+    plan = gate.plan
     return {
-        "model_path": str(stage / MODEL_FILENAME), "config_path": str(stage / CONFIG_FILENAME),
-        "parity_report_path": str(stage / PARITY_REPORT_FILENAME),
+        "model_path": str(model_path), "model_filename": gate.model_filename, "export_format": converted.format,
+        "config_path": str(stage / CONFIG_FILENAME),
+        "parity_report_path": str(parity_path),
         "validation_report_path": str(stage / VALIDATION_REPORT_FILENAME),
         "sample_path": str(stage / SAMPLE_FILENAME), "expected_path": str(stage / EXPECTED_FILENAME),
         "reference_frame_path": str(stage / REFERENCE_FRAME_FILENAME), "reference_source": reference_source,
-        "parity": _parity_summary(parity), "validation_rows": n_rows, "checks": list(report.checks),
-        "batch_sizes_checked": list(report.batch_sizes), "config_summary": _json_safe(summary),
+        "parity": parity, "validation_rows": len(next(iter(gate.sample.values()))),
+        "checks": list(gate.report.checks),
+        "batch_sizes_checked": list(gate.report.batch_sizes), "config_summary": _json_safe(summary),
         "instance_plan": {"kind": plan.kind, "count": plan.count, "reason": plan.reason},
-        "max_batch_size": int(config.max_batch_size), "atol": atol, "rtol": rtol,
-        "source_flavor": converted.source_flavor, "notes": notes[:10],
+        "max_batch_size": int(gate.config.max_batch_size), "atol": atol, "rtol": rtol,
+        "source_flavor": converted.source_flavor, "notes": gate.notes[:10],
+        "provenance": provenance_tags(gate.provenance),
     }
+
+
+def _record_provenance(reg: Any, ref: Any, record: Mapping[str, Any], parity_path: Path) -> None:
+    """Provenance tags and the parity report on the MLflow version, whether the gate passed or not."""
+    from model_registry.provenance import provenance_tags
+
+    reg.set_version_tags(ref, provenance_tags(record))
+    reg.log_version_artifact(ref, parity_path, PUBLISH_ARTIFACT_PATH)
 
 
 # ---------------------------------------------------------------------------- stage 3: profile
@@ -781,7 +673,8 @@ def _profile(staged, search, s: Settings, reg, ref, timeout_s) -> dict[str, Any]
         shutil.rmtree(work)
     repo = work / "repository"
     (repo / name / "1").mkdir(parents=True)
-    shutil.copyfile(staged["model_path"], repo / name / "1" / MODEL_FILENAME)
+    filename = staged.get("model_filename") or MODEL_FILENAME
+    shutil.copyfile(staged["model_path"], repo / name / "1" / filename)
     generated = read_config(stage / GENERATED_CONFIG_FILENAME)
     (repo / name / CONFIG_FILENAME).write_text(to_pbtxt(generated))
     log.info("model %s: Model Analyzer sweep %s (p99 <= %s ms, CV <= %s)", name, search,
@@ -790,10 +683,12 @@ def _profile(staged, search, s: Settings, reg, ref, timeout_s) -> dict[str, Any]
                             settings=s, timeout_s=float(timeout_s) if timeout_s is not None else None)
     chosen = outcome.config
     chosen.name = name
-    chosen.default_model_filename = MODEL_FILENAME
+    chosen.default_model_filename = filename
     if not chosen.backend and not chosen.platform:
         chosen.backend = generated.backend
-    validate_for_push(staged["model_path"], chosen, _read_npz(staged["sample_path"]), model_name=name, settings=s)
+        chosen.platform = generated.platform
+    if filename == MODEL_FILENAME:
+        validate_for_push(staged["model_path"], chosen, _read_npz(staged["sample_path"]), model_name=name, settings=s)
 
     results = work / "results.csv"
     fields = [f.name for f in dataclasses.fields(outcome.rows[0])] if outcome.rows else ["config"]
@@ -893,9 +788,10 @@ def _existing_identical(repository_uri: str, state: Mapping[str, Any], keys: Sig
     from repository_sync.storage import open_repository, sha256_file
 
     storage = open_repository(repository_uri, endpoint_url=_endpoint(settings))
-    layout = plan_version(state["triton_model_name"], int(state["version"]), MODEL_FILENAME)
+    filename = state.get("model_filename") or MODEL_FILENAME
+    layout = plan_version(state["triton_model_name"], int(state["version"]), filename)
     with storage.local_version(layout) as local:
-        if sha256_file(local / MODEL_FILENAME) != sha256_file(Path(state["model_path"])):
+        if sha256_file(local / filename) != sha256_file(Path(state["model_path"])):
             raise conflict
         info = verify_version(local, str(keys.trusted_dir), signature_file=layout.signature_filename)
         intended = (local / INTENDED_CONFIG_FILENAME).read_text()
@@ -1178,6 +1074,7 @@ def publish(
     bounds: Mapping[str, Any] | None = None,
     dataset_uri: str | None = None,
     schema: Any = None,
+    export_format: str = "onnx",
     settings: Settings | None = None,
 ) -> dict[str, Any]:
     """Run every stage in order (what the DAG does, in one process); returns :func:`record`'s summary.
@@ -1188,7 +1085,7 @@ def publish(
     s = settings or get_settings()
     state = resolve(model_ref, settings=s)
     state = convert_and_validate(state, atol=atol, rtol=rtol, max_batch_size=max_batch_size,
-                                 dataset_uri=dataset_uri, schema=schema, settings=s)
+                                 dataset_uri=dataset_uri, schema=schema, export_format=export_format, settings=s)
     state = profile(state, enabled=profile_enabled, bounds=bounds, settings=s)
     state = sign_and_push(state, repository_uri=repository_uri, settings=s)
     state = load_and_smoke(state, triton_url=triton_url, settings=s)

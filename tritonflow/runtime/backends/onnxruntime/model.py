@@ -13,7 +13,9 @@ It honours the model configuration:
   be dynamic or absent from the config; requests larger than ``max_batch_size`` are refused);
 * dynamic batching: the requests Triton hands to one ``execute`` call are concatenated along the
   batch axis, run in one ONNX Runtime call and split back per request;
-* ``parameters { key: "intra_op_thread_count" }`` sets ONNX Runtime's intra-op threads.
+* ``parameters { key: "intra_op_thread_count" }`` sets ONNX Runtime's intra-op threads;
+* ``TYPE_STRING`` tensors as NVIDIA's native backend serves them: request ``BYTES`` elements are
+  decoded as UTF-8 into ONNX ``tensor(string)`` inputs, string outputs go back UTF-8 encoded.
 
 This file runs inside Triton's Python stub and imports only numpy, onnxruntime and
 ``triton_python_backend_utils``.
@@ -60,6 +62,25 @@ def _shape_ok(config_dims, onnx_shape, batched):
         if want != have:
             return False
     return True
+
+
+def _to_str(arr):
+    """BYTES request elements -> an object array of ``str`` (ONNX Runtime's string tensors)."""
+    out = np.empty(arr.shape, dtype=object)
+    flat = out.reshape(-1)
+    for i, v in enumerate(arr.reshape(-1)):
+        flat[i] = v.decode("utf-8") if isinstance(v, (bytes, np.bytes_)) else str(v)
+    return out
+
+
+def _to_bytes(arr):
+    """A string output -> an object array of UTF-8 ``bytes`` (Triton's BYTES elements)."""
+    arr = np.asarray(arr, dtype=object)
+    out = np.empty(arr.shape, dtype=object)
+    flat = out.reshape(-1)
+    for i, v in enumerate(arr.reshape(-1)):
+        flat[i] = v if isinstance(v, bytes) else str(v).encode("utf-8")
+    return out
 
 
 class TritonPythonModel:
@@ -136,7 +157,8 @@ class TritonPythonModel:
                     tensor = pb_utils.get_input_tensor_by_name(request, name)
                     if tensor is None:
                         raise ValueError(f"input '{name}' is missing from the request")
-                    arrays[name] = tensor.as_numpy().astype(dtype, copy=False)
+                    arr = tensor.as_numpy()
+                    arrays[name] = _to_str(arr) if dtype == np.object_ else arr.astype(dtype, copy=False)
                 size = next(iter(arrays.values())).shape[0] if self.max_batch_size > 0 else 1
                 if self.max_batch_size > 0 and size > self.max_batch_size:
                     raise ValueError(f"batch size {size} exceeds max_batch_size {self.max_batch_size}")
@@ -170,7 +192,8 @@ class TritonPythonModel:
     def _response(self, request, results):
         wanted = set(request.requested_output_names() or [n for n, _ in self.outputs])
         tensors = [
-            pb_utils.Tensor(name, np.ascontiguousarray(value.astype(dtype, copy=False)))
+            pb_utils.Tensor(name, _to_bytes(value) if dtype == np.object_
+                            else np.ascontiguousarray(value.astype(dtype, copy=False)))
             for (name, dtype), value in zip(self.outputs, results)
             if name in wanted
         ]
