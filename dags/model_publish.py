@@ -86,6 +86,9 @@ PARAMS = {
                                         "of the profiling sweep."),
     "profile": Param(True, type="boolean",
                      description="Profile with Model Analyzer (bounded sweep) and adopt the best stable config."),
+    "export_format": Param("onnx", type="string", enum=["onnx", "torchscript"],
+                           description="Served format: ONNX (every flavour), or TorchScript for PyTorch models "
+                                       "(platform pytorch_libtorch, model.pt)."),
     "dataset_uri": Param(None, type=["null", "string"],
                          description="Validation dataset (CSV/Parquet path or MLflow artifact URI); empty: the "
                                      "logged input example plus seeded perturbations."),
@@ -152,7 +155,8 @@ def model_publish():
         params = get_current_context()["params"]
         return pipeline.convert_and_validate(
             state, atol=params["atol"], rtol=params["rtol"], max_batch_size=params["max_batch_size"],
-            dataset_uri=params.get("dataset_uri") or None, settings=_settings(),
+            dataset_uri=params.get("dataset_uri") or None,
+            export_format=params.get("export_format") or "onnx", settings=_settings(),
         )
 
     @task(execution_timeout=PROFILE_TASK_TIMEOUT)

@@ -6,6 +6,13 @@ Usage::
     tritonflow runtime status [--json]
     tritonflow runtime stop [--services ...]
     tritonflow settings            # the configuration reference (variables, defaults, meaning)
+    tritonflow validate MODEL_URI --sample FILE [--out DIR] [--format onnx|torchscript] ...
+
+``tritonflow validate`` converts a model (``models:/name/version``, ``runs:/...`` or a local MLflow
+model folder), runs the pre-push checks and the parity gate against a sample file (CSV/Parquet)
+and generates ``config.pbtxt``, without publishing anything. It prints the report as JSON and
+exits 0 when the gate passes, 1 when it fails (parity, threshold probes, a pre-push check or a
+conversion refusal) and 2 when it could not run (bad arguments, MLflow unreachable).
 """
 
 from __future__ import annotations
@@ -93,6 +100,66 @@ def settings_reference(markdown: bool = False) -> str:
     return "\n".join(lines)
 
 
+def validate(model_uri: str, sample: str, *, out: str | None = None, name: str | None = None,
+             export_format: str = "onnx", max_batch_size: int = 32, atol: float | None = None,
+             rtol: float | None = None, rows: int = 1000, tracking_uri: str | None = None,
+             settings: Settings | None = None) -> tuple[int, dict]:
+    """Run the conversion gate on a model without publishing: ``(exit code, report)``.
+
+    Exit code 0: the gate passed; 1: it failed (the report says why); 2: it could not run.
+    With ``out``, the model file, ``config.pbtxt`` and the report are written there.
+    """
+    import os
+    import re
+    import tempfile
+    from pathlib import Path
+
+    from tritonflow.exceptions import DataError
+    from tritonflow.pipelines.publish import _json_safe, load_dataset
+
+    s = settings or get_settings()
+    uri = model_uri.strip()
+    if name is None:
+        m = re.match(r"^models:/([^/@]+)", uri)
+        base = m.group(1) if m else Path(uri.rstrip("/")).name or "model"
+        name = re.sub(r"[^A-Za-z0-9_.\-]", "_", base).lstrip("._-") or "model"
+    report: dict = {"model_uri": uri, "model_name": name, "export_format": export_format, "published": False}
+    try:
+        import mlflow
+
+        from model_registry.gate import local_model, validate_model
+        from model_registry.triton_config import to_pbtxt
+
+        if not os.path.isdir(uri):
+            mlflow.set_tracking_uri(tracking_uri or s.resolved_mlflow_tracking_uri)
+        with tempfile.TemporaryDirectory(prefix="tritonflow-validate-") as tmp:
+            path, model_io = local_model(uri, download_dir=tmp)
+            data = load_dataset(sample, Path(tmp) / "sample")
+            gate = validate_model(path, model_io, model_name=name, dataset=data, dataset_rows=rows, atol=atol,
+                                  rtol=rtol, max_batch_size=max_batch_size, export_format=export_format, settings=s)
+        a = s.parity_atol if atol is None else atol
+        r = s.parity_rtol if rtol is None else rtol
+        report.update(passed=gate.passed, failure=gate.failure,
+                      parity=gate.parity_doc(uri, a, r, s.parity_min_label_agreement),
+                      validation=gate.validation_doc(s.target_triton_release), config_pbtxt=to_pbtxt(gate.config))
+        if out:
+            target = Path(out)
+            target.mkdir(parents=True, exist_ok=True)
+            (target / gate.model_filename).write_bytes(gate.model_bytes)
+            (target / "config.pbtxt").write_text(report["config_pbtxt"])
+            (target / "report.json").write_text(json.dumps(_json_safe(report), indent=2, sort_keys=True))
+        return (0 if gate.passed else 1), _json_safe(report)
+    except DataError as exc:
+        report.update(passed=False, failure=f"{type(exc).__name__}: {exc}")
+        return 1, report
+    except TritonflowError as exc:
+        report.update(passed=False, failure=f"{type(exc).__name__}: {exc}")
+        return 2, report
+    except Exception as exc:  # noqa: BLE001 - MLflow unreachable, unreadable files: not a verdict
+        report.update(passed=False, failure=f"could not run: {type(exc).__name__}: {exc}")
+        return 2, report
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tritonflow`` command."""
     parser = argparse.ArgumentParser(prog="tritonflow")
@@ -104,8 +171,27 @@ def main(argv: list[str] | None = None) -> int:
     rt.add_argument("--json", action="store_true", help="status as JSON")
     st = sub.add_parser("settings", help="print the configuration reference")
     st.add_argument("--markdown", action="store_true", help="as a Markdown table (the README's)")
+    va = sub.add_parser("validate", help="convert, parity-gate and generate config.pbtxt without publishing")
+    va.add_argument("model_uri", help="models:/name/version, runs:/<run>/<path> or a local MLflow model folder")
+    va.add_argument("--sample", required=True, help="validation rows: CSV or Parquet file (signature columns)")
+    va.add_argument("--out", default=None, help="folder for the model file, config.pbtxt and report.json")
+    va.add_argument("--name", default=None, help="Triton model name (default: from the URI)")
+    va.add_argument("--format", dest="export_format", choices=["onnx", "torchscript"], default="onnx")
+    va.add_argument("--max-batch-size", type=int, default=32)
+    va.add_argument("--atol", type=float, default=None)
+    va.add_argument("--rtol", type=float, default=None)
+    va.add_argument("--rows", type=int, default=1000, help="rows of the sample used (the first ones)")
+    va.add_argument("--tracking-uri", default=None, help="MLflow tracking URI for models:/ and runs:/ URIs")
     args = parser.parse_args(argv)
     try:
+        if args.command == "validate":
+            rc, report = validate(args.model_uri, args.sample, out=args.out, name=args.name,
+                                  export_format=args.export_format, max_batch_size=args.max_batch_size,
+                                  atol=args.atol, rtol=args.rtol, rows=args.rows, tracking_uri=args.tracking_uri)
+            print(json.dumps(report, indent=2, sort_keys=True, default=str))
+            if rc:
+                print(f"validate: {report.get('failure') or 'failed'}", file=sys.stderr)
+            return rc
         if args.command == "runtime":
             return _runtime(args)
         print(settings_reference(markdown=args.markdown))
