@@ -16,7 +16,10 @@ Method
   champion's outputs, proportions floored at ``eps`` (Siddiqi, *Credit Risk Scorecards*, 2006;
   rule of thumb: < 0.1 stable, 0.1-0.25 moderate, > 0.25 large shift).
 * **Task metrics** on labelled rows: AUC (``sklearn.metrics.roc_auc_score``), accuracy and F1 for
-  binary classifiers; RMSE and MAE for regressors.
+  binary classifiers; RMSE and MAE for regressors; one-vs-rest AUC, log-loss and accuracy for
+  multi-class classifiers (``Task.MULTICLASS``: outputs ``[n, C]`` probabilities, labels class
+  indices; :mod:`model_registry.multiclass`), where agreement is the share of equal arg-max
+  classes and the output shift is the largest per-class KS/PSI.
 * **Paired percentile bootstrap** (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993,
   ch. 13): ``n_boot`` times, draw ``n`` labelled rows with replacement (seeded
   ``numpy.random.default_rng(seed)``), compute each metric for *both* versions on the *same*
@@ -85,6 +88,7 @@ class Task(str, enum.Enum):
 
     CLASSIFICATION = "classification"
     REGRESSION = "regression"
+    MULTICLASS = "multiclass"
 
 
 class Verdict(str, enum.Enum):
@@ -110,6 +114,8 @@ class Outcome(str, enum.Enum):
 METRICS: dict[Task, dict[str, bool]] = {
     Task.CLASSIFICATION: {"auc": True, "accuracy": True, "f1": True},
     Task.REGRESSION: {"rmse": False, "mae": False},
+    # one-vs-rest AUC, log-loss, accuracy on [n, C] probabilities (model_registry.multiclass)
+    Task.MULTICLASS: {"auc_ovr": True, "log_loss": False, "accuracy": True},
 }
 
 
@@ -149,6 +155,8 @@ class DecisionRule:
     def __post_init__(self) -> None:
         task = Task(self.task)
         object.__setattr__(self, "task", task)
+        if task is Task.MULTICLASS and self.primary_metric == "auc":  # the binary default
+            object.__setattr__(self, "primary_metric", "auc_ovr")
         object.__setattr__(self, "guardrail_metrics", tuple(self.guardrail_metrics))
         known = METRICS[task]
         for field, name in [("primary_metric", self.primary_metric)] + [
@@ -290,7 +298,7 @@ class ShadowDecision:
             f"(minimum {r.min_labels})",
         ]
         if self.agreement is not None:
-            kind = ("share of equal labels" if r.task is Task.CLASSIFICATION
+            kind = ("share of equal labels" if r.task in (Task.CLASSIFICATION, Task.MULTICLASS)
                     else "mean absolute difference")
             lines.append(f"- prediction agreement ({kind}): {_fmt(self.agreement)}")
         if self.output_shift:
@@ -621,23 +629,44 @@ def evaluate(labels: Any | None, champion: Any, challenger: Any | None, *,
         DataError: Shapes differ, outputs are not finite, or labels are not valid for the task.
     """
     rule = rule or DecisionRule()
-    a = _as_vector(champion, "champion outputs")
+    multi = rule.task is Task.MULTICLASS
+    if multi:
+        from model_registry.multiclass import as_probabilities, multiclass_metrics, paired_bootstrap_multiclass
+
+        a = as_probabilities(champion, "champion outputs")
+        b = None if challenger is None else as_probabilities(challenger, "challenger outputs", n_classes=a.shape[1])
+        if b is not None and b.shape[0] != a.shape[0]:
+            raise DataError(f"challenger outputs have {b.shape[0]} rows, champion outputs {a.shape[0]}; "
+                            "expected the same replayed rows")
+    else:
+        a = _as_vector(champion, "champion outputs")
+        b = None
+        if challenger is not None:
+            a, b = _pair(a, challenger)
     if a.size == 0:
         raise DataError("champion outputs are empty (expected at least one replayed row)")
-    b = None
-    if challenger is not None:
-        a, b = _pair(a, challenger)
-    y = (np.full(a.shape, np.nan) if labels is None
+    y = (np.full(a.shape[0], np.nan) if labels is None
          else _as_vector(labels, "labels", allow_nan=True))
-    if y.shape != a.shape:
-        raise DataError(f"labels have {y.size} rows, outputs {a.size}; expected equal")
+    if y.shape != a.shape[:1]:
+        raise DataError(f"labels have {y.size} rows, outputs {a.shape[0]}; expected equal")
     mask = ~np.isnan(y)
     n_lab = int(mask.sum())
     reasons: list[str] = []
     higher = METRICS[rule.task][rule.primary_metric]
 
     agreement = shift = None
-    if b is not None:
+    if b is not None and multi:
+        from model_registry.multiclass import per_class_prediction_shift
+
+        agreement = float(np.mean(np.argmax(a, axis=1) == np.argmax(b, axis=1)))
+        per_class = per_class_prediction_shift(a, b)
+        worst = per_class["per_class"][per_class["worst_class"]]
+        from scipy.stats import ks_2samp
+
+        shift = {"ks_statistic": per_class["max_ks"],
+                 "ks_pvalue": float(ks_2samp(a[:, worst["class"]], b[:, worst["class"]]).pvalue),
+                 "psi": per_class["max_psi"], "worst_class": float(per_class["worst_class"])}
+    elif b is not None:
         agreement = prediction_agreement(a, b, task=rule.task, threshold=rule.threshold)
         shift = output_shift(a, b)
 
@@ -645,7 +674,8 @@ def evaluate(labels: Any | None, champion: Any, challenger: Any | None, *,
     comparisons: dict[str, MetricComparison] = {}
     champ_metrics: dict[str, float] = {}
     if enough:
-        champ_metrics = task_metrics(y[mask], a[mask], task=rule.task, threshold=rule.threshold)
+        champ_metrics = (multiclass_metrics(y[mask], a[mask]) if multi else
+                         task_metrics(y[mask], a[mask], task=rule.task, threshold=rule.threshold))
     primary = champ_metrics.get(rule.primary_metric, float("nan"))
     if not enough:
         reasons.append(f"only {n_lab} labelled rows; at least min_labels={rule.min_labels} needed")
@@ -679,9 +709,14 @@ def evaluate(labels: Any | None, champion: Any, challenger: Any | None, *,
         names = [rule.primary_metric] + [g for g in rule.guardrail_metrics
                                          if g != rule.primary_metric]
         names += [m for m in METRICS[rule.task] if m not in names]
-        comparisons = paired_bootstrap(y[mask], a[mask], b[mask], metrics=names, task=rule.task,
-                                       n_boot=rule.n_boot, confidence=rule.confidence,
-                                       seed=rule.seed, threshold=rule.threshold)
+        if multi:
+            comparisons = paired_bootstrap_multiclass(y[mask], a[mask], b[mask], metrics=names,
+                                                      n_boot=rule.n_boot, confidence=rule.confidence,
+                                                      seed=rule.seed)
+        else:
+            comparisons = paired_bootstrap(y[mask], a[mask], b[mask], metrics=names, task=rule.task,
+                                           n_boot=rule.n_boot, confidence=rule.confidence,
+                                           seed=rule.seed, threshold=rule.threshold)
         p = comparisons[rule.primary_metric]
         broken = [g for g in rule.guardrail_metrics
                   if comparisons[g].improvement < -rule.guardrail_tolerance]
@@ -712,7 +747,7 @@ def evaluate(labels: Any | None, champion: Any, challenger: Any | None, *,
 
     return ShadowDecision(
         verdict=verdict, outcome=outcome, champion_degraded=degraded, reasons=tuple(reasons),
-        rule=rule, n_rows=int(a.size), n_labelled=n_lab, agreement=agreement,
+        rule=rule, n_rows=int(a.shape[0]), n_labelled=n_lab, agreement=agreement,
         output_shift=shift, comparisons=comparisons, champion_metrics=champ_metrics,
         champion_reference=None if champion_reference is None else float(champion_reference),
     )

@@ -1,0 +1,184 @@
+"""Multi-class comparisons: metrics with paired bootstrap intervals, and per-class prediction checks.
+
+Pure numpy functions on class probabilities ``[n, C]`` (rows sum to 1, column ``c`` = class ``c``)
+and class-index labels ``0..C-1``; used by :func:`model_registry.shadow.evaluate` for
+``Task.MULTICLASS`` and by canary analysis (:func:`per_class_prediction_shift`).
+
+Metrics (higher is better unless said):
+
+* ``auc_ovr``: one-vs-rest ROC AUC, the unweighted mean over classes of the binary AUC of
+  ``P[:, c]`` against ``y == c`` (Provost & Domingos 2000; ``sklearn.metrics.roc_auc_score(...,
+  multi_class="ovr", average="macro")``); classes absent or alone in a resample are left out of
+  the mean, NaN when none is left;
+* ``log_loss`` (lower is better): ``-mean(log(max(P[i, y_i], 1e-15)))`` (``sklearn.metrics.log_loss``);
+* ``accuracy``: share of rows whose arg-max class is the label.
+
+The paired bootstrap is the one of :mod:`model_registry.shadow` (Efron & Tibshirani 1993,
+ch. 13): both versions scored on the same resampled rows, percentile interval of the
+sign-adjusted differences.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from tritonflow.exceptions import DataError
+
+#: Metrics of a multi-class classifier and whether higher is better.
+MULTICLASS_METRICS: dict[str, bool] = {"auc_ovr": True, "log_loss": False, "accuracy": True}
+#: Probability floor of the log-loss (sklearn's historical ``eps``).
+LOG_LOSS_EPS = 1e-15
+
+
+def as_probabilities(values: Any, field: str, *, n_classes: int | None = None) -> np.ndarray:
+    """``values`` as a finite ``[n, C]`` float array with ``C >= 2``.
+
+    Raises:
+        DataError: Wrong rank, fewer than 2 columns, a column count other than ``n_classes``, or a
+            non-finite value (names the field and the first bad row).
+    """
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim != 2 or arr.shape[1] < 2:
+        raise DataError(f"{field} has shape {arr.shape}; expected (n, C) class probabilities with C >= 2")
+    if n_classes is not None and arr.shape[1] != n_classes:
+        raise DataError(f"{field} has {arr.shape[1]} classes; expected {n_classes}")
+    bad = ~np.isfinite(arr).all(axis=1)
+    if bad.any():
+        raise DataError(f"{field}[{int(np.flatnonzero(bad)[0])}] is not finite (expected probabilities)")
+    return arr
+
+
+def as_class_labels(values: Any, n_classes: int, field: str = "labels") -> np.ndarray:
+    """Class-index labels ``0..n_classes-1`` as int64 (NaN not allowed).
+
+    Raises:
+        DataError: A label that is not an integer in range (names its position and value).
+    """
+    y = np.asarray(values, dtype=np.float64)
+    ok = np.isfinite(y) & (y == np.round(y)) & (y >= 0) & (y < n_classes)
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        raise DataError(f"{field}[{i}]={float(y[i])!r} is not a class index (expected an integer 0..{n_classes - 1})")
+    return y.astype(np.int64)
+
+
+def _binary_auc(scores: np.ndarray, positive: np.ndarray) -> np.ndarray:
+    """Mann-Whitney AUC per row of ``[B, n]`` arrays (ties count one half), NaN where undefined."""
+    from scipy.stats import rankdata
+
+    ranks = rankdata(scores, axis=-1)
+    n_pos = positive.sum(axis=-1)
+    n_neg = positive.shape[-1] - n_pos
+    with np.errstate(invalid="ignore", divide="ignore"):
+        auc = (np.sum(ranks * positive, axis=-1) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+    return np.where((n_pos > 0) & (n_neg > 0), auc, np.nan)
+
+
+def multiclass_metric(name: str, labels: np.ndarray, proba: np.ndarray, idx: np.ndarray | None = None) -> np.ndarray:
+    """Metric ``name`` on each resample (rows ``idx`` ``[B, n]``; all rows when None), shape ``[B]``."""
+    if idx is None:
+        idx = np.arange(labels.size)[None, :]
+    y = labels[idx]
+    if name == "accuracy":
+        return np.mean(np.argmax(proba, axis=1)[idx] == y, axis=1)
+    if name == "log_loss":
+        per_row = -np.log(np.maximum(proba[np.arange(labels.size), labels], LOG_LOSS_EPS))
+        return np.mean(per_row[idx], axis=1)
+    if name == "auc_ovr":
+        per_class = np.stack([_binary_auc(proba[:, c][idx], y == c) for c in range(proba.shape[1])], axis=-1)
+        with np.errstate(invalid="ignore"), __import__("warnings").catch_warnings():
+            __import__("warnings").simplefilter("ignore", RuntimeWarning)
+            return np.nanmean(per_class, axis=-1)
+    raise DataError(f"metric={name!r} is not a multiclass metric (expected one of {sorted(MULTICLASS_METRICS)})")
+
+
+def multiclass_metrics(labels: Any, proba: Any) -> dict[str, float]:
+    """``auc_ovr``, ``log_loss`` and ``accuracy`` of one version on labelled rows.
+
+    Raises:
+        DataError: Bad shapes, probabilities or labels.
+    """
+    p = as_probabilities(proba, "outputs")
+    y = as_class_labels(labels, p.shape[1])
+    if y.size != p.shape[0]:
+        raise DataError(f"labels have {y.size} rows, outputs {p.shape[0]}; expected equal")
+    return {m: float(multiclass_metric(m, y, p)[0]) for m in MULTICLASS_METRICS}
+
+
+def paired_bootstrap_multiclass(labels: Any, champion: Any, challenger: Any, *, metrics: Sequence[str],
+                                n_boot: int, confidence: float, seed: int = 0, block: int = 200) -> dict[str, Any]:
+    """Paired percentile bootstrap of the challenger's improvement on each multi-class metric.
+
+    Returns:
+        ``{metric: model_registry.shadow.MetricComparison}`` (improvement sign-adjusted: positive
+        favours the challenger; log-loss improves when it drops).
+    """
+    from model_registry.shadow import MetricComparison
+
+    a = as_probabilities(champion, "champion outputs")
+    b = as_probabilities(challenger, "challenger outputs", n_classes=a.shape[1])
+    y = as_class_labels(labels, a.shape[1])
+    if not (y.size == a.shape[0] == b.shape[0]):
+        raise DataError(f"labels have {y.size} rows, champion {a.shape[0]}, challenger {b.shape[0]}; expected equal")
+    rng = np.random.default_rng(seed)
+    diffs: dict[str, list[np.ndarray]] = {m: [] for m in metrics}
+    done = 0
+    while done < n_boot:
+        size = min(block, n_boot - done)
+        idx = rng.integers(0, y.size, size=(size, y.size))
+        for m in metrics:
+            ma, mb = multiclass_metric(m, y, a, idx), multiclass_metric(m, y, b, idx)
+            diffs[m].append(mb - ma if MULTICLASS_METRICS[m] else ma - mb)
+        done += size
+    alpha = 1.0 - confidence
+    out = {}
+    for m in metrics:
+        d = np.concatenate(diffs[m])
+        d = d[np.isfinite(d)]
+        lo, hi = ((float(np.quantile(d, alpha / 2)), float(np.quantile(d, 1 - alpha / 2)))
+                  if d.size else (float("nan"), float("nan")))
+        pa, pb = float(multiclass_metric(m, y, a)[0]), float(multiclass_metric(m, y, b)[0])
+        out[m] = MetricComparison(m, MULTICLASS_METRICS[m], pa, pb, (pb - pa) if MULTICLASS_METRICS[m] else (pa - pb),
+                                  lo, hi, int(d.size))
+    return out
+
+
+def per_class_prediction_shift(champion: Any, canary: Any, *, bins: int = 10) -> dict[str, Any]:
+    """Per-class shift between champion and canary predictions (for canary prediction checks).
+
+    For each class ``c``: the two-sample KS statistic (``scipy.stats.ks_2samp``) and the PSI
+    (:func:`model_registry.shadow.psi`, champion as reference) of ``P[:, c]``, and the change of
+    the share of rows predicted as ``c`` (arg-max) in percentage points. The rows need not be the
+    same (canary traffic is split), so nothing is paired.
+
+    Args:
+        champion: Champion probabilities ``[n, C]``.
+        canary: Canary probabilities ``[m, C]``.
+        bins: PSI quantile bins.
+
+    Returns:
+        ``{"per_class": [{"class", "ks", "psi", "share_champion", "share_canary"}...],
+        "max_ks", "max_psi", "worst_class"}``; a canary check compares ``max_ks``/``max_psi``
+        with its thresholds (the worst class names the culprit).
+
+    Raises:
+        DataError: Shapes or class counts differ, or values are not finite.
+    """
+    from scipy.stats import ks_2samp
+
+    from model_registry.shadow import psi
+
+    a = as_probabilities(champion, "champion outputs")
+    b = as_probabilities(canary, "canary outputs", n_classes=a.shape[1])
+    share_a = np.bincount(np.argmax(a, axis=1), minlength=a.shape[1]) / a.shape[0]
+    share_b = np.bincount(np.argmax(b, axis=1), minlength=a.shape[1]) / b.shape[0]
+    rows = []
+    for c in range(a.shape[1]):
+        rows.append({"class": c, "ks": float(ks_2samp(a[:, c], b[:, c]).statistic),
+                     "psi": psi(a[:, c], b[:, c], bins=bins),
+                     "share_champion": float(share_a[c]), "share_canary": float(share_b[c])})
+    worst = max(rows, key=lambda r: (r["ks"], r["psi"]))
+    return {"per_class": rows, "max_ks": max(r["ks"] for r in rows), "max_psi": max(r["psi"] for r in rows),
+            "worst_class": worst["class"]}
