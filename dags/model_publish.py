@@ -53,6 +53,9 @@ Delivers one MLflow model version to Triton safely:
 3. **profile**: Model Analyzer with a bounded sweep (settings `TRITONFLOW_ANALYZER_*`) on the local
    Triton tools; the best **stable** config under the p99 latency constraint is adopted (`profile`
    off, or a host without the tools: the generated config is kept and the run says so);
+3b. **perf_gate**: before a challenger is pushed beside a champion, perf_analyzer measures both on
+   one local Triton at the champion's concurrency, in interleaved passes (>= 3 each); a median p99
+   worse by more than `TRITONFLOW_MAX_P99_REGRESSION` (10 %) beyond the noise band rejects it;
 4. **sign_and_push**: OpenSSF model-signing signature over the model and its config, atomic push to
    `repository` (folder/NFS or `s3://http://host:port/bucket/prefix`), verified at the destination;
    a version is never overwritten, re-runs are no-ops;
@@ -86,6 +89,9 @@ PARAMS = {
                                         "of the profiling sweep."),
     "profile": Param(True, type="boolean",
                      description="Profile with Model Analyzer (bounded sweep) and adopt the best stable config."),
+    "perf_gate": Param(True, type="boolean",
+                       description="p99 latency regression gate against the champion before the push "
+                                   "(TRITONFLOW_MAX_P99_REGRESSION beyond the measured noise band)."),
     "export_format": Param("onnx", type="string", enum=["onnx", "torchscript"],
                            description="Served format: ONNX (every flavour), or TorchScript for PyTorch models "
                                        "(platform pytorch_libtorch, model.pt)."),
@@ -169,6 +175,17 @@ def model_publish():
         params = get_current_context()["params"]
         return pipeline.profile(state, enabled=bool(params["profile"]), settings=_settings())
 
+    @task(execution_timeout=PROFILE_TASK_TIMEOUT)
+    @fail_fast_on_bad_data
+    @limit_xcom_size
+    def perf_gate(state: dict) -> dict:
+        """p99 regression gate: challenger vs champion on one Triton, interleaved perf_analyzer passes."""
+        from tritonflow.pipelines import publish as pipeline
+
+        params = get_current_context()["params"]
+        return pipeline.perf_gate(state, enabled=bool(params.get("perf_gate", True)),
+                                  repository_uri=params.get("repository") or None, settings=_settings())
+
     @task(execution_timeout=PUSH_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     @limit_xcom_size
@@ -216,7 +233,7 @@ def model_publish():
                 "triggered_by": DAG_ID}
         return [{"trigger_dag_id": dag_id, "conf": conf} for dag_id in summary.get("then") or []]
 
-    summary = record(load_and_smoke(sign_and_push(profile(convert_and_validate(resolve())))))
+    summary = record(load_and_smoke(sign_and_push(perf_gate(profile(convert_and_validate(resolve()))))))
     TriggerDagRunOperator.partial(
         task_id="trigger_then",
         wait_for_completion=False,

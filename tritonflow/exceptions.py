@@ -91,6 +91,10 @@ class ProfilingError(DataError):
     """Model Analyzer produced no measured, stable configuration within the constraints."""
 
 
+class PerformanceRegressionError(DataError):
+    """The challenger's p99 latency regresses beyond the allowance and the noise band; not pushed."""
+
+
 class TrainingError(DataError):
     """A training entry point failed or returned no usable model; the registry is unchanged."""
 

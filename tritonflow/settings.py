@@ -126,6 +126,19 @@ DEFAULT_ANALYZER_P99_LATENCY_MS = 100.0
 DEFAULT_ANALYZER_STABILITY_CV = 0.1
 #: Seconds a Model Analyzer ``profile`` run may take before it is stopped.
 DEFAULT_ANALYZER_TIMEOUT_S = 600.0
+#: Passes per top-ranked config that confirm Model Analyzer's ranking before a config is adopted
+#: (perf_analyzer, interleaved; a config whose throughput CV exceeds analyzer_stability_cv or that
+#: perf_analyzer could not stabilise is dropped, case H12).
+DEFAULT_ANALYZER_CONFIRM_PASSES = 3
+#: How many of Model Analyzer's best configs are confirmed with repeated passes.
+DEFAULT_ANALYZER_CONFIRM_TOP = 2
+#: Largest p99 latency regression (fraction, 0.10 = 10 %) a challenger may show against the champion,
+#: on top of the measured noise band, before it is rejected (the practitioners' latency gate).
+DEFAULT_MAX_P99_REGRESSION = 0.10
+#: perf_analyzer passes per model of the p99 regression gate (interleaved, >= 3).
+DEFAULT_PERF_GATE_PASSES = 3
+#: perf_analyzer measurement window of the p99 regression gate (milliseconds).
+DEFAULT_PERF_GATE_MEASUREMENT_MS = 1000
 #: Fraction (0-1) of a GPU's free memory the instances of one model may plan to use.
 DEFAULT_GPU_MEMORY_BUDGET_FRACTION = 0.8
 #: Fraction (0-1) of available host memory the CPU instances of one model may plan to use.
@@ -358,6 +371,21 @@ class Settings:
     )
     analyzer_timeout_s: float = _field(
         DEFAULT_ANALYZER_TIMEOUT_S, "ANALYZER_TIMEOUT_S", "Model Analyzer run timeout (s)."
+    )
+    analyzer_confirm_passes: int = _field(
+        DEFAULT_ANALYZER_CONFIRM_PASSES, "ANALYZER_CONFIRM_PASSES", "Passes confirming the top configs (>= 3)."
+    )
+    analyzer_confirm_top: int = _field(
+        DEFAULT_ANALYZER_CONFIRM_TOP, "ANALYZER_CONFIRM_TOP", "Top configs confirmed with repeated passes."
+    )
+    max_p99_regression: float = _field(
+        DEFAULT_MAX_P99_REGRESSION, "MAX_P99_REGRESSION", "Allowed challenger p99 regression beyond noise (0.1 = 10 %)."
+    )
+    perf_gate_passes: int = _field(
+        DEFAULT_PERF_GATE_PASSES, "PERF_GATE_PASSES", "perf_analyzer passes per model of the p99 gate (>= 3)."
+    )
+    perf_gate_measurement_ms: int = _field(
+        DEFAULT_PERF_GATE_MEASUREMENT_MS, "PERF_GATE_MEASUREMENT_MS", "p99 gate measurement window (ms)."
     )
     gpu_memory_budget_fraction: float = _field(
         DEFAULT_GPU_MEMORY_BUDGET_FRACTION, "GPU_MEMORY_BUDGET_FRACTION", "Share of free GPU memory."

@@ -109,7 +109,9 @@ PROFILE_ARTIFACT_PATH = "profile"
 #: Artifact folder of the publish reports (parity, validation, served config).
 PUBLISH_ARTIFACT_PATH = "publish"
 #: Stage names (keys of ``state["timings_s"]`` and ``tritonflow.rejected_stage`` values).
-STAGES = ("resolve", "convert_and_validate", "profile", "sign_and_push", "load_and_smoke", "record")
+STAGES = ("resolve", "convert_and_validate", "profile", "perf_gate", "sign_and_push", "load_and_smoke", "record")
+#: Staged JSON of the p99 regression gate (figures and verdict, also an MLflow artifact).
+PERF_GATE_FILENAME = "perf_gate.json"
 #: Name of the public key written beside a generated signing key (``<prefix>-<unix s>.pub``).
 GENERATED_PUBLIC_KEY_PREFIX = "tritonflow-generated"
 #: Keys of ``bounds`` accepted by :func:`profile` (SearchSpace fields + constraint + timeout).
@@ -716,6 +718,130 @@ def _profile(staged, search, s: Settings, reg, ref, timeout_s) -> dict[str, Any]
             "max_batch_size": int(chosen.max_batch_size)}
 
 
+# ---------------------------------------------------------------------------- stage 3b: perf gate
+def perf_gate(
+    staged: Mapping[str, Any],
+    *,
+    enabled: bool = True,
+    repository_uri: str | None = None,
+    settings: Settings | None = None,
+) -> dict[str, Any]:
+    """The p99 latency regression gate: challenger against the serving champion, before the push.
+
+    The champion is the version holding the ``champion`` alias (skipped when there is none, when it
+    is this version, or when it is not in the repository). Both are measured on one local Triton
+    (:func:`model_registry.perf.perf_regression_gate`) at the champion's chosen concurrency (its
+    ``tritonflow.profile`` tag, else the first ``analyzer_concurrency``), in interleaved
+    perf_analyzer passes (``perf_gate_passes``, >= 3 each) with the validation sample as input
+    data. The challenger is rejected when its median p99 is worse than the champion's by more
+    than ``max_p99_regression`` beyond the measured noise band. Figures and verdict go to the
+    version as tag ``tritonflow.perf_gate`` and artifact ``publish/perf_gate.json``.
+
+    Args:
+        staged: State from :func:`profile` (or :func:`convert_and_validate`).
+        enabled: Run the gate (``False``: skipped, recorded as such).
+        repository_uri: Repository holding the champion (default ``settings.resolved_repository_uri``).
+        settings: Settings (default: from the environment).
+
+    Returns:
+        ``staged`` plus ``perf_gate`` (``status``: ``passed``/``skipped``/``unavailable``, figures).
+
+    Raises:
+        PerformanceRegressionError: The challenger regresses (tagged rejected, nothing pushed).
+        TransientError: perf_analyzer or the local Triton failed (not tagged: not a verdict).
+    """
+    t0 = time.perf_counter()
+    s = settings or get_settings()
+    info = _perf_gate(staged, enabled, repository_uri, s)
+    return _timed(staged, "perf_gate", t0, perf_gate=_json_safe(info))
+
+
+def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | None, s: Settings) -> dict[str, Any]:
+    from model_registry.perf import perf_regression_gate
+    from tritonflow.exceptions import PerformanceRegressionError, RegistryError
+
+    name = staged["triton_model_name"]
+    if not enabled:
+        return {"status": "skipped", "reason": "perf gate disabled (perf_gate=false)"}
+    reg = _registry(s, staged.get("tracking_uri"))
+    try:
+        champion = reg.resolve(f"{staged['model']}@champion")
+    except RegistryError as exc:
+        return {"status": "skipped", "reason": f"no champion to compare with ({exc})"[:300]}
+    if int(champion.version) == int(staged["version"]):
+        return {"status": "skipped", "reason": "this version is the champion"}
+    missing = profiling_unavailable_reason(s)
+    if missing:
+        return {"status": "unavailable", "reason": f"perf_analyzer/Triton cannot run here ({missing})"}
+    work = Path(staged["staging_dir"]) / "perf_gate"
+    if work.exists():
+        shutil.rmtree(work)
+    champ_dir = _champion_folder(repository_uri or s.resolved_repository_uri, name, int(champion.version),
+                                 work / "champion", s)
+    if champ_dir is None:
+        return {"status": "skipped", "reason": f"champion version {champion.version} is not in the repository"}
+    chal_dir = work / "challenger"
+    (chal_dir / "1").mkdir(parents=True)
+    filename = staged.get("model_filename") or MODEL_FILENAME
+    shutil.copyfile(staged["model_path"], chal_dir / "1" / filename)
+    shutil.copyfile(staged["config_path"], chal_dir / CONFIG_FILENAME)
+    concurrency = _champion_concurrency(champion, s)
+    sample = _read_npz(staged["sample_path"])
+    result = perf_regression_gate(champ_dir, chal_dir, concurrency=concurrency, passes=max(3, s.perf_gate_passes),
+                                  measurement_ms=s.perf_gate_measurement_ms,
+                                  samples={"champion": sample, "challenger": sample}, settings=s)
+    info = {"status": "rejected" if result.verdict.rejected else "passed", "champion_version": int(champion.version),
+            **result.to_dict()}
+    path = Path(staged["staging_dir"]) / PERF_GATE_FILENAME
+    path.write_text(json.dumps(_json_safe(info), indent=2, sort_keys=True))
+    ref = _version_ref(reg, staged)
+    reg.set_version_tags(ref, {"tritonflow.perf_gate": {k: info[k] for k in (
+        "status", "champion_version", "champion_p99_ms", "challenger_p99_ms", "regression", "noise_band",
+        "max_regression", "limit", "concurrency")}})
+    reg.log_version_artifact(ref, path, PUBLISH_ARTIFACT_PATH)
+    log.info("model %s v%s perf gate against champion v%s: %s", name, staged["version"], champion.version,
+             result.verdict.reason)
+    if result.verdict.rejected:
+        exc = PerformanceRegressionError(f"model {staged['model']!r} version {staged['version']}: p99 latency "
+                                         f"regression against champion version {champion.version}: "
+                                         f"{result.verdict.reason}")
+        _reject(reg, ref, exc, "perf_gate")
+        raise exc
+    return {k: v for k, v in info.items() if k != "passes"}
+
+
+def _champion_folder(repository: str, name: str, version: int, dest: Path, s: Settings) -> Path | None:
+    """``dest`` with the champion's ``config.pbtxt`` (its signed intended config) and ``1/<model>``."""
+    from repository_sync.layout import INTENDED_CONFIG_FILENAME, plan_version
+    from repository_sync.storage import open_repository
+
+    storage = open_repository(repository, endpoint_url=_endpoint(s))
+    for filename in ("model.onnx", "model.pt"):
+        layout = plan_version(name, version, filename)
+        try:
+            with storage.local_version(layout) as local:
+                if not (local / filename).is_file():
+                    continue
+                (dest / "1").mkdir(parents=True)
+                shutil.copyfile(local / filename, dest / "1" / filename)
+                shutil.copyfile(local / INTENDED_CONFIG_FILENAME, dest / CONFIG_FILENAME)
+                return dest
+        except DataError:
+            return None
+    return None
+
+
+def _champion_concurrency(champion: Any, s: Settings) -> int:
+    """The champion's profiled concurrency (``tritonflow.profile`` tag), else the first searched one."""
+    from model_registry.analyzer import parse_int_list
+
+    try:
+        value = int(json.loads(champion.tags.get("tritonflow.profile", "{}")).get("concurrency") or 0)
+    except (TypeError, ValueError):
+        value = 0
+    return value if value > 0 else parse_int_list(s.analyzer_concurrency, "analyzer_concurrency")[0]
+
+
 # ---------------------------------------------------------------------------- stage 4: sign + push
 @dataclasses.dataclass(frozen=True)
 class SigningKeys:
@@ -1075,6 +1201,7 @@ def publish(
     dataset_uri: str | None = None,
     schema: Any = None,
     export_format: str = "onnx",
+    perf_gate_enabled: bool = True,
     settings: Settings | None = None,
 ) -> dict[str, Any]:
     """Run every stage in order (what the DAG does, in one process); returns :func:`record`'s summary.
@@ -1087,6 +1214,7 @@ def publish(
     state = convert_and_validate(state, atol=atol, rtol=rtol, max_batch_size=max_batch_size,
                                  dataset_uri=dataset_uri, schema=schema, export_format=export_format, settings=s)
     state = profile(state, enabled=profile_enabled, bounds=bounds, settings=s)
+    state = perf_gate(state, enabled=perf_gate_enabled, repository_uri=repository_uri, settings=s)
     state = sign_and_push(state, repository_uri=repository_uri, settings=s)
     state = load_and_smoke(state, triton_url=triton_url, settings=s)
     return record(state, settings=s)

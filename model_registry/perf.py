@@ -1,0 +1,301 @@
+"""perf_analyzer measurements: repeated passes, stability, and the p99 latency regression gate.
+
+* :func:`run_pass` runs ``perf_analyzer`` once against a running Triton (one concurrency, CSV
+  report) and returns throughput, p99 latency and perf_analyzer's own stability verdict (its
+  "Failed to obtain stable measurement" message, case H12).
+* :func:`measure_interleaved` measures several models on the SAME Triton in interleaved rounds
+  (A B, B A, A B, ...), so slow drifts of a shared machine hit every model alike.
+* :func:`p99_regression` is the gate's decision (pure): the challenger is rejected when its median
+  p99 is worse than the champion's by more than ``max_regression`` (default 10 %) beyond the
+  noise band. The noise band is the larger relative spread (max - min) / median of either model's
+  p99 passes (what repeating the same measurement moves). The practitioners' pipeline this comes
+  from blocks a release whose p99 latency regresses (``shared/references``).
+* :func:`perf_regression_gate` starts a local Triton (the Triton tools environment, explicit
+  model control) over a temporary repository holding the champion and the challenger side by
+  side, measures both at the champion's concurrency, and returns :class:`PerfGateResult`.
+
+A failure of the tools (perf_analyzer missing, Triton not starting, a pass that errors) raises
+:class:`~tritonflow.exceptions.TransientError`: it is never a verdict on the model.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from tritonflow.exceptions import TransientError
+from tritonflow.settings import Settings, get_settings
+
+#: perf_analyzer's message when its stability criterion is not met.
+PA_UNSTABLE_MESSAGE = "Failed to obtain stable measurement"
+#: Fewest passes per model the gate accepts.
+MIN_PASSES = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class PerfPass:
+    """One perf_analyzer pass.
+
+    Attributes:
+        model: Model measured.
+        concurrency: Client concurrency.
+        throughput: Inferences per second.
+        p99_ms: p99 latency, milliseconds.
+        stable: perf_analyzer reached its stability criterion.
+    """
+
+    model: str
+    concurrency: int
+    throughput: float
+    p99_ms: float
+    stable: bool
+
+
+def perf_analyzer_path(settings: Settings) -> Path:
+    """``perf_analyzer`` of the Triton tools environment."""
+    return settings.triton_venv / "bin" / "perf_analyzer"
+
+
+def input_data_json(config: Any, sample: Mapping[str, np.ndarray], path: str | Path, rows: int = 16) -> Path | None:
+    """Write a perf_analyzer ``--input-data`` JSON from validation rows (one entry per row).
+
+    Returns None when the sample lacks one of the config's inputs (perf_analyzer then uses random
+    data).
+    """
+    names = [i.name for i in config.input]
+    if any(n not in sample for n in names):
+        return None
+    batched = int(config.max_batch_size) > 0
+    n = min(rows, min(len(sample[k]) for k in names))
+    entries = []
+    for r in range(n):
+        entry = {}
+        for name in names:
+            value = np.asarray(sample[name][r] if batched else sample[name])
+            content = [v.decode() if isinstance(v, bytes) else (str(v) if value.dtype.kind in "OUS" else v.item())
+                       for v in value.reshape(-1)]
+            entry[name] = {"content": content, "shape": list(value.shape) or [1]}
+        entries.append(entry)
+    p = Path(path)
+    p.write_text(json.dumps({"data": entries}))
+    return p
+
+
+def run_pass(model: str, url: str, concurrency: int, *, settings: Settings | None = None,
+             measurement_ms: int = 1000, input_data: str | Path | None = None, max_trials: int = 5,
+             stability_percentage: int | None = None, timeout_s: float = 120.0) -> PerfPass:
+    """One perf_analyzer pass over HTTP at one concurrency (batch 1).
+
+    perf_analyzer stabilises on throughput and average latency (``stability_percentage``, default
+    ``analyzer_stability_cv * 100``); p99 comes from its CSV report. A pass it could not stabilise
+    is returned with ``stable=False`` and NaN figures.
+
+    Raises:
+        TransientError: perf_analyzer is missing, timed out or failed (the output tail included).
+    """
+    from tritonflow.runtime.services import triton_environment
+
+    s = settings or get_settings()
+    binary = perf_analyzer_path(s)
+    if not binary.is_file():
+        raise TransientError(f"perf_analyzer not found at {binary}; run scripts/setup.sh")
+    stab = int(round(s.analyzer_stability_cv * 100)) if stability_percentage is None else stability_percentage
+    with tempfile.TemporaryDirectory(prefix="tritonflow-pa-") as tmp:
+        report = Path(tmp) / "report.csv"
+        argv = [str(binary), "-m", model, "-u", url, "-i", "http", f"--concurrency-range={concurrency}",
+                f"--measurement-interval={measurement_ms}", f"--stability-percentage={stab}",
+                f"--max-trials={max_trials}", "-f", str(report)]
+        if input_data:
+            argv.append(f"--input-data={input_data}")
+        try:
+            proc = subprocess.run(argv, env=triton_environment(s), capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise TransientError(f"perf_analyzer on {model!r} ran past {timeout_s:g} s") from exc
+        out = proc.stdout + proc.stderr
+        unstable = PA_UNSTABLE_MESSAGE in out
+        if unstable and not report.is_file():  # perf_analyzer's own verdict: no figure to trust
+            return PerfPass(model, int(concurrency), math.nan, math.nan, False)
+        if not report.is_file():
+            raise TransientError(f"perf_analyzer on {model!r} failed (exit {proc.returncode}): {out[-800:]}")
+        rows = list(csv.DictReader(io.StringIO(report.read_text())))
+    if not rows:
+        raise TransientError(f"perf_analyzer on {model!r} wrote an empty report: {out[-800:]}")
+    row = rows[-1]
+    return PerfPass(model, int(concurrency), float(row["Inferences/Second"]), float(row["p99 latency"]) / 1000.0,
+                    not unstable and proc.returncode == 0)
+
+
+def measure_interleaved(models: Sequence[str], url: str, concurrency: int, *, passes: int = MIN_PASSES,
+                        settings: Settings | None = None, measurement_ms: int = 1000,
+                        input_data: Mapping[str, str | Path | None] | None = None,
+                        stability_percentage: int | None = None, max_trials: int = 5) -> dict[str, list[PerfPass]]:
+    """At least ``passes`` stable perf_analyzer passes per model on one Triton, interleaved (order
+    reversed every other round: A B, B A, ...). Rounds go on while a model has fewer than ``passes``
+    stable passes, at most ``2 * passes`` rounds. Returns ``{model: [PerfPass, ...]}`` in
+    measurement order (unstable passes included, flagged)."""
+    out: dict[str, list[PerfPass]] = {m: [] for m in models}
+    for rnd in range(2 * passes):
+        if rnd >= passes and all(sum(p.stable for p in out[m]) >= passes for m in models):
+            break
+        order = list(models) if rnd % 2 == 0 else list(reversed(models))
+        for m in order:
+            out[m].append(run_pass(m, url, concurrency, settings=settings, measurement_ms=measurement_ms,
+                                   input_data=(input_data or {}).get(m), max_trials=max_trials,
+                                   stability_percentage=stability_percentage))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class P99Verdict:
+    """The p99 regression decision (:func:`p99_regression`).
+
+    Attributes:
+        champion_p99_ms: Median of the champion's p99 passes.
+        challenger_p99_ms: Median of the challenger's p99 passes.
+        regression: ``challenger / champion - 1`` (0.25 = 25 % slower).
+        noise_band: Larger relative spread ``(max - min) / median`` of either model's passes.
+        max_regression: Allowed regression (``TRITONFLOW_MAX_P99_REGRESSION``).
+        limit: ``max_regression + noise_band``: the regression that rejects.
+        rejected: ``regression > limit``.
+        reason: One sentence with the figures.
+    """
+
+    champion_p99_ms: float
+    challenger_p99_ms: float
+    regression: float
+    noise_band: float
+    max_regression: float
+    limit: float
+    rejected: bool
+    reason: str
+
+
+def _spread(values: Sequence[float]) -> float:
+    med = statistics.median(values)
+    return (max(values) - min(values)) / med if med > 0 else math.inf
+
+
+def p99_regression(champion_p99_ms: Sequence[float], challenger_p99_ms: Sequence[float], *,
+                   max_regression: float, min_passes: int = MIN_PASSES) -> P99Verdict:
+    """Decide whether the challenger's p99 latency regresses beyond the allowance and the noise.
+
+    Raises:
+        ValueError: Fewer than ``min_passes`` finite passes for either model, or a negative
+            ``max_regression``.
+    """
+    a = [float(v) for v in champion_p99_ms if math.isfinite(v)]
+    b = [float(v) for v in challenger_p99_ms if math.isfinite(v)]
+    if len(a) < min_passes or len(b) < min_passes:
+        raise ValueError(f"the p99 gate needs >= {min_passes} passes per model (champion {len(a)}, challenger {len(b)})")
+    if max_regression < 0:
+        raise ValueError(f"max_regression={max_regression!r} is invalid (expected >= 0)")
+    ma, mb = statistics.median(a), statistics.median(b)
+    regression = mb / ma - 1.0 if ma > 0 else math.inf
+    noise = max(_spread(a), _spread(b))
+    limit = max_regression + noise
+    rejected = regression > limit
+    reason = (f"challenger median p99 {mb:.3f} ms vs champion {ma:.3f} ms: {regression:+.1%} "
+              f"({'>' if rejected else '<='} allowed {max_regression:.0%} + noise band {noise:.1%} = {limit:.1%})")
+    return P99Verdict(ma, mb, regression, noise, max_regression, limit, rejected, reason)
+
+
+@dataclasses.dataclass
+class PerfGateResult:
+    """Figures and verdict of :func:`perf_regression_gate` (all JSON-able through :meth:`to_dict`)."""
+
+    verdict: P99Verdict
+    concurrency: int
+    passes: dict[str, list[PerfPass]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": "rejected" if self.verdict.rejected else "passed",
+                **dataclasses.asdict(self.verdict), "concurrency": self.concurrency,
+                "passes": {k: [dataclasses.asdict(p) for p in v] for k, v in self.passes.items()}}
+
+
+def perf_regression_gate(champion_dir: str | Path, challenger_dir: str | Path, *, concurrency: int,
+                         passes: int = MIN_PASSES, max_regression: float | None = None,
+                         measurement_ms: int = 1000, samples: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+                         stability_percentage: int = 30, settings: Settings | None = None) -> PerfGateResult:
+    """Measure champion and challenger on one local Triton, interleaved, and decide on p99.
+
+    Args:
+        champion_dir: Folder with ``config.pbtxt`` and a version folder ``1/`` (the champion).
+        challenger_dir: The same for the challenger.
+        concurrency: Client concurrency (the champion's chosen one).
+        passes: Passes per model (>= 3).
+        max_regression: Allowed p99 regression (default ``settings.max_p99_regression``).
+        measurement_ms: perf_analyzer window.
+        samples: ``{"champion"|"challenger": validation feeds}`` used as ``--input-data``.
+        stability_percentage: perf_analyzer's stability criterion per pass (the gate's own noise
+            band handles pass-to-pass variation, so it is looser than profiling's).
+        settings: Settings (default: from the environment).
+
+    Raises:
+        TransientError: perf_analyzer or Triton failed, or fewer than 3 passes per model were
+            stable (never a verdict on the model).
+    """
+    from model_registry.triton_config import read_config, to_pbtxt
+    from tritonflow.exceptions import RuntimeStartError
+    from tritonflow.runtime.services import TritonServer, free_port
+
+    s = settings or get_settings()
+    limit = s.max_p99_regression if max_regression is None else max_regression
+    if passes < MIN_PASSES:
+        raise ValueError(f"passes={passes} is invalid (expected >= {MIN_PASSES})")
+    work = Path(tempfile.mkdtemp(prefix="tritonflow-perfgate-"))
+    try:
+        repo = work / "repository"
+        data: dict[str, Path | None] = {}
+        for role, src in (("champion", Path(champion_dir)), ("challenger", Path(challenger_dir))):
+            dest = repo / role
+            shutil.copytree(src, dest)
+            cfg = read_config(dest / "config.pbtxt")
+            cfg.name = role
+            (dest / "config.pbtxt").write_text(to_pbtxt(cfg))
+            sample = (samples or {}).get(role)
+            data[role] = input_data_json(cfg, sample, work / f"{role}.json") if sample is not None else None
+        ts = dataclasses.replace(s, home=work / "home", triton_http_port=free_port(),
+                                 triton_grpc_port=free_port(), triton_metrics_port=free_port())
+        server = TritonServer(ts, repository=str(repo))
+        try:
+            server.start()
+        except RuntimeStartError as exc:
+            raise TransientError(f"the perf gate's Triton did not start: {exc}") from exc
+        try:
+            import tritonclient.http as httpclient
+
+            client = httpclient.InferenceServerClient(server.http_url, network_timeout=300.0)
+            try:
+                for role in ("champion", "challenger"):
+                    client.load_model(role)
+            except Exception as exc:  # noqa: BLE001 - a load failure here is the tool's, not a verdict
+                raise TransientError(f"the perf gate could not load the models: {exc}") from exc
+            finally:
+                client.close()
+            measured = measure_interleaved(["champion", "challenger"], server.http_url, concurrency,
+                                           passes=passes, settings=s, measurement_ms=measurement_ms,
+                                           input_data=data, stability_percentage=stability_percentage,
+                                           max_trials=10)
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    try:
+        verdict = p99_regression([p.p99_ms for p in measured["champion"]],
+                                 [p.p99_ms for p in measured["challenger"]], max_regression=limit)
+    except ValueError as exc:  # unstable passes: the measurement failed, not the model
+        raise TransientError(f"p99 regression gate: {exc}; perf_analyzer could not stabilise "
+                             f"({ {k: [p.stable for p in v] for k, v in measured.items()} })") from exc
+    return PerfGateResult(verdict, int(concurrency), measured)
