@@ -857,3 +857,108 @@ def profile_model(
             selection.dropped[c] = "no measurement (perf_analyzer error, see perf_analyzer_error.log)"
     chosen = chosen_config(work / "output_model_repository", selection, model_name=model_name)
     return ProfileOutcome(selection, chosen, rows, path, log_path)
+
+
+# ----------------------------------------------------------------------------- confirmation (H12)
+def measure_config_passes(output_model_repository: str | os.PathLike, configs: Sequence[str], concurrency: int, *,
+                          passes: int, settings: Settings | None = None, measurement_ms: int | None = None) -> dict[str, list]:
+    """Repeated, interleaved perf_analyzer passes of Model Analyzer's tried configs on one Triton.
+
+    Starts a local Triton over ``output_model_repository`` (each config is a model folder there),
+    loads ``configs`` and runs :func:`model_registry.perf.measure_interleaved` with perf_analyzer's
+    stability criterion aligned with ``analyzer_stability_cv``.
+
+    Returns:
+        ``{config: [model_registry.perf.PerfPass, ...]}``.
+
+    Raises:
+        TransientError: Triton or perf_analyzer failed.
+    """
+    import dataclasses as dc
+
+    from model_registry.perf import measure_interleaved
+    from tritonflow.exceptions import RuntimeStartError
+    from tritonflow.runtime.services import TritonServer, free_port
+
+    s = settings or get_settings()
+    home = Path(output_model_repository).parent / "confirm_home"
+    ts = dc.replace(s, home=home, triton_http_port=free_port(), triton_grpc_port=free_port(),
+                    triton_metrics_port=free_port())
+    server = TritonServer(ts, repository=str(output_model_repository))
+    try:
+        server.start()
+    except RuntimeStartError as exc:
+        raise TransientError(f"Triton for the confirmation passes did not start: {exc}") from exc
+    try:
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=300.0)
+        try:
+            for c in configs:
+                client.load_model(c)
+        except Exception as exc:  # noqa: BLE001 - the tool failed, not the model
+            raise TransientError(f"could not load configs {list(configs)} for confirmation passes: {exc}") from exc
+        finally:
+            client.close()
+        return measure_interleaved(list(configs), server.http_url, concurrency, passes=passes, settings=s,
+                                   measurement_ms=measurement_ms or s.analyzer_measurement_ms,
+                                   stability_percentage=int(round(s.analyzer_stability_cv * 100)))
+    finally:
+        server.stop()
+
+
+def confirm_selection(
+    outcome: ProfileOutcome,
+    output_model_repository: str | os.PathLike,
+    *,
+    passes: int | None = None,
+    top: int | None = None,
+    settings: Settings | None = None,
+    pass_runner: Any = None,
+) -> ProfileOutcome:
+    """Confirm Model Analyzer's single-measurement ranking with repeated passes (case H12).
+
+    Model Analyzer measures each config once. The ``top`` best eligible configs are measured again
+    in ``passes`` interleaved perf_analyzer passes; a config is dropped when perf_analyzer reported
+    "Failed to obtain stable measurement" for any pass or its throughput coefficient of variation
+    exceeds ``analyzer_stability_cv``; the best remaining one (by mean throughput) is chosen.
+
+    Args:
+        outcome: :func:`profile_model`'s result.
+        output_model_repository: Model Analyzer's output repository (the tried configs).
+        passes: Passes per config (default ``settings.analyzer_confirm_passes``, at least 3).
+        top: Configs confirmed (default ``settings.analyzer_confirm_top``).
+        settings: Settings (default: from the environment).
+        pass_runner: ``(configs, concurrency) -> {config: [PerfPass]}``; default
+            :func:`measure_config_passes` (real Triton and perf_analyzer).
+
+    Returns:
+        A new :class:`ProfileOutcome` whose selection carries the passes' verdicts.
+
+    Raises:
+        ProfilingError: No confirmed config is stable (names each reason).
+        TransientError: The measurement tools failed.
+    """
+    s = settings or get_settings()
+    n = max(3, int(passes or s.analyzer_confirm_passes))
+    k = max(1, int(top or s.analyzer_confirm_top))
+    candidates = [c for c, _ in outcome.selection.ranking[:k]]
+    concurrency = int(outcome.selection.best_row.concurrency) or 1
+    runner = pass_runner or (lambda configs, conc: measure_config_passes(
+        output_model_repository, configs, conc, passes=n, settings=s))
+    measured = runner(candidates, concurrency)
+    throughput = {c: [p.throughput for p in measured.get(c, []) if p.stable] for c in candidates}
+    flagged = {c for c in candidates if any(not p.stable for p in measured.get(c, [])) or not throughput[c]}
+    rows = [r for r in outcome.rows if r.config in candidates]
+    selection = choose_best(rows, model_name=outcome.selection.model, passes={c: v for c, v in throughput.items() if v},
+                            unstable=flagged, p99_latency_ms=outcome.selection.p99_latency_ms, settings=s)
+    for c, reason in outcome.selection.dropped.items():
+        selection.dropped.setdefault(c, reason)
+    for c in flagged:
+        selection.dropped[c] = (f"perf_analyzer could not obtain a stable measurement in "
+                                f"{sum(not p.stable for p in measured.get(c, []))} of {len(measured.get(c, []))} "
+                                "confirmation passes")
+    log.info("model %s: confirmation passes %s -> %s", outcome.selection.model,
+             {c: [round(p.throughput, 1) for p in v] for c, v in measured.items()}, selection.best)
+    chosen = chosen_config(output_model_repository, selection, model_name=outcome.selection.model)
+    return dataclasses.replace(outcome, selection=selection, config=chosen)

@@ -599,6 +599,7 @@ def profile(
     enabled: bool = True,
     bounds: Mapping[str, Any] | None = None,
     settings: Settings | None = None,
+    pass_runner: Any = None,
 ) -> dict[str, Any]:
     """Profile the staged model with Triton Model Analyzer and adopt the best stable config.
 
@@ -606,7 +607,10 @@ def profile(
     the requested ``max_batch_size``, instance counts, dynamic-batching delays, concurrencies,
     measurement window); objective throughput under ``p99 <= p99_latency_ms``; CPU-only hosts
     search KIND_CPU only (H10); configs whose throughput CV exceeds the stability threshold or
-    that perf_analyzer could not stabilise are dropped (H12). The winning config replaces the
+    that perf_analyzer could not stabilise are dropped (H12): Model Analyzer's ranking (one
+    measurement per config) is confirmed by :func:`model_registry.analyzer.confirm_selection`,
+    which re-measures the ``analyzer_confirm_top`` best configs in ``analyzer_confirm_passes``
+    interleaved perf_analyzer passes on one Triton. The winning config replaces the
     staged ``config.pbtxt`` after the same pre-push checks; the results table, the chosen config
     and the selection report are logged to the version's MLflow publish run.
 
@@ -620,6 +624,8 @@ def profile(
         bounds: Overrides among :data:`PROFILE_BOUND_KEYS` (lists as ``"8,32"`` or sequences;
             ``p99_latency_ms``, ``stability_cv``, ``timeout_s`` as numbers).
         settings: Settings (default: from the environment).
+        pass_runner: Confirmation-pass runner ``(configs, concurrency) -> {config: [PerfPass]}``
+            (default: real perf_analyzer passes; for library callers and tests).
 
     Returns:
         ``staged`` plus ``profile`` (``status``, ``reason`` or ``best``/``throughput``/
@@ -654,17 +660,17 @@ def profile(
     reg = _registry(s, staged.get("tracking_uri"))
     ref = _version_ref(reg, staged)
     try:
-        updates = _profile(staged, search, s_run, reg, ref, b.get("timeout_s"))
+        updates = _profile(staged, search, s_run, reg, ref, b.get("timeout_s"), pass_runner)
     except (ProfilingError, DataError) as exc:
         _reject(reg, ref, exc, "profile")
         raise
     return _timed(staged, "profile", t0, **updates)
 
 
-def _profile(staged, search, s: Settings, reg, ref, timeout_s) -> dict[str, Any]:
+def _profile(staged, search, s: Settings, reg, ref, timeout_s, pass_runner=None) -> dict[str, Any]:
     import csv
 
-    from model_registry.analyzer import profile_model
+    from model_registry.analyzer import confirm_selection, profile_model
     from model_registry.triton_config import config_summary, read_config, to_pbtxt
     from model_registry.validation import validate_for_push
 
@@ -683,6 +689,10 @@ def _profile(staged, search, s: Settings, reg, ref, timeout_s) -> dict[str, Any]
              s.analyzer_p99_latency_ms, s.analyzer_stability_cv)
     outcome = profile_model(name, generated, model_repository=repo, work_dir=work / "run", search=search,
                             settings=s, timeout_s=float(timeout_s) if timeout_s is not None else None)
+    # Model Analyzer measured each config once: its best ones are confirmed with repeated passes,
+    # and unstable ones (CV or perf_analyzer's own verdict) are dropped before adoption (H12).
+    outcome = confirm_selection(outcome, work / "run" / "output_model_repository", settings=s,
+                                pass_runner=pass_runner)
     chosen = outcome.config
     chosen.name = name
     chosen.default_model_filename = filename
