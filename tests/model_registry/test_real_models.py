@@ -49,7 +49,8 @@ def save_sklearn(path, model, X):
     from mlflow.models import infer_signature
 
     mlflow.sklearn.save_model(model, str(path), signature=infer_signature(X, model.predict(X)),
-                              input_example=X.head(5), skops_trusted_types=["numpy.dtype"])
+                              input_example=X.head(5), skops_trusted_types=["numpy.dtype"],
+                              pip_requirements=["scikit-learn"])  # no requirement inference (slow)
     return str(path)
 
 
@@ -68,8 +69,14 @@ def save_boosting(path, model, X, flavor):
     from mlflow.models import infer_signature
 
     importlib.import_module(f"mlflow.{flavor}").save_model(model, str(path), signature=infer_signature(X, model.predict(X)),
-                                                         input_example=X.head(5))
+                                                         input_example=X.head(5), pip_requirements=[flavor])
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def penguin_dir(tmp_path_factory, penguins) -> str:
+    X, y = penguins
+    return save_sklearn(tmp_path_factory.mktemp("penguins") / "model", penguin_pipeline(X, y), X)
 
 
 @pytest.fixture
@@ -85,10 +92,9 @@ def gate(path, settings, **kwargs):
 
 
 # ------------------------------------------------------------------------------ string inputs
-def test_string_columns_become_per_column_string_tensors_and_pass_parity(tmp_path, penguins, settings):
+def test_string_columns_become_per_column_string_tensors_and_pass_parity(penguin_dir, penguins, settings):
     X, y = penguins
-    path = save_sklearn(tmp_path / "penguins", penguin_pipeline(X, y), X)
-    result = gate(path, settings, dataset=X, name="penguins", max_batch_size=8)
+    result = gate(penguin_dir, settings, dataset=X, name="penguins", max_batch_size=8)
     assert result.passed, result.failure
     types = {i.name: i.data_type for i in result.config.input}
     from tritonclient.grpc import model_config_pb2 as pb
@@ -189,21 +195,19 @@ def test_pytorch_publishes_as_onnx_or_torchscript(torch_model_dir, settings, fmt
         assert result.config.backend == "onnxruntime" and result.provenance["ir_version"]
 
 
-def test_torchscript_is_refused_for_a_flavour_that_cannot_produce_it(tmp_path, penguins, settings):
+def test_torchscript_is_refused_for_a_flavour_that_cannot_produce_it(penguin_dir, settings):
     from tritonflow.exceptions import ModelConversionError
 
-    X, y = penguins
-    path = save_sklearn(tmp_path / "p", penguin_pipeline(X, y), X)
     with pytest.raises(ModelConversionError, match="export_format='torchscript' is not available"):
-        gate(path, settings, export_format="torchscript")
+        gate(penguin_dir, settings, export_format="torchscript")
 
 
 # ------------------------------------------------------------------------------ provenance
-def test_provenance_tags_name_library_converter_runtime_ir_and_opsets(tmp_path, penguins, settings):
+def test_provenance_tags_name_library_converter_runtime_ir_and_opsets(penguin_dir, penguins, settings):
     from model_registry.provenance import provenance_tags
 
     X, y = penguins
-    result = gate(save_sklearn(tmp_path / "p", penguin_pipeline(X, y), X), settings, dataset=X)
+    result = gate(penguin_dir, settings, dataset=X)
     tags = provenance_tags(result.provenance)
     import onnx
     import sklearn
@@ -218,13 +222,14 @@ def test_provenance_tags_name_library_converter_runtime_ir_and_opsets(tmp_path, 
 
 
 # ------------------------------------------------------------------------------ tritonflow validate
-def test_validate_cli_passes_a_good_model_and_fails_a_bad_one_with_a_json_report(tmp_path, penguins, capsys):
+def test_validate_cli_passes_a_good_model_and_fails_a_bad_one_with_a_json_report(tmp_path, penguin_dir, penguins,
+                                                                                  capsys):
     import lightgbm as lgb
 
     from tritonflow.cli import main
 
     X, y = penguins
-    good = save_sklearn(tmp_path / "good", penguin_pipeline(X, y), X)
+    good = penguin_dir
     sample = tmp_path / "penguins.csv"
     X.to_csv(sample, index=False)
     assert main(["validate", good, "--sample", str(sample), "--out", str(tmp_path / "out")]) == 0
@@ -244,11 +249,10 @@ def test_validate_cli_passes_a_good_model_and_fails_a_bad_one_with_a_json_report
     assert "split thresholds" in captured.err
 
 
-def test_validate_cli_cannot_run_on_a_missing_sample_and_says_so(tmp_path, penguins):
+def test_validate_cli_refuses_a_missing_sample_naming_it(tmp_path, penguin_dir):
     from tritonflow.cli import validate
 
-    X, y = penguins
-    rc, report = validate(save_sklearn(tmp_path / "m", penguin_pipeline(X, y), X), str(tmp_path / "nope.csv"))
+    rc, report = validate(penguin_dir, str(tmp_path / "nope.csv"))
     assert rc == 1 and "nope.csv" in report["failure"]
 
 
