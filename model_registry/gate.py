@@ -61,7 +61,7 @@ def feature_columns(inputs: Sequence[Any], sample: Mapping[str, Any]) -> list[tu
 def sample_frame(inputs: Sequence[Any], model_io: Any, sample: Mapping[str, Any]):
     """The validation sample as a DataFrame with the signature's column names and dtypes.
 
-    String columns get their missing values back (``"nan"`` -> ``None``), as the source model saw
+    String columns get their missing values back (``"nan"`` -> ``NaN``), as the source model saw
     them.
     """
     import pandas as pd
@@ -75,7 +75,7 @@ def sample_frame(inputs: Sequence[Any], model_io: Any, sample: Mapping[str, Any]
         values = arr[:, pos] if pos is not None else arr.reshape(len(arr), -1)[:, 0]
         dtype = dtypes.get(col)
         if values.dtype == object or values.dtype.kind == "U":
-            values = np.array([None if v == MISSING_STRING else str(v) for v in values], dtype=object)
+            values = np.array([np.nan if v == MISSING_STRING else str(v) for v in values], dtype=object)
         data[col] = values.astype(dtype) if dtype and dtype not in _TEXT_DTYPES else values
     return pd.DataFrame(data)
 
