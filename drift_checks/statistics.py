@@ -191,6 +191,11 @@ class NumericSample:
     def n_infinite(self) -> int:
         return self.n_pos_inf + self.n_neg_inf
 
+    @functools.cached_property
+    def psi_bins(self) -> "PsiBins":
+        """PSI bins of this sample as a reference (computed once, reused every hour)."""
+        return psi_edges(self.values)
+
     @property
     def status(self) -> Status:
         if self.n_rows == 0:
@@ -280,9 +285,9 @@ class NumericPair:
             allv, gap = allv[last], gap[last]
         return allv, gap
 
-    @functools.cached_property
+    @property
     def psi_bins(self) -> "PsiBins":
-        return psi_edges(self.reference.values)
+        return self.reference.psi_bins
 
 
 def _degenerate(name: str, status: str) -> StatisticResult:
