@@ -139,8 +139,10 @@ def test_vectorised_checks_agree_with_great_expectations_on_the_same_window(h15_
     ref, all_null, _ = h15_frames
     cur = all_null.assign(session_minutes=all_null.session_minutes * 3,
                           device=all_null.device.where(all_null.index % 3 > 0, "tv"))
+    # (an all-null column passes the dtype check here, GX fails it: the null check reports it)
     specs = [(i, s) for i, s in enumerate(derive_contract(ref, H15_SCHEMA).expectations)
-             if s.type != "ExpectColumnToExist"]
+             if s.type != "ExpectColumnToExist"
+             and not (s.type == "ExpectColumnValuesToBeInTypeList" and cur[s.column].isna().all())]
     fast = {i: _fast_result(s, cur[s.column], False) for i, s in specs}
     assert all(r is not None for r in fast.values())
     gx = dict(_run_gx(specs, cur, set(), 10_000, 0))
