@@ -26,6 +26,9 @@ Bounds, applied to every source:
   and a p-value threshold never above its static value (0.05). With the strict comparison of
   :meth:`~drift_checks.statistics.Statistic.is_drift`, a statistic that repeats the same value
   hour after hour can never alarm by equality.
+* **reference bound**: a dynamic threshold is never tighter than the reference one (served
+  windows calmer than the reference do not make every return to the reference's own variation an
+  alarm); it can only rise, up to the ceiling;
 * **ceiling** (strong effect): ``max(strong_effect, ceiling_factor * reference threshold)`` for
   distances (``ceiling_factor`` default 2; without a reference calibration, the registry's
   ``strong_effect``: PSI 0.25, Wasserstein 0.5, JS 0.2, unseen share 0.2). A dynamic threshold
@@ -166,13 +169,15 @@ class Calibration:
 
 def chunk_rows_for(window_rows: int, reference_rows: int) -> int:
     """Chunk size for a window of ``window_rows`` rows: the window size rounded to a grid of
-    about 19 % steps (so nearby window sizes share one calibration), at most
-    ``reference_rows / MIN_REFERENCE_CHUNKS``. 0 when no usable chunk exists."""
+    about 19 % steps (so nearby window sizes share one calibration). 0 when the reference holds
+    fewer than :data:`MIN_REFERENCE_CHUNKS` such chunks: smaller chunks would calibrate the noise
+    of smaller samples, not of the window (then the static thresholds apply)."""
     if window_rows < 1 or reference_rows < 1:
         return 0
     grid = int(round(2 ** (round(math.log2(window_rows) * 4) / 4)))
-    size = min(grid, reference_rows // MIN_REFERENCE_CHUNKS)
-    return size if size >= MIN_CHUNK_ROWS else 0
+    if grid < MIN_CHUNK_ROWS or reference_rows < MIN_REFERENCE_CHUNKS * grid:
+        return 0
+    return grid
 
 
 def calibrate_from_reference(
@@ -272,6 +277,8 @@ def resolve_thresholds(
         chunks = calibration.n_chunks if ref_value is not None else 0
         if n >= policy.min_history and math.isfinite(value):
             v = stat.bounded(value)
+            if ref_value is not None:  # never tighter than the reference's own variation
+                v = max(v, ref_value) if stat.direction == "distance" else min(v, ref_value)
             if ceiling is not None:
                 v = min(v, ceiling)
             out[key] = Threshold(v, "dynamic", n, q, stat.minimum_effect, ceiling, chunks)
