@@ -48,16 +48,16 @@ def test_after_a_promotion_the_new_reference_judges_with_its_own_thresholds_not_
     rng = np.random.default_rng(0)
     v1 = prepare_reference(_normal(rng, 5000), NUM, reference_id="v1:training:a")
     cfg = CheckConfig(evidently_sample_rows=0, policy=ThresholdPolicy(min_history=5))
-    _run(history, v1, [_normal(rng, 500, 1.0) for _ in range(8)], config=cfg)
+    _run(history, v1, [_normal(rng, 400, 1.0) for _ in range(8)], config=cfg)
     v2 = prepare_reference(_normal(rng, 5000, 1.0), NUM, reference_id="v2:training:b")
-    (out,) = _run(history, v2, [_normal(rng, 500, 1.35)], start=8, config=cfg)
+    (out,) = _run(history, v2, [_normal(rng, 400, 1.35)], start=8, config=cfg)
     x = out["features"]["x"]
     assert x["flagged"] and x["statistics"]["psi"]["threshold_source"] == "reference"
     assert out["reference_id"] == "v2:training:b"
     assert len(history.values("m", "x", "psi", reference_id="v1:training:a")) == 8
     assert len(history.values("m", "x", "psi", reference_id="v2:training:b")) == 1
     # once v2 has taught enough quiet hours, its own dynamic thresholds apply
-    outs = _run(history, v2, [_normal(rng, 500, 1.0) for _ in range(6)], start=9, config=cfg)
+    outs = _run(history, v2, [_normal(rng, 400, 1.0) for _ in range(6)], start=9, config=cfg)
     assert outs[-1]["features"]["x"]["statistics"]["psi"]["threshold_source"] == "dynamic"
 
 
@@ -65,7 +65,7 @@ def test_windows_drifted_from_the_first_hour_never_teach_their_drift_to_the_thre
     rng = np.random.default_rng(1)
     ref = prepare_reference(_normal(rng, 5000), NUM, reference_id="v1")
     cfg = CheckConfig(evidently_sample_rows=0, policy=ThresholdPolicy(min_history=5))
-    outs = _run(history, ref, [_normal(rng, 500, 0.35) for _ in range(15)], config=cfg)
+    outs = _run(history, ref, [_normal(rng, 400, 0.35) for _ in range(15)], config=cfg)
     assert all(o["features"]["x"]["flagged"] for o in outs)
     assert outs[-1]["features"]["x"]["statistics"]["psi"]["threshold_source"] == "reference"
 
