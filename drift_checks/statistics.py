@@ -196,6 +196,15 @@ class NumericSample:
         """PSI bins of this sample as a reference (computed once, reused every hour)."""
         return psi_edges(self.values)
 
+    @functools.cached_property
+    def prefix(self) -> np.ndarray:
+        """``prefix[i]`` = sum of the ``i`` smallest values (for ECDF integrals)."""
+        return np.concatenate([[0.0], np.cumsum(self.values)])
+
+    @functools.cached_property
+    def std(self) -> float:
+        return float(np.std(self.values))
+
     @property
     def status(self) -> Status:
         if self.n_rows == 0:
@@ -268,22 +277,77 @@ class NumericPair:
         """(distinct values of both sides ascending, ``F_ref - F_cur`` at each of them).
 
         ECDFs with ``side="right"`` semantics (ties complete at the last copy of a value, the one
-        kept). A stable argsort of the two sorted sides merges them in linear time (two runs);
-        cumulative counts of each side's rows give both ECDFs without any binary search.
+        kept). The two sorted sides are merged in linear time: binary searches place the smaller
+        side into the larger one (``np.insert``), so a small window against a large reference
+        costs O(n log m + m) memory-speed work, not a sort of both.
         """
         a, b = self.reference.values, self.current.values
-        both = np.concatenate([a, b])
-        order = np.argsort(both, kind="stable")
-        allv = both[order]
-        count_a = np.cumsum(order < a.size)
-        count_b = np.arange(1, both.size + 1) - count_a
+        n = a.size + b.size
+        if b.size <= a.size:  # current values go after equal reference values (stable order)
+            pos = np.searchsorted(a, b, side="right") + np.arange(b.size)
+            allv = np.insert(a, np.searchsorted(a, b, side="right"), b)
+            from_cur = np.zeros(n, dtype=bool)
+            from_cur[pos] = True
+        else:  # reference values go before equal current values
+            pos = np.searchsorted(b, a, side="left") + np.arange(a.size)
+            allv = np.insert(b, np.searchsorted(b, a, side="left"), a)
+            from_cur = np.ones(n, dtype=bool)
+            from_cur[pos] = False
+        count_b = np.cumsum(from_cur)
+        count_a = np.arange(1, n + 1) - count_b
         gap = count_a / a.size - count_b / b.size
-        last = np.empty(both.size, dtype=bool)
+        last = np.empty(n, dtype=bool)
         np.not_equal(allv[1:], allv[:-1], out=last[:-1])
         last[-1] = True
         if not last.all():
             allv, gap = allv[last], gap[last]
         return allv, gap
+
+    @functools.cached_property
+    def d_and_w1(self) -> tuple[float, float]:
+        """(KS statistic D, Wasserstein-1 distance) of the two ECDFs.
+
+        When the current side is much smaller than the reference (a window against a large
+        reference, every chunk of a reference calibration), both come from binary searches of the
+        current side's distinct values into the reference and prefix sums of the reference
+        (:meth:`NumericSample.prefix`): O(n log m). Otherwise from the merged ECDFs
+        (:attr:`ecdf_gap`). Both give scipy's ``ks_2samp`` statistic and
+        ``wasserstein_distance`` (to float rounding).
+        """
+        a, b = self.reference.values, self.current.values
+        if b.size * 8 > a.size:
+            allv, gap = self.ecdf_gap
+            return float(np.max(np.abs(gap))), float(np.sum(np.abs(gap[:-1]) * np.diff(allv)))
+        m, n = a.size, b.size
+        keep = np.concatenate([b[1:] != b[:-1], [True]])
+        u = b[keep]  # distinct current values
+        cb = np.nonzero(keep)[0] + 1  # current rows <= u_k
+        ga_right = np.searchsorted(a, u, side="right")  # reference rows <= u_k
+        ga_left = np.searchsorted(a, u, side="left")  # reference rows < u_k
+        cb_prev = np.concatenate([[0], cb[:-1]])
+        d = float(max(np.max(np.abs(ga_right / m - cb / n)), np.max(np.abs(ga_left / m - cb_prev / n))))
+        pre = self.reference.prefix  # pre[i] = sum of the i smallest reference values
+
+        def integral(lo, hi):  # integral of G(x) = #{a <= x} over [lo, hi), vectorised
+            p_ = np.searchsorted(a, lo, side="right")
+            q_ = np.maximum(np.searchsorted(a, hi, side="left"), p_)
+            return p_ * (hi - lo) + (q_ - p_) * hi - (pre[q_] - pre[p_])
+
+        # (-inf, u_0): F_cur = 0; [u_last, inf): F_cur = 1
+        below = ga_left[0] * u[0] - pre[ga_left[0]]
+        above = (pre[m] - pre[ga_left[-1]]) - (m - ga_left[-1]) * u[-1]
+        total = float(below + above)
+        if u.size > 1:
+            lo, hi = u[:-1], u[1:]
+            t_num = cb[:-1]  # G compared with t = m * cb / n; G >= t <=> G >= ceil(m * cb / n)
+            need = (m * t_num + n - 1) // n
+            idx = np.clip(need - 1, 0, m - 1)
+            cross = np.where(need <= 0, -np.inf, np.where(need > m, np.inf, a[idx]))
+            y = np.clip(cross, lo, hi)
+            t = m * t_num / n
+            pieces = t * (y - lo) - integral(lo, y) + integral(y, hi) - t * (hi - y)
+            total += float(np.sum(pieces))
+        return d, total / m
 
     @property
     def psi_bins(self) -> "PsiBins":
@@ -315,7 +379,7 @@ def ks_p_value(pair: NumericPair) -> StatisticResult:
         res = stats.ks_2samp(a, b, method="auto")
         d, p = float(res.statistic), float(res.pvalue)
     else:
-        d = float(np.max(np.abs(pair.ecdf_gap[1])))
+        d = pair.d_and_w1[0]
         m, n = sorted([float(a.size), float(b.size)], reverse=True)
         en = np.round(m * n / (m + n))
         if en <= KS_KSTWO_MAX_EN:
@@ -461,9 +525,8 @@ def wasserstein_normed(pair: NumericPair) -> StatisticResult:
     """
     if (status := pair.degenerate) is not None:
         return _degenerate("wasserstein_normed", status)
-    allv, gap = pair.ecdf_gap
-    w = float(np.sum(np.abs(gap[:-1]) * np.diff(allv)))
-    std = float(np.std(pair.reference.values))
+    w = pair.d_and_w1[1]
+    std = pair.reference.std
     norm = max(std, WASSERSTEIN_STD_FLOOR)
     return StatisticResult(
         "wasserstein_normed",

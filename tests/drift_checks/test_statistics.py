@@ -209,3 +209,18 @@ def test_vanished_categories_are_listed_beside_unseen_ones_with_shares():
     assert r.extra["unseen"] == {"new": pytest.approx(0.4)}
     assert r.extra["vanished"] == {"b": pytest.approx(0.3), "c": pytest.approx(0.2)}
     assert (r.extra["n_unseen"], r.extra["n_vanished"]) == (1, 2)
+
+
+def test_a_small_window_against_a_large_reference_gives_scipy_s_ks_and_wasserstein():
+    """The binary-search path (window much smaller than the reference) equals scipy, ties too."""
+    rng = np.random.default_rng(10)
+    for trial in range(40):
+        m = int(rng.integers(200, 3000))
+        n = int(rng.integers(1, m // 8 + 1))
+        if trial % 2:
+            a, b = rng.integers(0, 15, m).astype(float), rng.integers(-3, 18, n).astype(float)
+        else:
+            a, b = rng.normal(size=m), rng.normal(rng.normal(), rng.uniform(0.2, 3), n)
+        d, w = _pair(a, b).d_and_w1
+        assert d == pytest.approx(stats.ks_2samp(a, b).statistic, abs=1e-12)
+        assert w == pytest.approx(stats.wasserstein_distance(a, b), rel=1e-9, abs=1e-12)
