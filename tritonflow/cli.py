@@ -109,7 +109,9 @@ def _drift_backtest(args: argparse.Namespace) -> int:
     importance = None
     if args.importance:
         try:
-            importance = json.loads(open(args.importance).read())
+            from pathlib import Path
+
+            importance = json.loads(Path(args.importance).read_text())
         except (OSError, ValueError) as exc:
             raise DataError(f"--importance {args.importance!r}: expected a JSON object "
                             f"{{feature: weight}} ({exc})") from None
