@@ -98,14 +98,15 @@ def main() -> None:
               f"incl. the Evidently sample report as if it were sequential: "
               f"{t_ev / (ours + t_ev_sample):.1f}x")
 
-    # 30-day P95 lookup: 50 features x 3 statistics x 720 hours for one model (+ 1 other model)
+    # 30-day P95 lookup: 50 features x 3 statistics x 720 taught hours of one model and reference
+    # (+ 1 other model)
     hist = HistoryStore(f"sqlite:///{tmp / 'p95.db'}")
     t0 = dt.datetime(2024, 4, 1, tzinfo=dt.timezone.utc)
     feats = [f"f{i}" for i in range(50)]
     stats_ = ["psi", "ks_p_value", "wasserstein_normed"]
     t = time.perf_counter()
-    hist.bulk_load({"model": m, "feature": f, "statistic": s, "hour": t0 + dt.timedelta(hours=h),
-                    "value": float(v)}
+    hist.bulk_load({"model": m, "reference_id": "v1:training", "feature": f, "statistic": s,
+                    "hour": t0 + dt.timedelta(hours=h), "value": float(v)}
                    for m in ("bench", "other") for f in feats for s in stats_
                    for h, v in enumerate(rng.gamma(2, 0.02, 720)))
     t_load = time.perf_counter() - t
@@ -114,7 +115,7 @@ def main() -> None:
     times = []
     for _ in range(3):
         t = time.perf_counter()
-        thr = resolve_thresholds(hist, "bench", now, series, ThresholdPolicy())
+        thr = resolve_thresholds(hist, "bench", now, series, ThresholdPolicy(), reference_id="v1:training")
         times.append(time.perf_counter() - t)
     assert all(v.source == "dynamic" and v.n_history == 720 for v in thr.values())
     print(f"P95 lookup (SQLite, 50 features x 3 statistics x 720 hours): best {min(times) * 1000:.0f} ms "

@@ -19,15 +19,21 @@ One run checks **one hour**: the run's data interval `[data_interval_start, data
 selects the inference-log window of every monitored model (registered models with a `champion`
 alias, or the `models` parameter / `TRITONFLOW_MONITORED_MODELS`), one mapped task per model.
 
-Per model: **check** (data contract: exact vectorised checks + Great Expectations on a bounded
-sample; KS / PSI / Wasserstein per feature; dynamic thresholds = P95 of the last 30 days of that
-feature's statistic; verdict with hysteresis; statistics stored every hour) → **record** in MLflow
-(experiment `tritonflow-drift`, metrics with the hour as step, summary JSON and Evidently HTML
-as artifacts, verdict tags on the model version) → **alert** (log, webhook when configured) →
-**drift event**: an asset event on `tritonflow_drift_alerts` only when the hour drifted, with
-`extra = {model, version, features, scores, window_start, window_end, severity}`
-(`shadow_evaluation` is scheduled on it) → **data-quality gate**: a broken data contract fails
-the run without retries; the window is kept for inspection.
+Per model: **check** (data contract: exact vectorised checks + Great Expectations; KS / PSI /
+Wasserstein per feature against the reference chosen by `reference_strategy`; thresholds per
+reference: P95 of the last 30 days of taught history, else of the reference's own chunks, with
+a floor and a ceiling; per-feature vote; importance-weighted dataset verdict; alert policy:
+k consecutive drifted windows or one strong effect, per-model cooldown; statistics stored every
+hour) → **record** in MLflow (experiment `tritonflow-drift`, metrics with the hour as step,
+summary JSON and Evidently HTML as artifacts, verdict tags on the model version) → **alert**
+(log, webhook when configured) → **data-quality gate**: a broken data contract fails the run
+without retries; the window is kept for inspection → **drift event** (after the gates): an
+asset event on `tritonflow_drift_alerts` only when the alert policy fired and the window's
+contract held, with `extra = {model, version, features, scores, window_start, window_end,
+severity}` (`shadow_evaluation` is scheduled on it).
+
+Parameters left empty take their values from the settings when the run starts
+(`TRITONFLOW_DRIFT_REFERENCE_STRATEGY`, `TRITONFLOW_DRIFT_EVIDENTLY_SAMPLE_ROWS`).
 
 The **Evidently** sample report and the **whylogs** profile run beside the check (they decide
 nothing and cost a fixed 15-30 s).
@@ -64,8 +70,15 @@ def _window(context) -> tuple[str, str]:
         "evidently": Param(True, type="boolean",
                            description="Also build the Evidently DataDriftPreset report on a sample "
                                        "(its own task, off the critical path)."),
-        "evidently_sample_rows": Param(5000, type="integer", minimum=0,
-                                       description="Rows per side passed to Evidently (0: no report)."),
+        "evidently_sample_rows": Param(None, type=["null", "integer"], minimum=0,
+                                       description="Rows per side passed to Evidently (0: no report; "
+                                                   "empty: TRITONFLOW_DRIFT_EVIDENTLY_SAMPLE_ROWS)."),
+        "reference_strategy": Param(None, type=["null", "string"],
+                                    enum=[None, "training", "trailing", "seasonal"],
+                                    description="What each window is compared with: training (the "
+                                                "version's reference), trailing (the last N days served) "
+                                                "or seasonal (the same window one period earlier); empty: "
+                                                "TRITONFLOW_DRIFT_REFERENCE_STRATEGY."),
         "profile": Param(True, type="boolean",
                          description="Also store the hour's whylogs profile (mergeable into daily "
                                      "profiles)."),
@@ -81,11 +94,12 @@ def drift_monitor():
 
     @task(execution_timeout=timedelta(minutes=15), map_index_template="{{ task.op_kwargs['target']['model'] }}")
     @fail_fast_on_bad_data
-    def check(target: dict) -> dict:
+    def check(target: dict, params=None) -> dict:
         from tritonflow.pipelines.drift import check_model_hour
 
         start, end = _window(get_current_context())
-        return check_model_hour(target["model"], target["version"], start, end)
+        return check_model_hour(target["model"], target["version"], start, end,
+                                reference_strategy=(params or {}).get("reference_strategy") or None)
 
     @task(execution_timeout=timedelta(minutes=15))
     @fail_fast_on_bad_data
@@ -93,8 +107,9 @@ def drift_monitor():
         from tritonflow.pipelines.drift import evidently_for_hour
 
         start, end = _window(get_current_context())
-        rows = int(params["evidently_sample_rows"]) if params.get("evidently", True) else 0
-        return evidently_for_hour(target["model"], target["version"], start, end, sample_rows=rows)
+        rows = params.get("evidently_sample_rows") if params.get("evidently", True) else 0
+        return evidently_for_hour(target["model"], target["version"], start, end,
+                                  sample_rows=None if rows is None else int(rows))
 
     @task(execution_timeout=timedelta(minutes=15))
     @fail_fast_on_bad_data
@@ -121,15 +136,17 @@ def drift_monitor():
 
         return alert(summary)
 
-    @task(execution_timeout=timedelta(minutes=5), outlets=[DRIFT_ALERTS], retries=0)
+    @task(execution_timeout=timedelta(minutes=5), outlets=[DRIFT_ALERTS], retries=0,
+          trigger_rule="all_done")
     def drift_event(summary: dict) -> dict:
         from airflow.sdk.exceptions import AirflowSkipException
 
         from tritonflow.pipelines.drift import drift_event as event_of
 
-        extra = event_of(summary)
+        extra = event_of(summary)  # None when no alert fired or the contract failed
         if extra is None:
-            raise AirflowSkipException(f"{summary.get('model')}: no drift in this hour; no asset event")
+            raise AirflowSkipException(f"{summary.get('model')}: no drift alert in this hour "
+                                       f"(status {summary.get('status')}); no asset event")
         get_current_context()["outlet_events"][DRIFT_ALERTS].extra = extra
         return extra
 
@@ -146,9 +163,8 @@ def drift_monitor():
     profile.expand(target=targets)
     recorded = record.partial(evidently_results=ev).expand(summary=summaries)
     notified = notify.expand(summary=summaries)
-    drift_event.expand(summary=summaries)
     gate = data_quality_gate.expand(summary=summaries)
-    [recorded, notified] >> gate
+    [recorded, notified] >> gate >> drift_event.expand(summary=summaries)
 
 
 drift_monitor()

@@ -1,15 +1,24 @@
 """History of hourly drift statistics (SQLAlchemy: SQLite embedded, PostgreSQL in deployment).
 
 Three tables (names take an optional prefix, e.g. for tests or several deployments in one
-schema):
+schema). Statistics and verdicts are keyed by the REFERENCE they were computed against
+(``reference_id``, e.g. ``v3:training:1f2e...``): a threshold learned against one model
+version's reference never judges statistics computed against another one (issue 12).
 
-* ``drift_statistics``: one row per (model, feature, statistic, hour) with the finite value;
-  primary key ``(model, feature, statistic, hour)`` is also the index the P95 lookup scans
-  (a range scan per model over the last N days).
-* ``drift_feature_verdicts``: one row per (model, feature, hour): severity and whether any
-  statistic crossed its threshold (used for the consecutive-window rule).
-* ``drift_windows``: one row per (model, hour): status (``ok``, ``no_data``, ``invalid``...),
-  row count, model version and the JSON summary.
+* ``drift_statistics``: one row per (model, reference, feature, statistic, hour) with the finite
+  value, the threshold it was judged by (value and source) and whether it may teach the dynamic
+  threshold (``taught``, see :mod:`drift_checks.thresholds`); the primary key
+  ``(model, reference_id, feature, statistic, hour)`` is also the index the P95 lookup scans
+  (a range scan per model and reference over the last N days).
+* ``drift_feature_verdicts``: one row per (model, reference, feature, hour): severity, whether
+  the feature was flagged and whether its effect was strong.
+* ``drift_windows``: one row per (model, hour): status (``ok``, ``no_data``,
+  ``contract_failed``...), row count, model version, reference, the dataset verdict, whether a
+  drift alert fired (the alert policy's consecutive-window rule and cooldown read these) and the
+  JSON summary.
+
+A database created by an older tritonflow (tables without ``reference_id``) is refused with a
+message naming the URL; nothing is dropped.
 
 Writes are idempotent per hour: :meth:`HistoryStore.record_hour` replaces everything stored for
 that (model, hour) in one transaction (delete, then upsert), so a rerun or backfill never
@@ -42,11 +51,21 @@ def _utc_hour(hour: dt.datetime) -> dt.datetime:
 
 @dataclasses.dataclass(frozen=True)
 class StatisticRow:
-    """One hourly value: feature, statistic name and finite value."""
+    """One hourly value.
+
+    Attributes:
+        feature / statistic: Names.
+        value: Finite value (NaN/inf rows are never stored).
+        taught: Whether the value may teach the dynamic threshold.
+        threshold / source: The threshold it was judged by and its source.
+    """
 
     feature: str
     statistic: str
     value: float
+    taught: bool = True
+    threshold: float | None = None
+    source: str | None = None
 
 
 class HistoryStore:
@@ -78,11 +97,15 @@ class HistoryStore:
         self.stats = sa.Table(
             f"{p}drift_statistics", md,
             sa.Column("model", sa.String(200), primary_key=True),
+            sa.Column("reference_id", sa.String(200), primary_key=True),
             sa.Column("feature", sa.String(200), primary_key=True),
             sa.Column("statistic", sa.String(64), primary_key=True),
             sa.Column("hour", sa.DateTime(), primary_key=True),
             sa.Column("value", sa.Float(), nullable=False),
             sa.Column("model_version", sa.Integer(), nullable=True),
+            sa.Column("taught", sa.Boolean(), nullable=False, server_default=sa.true()),
+            sa.Column("threshold", sa.Float(), nullable=True),
+            sa.Column("source", sa.String(32), nullable=True),
             # SQLite: the primary key IS the table (clustered), so the P95 range scan reads the
             # values from the key's B-tree without a second lookup per row.
             sqlite_with_rowid=False,
@@ -90,10 +113,12 @@ class HistoryStore:
         self.verdicts = sa.Table(
             f"{p}drift_feature_verdicts", md,
             sa.Column("model", sa.String(200), primary_key=True),
+            sa.Column("reference_id", sa.String(200), primary_key=True),
             sa.Column("feature", sa.String(200), primary_key=True),
             sa.Column("hour", sa.DateTime(), primary_key=True),
             sa.Column("severity", sa.String(32), nullable=False),
             sa.Column("flagged", sa.Boolean(), nullable=False),
+            sa.Column("strong", sa.Boolean(), nullable=False, server_default=sa.false()),
         )
         self.windows = sa.Table(
             f"{p}drift_windows", md,
@@ -102,6 +127,9 @@ class HistoryStore:
             sa.Column("status", sa.String(32), nullable=False),
             sa.Column("n_rows", sa.Integer(), nullable=False),
             sa.Column("model_version", sa.Integer(), nullable=True),
+            sa.Column("reference_id", sa.String(200), nullable=False, server_default=""),
+            sa.Column("dataset_drift", sa.Boolean(), nullable=False, server_default=sa.false()),
+            sa.Column("alert", sa.Boolean(), nullable=False, server_default=sa.false()),
             sa.Column("summary", sa.Text(), nullable=True),
         )
         # Hour-first index for pruning / "what ran in this hour" queries.
@@ -109,6 +137,25 @@ class HistoryStore:
         self.metadata = md
         if create:
             md.create_all(self.engine)
+            self._check_schema()
+
+    def _check_schema(self) -> None:
+        """Refuse tables written by an older tritonflow (no ``reference_id``): clear message, no
+        data touched."""
+        import sqlalchemy as sa
+
+        insp = sa.inspect(self.engine)
+        for table in (self.stats, self.verdicts, self.windows):
+            have = {c["name"] for c in insp.get_columns(table.name, schema=table.schema)}
+            missing = sorted(c.name for c in table.c if c.name not in have)
+            if missing:
+                from tritonflow.exceptions import SettingsError
+
+                raise SettingsError(
+                    f"drift history table {table.name!r} at {self.engine.url.render_as_string()} lacks "
+                    f"columns {missing} (written by an older tritonflow, before thresholds were keyed "
+                    "by reference); expected a new database: set TRITONFLOW_DRIFT_HISTORY_DB_URL to "
+                    "an empty one, or drop the three drift_* tables")
 
     # ------------------------------------------------------------------ writes
     def _upsert(self, conn, table, rows: list[dict], keys: Sequence[str]) -> None:
@@ -140,8 +187,11 @@ class HistoryStore:
         status: str,
         n_rows: int,
         statistics: Iterable[StatisticRow] = (),
-        verdicts: Mapping[str, tuple[str, bool]] | None = None,
+        verdicts: Mapping[str, tuple] | None = None,
         model_version: int | None = None,
+        reference_id: str = "",
+        dataset_drift: bool = False,
+        alert: bool = False,
         summary: Mapping[str, Any] | None = None,
     ) -> int:
         """Replace everything stored for (model, hour) in one transaction.
@@ -149,11 +199,14 @@ class HistoryStore:
         Args:
             model: Model name.
             hour: Any time inside the hour (timezone-aware); floored to the UTC hour.
-            status: Window status (``ok``, ``no_data``, ``invalid``, ...).
+            status: Window status (``ok``, ``no_data``, ``contract_failed``, ...).
             n_rows: Rows in the window.
             statistics: Hourly values; NaN/inf are skipped (never stored).
-            verdicts: ``{feature: (severity, flagged)}``.
+            verdicts: ``{feature: (severity, flagged)}`` or ``(severity, flagged, strong)``.
             model_version: Model version that served the window.
+            reference_id: The reference the statistics were computed against.
+            dataset_drift: The window's dataset verdict.
+            alert: Whether a drift alert fired for the window.
             summary: JSON-serialisable summary kept with the window row.
 
         Returns:
@@ -162,39 +215,47 @@ class HistoryStore:
         import sqlalchemy as sa
 
         h = _utc_hour(hour)
+        ref = str(reference_id or "")
         stat_rows = [
-            {"model": model, "feature": s.feature, "statistic": s.statistic, "hour": h,
-             "value": float(s.value), "model_version": model_version}
+            {"model": model, "reference_id": ref, "feature": s.feature, "statistic": s.statistic,
+             "hour": h, "value": float(s.value), "model_version": model_version,
+             "taught": bool(s.taught),
+             "threshold": None if s.threshold is None or not math.isfinite(float(s.threshold))
+             else float(s.threshold), "source": s.source}
             for s in statistics
             if s.value is not None and math.isfinite(float(s.value))
         ]
         verdict_rows = [
-            {"model": model, "feature": f, "hour": h, "severity": sev, "flagged": bool(flag)}
-            for f, (sev, flag) in (verdicts or {}).items()
+            {"model": model, "reference_id": ref, "feature": f, "hour": h, "severity": v[0],
+             "flagged": bool(v[1]), "strong": bool(v[2]) if len(v) > 2 else False}
+            for f, v in (verdicts or {}).items()
         ]
         window_row = {"model": model, "hour": h, "status": status, "n_rows": int(n_rows),
-                      "model_version": model_version,
+                      "model_version": model_version, "reference_id": ref,
+                      "dataset_drift": bool(dataset_drift), "alert": bool(alert),
                       "summary": json.dumps(summary, sort_keys=True) if summary is not None else None}
         with self.engine.begin() as conn:
             for t in (self.stats, self.verdicts):
                 conn.execute(sa.delete(t).where(t.c.model == model, t.c.hour == h))
-            self._upsert(conn, self.stats, stat_rows, ("model", "feature", "statistic", "hour"))
-            self._upsert(conn, self.verdicts, verdict_rows, ("model", "feature", "hour"))
+            self._upsert(conn, self.stats, stat_rows, ("model", "reference_id", "feature", "statistic", "hour"))
+            self._upsert(conn, self.verdicts, verdict_rows, ("model", "reference_id", "feature", "hour"))
             self._upsert(conn, self.windows, [window_row], ("model", "hour"))
         return len(stat_rows)
 
     def bulk_load(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Upsert raw statistic rows (``model, feature, statistic, hour, value``): backfills,
-        benchmarks. NaN/inf rows are skipped."""
+        """Upsert raw statistic rows (``model, feature, statistic, hour, value`` and optionally
+        ``reference_id``, ``taught``): backfills, benchmarks. NaN/inf rows are skipped."""
         clean = [
-            {**r, "hour": _utc_hour(r["hour"]), "model_version": r.get("model_version")}
+            {**r, "hour": _utc_hour(r["hour"]), "model_version": r.get("model_version"),
+             "reference_id": str(r.get("reference_id") or ""), "taught": bool(r.get("taught", True)),
+             "threshold": r.get("threshold"), "source": r.get("source")}
             for r in rows
             if math.isfinite(float(r["value"]))
         ]
         with self.engine.begin() as conn:
             for i in range(0, len(clean), 5000):
                 self._upsert(conn, self.stats, clean[i:i + 5000],
-                             ("model", "feature", "statistic", "hour"))
+                             ("model", "reference_id", "feature", "statistic", "hour"))
 
     # ------------------------------------------------------------------ reads
     def window(self, model: str, hour: dt.datetime) -> dict[str, Any] | None:
@@ -210,15 +271,17 @@ class HistoryStore:
         out["summary"] = json.loads(out["summary"]) if out["summary"] else None
         return out
 
-    def values(self, model: str, feature: str, statistic: str) -> list[tuple[dt.datetime, float]]:
-        """All stored (hour, value) of one series, by hour."""
+    def values(self, model: str, feature: str, statistic: str,
+               reference_id: str | None = None) -> list[tuple[dt.datetime, float]]:
+        """All stored (hour, value) of one series, by hour (every reference unless one is named)."""
         import sqlalchemy as sa
 
         t = self.stats
+        where = [t.c.model == model, t.c.feature == feature, t.c.statistic == statistic]
+        if reference_id is not None:
+            where.append(t.c.reference_id == reference_id)
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(t.c.hour, t.c.value).where(
-                t.c.model == model, t.c.feature == feature, t.c.statistic == statistic
-            ).order_by(t.c.hour)).all()
+            rows = conn.execute(sa.select(t.c.hour, t.c.value).where(*where).order_by(t.c.hour)).all()
         return [(r[0], r[1]) for r in rows]
 
     def quantiles(
@@ -227,6 +290,9 @@ class HistoryStore:
         before: dt.datetime,
         days: float,
         wanted: Mapping[tuple[str, str], float],
+        *,
+        reference_id: str | None = None,
+        taught_only: bool = False,
     ) -> dict[tuple[str, str], tuple[float, int]]:
         """Quantile of each (feature, statistic) series over ``[before - days, before)``.
 
@@ -236,6 +302,8 @@ class HistoryStore:
             days: Length of the look-back window in days.
             wanted: ``{(feature, statistic): q}`` with q in [0, 1] (0.95 for distances, 0.05 for
                 p-values).
+            reference_id: Only values computed against this reference (``None``: every one).
+            taught_only: Only values allowed to teach a threshold.
 
         Returns:
             ``{(feature, statistic): (quantile value, number of hourly values)}``; series without
@@ -253,6 +321,10 @@ class HistoryStore:
         stats = sorted({s for _, s in wanted})
         where = [t.c.model == model, t.c.hour >= start, t.c.hour < end,
                  t.c.feature.in_(features), t.c.statistic.in_(stats)]
+        if reference_id is not None:
+            where.append(t.c.reference_id == reference_id)
+        if taught_only:
+            where.append(t.c.taught == sa.true())
         out: dict[tuple[str, str], tuple[float, int]] = {}
         if self.dialect == "postgresql":
             qs = sorted(set(wanted.values()))
@@ -266,23 +338,29 @@ class HistoryStore:
                     if key in wanted:
                         out[key] = (float(row[3 + qs.index(wanted[key])]), int(row[2]))
             return out
-        # SQLite: ONE query through the primary-key B-tree (model, feature IN, statistic IN,
-        # hour range; the table is clustered on that key, so values are read from the index
-        # itself), rows ordered by (feature, statistic), fetched as raw DB-API tuples; quantiles
-        # with numpy per contiguous group. 50 features x 3 statistics x 720 hours: ~0.15 s (was
-        # 1.8 s with a rowid table, ORM rows and per-row Python grouping).
+        # SQLite: ONE query through the primary-key B-tree (model, reference, feature IN,
+        # statistic IN, hour range; the table is clustered on that key, so values are read from
+        # the index itself), rows ordered by (feature, statistic), fetched as raw DB-API tuples;
+        # quantiles with numpy per contiguous group. 50 features x 3 statistics x 720 hours:
+        # ~0.15 s (was 1.8 s with a rowid table, ORM rows and per-row Python grouping).
         if self.dialect == "sqlite":
             to_db = t.c.hour.type.bind_processor(self.engine.dialect) or (lambda v: v)
             marks = lambda n: ", ".join("?" * n)  # noqa: E731
+            extra, params = "", []
+            if reference_id is not None:
+                extra += " AND reference_id = ?"
+                params.append(reference_id)
+            if taught_only:
+                extra += " AND taught = 1"
             sql = (f"SELECT feature, statistic, value FROM "
                    f"{self.engine.dialect.identifier_preparer.format_table(t)} "
-                   f"WHERE model = ? AND feature IN ({marks(len(features))}) "
+                   f"WHERE model = ?{extra} AND feature IN ({marks(len(features))}) "
                    f"AND statistic IN ({marks(len(stats))}) AND hour >= ? AND hour < ? "
                    f"ORDER BY feature, statistic")
             raw = self.engine.raw_connection()
             try:
                 cur = raw.cursor()
-                cur.execute(sql, [model, *features, *stats, to_db(start), to_db(end)])
+                cur.execute(sql, [model, *params, *features, *stats, to_db(start), to_db(end)])
                 rows = cur.fetchall()
                 cur.close()
             finally:
@@ -304,9 +382,9 @@ class HistoryStore:
         return out
 
     def previous_flags(self, model: str, features: Iterable[str], hour: dt.datetime,
-                       n: int) -> dict[str, list[bool]]:
+                       n: int, *, reference_id: str | None = None) -> dict[str, list[bool]]:
         """Flags of the ``n`` hours before ``hour`` per feature, oldest first; a missing hour
-        counts as not flagged (the run of consecutive windows is broken)."""
+        (or one judged against another reference) counts as not flagged."""
         import sqlalchemy as sa
 
         h = _utc_hour(hour)
@@ -316,13 +394,56 @@ class HistoryStore:
         if n <= 0 or not feats:
             return out
         t = self.verdicts
+        where = [t.c.model == model, t.c.feature.in_(feats), t.c.hour >= hours[0], t.c.hour < h]
+        if reference_id is not None:
+            where.append(t.c.reference_id == reference_id)
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(t.c.feature, t.c.hour, t.c.flagged).where(
-                t.c.model == model, t.c.feature.in_(feats), t.c.hour >= hours[0], t.c.hour < h)).all()
+            rows = conn.execute(sa.select(t.c.feature, t.c.hour, t.c.flagged).where(*where)).all()
         for f, hr, flag in rows:
             if hr in hours:
                 out[f][hours.index(hr)] = bool(flag)
         return out
+
+    def previous_windows(self, model: str, hour: dt.datetime, n: int, *,
+                         reference_id: str | None = None) -> list[bool]:
+        """Dataset verdicts (``dataset_drift``) of the ``n`` hours before ``hour``, oldest first;
+        a missing hour, an empty one or one judged against another reference counts as no drift
+        (the run of consecutive drifted windows is broken)."""
+        import sqlalchemy as sa
+
+        h = _utc_hour(hour)
+        hours = [h - dt.timedelta(hours=k) for k in range(n, 0, -1)]
+        out = [False] * max(n, 0)
+        if n <= 0:
+            return out
+        t = self.windows
+        where = [t.c.model == model, t.c.hour >= hours[0], t.c.hour < h]
+        if reference_id is not None:
+            where.append(t.c.reference_id == reference_id)
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(t.c.hour, t.c.dataset_drift).where(*where)).all()
+        for hr, drift in rows:
+            if hr in hours:
+                out[hours.index(hr)] = bool(drift)
+        return out
+
+    def last_alert(self, model: str, before: dt.datetime, *,
+                   reference_id: str | None = None) -> tuple[dt.datetime, list[str]] | None:
+        """The latest hour before ``before`` whose window raised a drift alert, with the features
+        the alert named (from its summary), or ``None``."""
+        import sqlalchemy as sa
+
+        t = self.windows
+        where = [t.c.model == model, t.c.alert == sa.true(), t.c.hour < _utc_hour(before)]
+        if reference_id is not None:
+            where.append(t.c.reference_id == reference_id)
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(t.c.hour, t.c.summary).where(*where)
+                               .order_by(t.c.hour.desc()).limit(1)).first()
+        if row is None:
+            return None
+        summary = json.loads(row[1]) if row[1] else {}
+        return row[0].replace(tzinfo=dt.timezone.utc), list(summary.get("alert_features") or [])
 
     def drop(self) -> None:
         """Drop the three tables (tests, teardown)."""

@@ -125,11 +125,44 @@ _EXPECTED = {
 }
 
 
+def offending_values(values: Any, kind: str, limit: int = 5) -> list[Any]:
+    """The first distinct non-null values of a column that do not fit ``kind`` (for messages).
+
+    Args:
+        values: A pandas Series or a pyarrow (chunked) array.
+        kind: The expected column kind.
+    """
+    s = values if isinstance(values, pd.Series) else pd.Series(values.to_pylist(), dtype=object)
+    s = s.dropna()
+    if kind in ("float", "int"):
+        num = pd.to_numeric(s, errors="coerce")
+        bad = s[num.isna()] if kind == "float" else s[num.isna() | (num % 1 != 0)]
+    elif kind == "bool":
+        bad = s[~s.map(lambda v: isinstance(v, bool) or type(v).__name__ == "bool_")]
+    elif kind in ("category", "string"):
+        bad = s[~s.map(lambda v: isinstance(v, str))]
+    elif kind in ("datetime", "timestamp"):
+        bad = s[pd.to_datetime(s, errors="coerce", utc=True, format="mixed").isna()]
+    else:
+        bad = s
+    out = []
+    for v in pd.unique(bad.to_numpy(dtype=object))[:limit]:
+        out.append(v.item() if hasattr(v, "item") else v if isinstance(v, (int, float, str, bool)) else str(v))
+    return out
+
+
+def _type_error(where: str, col: str, t: Any, kind: str, values: Any) -> WindowError:
+    bad = offending_values(values, kind)
+    first = f"; first offending values: {bad!r}" if bad else ""
+    return WindowError(f"{where}: column {col!r} has type {t}; expected {_EXPECTED[kind]}{first}")
+
+
 def validate_frame(frame: pd.DataFrame, schema: LogSchema, source: str) -> None:
     """Check a frame against the log contract before writing.
 
     Raises:
-        WindowError: A column is missing or has the wrong type; names source, column, dtype.
+        WindowError: A column is missing or has the wrong type; names source, column, dtype and
+            the first offending values.
     """
     import pyarrow as pa
 
@@ -139,11 +172,11 @@ def validate_frame(frame: pd.DataFrame, schema: LogSchema, source: str) -> None:
         try:
             t = pa.Array.from_pandas(frame[col]).type
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            bad = offending_values(frame[col], kind)
             raise WindowError(f"{source}: column {col!r} cannot be stored ({exc}); "
-                              f"expected {_EXPECTED[kind]}") from None
+                              f"expected {_EXPECTED[kind]}; first offending values: {bad!r}") from None
         if not _arrow_type_ok(kind, t):
-            raise WindowError(f"{source}: column {col!r} has type {t} (pandas {frame[col].dtype}); "
-                              f"expected {_EXPECTED[kind]}")
+            raise _type_error(source, col, f"{t} (pandas {frame[col].dtype})", kind, frame[col])
 
 
 def _hour_floor(ts: dt.datetime) -> pd.Timestamp:
@@ -274,6 +307,24 @@ def _hours(start: pd.Timestamp, end: pd.Timestamp) -> list[pd.Timestamp]:
     return out
 
 
+def arrow_to_pandas(table) -> pd.DataFrame:
+    """A pyarrow Table as pandas, integer columns holding nulls as nullable ``Int*`` dtypes.
+
+    ``Table.to_pandas()`` turns an integer column with nulls into float64 unless the file carries
+    pandas metadata saying otherwise; files from other producers (pyarrow without pandas, Spark)
+    do not, so the same column would read back as ``int64`` from one producer and ``float64``
+    from another. Here it is ``Int64`` (or the matching width) whatever wrote it.
+    """
+    import pyarrow as pa
+
+    frame = table.to_pandas()
+    for i, field in enumerate(table.schema):
+        if pa.types.is_integer(field.type) and table.column(i).null_count > 0:
+            dtype = pd.api.types.pandas_dtype(str(field.type).replace("int", "Int").replace("uInt", "UInt"))
+            frame[field.name] = table.column(i).to_pandas(types_mapper={field.type: dtype}.get).array
+    return frame
+
+
 def _read_parquet(store: Store, key: str, required: Mapping[str, str]) -> pd.DataFrame:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -287,9 +338,8 @@ def _read_parquet(store: Store, key: str, required: Mapping[str, str]) -> pd.Dat
         if col not in table.column_names:
             raise WindowError(f"{uri}: column {col!r} is missing; expected {_EXPECTED[kind]}")
         if not _arrow_type_ok(kind, table.schema.field(col).type):
-            raise WindowError(f"{uri}: column {col!r} has type {table.schema.field(col).type}; "
-                              f"expected {_EXPECTED[kind]}")
-    return table.to_pandas()
+            raise _type_error(uri, col, table.schema.field(col).type, kind, table.column(col))
+    return arrow_to_pandas(table)
 
 
 def _read_range(store: Store, model: str, start, end, required, labels: bool):

@@ -4,15 +4,23 @@ Layout (folder or S3 prefix)::
 
     <root>/<model>/reference/v<version>/sample.parquet
     <root>/<model>/reference/v<version>/profile.bin
-    <root>/<model>/reference/v<version>/meta.json      schema, rows, sampling seed
+    <root>/<model>/reference/v<version>/meta.json      schema, rows, sampling seed, digest,
+                                                       importance of each input
 
 Recorded when a version is published or retrained (from its training data in MLflow), or from a
-designated window of the inference log.
+designated window of the inference log. The sample keeps the source's row order (a seeded
+subsample, index-sorted), so chunks of consecutive rows follow the source's time order when the
+source is ordered by time (the reference calibration of :mod:`drift_checks.thresholds` relies on
+it for seasonality).
+
+Each reference has an id, ``v<version>:training:<first 12 hex of the sample's SHA-256>``: the
+drift history keys thresholds by it, so re-recording a version's reference starts new thresholds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 from typing import Any
@@ -38,6 +46,8 @@ class Reference:
         schema: Feature kinds.
         profile: whylogs profile view of the sample.
         uri: URI of the version's reference folder.
+        reference_id: ``v<version>:training:<digest>`` (see the module docstring).
+        importance: ``{feature: importance}`` of the model version (``None``: not computed).
     """
 
     model: str
@@ -46,6 +56,8 @@ class Reference:
     schema: LogSchema
     profile: Any
     uri: str
+    reference_id: str = ""
+    importance: dict[str, float] | None = None
 
 
 def _prefix(model: str, version: int) -> str:
@@ -54,9 +66,16 @@ def _prefix(model: str, version: int) -> str:
     return f"{model}/reference/v{int(version)}"
 
 
+def reference_id_of(version: int, digest: str) -> str:
+    """The id thresholds are keyed by: ``v<version>:training:<digest[:12]>``."""
+    return f"v{int(version)}:training:{digest[:12]}" if digest else f"v{int(version)}:training"
+
+
 def save_reference(root: str, model: str, version: int, frame: pd.DataFrame,
                    schema: LogSchema | None = None, *, max_rows: int = DEFAULT_REFERENCE_ROWS,
-                   seed: int = 0, endpoint_url: str | None = None) -> Reference:
+                   seed: int = 0, endpoint_url: str | None = None,
+                   importance: dict[str, float] | None = None,
+                   importance_method: str = "") -> Reference:
     """Sample (deterministically), profile and store the reference of a model version.
 
     Args:
@@ -64,8 +83,11 @@ def save_reference(root: str, model: str, version: int, frame: pd.DataFrame,
         model / version: Model name and version.
         frame: Training data (or a designated window); feature columns at least.
         schema: Feature kinds; inferred from ``frame`` when ``None``.
-        max_rows: Rows kept (uniform sample without replacement, ``seed``).
+        max_rows: Rows kept (uniform sample without replacement, ``seed``; row order kept).
         endpoint_url: S3-compatible endpoint.
+        importance: ``{feature: importance}`` of the model version
+            (:func:`drift_checks.importance.permutation_importances`), stored in ``meta.json``.
+        importance_method: How ``importance`` was computed (stored beside it).
 
     Raises:
         WindowError: ``frame`` is empty or lacks a schema column.
@@ -87,13 +109,18 @@ def save_reference(root: str, model: str, version: int, frame: pd.DataFrame,
     p = _prefix(model, version)
     buf = io.BytesIO()
     pq.write_table(pa.Table.from_pandas(sample, preserve_index=False), buf)
-    store.put_bytes(f"{p}/sample.parquet", buf.getvalue())
+    data = buf.getvalue()
+    store.put_bytes(f"{p}/sample.parquet", data)
     view = profile_frame(sample)
     write_profile(store, f"{p}/profile.bin", view)
+    digest = hashlib.sha256(data).hexdigest()
     meta = {"model": model, "version": int(version), "rows": len(sample), "source_rows": len(frame),
-            "seed": seed, "schema": schema.to_dict()}
+            "seed": seed, "schema": schema.to_dict(), "digest": digest,
+            "importance": dict(importance) if importance else None,
+            "importance_method": importance_method if importance else ""}
     store.put_bytes(f"{p}/meta.json", json.dumps(meta, sort_keys=True).encode())
-    return Reference(model, int(version), sample, schema, view, store.uri(p))
+    return Reference(model, int(version), sample, schema, view, store.uri(p),
+                     reference_id_of(version, digest), meta["importance"])
 
 
 def load_reference(root: str, model: str, version: int, endpoint_url: str | None = None,
@@ -114,4 +141,5 @@ def load_reference(root: str, model: str, version: int, endpoint_url: str | None
     except FileNotFoundError as exc:
         raise WindowError(f"no reference stored for {model!r} v{version} at {store.uri(p)} ({exc}); "
                           "expected save_reference() when the version was published") from None
-    return Reference(model, int(version), frame, LogSchema.from_dict(meta["schema"]), view, store.uri(p))
+    return Reference(model, int(version), frame, LogSchema.from_dict(meta["schema"]), view, store.uri(p),
+                     reference_id_of(version, meta.get("digest", "")), meta.get("importance") or None)

@@ -1,27 +1,53 @@
 """Registry of drift statistics: pure, deterministic functions with their metadata.
 
-Every statistic compares a *reference* sample (training data of the model version) with a
-*current* window (one hour of the inference log) for one feature and returns a
-:class:`StatisticResult`. Each registry entry (:class:`Statistic`) carries:
+The ONE implementation of PSI, Kolmogorov-Smirnov, Wasserstein, Jensen-Shannon and chi-square
+in tritonflow: the hourly drift check, the backtest, shadow evaluation and canary analysis call
+these functions (arrays in, numbers out; see :func:`compare_numeric`, :func:`psi_value`,
+:func:`ks_test` for two plain 1-D arrays, :func:`psi_from_counts` for stored or streamed bin
+counts and :func:`score_categorical` for count histograms).
+
+Every statistic compares a *reference* sample with a *current* window for one feature and
+returns a :class:`StatisticResult`. Each registry entry (:class:`Statistic`) carries:
 
 * ``kind``: ``"numeric"`` or ``"categorical"``;
-* ``direction``: ``"p_value"`` (drift when ``value <= threshold``: the bad tail is LOW) or
-  ``"distance"`` (drift when ``value >= threshold``: the bad tail is HIGH);
-* ``default_threshold`` and ``threshold_source``: the static threshold used until enough history
-  exists for a dynamic one (see :mod:`drift_checks.thresholds`);
+* ``direction``: ``"p_value"`` (drift when ``value < threshold``: the bad tail is LOW) or
+  ``"distance"`` (drift when ``value > threshold``: the bad tail is HIGH). Comparisons are
+  STRICT: a value equal to its threshold is never drift (a statistic that sits at the same
+  value hour after hour, or at its saturation cap, cannot alarm by equality);
+* ``role`` in the per-feature vote (:mod:`drift_checks.policy`): ``"significance"`` (p-values:
+  is the difference beyond sampling noise?), ``"effect"`` (distances: is it large enough to
+  matter?) or ``"guard"`` (unseen-category share: fires on its own, abstains otherwise);
+* ``default_threshold`` (the static threshold) and ``threshold_source``;
+* ``minimum_effect``: no threshold of an effect or guard statistic is ever below it (the floor
+  of :mod:`drift_checks.thresholds`); for p-values the static threshold is also the HIGHEST
+  threshold ever used;
+* ``strong_effect``: the size from which an effect is large (the ceiling of a learned
+  threshold; a value above it always flags); ``None`` for p-values;
 * degenerate-input behaviour: an empty side gives status ``"empty"``, a side whose values are all
   null gives ``"all_null"``; both with ``value=None`` (never a silent NaN). A constant reference
   column gives status ``"constant"`` with a value where the statistic is still defined.
 
-Static thresholds follow Evidently 0.7's defaults (``evidently/legacy/calculations/stattests``):
-K-S p-value 0.05, chi-square p-value 0.05, PSI 0.1 (0.2 is the usual "significant" level),
-normalised Wasserstein 0.1, Jensen-Shannon distance 0.1. The unseen-category share (0.05) is a
-tritonflow choice: more than 5 % of the window's rows in categories the reference never saw.
+Thresholds and their sources (static values):
 
-Numeric inputs are prepared once with :func:`prepare_numeric` (finite values, sorted), so the
-reference side can be prepared once per model version and reused every hour. All numeric
-statistics run in O(n log n) with numpy ``sort``/``searchsorted``; results are bit-for-bit
-identical when the same window is scored twice (no sampling, no sketches; case H18).
+* K-S p-value 0.05, chi-square p-value 0.05, PSI 0.1, normalised Wasserstein 0.1: Evidently 0.7's
+  defaults (``evidently/legacy/calculations/stattests``); the issue-12 minimum effects.
+* Jensen-Shannon distance 0.05 (Evidently: 0.1): a 20/80 -> 30/70 shift of a binary category has
+  JS distance 0.082 (case H17), a change any user wants to see once it is significant.
+* Strong effects: PSI 0.25 (Siddiqi, *Credit Risk Scorecards*, 2006: "significant shift"),
+  Wasserstein 0.5 reference standard deviations, JS 0.2, unseen share 0.2 (tritonflow choices).
+* Unseen-category share 0.05 (tritonflow choice: 5 % of the window's rows in categories the
+  reference never saw); minimum effect 0.01.
+
+Numeric inputs are prepared once with :func:`prepare_numeric` (finite values, sorted; nulls and
+infinities counted separately), so the reference side can be prepared once per model version and
+reused every hour. All numeric statistics run in O(n log n) with numpy ``sort``/``searchsorted``;
+results are bit-for-bit identical when the same window is scored twice (no sampling, no
+sketches; case H18).
+
+PSI bins (:mod:`drift_checks.binning`, re-exported here): the reference's deciles; a reference
+with at most :data:`PSI_BINS` distinct values gets one bin per distinct value plus one for every
+other value. :func:`psi_edges` + :func:`bin_counts` + :func:`psi_from_counts` are the three
+steps, so counts accumulated elsewhere (streamed windows, stored histograms) give the same PSI.
 
 Categorical inputs are count histograms (``{category: count}``), so the same functions score raw
 windows and stored hourly count histograms alike. Chi-square always scales the expected
@@ -37,14 +63,12 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 
 import numpy as np
 
+from drift_checks.binning import PSI_BINS, PSI_EPSILON, PsiBins, bin_counts, psi_cap, psi_edges, psi_from_counts
+
 Kind = Literal["numeric", "categorical"]
 Direction = Literal["p_value", "distance"]
+Role = Literal["significance", "effect", "guard"]
 
-#: Number of reference-quantile bins used by PSI (deciles, as in common PSI practice).
-PSI_BINS = 10
-#: Floor applied to empty bin proportions in PSI and to proportions in Jensen-Shannon, so the
-#: logarithm stays finite. Evidently uses the same value (``np.where(p == 0, 0.0001, p)``).
-PSI_EPSILON = 1e-4
 #: Floor of the reference standard deviation in the normalised Wasserstein distance, from
 #: Evidently's ``wasserstein_distance_norm`` (``norm = max(np.std(reference), 0.001)``).
 WASSERSTEIN_STD_FLOOR = 1e-3
@@ -61,6 +85,8 @@ KS_EXACT_MAX_N = 10_000
 #: for effective sizes 20,000-500,000: absolute error below 1e-3 everywhere, relative error below
 #: 0.3 % for p >= 1e-4.
 KS_KSTWO_MAX_EN = 20_000
+#: Most categories listed by name in a result (unseen / vanished), largest share first.
+MAX_LISTED_CATEGORIES = 20
 
 Status = Literal["ok", "empty", "all_null", "constant"]
 
@@ -95,13 +121,17 @@ class Statistic:
     Attributes:
         name: Unique name, used as the key in the history store.
         kind: ``"numeric"`` or ``"categorical"``.
-        direction: ``"p_value"`` (drift when value <= threshold) or ``"distance"`` (drift when
-            value >= threshold).
-        default_threshold: Static threshold used until enough history exists.
+        direction: ``"p_value"`` (drift when value < threshold) or ``"distance"`` (drift when
+            value > threshold); comparisons are strict.
+        default_threshold: Static threshold used until a calibrated one exists.
         threshold_source: Where the default comes from.
         fn: ``fn(pair) -> StatisticResult`` with a :class:`NumericPair` or
             :class:`CategoricalPair`.
         description: One line for reports.
+        role: ``"significance"``, ``"effect"`` or ``"guard"`` (see the module docstring).
+        minimum_effect: Distances: the lowest threshold ever used (floor). p-values: the highest
+            threshold ever used (equals the static α).
+        strong_effect: Distances: the size from which an effect is large (``None``: p-values).
     """
 
     name: str
@@ -111,12 +141,26 @@ class Statistic:
     threshold_source: str
     fn: Callable[[Any], StatisticResult]
     description: str
+    role: Role = "effect"
+    minimum_effect: float = 0.0
+    strong_effect: float | None = None
 
     def is_drift(self, value: float | None, threshold: float) -> bool | None:
-        """Whether ``value`` is on the drift side of ``threshold``; ``None`` if value undefined."""
+        """Whether ``value`` is STRICTLY on the drift side of ``threshold``.
+
+        Returns:
+            ``True``/``False``; ``None`` when the value is undefined (``None``, NaN, inf).
+        """
         if value is None or not math.isfinite(value):
             return None
-        return value <= threshold if self.direction == "p_value" else value >= threshold
+        return value < threshold if self.direction == "p_value" else value > threshold
+
+    def bounded(self, threshold: float) -> float:
+        """``threshold`` moved inside the statistic's allowed range: never below the minimum
+        effect (distances), never above the static α (p-values)."""
+        if self.direction == "p_value":
+            return min(float(threshold), self.minimum_effect)
+        return max(float(threshold), self.minimum_effect)
 
 
 # ----------------------------------------------------------------------------- numeric inputs
@@ -126,13 +170,35 @@ class NumericSample:
 
     Attributes:
         values: Finite values, sorted ascending (float64, 1-D).
-        n_rows: Rows in the column including nulls.
-        n_null: Null / NaN / infinite values dropped.
+        n_rows: Rows in the column including nulls and infinities.
+        n_null: Null / NaN values dropped.
+        n_pos_inf / n_neg_inf: ``+inf`` / ``-inf`` values dropped (reported as infinite, never as
+            null).
     """
 
     values: np.ndarray
     n_rows: int
     n_null: int
+    n_pos_inf: int = 0
+    n_neg_inf: int = 0
+
+    @property
+    def n_infinite(self) -> int:
+        return self.n_pos_inf + self.n_neg_inf
+
+    @functools.cached_property
+    def psi_bins(self) -> PsiBins:
+        """PSI bins of this sample as a reference (computed once, reused every hour)."""
+        return psi_edges(self.values)
+
+    @functools.cached_property
+    def prefix(self) -> np.ndarray:
+        """``prefix[i]`` = sum of the ``i`` smallest values (for ECDF integrals)."""
+        return np.concatenate([[0.0], np.cumsum(self.values)])
+
+    @functools.cached_property
+    def std(self) -> float:
+        return float(np.std(self.values))
 
     @property
     def status(self) -> Status:
@@ -143,20 +209,39 @@ class NumericSample:
         return "ok"
 
 
+def _as_float_array(values: Any) -> np.ndarray:
+    """1-D float64 array; pandas nullable dtypes (``Int64``, ``Float64``) give NaN for NA."""
+    to_numpy = getattr(values, "to_numpy", None)
+    if to_numpy is not None and not isinstance(values, np.ndarray):
+        try:
+            return np.asarray(to_numpy(dtype="float64", na_value=np.nan)).ravel()
+        except TypeError:  # objects without na_value (e.g. pyarrow arrays)
+            pass
+    arr = np.asarray(values, dtype=object if not isinstance(values, np.ndarray) else None)
+    if arr.dtype == object:
+        arr = np.array([np.nan if v is None else v for v in arr.ravel()], dtype="float64")
+    return np.asarray(arr, dtype="float64").ravel()
+
+
 def prepare_numeric(values: Iterable[float] | np.ndarray) -> NumericSample:
     """Drop nulls/NaN/inf and sort, once per column (reuse the reference's every hour).
 
     Args:
-        values: 1-D array-like of numbers (pandas Series, numpy array; ``None`` allowed).
+        values: 1-D array-like of numbers (pandas Series of any numeric dtype including the
+            nullable ``Int64``/``Float64``, numpy array, list; ``None`` allowed).
 
     Returns:
-        A :class:`NumericSample`.
+        A :class:`NumericSample` (nulls and ``+/-inf`` counted separately).
     """
-    arr = np.asarray(values, dtype="float64").ravel()
+    arr = _as_float_array(values)
     n = int(arr.size)
     mask = np.isfinite(arr)
-    finite = np.sort(arr if mask.all() else arr[mask], kind="quicksort")  # sort copies
-    return NumericSample(values=finite, n_rows=n, n_null=n - int(finite.size))
+    if mask.all():
+        return NumericSample(values=np.sort(arr, kind="quicksort"), n_rows=n, n_null=0)
+    finite = np.sort(arr[mask], kind="quicksort")
+    pos, neg = int(np.count_nonzero(arr == np.inf)), int(np.count_nonzero(arr == -np.inf))
+    return NumericSample(values=finite, n_rows=n, n_null=n - int(finite.size) - pos - neg,
+                         n_pos_inf=pos, n_neg_inf=neg)
 
 
 class NumericPair:
@@ -187,22 +272,81 @@ class NumericPair:
         """(distinct values of both sides ascending, ``F_ref - F_cur`` at each of them).
 
         ECDFs with ``side="right"`` semantics (ties complete at the last copy of a value, the one
-        kept). A stable argsort of the two sorted sides merges them in linear time (two runs);
-        cumulative counts of each side's rows give both ECDFs without any binary search.
+        kept). The two sorted sides are merged in linear time: binary searches place the smaller
+        side into the larger one (``np.insert``), so a small window against a large reference
+        costs O(n log m + m) memory-speed work, not a sort of both.
         """
         a, b = self.reference.values, self.current.values
-        both = np.concatenate([a, b])
-        order = np.argsort(both, kind="stable")
-        allv = both[order]
-        count_a = np.cumsum(order < a.size)
-        count_b = np.arange(1, both.size + 1) - count_a
+        n = a.size + b.size
+        if b.size <= a.size:  # current values go after equal reference values (stable order)
+            pos = np.searchsorted(a, b, side="right") + np.arange(b.size)
+            allv = np.insert(a, np.searchsorted(a, b, side="right"), b)
+            from_cur = np.zeros(n, dtype=bool)
+            from_cur[pos] = True
+        else:  # reference values go before equal current values
+            pos = np.searchsorted(b, a, side="left") + np.arange(a.size)
+            allv = np.insert(b, np.searchsorted(b, a, side="left"), a)
+            from_cur = np.ones(n, dtype=bool)
+            from_cur[pos] = False
+        count_b = np.cumsum(from_cur)
+        count_a = np.arange(1, n + 1) - count_b
         gap = count_a / a.size - count_b / b.size
-        last = np.empty(both.size, dtype=bool)
+        last = np.empty(n, dtype=bool)
         np.not_equal(allv[1:], allv[:-1], out=last[:-1])
         last[-1] = True
         if not last.all():
             allv, gap = allv[last], gap[last]
         return allv, gap
+
+    @functools.cached_property
+    def d_and_w1(self) -> tuple[float, float]:
+        """(KS statistic D, Wasserstein-1 distance) of the two ECDFs.
+
+        When the current side is much smaller than the reference (a window against a large
+        reference, every chunk of a reference calibration), both come from binary searches of the
+        current side's distinct values into the reference and prefix sums of the reference
+        (:meth:`NumericSample.prefix`): O(n log m). Otherwise from the merged ECDFs
+        (:attr:`ecdf_gap`). Both give scipy's ``ks_2samp`` statistic and
+        ``wasserstein_distance`` (to float rounding).
+        """
+        a, b = self.reference.values, self.current.values
+        if b.size * 8 > a.size:
+            allv, gap = self.ecdf_gap
+            return float(np.max(np.abs(gap))), float(np.sum(np.abs(gap[:-1]) * np.diff(allv)))
+        m, n = a.size, b.size
+        keep = np.concatenate([b[1:] != b[:-1], [True]])
+        u = b[keep]  # distinct current values
+        cb = np.nonzero(keep)[0] + 1  # current rows <= u_k
+        ga_right = np.searchsorted(a, u, side="right")  # reference rows <= u_k
+        ga_left = np.searchsorted(a, u, side="left")  # reference rows < u_k
+        cb_prev = np.concatenate([[0], cb[:-1]])
+        d = float(max(np.max(np.abs(ga_right / m - cb / n)), np.max(np.abs(ga_left / m - cb_prev / n))))
+        pre = self.reference.prefix  # pre[i] = sum of the i smallest reference values
+
+        def integral(lo, hi):  # integral of G(x) = #{a <= x} over [lo, hi), vectorised
+            p_ = np.searchsorted(a, lo, side="right")
+            q_ = np.maximum(np.searchsorted(a, hi, side="left"), p_)
+            return p_ * (hi - lo) + (q_ - p_) * hi - (pre[q_] - pre[p_])
+
+        # (-inf, u_0): F_cur = 0; [u_last, inf): F_cur = 1
+        below = ga_left[0] * u[0] - pre[ga_left[0]]
+        above = (pre[m] - pre[ga_left[-1]]) - (m - ga_left[-1]) * u[-1]
+        total = float(below + above)
+        if u.size > 1:
+            lo, hi = u[:-1], u[1:]
+            t_num = cb[:-1]  # G compared with t = m * cb / n; G >= t <=> G >= ceil(m * cb / n)
+            need = (m * t_num + n - 1) // n
+            idx = np.clip(need - 1, 0, m - 1)
+            cross = np.where(need <= 0, -np.inf, np.where(need > m, np.inf, a[idx]))
+            y = np.clip(cross, lo, hi)
+            t = m * t_num / n
+            pieces = t * (y - lo) - integral(lo, y) + integral(y, hi) - t * (hi - y)
+            total += float(np.sum(pieces))
+        return d, total / m
+
+    @property
+    def psi_bins(self) -> PsiBins:
+        return self.reference.psi_bins
 
 
 def _degenerate(name: str, status: str) -> StatisticResult:
@@ -230,7 +374,7 @@ def ks_p_value(pair: NumericPair) -> StatisticResult:
         res = stats.ks_2samp(a, b, method="auto")
         d, p = float(res.statistic), float(res.pvalue)
     else:
-        d = float(np.max(np.abs(pair.ecdf_gap[1])))
+        d = pair.d_and_w1[0]
         m, n = sorted([float(a.size), float(b.size)], reverse=True)
         en = np.round(m * n / (m + n))
         if en <= KS_KSTWO_MAX_EN:
@@ -245,29 +389,20 @@ def ks_p_value(pair: NumericPair) -> StatisticResult:
 
 
 def psi(pair: NumericPair) -> StatisticResult:
-    """Population Stability Index on reference-quantile bins.
-
-    Bins: the reference's deciles (:data:`PSI_BINS`), outer bins open to +-infinity, duplicate
-    edges merged (a constant reference gives 2 bins). Empty-bin proportions are floored at
-    :data:`PSI_EPSILON`. ``PSI = sum((c_i - r_i) * ln(c_i / r_i))``.
+    """Population Stability Index on the reference's PSI bins (see :func:`psi_edges`).
 
     Returns:
-        value >= 0 (direction ``distance``); ``extra["bins"]`` = number of bins used.
+        value >= 0 (direction ``distance``); ``extra["bins"]`` = number of bins used,
+        ``extra["cap"]`` = the largest value these bins allow (a value at the cap is saturated).
     """
     if (status := pair.degenerate) is not None:
         return _degenerate("psi", status)
-    a, b = pair.reference.values, pair.current.values
-    qs = np.linspace(0, 1, PSI_BINS + 1)[1:-1]
-    edges = np.unique(np.quantile(a, qs))
-    # bin i holds values in (edges[i-1], edges[i]]
-    ra = np.diff(np.concatenate([[0], np.searchsorted(a, edges, side="right"), [a.size]])) / a.size
-    rb = np.diff(np.concatenate([[0], np.searchsorted(b, edges, side="right"), [b.size]])) / b.size
-    ra = np.where(ra == 0, PSI_EPSILON, ra)
-    rb = np.where(rb == 0, PSI_EPSILON, rb)
-    value = float(np.sum((rb - ra) * np.log(rb / ra)))
-    return StatisticResult(
-        "psi", value, "constant" if pair.reference_constant else "ok", {"bins": int(ra.size)}
-    )
+    bins = pair.psi_bins
+    ra = bin_counts(pair.reference.values, bins, is_sorted=True)
+    rb = bin_counts(pair.current.values, bins, is_sorted=True)
+    value = psi_from_counts(ra, rb)
+    return StatisticResult("psi", value, "constant" if pair.reference_constant else "ok",
+                           {"bins": bins.n_bins, "cap": psi_cap(ra)})
 
 
 def wasserstein_normed(pair: NumericPair) -> StatisticResult:
@@ -282,9 +417,8 @@ def wasserstein_normed(pair: NumericPair) -> StatisticResult:
     """
     if (status := pair.degenerate) is not None:
         return _degenerate("wasserstein_normed", status)
-    allv, gap = pair.ecdf_gap
-    w = float(np.sum(np.abs(gap[:-1]) * np.diff(allv)))
-    std = float(np.std(pair.reference.values))
+    w = pair.d_and_w1[1]
+    std = pair.reference.std
     norm = max(std, WASSERSTEIN_STD_FLOOR)
     return StatisticResult(
         "wasserstein_normed",
@@ -405,18 +539,31 @@ def chi_square_p_value(pair: CategoricalPair) -> StatisticResult:
     )
 
 
+def _top_shares(counts: Mapping[str, int], keys: Iterable[str], total: int) -> dict[str, float]:
+    rows = sorted(((k, counts[k] / total) for k in keys), key=lambda kv: (-kv[1], kv[0]))
+    return {k: round(float(v), 6) for k, v in rows[:MAX_LISTED_CATEGORIES]}
+
+
 def unseen_share(pair: CategoricalPair) -> StatisticResult:
     """Share of the current window's non-null rows whose category is absent from the reference.
 
     Returns:
-        value in [0, 1] (direction ``distance``); ``extra["unseen"]`` lists up to 20 categories.
+        value in [0, 1] (direction ``distance``); ``extra["unseen"]`` = ``{category: share of the
+        window}`` and ``extra["vanished"]`` = ``{category: share of the reference}`` of the
+        reference's categories absent from the window (each up to
+        :data:`MAX_LISTED_CATEGORIES`, largest share first), ``extra["n_unseen"]`` /
+        ``extra["n_vanished"]`` = how many categories in all.
     """
     if (status := pair.degenerate) is not None:
         return _degenerate("unseen_share", status)
-    unseen = sorted(k for k in pair.current if k not in pair.reference)
+    unseen = [k for k in pair.current if k not in pair.reference]
+    vanished = [k for k in pair.reference if k not in pair.current]
     total = sum(pair.current.values())
     value = sum(pair.current[k] for k in unseen) / total
-    return StatisticResult("unseen_share", float(value), "ok", {"unseen": unseen[:20]})
+    return StatisticResult("unseen_share", float(value), "ok", {
+        "unseen": _top_shares(pair.current, unseen, total),
+        "vanished": _top_shares(pair.reference, vanished, sum(pair.reference.values())),
+        "n_unseen": len(unseen), "n_vanished": len(vanished)})
 
 
 # ------------------------------------------------------------------------------ the registry
@@ -425,21 +572,27 @@ REGISTRY: dict[str, Statistic] = {
     s.name: s
     for s in [
         Statistic("ks_p_value", "numeric", "p_value", 0.05, _EVIDENTLY + " (K-S p-value)",
-                  ks_p_value, "Two-sample Kolmogorov-Smirnov p-value (statistic D in extra)"),
-        Statistic("psi", "numeric", "distance", 0.1, _EVIDENTLY + " (PSI; 0.2 = significant)",
-                  psi, "Population Stability Index on reference deciles"),
+                  ks_p_value, "Two-sample Kolmogorov-Smirnov p-value (statistic D in extra)",
+                  role="significance", minimum_effect=0.05),
+        Statistic("psi", "numeric", "distance", 0.1, _EVIDENTLY + " (PSI; 0.25 = significant)",
+                  psi, "Population Stability Index on reference deciles",
+                  role="effect", minimum_effect=0.1, strong_effect=0.25),
         Statistic("wasserstein_normed", "numeric", "distance", 0.1,
                   _EVIDENTLY + " (Wasserstein distance, normed)", wasserstein_normed,
-                  "Wasserstein-1 distance in reference standard deviations"),
-        Statistic("jensen_shannon", "categorical", "distance", 0.1,
-                  _EVIDENTLY + " (Jensen-Shannon distance)", jensen_shannon,
-                  "Jensen-Shannon distance between category proportions"),
+                  "Wasserstein-1 distance in reference standard deviations",
+                  role="effect", minimum_effect=0.1, strong_effect=0.5),
+        Statistic("jensen_shannon", "categorical", "distance", 0.05,
+                  "tritonflow: a 20/80 -> 30/70 shift has JS 0.082 (Evidently's 0.1 misses it)",
+                  jensen_shannon, "Jensen-Shannon distance between category proportions",
+                  role="effect", minimum_effect=0.05, strong_effect=0.2),
         Statistic("chi_square_p_value", "categorical", "p_value", 0.05,
                   _EVIDENTLY + " (chi-square p-value)", chi_square_p_value,
-                  "Chi-square homogeneity test p-value, expected counts scaled to window size"),
+                  "Chi-square homogeneity test p-value, expected counts scaled to window size",
+                  role="significance", minimum_effect=0.05),
         Statistic("unseen_share", "categorical", "distance", 0.05,
                   "tritonflow choice: 5 % of rows in categories the reference never saw",
-                  unseen_share, "Share of rows in categories unseen in the reference"),
+                  unseen_share, "Share of rows in categories unseen in the reference",
+                  role="guard", minimum_effect=0.01, strong_effect=0.2),
     ]
 }
 
@@ -488,3 +641,49 @@ def score_categorical(
     """
     pair = CategoricalPair(reference, current, reference_rows, current_rows)
     return {s.name: s.fn(pair) for s in statistics_for("categorical", names)}
+
+
+# ----------------------------------------------------------------- plain arrays (other callers)
+def compare_numeric(reference: Any, current: Any,
+                    names: Iterable[str] | None = None) -> dict[str, StatisticResult]:
+    """Numeric statistics of two plain 1-D arrays (shadow evaluation, canary analysis, scripts).
+
+    Args:
+        reference: 1-D numbers, the baseline side (e.g. the champion's scores).
+        current: 1-D numbers, the side judged against it (e.g. the challenger's scores).
+        names: Statistics to compute (default: every numeric one).
+
+    Returns:
+        ``{statistic name: StatisticResult}``; nulls/NaN/inf are dropped first (counted in
+        neither side), an empty side gives status ``"empty"``/``"all_null"`` with value ``None``.
+
+    Example::
+
+        res = compare_numeric(champion_scores, challenger_scores, ["psi", "ks_p_value"])
+        res["psi"].value, res["ks_p_value"].value, res["ks_p_value"].extra["statistic"]
+    """
+    return score_numeric(prepare_numeric(reference), prepare_numeric(current), names)
+
+
+def psi_value(reference: Any, current: Any) -> float:
+    """PSI of ``current`` against ``reference`` (two plain 1-D arrays), see :func:`psi`.
+
+    Raises:
+        ValueError: A side has no finite value.
+    """
+    r = compare_numeric(reference, current, ["psi"])["psi"]
+    if r.value is None:
+        raise ValueError(f"psi_value: a side has no finite value ({r.status})")
+    return float(r.value)
+
+
+def ks_test(reference: Any, current: Any) -> tuple[float, float]:
+    """Two-sample KS test of two plain 1-D arrays: ``(statistic D, p-value)``, see :func:`ks_p_value`.
+
+    Raises:
+        ValueError: A side has no finite value.
+    """
+    r = compare_numeric(reference, current, ["ks_p_value"])["ks_p_value"]
+    if r.value is None:
+        raise ValueError(f"ks_test: a side has no finite value ({r.status})")
+    return float(r.extra["statistic"]), float(r.value)

@@ -1,19 +1,43 @@
-"""Dynamic drift thresholds: the P95 of each feature's own statistic over its recent history.
+"""Drift thresholds: one per (model, reference, feature, statistic), with a floor and a ceiling.
 
-For each (model, feature, statistic) the threshold of the current hour is a quantile of that
-statistic's hourly values over the previous ``window_days`` (default 30 days = up to 720 hourly
-windows; the current hour is excluded):
+Where a threshold comes from, in order (:func:`resolve_thresholds`):
 
-* distance statistics (PSI, Wasserstein, JS, unseen share; drift when value >= threshold): the
-  ``quantile`` (default 0.95, "P95") of past values: an hour is unusual when it exceeds what 95 %
-  of normal hours reached;
-* p-value statistics (KS, chi-square; drift when value <= threshold): the bad tail is LOW, so the
-  threshold is the ``1 - quantile`` quantile (P5) of past p-values.
+1. ``dynamic``: the ``quantile`` (default 0.95, "P95") of the statistic's past hourly values
+   over the previous ``window_days`` (default 30 days; the current hour excluded), once at least
+   ``min_history`` (default 48) values TAUGHT it. For p-values (drift when LOW) the ``1 - quantile``
+   quantile (P5). Only values computed against the SAME reference count: after a promotion the new
+   champion's statistics are never judged by thresholds learned against the old champion's
+   reference (the history store keys every value by ``reference_id``).
+2. ``reference``: until then, the same quantile of the statistic over time-ordered CHUNKS of the
+   reference itself, each chunk the size of the current window (:func:`calibrate_from_reference`):
+   how much windows of this size vary while nothing has drifted, seasons and sampling noise
+   included. It needs at least :data:`MIN_REFERENCE_CHUNKS` chunks (at most
+   :data:`MAX_REFERENCE_CHUNKS` are scored, spread evenly over the reference). This is the
+   calibration judged against the reference: it exists from the first hour, so early windows that
+   have already drifted cannot teach the threshold their drift. (NannyML calibrates its univariate
+   drift thresholds on reference chunks the same way.) Guard statistics (unseen-category share) are
+   always 0 on chunks of the reference and skip this step.
+3. ``static``: the registry's static threshold (:mod:`drift_checks.statistics`).
 
-Until ``min_history`` hourly values exist (default 48), the statistic's static default from the
-registry (:mod:`drift_checks.statistics`, Evidently's defaults) applies. A quantile that is not
-finite (cannot happen from a clean history, checked anyway) also falls back to the static value,
-so a NaN can never switch an alarm off.
+Bounds, applied to every source:
+
+* **floor** (no degenerate threshold): a distance threshold is never below the statistic's
+  minimum meaningful effect (PSI 0.1, normalised Wasserstein 0.1, JS 0.05, unseen share 0.01),
+  and a p-value threshold never above its static value (0.05). With the strict comparison of
+  :meth:`~drift_checks.statistics.Statistic.is_drift`, a statistic that repeats the same value
+  hour after hour can never alarm by equality.
+* **reference bound**: a dynamic threshold is never tighter than the reference one (served
+  windows calmer than the reference do not make every return to the reference's own variation an
+  alarm); it can only rise, up to the ceiling;
+* **ceiling** (strong effect): ``max(strong_effect, ceiling_factor * reference threshold)`` for
+  distances (``ceiling_factor`` default 2; without a reference calibration, the registry's
+  ``strong_effect``: PSI 0.25, Wasserstein 0.5, JS 0.2, unseen share 0.2). A dynamic threshold
+  never exceeds it, and a value above it is a *strong* effect (:mod:`drift_checks.policy`).
+
+Which values teach (``taught`` in the history store; decided by :mod:`drift_checks.verdict`): a
+value of a valid feature whose effect was not strong, in a window whose contract passed and
+whose dataset verdict was not drift. A drifted history can therefore raise a threshold at most to
+the ceiling, never past a real shift.
 
 Per-feature weights give the weighted dataset score :func:`weighted_score`.
 """
@@ -23,8 +47,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
+import numpy as np
+
+from drift_checks import statistics as st
 from drift_checks.history import HistoryStore
 from drift_checks.statistics import REGISTRY
 from tritonflow.exceptions import SettingsError
@@ -33,8 +60,17 @@ from tritonflow.exceptions import SettingsError
 DEFAULT_WINDOW_DAYS = 30
 #: Default quantile of distance statistics (P95); p-values use 1 - quantile (P5).
 DEFAULT_QUANTILE = 0.95
-#: Hourly values needed before the dynamic threshold replaces the static one (windows).
+#: Taught hourly values needed before the dynamic threshold replaces the reference one (windows).
 DEFAULT_MIN_HISTORY = 48
+#: Default ceiling factor: a learned threshold never exceeds this multiple of the reference's own
+#: threshold (nor the statistic's strong effect, whichever is larger).
+DEFAULT_CEILING_FACTOR = 2.0
+#: Fewest reference chunks for a ``reference`` threshold (fewer: the static one applies).
+MIN_REFERENCE_CHUNKS = 10
+#: Most reference chunks scored per calibration (spread evenly over the reference).
+MAX_REFERENCE_CHUNKS = 200
+#: Smallest chunk (rows) worth calibrating on.
+MIN_CHUNK_ROWS = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,14 +80,16 @@ class ThresholdPolicy:
     Attributes:
         window_days: Look-back in days.
         quantile: Quantile for distance statistics, in (0.5, 1); p-values use ``1 - quantile``.
-        min_history: Hourly values required before the dynamic threshold applies.
+        min_history: Taught hourly values required before the dynamic threshold applies.
         static: Overrides of the registry's static thresholds ``{statistic: value}``.
+        ceiling_factor: Multiple of the reference threshold a learned threshold may reach (>= 1).
     """
 
     window_days: float = DEFAULT_WINDOW_DAYS
     quantile: float = DEFAULT_QUANTILE
     min_history: int = DEFAULT_MIN_HISTORY
     static: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    ceiling_factor: float = DEFAULT_CEILING_FACTOR
 
     def __post_init__(self) -> None:
         if not 0.5 < self.quantile < 1:
@@ -60,11 +98,13 @@ class ThresholdPolicy:
             raise SettingsError(f"window_days={self.window_days!r}; expected > 0 days, e.g. 30")
         if self.min_history < 1:
             raise SettingsError(f"min_history={self.min_history!r}; expected >= 1 windows, e.g. 48")
+        if not (self.ceiling_factor >= 1 and math.isfinite(self.ceiling_factor)):
+            raise SettingsError(f"ceiling_factor={self.ceiling_factor!r}; expected a number >= 1, e.g. 2")
 
     @classmethod
     def from_settings(cls, settings=None, **overrides) -> "ThresholdPolicy":
         """Policy from ``drift_history_window_days``, ``drift_quantile``,
-        ``drift_min_history_windows`` settings (registry defaults where a field is absent)."""
+        ``drift_min_history_windows``, ``drift_ceiling_factor`` settings."""
         from tritonflow.settings import get_settings
 
         s = settings or get_settings()
@@ -72,6 +112,7 @@ class ThresholdPolicy:
             window_days=getattr(s, "drift_history_window_days", DEFAULT_WINDOW_DAYS),
             quantile=getattr(s, "drift_quantile", DEFAULT_QUANTILE),
             min_history=getattr(s, "drift_min_history_windows", DEFAULT_MIN_HISTORY),
+            ceiling_factor=getattr(s, "drift_ceiling_factor", DEFAULT_CEILING_FACTOR),
         )
         kw.update(overrides)
         return cls(**kw)
@@ -89,27 +130,117 @@ class Threshold:
     """The threshold applied to one (feature, statistic) in one hour.
 
     Attributes:
-        value: Threshold value.
-        source: ``"dynamic"`` (history quantile) or ``"static"`` (fallback).
-        n_history: Hourly values in the look-back window.
-        quantile: Quantile used (0.95 / 0.05) when dynamic, else ``None``.
+        value: Threshold value (inside the floor/ceiling bounds).
+        source: ``"dynamic"`` (taught history), ``"reference"`` (reference chunks) or ``"static"``.
+        n_history: Taught hourly values in the look-back window (same reference).
+        quantile: Quantile used when dynamic or reference, else ``None``.
+        floor: Minimum effect (distances) / highest allowed p-value threshold.
+        ceiling: Strong-effect level (distances); ``None`` for p-values.
+        reference_chunks: Reference chunks behind a ``reference`` value (0: none).
     """
 
     value: float
     source: str
     n_history: int
     quantile: float | None = None
+    floor: float | None = None
+    ceiling: float | None = None
+    reference_chunks: int = 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
+# ----------------------------------------------------------------------- reference calibration
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """Quantiles of each statistic over chunks of the reference.
+
+    Attributes:
+        chunk_rows: Rows per chunk.
+        n_chunks: Chunks scored.
+        values: ``{(feature, statistic): tail quantile over the chunks}``.
+    """
+
+    chunk_rows: int
+    n_chunks: int
+    values: Mapping[tuple[str, str], float]
+
+
+def chunk_rows_for(window_rows: int, reference_rows: int) -> int:
+    """Chunk size for a window of ``window_rows`` rows: the window size rounded to a grid of
+    about 19 % steps (so nearby window sizes share one calibration). 0 when the reference holds
+    fewer than :data:`MIN_REFERENCE_CHUNKS` such chunks: smaller chunks would calibrate the noise
+    of smaller samples, not of the window (then the static thresholds apply)."""
+    if window_rows < 1 or reference_rows < 1:
+        return 0
+    grid = int(round(2 ** (round(math.log2(window_rows) * 4) / 4)))
+    if grid < MIN_CHUNK_ROWS or reference_rows < MIN_REFERENCE_CHUNKS * grid:
+        return 0
+    return grid
+
+
+def calibrate_from_reference(
+    frame: Any,
+    numeric: Mapping[str, st.NumericSample],
+    categorical: Mapping[str, Mapping[str, int]],
+    chunk_rows: int,
+    *,
+    quantile: float = DEFAULT_QUANTILE,
+    names: Iterable[str] | None = None,
+    max_chunks: int = MAX_REFERENCE_CHUNKS,
+) -> Calibration:
+    """Score time-ordered chunks of the reference against the whole reference.
+
+    Args:
+        frame: The reference sample in row (time) order (pandas DataFrame).
+        numeric: ``{column: prepared reference}`` (:func:`~drift_checks.statistics.prepare_numeric`).
+        categorical: ``{column: reference counts}``.
+        chunk_rows: Rows per chunk (:func:`chunk_rows_for`); chunk ``i`` = rows
+            ``[i * chunk_rows, (i + 1) * chunk_rows)``.
+        quantile: Quantile of distances (p-values: ``1 - quantile``).
+        names: Statistics to compute (default: every registered one; guards are skipped).
+        max_chunks: Chunks scored at most, spread evenly over the reference.
+
+    Returns:
+        A :class:`Calibration` (empty ``values`` when fewer than 1 chunk fits).
+    """
+    n_total = len(frame) // chunk_rows if chunk_rows > 0 else 0
+    if n_total < 1:
+        return Calibration(chunk_rows, 0, {})
+    picks = np.unique(np.linspace(0, n_total - 1, min(n_total, max_chunks)).round().astype(int))
+    wanted = list(names) if names is not None else None
+    collected: dict[tuple[str, str], list[float]] = {}
+    for i in picks:
+        chunk = frame.iloc[i * chunk_rows:(i + 1) * chunk_rows]
+        for col, ref in numeric.items():
+            res = st.score_numeric(ref, st.prepare_numeric(chunk[col]), wanted)
+            for name, r in res.items():
+                if r.value is not None:
+                    collected.setdefault((col, name), []).append(r.value)
+        for col, counts in categorical.items():
+            res = st.score_categorical(counts, st.category_counts(chunk[col]), reference_rows=len(frame),
+                                       current_rows=len(chunk), names=wanted)
+            for name, r in res.items():
+                if r.value is not None and REGISTRY[name].role != "guard":
+                    collected.setdefault((col, name), []).append(r.value)
+    values = {}
+    for (col, name), vals in collected.items():
+        q = 1 - quantile if REGISTRY[name].direction == "p_value" else quantile
+        values[(col, name)] = float(np.quantile(np.asarray(vals), q, method="linear"))
+    return Calibration(chunk_rows, int(picks.size), values)
+
+
+# ------------------------------------------------------------------------------ resolution
 def resolve_thresholds(
     history: HistoryStore,
     model: str,
     hour: dt.datetime,
     series: Iterable[tuple[str, str]],
     policy: ThresholdPolicy | None = None,
+    *,
+    reference_id: str | None = None,
+    calibration: Calibration | None = None,
 ) -> dict[tuple[str, str], Threshold]:
     """Threshold of every (feature, statistic) for the window starting at ``hour``.
 
@@ -119,20 +250,43 @@ def resolve_thresholds(
         hour: Start of the current window (timezone-aware); its own values are excluded.
         series: (feature, statistic) pairs to resolve.
         policy: Threshold policy (default :class:`ThresholdPolicy`).
+        reference_id: The reference the current statistics are computed against; only taught
+            values of that reference count (``None``: every stored value, taught or not: the
+            behaviour before thresholds were keyed by reference).
+        calibration: From :func:`calibrate_from_reference` (``None``: no reference step).
 
     Returns:
-        ``{(feature, statistic): Threshold}``.
+        ``{(feature, statistic): Threshold}`` (see the module docstring for the order and bounds).
     """
     policy = policy or ThresholdPolicy()
     wanted = {(f, s): policy.tail_quantile(s) for f, s in series}
-    found = history.quantiles(model, hour, policy.window_days, wanted)
+    found = history.quantiles(model, hour, policy.window_days, wanted, reference_id=reference_id,
+                              taught_only=reference_id is not None)
+    usable = calibration is not None and calibration.n_chunks >= MIN_REFERENCE_CHUNKS
     out = {}
     for key, q in wanted.items():
+        stat = REGISTRY[key[1]]
+        cal = calibration.values.get(key) if usable else None
+        ref_value = stat.bounded(cal) if cal is not None and math.isfinite(cal) else None
+        ceiling = None
+        if stat.direction == "distance":
+            ceiling = float(stat.strong_effect if stat.strong_effect is not None else math.inf)
+            if ref_value is not None:
+                ceiling = max(ceiling, policy.ceiling_factor * ref_value)
         value, n = found.get(key, (math.nan, 0))
+        chunks = calibration.n_chunks if ref_value is not None else 0
         if n >= policy.min_history and math.isfinite(value):
-            out[key] = Threshold(value, "dynamic", n, q)
+            v = stat.bounded(value)
+            if ref_value is not None:  # never tighter than the reference's own variation
+                v = max(v, ref_value) if stat.direction == "distance" else min(v, ref_value)
+            if ceiling is not None:
+                v = min(v, ceiling)
+            out[key] = Threshold(v, "dynamic", n, q, stat.minimum_effect, ceiling, chunks)
+        elif ref_value is not None:
+            out[key] = Threshold(ref_value, "reference", n, q, stat.minimum_effect, ceiling, chunks)
         else:
-            out[key] = Threshold(policy.static_threshold(key[1]), "static", n, None)
+            out[key] = Threshold(stat.bounded(policy.static_threshold(key[1])), "static", n, None,
+                                 stat.minimum_effect, ceiling, 0)
     return out
 
 
@@ -140,7 +294,8 @@ def weighted_score(flags: Mapping[str, bool], weights: Mapping[str, float] | Non
     """Weighted share of flagged features: ``sum(w_i * flagged_i) / sum(w_i)``.
 
     Args:
-        flags: ``{feature: flagged}`` of the features that could be scored.
+        flags: ``{feature: flagged}`` of the features of the window (invalid ones count as
+            flagged: they are never dropped from the denominator).
         weights: ``{feature: weight >= 0}``; missing features weigh 1.
 
     Returns:

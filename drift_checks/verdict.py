@@ -1,28 +1,32 @@
 """The whole hourly drift check as one function: :func:`check_window`.
 
-window -> contract (exact vectorised checks + GX on a bounded sample) -> statistics per feature
--> thresholds (P95 of history / static fallback) -> per-feature and dataset verdicts -> history
-(every hour, also when nothing drifted) -> small JSON summary (XCom-safe). That is the hourly
-critical path. The Evidently report on a sample (:func:`evidently_report_for_window`) and the
-whylogs profile of the hour are separate steps that run beside it (their cost is fixed, 15-27 s
-for Evidently, and they decide nothing).
+window -> contract (exact vectorised checks + GX) -> statistics per feature (the registry) ->
+thresholds (per reference: taught history, reference chunks or static; floors and ceilings) ->
+per-feature vote -> importance-weighted dataset verdict -> alert policy -> history (every hour,
+also when nothing drifted) -> small JSON summary (XCom-safe). That is the hourly critical path
+(:mod:`drift_checks.thresholds` and :mod:`drift_checks.policy` document the rules). The Evidently
+report on a sample (:func:`evidently_report_for_window`) and the whylogs profile of the hour are
+separate steps that run beside it (their cost is fixed, 15-27 s for Evidently, and they decide
+nothing).
 
-Severities, per feature:
+Feature severities:
 
 * ``no_data``: the window has no rows (case H15): nothing scored, nothing stored in the
-  statistics history (the P95 baseline is untouched), a data-availability alert is raised;
-* ``invalid``: the contract failed on the column (e.g. 100 % nulls, case H15), or a statistic is
-  undefined (all-null, empty): no drift is computed from nonsense and no NaN can read as "ok";
-* ``drift``: the feature is flagged in this window AND in the ``consecutive_windows - 1``
-  previous hourly windows (hysteresis: one unusual hour, expected 5 % of the time at P95, is
-  not an alarm; case H18);
+  statistics history (the baseline is untouched), a data-availability alert is raised;
+* ``invalid``: a CRITICAL expectation failed on the column (missing, wrong dtype, e.g. 100 %
+  nulls; case H15) or a statistic is undefined on the window's side: no drift is computed from
+  nonsense, no NaN can read as "ok", and the feature counts as flagged in the dataset score (it
+  never leaves the denominator);
+* ``unscored``: the reference itself has no value for the column (reported as a data-quality
+  warning; not part of the score);
+* ``drift``: a strong effect, or flagged in this window and the ``k - 1`` windows before (case
+  H18: one unusual hour is not an alarm);
 * ``warning``: flagged in this window only;
 * ``ok``.
 
-A feature is *flagged* when at least ``min_flagged`` of its statistics are on the drift side of
-their thresholds (default: a majority). The dataset severity is ``drift`` when the weighted share
-of drifting features reaches ``dataset_drift_share`` (Evidently's default share 0.5), else the
-worst of warning/invalid/ok.
+A window whose learned ranges or category sets are exceeded is NOT invalid: those expectations
+only warn, and the shifted feature is scored as drift. A window whose contract failed raises a
+data-quality alert and never a drift alert.
 """
 
 from __future__ import annotations
@@ -46,7 +50,15 @@ from drift_checks.contracts import (
 )
 from drift_checks.history import HistoryStore, StatisticRow
 from drift_checks.inference_log import LogSchema, categorical_columns, numeric_columns
-from drift_checks.thresholds import ThresholdPolicy, resolve_thresholds, weighted_score
+from drift_checks.policy import AlertPolicy, decide_alert, feature_verdict, importance_weights
+from drift_checks.thresholds import (
+    Calibration,
+    ThresholdPolicy,
+    calibrate_from_reference,
+    chunk_rows_for,
+    resolve_thresholds,
+    weighted_score,
+)
 
 SEVERITY_ORDER = ["ok", "warning", "invalid", "drift"]
 #: Largest summary returned (bytes); larger ones drop per-statistic details (case H24).
@@ -58,26 +70,22 @@ class CheckConfig:
     """Knobs of the hourly check.
 
     Attributes:
-        policy: Threshold policy (look-back, quantile, min history, static overrides).
+        policy: Threshold policy (look-back, quantile, min history, static overrides, ceiling).
+        alerts: Alert policy (k consecutive windows, cooldown, dataset share, weighting).
         statistics: Statistic names to compute (``None``: every registered one of the kind).
-        weights: Per-feature weights of the dataset score (missing: 1).
-        consecutive_windows: Flagged windows in a row needed for ``drift``.
-        min_flagged: Statistics beyond threshold needed to flag a feature (``None``: majority).
-        dataset_drift_share: Weighted share of drifting features for dataset drift.
+        weights: Explicit per-feature weights (override the reference's importance).
         evidently_sample_rows: Rows per side for the Evidently report
             (:func:`evidently_report_for_window`, a separate step); 0 disables it.
         max_summary_bytes: Cap of the returned summary.
         workers: Threads scoring numeric features (numpy releases the GIL).
-        contract_sample_rows: Rows of the seeded sample on which GX evaluates the expectations
-            that have no exact vectorised check (see :func:`drift_checks.contracts.run_contract`).
+        contract_sample_rows: Rows of the seeded sample on which GX evaluates the row-wise
+            expectations that have no exact vectorised check.
     """
 
     policy: ThresholdPolicy = dataclasses.field(default_factory=ThresholdPolicy)
+    alerts: AlertPolicy = dataclasses.field(default_factory=AlertPolicy)
     statistics: tuple[str, ...] | None = None
     weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    consecutive_windows: int = 2
-    min_flagged: int | None = None
-    dataset_drift_share: float = 0.5
     evidently_sample_rows: int = 5000
     max_summary_bytes: int = DEFAULT_MAX_SUMMARY_BYTES
     workers: int = 2
@@ -88,35 +96,117 @@ class CheckConfig:
         from tritonflow.settings import get_settings
 
         s = settings or get_settings()
-        kw: dict[str, Any] = dict(policy=ThresholdPolicy.from_settings(s),
+        kw: dict[str, Any] = dict(policy=ThresholdPolicy.from_settings(s), alerts=AlertPolicy.from_settings(s),
                                   evidently_sample_rows=getattr(s, "drift_evidently_sample_rows", 5000),
-                                  max_summary_bytes=getattr(s, "max_xcom_bytes", DEFAULT_MAX_SUMMARY_BYTES),
-                                  dataset_drift_share=getattr(s, "drift_dataset_share", 0.5))
+                                  max_summary_bytes=getattr(s, "max_xcom_bytes", DEFAULT_MAX_SUMMARY_BYTES))
         kw.update(overrides)
         return cls(**kw)
 
 
 @dataclasses.dataclass
 class PreparedReference:
-    """Reference columns prepared once per model version (sorted numerics, category counts)."""
+    """Reference columns prepared once per model version (sorted numerics, category counts).
+
+    Attributes:
+        schema / frame: Feature kinds and the sample in row (time) order.
+        numeric / categorical: Prepared columns.
+        reference_id: The id thresholds are keyed by (``""``: unkeyed).
+        importance: ``{feature: importance}`` of the model version (``None``: none stored).
+        time_ordered: Whether the rows follow time (see :func:`looks_time_ordered`); chunks of
+            consecutive rows then calibrate seasonality too, else chunks of a seeded shuffle
+            calibrate sampling noise only.
+        calibrations: Reference-chunk calibrations by chunk size (filled lazily).
+    """
 
     schema: LogSchema
     frame: pd.DataFrame
     numeric: dict[str, st.NumericSample]
     categorical: dict[str, dict[str, int]]
+    reference_id: str = ""
+    importance: dict[str, float] | None = None
+    time_ordered: bool = True
+    calibrations: dict[tuple, Calibration] = dataclasses.field(default_factory=dict)
+
+    def calibration(self, window_rows: int, quantile: float, names=None) -> Calibration | None:
+        """The reference-chunk calibration for a window of ``window_rows`` rows (cached)."""
+        size = chunk_rows_for(window_rows, len(self.frame))
+        if size == 0:
+            return None
+        key = (size, quantile, tuple(names) if names is not None else None)
+        if key not in self.calibrations:
+            frame = self.frame if self.time_ordered else self.frame.sample(frac=1.0, random_state=0)
+            self.calibrations[key] = calibrate_from_reference(
+                frame, self.numeric, self.categorical, size, quantile=quantile, names=names)
+        return self.calibrations[key]
 
 
-def prepare_reference(frame: pd.DataFrame, schema: LogSchema, workers: int = 2) -> PreparedReference:
-    """Sort numeric columns and count categories of the reference (reuse every hour)."""
+def looks_time_ordered(frame: pd.DataFrame, columns) -> bool:
+    """Whether the reference's row order can stand for time: ``False`` when a non-constant
+    feature is sorted (numeric, either direction) or grouped (each category in one block), as
+    in a file sorted by a column; ``True`` otherwise. References are written in their source's
+    order (:func:`drift_checks.reference.save_reference`), normally the order of time."""
+    for c in columns:
+        if c not in frame.columns:
+            continue
+        s = frame[c].dropna()
+        if s.nunique() < 2:
+            continue
+        if pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s):
+            if s.is_monotonic_increasing or s.is_monotonic_decreasing:
+                return False
+        else:
+            codes = s.astype(str)
+            runs = int((codes != codes.shift()).sum())
+            if runs == codes.nunique():
+                return False
+    return True
+
+
+def prepare_reference(frame: pd.DataFrame, schema: LogSchema, workers: int = 2, *,
+                      reference_id: str = "", importance: Mapping[str, float] | None = None,
+                      time_ordered: bool | None = None) -> PreparedReference:
+    """Sort numeric columns and count categories of the reference (reuse every hour).
+
+    Args:
+        frame / schema: The reference sample and its feature kinds.
+        workers: Threads sorting numeric columns.
+        reference_id: The id thresholds are keyed by.
+        importance: ``{feature: importance}`` of the model version.
+        time_ordered: Whether the rows follow time (``None``: :func:`looks_time_ordered`).
+    """
     cols = [c for c in numeric_columns(schema) if c in frame.columns]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # numpy sorts release the GIL
         num = dict(zip(cols, pool.map(lambda c: st.prepare_numeric(frame[c]), cols)))
     cat = {c: st.category_counts(frame[c]) for c in categorical_columns(schema) if c in frame.columns}
-    return PreparedReference(schema, frame, num, cat)
+    ordered = looks_time_ordered(frame, schema.features) if time_ordered is None else bool(time_ordered)
+    return PreparedReference(schema, frame, num, cat, reference_id, dict(importance) if importance else None,
+                             ordered)
 
 
 def _iso(t) -> str:
     return pd.Timestamp(t).tz_convert("UTC").isoformat()
+
+
+def _quality_alerts(cres: ContractResult, frame: pd.DataFrame) -> list[dict[str, Any]]:
+    alerts = []
+    for r, kind, sev in ([(r, "data_quality", "invalid") for r in cres.failures]
+                         + [(r, "data_quality_warning", "warning") for r in cres.warnings]):
+        a = {"kind": kind, "severity": sev, "column": r.column, "expectation": r.expectation,
+             "observed": r.observed, "message": r.message[:300]}
+        if r.expectation == "expect_column_values_to_not_be_null" and r.column in frame.columns:
+            a["window_missing_share"] = round(float(frame[r.column].isna().mean()), 6) if len(frame) else None
+            a["reference_missing_share"] = r.meta.get("reference_null_fraction")
+        alerts.append(a)
+    for r in cres.check_errors:
+        alerts.append({"kind": "contract_check_error", "severity": "error", "column": r.column,
+                       "expectation": r.expectation, "message": r.message[:300]})
+    return alerts
+
+
+def _reference_degenerate(reference: PreparedReference, col: str) -> bool:
+    if col in reference.numeric:
+        return reference.numeric[col].status != "ok"
+    return not reference.categorical.get(col)
 
 
 def check_window(
@@ -137,52 +227,64 @@ def check_window(
     Args:
         model: Model name.
         frame: The window's records (from :func:`drift_checks.inference_log.read_window`).
-        start / end: The window's UTC bounds (the DAG's data interval).
-        reference: From :func:`prepare_reference` (model version's reference sample).
+        start / end: The window's UTC bounds (the DAG's data interval; logical time).
+        reference: From :func:`prepare_reference` (the reference of the served version, or the
+            strategy's reference: see :mod:`drift_checks.strategies`).
         history: Statistics history; this hour's results REPLACE any earlier run of it.
         contract: Data contract; derived from the reference when ``None``.
         config: Check knobs (default :class:`CheckConfig`).
         model_version: Version that served the window (recorded).
-        artefact_dir: Folder for bulky artefacts (full summary JSON, Evidently HTML); none
-            written when ``None``.
+        artefact_dir: Folder for bulky artefacts (full summary JSON); none written when ``None``.
 
     Returns:
         JSON-serialisable summary under ``config.max_summary_bytes``: ``status`` (``ok``,
-        ``no_data``, ``contract_failed``, ``check_error``), ``severity``, ``drift`` (bool),
-        ``dataset_score``, ``features`` ({name: severity, reason, statistics}), ``contract``,
-        ``evidently`` (``None``: the report is :func:`evidently_report_for_window`, a separate
-        step), ``alerts`` and ``artefacts`` (URIs/paths).
+        ``no_data``, ``contract_failed``, ``check_error``), ``severity``, ``drift`` (a drift alert
+        fired: the asset event), ``dataset_drift``, ``dataset_score``, ``weighting``,
+        ``reference_id``, ``threshold_sources`` (how many thresholds came from each source),
+        ``features`` ({name: severity, flagged, strong, weight, reason, statistics}), ``contract``,
+        ``alerts`` (data quality, data-quality warnings, contract errors, the drift alert with its
+        causes), ``alert_features``, ``alert_reason``, ``evidently`` (``None``) and ``artefacts``.
     """
     cfg = config or CheckConfig()
     schema = reference.schema
-    base = {"model": model, "model_version": model_version, "window_start": _iso(start),
-            "window_end": _iso(end), "n_rows": int(len(frame))}
+    ref_id = reference.reference_id
+    base = {"model": model, "model_version": model_version, "reference_id": ref_id,
+            "window_start": _iso(start), "window_end": _iso(end), "n_rows": int(len(frame))}
     artefacts: dict[str, str] = {}
     if len(frame) == 0:
-        summary = {**base, "status": "no_data", "severity": "no_data", "drift": False,
+        summary = {**base, "status": "no_data", "severity": "no_data", "drift": False, "dataset_drift": False,
                    "dataset_score": None, "features": {}, "contract": None, "evidently": None,
                    "alerts": [{"kind": "data_availability", "severity": "no_data",
                                "message": f"no inference records for {model!r} in "
                                           f"[{base['window_start']}, {base['window_end']})"}],
-                   "artefacts": artefacts}
+                   "alert_features": [], "alert_reason": "", "artefacts": artefacts}
         history.record_hour(model, start, status="no_data", n_rows=0, model_version=model_version,
-                            summary={"status": "no_data"})
+                            reference_id=ref_id, summary={"status": "no_data"})
         return summary
 
     # ---------------------------------------------------------------- contract
     contract = contract or derive_contract(reference.frame, schema)
     cres: ContractResult = run_contract(contract, frame, gx_sample_rows=cfg.contract_sample_rows)
+    status = {"passed": "ok", "failed": "contract_failed", "error": "check_error"}[cres.status]
     invalid = {c: "contract failed: " + ", ".join(
         f"{r.expectation} observed {json.dumps(r.observed)[:80]}" for r in cres.failures if r.column == c)
         for c in cres.invalid_columns if c in schema.features}
+    alerts = _quality_alerts(cres, frame)
+    unscored = {c: "the reference has no value for this column" for c in schema.features
+                if c not in invalid and c in frame.columns and _reference_degenerate(reference, c)}
+    for c in unscored:
+        alerts.append({"kind": "data_quality_warning", "severity": "warning", "column": c,
+                       "message": f"column {c!r} cannot be scored: {unscored[c]}"})
 
     # ---------------------------------------------------------------- statistics
-    num_cols = [c for c in numeric_columns(schema) if c not in invalid]
-    cat_cols = [c for c in categorical_columns(schema) if c not in invalid]
+    num_cols = [c for c in numeric_columns(schema) if c not in invalid and c not in unscored]
+    cat_cols = [c for c in categorical_columns(schema) if c not in invalid and c not in unscored]
     names = cfg.statistics
+    samples = {}
 
     def score_num(c):
-        return c, st.score_numeric(reference.numeric[c], st.prepare_numeric(frame[c]), names)
+        samples[c] = cur = st.prepare_numeric(frame[c])
+        return c, st.score_numeric(reference.numeric[c], cur, names)
 
     with ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
         scored: dict[str, dict[str, st.StatisticResult]] = dict(pool.map(score_num, num_cols))
@@ -190,79 +292,107 @@ def check_window(
         scored[c] = st.score_categorical(reference.categorical[c], st.category_counts(frame[c]),
                                          reference_rows=len(reference.frame),
                                          current_rows=len(frame), names=names)
+    for c, sample in samples.items():
+        if sample.n_infinite:
+            alerts.append({"kind": "data_quality_warning", "severity": "warning", "column": c,
+                           "message": f"column {c!r} has {sample.n_infinite} infinite values "
+                                      f"(+inf {sample.n_pos_inf}, -inf {sample.n_neg_inf}); "
+                                      "they are left out of the statistics"})
 
+    # ---------------------------------------------------------------- thresholds and votes
     series = [(f, s) for f, res in scored.items() for s in res]
-    thresholds = resolve_thresholds(history, model, start, series, cfg.policy)
-    prev = history.previous_flags(model, list(scored), start, cfg.consecutive_windows - 1)
+    calibration = reference.calibration(len(frame), cfg.policy.quantile, names) if series else None
+    thresholds = resolve_thresholds(history, model, start, series, cfg.policy,
+                                    reference_id=ref_id, calibration=calibration)
+    k = cfg.alerts.consecutive_windows
+    prev = history.previous_flags(model, list(scored), start, k - 1, reference_id=ref_id)
+    verdicts = {f: feature_verdict(res, {n: thresholds[(f, n)] for n in res}) for f, res in scored.items()}
+    weights, weighting = ((dict(cfg.weights), "explicit") if cfg.weights else
+                          importance_weights(list(schema.features), reference.importance,
+                                             cfg.alerts.weighting))
 
     features: dict[str, dict[str, Any]] = {}
-    rows: list[StatisticRow] = []
-    verdicts: dict[str, tuple[str, bool]] = {}
     for c, reason in invalid.items():
-        features[c] = {"severity": "invalid", "reason": reason, "statistics": {}}
-        verdicts[c] = ("invalid", False)
-    for f, results in scored.items():
-        stats_out, n_flag, undefined = {}, 0, []
-        for name, r in results.items():
-            thr = thresholds[(f, name)]
-            flag = st.REGISTRY[name].is_drift(r.value, thr.value)
-            if flag is None:
-                undefined.append(f"{name}: {r.status}")
-            else:
-                rows.append(StatisticRow(f, name, float(r.value)))
-            n_flag += bool(flag)
-            stats_out[name] = {**r.to_dict(), "threshold": thr.value, "threshold_source": thr.source,
-                               "n_history": thr.n_history, "flagged": flag}
-        need = cfg.min_flagged or (len(results) // 2 + 1)
-        flagged = n_flag >= need
-        if undefined:
-            sev, reason = "invalid", "undefined statistics (" + "; ".join(undefined) + ")"
-            flagged = False
-        elif flagged and all(prev.get(f, [])):
-            sev, reason = "drift", f"{n_flag}/{len(results)} statistics beyond threshold for " \
-                                   f"{cfg.consecutive_windows} consecutive windows"
-        elif flagged:
-            sev, reason = "warning", f"{n_flag}/{len(results)} statistics beyond threshold in this window"
+        features[c] = {"severity": "invalid", "flagged": True, "strong": False, "reason": reason,
+                       "weight": weights.get(c, 1.0), "statistics": {}}
+    for c, reason in unscored.items():
+        features[c] = {"severity": "unscored", "flagged": False, "strong": False, "reason": reason,
+                       "weight": weights.get(c, 1.0), "statistics": {}}
+    for f, v in verdicts.items():
+        if v.undefined:
+            sev = "invalid"
+        elif v.strong or (v.flagged and all(prev.get(f, []))):
+            sev = "drift"
         else:
-            sev, reason = "ok", ""
-        features[f] = {"severity": sev, "reason": reason, "statistics": stats_out}
-        verdicts[f] = (sev, flagged)
+            sev = "warning" if v.flagged else "ok"
+        if sev == "drift" and not v.strong:
+            reason = f"{v.reason} in {k} consecutive windows"
+        else:
+            reason = v.reason
+        stats_out = {}
+        for vote in v.votes:
+            r = scored[f][vote.name]
+            stats_out[vote.name] = {**r.to_dict(), "threshold": vote.threshold.value,
+                                    "threshold_source": vote.threshold.source,
+                                    "ceiling": vote.threshold.ceiling,
+                                    "n_history": vote.threshold.n_history, "flagged": vote.flagged,
+                                    "strong": vote.strong, **({"abstains": vote.reason} if vote.reason else {})}
+        extra = {}
+        if f in samples:
+            extra = {"n_null": samples[f].n_null, "n_infinite": samples[f].n_infinite}
+        features[f] = {"severity": sev, "flagged": bool(v.flagged or v.undefined), "strong": v.strong,
+                       "reason": reason, "weight": weights.get(f, 1.0), "statistics": stats_out, **extra}
 
-    scorable = {f: v["severity"] == "drift" for f, v in features.items() if v["severity"] != "invalid"}
-    score = weighted_score(scorable, cfg.weights)
+    # ---------------------------------------------------------------- dataset verdict and alert
+    in_score = {f: info["flagged"] for f, info in features.items() if info["severity"] != "unscored"}
+    score = weighted_score(in_score, weights)
+    dataset_drift = bool(in_score) and score >= cfg.alerts.dataset_share
+    decision = decide_alert(
+        cfg.alerts, window_start=pd.Timestamp(start).tz_convert("UTC").to_pydatetime(),
+        dataset_drift=dataset_drift,
+        previous_drift=history.previous_windows(model, start, k - 1, reference_id=ref_id),
+        strong_features=[f for f, v in verdicts.items() if v.strong],
+        persistent_features=[f for f, info in features.items() if info["severity"] == "drift"
+                             or (info["severity"] == "invalid" and f in invalid)],
+        last_alert=history.last_alert(model, start, reference_id=ref_id),
+        contract_failed=status != "ok")
+    if decision.fire:
+        causes = [{"feature": f, **c} for f in decision.features if f in verdicts
+                  for c in verdicts[f].causes()]
+        alerts.append({"kind": "drift", "severity": "drift", "features": list(decision.features),
+                       "causes": causes, "dataset_score": score, "reason": decision.reason})
     sevs = {v["severity"] for v in features.values()}
-    if scorable and score >= cfg.dataset_drift_share:
+    if decision.candidate and status == "ok":
         severity = "drift"
-    elif "drift" in sevs or "warning" in sevs:
+    elif dataset_drift or "drift" in sevs or "warning" in sevs:
         severity = "warning"
     elif "invalid" in sevs:
         severity = "invalid"
     else:
         severity = "ok"
-    status = {"passed": "ok", "failed": "contract_failed", "error": "check_error"}[cres.status]
+    sources: dict[str, int] = {}
+    for t in thresholds.values():
+        sources[t.source] = sources.get(t.source, 0) + 1
 
-    alerts = []
-    for r in cres.failures:
-        alerts.append({"kind": "data_quality", "severity": "invalid", "column": r.column,
-                       "expectation": r.expectation, "observed": r.observed})
-    for r in cres.check_errors:
-        alerts.append({"kind": "contract_check_error", "severity": "error", "column": r.column,
-                       "expectation": r.expectation, "message": r.message[:300]})
-    drifting = sorted(f for f, v in features.items() if v["severity"] == "drift")
-    if drifting:
-        alerts.append({"kind": "drift", "severity": severity, "features": drifting,
-                       "dataset_score": score})
-
-    # Evidently runs OFF the critical path (its own task): see :func:`evidently_report_for_window`.
-    evid = None
-
-    summary = {**base, "status": status, "severity": severity, "drift": severity == "drift",
-               "dataset_score": score, "features": features, "contract": cres.to_dict(),
-               "evidently": evid, "alerts": alerts, "artefacts": artefacts}
+    summary = {**base, "status": status, "severity": severity, "drift": decision.fire,
+               "dataset_drift": dataset_drift, "dataset_score": score, "weighting": weighting,
+               "threshold_sources": sources, "features": features, "contract": cres.to_dict(),
+               "evidently": None, "alerts": alerts, "alert_features": list(decision.features),
+               "alert_reason": decision.reason, "artefacts": artefacts}
     summary = json.loads(json.dumps(summary, default=_default))
+
+    # ---------------------------------------------------------------- history
+    teach_window = status == "ok" and not dataset_drift and not decision.fire
+    rows = [StatisticRow(f, vote.name, float(vote.value), taught=teach_window and not v.strong,
+                         threshold=vote.threshold.value, source=vote.threshold.source)
+            for f, v in verdicts.items() if not v.undefined for vote in v.votes if vote.value is not None]
     history.record_hour(model, start, status=status, n_rows=len(frame), statistics=rows,
-                        verdicts=verdicts, model_version=model_version,
-                        summary={k: summary[k] for k in ("status", "severity", "drift", "dataset_score")})
+                        verdicts={f: (info["severity"], info["flagged"], info["strong"])
+                                  for f, info in features.items()},
+                        model_version=model_version, reference_id=ref_id, dataset_drift=dataset_drift,
+                        alert=decision.fire,
+                        summary={k_: summary[k_] for k_ in ("status", "severity", "drift", "dataset_drift",
+                                                             "dataset_score", "alert_features")})
     if artefact_dir is not None:
         p = Path(artefact_dir) / "drift_summary.json"
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -318,10 +448,12 @@ def _cap(summary: dict[str, Any], limit: int) -> dict[str, Any]:
         return summary
     small = dict(summary)
     small["features"] = {f: {"severity": v["severity"]} for f, v in summary["features"].items()}
+    small["alerts"] = [{k: v for k, v in a.items() if k != "causes"} | (
+        {"causes": a["causes"][:10]} if a.get("causes") else {}) for a in summary["alerts"]]
     if small.get("contract"):
         small["contract"] = {"status": summary["contract"]["status"],
                              "invalid_columns": summary["contract"]["invalid_columns"]}
-    small["alerts"] = summary["alerts"][:20]
+    small["alerts"] = small["alerts"][:20]
     if small.get("evidently"):
         small["evidently"] = {"status": summary["evidently"]["status"]}
     small["truncated"] = True

@@ -11,10 +11,11 @@ Method
 * **Agreement**: classifiers, the share of rows where both versions predict the same label
   (score >= threshold); regressors, the mean absolute difference of the two predictions.
 * **Output shift**: two-sample Kolmogorov-Smirnov statistic and p-value on the two score
-  distributions (``scipy.stats.ks_2samp``) and the Population Stability Index with the champion as
-  reference: ``PSI = sum((c_i - r_i) * ln(c_i / r_i))`` over ``bins`` quantile bins of the
-  champion's outputs, proportions floored at ``eps`` (Siddiqi, *Credit Risk Scorecards*, 2006;
-  rule of thumb: < 0.1 stable, 0.1-0.25 moderate, > 0.25 large shift).
+  distributions and the Population Stability Index with the champion as reference, both from the
+  drift statistics registry (:mod:`drift_checks.statistics`, the one implementation):
+  ``PSI = sum((c_i - r_i) * ln(c_i / r_i))`` over ``bins`` quantile bins of the champion's
+  outputs, proportions floored at ``eps`` (Siddiqi, *Credit Risk Scorecards*, 2006; rule of thumb:
+  < 0.1 stable, 0.1-0.25 moderate, > 0.25 large shift).
 * **Task metrics** on labelled rows: AUC (``sklearn.metrics.roc_auc_score``), accuracy and F1 for
   binary classifiers; RMSE and MAE for regressors; one-vs-rest AUC, log-loss and accuracy for
   multi-class classifiers (``Task.MULTICLASS``: outputs ``[n, C]`` probabilities, labels class
@@ -429,39 +430,41 @@ def _pair(champion: Any, challenger: Any) -> tuple[np.ndarray, np.ndarray]:
 def psi(reference: Any, current: Any, *, bins: int = DEFAULT_PSI_BINS, eps: float = PSI_EPS) -> float:
     """Population Stability Index of ``current`` against ``reference``.
 
-    Bins are the ``bins``-quantiles of ``reference`` (open-ended outer bins; duplicate edges
-    merged); proportions are floored at ``eps``. Formula: ``sum((c - r) * ln(c / r))``
-    (Siddiqi 2006). 0 means identical binned distributions.
+    The drift registry's PSI (:func:`drift_checks.statistics.psi_edges`, ``bin_counts``,
+    ``psi_from_counts``): bins are the ``bins``-quantiles of ``reference`` (bin ``i`` holds
+    ``(edge[i-1], edge[i]]``, open-ended outer bins, duplicate edges merged; one bin per value
+    when the reference has at most ``bins`` distinct values); proportions are floored at ``eps``.
+    Formula: ``sum((c - r) * ln(c / r))`` (Siddiqi 2006). 0 means identical binned distributions.
 
     Raises:
         DataError: Empty or non-finite inputs, or ``bins < 2``.
     """
+    from drift_checks import statistics as st
+
     if bins < 2:
         raise DataError(f"bins={bins!r} must be >= 2")
     ref = _as_vector(reference, "reference")
     cur = _as_vector(current, "current")
     if ref.size == 0 or cur.size == 0:
         raise DataError("psi needs non-empty reference and current samples")
-    edges = np.unique(np.quantile(ref, np.linspace(0, 1, bins + 1)[1:-1]))
-    r = np.bincount(np.searchsorted(edges, ref, side="right"), minlength=edges.size + 1) / ref.size
-    c = np.bincount(np.searchsorted(edges, cur, side="right"), minlength=edges.size + 1) / cur.size
-    r, c = np.maximum(r, eps), np.maximum(c, eps)
-    return float(np.sum((c - r) * np.log(c / r)))
+    ref = np.sort(ref)
+    edges = st.psi_edges(ref, bins)
+    return st.psi_from_counts(st.bin_counts(ref, edges, is_sorted=True), st.bin_counts(cur, edges), eps)
 
 
 def output_shift(champion: Any, challenger: Any, *, bins: int = DEFAULT_PSI_BINS) -> dict[str, float]:
     """Distribution shift between the two versions' outputs on the same rows.
 
     Returns:
-        ``{"ks_statistic", "ks_pvalue"}`` from ``scipy.stats.ks_2samp`` and ``"psi"`` with the
-        champion as reference (see :func:`psi`).
+        ``{"ks_statistic", "ks_pvalue"}`` from the drift registry's two-sample KS
+        (:func:`drift_checks.statistics.ks_test`, scipy's ``ks_2samp`` values) and ``"psi"`` with
+        the champion as reference (see :func:`psi`).
     """
-    from scipy.stats import ks_2samp
+    from drift_checks import statistics as st
 
     a, b = _pair(champion, challenger)
-    ks = ks_2samp(a, b)
-    return {"ks_statistic": float(ks.statistic), "ks_pvalue": float(ks.pvalue),
-            "psi": psi(a, b, bins=bins)}
+    d, p = st.ks_test(a, b)
+    return {"ks_statistic": d, "ks_pvalue": p, "psi": psi(a, b, bins=bins)}
 
 
 def task_metrics(labels: Any, outputs: Any, *, task: Task | str = Task.CLASSIFICATION,

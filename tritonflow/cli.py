@@ -13,6 +13,7 @@ model folder), runs the pre-push checks and the parity gate against a sample fil
 and generates ``config.pbtxt``, without publishing anything. It prints the report as JSON and
 exits 0 when the gate passes, 1 when it fails (parity, threshold probes, a pre-push check or a
 conversion refusal) and 2 when it could not run (bad arguments, MLflow unreachable).
+    tritonflow drift backtest --data T.parquet --time-column ts --reference-rows 5000 --window 1h --out DIR
 """
 
 from __future__ import annotations
@@ -158,6 +159,59 @@ def validate(model_uri: str, sample: str, *, out: str | None = None, name: str |
     except Exception as exc:  # noqa: BLE001 - MLflow unreachable, unreadable files: not a verdict
         report.update(passed=False, failure=f"could not run: {type(exc).__name__}: {exc}")
         return 2, report
+def _drift_backtest(args: argparse.Namespace) -> int:
+    """``tritonflow drift backtest``: replay a table through the hourly check (see
+    :mod:`drift_checks.backtest`); prints the summary as JSON."""
+    import dataclasses as dc
+
+    from drift_checks.backtest import read_table, run_backtest
+    from drift_checks.strategies import ReferenceStrategy
+    from drift_checks.verdict import CheckConfig
+    from tritonflow.exceptions import DataError
+
+    settings = get_settings()
+    split = lambda v: [c.strip() for c in v.split(",") if c.strip()] if v else []  # noqa: E731
+    importance = None
+    if args.importance:
+        try:
+            from pathlib import Path
+
+            importance = json.loads(Path(args.importance).read_text())
+        except (OSError, ValueError) as exc:
+            raise DataError(f"--importance {args.importance!r}: expected a JSON object "
+                            f"{{feature: weight}} ({exc})") from None
+    strategy = ReferenceStrategy.from_settings(settings, args.reference_strategy)
+    if args.trailing:
+        strategy = dc.replace(strategy, trailing=_duration(args.trailing, "--trailing"))
+    if args.period:
+        strategy = dc.replace(strategy, period=_duration(args.period, "--period"))
+    config = CheckConfig.from_settings(settings, evidently_sample_rows=0)
+    if args.weighting:
+        config = dc.replace(config, alerts=dc.replace(config.alerts, weighting=args.weighting))
+    doc = run_backtest(read_table(args.data), time_column=args.time_column, out_dir=args.out,
+                       features=split(args.features) or None, categorical=split(args.categorical),
+                       reference_rows=args.reference_rows,
+                       reference_range=tuple(args.reference_range) if args.reference_range else None,
+                       window=args.window, strategy=strategy, importance=importance, config=config,
+                       time_unit=args.time_unit, replay_end=args.end, html_report=not args.no_html)
+    print(json.dumps({"out": args.out, **doc["summary"]}, default=str))
+    return 0
+
+
+def _duration(text: str, option: str):
+    import datetime as dt
+
+    import pandas as pd
+
+    from tritonflow.exceptions import DataError
+
+    try:
+        d = pd.Timedelta(text).to_pytimedelta()
+    except (ValueError, TypeError):
+        d = None
+    if d is None or d <= dt.timedelta(0):
+        raise DataError(f"{option} {text!r}: expected a positive duration such as 7D or 168h")
+    return d
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,6 +236,32 @@ def main(argv: list[str] | None = None) -> int:
     va.add_argument("--rtol", type=float, default=None)
     va.add_argument("--rows", type=int, default=1000, help="rows of the sample used (the first ones)")
     va.add_argument("--tracking-uri", default=None, help="MLflow tracking URI for models:/ and runs:/ URIs")
+    dr = sub.add_parser("drift", help="drift tools")
+    dsub = dr.add_subparsers(dest="drift_command", required=True)
+    bt = dsub.add_parser("backtest", help="replay a historical table through the hourly drift check",
+                         description="Replay a Parquet/CSV table through exactly the check drift_monitor "
+                                     "runs (contract, statistics, thresholds, verdict, alert policy) and "
+                                     "write backtest.json and index.html to --out.")
+    bt.add_argument("--data", required=True, help="Parquet or CSV table")
+    bt.add_argument("--time-column", required=True, help="column holding each row's time")
+    bt.add_argument("--time-unit", default=None, help="unit of a numeric time column (s, ms, h, D; default s)")
+    bt.add_argument("--features", default="", help="comma-separated feature columns (default: all but time)")
+    bt.add_argument("--categorical", default="", help="comma-separated columns scored as categories")
+    ref = bt.add_mutually_exclusive_group(required=True)
+    ref.add_argument("--reference-rows", type=int, help="the reference is the first N rows")
+    ref.add_argument("--reference-range", nargs=2, metavar=("START", "END"),
+                     help="the reference is the rows with START <= time < END")
+    bt.add_argument("--window", default="1h", help="window: N rows (e.g. 48) or a duration (e.g. 1h, 2D)")
+    bt.add_argument("--end", default=None, help="stop replaying at this time (default: the end)")
+    bt.add_argument("--reference-strategy", choices=["training", "trailing", "seasonal"], default=None,
+                    help="what each window is compared with (default: TRITONFLOW_DRIFT_REFERENCE_STRATEGY)")
+    bt.add_argument("--trailing", default=None, help="span of the trailing reference, data time (e.g. 7D)")
+    bt.add_argument("--period", default=None, help="period of the seasonal reference, data time (e.g. 168h)")
+    bt.add_argument("--importance", default=None, help="JSON file {feature: weight} for the dataset verdict")
+    bt.add_argument("--weighting", choices=["importance", "uniform"], default=None,
+                    help="dataset weights (default: TRITONFLOW_DRIFT_WEIGHTING)")
+    bt.add_argument("--out", required=True, help="output folder (backtest.json, index.html)")
+    bt.add_argument("--no-html", action="store_true", help="only backtest.json")
     args = parser.parse_args(argv)
     try:
         if args.command == "validate":
@@ -194,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
             return rc
         if args.command == "runtime":
             return _runtime(args)
+        if args.command == "drift":
+            return _drift_backtest(args)
         print(settings_reference(markdown=args.markdown))
         return 0
     except TritonflowError as exc:

@@ -197,6 +197,24 @@ DEFAULT_DRIFT_MIN_HISTORY_WINDOWS = 48
 DEFAULT_DRIFT_EVIDENTLY_SAMPLE_ROWS = 5000
 #: SQLAlchemy URL of the drift history store; empty means SQLite at ``<home>/drift/history.db``.
 DEFAULT_DRIFT_HISTORY_DB_URL = ""
+#: What a window is compared with: ``training`` (the version's reference), ``trailing`` (the last
+#: N days of served traffic) or ``seasonal`` (the same window one period earlier).
+DEFAULT_DRIFT_REFERENCE_STRATEGY = "training"
+#: Span of the ``trailing`` reference (days of served traffic).
+DEFAULT_DRIFT_TRAILING_DAYS = 7.0
+#: Period of the ``seasonal`` reference (hours; 168 = "the same hour last week").
+DEFAULT_DRIFT_SEASONAL_PERIOD_HOURS = 168.0
+#: How features weigh in the dataset verdict: ``importance`` (the model version's permutation
+#: importance, stored with its reference at publish time) or ``uniform``.
+DEFAULT_DRIFT_WEIGHTING = "importance"
+#: Consecutive dataset-drift windows before a drift alert (windows).
+DEFAULT_DRIFT_CONSECUTIVE_WINDOWS = 2
+#: Quiet time after a drift alert of a model for alerts naming no new feature (hours of logical
+#: time: window starts, so replays and backfills behave like live runs).
+DEFAULT_DRIFT_ALERT_COOLDOWN_HOURS = 24.0
+#: A learned threshold never exceeds this multiple of the reference's own threshold (nor the
+#: statistic's strong effect); a value above that ceiling is a strong effect that alerts at once.
+DEFAULT_DRIFT_CEILING_FACTOR = 2.0
 #: Inference-log root (folder or s3://bucket/prefix); empty means ``<home>/inference_logs``.
 DEFAULT_INFERENCE_LOG_ROOT = ""
 
@@ -239,9 +257,9 @@ DEFAULT_MONITORED_MODELS = ""
 
 
 # ---------------------------------------------------------------------------- tritonflow.demo (main job)
-#: Weighted share (0-1) of drifting features that makes a window's dataset verdict ``drift`` (and
-#: emits the drift asset event). 0.5 is Evidently's default share; one strongly shifted feature of
-#: eight (NOAA's pressure at day 12,000) needs 0.125.
+#: Weighted share (0-1) of flagged features that makes a window's dataset verdict ``drift``
+#: (Evidently's default share 0.5; weights per ``TRITONFLOW_DRIFT_WEIGHTING``). A drift alert
+#: needs it in ``TRITONFLOW_DRIFT_CONSECUTIVE_WINDOWS`` windows in a row, or one strong effect.
 DEFAULT_DRIFT_DATASET_SHARE = 0.5
 
 
@@ -467,6 +485,32 @@ class Settings:
     drift_history_db_url: str = _field(
         DEFAULT_DRIFT_HISTORY_DB_URL, "DRIFT_HISTORY_DB_URL", "Drift history DB URL (empty: SQLite)."
     )
+    drift_reference_strategy: str = _field(
+        DEFAULT_DRIFT_REFERENCE_STRATEGY, "DRIFT_REFERENCE_STRATEGY",
+        "Drift reference: training, trailing (last N days served) or seasonal (one period earlier).",
+    )
+    drift_trailing_days: float = _field(
+        DEFAULT_DRIFT_TRAILING_DAYS, "DRIFT_TRAILING_DAYS", "Span of the trailing reference (days)."
+    )
+    drift_seasonal_period_hours: float = _field(
+        DEFAULT_DRIFT_SEASONAL_PERIOD_HOURS, "DRIFT_SEASONAL_PERIOD_HOURS",
+        "Period of the seasonal reference (hours; 168 = same hour last week).",
+    )
+    drift_weighting: str = _field(
+        DEFAULT_DRIFT_WEIGHTING, "DRIFT_WEIGHTING", "Dataset verdict weights: importance or uniform."
+    )
+    drift_consecutive_windows: int = _field(
+        DEFAULT_DRIFT_CONSECUTIVE_WINDOWS, "DRIFT_CONSECUTIVE_WINDOWS",
+        "Dataset-drift windows in a row before a drift alert.",
+    )
+    drift_alert_cooldown_hours: float = _field(
+        DEFAULT_DRIFT_ALERT_COOLDOWN_HOURS, "DRIFT_ALERT_COOLDOWN_HOURS",
+        "Hours (logical time) after a drift alert before one naming no new feature.",
+    )
+    drift_ceiling_factor: float = _field(
+        DEFAULT_DRIFT_CEILING_FACTOR, "DRIFT_CEILING_FACTOR",
+        "Learned thresholds stop at this multiple of the reference's (strong effect above).",
+    )
     inference_log_root: str = _field(
         DEFAULT_INFERENCE_LOG_ROOT, "INFERENCE_LOG_ROOT", "Inference-log root: folder or s3://bucket/prefix."
     )
@@ -539,7 +583,7 @@ class Settings:
     # -------------------------------------------------------------- tritonflow.demo (main job)
     drift_dataset_share: float = _field(
         DEFAULT_DRIFT_DATASET_SHARE, "DRIFT_DATASET_SHARE",
-        "Weighted share of drifting features for a dataset drift verdict and event (0-1).",
+        "Weighted share of flagged features for a dataset-drift window (0-1).",
     )
 
     # ------------------------------------------------------------------ derived values

@@ -51,7 +51,7 @@ def test_quiet_hour_records_shifted_hour_emits_one_event_and_rerun_replaces(tmp_
     from drift_checks.inference_log import InferenceLogWriter
     from drift_checks.reference import save_reference
     from model_registry.datasets import FEATURE_COLUMNS, load_noaa
-    from tests.pipelines.test_drift_pipeline import QUIET, SCHEMA, SHIFT_A, SHIFT_B, hour_frame
+    from tests.pipelines.test_drift_pipeline import QUIET, SCHEMA, SHIFT_B, hour_frame
     from tests.plugins import airflow_env
     from tritonflow.pipelines import drift
     from tritonflow.settings import Settings
@@ -73,15 +73,7 @@ def test_quiet_hour_records_shifted_hour_emits_one_event_and_rerun_replaces(tmp_
     save_reference(drift.log_root(settings), model, 1, noaa.iloc[0:3000][list(FEATURE_COLUMNS)], max_rows=3000)
     writer = InferenceLogWriter(drift.log_root(settings), model, SCHEMA)
     writer.write(hour_frame(noaa, QUIET, T0))
-    writer.write(hour_frame(noaa, SHIFT_A, T0 + HOUR))
-    writer.write(hour_frame(noaa, SHIFT_B, T0 + 2 * HOUR))
-    # the first shifted hour is checked directly (history of the previous window: hysteresis)
-    os.environ.update(env)
-    try:
-        drift.check_model_hour(model, 1, T0 + HOUR, T0 + 2 * HOUR, settings)
-    finally:
-        for k in env:
-            os.environ.pop(k, None)
+    writer.write(hour_frame(noaa, SHIFT_B, T0 + 2 * HOUR))  # years after the shifts: a strong effect
     dags = tmp_path / "dags"
     dags.mkdir()
     shutil.copy(airflow_env.REPO / "dags" / "drift_monitor.py", dags / "drift_monitor.py")
@@ -98,6 +90,7 @@ def test_quiet_hour_records_shifted_hour_emits_one_event_and_rerun_replaces(tmp_
 
     assert quiet["state"] == "success" and quiet["events"] == []
     assert quiet["tis"]["drift_event[0]"] == "skipped" and quiet["tis"]["record[0]"] == "success"
+    assert quiet["tis"]["data_quality_gate[0]"] == "success"
     history = HistoryStore(env["TRITONFLOW_DRIFT_HISTORY_DB_URL"])
     assert history.window(model, T0)["status"] == "ok"
 
@@ -110,9 +103,10 @@ def test_quiet_hour_records_shifted_hour_emits_one_event_and_rerun_replaces(tmp_
     # rerun of the same hour replaces its results: same number of history rows
     assert rerun["tis"]["check[0]"] == "success" and len(rerun["events"]) == 1
     n_rows = len(history.values(model, "dew_point", "psi"))
-    assert n_rows == 3  # quiet hour, first shifted hour, second shifted hour (run twice)
-    # the shifted real rows also break the range contract: the gate fails the run, no retry
-    assert shifted["tis"]["data_quality_gate[0]"] in ("failed", "success")
+    assert n_rows == 2  # quiet hour, shifted hour (run twice)
+    # the shifted rows leave the ranges learned from the reference: a warning, not a failed
+    # contract, so the gate passes and the event is emitted after it
+    assert shifted["tis"]["data_quality_gate[0]"] == "success" and shifted["state"] == "success"
     assert client.get_model_version(model, "1").tags["tritonflow.drift.severity"] == "drift"
 
 

@@ -53,7 +53,7 @@ def test_nan_and_inf_never_enter_the_history(store):
 
 def test_p95_of_distances_and_p5_of_p_values_over_the_window(store):
     rng = np.random.default_rng(0)
-    psi, pv = rng.gamma(2.0, 0.02, 100), rng.uniform(size=100)
+    psi, pv = rng.uniform(0.12, 0.2, 100), rng.uniform(0.0, 0.04, 100)  # inside floor and ceiling
     _fill(store, 100, psi)
     _fill(store, 100, pv, statistic="ks_p_value")
     now = T0 + dt.timedelta(hours=100)
@@ -70,10 +70,10 @@ def test_static_fallback_until_min_history_and_window_excludes_old_and_current_h
     thr = resolve_thresholds(store, "m", T0 + dt.timedelta(hours=47), [("f", "psi")])
     assert thr[("f", "psi")].source == "static" and thr[("f", "psi")].value == 0.1
     # 2-day look-back from hour 100 sees hours 52..99 only (none of the 47 old ones)
-    _fill(store, 101, np.r_[np.full(47, 0.5), np.full(54, 0.01)])
+    _fill(store, 101, np.r_[np.full(47, 0.5), np.full(54, 0.15)])
     thr = resolve_thresholds(store, "m", T0 + dt.timedelta(hours=100), [("f", "psi")],
                              ThresholdPolicy(window_days=2, min_history=48))
-    assert thr[("f", "psi")].n_history == 48 and thr[("f", "psi")].value == pytest.approx(0.01)
+    assert thr[("f", "psi")].n_history == 48 and thr[("f", "psi")].value == pytest.approx(0.15)
 
 
 def test_previous_flags_read_back_in_hour_order(store):

@@ -83,3 +83,43 @@ def test_s3_root_round_trip_on_an_s3_compatible_endpoint(s3_root):
 def test_s3_root_with_endpoint_inside_the_uri_is_refused():
     with pytest.raises(WindowError, match="no valid bucket"):
         read_window("s3://http://127.0.0.1:9000/bucket", "rain", H0, H0 + pd.Timedelta(hours=1))
+
+
+def _foreign_file(root, table):
+    """A Parquet file written by another producer: pyarrow without pandas metadata (as Spark)."""
+    import pyarrow.parquet as pq
+
+    part = root / "rain" / "date=2024-05-01" / "hour=13"
+    part.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.replace_schema_metadata(None), part / "spark-00000.parquet")
+
+
+def test_integer_column_with_nulls_from_another_producer_reads_back_as_nullable_integers(tmp_path):
+    import pyarrow as pa
+
+    from drift_checks.contracts import derive_contract, run_contract
+
+    schema = LogSchema({"clicks": "int"})
+    ts = pd.date_range(H0, periods=4, freq="5min", tz="UTC")
+    _foreign_file(tmp_path, pa.table({
+        "request_id": ["a", "b", "c", "d"], "timestamp": pa.array(ts),
+        "model_version": pa.array([1, 1, 1, 1], pa.int64()),
+        "clicks": pa.array([3, None, 5, None], pa.int32())}))
+    win = read_window(str(tmp_path), "rain", H0, H0 + pd.Timedelta(hours=1), schema)
+    assert str(win.frame["clicks"].dtype) == "Int32"
+    assert win.frame["clicks"].tolist()[::2] == [3, 5] and win.frame["clicks"].isna().sum() == 2
+    reference = pd.DataFrame({"clicks": pd.array([1, 2, None, 4], dtype="Int64")})
+    res = run_contract(derive_contract(reference, schema), win.frame)
+    assert not [r for r in res.failures if r.expectation == "expect_column_values_to_be_in_type_list"]
+
+
+def test_a_stored_column_of_the_wrong_type_is_named_with_its_first_offending_values(tmp_path):
+    import pyarrow as pa
+
+    ts = pd.date_range(H0, periods=3, freq="5min", tz="UTC")
+    _foreign_file(tmp_path, pa.table({
+        "request_id": ["a", "b", "c"], "timestamp": pa.array(ts), "model_version": [1, 1, 1],
+        "x": ["1.5", "n/a", "oops"], "device": ["ios"] * 3, "p_rain": [0.1] * 3}))
+    with pytest.raises(WindowError, match=r"column 'x' has type string; expected a floating-point.*"
+                                          r"first offending values: \['n/a', 'oops'\]"):
+        read_window(str(tmp_path), "rain", H0, H0 + pd.Timedelta(hours=1), SCHEMA)

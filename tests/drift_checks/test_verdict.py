@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from drift_checks.contracts import Contract
 from drift_checks.history import HistoryStore
 from drift_checks.inference_log import LogSchema
 from drift_checks.reference import load_reference, save_reference
@@ -83,10 +84,10 @@ def test_statistics_recorded_every_hour_and_drift_needs_consecutive_flagged_wind
     calm = check_window(model="m", frame=_frame(rng, 2000), start=T0, end=T0 + HOUR,
                         reference=ref, history=history, config=cfg)
     assert calm["severity"] == "ok" and len(history.values("m", "x", "psi")) == 1
-    first = check_window(model="m", frame=_frame(rng, 2000, 1.0), start=T0 + HOUR, end=T0 + 2 * HOUR,
+    first = check_window(model="m", frame=_frame(rng, 2000, 0.3), start=T0 + HOUR, end=T0 + 2 * HOUR,
                          reference=ref, history=history, config=cfg)
     assert first["features"]["x"]["severity"] == "warning" and first["drift"] is False
-    second = check_window(model="m", frame=_frame(rng, 2000, 1.0), start=T0 + 2 * HOUR,
+    second = check_window(model="m", frame=_frame(rng, 2000, 0.3), start=T0 + 2 * HOUR,
                           end=T0 + 3 * HOUR, reference=ref, history=history, config=cfg)
     assert second["features"]["x"]["severity"] == "drift"
     assert second["features"]["c"]["severity"] == "ok"
@@ -99,8 +100,14 @@ def test_constant_and_all_null_numeric_columns_never_read_as_ok(history):
     out = check_window(model="m", frame=pd.DataFrame({"x": [1.0] * 5, "c": ["a"] * 5}), start=T0,
                        end=T0 + HOUR, reference=ref, history=history,
                        config=CheckConfig(evidently_sample_rows=0))
-    assert out["features"]["x"]["severity"] == "invalid"
-    assert "all_null" in out["features"]["x"]["reason"]
+    assert out["features"]["x"]["severity"] == "unscored"
+    assert "reference has no value" in out["features"]["x"]["reason"]
+    assert any(a["kind"] == "data_quality_warning" and a["column"] == "x" for a in out["alerts"])
+    ref = prepare_reference(pd.DataFrame({"x": [1.0, 2.0] * 5, "c": ["a"] * 10}), SCHEMA)
+    out = check_window(model="m", frame=pd.DataFrame({"x": [np.nan] * 5, "c": ["a"] * 5}),
+                       start=T0 + HOUR, end=T0 + 2 * HOUR, reference=ref, history=history,
+                       contract=Contract(()), config=CheckConfig(evidently_sample_rows=0))
+    assert out["features"]["x"]["severity"] == "invalid" and "all_null" in out["features"]["x"]["reason"]
 
 
 def test_reference_is_stored_with_its_profile_and_loaded_back(tmp_path):

@@ -96,22 +96,37 @@ def test_quiet_hour_is_recorded_in_history_and_mlflow_without_a_drift_event(env,
     assert len(HistoryStore(settings.drift_history_db_url).values(model, "temperature", "psi")) == 1
 
 
-def test_two_shifted_hours_give_drift_with_an_event_payload_naming_the_features(env, noaa):
+def test_a_strongly_shifted_hour_alerts_with_an_event_payload_naming_the_features(env, noaa):
     settings, model, _, writer = env
     writer.write(hour_frame(noaa, SHIFT_A, T0))
     writer.write(hour_frame(noaa, SHIFT_B, T0 + HOUR))
     first = drift.check_model_hour(model, 1, T0, T0 + HOUR, settings)
-    assert first["drift"] is False  # one unusual hour is a warning (hysteresis)
-    second = drift.check_model_hour(model, 1, T0 + HOUR, T0 + 2 * HOUR, settings)
-    assert second["drift"] is True
-    event = drift.drift_event(second)
+    assert first["drift"] is True and first["reference_strategy"].startswith("training")
+    event = drift.drift_event(first)
     assert set(event) == {"model", "version", "features", "scores", "window_start", "window_end", "severity"}
     assert event["model"] == model and event["version"] == 1 and event["severity"] == "drift"
-    assert event["features"] and set(event["features"]) <= set(FEATURE_COLUMNS)
+    assert event["features"] == first["alert_features"] and set(event["features"]) <= set(FEATURE_COLUMNS)
     assert all("psi" in event["scores"][f] for f in event["features"])
-    assert event["window_start"] == pd.Timestamp(T0 + HOUR).isoformat()
-    out = drift.alert(second, settings)
+    assert event["window_start"] == pd.Timestamp(T0).isoformat()
+    (alert,) = [a for a in first["alerts"] if a["kind"] == "drift"]
+    assert alert["causes"] and all({"feature", "statistic", "value", "threshold"} <= set(c) for c in alert["causes"])
+    out = drift.alert(first, settings)
     assert out["logged"] and out["alerts"] >= 1 and out["webhook_status"] is None
+    # the next hour still drifts, but inside the per-model cooldown only new features re-alert
+    second = drift.check_model_hour(model, 1, T0 + HOUR, T0 + 2 * HOUR, settings)
+    assert second["severity"] == "drift"
+    assert second["drift"] is bool(set(second["alert_features"]) - set(first["alert_features"]))
+
+
+def test_a_trailing_reference_is_read_from_the_served_log(env, noaa):
+    settings, model, _, writer = env
+    writer.write(hour_frame(noaa, QUIET, T0))
+    writer.write(hour_frame(noaa, (QUIET[0] + 30, QUIET[1] + 30), T0 + HOUR))
+    summary = drift.check_model_hour(model, 1, T0 + HOUR, T0 + 2 * HOUR, settings, reference_strategy="trailing")
+    assert summary["reference_strategy"].startswith("trailing")
+    assert summary["reference_id"] == "v1:trailing:168h" and summary["drift"] is False
+    cold = drift.check_model_hour(model, 1, T0, T0 + HOUR, settings, reference_strategy="seasonal")
+    assert "the training reference applies" in cold["reference_strategy"]  # nothing served a week ago
 
 
 def test_missing_reference_is_an_explicit_status_with_an_alert(env, noaa):
@@ -126,15 +141,27 @@ def test_missing_reference_is_an_explicit_status_with_an_alert(env, noaa):
 def test_contract_violation_keeps_the_window_and_fails_the_gate(env, noaa):
     settings, model, _, writer = env
     bad = hour_frame(noaa, QUIET, T0)
-    bad["temperature"] = bad["temperature"] * 1000  # unit error
+    bad["temperature"] = np.nan  # the sensor feed broke
     writer.write(bad)
     summary = drift.check_model_hour(model, 1, T0, T0 + HOUR, settings)
-    assert summary["status"] == "contract_failed"
+    assert summary["status"] == "contract_failed" and summary["drift"] is False
+    assert drift.drift_event(summary) is None  # a failed contract is never a drift event
     assert summary["features"]["temperature"]["severity"] == "invalid"
     kept = pd.read_parquet(summary["artefacts"]["window_parquet"])
-    assert len(kept) == 365 and kept["temperature"].abs().max() > 100
-    with pytest.raises(ContractViolation, match="temperature: expect_column_m"):
+    assert len(kept) == 365 and kept["temperature"].isna().all()
+    with pytest.raises(ContractViolation, match="temperature: expect_column_values_to_not_be_null"):
         drift.data_quality_gate(summary)
+
+
+def test_a_unit_error_outside_the_learned_range_is_scored_as_drift_not_a_failed_contract(env, noaa):
+    settings, model, _, writer = env
+    bad = hour_frame(noaa, QUIET, T0)
+    bad["temperature"] = bad["temperature"] * 1000
+    writer.write(bad)
+    summary = drift.check_model_hour(model, 1, T0, T0 + HOUR, settings)
+    assert summary["status"] == "ok" and summary["features"]["temperature"]["severity"] == "drift"
+    assert any(a["kind"] == "data_quality_warning" and a["column"] == "temperature" for a in summary["alerts"])
+    assert drift.data_quality_gate(summary)["passed"]
 
 
 def test_evidently_sample_report_is_its_own_step(env, noaa):

@@ -200,6 +200,10 @@ def test_classifier_resolved_by_alias_is_published_served_and_recorded(stack, cl
     ref = load_reference(pipeline.reference_root(stack.settings), name, version, with_profile=False)
     assert list(ref.frame.columns) == FEATURES and len(ref.frame) > 0
     assert tags["tritonflow.reference_uri"] == ref.uri
+    # with each input's importance for this version (the drift check's dataset weights)
+    assert set(ref.importance) == set(FEATURES) and sum(ref.importance.values()) == pytest.approx(1.0, abs=1e-5)
+    assert json.loads(tags["tritonflow.drift_importance"]) == ref.importance
+    assert ref.reference_id.startswith(f"v{version}:training:")
 
 
 def test_signing_key_is_generated_on_first_use_and_never_logged(stack, published, caplog):

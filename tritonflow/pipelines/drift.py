@@ -170,28 +170,54 @@ def _no_reference_summary(model: str, version: int, start, end, error: str) -> d
     }
 
 
+def _strategy_reference(model: str, version: int, ref, t0, t1, strategy_name: str | None,
+                        settings: Settings):
+    """(prepared reference, note) for the strategy (:mod:`drift_checks.strategies`)."""
+    from drift_checks.strategies import ReferenceStrategy, served_reference
+    from drift_checks.verdict import prepare_reference
+
+    strategy = ReferenceStrategy.from_settings(settings, strategy_name)
+    span = strategy.served_range(t0, t1)
+    if span is not None:
+        served = served_reference(_read(model, span[0], span[1], ref.schema, settings).frame,
+                                  list(ref.schema.features))
+        if served is not None:
+            return prepare_reference(served, ref.schema, reference_id=strategy.reference_id(
+                ref.reference_id, version), importance=ref.importance, time_ordered=True), strategy.describe()
+        note = (f"{strategy.describe()}: fewer than the rows needed in [{span[0]}, {span[1]}); "
+                "the training reference applies")
+    else:
+        note = strategy.describe()
+    return prepare_reference(ref.frame, ref.schema, reference_id=ref.reference_id,
+                             importance=ref.importance), note
+
+
 def check_model_hour(model: str, version: int, start: Any, end: Any,
-                     settings: Settings | None = None) -> dict[str, Any]:
+                     settings: Settings | None = None, reference_strategy: str | None = None) -> dict[str, Any]:
     """The hourly drift check of one model version (critical path: contract, statistics,
-    thresholds, verdict, history).
+    thresholds, verdict, alert policy, history).
 
     Args:
         model: Registered model name (also its inference-log folder).
         version: Model version whose reference is the baseline (the champion).
         start / end: The window (the DAG run's data interval), UTC.
-        settings: Settings (log root, history URL, threshold policy, XCom limit).
+        settings: Settings (log root, history URL, threshold and alert policy, XCom limit).
+        reference_strategy: ``training``, ``trailing`` or ``seasonal`` (``None``: the setting
+            ``TRITONFLOW_DRIFT_REFERENCE_STRATEGY``).
 
     Returns:
         The summary of :func:`drift_checks.verdict.check_window` (status ``ok``, ``no_data``,
-        ``contract_failed``, ``check_error``) or status ``no_reference`` with an alert when no
-        reference was recorded for the version; plus ``artefacts`` (summary JSON path and, on a
-        contract failure, ``window_parquet``: a copy of the window kept for inspection). At most
+        ``contract_failed``, ``check_error``) plus ``reference_strategy`` (what the window was
+        compared with), or status ``no_reference`` with an alert when no reference was recorded
+        for the version; plus ``artefacts`` (summary JSON path and, on a contract failure,
+        ``window_parquet``: a copy of the window kept for inspection). At most
         ``settings.max_xcom_bytes`` serialised.
 
     Raises:
         WindowError: A log file of the hour is malformed (bad data: no retry).
+        SettingsError: An unknown reference strategy or policy setting.
     """
-    from drift_checks.verdict import CheckConfig, check_window, prepare_reference
+    from drift_checks.verdict import CheckConfig, check_window
 
     s = _settings(settings)
     t0, t1 = _hour(start, "start"), _hour(end, "end")
@@ -201,19 +227,20 @@ def check_model_hour(model: str, version: int, start: Any, end: Any,
         summary = _no_reference_summary(model, version, t0, t1, str(exc))
         log.error("drift check %s v%s [%s, %s): %s", model, version, t0, t1, exc)
         return summary
+    prepared, note = _strategy_reference(model, int(version), ref, t0, t1, reference_strategy, s)
     window = _read(model, t0, t1, ref.schema, s)
     out_dir = artefact_dir(model, t0, s)
-    summary = check_window(model=model, frame=window.frame, start=t0, end=t1,
-                           reference=prepare_reference(ref.frame, ref.schema), history=_history(s),
-                           config=CheckConfig.from_settings(s), model_version=int(version),
+    summary = check_window(model=model, frame=window.frame, start=t0, end=t1, reference=prepared,
+                           history=_history(s), config=CheckConfig.from_settings(s), model_version=int(version),
                            artefact_dir=out_dir)
     summary["window_files"] = len(window.files)
+    summary["reference_strategy"] = note
     if summary["status"] in ("contract_failed", "check_error"):
         keep = out_dir / "window.parquet"
         window.frame.to_parquet(keep, index=False)  # the window as checked, for inspection
         summary["artefacts"]["window_parquet"] = str(keep)
-        log.error("drift check %s v%s [%s, %s): data contract %s; window kept at %s", model, version,
-                  t0, t1, summary["status"], keep)
+        log.warning("drift check %s v%s [%s, %s): data contract %s; window kept at %s", model, version,
+                    t0, t1, summary["status"], keep)
     return summary
 
 
@@ -386,19 +413,20 @@ def drifting_features(summary: Mapping[str, Any]) -> list[str]:
 
 
 def drift_event(summary: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The ``extra`` of the DRIFT_ALERTS asset event, or ``None`` when the hour did not drift.
+    """The ``extra`` of the DRIFT_ALERTS asset event, or ``None`` when no drift alert fired for
+    the hour (the alert policy's decision) or its data contract failed.
 
     Returns:
         ``{"model", "version", "features", "scores", "window_start", "window_end", "severity"}``;
-        ``scores`` maps each drifting feature to ``{statistic: value}`` (at most
+        ``features`` are the ones the alert names; ``scores`` maps each to ``{statistic: value}`` (at most
         :data:`MAX_EVENT_FEATURES` features), plus ``dataset_score``.
     """
-    if not summary.get("drift"):
-        return None
+    if not summary.get("drift") or summary.get("status") not in (None, "ok"):
+        return None  # a window whose contract failed raises a data-quality alert, never drift
     full = Path((summary.get("artefacts") or {}).get("summary_json") or "")
     if summary.get("truncated") and full.is_file():  # the XCom copy lost the per-statistic values
         summary = json.loads(full.read_text())
-    feats = drifting_features(summary)[:MAX_EVENT_FEATURES]
+    feats = sorted(summary.get("alert_features") or drifting_features(summary))[:MAX_EVENT_FEATURES]
     scores: dict[str, Any] = {}
     for f in feats:
         info = (summary.get("features") or {}).get(f)

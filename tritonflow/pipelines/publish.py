@@ -1116,6 +1116,34 @@ def reference_root(settings: Settings) -> str:
     return settings.inference_log_root or str(Path(settings.home) / "inference_logs")
 
 
+def _reference_importance(model_uri: str, flavor: str, frame) -> tuple[dict[str, float], str]:
+    """Each input's permutation importance for the version, on its drift reference (issue 12).
+
+    The source model predicts (scikit-learn classifiers: ``predict_proba``; else the pyfunc);
+    see :func:`drift_checks.importance.permutation_importances`. A failure only costs the
+    weighting (the drift check falls back to uniform weights), so it is logged, never raised.
+
+    Returns:
+        ``({column: importance}, method)``; ``({}, "not computed: <why>")`` on failure.
+    """
+    from drift_checks.importance import METHOD, permutation_importances
+
+    try:
+        import mlflow.pyfunc
+
+        model = mlflow.pyfunc.load_model(model_uri)
+        predict = model.predict
+        if flavor == "sklearn":
+            import mlflow.sklearn
+
+            raw = mlflow.sklearn.load_model(model_uri)
+            predict = getattr(raw, "predict_proba", raw.predict)
+        return permutation_importances(predict, frame), METHOD
+    except Exception as exc:  # noqa: BLE001 - the weighting is a refinement, never a publish failure
+        log.warning("model %s: input importance not computed (uniform drift weights): %s", model_uri, exc)
+        return {}, f"not computed: {type(exc).__name__}: {exc}"[:300]
+
+
 def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> dict[str, Any]:
     """Record the publish on the MLflow model version and store the drift reference sample.
 
@@ -1123,10 +1151,12 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
     repository URI, Triton model name and version, signature digest and key id, parity errors per
     output, chosen config summary, timings per stage (seconds), ``status = published``; plus
     ``tritonflow.version_uri``, ``tritonflow.smoke``, ``tritonflow.profile``,
-    ``tritonflow.reference_uri`` / ``reference_source``. Artifacts (the version's publish run,
-    folder ``publish/``): ``config.pbtxt``, ``parity_report.json``, ``validation_report.json``.
-    The reference sample (the dataset when one was given, else the validation sample) goes to
-    :func:`drift_checks.reference.save_reference` under :func:`reference_root`.
+    ``tritonflow.reference_uri`` / ``reference_source``, ``tritonflow.drift_importance``. Artifacts
+    (the version's publish run, folder ``publish/``): ``config.pbtxt``, ``parity_report.json``,
+    ``validation_report.json``. The reference sample (the dataset when one was given, else the
+    validation sample) goes to :func:`drift_checks.reference.save_reference` under
+    :func:`reference_root`, with each input's permutation importance for the version
+    (:func:`_reference_importance`: the weights of the drift check's dataset verdict).
 
     Args:
         loaded: State from :func:`load_and_smoke`.
@@ -1153,12 +1183,16 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
     reference: dict[str, Any]
     try:
         frame = pd.read_parquet(loaded["reference_frame_path"])
+        with _mlflow_uris(reg.tracking_uri):
+            importance, how = _reference_importance(ref.uri, loaded.get("source_flavor", ""), frame)
         saved = save_reference(reference_root(s), loaded["model"], int(loaded["version"]), frame,
-                               endpoint_url=_endpoint(s))
-        reference = {"uri": saved.uri, "rows": len(saved.frame), "source": loaded.get("reference_source", "")}
+                               endpoint_url=_endpoint(s), importance=importance or None,
+                               importance_method=how)
+        reference = {"uri": saved.uri, "rows": len(saved.frame), "source": loaded.get("reference_source", ""),
+                     "importance": importance}
     except DataError as exc:  # the version serves; a missing reference only weakens drift checks
         log.warning("model %s version %s: drift reference not stored: %s", ref.name, ref.version, exc)
-        reference = {"uri": "", "rows": 0, "source": f"not stored: {exc}"}
+        reference = {"uri": "", "rows": 0, "source": f"not stored: {exc}", "importance": {}}
     for key in ("config_path", "parity_report_path", "validation_report_path"):
         if loaded.get(key) and Path(loaded[key]).is_file():
             reg.log_version_artifact(ref, loaded[key], PUBLISH_ARTIFACT_PATH)
@@ -1179,6 +1213,7 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         "tritonflow.profile": {k: v for k, v in (loaded.get("profile") or {}).items() if k != "search"},
         "tritonflow.reference_uri": reference["uri"],
         "tritonflow.reference_source": reference["source"][:500],
+        "tritonflow.drift_importance": json.dumps(reference["importance"], sort_keys=True)[:4000],
         "tritonflow.already_published": str(bool(loaded.get("already_published"))).lower(),
     }
     written.update(reg.set_version_tags(ref, extra))

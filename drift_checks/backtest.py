@@ -1,0 +1,399 @@
+"""Backtest a drift policy on a historical table: ``tritonflow drift backtest``.
+
+Replays a table (Parquet or CSV with a time column) through EXACTLY the check the hourly
+``drift_monitor`` runs (:func:`drift_checks.verdict.check_window`: contract -> statistics ->
+thresholds -> vote -> dataset verdict -> alert policy) on a temporary history store, so a user can
+see what a policy would have said before switching monitoring on.
+
+* **Reference**: the first N rows, or the rows of a time range (the training data of the model
+  you serve); or, with ``reference_strategy`` ``trailing`` / ``seasonal``, the table's own earlier
+  rows (data time: the last ``trailing`` span, or the same window one ``period`` earlier).
+* **Windows**: the rows after the reference, cut into consecutive windows of N rows or of a
+  duration (data time; an empty duration window is replayed as "no data").
+* **Logical time**: window ``i`` is replayed as hourly run ``i`` (the check is hourly), so the
+  time-based knobs of the policy count windows as hours: a 30-day look-back is 720 windows, a 24 h
+  cooldown is 24 windows. The data-time bounds of every window are reported beside it.
+
+Outputs (``out`` folder): ``backtest.json`` (per window: start, end, n_rows, status, severity,
+alert, dataset verdict and score, flagged features with statistic, value, threshold and threshold
+source; summary: windows, alerts, dataset alarms (windows whose dataset verdict is drift), alerts
+per 100 windows in the static phase (before enough taught history: reference or static
+thresholds) and the dynamic phase) and ``index.html`` with one plot per feature (its main drift
+statistic per window against the threshold used, alerts marked), as the demo report draws them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import html
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from drift_checks.history import HistoryStore
+from drift_checks.inference_log import LogSchema, arrow_to_pandas
+from drift_checks.strategies import ReferenceStrategy, served_reference
+from drift_checks.verdict import CheckConfig, check_window, prepare_reference
+from tritonflow.exceptions import DataError
+
+#: Logical start of window 0 (each window is one hourly run).
+LOGICAL_START = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+#: Statistic plotted per feature kind (the first one present).
+PLOTTED = {"numeric": ("psi", "wasserstein_normed", "ks_p_value"),
+           "categorical": ("jensen_shannon", "chi_square_p_value", "unseen_share")}
+#: Largest number of windows listed in the HTML table.
+MAX_HTML_ROWS = 500
+
+
+@dataclasses.dataclass(frozen=True)
+class BacktestWindow:
+    """How to cut the replayed rows: ``rows`` rows each, or a ``duration`` of data time."""
+
+    rows: int | None = None
+    duration: pd.Timedelta | None = None
+
+    @classmethod
+    def parse(cls, text: str | int) -> "BacktestWindow":
+        """``"48"`` -> 48 rows; ``"1h"``, ``"2D"``, ``"30min"`` -> a duration.
+
+        Raises:
+            DataError: Neither a positive integer nor a positive duration.
+        """
+        raw = str(text).strip()
+        if raw.isdigit():
+            if int(raw) < 1:
+                raise DataError(f"--window {raw!r}: expected at least 1 row")
+            return cls(rows=int(raw))
+        try:
+            d = pd.Timedelta(raw)
+        except (ValueError, TypeError):
+            raise DataError(f"--window {raw!r}: expected a number of rows (e.g. 48) or a duration "
+                            "(e.g. 1h, 2D)") from None
+        if d <= pd.Timedelta(0):
+            raise DataError(f"--window {raw!r}: expected a positive duration")
+        return cls(duration=d)
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """A Parquet or CSV table; integer columns with nulls come back as nullable integers.
+
+    Raises:
+        DataError: Missing file, unknown suffix, or a file that does not parse.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"--data {str(path)!r} is not a file; expected a Parquet or CSV table")
+    try:
+        if p.suffix.lower() in (".parquet", ".pq"):
+            import pyarrow.parquet as pq
+
+            return arrow_to_pandas(pq.read_table(p))
+        if p.suffix.lower() == ".csv":
+            frame = pd.read_csv(p, dtype_backend="numpy_nullable")
+            for c in frame.columns:  # keep pandas' usual dtypes except nullable integers
+                if isinstance(frame[c].dtype, pd.Float64Dtype):
+                    frame[c] = frame[c].astype("float64")
+                elif isinstance(frame[c].dtype, pd.StringDtype):
+                    frame[c] = frame[c].astype(object).where(frame[c].notna(), None)
+                elif isinstance(frame[c].dtype, pd.BooleanDtype) and not frame[c].isna().any():
+                    frame[c] = frame[c].astype(bool)
+            return frame
+    except Exception as exc:  # noqa: BLE001 - pandas/pyarrow parse errors
+        raise DataError(f"--data {str(path)!r} does not parse: {exc}") from exc
+    raise DataError(f"--data {str(path)!r} has suffix {p.suffix!r}; expected .parquet, .pq or .csv")
+
+
+def _times(frame: pd.DataFrame, column: str, unit: str | None) -> pd.Series:
+    if column not in frame.columns:
+        raise DataError(f"--time-column {column!r} is not a column; the table has {list(frame.columns)}")
+    s = frame[column]
+    try:
+        if pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s):
+            t = pd.to_datetime(s.astype("float64"), unit=unit or "s", origin="unix", utc=True, errors="coerce")
+        else:
+            t = pd.to_datetime(s, utc=True, format="mixed", errors="coerce")
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise DataError(f"--time-column {column!r} does not read as times ({exc}); expected datetimes or "
+                        "numbers with --time-unit") from None
+    if t.isna().any():
+        bad = s[t.isna()].head(5).tolist()
+        raise DataError(f"--time-column {column!r} has {int(t.isna().sum())} rows without a time; "
+                        f"first offending values: {bad!r}")
+    return t
+
+
+def _schema(frame: pd.DataFrame, features: Sequence[str] | None, categorical: Sequence[str],
+            time_column: str) -> LogSchema:
+    cols = list(features) if features else [c for c in frame.columns if c != time_column]
+    missing = [c for c in list(cols) + list(categorical) if c not in frame.columns]
+    if missing:
+        raise DataError(f"features {missing} are not columns of the table ({list(frame.columns)})")
+    inferred = LogSchema.infer(frame[cols]).features
+    kinds = {c: ("category" if c in categorical else inferred[c]) for c in cols}
+    kinds = {c: ("category" if k in ("datetime", "string") else k) for c, k in kinds.items()}
+    return LogSchema(kinds)
+
+
+def _cut(replay: pd.DataFrame, times: pd.Series, window: BacktestWindow) -> list[tuple[Any, Any, pd.DataFrame]]:
+    """(start, end, rows) of consecutive windows over the replayed rows (data time)."""
+    out = []
+    if replay.empty:
+        return out
+    if window.rows:
+        for i in range(0, len(replay), window.rows):
+            part = replay.iloc[i:i + window.rows]
+            t = times.loc[part.index]
+            nxt = times.loc[replay.index[i + window.rows]] if i + window.rows < len(replay) else t.iloc[-1]
+            out.append((t.iloc[0], nxt, part))
+        return out
+    t0 = times.loc[replay.index[0]]
+    idx = ((times.loc[replay.index] - t0) // window.duration).astype(int)
+    groups = {k: g for k, g in replay.groupby(idx.to_numpy(), sort=True)}
+    for k in range(int(idx.max()) + 1):
+        start = t0 + k * window.duration
+        out.append((start, start + window.duration, groups.get(k, replay.iloc[0:0])))
+    return out
+
+
+def run_backtest(
+    table: pd.DataFrame,
+    *,
+    time_column: str,
+    out_dir: str | Path,
+    features: Sequence[str] | None = None,
+    categorical: Sequence[str] = (),
+    reference_rows: int | None = None,
+    reference_range: tuple[Any, Any] | None = None,
+    window: BacktestWindow | str | int = "1h",
+    strategy: ReferenceStrategy | None = None,
+    importance: Mapping[str, float] | None = None,
+    config: CheckConfig | None = None,
+    time_unit: str | None = None,
+    replay_end: Any = None,
+    html_report: bool = True,
+    model: str = "backtest",
+) -> dict[str, Any]:
+    """Replay ``table`` through the hourly drift check and write ``backtest.json`` (+ HTML).
+
+    Args:
+        table: The historical table.
+        time_column: Its time column (datetimes; numbers are read with ``time_unit``).
+        out_dir: Output folder (created).
+        features: Feature columns (default: every column but the time column).
+        categorical: Columns scored as categories (object/string/bool ones are anyway).
+        reference_rows / reference_range: The reference: the first N rows, or the rows with
+            ``start <= time < end`` (exactly one of the two).
+        window: :class:`BacktestWindow`, or its text (``"48"`` rows, ``"1h"``).
+        strategy: Reference strategy (default: ``training``, the reference above).
+        importance: ``{feature: importance}`` for the dataset weights (default: none, which the
+            ``importance`` weighting treats as uniform).
+        config: Check knobs (default :meth:`CheckConfig.from_settings`; Evidently off).
+        time_unit: Unit of a numeric time column (``"s"``, ``"D"``...; default seconds).
+        replay_end: Stop replaying at this time (exclusive; default: the table's end).
+        html_report: Also write ``index.html`` and the plots.
+        model: Model name used in the temporary history.
+
+    Returns:
+        The ``backtest.json`` document.
+
+    Raises:
+        DataError: Bad options or data (the message names the option, column or value).
+    """
+    if (reference_rows is None) == (reference_range is None):
+        raise DataError("give exactly one reference: --reference-rows N or --reference-range START END")
+    win = window if isinstance(window, BacktestWindow) else BacktestWindow.parse(window)
+    strategy = strategy or ReferenceStrategy()
+    cfg = config or CheckConfig.from_settings(evidently_sample_rows=0)
+    cfg = dataclasses.replace(cfg, evidently_sample_rows=0, max_summary_bytes=1 << 30)
+    times = _times(table, time_column, time_unit)
+    order = np.argsort(times.to_numpy(), kind="stable")
+    table, times = table.iloc[order], times.iloc[order]
+    schema = _schema(table, features, categorical, time_column)
+    if reference_rows is not None:
+        if reference_rows < 1 or reference_rows >= len(table):
+            raise DataError(f"--reference-rows {reference_rows}: expected 1..{len(table) - 1} (the table "
+                            f"has {len(table)} rows)")
+        ref_frame, replay = table.iloc[:reference_rows], table.iloc[reference_rows:]
+    else:
+        a, b = (pd.Timestamp(x) for x in reference_range)
+        a, b = (x.tz_localize("UTC") if x.tzinfo is None else x.tz_convert("UTC") for x in (a, b))
+        inside = (times >= a) & (times < b)
+        if not inside.any():
+            raise DataError(f"--reference-range {a}..{b} holds no row (the table spans "
+                            f"{times.iloc[0]}..{times.iloc[-1]})")
+        ref_frame, replay = table[inside.to_numpy()], table[(times >= b).to_numpy()]
+    if replay_end is not None:
+        end = pd.Timestamp(replay_end)
+        end = end.tz_localize("UTC") if end.tzinfo is None else end.tz_convert("UTC")
+        replay = replay[(times.loc[replay.index] < end).to_numpy()]
+    if replay.empty:
+        raise DataError("no rows left to replay after the reference")
+    cols = list(schema.features)
+    training = prepare_reference(ref_frame[cols].reset_index(drop=True), schema, reference_id="backtest:training",
+                                 importance=importance, time_ordered=True)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    windows, series = [], {c: [] for c in cols}
+    with tempfile.TemporaryDirectory(prefix="tritonflow-backtest-") as tmp:
+        history = HistoryStore(f"sqlite:///{Path(tmp) / 'history.db'}")
+        try:
+            for i, (t_start, t_end, rows) in enumerate(_cut(replay, times, win)):
+                reference, note = training, "training"
+                span = strategy.served_range(t_start, t_end)
+                if span is not None:
+                    mask = ((times >= span[0]) & (times < span[1])).to_numpy()
+                    served = served_reference(table[mask], cols)
+                    if served is not None:
+                        reference = prepare_reference(served, schema, importance=importance, time_ordered=True,
+                                                      reference_id=f"backtest:{strategy.name}")
+                        note = strategy.name
+                    else:
+                        note = "training (too few served rows)"
+                start = LOGICAL_START + dt.timedelta(hours=i)
+                summary = check_window(model=model, frame=rows[cols].reset_index(drop=True), start=start,
+                                       end=start + dt.timedelta(hours=1), reference=reference,
+                                       history=history, config=cfg)
+                windows.append(_window_row(i, t_start, t_end, summary, note))
+                for c in cols:
+                    series[c].append(_plot_point(summary, c))
+        finally:
+            history.engine.dispose()
+    doc = {"data": {"rows": int(len(table)), "time_column": time_column, "features": schema.to_dict()["features"],
+                    "reference_rows": int(len(ref_frame)),
+                    "reference_span": [str(times.loc[ref_frame.index[0]]), str(times.loc[ref_frame.index[-1]])],
+                    "window": str(win.rows) + " rows" if win.rows else str(win.duration),
+                    "reference_strategy": strategy.describe(),
+                    "weighting": windows[0]["weighting"] if windows else None},
+           "policy": _policy_doc(cfg), "summary": summarise(windows), "windows": windows}
+    (out / "backtest.json").write_text(json.dumps(doc, indent=1, default=_json_default))
+    if html_report:
+        write_html(out, doc, series)
+    return doc
+
+
+def _json_default(o):
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+def _policy_doc(cfg: CheckConfig) -> dict[str, Any]:
+    p, a = cfg.policy, cfg.alerts
+    return {"quantile": p.quantile, "look_back_days": p.window_days, "min_history_windows": p.min_history,
+            "ceiling_factor": p.ceiling_factor, "consecutive_windows": a.consecutive_windows,
+            "cooldown_hours": a.cooldown.total_seconds() / 3600, "dataset_share": a.dataset_share,
+            "weighting": a.weighting}
+
+
+def _window_row(i: int, start, end, summary: Mapping[str, Any], note: str) -> dict[str, Any]:
+    drifted = []
+    for f, info in (summary.get("features") or {}).items():
+        if not info.get("flagged"):
+            continue
+        causes = [{"statistic": n, "value": s.get("value"), "threshold": s.get("threshold"),
+                   "threshold_source": s.get("threshold_source")}
+                  for n, s in (info.get("statistics") or {}).items() if s.get("flagged")]
+        drifted.append({"feature": f, "severity": info.get("severity"), "strong": bool(info.get("strong")),
+                        "statistics": causes})
+    sources = summary.get("threshold_sources") or {}
+    phase = "dynamic" if sources.get("dynamic", 0) * 2 > sum(sources.values() or [0]) else "static"
+    return {"window": i, "start": str(start), "end": str(end), "n_rows": summary.get("n_rows"),
+            "status": summary.get("status"), "severity": summary.get("severity"),
+            "alert": bool(summary.get("drift")), "alert_features": summary.get("alert_features") or [],
+            "alert_reason": summary.get("alert_reason") or "", "dataset_drift": bool(summary.get("dataset_drift")),
+            "dataset_score": summary.get("dataset_score"), "weighting": summary.get("weighting"),
+            "threshold_phase": phase, "threshold_sources": sources, "reference": note, "drifted": drifted}
+
+
+def summarise(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Counts of ``backtest.json``: windows, alerts and dataset alarms, overall and per phase."""
+    def block(ws):
+        n = len(ws)
+        alerts = sum(w["alert"] for w in ws)
+        dataset = sum(w["dataset_drift"] for w in ws)
+        return {"windows": n, "alerts": alerts, "dataset_alarms": dataset,
+                "alerts_per_100_windows": round(100 * alerts / n, 2) if n else None,
+                "dataset_alarms_per_100_windows": round(100 * dataset / n, 2) if n else None}
+
+    return {**block(windows), "no_data_windows": sum(w["status"] == "no_data" for w in windows),
+            "contract_failed_windows": sum(w["status"] == "contract_failed" for w in windows),
+            "alert_windows": [w["window"] for w in windows if w["alert"]],
+            "static_phase": block([w for w in windows if w["threshold_phase"] == "static"]),
+            "dynamic_phase": block([w for w in windows if w["threshold_phase"] == "dynamic"])}
+
+
+def _plot_point(summary: Mapping[str, Any], feature: str) -> dict[str, Any]:
+    info = (summary.get("features") or {}).get(feature) or {}
+    stats = info.get("statistics") or {}
+    for name in PLOTTED["numeric"] + PLOTTED["categorical"]:
+        if name in stats and stats[name].get("value") is not None:
+            return {"statistic": name, "value": stats[name]["value"], "threshold": stats[name].get("threshold"),
+                    "source": stats[name].get("threshold_source"), "alert": bool(summary.get("drift")),
+                    "severity": info.get("severity")}
+    return {"statistic": None, "value": None, "threshold": None, "source": None,
+            "alert": bool(summary.get("drift")), "severity": info.get("severity")}
+
+
+def write_html(out: Path, doc: Mapping[str, Any], series: Mapping[str, list[dict[str, Any]]]) -> Path:
+    """``index.html`` with one PNG per feature: the statistic per window against its threshold."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    images = []
+    alerts = [w["window"] for w in doc["windows"] if w["alert"]]
+    for feature, points in series.items():
+        xs = [i for i, p in enumerate(points) if p["value"] is not None]
+        if not xs:
+            continue
+        stat = next(p["statistic"] for p in points if p["statistic"])
+        fig, ax = plt.subplots(figsize=(9, 2.8))
+        ax.plot(xs, [points[i]["value"] for i in xs], lw=1.2, color="tab:blue", label=f"{stat}")
+        ax.plot(xs, [points[i]["threshold"] for i in xs], lw=1.2, color="tab:orange",
+                label="threshold used (reference / dynamic)")
+        flagged = [i for i in xs if points[i]["severity"] in ("warning", "drift")]
+        ax.scatter(flagged, [points[i]["value"] for i in flagged], s=10, color="tab:red", zorder=3,
+                   label="feature flagged")
+        for j, a in enumerate(alerts):
+            ax.axvline(a, color="red", lw=1, alpha=0.6, label="drift alert" if j == 0 else None)
+        if stat.endswith("p_value"):
+            ax.set_yscale("log")
+        ax.set_title(f"{feature}: {stat} per window vs the threshold the check used")
+        ax.set_xlabel("window")
+        ax.legend(fontsize=7, loc="upper left")
+        fig.tight_layout()
+        name = f"drift_{''.join(ch if ch.isalnum() else '_' for ch in feature)}.png"
+        fig.savefig(out / name, dpi=90)
+        plt.close(fig)
+        images.append((feature, name))
+    s = doc["summary"]
+    rows = "".join(
+        f"<tr><td>{w['window']}</td><td>{html.escape(w['start'])}</td><td>{w['n_rows']}</td>"
+        f"<td>{w['status']}</td><td>{w['severity']}</td><td>{'ALERT' if w['alert'] else ''}</td>"
+        f"<td>{'' if w['dataset_score'] is None else round(w['dataset_score'], 3)}</td>"
+        f"<td>{html.escape(', '.join(d['feature'] for d in w['drifted']))}</td></tr>"
+        for w in doc["windows"][:MAX_HTML_ROWS])
+    body = f"""<!doctype html><html><head><meta charset="utf-8"><title>tritonflow drift backtest</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
+padding:2px 6px;font-size:12px}}</style></head><body>
+<h1>Drift backtest</h1>
+<p>{html.escape(json.dumps(doc['data'], default=str))}</p>
+<p>Policy: {html.escape(json.dumps(doc['policy']))}</p>
+<p><b>{s['windows']} windows, {s['alerts']} drift alerts ({s['alerts_per_100_windows']} per 100 windows),
+{s['dataset_alarms']} dataset-drift windows.</b> Static phase: {html.escape(json.dumps(s['static_phase']))}.
+Dynamic phase: {html.escape(json.dumps(s['dynamic_phase']))}.</p>
+{''.join(f'<h3>{html.escape(f)}</h3><img src="{n}">' for f, n in images)}
+<h2>Windows</h2><table><tr><th>window</th><th>start</th><th>rows</th><th>status</th><th>severity</th>
+<th>alert</th><th>dataset score</th><th>flagged features</th></tr>{rows}</table></body></html>"""
+    path = out / "index.html"
+    path.write_text(body)
+    return path

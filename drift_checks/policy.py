@@ -1,0 +1,312 @@
+"""Drift decisions as pure functions: the per-feature vote, the dataset verdict, the alert policy.
+
+**Per-feature vote** (:func:`feature_verdict`). Each statistic votes only where it is informative
+(its role in :mod:`drift_checks.statistics`):
+
+* a *guard* (unseen-category share) flags the feature on its own when it is beyond its
+  threshold, and abstains otherwise (it is 0 in almost every hour, so a "no" from it means
+  nothing);
+* *significance* statistics (K-S, chi-square p-values) are a veto against sampling noise: when one
+  is defined and not beyond its threshold, the feature is not flagged. A p-value threshold of 0
+  (a calibration or history whose p-values are all 0, as on very large windows) is uninformative:
+  the statistic abstains;
+* *effect* statistics (PSI, Wasserstein, Jensen-Shannon) say whether the difference is large
+  enough: at least one of them must be beyond its threshold. An effect statistic whose threshold
+  is at or above the largest value it can take (PSI saturated by its binning) abstains.
+
+So a numeric feature is flagged when K-S AND (PSI OR Wasserstein) say so; a categorical one when
+chi-square AND Jensen-Shannon say so, or when the unseen-category share alone does. A clear 20/80
+-> 30/70 category shift (chi-square p = 1.8e-4, JS 0.082; case H17) is flagged, the same mix at
+another window size is not.
+
+A feature is **strong** when it is flagged, every voting effect statistic is above its ceiling
+(:mod:`drift_checks.thresholds`: the strong-effect level) and the veto agrees; or when the guard is
+above its ceiling.
+
+**Dataset verdict** (:func:`weighted_score`): the importance-weighted share of flagged features
+(a feature that is invalid in the window counts as flagged: it never leaves the denominator);
+``dataset_drift`` when it reaches ``dataset_share`` (default 0.5, Evidently's share). Weights come
+from the model version's permutation importance (:mod:`drift_checks.importance`), or are uniform.
+
+**Alert policy** (:func:`decide_alert`, per model and reference, in logical time: window starts):
+
+* a drift alert fires when the dataset verdict is drift in ``consecutive_windows`` (k, default 2)
+  windows in a row, or when any feature's effect is strong in one window (whatever its weight: a
+  shift beyond the strong-effect size is worth a look even on a minor input);
+* within ``cooldown`` (default 24 hours) of the previous alert, an alert fires again only when it
+  names a feature the previous one did not;
+* a window whose data contract failed never raises a drift alert (it raises a data-quality alert);
+* every alert names its features with the statistics, values, thresholds and threshold sources
+  that caused it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+from typing import Any, Mapping, Sequence
+
+from drift_checks.statistics import REGISTRY, StatisticResult
+from drift_checks.thresholds import Threshold
+from tritonflow.exceptions import SettingsError
+
+#: Default dataset share (Evidently's ``drift_share``).
+DEFAULT_DATASET_SHARE = 0.5
+#: Default consecutive drifted windows before an alert.
+DEFAULT_CONSECUTIVE_WINDOWS = 2
+#: Default cooldown between two alerts of one model naming the same features (hours).
+DEFAULT_COOLDOWN_HOURS = 24.0
+#: Ways of weighting features in the dataset score.
+WEIGHTINGS = ("importance", "uniform")
+
+
+@dataclasses.dataclass(frozen=True)
+class Vote:
+    """One statistic's vote for one feature.
+
+    Attributes:
+        name: Statistic name.
+        value: The value (``None``: undefined).
+        threshold: The threshold it was judged by.
+        flagged: Beyond its threshold (``None``: abstains).
+        strong: Above its ceiling (``None``: abstains from the strong vote).
+        reason: Why it abstains ("" when it votes).
+    """
+
+    name: str
+    value: float | None
+    threshold: Threshold
+    flagged: bool | None
+    strong: bool | None
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureVerdict:
+    """The vote of one feature in one window.
+
+    Attributes:
+        flagged: The feature differs from its reference in this window.
+        strong: The difference is beyond the strong-effect level.
+        votes: One :class:`Vote` per statistic.
+        undefined: ``"statistic: status"`` for statistics without a value.
+        reason: One line explaining the verdict.
+    """
+
+    flagged: bool
+    strong: bool
+    votes: tuple[Vote, ...]
+    undefined: tuple[str, ...]
+    reason: str
+
+    def causes(self) -> list[dict[str, Any]]:
+        """The statistics beyond their thresholds: name, value, threshold, source, strong."""
+        return [{"statistic": v.name, "value": v.value, "threshold": v.threshold.value,
+                 "threshold_source": v.threshold.source, "strong": bool(v.strong)}
+                for v in self.votes if v.flagged]
+
+
+def _cap(result: StatisticResult) -> float:
+    cap = (result.extra or {}).get("cap")
+    if cap is not None:
+        return float(cap)
+    if result.name == "jensen_shannon":
+        return math.sqrt(math.log(2))
+    if result.name == "unseen_share":
+        return 1.0
+    return math.inf
+
+
+def feature_verdict(results: Mapping[str, StatisticResult],
+                    thresholds: Mapping[str, Threshold]) -> FeatureVerdict:
+    """Apply the per-feature vote (module docstring) to one feature's statistics.
+
+    Args:
+        results: ``{statistic: StatisticResult}`` of the feature.
+        thresholds: ``{statistic: Threshold}`` for the same names.
+
+    Returns:
+        A :class:`FeatureVerdict`; never flagged when a statistic is undefined (the caller marks
+        the feature invalid).
+    """
+    votes, undefined = [], []
+    for name, r in results.items():
+        stat, thr = REGISTRY[name], thresholds[name]
+        flag = stat.is_drift(r.value, thr.value)
+        if flag is None:
+            undefined.append(f"{name}: {r.status}")
+            votes.append(Vote(name, None, thr, None, None, f"undefined ({r.status})"))
+            continue
+        strong = None
+        if stat.direction == "distance" and thr.ceiling is not None and thr.ceiling < _cap(r):
+            strong = r.value > thr.ceiling
+        if stat.role == "guard" and not flag:
+            votes.append(Vote(name, r.value, thr, None, None, "guard abstains below its threshold"))
+        elif stat.direction == "p_value" and thr.value <= 0:
+            votes.append(Vote(name, r.value, thr, None, None, "threshold 0: uninformative p-value"))
+        elif stat.direction == "distance" and thr.value >= _cap(r):
+            votes.append(Vote(name, r.value, thr, None, None, "threshold at the statistic's cap"))
+        else:
+            votes.append(Vote(name, r.value, thr, bool(flag), strong))
+    if undefined:
+        return FeatureVerdict(False, False, tuple(votes), tuple(undefined),
+                              "undefined statistics (" + "; ".join(undefined) + ")")
+    by_role = {role: [v for v in votes if REGISTRY[v.name].role == role and v.flagged is not None]
+               for role in ("guard", "significance", "effect")}
+    guard = any(v.flagged for v in by_role["guard"])
+    guard_strong = any(v.strong for v in by_role["guard"])
+    veto = [v.name for v in by_role["significance"] if not v.flagged]
+    effects = by_role["effect"]
+    effect = any(v.flagged for v in effects)
+    flagged = guard or (not veto and effect)
+    strong_effects = [v for v in effects if v.strong is not None]
+    strong = guard_strong or (flagged and not veto and bool(strong_effects)
+                              and all(v.strong for v in strong_effects))
+    beyond = [v.name for v in votes if v.flagged]
+    if flagged:
+        reason = ("strong effect: " if strong else "") + ", ".join(beyond) + " beyond threshold"
+    elif veto and effect:
+        reason = f"{', '.join(v.name for v in effects if v.flagged)} beyond threshold but " \
+                 f"{', '.join(veto)} within (sampling noise)"
+    else:
+        reason = ""
+    return FeatureVerdict(flagged, strong, tuple(votes), (), reason)
+
+
+def importance_weights(features: Sequence[str], importance: Mapping[str, float] | None,
+                       weighting: str = "importance") -> tuple[dict[str, float], str]:
+    """Weights of the dataset score.
+
+    Args:
+        features: The window's features.
+        importance: ``{feature: importance >= 0}`` stored with the reference (``None``: none).
+        weighting: ``"importance"`` or ``"uniform"``.
+
+    Returns:
+        ``({feature: weight}, how)`` where ``how`` says what was used (``"importance"``,
+        ``"uniform"``, or ``"uniform (no importance stored)"``). Features missing from the
+        importance get the mean importance of the others.
+
+    Raises:
+        SettingsError: Unknown ``weighting``.
+    """
+    if weighting not in WEIGHTINGS:
+        raise SettingsError(f"drift weighting {weighting!r}; expected one of {WEIGHTINGS}")
+    uniform = {f: 1.0 for f in features}
+    if weighting == "uniform":
+        return uniform, "uniform"
+    known = {f: float(importance[f]) for f in features
+             if importance and f in importance and math.isfinite(float(importance[f]))}
+    if not known or sum(max(v, 0.0) for v in known.values()) <= 0:
+        return uniform, "uniform (no importance stored)"
+    mean = sum(max(v, 0.0) for v in known.values()) / len(known)
+    return {f: max(known.get(f, mean), 0.0) for f in features}, "importance"
+
+
+@dataclasses.dataclass(frozen=True)
+class AlertPolicy:
+    """When a drifted window becomes an alert.
+
+    Attributes:
+        consecutive_windows: Dataset-drift windows in a row needed (k >= 1).
+        cooldown: Quiet time after an alert for alerts naming no new feature (logical time).
+        dataset_share: Weighted share of flagged features for a dataset-drift window (0-1].
+        weighting: ``"importance"`` or ``"uniform"``.
+    """
+
+    consecutive_windows: int = DEFAULT_CONSECUTIVE_WINDOWS
+    cooldown: dt.timedelta = dt.timedelta(hours=DEFAULT_COOLDOWN_HOURS)
+    dataset_share: float = DEFAULT_DATASET_SHARE
+    weighting: str = "importance"
+
+    def __post_init__(self) -> None:
+        if self.consecutive_windows < 1:
+            raise SettingsError(f"consecutive_windows={self.consecutive_windows!r}; expected >= 1, e.g. 2")
+        if self.cooldown < dt.timedelta(0):
+            raise SettingsError(f"cooldown={self.cooldown!r}; expected >= 0 hours, e.g. 24")
+        if not 0 < self.dataset_share <= 1:
+            raise SettingsError(f"dataset_share={self.dataset_share!r}; expected a share in (0, 1], e.g. 0.5")
+        if self.weighting not in WEIGHTINGS:
+            raise SettingsError(f"weighting={self.weighting!r}; expected one of {WEIGHTINGS}")
+
+    @classmethod
+    def from_settings(cls, settings=None, **overrides) -> "AlertPolicy":
+        """From ``drift_consecutive_windows``, ``drift_alert_cooldown_hours``,
+        ``drift_dataset_share``, ``drift_weighting``."""
+        from tritonflow.settings import get_settings
+
+        s = settings or get_settings()
+        kw: dict[str, Any] = dict(
+            consecutive_windows=getattr(s, "drift_consecutive_windows", DEFAULT_CONSECUTIVE_WINDOWS),
+            cooldown=dt.timedelta(hours=getattr(s, "drift_alert_cooldown_hours", DEFAULT_COOLDOWN_HOURS)),
+            dataset_share=getattr(s, "drift_dataset_share", DEFAULT_DATASET_SHARE),
+            weighting=getattr(s, "drift_weighting", "importance"),
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class AlertDecision:
+    """Outcome of :func:`decide_alert`.
+
+    Attributes:
+        fire: A drift alert fires for this window.
+        candidate: The window meets the alert rule (persistent dataset drift or a strong effect),
+            whether or not the cooldown lets it fire.
+        features: Features the alert names (strong ones and those flagged in k windows in a row).
+        reason: One line.
+    """
+
+    fire: bool
+    candidate: bool
+    features: tuple[str, ...]
+    reason: str
+
+
+def decide_alert(policy: AlertPolicy, *, window_start: dt.datetime, dataset_drift: bool,
+                 previous_drift: Sequence[bool], strong_features: Sequence[str],
+                 persistent_features: Sequence[str],
+                 last_alert: tuple[dt.datetime, Sequence[str]] | None,
+                 contract_failed: bool = False) -> AlertDecision:
+    """Apply the alert policy (module docstring) to one window.
+
+    Args:
+        policy: The alert policy.
+        window_start: The window's start (logical time, timezone-aware).
+        dataset_drift: This window's dataset verdict.
+        previous_drift: Dataset verdicts of the ``k - 1`` windows before, oldest first.
+        strong_features: Features with a strong effect in this window.
+        persistent_features: Features flagged in this window and the ``k - 1`` before.
+        last_alert: ``(start, features)`` of the model's previous alert under this reference.
+        contract_failed: The window broke its data contract.
+
+    Returns:
+        An :class:`AlertDecision`.
+    """
+    k = policy.consecutive_windows
+    before = list(previous_drift)[-(k - 1):] if k > 1 else []
+    persistent = bool(dataset_drift) and len(before) == k - 1 and all(before)
+    candidate = bool(persistent or strong_features)
+    features = tuple(sorted(set(strong_features) | (set(persistent_features) if persistent else set())))
+    if not candidate:
+        return AlertDecision(False, False, (), "")
+    why = []
+    if persistent:
+        why.append(f"dataset drift in {k} consecutive windows")
+    if strong_features:
+        why.append("strong effect on " + ", ".join(sorted(strong_features)))
+    reason = "; ".join(why)
+    if contract_failed:
+        return AlertDecision(False, True, features, reason + "; not raised: the data contract failed "
+                             "(a data-quality alert instead)")
+    if last_alert is not None:
+        since = window_start - last_alert[0]
+        new = sorted(set(features) - set(last_alert[1]))
+        if since < policy.cooldown and not new:
+            return AlertDecision(False, True, features, f"{reason}; within the cooldown "
+                                 f"({since} after the previous alert, no new feature)")
+        if new and since < policy.cooldown:
+            reason += f"; new features {new} during the cooldown"
+    return AlertDecision(True, True, features, reason)

@@ -1,0 +1,112 @@
+"""Reference strategies: what a window is compared with.
+
+* ``training`` (default): the model version's reference, a sample of the data it was trained or
+  validated on (recorded at publish time). Drift means "unlike what the model learned from".
+  Seasons the reference covers are calibrated away (:mod:`drift_checks.thresholds`).
+* ``trailing``: the last ``trailing`` span (default 7 days) of served traffic before the window.
+  Drift means "unlike the recent past": sudden changes alarm, slow ones are followed. Useful
+  when the training data is old or the input moves by design.
+* ``seasonal``: the same window one ``period`` earlier (default one week, 168 hours): "this hour
+  compared with the same hour last week" (the practitioners' rule in ``../shared/references``).
+  Recurring daily and weekly patterns stop alarming; a change from last week's pattern does.
+
+A served reference (trailing, seasonal) is read from the inference log; an empty one (the first
+days of a model) falls back to the training reference, and the summary says so. Importance
+weights always come from the model version's training reference. Thresholds are keyed by the
+strategy's reference id (``v<version>:trailing:168h``...), so switching strategy starts new
+thresholds and never reuses another strategy's history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+import pandas as pd
+
+from tritonflow.exceptions import SettingsError
+
+#: Reference strategies.
+STRATEGIES = ("training", "trailing", "seasonal")
+#: Default span of a trailing reference (days).
+DEFAULT_TRAILING_DAYS = 7.0
+#: Default period of a seasonal reference (hours): one week.
+DEFAULT_SEASONAL_PERIOD_HOURS = 168.0
+#: Fewest served rows a trailing/seasonal reference needs (fewer: the training reference).
+MIN_SERVED_REFERENCE_ROWS = 30
+#: Most served rows kept in a reference (a seeded, time-ordered sample beyond that).
+MAX_SERVED_REFERENCE_ROWS = 100_000
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceStrategy:
+    """One reference strategy.
+
+    Attributes:
+        name: ``"training"``, ``"trailing"`` or ``"seasonal"``.
+        trailing: Span of a trailing reference (> 0).
+        period: Period of a seasonal reference (> 0).
+    """
+
+    name: str = "training"
+    trailing: dt.timedelta = dt.timedelta(days=DEFAULT_TRAILING_DAYS)
+    period: dt.timedelta = dt.timedelta(hours=DEFAULT_SEASONAL_PERIOD_HOURS)
+
+    def __post_init__(self) -> None:
+        if self.name not in STRATEGIES:
+            raise SettingsError(f"reference strategy {self.name!r}; expected one of {STRATEGIES}")
+        if self.trailing <= dt.timedelta(0) or self.period <= dt.timedelta(0):
+            raise SettingsError(f"reference strategy spans trailing={self.trailing}, period={self.period}; "
+                                "expected positive durations")
+
+    @classmethod
+    def from_settings(cls, settings=None, name: str | None = None) -> "ReferenceStrategy":
+        """From ``drift_reference_strategy``, ``drift_trailing_days``,
+        ``drift_seasonal_period_hours`` (``name`` overrides the strategy, e.g. a DAG param)."""
+        from tritonflow.settings import get_settings
+
+        s = settings or get_settings()
+        return cls(name=name or getattr(s, "drift_reference_strategy", "training"),
+                   trailing=dt.timedelta(days=getattr(s, "drift_trailing_days", DEFAULT_TRAILING_DAYS)),
+                   period=dt.timedelta(hours=getattr(s, "drift_seasonal_period_hours",
+                                                     DEFAULT_SEASONAL_PERIOD_HOURS)))
+
+    def served_range(self, start: Any, end: Any) -> tuple[pd.Timestamp, pd.Timestamp] | None:
+        """The span of served traffic the window is compared with (``None``: training)."""
+        t0, t1 = pd.Timestamp(start), pd.Timestamp(end)
+        if self.name == "trailing":
+            return t0 - pd.Timedelta(self.trailing), t0
+        if self.name == "seasonal":
+            return t0 - pd.Timedelta(self.period), t1 - pd.Timedelta(self.period)
+        return None
+
+    def reference_id(self, training_id: str, version: int | None) -> str:
+        """The id thresholds are keyed by under this strategy."""
+        if self.name == "training":
+            return training_id
+        span = self.trailing if self.name == "trailing" else self.period
+        hours = span.total_seconds() / 3600
+        return f"v{version}:{self.name}:{hours:g}h"
+
+    def describe(self) -> str:
+        if self.name == "trailing":
+            return f"trailing: the last {self.trailing} of served traffic"
+        if self.name == "seasonal":
+            return f"seasonal: the same window {self.period} earlier"
+        return "training: the model version's reference"
+
+
+def served_reference(frame: pd.DataFrame, columns, *, seed: int = 0,
+                     max_rows: int = MAX_SERVED_REFERENCE_ROWS) -> pd.DataFrame | None:
+    """The served rows as a reference: the feature columns in time order, at most ``max_rows``
+    (seeded sample, order kept); ``None`` when fewer than :data:`MIN_SERVED_REFERENCE_ROWS`."""
+    if frame is None or len(frame) < MIN_SERVED_REFERENCE_ROWS:
+        return None
+    cols = [c for c in columns if c in frame.columns]
+    out = frame
+    if "timestamp" in out.columns:
+        out = out.sort_values("timestamp", kind="stable")
+    if len(out) > max_rows:
+        out = out.sample(n=max_rows, random_state=seed).sort_index()
+    return out[cols].reset_index(drop=True)

@@ -1,0 +1,127 @@
+"""``tritonflow drift backtest``: any Parquet/CSV table with a time column, reference
+strategies on a daily cycle."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from drift_checks.backtest import BacktestWindow, run_backtest
+from drift_checks.strategies import ReferenceStrategy
+from tritonflow import cli
+from tritonflow.exceptions import DataError
+
+
+def _table(n=2400, shift_at=1500, seed=0):
+    rng = np.random.default_rng(seed)
+    t = pd.date_range("2024-03-01", periods=n, freq="min", tz="UTC")
+    x = rng.normal(size=n)
+    x[shift_at:] += 2.5
+    clicks = pd.array(rng.integers(0, 9, n), dtype="Int64")
+    clicks[::17] = pd.NA
+    return pd.DataFrame({"ts": t.strftime("%Y-%m-%dT%H:%M:%SZ"), "x": x, "y": rng.normal(size=n),
+                         "plan": rng.choice(["basic", "pro"], n, p=[0.7, 0.3]), "clicks": clicks})
+
+
+def test_backtest_command_on_a_csv_table_writes_every_window_and_the_summary(tmp_path, capsys):
+    path = tmp_path / "history.csv"
+    _table().to_csv(path, index=False)
+    out = tmp_path / "bt"
+    rc = cli.main(["drift", "backtest", "--data", str(path), "--time-column", "ts", "--reference-rows", "600",
+                   "--window", "60", "--categorical", "plan", "--out", str(out), "--weighting", "uniform"])
+    assert rc == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    doc = json.loads((out / "backtest.json").read_text())
+    assert printed["windows"] == doc["summary"]["windows"] == 30
+    assert doc["data"]["features"] == {"x": "float", "y": "float", "plan": "category", "clicks": "int"}
+    w = doc["windows"][0]
+    assert {"start", "end", "n_rows", "status", "severity", "alert", "dataset_drift", "dataset_score",
+            "drifted", "threshold_phase"} <= set(w) and w["n_rows"] == 60
+    shift_window = (1500 - 600) // 60
+    alerts = doc["summary"]["alert_windows"]
+    assert alerts and shift_window <= alerts[0] <= shift_window + 2 and not [a for a in alerts if a < shift_window]
+    hit = doc["windows"][alerts[0]]
+    cause = next(d for d in hit["drifted"] if d["feature"] == "x")
+    assert cause["statistics"] and {"statistic", "value", "threshold", "threshold_source"} <= set(cause["statistics"][0])
+    assert {"static_phase", "dynamic_phase", "alerts_per_100_windows"} <= set(doc["summary"])
+    assert (out / "index.html").is_file() and (out / "drift_x.png").is_file()
+    assert "drift_x.png" in (out / "index.html").read_text()
+
+
+def test_backtest_on_parquet_with_a_time_range_reference_and_duration_windows(tmp_path):
+    table = _table()
+    table["ts"] = pd.to_datetime(table["ts"], utc=True)
+    table = table[~table["ts"].between("2024-03-02 12:00", "2024-03-02 12:59:59", inclusive="both")]
+    path = tmp_path / "history.parquet"
+    table.to_parquet(path, index=False)
+    out = tmp_path / "bt"
+    assert cli.main(["drift", "backtest", "--data", str(path), "--time-column", "ts", "--reference-range",
+                     "2024-03-01T00:00:00Z", "2024-03-01T12:00:00Z", "--window", "1h", "--out", str(out),
+                     "--no-html"]) == 0
+    doc = json.loads((out / "backtest.json").read_text())
+    assert doc["data"]["reference_rows"] == 720
+    statuses = {w["start"][:16]: w["status"] for w in doc["windows"]}
+    assert statuses["2024-03-02 12:00"] == "no_data" and doc["summary"]["no_data_windows"] == 1
+    assert not (out / "index.html").exists()
+
+
+def test_backtest_refuses_bad_options_with_a_clear_message(tmp_path):
+    frame = _table(200)
+    with pytest.raises(DataError, match="exactly one reference"):
+        run_backtest(frame, time_column="ts", out_dir=tmp_path)
+    with pytest.raises(DataError, match="--time-column 'when' is not a column"):
+        run_backtest(frame, time_column="when", reference_rows=50, out_dir=tmp_path)
+    with pytest.raises(DataError, match="--window 'soon'"):
+        BacktestWindow.parse("soon")
+    bad = frame.assign(ts=frame.ts.where(frame.index != 3, "not a time"))
+    with pytest.raises(DataError, match="first offending values: \\['not a time'\\]"):
+        run_backtest(bad, time_column="ts", reference_rows=50, out_dir=tmp_path)
+
+
+def _daily_cycle(days=5, shift_day=3, seed=1):
+    """One row per minute; x follows the hour of day (a daily cycle), +1.5 from 2024-01-04."""
+    rng = np.random.default_rng(seed)
+    t = pd.date_range("2024-01-01", periods=days * 1440, freq="min", tz="UTC")
+    hours = t.hour + t.minute / 60
+    x = np.asarray(2.0 * np.sin(2 * np.pi * hours / 24)) + rng.normal(0, 0.5, len(t))
+    x[t >= t[0] + pd.Timedelta(days=shift_day)] += 1.5
+    return pd.DataFrame({"ts": t, "x": x})
+
+
+@pytest.mark.parametrize("strategy", ["training", "seasonal"])
+def test_a_seasonal_reference_ignores_the_daily_cycle_and_still_sees_a_real_shift(tmp_path, strategy):
+    """A reference of six morning hours: against it (training) the rest of the day is drift; the
+    seasonal strategy (the same two hours yesterday) sees only the real shift on day 4."""
+    spec = ReferenceStrategy(name=strategy, period=pd.Timedelta(hours=24).to_pytimedelta())
+    doc = run_backtest(_daily_cycle(), time_column="ts", out_dir=tmp_path, window="2h",
+                       reference_range=("2024-01-01T00:00Z", "2024-01-01T06:00Z"), strategy=spec,
+                       replay_end="2024-01-05T00:00Z", html_report=False)
+    windows = doc["windows"]
+    shift = next(i for i, w in enumerate(windows) if w["start"].startswith("2024-01-04 00:00"))
+    drifted_before = [i for i, w in enumerate(windows[:shift]) if w["dataset_drift"] and w["reference"] == strategy]
+    alerts = doc["summary"]["alert_windows"]
+    if strategy == "training":
+        assert len(drifted_before) >= 10  # the daily cycle keeps leaving the morning reference
+    else:
+        assert drifted_before == [] and windows[shift]["reference"] == "seasonal"
+        assert [a for a in alerts if shift <= a <= shift + 2], alerts
+
+
+def test_a_trailing_reference_alerts_at_a_step_and_then_follows_the_new_level(tmp_path):
+    rng = np.random.default_rng(2)
+    t = pd.date_range("2024-01-01", periods=3 * 1440, freq="min", tz="UTC")
+    x = rng.normal(size=len(t)) + np.where(t >= pd.Timestamp("2024-01-02T12:00Z"), 1.0, 0.0)
+    table = pd.DataFrame({"ts": t, "x": x})
+    runs = {}
+    for name in ("training", "trailing"):
+        spec = ReferenceStrategy(name=name, trailing=pd.Timedelta(hours=12).to_pytimedelta())
+        runs[name] = run_backtest(table, time_column="ts", out_dir=tmp_path / name, window="1h",
+                                  reference_range=("2024-01-01T00:00Z", "2024-01-01T12:00Z"), strategy=spec,
+                                  html_report=False)["windows"]
+    step = next(i for i, w in enumerate(runs["training"]) if w["start"].startswith("2024-01-02 12:00"))
+    for name, windows in runs.items():
+        assert any(w["alert"] for w in windows[step:step + 3]), name
+        assert not any(w["alert"] for w in windows[:step]), name
+    assert all(w["dataset_drift"] for w in runs["training"][-6:])  # still unlike the training data
+    assert not any(w["dataset_drift"] for w in runs["trailing"][-6:])  # the new level is the norm now
