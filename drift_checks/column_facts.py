@@ -63,7 +63,7 @@ class ColumnFacts:
             raw = s.value_counts(dropna=True, sort=False)
             vc = {k: int(c) for k, c in raw.items() if c > 0}
         examples = (list(vc)[:MAX_EXAMPLES] if vc is not None
-                    else pd.unique(s[~nulls].head(10 * MAX_EXAMPLES).to_numpy(dtype=object))[:MAX_EXAMPLES].tolist())
+                    else pd.unique(s.head(10 * MAX_EXAMPLES).dropna().to_numpy(dtype=object))[:MAX_EXAMPLES].tolist())
         return cls(s.dtype, int(len(s)), n_null, vmin, vmax, vc, examples, s if keep else None)
 
     def merge(self, other: "ColumnFacts") -> "ColumnFacts":
