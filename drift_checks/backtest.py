@@ -178,6 +178,8 @@ def run_backtest(
     replay_end: Any = None,
     html_report: bool = True,
     model: str = "backtest",
+    engine: str = "exact",
+    sketch_k: int | None = None,
 ) -> dict[str, Any]:
     """Replay ``table`` through the hourly drift check and write ``backtest.json`` (+ HTML).
 
@@ -198,6 +200,10 @@ def run_backtest(
         replay_end: Stop replaying at this time (exclusive; default: the table's end).
         html_report: Also write ``index.html`` and the plots.
         model: Model name used in the temporary history.
+        engine: ``"exact"`` (each window whole in memory) or ``"streamed"`` (each window
+            summarised batch by batch into bin counts and sketches, as windows above
+            ``TRITONFLOW_DRIFT_EXACT_MAX_ROWS`` are: :mod:`drift_checks.summaries`).
+        sketch_k: KLL ``k`` of the streamed engine (default :data:`drift_checks.sketches.DEFAULT_SKETCH_K`).
 
     Returns:
         The ``backtest.json`` document.
@@ -205,6 +211,8 @@ def run_backtest(
     Raises:
         DataError: Bad options or data (the message names the option, column or value).
     """
+    if engine not in ("exact", "streamed"):
+        raise DataError(f"--engine {engine!r}: expected exact or streamed")
     if (reference_rows is None) == (reference_range is None):
         raise DataError("give exactly one reference: --reference-rows N or --reference-range START END")
     win = window if isinstance(window, BacktestWindow) else BacktestWindow.parse(window)
@@ -256,7 +264,13 @@ def run_backtest(
                     else:
                         note = "training (too few served rows)"
                 start = LOGICAL_START + dt.timedelta(hours=i)
-                summary = check_window(model=model, frame=rows[cols].reset_index(drop=True), start=start,
+                current = rows[cols].reset_index(drop=True)
+                if engine == "streamed":
+                    from drift_checks.sketches import DEFAULT_SKETCH_K
+                    from drift_checks.summaries import summarize_frame
+
+                    current = summarize_frame(current, reference, sketch_k=sketch_k or DEFAULT_SKETCH_K)
+                summary = check_window(model=model, frame=current, start=start,
                                        end=start + dt.timedelta(hours=1), reference=reference,
                                        history=history, config=cfg)
                 windows.append(_window_row(i, t_start, t_end, summary, note))
@@ -268,7 +282,7 @@ def run_backtest(
                     "reference_rows": int(len(ref_frame)),
                     "reference_span": [str(times.loc[ref_frame.index[0]]), str(times.loc[ref_frame.index[-1]])],
                     "window": str(win.rows) + " rows" if win.rows else str(win.duration),
-                    "reference_strategy": strategy.describe(),
+                    "reference_strategy": strategy.describe(), "engine": engine,
                     "weighting": windows[0]["weighting"] if windows else None},
            "policy": _policy_doc(cfg), "summary": summarise(windows), "windows": windows}
     (out / "backtest.json").write_text(json.dumps(doc, indent=1, default=_json_default))

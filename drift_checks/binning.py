@@ -22,6 +22,9 @@ PSI_BINS = 10
 #: Floor applied to bin proportions in PSI and to proportions in Jensen-Shannon, so the
 #: logarithm stays finite. Evidently uses the same value (``np.where(p == 0, 0.0001, p)``).
 PSI_EPSILON = 1e-4
+#: Up to this many edges, unsorted values are counted with one comparison pass per edge (a
+#: streamed record batch: about 1 ns per value and edge instead of a binary search per value).
+_FEW_EDGES = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,11 +87,15 @@ def bin_counts(values: np.ndarray, bins: PsiBins, *, is_sorted: bool = False) ->
     e = bins.edges
     if bins.discrete:
         if not is_sorted:
-            x = np.sort(x)
+            hits = np.fromiter((np.count_nonzero(x == v) for v in e), dtype="int64", count=e.size)
+            return np.append(hits, x.size - int(hits.sum())).astype("int64")
         hits = np.searchsorted(x, e, side="right") - np.searchsorted(x, e, side="left")
         return np.append(hits, x.size - int(hits.sum())).astype("int64")
     if is_sorted:
         cum = np.searchsorted(x, e, side="right")
+        return np.diff(np.concatenate([[0], cum, [x.size]])).astype("int64")
+    if e.size <= _FEW_EDGES:  # one vectorised comparison per edge beats a binary search per value
+        cum = np.fromiter((np.count_nonzero(x <= edge) for edge in e), dtype="int64", count=e.size)
         return np.diff(np.concatenate([[0], cum, [x.size]])).astype("int64")
     return np.bincount(np.searchsorted(e, x, side="left"), minlength=e.size + 1).astype("int64")
 

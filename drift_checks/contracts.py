@@ -52,6 +52,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from drift_checks.column_facts import ColumnFacts
 from drift_checks.inference_log import LogSchema
 
 #: Default tolerance of numeric ranges, in reference spans added on each side.
@@ -373,8 +374,10 @@ def _between(observed: Any, kw: Mapping[str, Any]) -> bool:
     return True
 
 
-def _fast_result(spec: ExpectationSpec, s: pd.Series, is_dt: bool) -> ExpectationResult | None:
-    """Exact vectorised evaluation of the standard column expectations on the FULL window.
+def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> ExpectationResult | None:
+    """Exact evaluation of the standard column expectations on the FULL window, from its
+    :class:`~drift_checks.column_facts.ColumnFacts` (the whole column, or a streamed window's
+    merged batches).
 
     Returns ``None`` when the expectation (type, kwargs or column dtype) is not one handled here;
     it then goes to Great Expectations. Semantics follow GX 1.x: nulls are ignored by range and
@@ -386,15 +389,15 @@ def _fast_result(spec: ExpectationSpec, s: pd.Series, is_dt: bool) -> Expectatio
     if allowed is None or not set(kw) <= allowed:
         return None
     col = spec.column
-    n = int(len(s))
+    n = facts.n
     if spec.type == "ExpectColumnValuesToBeInTypeList":
         if is_dt or not isinstance(kw.get("type_list"), (list, tuple)):
             return None
-        dtype = str(s.dtype)
+        dtype = str(facts.dtype)
         ok = dtype in {str(t) for t in kw["type_list"]}
-        if ok or (n > 0 and bool(s.isna().all())):  # no value to judge: the null check reports it
+        if ok or (n > 0 and facts.n_null == n):  # no value to judge: the null check reports it
             return ExpectationResult(col, name, dtype, True)
-        bad = offending_values(s, kw["type_list"])
+        bad = offending_values(facts.values_for_messages, kw["type_list"])
         return ExpectationResult(col, name, {"dtype": dtype, "first_offending_values": bad}, False,
                                  message=f"column {col!r} has dtype {dtype}, not one of "
                                          f"{list(kw['type_list'])}; first offending values: {bad}")
@@ -402,7 +405,7 @@ def _fast_result(spec: ExpectationSpec, s: pd.Series, is_dt: bool) -> Expectatio
         mostly = kw.get("mostly", 1.0)
         if not _is_number(mostly):
             return None
-        nulls = int(s.isna().sum())
+        nulls = facts.n_null
         pct = 100.0 * nulls / n if n else None
         ok = n == 0 or (n - nulls) / n >= float(mostly)
         return ExpectationResult(col, name, {"unexpected_percent": pct, "partial_unexpected_list": []},
@@ -411,18 +414,19 @@ def _fast_result(spec: ExpectationSpec, s: pd.Series, is_dt: bool) -> Expectatio
         bounds = [kw.get("min_value"), kw.get("max_value")]
         if all(b is None for b in bounds):
             return None
-        values = s.dropna()
-        if values.empty:
+        if facts.n_null == n:
             return None
-        if not is_dt and (not pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s)):
+        numeric = pd.api.types.is_numeric_dtype(facts.dtype) and not pd.api.types.is_bool_dtype(facts.dtype)
+        if not is_dt and not numeric:
             return None
-        v = values.min() if spec.type == "ExpectColumnMinToBeBetween" else values.max()
+        v = facts.vmin if spec.type == "ExpectColumnMinToBeBetween" else facts.vmax
+        if v is None:
+            return None
         if is_dt:  # bounds were normalised to the canonical string form
             if not all(b is None or isinstance(b, str) for b in bounds):
                 return None
             observed: Any = canonical_datetime(v)
-        elif (pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s)
-              and all(b is None or _is_number(b) for b in bounds)):
+        elif numeric and all(b is None or _is_number(b) for b in bounds):
             observed = float(v)
             if math.isnan(observed):
                 return None
@@ -435,9 +439,10 @@ def _fast_result(spec: ExpectationSpec, s: pd.Series, is_dt: bool) -> Expectatio
         value_set = kw.get("value_set")
         if not isinstance(value_set, (list, tuple, set)):
             return None
-        vc = s.value_counts(dropna=True)
+        if facts.counts is None:
+            return None
         keys = [canonical_datetime(k) if is_dt else (k.item() if hasattr(k, "item") else k)
-                for k, c in vc.items() if c > 0]
+                for k, c in facts.counts.items() if c > 0]
         try:
             have, want = set(keys), set(value_set)
         except TypeError:  # unhashable values: leave it to GX
@@ -452,12 +457,13 @@ def _fast_result(spec: ExpectationSpec, s: pd.Series, is_dt: bool) -> Expectatio
         value_set, mostly = kw.get("value_set"), kw.get("mostly", 1.0)
         if not isinstance(value_set, (list, tuple, set)) or not _is_number(mostly):
             return None
-        vc = s.value_counts(dropna=True, sort=True)
-        vc = vc[vc > 0]
+        if facts.counts is None:
+            return None
+        vc = facts.value_counts()
         keys = list(vc.index)
         if is_dt:
             keys = [canonical_datetime(k) for k in keys]
-        elif pd.api.types.is_bool_dtype(s) and all(isinstance(x, str) for x in value_set):
+        elif pd.api.types.is_bool_dtype(facts.dtype) and all(isinstance(x, str) for x in value_set):
             keys = [str(k) for k in keys]  # derive_contract writes booleans as "True"/"False"
         allowed_values = set(value_set)
         try:
@@ -514,7 +520,7 @@ _FAST_KWARGS: dict[str, set[str]] = {
 }
 
 
-def run_contract(contract: Contract, frame: pd.DataFrame, *,
+def run_contract(contract: Contract, frame: Any, *,
                  gx_sample_rows: int = DEFAULT_GX_SAMPLE_ROWS, seed: int = 0) -> ContractResult:
     """Validate one window against the contract.
 
@@ -537,7 +543,12 @@ def run_contract(contract: Contract, frame: pd.DataFrame, *,
     Args:
         contract: From :func:`derive_contract` or written by hand (any GX 1.x expectation class
             name with its kwargs).
-        frame: The window (pandas). Not modified.
+        frame: The window (pandas; not modified), or the
+            :class:`~drift_checks.summaries.WindowSummary` of a streamed window: the exact
+            checks then run on its merged :class:`~drift_checks.column_facts.ColumnFacts`,
+            row-wise GX expectations on its seeded sample (rows with the smallest hash of
+            ``request_id``) and aggregate GX expectations, which need every row, are reported as
+            errors of the check naming the window-size limit.
         gx_sample_rows: Largest number of rows handed to GX (default
             :data:`DEFAULT_GX_SAMPLE_ROWS`).
         seed: Seed of the GX sample.
@@ -546,13 +557,20 @@ def run_contract(contract: Contract, frame: pd.DataFrame, *,
         A :class:`ContractResult` with one result per expectation, in contract order.
         Expectations on a missing column are reported as one ``expect_column_to_exist`` failure.
     """
-    dt_cols = {c for c in frame.columns if pd.api.types.is_datetime64_any_dtype(frame[c])}
+    streamed = not isinstance(frame, pd.DataFrame)
+    if streamed:
+        facts_of = frame.facts
+        dt_cols = {c for c, f in facts_of.items() if pd.api.types.is_datetime64_any_dtype(f.dtype)}
+    else:
+        dt_cols = {c for c in frame.columns if pd.api.types.is_datetime64_any_dtype(frame[c])}
+        counted = {sp.column for sp in contract.expectations if sp.type in _COUNTED}
+        facts_of = _LazyFacts(frame, counted)
     pre: list[tuple[int, ExpectationResult]] = []
     specs: list[tuple[int, ExpectationSpec]] = []
     missing: set[str] = set()
     for i, spec in enumerate(contract.expectations):
         col = spec.column
-        if col is not None and col not in frame.columns:
+        if col is not None and col not in (facts_of if streamed else frame.columns):
             if col not in missing:
                 missing.add(col)
                 pre.append((i, ExpectationResult(col, "expect_column_to_exist", None, False,
@@ -562,7 +580,7 @@ def run_contract(contract: Contract, frame: pd.DataFrame, *,
             pre.append((i, ExpectationResult(col, "expect_column_to_exist", True, True)))
             continue
         if col in dt_cols and spec.type == "ExpectColumnValuesToBeInTypeList":
-            dtype = str(frame[col].dtype)
+            dtype = str(facts_of[col].dtype)
             ok = dtype.startswith("datetime64")
             pre.append((i, ExpectationResult(col, "expect_column_values_to_be_in_type_list", dtype,
                                              ok, message="" if ok else "expected a datetime64 column")))
@@ -576,17 +594,59 @@ def run_contract(contract: Contract, frame: pd.DataFrame, *,
                                                  f"cannot read a datetime bound/value set: {exc}")))
                 continue
         spec = ExpectationSpec(spec.type, kwargs)
-        fast = _fast_result(spec, frame[col], col in dt_cols) if col is not None else None
+        fast = _fast_result(spec, facts_of[col], col in dt_cols) if col is not None else None
         if fast is not None:
             pre.append((i, fast))
         else:
             specs.append((i, spec))
-    if specs:
+    if specs and streamed:
+        pre.extend(_run_gx_streamed(specs, frame, dt_cols))
+    elif specs:
         pre.extend(_run_gx(specs, frame, dt_cols, gx_sample_rows, seed))
     pre.sort(key=lambda x: x[0])
     exps = contract.expectations
     return ContractResult(tuple(dataclasses.replace(r, severity=exps[i].severity, meta=dict(exps[i].meta))
                                 for i, r in pre))
+
+
+class _LazyFacts(dict):
+    """Column facts of an in-memory window, taken when first needed."""
+
+    def __init__(self, frame: pd.DataFrame, counted: set):
+        super().__init__()
+        self.frame, self.counted = frame, counted
+
+    def __missing__(self, col: str) -> ColumnFacts:
+        self[col] = f = ColumnFacts.of_series(self.frame[col], counts=col in self.counted)
+        return f
+
+
+#: Expectations whose exact check needs the column's value counts.
+_COUNTED = {"ExpectColumnValuesToBeInSet", *_DISTINCT_SET_CHECKS}
+
+
+def _run_gx_streamed(specs: list[tuple[int, ExpectationSpec]], summary: Any,
+                     dt_cols: set[str]) -> list[tuple[int, ExpectationResult]]:
+    """GX on a streamed window: row-wise expectations on its seeded sample; aggregate ones
+    cannot be judged without every row and are errors of the check."""
+    row_wise = [(i, sp) for i, sp in specs if sp.type.startswith(ROW_WISE_PREFIXES)]
+    out = []
+    for i, sp in specs:
+        if (i, sp) not in row_wise:
+            out.append((i, ExpectationResult(
+                sp.column, _snake(sp.type), None, False, True,
+                f"{sp.type} needs every row of the window, and this window ({summary.n_rows} rows) was "
+                "streamed; expected a window of at most TRITONFLOW_DRIFT_EXACT_MAX_ROWS rows, or a "
+                "row-wise expectation")))
+    sample = summary.sample_frame()
+    if row_wise and sample is not None:
+        res = _run_gx_on(row_wise, sample, dt_cols, 0, 0)
+        note = f"evaluated on a seeded sample of {len(sample)} of {summary.n_rows} rows"
+        out.extend((i, dataclasses.replace(r, message=r.message or note, sample_rows=len(sample))) for i, r in res)
+    elif row_wise:
+        out.extend((i, ExpectationResult(sp.column, _snake(sp.type), None, False, True,
+                                         "the streamed window kept no sample rows")) for i, sp in row_wise)
+    return out
 
 
 def _run_gx(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt_cols: set[str],

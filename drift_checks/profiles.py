@@ -71,7 +71,7 @@ def profile_hour(root: str, model: str, hour: dt.datetime, frame: pd.DataFrame,
         root: Folder or ``s3://bucket/prefix``.
         model: Model name.
         hour: Window start (timezone-aware).
-        frame: The window's records.
+        frame: The window's records, or the merged profile view of its record batches.
         endpoint_url: S3-compatible endpoint.
         overwrite: Re-profile even if a profile is stored (only when the raw data changed).
 
@@ -82,7 +82,8 @@ def profile_hour(root: str, model: str, hour: dt.datetime, frame: pd.DataFrame,
     key = profile_key(model, hour)
     if not overwrite and store.exists(key):
         return store.uri(key), False
-    return write_profile(store, key, profile_frame(frame)), True
+    view = frame if hasattr(frame, "serialize") else profile_frame(frame)  # a merged view of a streamed window
+    return write_profile(store, key, view), True
 
 
 def load_hour_profile(root: str, model: str, hour: dt.datetime, endpoint_url: str | None = None):

@@ -41,8 +41,12 @@ Thresholds and their sources (static values):
 Numeric inputs are prepared once with :func:`prepare_numeric` (finite values, sorted; nulls and
 infinities counted separately), so the reference side can be prepared once per model version and
 reused every hour. All numeric statistics run in O(n log n) with numpy ``sort``/``searchsorted``;
-results are bit-for-bit identical when the same window is scored twice (no sampling, no
-sketches; case H18).
+results are bit-for-bit identical when the same window is scored twice (no sampling; case H18).
+A window too large to hold in memory is scored from its streamed summary
+(:mod:`drift_checks.summaries`): the current side is then a
+:class:`drift_checks.sketches.SketchSample` (exact PSI bin counts, a KLL sketch for the ECDF),
+scored by these same functions; KS and Wasserstein then carry the sketch's error bound
+(``extra["error_bound"]``, see :mod:`drift_checks.sketches`).
 
 PSI bins (:mod:`drift_checks.binning`, re-exported here): the reference's deciles; a reference
 with at most :data:`PSI_BINS` distinct values gets one bin per distinct value plus one for every
@@ -309,6 +313,8 @@ class NumericPair:
         (:attr:`ecdf_gap`). Both give scipy's ``ks_2samp`` statistic and
         ``wasserstein_distance`` (to float rounding).
         """
+        if getattr(self.current, "weights", None) is not None:  # a sketched window
+            return self.current.d_and_w1(self.reference.values)
         a, b = self.reference.values, self.current.values
         if b.size * 8 > a.size:
             allv, gap = self.ecdf_gap
@@ -348,6 +354,21 @@ class NumericPair:
     def psi_bins(self) -> PsiBins:
         return self.reference.psi_bins
 
+    @property
+    def current_n(self) -> int:
+        """Finite values of the current side (a sketch retains fewer than it summarises)."""
+        return int(getattr(self.current, "n_finite", self.current.values.size))
+
+    def current_bin_counts(self) -> np.ndarray:
+        """The current side's counts in the reference's PSI bins (streamed counts of a sketched
+        window, checked to be of the same bins)."""
+        streamed = getattr(self.current, "psi_counts", None)
+        if streamed is None:
+            return bin_counts(self.current.values, self.psi_bins, is_sorted=True)
+        if not np.array_equal(self.current.psi_edges, self.psi_bins.edges):
+            raise ValueError("the window was binned on other PSI bins than this reference's")
+        return streamed
+
 
 def _degenerate(name: str, status: str) -> StatisticResult:
     return StatisticResult(name=name, value=None, status=status)
@@ -370,12 +391,13 @@ def ks_p_value(pair: NumericPair) -> StatisticResult:
     from scipy import stats
 
     a, b = pair.reference.values, pair.current.values
-    if max(a.size, b.size) <= KS_EXACT_MAX_N:
+    bound = getattr(pair.current, "rank_error", None)
+    if max(a.size, b.size) <= KS_EXACT_MAX_N and bound is None:
         res = stats.ks_2samp(a, b, method="auto")
         d, p = float(res.statistic), float(res.pvalue)
     else:
         d = pair.d_and_w1[0]
-        m, n = sorted([float(a.size), float(b.size)], reverse=True)
+        m, n = sorted([float(a.size), float(pair.current_n)], reverse=True)
         en = np.round(m * n / (m + n))
         if en <= KS_KSTWO_MAX_EN:
             p = float(stats.kstwo.sf(d, en))
@@ -383,9 +405,8 @@ def ks_p_value(pair: NumericPair) -> StatisticResult:
             root = math.sqrt(en)
             p = float(stats.kstwobign.sf((root + 0.12 + 0.11 / root) * d))
         p = float(np.clip(p, 0.0, 1.0))
-    return StatisticResult(
-        "ks_p_value", p, "constant" if pair.reference_constant else "ok", {"statistic": d}
-    )
+    extra = {"statistic": d} if bound is None else {"statistic": d, "error_bound": bound}
+    return StatisticResult("ks_p_value", p, "constant" if pair.reference_constant else "ok", extra)
 
 
 def psi(pair: NumericPair) -> StatisticResult:
@@ -399,8 +420,7 @@ def psi(pair: NumericPair) -> StatisticResult:
         return _degenerate("psi", status)
     bins = pair.psi_bins
     ra = bin_counts(pair.reference.values, bins, is_sorted=True)
-    rb = bin_counts(pair.current.values, bins, is_sorted=True)
-    value = psi_from_counts(ra, rb)
+    value = psi_from_counts(ra, pair.current_bin_counts())
     return StatisticResult("psi", value, "constant" if pair.reference_constant else "ok",
                            {"bins": bins.n_bins, "cap": psi_cap(ra)})
 
@@ -420,12 +440,11 @@ def wasserstein_normed(pair: NumericPair) -> StatisticResult:
     w = pair.d_and_w1[1]
     std = pair.reference.std
     norm = max(std, WASSERSTEIN_STD_FLOOR)
-    return StatisticResult(
-        "wasserstein_normed",
-        w / norm,
-        "constant" if pair.reference_constant else "ok",
-        {"wasserstein": w, "reference_std": std},
-    )
+    extra = {"wasserstein": w, "reference_std": std}
+    if getattr(pair.current, "rank_error", None) is not None:  # see drift_checks.sketches
+        extra["error_bound"] = pair.current.wasserstein_error_bound() / norm
+    return StatisticResult("wasserstein_normed", w / norm, "constant" if pair.reference_constant else "ok",
+                           extra)
 
 
 # ------------------------------------------------------------------------- categorical inputs

@@ -36,7 +36,7 @@ import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import pandas as pd
 
@@ -59,6 +59,9 @@ from drift_checks.thresholds import (
     resolve_thresholds,
     weighted_score,
 )
+
+if TYPE_CHECKING:
+    from drift_checks.summaries import WindowSummary
 
 SEVERITY_ORDER = ["ok", "warning", "invalid", "drift"]
 #: Largest summary returned (bytes); larger ones drop per-statistic details (case H24).
@@ -187,14 +190,24 @@ def _iso(t) -> str:
     return pd.Timestamp(t).tz_convert("UTC").isoformat()
 
 
-def _quality_alerts(cres: ContractResult, frame: pd.DataFrame) -> list[dict[str, Any]]:
+def _missing_share(frame, col: str) -> float | None:
+    if isinstance(frame, pd.DataFrame):
+        return round(float(frame[col].isna().mean()), 6) if col in frame.columns and len(frame) else None
+    return frame.missing_share(col)
+
+
+def _columns(frame) -> list[str]:
+    return list(frame.columns) if isinstance(frame, pd.DataFrame) else frame.columns
+
+
+def _quality_alerts(cres: ContractResult, frame) -> list[dict[str, Any]]:
     alerts = []
     for r, kind, sev in ([(r, "data_quality", "invalid") for r in cres.failures]
                          + [(r, "data_quality_warning", "warning") for r in cres.warnings]):
         a = {"kind": kind, "severity": sev, "column": r.column, "expectation": r.expectation,
              "observed": r.observed, "message": r.message[:300]}
-        if r.expectation == "expect_column_values_to_not_be_null" and r.column in frame.columns:
-            a["window_missing_share"] = round(float(frame[r.column].isna().mean()), 6) if len(frame) else None
+        if r.expectation == "expect_column_values_to_not_be_null" and r.column in _columns(frame):
+            a["window_missing_share"] = _missing_share(frame, r.column)
             a["reference_missing_share"] = r.meta.get("reference_null_fraction")
         alerts.append(a)
     for r in cres.check_errors:
@@ -212,7 +225,7 @@ def _reference_degenerate(reference: PreparedReference, col: str) -> bool:
 def check_window(
     *,
     model: str,
-    frame: pd.DataFrame,
+    frame: "pd.DataFrame | WindowSummary",
     start,
     end,
     reference: PreparedReference,
@@ -226,7 +239,11 @@ def check_window(
 
     Args:
         model: Model name.
-        frame: The window's records (from :func:`drift_checks.inference_log.read_window`).
+        frame: The window's records (from :func:`drift_checks.inference_log.read_window`), or
+            the :class:`~drift_checks.summaries.WindowSummary` of a window streamed in record
+            batches (:mod:`drift_checks.streaming`, :mod:`drift_checks.spark`): the same
+            contract, statistics (sketched KS/Wasserstein within their stated error bound),
+            thresholds and policy.
         start / end: The window's UTC bounds (the DAG's data interval; logical time).
         reference: From :func:`prepare_reference` (the reference of the served version, or the
             strategy's reference: see :mod:`drift_checks.strategies`).
@@ -248,10 +265,14 @@ def check_window(
     cfg = config or CheckConfig()
     schema = reference.schema
     ref_id = reference.reference_id
+    streamed = not isinstance(frame, pd.DataFrame)
+    n_rows = int(frame.n_rows if streamed else len(frame))
     base = {"model": model, "model_version": model_version, "reference_id": ref_id,
-            "window_start": _iso(start), "window_end": _iso(end), "n_rows": int(len(frame))}
+            "window_start": _iso(start), "window_end": _iso(end), "n_rows": n_rows}
+    if streamed:
+        base["engine"] = "streamed"
     artefacts: dict[str, str] = {}
-    if len(frame) == 0:
+    if n_rows == 0:
         summary = {**base, "status": "no_data", "severity": "no_data", "drift": False, "dataset_drift": False,
                    "dataset_score": None, "features": {}, "contract": None, "evidently": None,
                    "alerts": [{"kind": "data_availability", "severity": "no_data",
@@ -271,7 +292,7 @@ def check_window(
         for c in cres.invalid_columns if c in schema.features}
     alerts = _quality_alerts(cres, frame)
     unscored = {c: "the reference has no value for this column" for c in schema.features
-                if c not in invalid and c in frame.columns and _reference_degenerate(reference, c)}
+                if c not in invalid and c in _columns(frame) and _reference_degenerate(reference, c)}
     for c in unscored:
         alerts.append({"kind": "data_quality_warning", "severity": "warning", "column": c,
                        "message": f"column {c!r} cannot be scored: {unscored[c]}"})
@@ -283,15 +304,15 @@ def check_window(
     samples = {}
 
     def score_num(c):
-        samples[c] = cur = st.prepare_numeric(frame[c])
+        samples[c] = cur = frame.numeric_sample(c) if streamed else st.prepare_numeric(frame[c])
         return c, st.score_numeric(reference.numeric[c], cur, names)
 
     with ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
         scored: dict[str, dict[str, st.StatisticResult]] = dict(pool.map(score_num, num_cols))
     for c in cat_cols:
-        scored[c] = st.score_categorical(reference.categorical[c], st.category_counts(frame[c]),
-                                         reference_rows=len(reference.frame),
-                                         current_rows=len(frame), names=names)
+        counts = frame.category_counts(c) if streamed else st.category_counts(frame[c])
+        scored[c] = st.score_categorical(reference.categorical[c], counts, reference_rows=len(reference.frame),
+                                         current_rows=n_rows, names=names)
     for c, sample in samples.items():
         if sample.n_infinite:
             alerts.append({"kind": "data_quality_warning", "severity": "warning", "column": c,
@@ -301,7 +322,7 @@ def check_window(
 
     # ---------------------------------------------------------------- thresholds and votes
     series = [(f, s) for f, res in scored.items() for s in res]
-    calibration = reference.calibration(len(frame), cfg.policy.quantile, names) if series else None
+    calibration = reference.calibration(n_rows, cfg.policy.quantile, names) if series else None
     thresholds = resolve_thresholds(history, model, start, series, cfg.policy,
                                     reference_id=ref_id, calibration=calibration)
     k = cfg.alerts.consecutive_windows
@@ -386,7 +407,7 @@ def check_window(
     rows = [StatisticRow(f, vote.name, float(vote.value), taught=teach_window and not v.strong,
                          threshold=vote.threshold.value, source=vote.threshold.source)
             for f, v in verdicts.items() if not v.undefined for vote in v.votes if vote.value is not None]
-    history.record_hour(model, start, status=status, n_rows=len(frame), statistics=rows,
+    history.record_hour(model, start, status=status, n_rows=n_rows, statistics=rows,
                         verdicts={f: (info["severity"], info["flagged"], info["strong"])
                                   for f, info in features.items()},
                         model_version=model_version, reference_id=ref_id, dataset_drift=dataset_drift,

@@ -14,6 +14,8 @@ need_apt=()
 for pkg in libb64-0d nginx-light chromium chromium-driver; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
+# Spark (the drift engine for partitioned logs, and its tests) needs a Java 17 runtime
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "[setup] apt-get install ${need_apt[*]}"
   apt-get update -q >/dev/null

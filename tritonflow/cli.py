@@ -193,7 +193,8 @@ def _drift_backtest(args: argparse.Namespace) -> int:
                        reference_rows=args.reference_rows,
                        reference_range=tuple(args.reference_range) if args.reference_range else None,
                        window=args.window, strategy=strategy, importance=importance, config=config,
-                       time_unit=args.time_unit, replay_end=args.end, html_report=not args.no_html)
+                       time_unit=args.time_unit, replay_end=args.end, html_report=not args.no_html,
+                       engine=args.engine, sketch_k=settings.drift_sketch_k)
     print(json.dumps({"out": args.out, **doc["summary"]}, default=str))
     return 0
 
@@ -262,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="dataset weights (default: TRITONFLOW_DRIFT_WEIGHTING)")
     bt.add_argument("--out", required=True, help="output folder (backtest.json, index.html)")
     bt.add_argument("--no-html", action="store_true", help="only backtest.json")
+    bt.add_argument("--engine", choices=["exact", "streamed"], default="exact",
+                    help="score each window whole (exact) or from its streamed bin counts and sketches")
     args = parser.parse_args(argv)
     try:
         if args.command == "validate":

@@ -215,6 +215,20 @@ DEFAULT_DRIFT_ALERT_COOLDOWN_HOURS = 24.0
 #: A learned threshold never exceeds this multiple of the reference's own threshold (nor the
 #: statistic's strong effect); a value above that ceiling is a strong effect that alerts at once.
 DEFAULT_DRIFT_CEILING_FACTOR = 2.0
+#: Largest window (rows) read whole and scored exactly; larger windows are streamed in record
+#: batches into exact bin counts and KLL sketches (constant memory; ``drift_checks.summaries``).
+DEFAULT_DRIFT_EXACT_MAX_ROWS = 200_000
+#: KLL sketch size ``k`` of streamed windows (4096: stated rank error 9.6e-4, ~97 KB per feature).
+DEFAULT_DRIFT_SKETCH_K = 4096
+#: Rows per record batch when a window is streamed (memory per batch: rows x columns x 8 bytes).
+DEFAULT_DRIFT_STREAM_BATCH_ROWS = 131_072
+#: Processes summarising a streamed window's files in parallel (0: one per CPU core).
+DEFAULT_DRIFT_STREAM_WORKERS = 0
+#: Who summarises a streamed window: ``local`` (this process and its workers) or ``spark``
+#: (per-partition summaries computed by Spark, merged on the driver; ``drift_checks.spark``).
+DEFAULT_DRIFT_ENGINE = "local"
+#: Spark master URL of the ``spark`` drift engine (``local[N]`` runs Spark inside the task).
+DEFAULT_SPARK_MASTER = "local[2]"
 #: Inference-log root (folder or s3://bucket/prefix); empty means ``<home>/inference_logs``.
 DEFAULT_INFERENCE_LOG_ROOT = ""
 
@@ -510,6 +524,26 @@ class Settings:
     drift_ceiling_factor: float = _field(
         DEFAULT_DRIFT_CEILING_FACTOR, "DRIFT_CEILING_FACTOR",
         "Learned thresholds stop at this multiple of the reference's (strong effect above).",
+    )
+    drift_exact_max_rows: int = _field(
+        DEFAULT_DRIFT_EXACT_MAX_ROWS, "DRIFT_EXACT_MAX_ROWS",
+        "Largest window (rows) scored exactly in memory; larger ones are streamed (bins + sketches).",
+    )
+    drift_sketch_k: int = _field(
+        DEFAULT_DRIFT_SKETCH_K, "DRIFT_SKETCH_K", "KLL sketch k of streamed windows (4096: rank error 9.6e-4).",
+    )
+    drift_stream_batch_rows: int = _field(
+        DEFAULT_DRIFT_STREAM_BATCH_ROWS, "DRIFT_STREAM_BATCH_ROWS", "Rows per record batch of a streamed window.",
+    )
+    drift_stream_workers: int = _field(
+        DEFAULT_DRIFT_STREAM_WORKERS, "DRIFT_STREAM_WORKERS",
+        "Processes summarising a streamed window's files (0: one per CPU core).",
+    )
+    drift_engine: str = _field(
+        DEFAULT_DRIFT_ENGINE, "DRIFT_ENGINE", "Summaries of streamed windows: local or spark.",
+    )
+    spark_master: str = _field(
+        DEFAULT_SPARK_MASTER, "SPARK_MASTER", "Spark master URL of the spark drift engine.",
     )
     inference_log_root: str = _field(
         DEFAULT_INFERENCE_LOG_ROOT, "INFERENCE_LOG_ROOT", "Inference-log root: folder or s3://bucket/prefix."

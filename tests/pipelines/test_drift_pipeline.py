@@ -118,6 +118,28 @@ def test_a_strongly_shifted_hour_alerts_with_an_event_payload_naming_the_feature
     assert second["drift"] is bool(set(second["alert_features"]) - set(first["alert_features"]))
 
 
+def test_a_window_above_the_exact_limit_is_streamed_stored_once_and_decided_like_the_exact_path(env, noaa):
+    import dataclasses
+
+    settings, model, _, writer = env
+    writer.write(hour_frame(noaa, SHIFT_A, T0))
+    writer.write(hour_frame(noaa, QUIET, T0 + HOUR))
+    exact = [drift.check_model_hour(model, 1, T0 + i * HOUR, T0 + (i + 1) * HOUR, settings) for i in (0, 1)]
+    streamed_settings = dataclasses.replace(settings, drift_exact_max_rows=100,
+                                            drift_history_db_url=settings.drift_history_db_url + "-streamed")
+    streamed = [drift.check_model_hour(model, 1, T0 + i * HOUR, T0 + (i + 1) * HOUR, streamed_settings)
+                for i in (0, 1)]
+    keys = ("status", "severity", "drift", "dataset_drift", "dataset_score", "alert_features", "n_rows")
+    assert [{k: s[k] for k in keys} for s in exact] == [{k: s[k] for k in keys} for s in streamed]
+    assert "summary computed" in streamed[0]["engine"] and "engine" not in exact[0]
+    rerun = drift.check_model_hour(model, 1, T0, T0 + HOUR, streamed_settings)
+    assert "stored, reused" in rerun["engine"] and rerun["severity"] == streamed[0]["severity"]
+    ev = drift.evidently_for_hour(model, 1, T0, T0 + HOUR, streamed_settings, sample_rows=100)
+    assert ev["status"] == "ok"
+    prof = drift.profile_for_hour(model, 1, T0, T0 + HOUR, streamed_settings)
+    assert prof["created"] and prof["n_rows"] == 365
+
+
 def test_a_trailing_reference_is_read_from_the_served_log(env, noaa):
     settings, model, _, writer = env
     writer.write(hour_frame(noaa, QUIET, T0))

@@ -159,6 +159,45 @@ def _read(model: str, start, end, schema, settings: Settings):
     return read_window(log_root(settings), model, start, end, schema=schema, endpoint_url=_endpoint(settings))
 
 
+def _scan(model: str, start, end, schema, settings: Settings):
+    from drift_checks.streaming import open_window
+
+    return open_window(log_root(settings), model, start, end, schema=schema, endpoint_url=_endpoint(settings))
+
+
+def streamed_summary(scan, prepared, settings: Settings | None = None):
+    """The summary of a window above ``drift_exact_max_rows`` (bin counts, sketches, contract
+    facts; constant memory), computed once and stored so reruns decide from the same sketches.
+
+    ``TRITONFLOW_DRIFT_ENGINE=local`` streams the files in this process's workers
+    (:func:`drift_checks.streaming.summarize_window`); ``spark`` has Spark summarise the files'
+    partitions and merges them here, on the driver (:mod:`drift_checks.spark`).
+
+    Returns:
+        ``(WindowSummary, computed)``; ``computed`` is ``False`` when the stored one was reused.
+
+    Raises:
+        SettingsError: An unknown engine.
+    """
+    from drift_checks.streaming import stored_summary, summarize_window
+    from tritonflow.exceptions import SettingsError
+
+    s = _settings(settings)
+    if s.drift_engine not in ("local", "spark"):
+        raise SettingsError(f"TRITONFLOW_DRIFT_ENGINE={s.drift_engine!r}; expected local or spark")
+
+    def compute():
+        if s.drift_engine == "spark":
+            from drift_checks.spark import get_spark, summarize_window_spark
+
+            return summarize_window_spark(get_spark(s.spark_master), scan, prepared, sketch_k=s.drift_sketch_k,
+                                          batch_rows=s.drift_stream_batch_rows)
+        return summarize_window(scan, prepared, sketch_k=s.drift_sketch_k, batch_rows=s.drift_stream_batch_rows,
+                                workers=s.drift_stream_workers)
+
+    return stored_summary(scan, prepared, compute, sketch_k=s.drift_sketch_k)
+
+
 def _no_reference_summary(model: str, version: int, start, end, error: str) -> dict[str, Any]:
     return {
         "model": model, "model_version": int(version), "window_start": start.isoformat(),
@@ -228,14 +267,26 @@ def check_model_hour(model: str, version: int, start: Any, end: Any,
         log.error("drift check %s v%s [%s, %s): %s", model, version, t0, t1, exc)
         return summary
     prepared, note = _strategy_reference(model, int(version), ref, t0, t1, reference_strategy, s)
-    window = _read(model, t0, t1, ref.schema, s)
+    scan = _scan(model, t0, t1, ref.schema, s)
+    window = None
+    if scan.n_rows > s.drift_exact_max_rows:  # constant memory: bin counts and sketches
+        current, computed = streamed_summary(scan, prepared, s)
+    else:
+        window = _read(model, t0, t1, ref.schema, s)
+        current = window.frame
     out_dir = artefact_dir(model, t0, s)
-    summary = check_window(model=model, frame=window.frame, start=t0, end=t1, reference=prepared,
+    summary = check_window(model=model, frame=current, start=t0, end=t1, reference=prepared,
                            history=_history(s), config=CheckConfig.from_settings(s), model_version=int(version),
                            artefact_dir=out_dir)
-    summary["window_files"] = len(window.files)
+    summary["window_files"] = len(scan.files)
     summary["reference_strategy"] = note
-    if summary["status"] in ("contract_failed", "check_error"):
+    if window is None:
+        summary["engine"] = f"streamed ({s.drift_engine}; summary {'computed' if computed else 'stored, reused'})"
+    if summary["status"] in ("contract_failed", "check_error") and window is None:
+        keep = out_dir / "window_files.json"  # a streamed window is too large to copy
+        keep.write_text(json.dumps(scan.files, indent=1))
+        summary["artefacts"]["window_files"] = str(keep)
+    elif summary["status"] in ("contract_failed", "check_error"):
         keep = out_dir / "window.parquet"
         window.frame.to_parquet(keep, index=False)  # the window as checked, for inspection
         summary["artefacts"]["window_parquet"] = str(keep)
@@ -269,8 +320,14 @@ def evidently_for_hour(model: str, version: int, start: Any, end: Any,
         ref = _load_reference(model, version, s)
     except WindowError:
         return {**base, "status": "no_reference", "html_path": None, "scores": {}, "excluded": {}}
-    window = _read(model, t0, t1, ref.schema, s)
-    ev = evidently_report_for_window(prepare_reference(ref.frame, ref.schema, workers=1), window.frame,
+    scan = _scan(model, t0, t1, ref.schema, s)
+    if scan.n_rows > s.drift_exact_max_rows:  # a seeded sample, streamed: never the whole window
+        from drift_checks.streaming import sample_window
+
+        current = sample_window(scan, ref.schema, rows, s.drift_stream_batch_rows)
+    else:
+        current = _read(model, t0, t1, ref.schema, s).frame
+    ev = evidently_report_for_window(prepare_reference(ref.frame, ref.schema, workers=1), current,
                                      artefact_dir(model, t0, s), sample_rows=rows)
     out = {**base, "status": ev["status"], "html_path": ev["html_path"], "scores": ev["scores"],
            "excluded": ev["excluded"]}
@@ -298,11 +355,31 @@ def profile_for_hour(model: str, version: int, start: Any, end: Any,
         schema = _load_reference(model, version, s).schema
     except WindowError:
         schema = None
-    window = _read(model, t0, t1, schema, s)
-    base = {"model": model, "window_start": t0.isoformat(), "n_rows": len(window.frame)}
-    if window.empty:
+    scan = _scan(model, t0, t1, schema, s)
+    from drift_checks.profiles import profile_key
+    from drift_checks.storage import Store
+
+    store = Store(log_root(s), _endpoint(s))
+    if scan.n_rows > s.drift_exact_max_rows and store.exists(profile_key(model, t0)):
+        return {"model": model, "window_start": t0.isoformat(), "n_rows": scan.n_rows,
+                "profile_uri": store.uri(profile_key(model, t0)), "created": False}
+    if scan.n_rows > s.drift_exact_max_rows:  # profile batch by batch, merge the views
+        from drift_checks.profiles import merge_profiles, profile_frame
+        from drift_checks.streaming import iter_window_frames
+
+        cols = list(schema.features) if schema is not None else []
+        views, n = [], 0
+        for part in iter_window_frames(scan, cols, s.drift_stream_batch_rows):
+            views.append(profile_frame(part.drop(columns="timestamp")))
+            n += len(part)
+        frame = merge_profiles(views) if views else None
+    else:
+        frame = _read(model, t0, t1, schema, s).frame
+        n = len(frame)
+    base = {"model": model, "window_start": t0.isoformat(), "n_rows": n}
+    if n == 0:
         return {**base, "profile_uri": None, "created": False}
-    uri, created = profile_hour(log_root(s), model, t0, window.frame, endpoint_url=_endpoint(s))
+    uri, created = profile_hour(log_root(s), model, t0, frame, endpoint_url=_endpoint(s))
     return {**base, "profile_uri": uri, "created": created}
 
 

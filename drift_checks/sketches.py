@@ -1,0 +1,145 @@
+"""Quantile sketches of a streamed window: the current side of KS and Wasserstein at scale.
+
+A window too large for the exact path (:mod:`drift_checks.summaries`) keeps, per numeric
+feature, a KLL sketch (Karnin, Lang, Liberty, "Optimal Quantile Approximation in Streams", FOCS
+2016) from the Apache DataSketches library (``datasketches.kll_doubles_sketch``): a few thousand
+weighted values whose cumulative weights approximate the window's empirical CDF, mergeable
+across record batches, files, processes and Spark partitions. PSI, JS and chi-square never use
+it: they are computed from exact bin and category counts.
+
+**Error bounds** (``eps`` = the sketch's double-sided normalised rank error,
+``kll_doubles_sketch.get_normalized_rank_error(k, True)``; k = 4096 (the default,
+``TRITONFLOW_DRIFT_SKETCH_K``): eps = 9.6e-4; k = 200: 1.7e-2). DataSketches fits its bounds to
+the 99th percentile of the largest rank error measured in thousands of trials: the single-sided
+one (7.1e-4 at k = 4096) was exceeded once in 40 sketches of 10M values
+(``benchmarks/drift_scale.py``: 8.0e-4), so the larger double-sided one is the stated bound. It
+is a probabilistic bound, not a worst case:
+
+* KS statistic: ``|D_sketch - D| <= eps`` (D is a supremum of CDF differences; the reference
+  side is exact). The p-value is a decreasing function of D, so it lies between
+  ``p(D_sketch + eps)`` and ``p(D_sketch - eps)``.
+* Wasserstein-1: ``|W_sketch - W| <= eps * (max - min)`` of the window's finite values (both
+  CDFs agree outside ``[min, max]``: the sketch keeps the exact extremes), divided by the
+  reference standard deviation for the normalised value.
+* A sketch that never compacted (a window of at most k rows) holds every value:
+  :func:`sketch_sample` then returns the exact sample and the statistics are those of the exact
+  path, bit for bit.
+
+Both bounds are reported with each statistic (``extra["error_bound"]``) and tested against the
+exact values (``tests/drift_checks/test_streaming.py``).
+
+**Reproducibility** (case H18): KLL compaction is randomised, so summarising the same window
+twice can give slightly different sketches. The hourly check therefore summarises a window once,
+stores the summary (:mod:`drift_checks.streaming`) and recomputes every later decision (rerun,
+backfill) from the stored summary: the same window always gives the same statistics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from drift_checks.statistics import NumericSample
+
+#: Default KLL ``k``: stated rank error 9.6e-4, about 12,000 retained values and
+#: 97 KB serialised per feature, whatever the window size.
+DEFAULT_SKETCH_K = 4096
+
+
+def new_sketch(k: int = DEFAULT_SKETCH_K):
+    """An empty KLL sketch of doubles.
+
+    Raises:
+        ValueError: ``k`` outside DataSketches' range [8, 65535].
+    """
+    from datasketches import kll_doubles_sketch
+
+    if not 8 <= int(k) <= 65535:
+        raise ValueError(f"sketch k={k!r}; expected an integer in [8, 65535], e.g. {DEFAULT_SKETCH_K}")
+    return kll_doubles_sketch(int(k))
+
+
+def sketch_from_bytes(data: bytes):
+    """A KLL sketch from :meth:`serialize` bytes."""
+    from datasketches import kll_doubles_sketch
+
+    return kll_doubles_sketch.deserialize(data)
+
+
+def rank_error(k: int) -> float:
+    """The stated error bound ``eps`` of a KLL sketch with this ``k`` (double-sided normalised
+    rank error, see the module docstring)."""
+    from datasketches import kll_doubles_sketch
+
+    return float(kll_doubles_sketch.get_normalized_rank_error(int(k), True))
+
+
+@dataclasses.dataclass(frozen=True)
+class SketchSample(NumericSample):
+    """The current side of a numeric feature summarised by streaming.
+
+    ``values`` are the sketch's retained values (ascending), ``weights`` how many window values
+    each stands for (``weights.sum() == n_finite``).
+
+    Attributes:
+        weights: int64 weight of each retained value.
+        n_finite: Finite values of the window.
+        psi_edges / psi_counts: The reference's PSI bin edges the window was counted on, and the
+            exact counts.
+        rank_error: The sketch's normalised rank error (see the module docstring).
+        v_min / v_max: Exact smallest and largest finite value.
+    """
+
+    weights: np.ndarray | None = None
+    n_finite: int = 0
+    psi_edges: np.ndarray | None = None
+    psi_counts: np.ndarray | None = None
+    rank_error: float = 0.0
+    v_min: float = 0.0
+    v_max: float = 0.0
+
+    def d_and_w1(self, reference_sorted: np.ndarray) -> tuple[float, float]:
+        """(KS statistic D, Wasserstein-1) between the exact reference ECDF and the sketch's
+        weighted ECDF (``F(x) = weight of retained values <= x / n_finite``), evaluated at every
+        point of both sides: O((m + r) log(m + r)) for a reference of m and r retained values."""
+        a = np.asarray(reference_sorted, dtype="float64")
+        allv = np.union1d(a, self.values)
+        fa = np.searchsorted(a, allv, side="right") / a.size
+        cw = np.concatenate([[0], np.cumsum(self.weights)])
+        fc = cw[np.searchsorted(self.values, allv, side="right")] / float(cw[-1])
+        gap = fa - fc
+        return float(np.max(np.abs(gap))), float(np.sum(np.abs(gap[:-1]) * np.diff(allv)))
+
+    def wasserstein_error_bound(self) -> float:
+        """Bound of ``|W_sketch - W|`` (raw units): ``rank_error * (max - min)``."""
+        return float(self.rank_error * (self.v_max - self.v_min))
+
+
+def sketch_sample(sketch, *, n_rows: int, n_null: int, n_pos_inf: int, n_neg_inf: int,
+                  psi_edges: np.ndarray, psi_counts: np.ndarray) -> NumericSample:
+    """The current side for :func:`drift_checks.statistics.score_numeric`.
+
+    Args:
+        sketch: KLL sketch of the window's finite values.
+        n_rows / n_null / n_pos_inf / n_neg_inf: Row, null and infinity counts of the window.
+        psi_edges / psi_counts: Exact counts in the reference's PSI bins.
+
+    Returns:
+        A plain :class:`NumericSample` (every value, sorted) when the sketch never compacted, so
+        small windows score exactly as on the exact path; else a :class:`SketchSample`.
+    """
+    pairs = list(sketch) if not sketch.is_empty() else []
+    items = np.fromiter((v for v, _ in pairs), dtype="float64", count=len(pairs))
+    weights = np.fromiter((w for _, w in pairs), dtype="int64", count=len(pairs))
+    order = np.argsort(items, kind="stable")
+    items, weights = items[order], weights[order]
+    if not sketch.is_estimation_mode():
+        return NumericSample(values=np.repeat(items, weights), n_rows=int(n_rows), n_null=int(n_null),
+                             n_pos_inf=int(n_pos_inf), n_neg_inf=int(n_neg_inf))
+    return SketchSample(values=items, n_rows=int(n_rows), n_null=int(n_null), n_pos_inf=int(n_pos_inf),
+                        n_neg_inf=int(n_neg_inf), weights=weights, n_finite=int(sketch.n),
+                        psi_edges=np.asarray(psi_edges, dtype="float64"),
+                        psi_counts=np.asarray(psi_counts, dtype="int64"),
+                        rank_error=float(sketch.normalized_rank_error(True)),
+                        v_min=float(sketch.get_min_value()), v_max=float(sketch.get_max_value()))

@@ -1,0 +1,290 @@
+"""Stream a window of the inference log in record batches: constant memory in the window size.
+
+:func:`open_window` lists the window's Parquet files (``<root>/<model>/date=/hour=``, a folder or
+S3 through pyarrow's own filesystems), checks every file's columns against the schema (the
+messages of :func:`drift_checks.inference_log.read_window`) and counts the rows from the
+Parquet footers without reading any data. :func:`summarize_window` then scans the files with
+``pyarrow.dataset`` in record batches of ``batch_rows`` rows, keeps the rows with
+``start <= timestamp < end`` and folds them into a :class:`~drift_checks.summaries.WindowSummary`:
+exact PSI bin counts and category counts, KLL sketches, contract facts. Memory holds one batch
+per worker plus the summary (about 100 KB per numeric feature), whatever the window's size.
+Files (row groups) are summarised by ``workers`` processes and the partial summaries merged:
+the counts are the same in any order, the sketches within their bound.
+
+:func:`stored_summary` makes decisions reproducible (case H18): a window's summary is computed
+once and stored under ``<root>/<model>/drift_summaries/<bins digest>-k<k>/``; a rerun or backfill
+of the same window over the same files (inference-log files are immutable, uuid-named) reads it
+back instead of sketching again, so it decides from the same sketches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Callable, Sequence
+from urllib.parse import urlparse
+
+import pandas as pd
+
+from drift_checks.binning import PsiBins
+from drift_checks.inference_log import (
+    BASE_COLUMNS,
+    LogSchema,
+    _arrow_type_ok,
+    _check_model,
+    _hour_floor,
+    _hours,
+    _type_error,
+    _EXPECTED,
+    partition_prefix,
+)
+from drift_checks.sketches import DEFAULT_SKETCH_K
+from drift_checks.storage import Store
+from drift_checks.summaries import WindowSummarizer, WindowSummary, bins_digest
+from tritonflow.exceptions import WindowError
+
+#: Default rows per record batch.
+DEFAULT_BATCH_ROWS = 131_072
+
+
+def arrow_filesystem(store: Store):
+    """(pyarrow filesystem, key -> path) for a :class:`~drift_checks.storage.Store` root.
+
+    S3: ``pyarrow.fs.S3FileSystem`` on the store's endpoint (credentials and region from the
+    usual ``AWS_*`` environment variables).
+    """
+    import pyarrow.fs as pafs
+
+    if not store.is_s3:
+        return pafs.LocalFileSystem(), store.uri
+    kw: dict[str, Any] = {}
+    if store.endpoint_url:
+        u = urlparse(store.endpoint_url)
+        kw = {"endpoint_override": u.netloc or u.path, "scheme": u.scheme or "https"}
+    region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1"
+    return pafs.S3FileSystem(region=region, **kw), lambda key: f"{store.bucket}/{store._key(key)}"
+
+
+@dataclasses.dataclass
+class WindowScan:
+    """The files of one window, checked and counted (nothing read yet).
+
+    Attributes:
+        model / start / end: The window ``[start, end)`` (UTC).
+        files: URIs of the files (for reports and the stored summary's fingerprint).
+        paths: The same files as paths of ``filesystem``.
+        row_groups: Row groups per file.
+        n_rows: Rows in the files (footers; rows outside ``[start, end)`` included).
+        filesystem: pyarrow filesystem of ``paths``.
+        store: The log root.
+    """
+
+    model: str
+    start: pd.Timestamp
+    end: pd.Timestamp
+    files: list[str]
+    paths: list[str]
+    row_groups: list[int]
+    n_rows: int
+    filesystem: Any
+    store: Store
+
+
+def open_window(root: str, model: str, start, end, schema: LogSchema | None = None,
+                endpoint_url: str | None = None) -> WindowScan:
+    """List, check and count the files of a window.
+
+    Raises:
+        WindowError: Naive or inverted bounds, an unreadable file, a missing column or a column of
+            the wrong type (names the file, the column and the expected type).
+    """
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    _check_model(model)
+    s = _hour_floor(start)
+    e = pd.Timestamp(end)
+    if e.tzinfo is None:
+        raise WindowError(f"window end {end!r} is naive; expected a timezone-aware (UTC) datetime")
+    e, s_exact = e.tz_convert("UTC"), pd.Timestamp(start).tz_convert("UTC")
+    if e <= s_exact:
+        raise WindowError(f"window end {e} is not after start {s_exact}")
+    store = Store(root, endpoint_url)
+    fs, path_of = arrow_filesystem(store)
+    keys = [k for h in _hours(s, e) for k in store.list(partition_prefix(model, h)) if k.endswith(".parquet")]
+    required = schema.columns if schema is not None else dict(BASE_COLUMNS)
+    files, paths, groups, n_rows = [], [], [], 0
+    for key in keys:
+        uri, path = store.uri(key), path_of(key)
+        try:
+            frag = next(iter(ds.dataset(path, filesystem=fs, format="parquet").get_fragments()))
+            meta = frag.metadata
+        except (pa.ArrowInvalid, OSError, StopIteration) as exc:
+            raise WindowError(f"{uri}: not a readable Parquet file ({exc})") from None
+        phys = frag.physical_schema
+        for col, kind in required.items():
+            if col not in phys.names:
+                raise WindowError(f"{uri}: column {col!r} is missing; expected {_EXPECTED[kind]}")
+            if not _arrow_type_ok(kind, phys.field(col).type):
+                column = frag.to_table(columns=[col]).column(col)
+                raise _type_error(uri, col, phys.field(col).type, kind, column)
+        files.append(uri)
+        paths.append(path)
+        groups.append(int(meta.num_row_groups))
+        n_rows += int(meta.num_rows)
+    return WindowScan(model, s_exact, e, files, paths, groups, n_rows, fs, store)
+
+
+def _units(scan: WindowScan, workers: int) -> list[tuple[str, list[int] | None]]:
+    """Work units: whole files, or row groups when there are fewer files than workers."""
+    if len(scan.paths) >= workers:
+        return [(p, None) for p in scan.paths]
+    return [(p, [g]) for p, n in zip(scan.paths, scan.row_groups) for g in range(n)]
+
+
+def _bins_doc(bins: dict[str, PsiBins]) -> dict[str, tuple[list[float], bool]]:
+    return {c: ([float(x) for x in b.edges], bool(b.discrete)) for c, b in bins.items()}
+
+
+def _batches(units, filesystem, columns: Sequence[str], start, end, batch_rows: int):
+    """Record batches of the units' rows with ``start <= timestamp < end`` (the ``columns``
+    present in each file, plus ``timestamp``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    lo = pa.scalar(pd.Timestamp(start).value, type=pa.int64())
+    hi = pa.scalar(pd.Timestamp(end).value, type=pa.int64())
+    for path, groups in units:
+        frag = next(iter(ds.dataset(path, filesystem=filesystem, format="parquet").get_fragments()))
+        if groups is not None:
+            frag = frag.subset(row_group_ids=groups)
+        names = frag.physical_schema.names
+        cols = ["timestamp"] + [c for c in columns if c in names and c != "timestamp"]
+        for batch in frag.to_batches(columns=cols, batch_size=batch_rows, use_threads=True):
+            ts = pc.cast(pc.cast(batch.column("timestamp"), pa.timestamp("ns", "UTC")), pa.int64())
+            keep = pc.and_(pc.greater_equal(ts, lo), pc.less(ts, hi))
+            if not pc.all(keep).as_py():
+                batch = batch.filter(keep)
+            if batch.num_rows:
+                yield batch
+
+
+def iter_window_frames(scan: WindowScan, columns: Sequence[str], batch_rows: int = DEFAULT_BATCH_ROWS):
+    """The window as pandas frames of at most ``batch_rows`` rows (one at a time in memory)."""
+    from drift_checks.inference_log import arrow_to_pandas
+
+    for batch in _batches([(p, None) for p in scan.paths], scan.filesystem, columns, scan.start, scan.end,
+                          batch_rows):
+        yield arrow_to_pandas(batch)
+
+
+def summarize_units(units: Sequence[tuple[str, list[int] | None]], filesystem, schema: dict, bins: dict,
+                    start: pd.Timestamp, end: pd.Timestamp, *, sketch_k: int = DEFAULT_SKETCH_K,
+                    batch_rows: int = DEFAULT_BATCH_ROWS, sample_rows: int = 0) -> bytes:
+    """Summary (bytes) of some files / row groups of a window: the work of one process, one
+    Spark partition, or the whole window.
+
+    Args:
+        units: ``(path, row groups or None for the whole file)``.
+        filesystem: pyarrow filesystem of the paths.
+        schema: :meth:`LogSchema.to_dict` of the reference.
+        bins: ``{column: (edges, discrete)}`` of the reference's PSI bins.
+        start / end: The window (rows outside are skipped).
+    """
+    import numpy as np
+
+    log_schema = LogSchema.from_dict(schema)
+    psi = {c: PsiBins(np.asarray(e, dtype="float64"), bool(d)) for c, (e, d) in bins.items()}
+    acc = WindowSummarizer(log_schema, psi, sketch_k=sketch_k, sample_rows=sample_rows)
+    columns = list(log_schema.features) + (["request_id"] if sample_rows else [])
+    for batch in _batches(units, filesystem, columns, start, end, batch_rows):
+        acc.add(batch)
+    return acc.result(files=[]).to_bytes()
+
+
+def sample_window(scan: WindowScan, schema: LogSchema, rows: int,
+                  batch_rows: int = DEFAULT_BATCH_ROWS) -> pd.DataFrame:
+    """A seeded sample of ``rows`` rows of a streamed window (the rows with the smallest hash of
+    ``request_id``; the same rows on every run), for the Evidently report."""
+    data = summarize_units([(p, None) for p in scan.paths], scan.filesystem, schema.to_dict(), {},
+                           scan.start, scan.end, batch_rows=batch_rows, sample_rows=rows)
+    sample = WindowSummary.from_bytes(data).sample_frame()
+    return sample if sample is not None else pd.DataFrame(columns=list(schema.features))
+
+
+def _summarize_chunk(args: tuple) -> bytes:
+    units, fs, schema, bins, start, end, kw = args
+    return summarize_units(units, fs, schema, bins, start, end, **kw)
+
+
+def summarize_window(scan: WindowScan, reference, *, sketch_k: int = DEFAULT_SKETCH_K,
+                     batch_rows: int = DEFAULT_BATCH_ROWS, workers: int = 1,
+                     sample_rows: int = 0) -> WindowSummary:
+    """Stream the window's files into one summary.
+
+    Args:
+        scan: From :func:`open_window`.
+        reference: The prepared reference (its schema and PSI bins).
+        sketch_k / batch_rows / sample_rows: See :class:`~drift_checks.summaries.WindowSummarizer`.
+        workers: Processes summarising files (or row groups) in parallel; 0: one per CPU core.
+
+    Returns:
+        The :class:`WindowSummary` (its ``files`` are the scan's files).
+    """
+    from drift_checks.summaries import bins_of
+
+    workers = workers or os.cpu_count() or 1
+    bins = _bins_doc(bins_of(reference))
+    kw = dict(sketch_k=sketch_k, batch_rows=batch_rows, sample_rows=sample_rows)
+    schema = reference.schema.to_dict()
+    units = _units(scan, workers)
+    if not units:
+        out = WindowSummarizer(reference.schema, bins_of(reference), sketch_k=sketch_k).result()
+        return out
+    if workers <= 1 or len(units) == 1:
+        parts = [summarize_units(units, scan.filesystem, schema, bins, scan.start, scan.end, **kw)]
+    else:
+        import multiprocessing
+
+        n = min(workers, len(units))
+        chunks = [units[i::n] for i in range(n)]
+        # fork: no re-import of the caller's main module (Airflow's task runner); pyarrow
+        # re-creates its thread pools after a fork
+        with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork")) as pool:
+            parts = list(pool.map(_summarize_chunk, [(c, scan.filesystem, schema, bins, scan.start, scan.end, kw)
+                                                     for c in chunks]))
+    summary = WindowSummary.from_bytes(parts[0])
+    for p in parts[1:]:
+        summary = summary.merge(WindowSummary.from_bytes(p))
+    summary.files = list(scan.files)
+    return summary
+
+
+def summary_key(scan: WindowScan, reference, sketch_k: int) -> str:
+    """Where the window's summary is stored (relative to the log root)."""
+    from drift_checks.summaries import bins_of
+
+    stamp = f"{scan.start:%Y%m%dT%H%M%S}_{scan.end:%Y%m%dT%H%M%S}"
+    return f"{scan.model}/drift_summaries/{bins_digest(bins_of(reference))}-k{int(sketch_k)}/{stamp}.summary"
+
+
+def stored_summary(scan: WindowScan, reference, compute: Callable[[], WindowSummary], *,
+                   sketch_k: int = DEFAULT_SKETCH_K) -> tuple[WindowSummary, bool]:
+    """The window's stored summary when it covers the same files, else ``compute()`` stored.
+
+    Returns:
+        ``(summary, computed)``: ``computed`` is ``False`` when the stored one was reused.
+    """
+    key = summary_key(scan, reference, sketch_k)
+    try:
+        old = WindowSummary.from_bytes(scan.store.get_bytes(key))
+        if old.files == sorted(scan.files):
+            return old, False
+    except (FileNotFoundError, ValueError):
+        pass
+    summary = compute()
+    summary.files = sorted(scan.files)
+    scan.store.put_bytes(key, summary.to_bytes())
+    return summary, True

@@ -1,0 +1,187 @@
+"""Streamed windows: exact counts, sketch statistics within their stated bound, the same decisions."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from drift_checks import statistics as st
+from drift_checks.history import HistoryStore
+from drift_checks.inference_log import InferenceLogWriter, LogSchema, read_window
+from drift_checks.sketches import SketchSample, rank_error
+from drift_checks.streaming import open_window, stored_summary, summarize_window
+from drift_checks.summaries import WindowSummary, summarize_frame
+from drift_checks.verdict import check_window, prepare_reference
+from tritonflow.exceptions import WindowError
+
+T0 = pd.Timestamp("2025-01-01T10:00", tz="UTC")
+HOUR = pd.Timedelta(hours=1)
+SCHEMA = LogSchema({"amount": "float", "items": "int", "channel": "category", "vip": "bool"})
+
+
+def _reference(rng, n=60_000):
+    frame = pd.DataFrame({"amount": rng.lognormal(3, 0.6, n), "items": rng.integers(0, 6, n),
+                          "channel": rng.choice(["web", "app", "shop"], n, p=[0.5, 0.3, 0.2]),
+                          "vip": rng.random(n) < 0.1})
+    return prepare_reference(frame, SCHEMA, reference_id="v1:training:test")
+
+
+def _window(rng, n, start=T0, shift=0.0):
+    amount = rng.lognormal(3 + shift, 0.6, n)
+    amount[::997] = np.nan
+    amount[5] = np.inf
+    return pd.DataFrame({
+        "request_id": [uuid.uuid4().hex for _ in range(n)],
+        "timestamp": start + pd.to_timedelta(np.sort(rng.uniform(0, 3599, n)), unit="s"),
+        "model_version": 1, "amount": amount, "items": rng.integers(0, 7, n),
+        "channel": rng.choice(["web", "app", "shop", "kiosk"], n, p=[0.5, 0.29, 0.2, 0.01]),
+        "vip": rng.random(n) < 0.1})
+
+
+def _decision(summary):
+    return {k: summary[k] for k in ("status", "severity", "drift", "dataset_drift", "dataset_score",
+                                     "alert_features")} | {
+        "features": {f: (v["severity"], v["flagged"]) for f, v in summary["features"].items()},
+        "contract": (summary["contract"]["status"], summary["contract"]["invalid_columns"],
+                     [(w["column"], w["expectation"], w["observed"]) for w in summary["contract"]["warnings"]])}
+
+
+def test_sketched_ks_and_wasserstein_stay_within_the_stated_bound_and_counts_are_exact():
+    rng = np.random.default_rng(7)
+    ref = _reference(rng)
+    frame = _window(rng, 400_000, shift=0.01)
+    summary = WindowSummary.from_bytes(summarize_frame(frame, ref, batch_rows=50_000).to_bytes())
+    eps = rank_error(4096)
+    for col in ("amount", "items"):
+        cur = summary.numeric_sample(col)
+        assert isinstance(cur, SketchSample) and cur.rank_error == pytest.approx(eps)
+        exact = st.score_numeric(ref.numeric[col], st.prepare_numeric(frame[col]))
+        sketched = st.score_numeric(ref.numeric[col], cur)
+        assert sketched["psi"].value == exact["psi"].value  # exact bin counts
+        d, d_hat = exact["ks_p_value"].extra["statistic"], sketched["ks_p_value"].extra["statistic"]
+        assert abs(d_hat - d) <= sketched["ks_p_value"].extra["error_bound"] == pytest.approx(eps)
+        w, w_hat = exact["wasserstein_normed"].value, sketched["wasserstein_normed"].value
+        assert abs(w_hat - w) <= sketched["wasserstein_normed"].extra["error_bound"]
+        assert (cur.n_null, cur.n_pos_inf) == (st.prepare_numeric(frame[col]).n_null,
+                                               st.prepare_numeric(frame[col]).n_pos_inf)
+    for col in ("channel", "vip"):
+        assert summary.category_counts(col) == st.category_counts(frame[col])
+
+
+def test_a_window_the_sketch_holds_whole_scores_bit_for_bit_like_the_exact_path(tmp_path):
+    rng = np.random.default_rng(1)
+    ref = _reference(rng)
+    frame = _window(rng, 3000, shift=0.3)
+    summary = summarize_frame(frame, ref, batch_rows=700)
+    for col in ("amount", "items"):
+        assert not isinstance(summary.numeric_sample(col), SketchSample)
+        exact = st.score_numeric(ref.numeric[col], st.prepare_numeric(frame[col]))
+        streamed = st.score_numeric(ref.numeric[col], summary.numeric_sample(col))
+        assert {k: r.to_dict() for k, r in exact.items()} == {k: r.to_dict() for k, r in streamed.items()}
+    out = [check_window(model="m", frame=f, start=T0, end=T0 + HOUR, reference=ref,
+                        history=HistoryStore(f"sqlite:///{tmp_path / name}.db"))
+           for name, f in (("exact", frame), ("streamed", summary))]
+    assert _decision(out[0]) == _decision(out[1]) and out[0]["severity"] != "ok"
+    assert out[0]["features"]["amount"]["statistics"] == out[1]["features"]["amount"]["statistics"]
+
+
+def test_large_window_decisions_match_the_exact_path(tmp_path):
+    rng = np.random.default_rng(2)
+    ref = _reference(rng)
+    for i, shift in enumerate((0.0, 0.2)):
+        frame = _window(rng, 150_000, start=T0 + i * HOUR, shift=shift)
+        out = [check_window(model="m", frame=f, start=T0 + i * HOUR, end=T0 + (i + 1) * HOUR, reference=ref,
+                            history=HistoryStore(f"sqlite:///{tmp_path / name}.db"))
+               for name, f in (("exact", frame), ("streamed", summarize_frame(frame, ref)))]
+        assert _decision(out[0]) == _decision(out[1])
+    assert out[1]["features"]["amount"]["severity"] != "ok"  # the shifted window is seen
+
+
+def test_backtest_streamed_engine_gives_the_exact_decisions_on_the_noaa_replay(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from drift_quality import DAYS_PER_WINDOW, _champion_importance, _ts
+
+    from drift_checks.backtest import run_backtest
+    from drift_checks.verdict import CheckConfig
+    from model_registry.datasets import FEATURE_COLUMNS, load_noaa
+    from tritonflow.settings import Settings
+
+    noaa, features = load_noaa(), list(FEATURE_COLUMNS)
+    docs = {e: run_backtest(noaa[["day", *features]], time_column="day", time_unit="D", out_dir=tmp_path / e,
+                            reference_range=(_ts(0), _ts(11328)), window=str(DAYS_PER_WINDOW),
+                            importance=_champion_importance(noaa.iloc[:11328], features),
+                            config=CheckConfig.from_settings(Settings.from_env({})), replay_end=_ts(12480),
+                            html_report=False, engine=e) for e in ("exact", "streamed")}
+    keys = ("status", "severity", "alert", "alert_features", "dataset_drift", "dataset_score", "drifted")
+    assert [{k: w[k] for k in keys} for w in docs["exact"]["windows"]] == \
+           [{k: w[k] for k in keys} for w in docs["streamed"]["windows"]]
+    assert docs["streamed"]["summary"]["alert_windows"] == [15]
+
+
+def _log(tmp_path, rng, n_files=3, rows=20_000):
+    writer = InferenceLogWriter(str(tmp_path / "logs"), "m", SCHEMA)
+    for _ in range(n_files):
+        writer.write(_window(rng, rows))
+    return str(tmp_path / "logs")
+
+
+def test_streaming_the_log_equals_reading_it_whole_with_one_or_two_workers(tmp_path):
+    rng = np.random.default_rng(3)
+    ref = _reference(rng)
+    root = _log(tmp_path, rng)
+    frame = read_window(root, "m", T0, T0 + HOUR, SCHEMA).frame
+    scan = open_window(root, "m", T0, T0 + HOUR, SCHEMA)
+    assert scan.n_rows == len(frame) == 60_000 and len(scan.files) == 3
+    for workers in (1, 2):
+        summary = summarize_window(scan, ref, workers=workers, batch_rows=8192)
+        assert summary.n_rows == len(frame) and summary.files == scan.files
+        for col in ("amount", "items"):
+            np.testing.assert_array_equal(summary.numeric[col].counts,
+                                          st.bin_counts(st.prepare_numeric(frame[col]).values, ref.numeric[col].psi_bins))
+            assert summary.facts[col].n_null == int(frame[col].isna().sum())
+        assert summary.category_counts("channel") == st.category_counts(frame["channel"])
+
+
+def test_streamed_log_refuses_bad_files_with_the_readers_messages(tmp_path):
+    rng = np.random.default_rng(4)
+    root = _log(tmp_path, rng, n_files=1, rows=100)
+    bad = _window(rng, 10).assign(items=["x"] * 10)
+    InferenceLogWriter(root, "m", LogSchema({**SCHEMA.features, "items": "category"})).write(bad)
+    with pytest.raises(WindowError) as exact:
+        read_window(root, "m", T0, T0 + HOUR, SCHEMA)
+    with pytest.raises(WindowError) as streamed:
+        open_window(root, "m", T0, T0 + HOUR, SCHEMA)
+    assert str(streamed.value) == str(exact.value) and "'items'" in str(streamed.value)
+    with pytest.raises(WindowError, match="naive"):
+        open_window(root, "m", dt.datetime(2025, 1, 1), T0 + HOUR, SCHEMA)
+
+
+def test_a_stored_summary_makes_reruns_decide_from_the_same_sketches_until_new_files_arrive(tmp_path):
+    rng = np.random.default_rng(5)
+    ref = _reference(rng)
+    root = _log(tmp_path, rng, n_files=2, rows=30_000)
+    scan = open_window(root, "m", T0, T0 + HOUR, SCHEMA)
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return summarize_window(scan, ref, workers=1)
+
+    first, computed = stored_summary(scan, ref, compute)
+    again, recomputed = stored_summary(scan, ref, compute)
+    assert computed and not recomputed and len(calls) == 1
+    assert again.to_bytes() == first.to_bytes()
+    results = [st.score_numeric(ref.numeric["amount"], s.numeric_sample("amount"))["ks_p_value"].value
+               for s in (first, again)]
+    assert results[0] == results[1]
+    InferenceLogWriter(root, "m", SCHEMA).write(_window(rng, 500))
+    scan2 = open_window(root, "m", T0, T0 + HOUR, SCHEMA)
+    newer, computed = stored_summary(scan2, ref, lambda: summarize_window(scan2, ref, workers=1))
+    assert computed and newer.n_rows == 60_500
