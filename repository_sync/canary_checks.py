@@ -53,7 +53,7 @@ from tritonflow.exceptions import DataError
 #: Column of the expected-predictions file holding the challenger's expected score.
 EXPECTED_SCORE_COLUMN = "expected_score"
 #: Columns of an expected-predictions file that are neither scores nor features.
-EXPECTED_KEY_COLUMNS = ("request_id", "timestamp", "model_version", "served_version")
+EXPECTED_KEY_COLUMNS = ("request_id", "timestamp", "model_version", "served_version", "source")
 #: Quantile bins per feature of the coverage check (deciles).
 COVERAGE_BINS = 10
 #: A reached bin is required when the challenger's share of its traffic is at least this many
