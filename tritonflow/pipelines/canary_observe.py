@@ -27,13 +27,12 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 
 from tritonflow.exceptions import DataError, WindowError
+from tritonflow.pipelines.shadow import EXPECTED_TAG
 
 log = logging.getLogger(__name__)
 
 #: MLflow experiment of the canary runs.
 CANARY_EXPERIMENT = "tritonflow-canary"
-#: Model-version tag (on the challenger) naming its expected-predictions file.
-EXPECTED_TAG = "tritonflow.shadow.expected_uri"
 #: Metrics logged per analysis: MLflow metric name -> StepAnalysis field.
 ANALYSIS_METRICS = {
     "percent": "percent",
