@@ -13,10 +13,20 @@ calls them on every analysis of a step, with the inference-log rows of the step'
   shadow-evaluation predictions on the replayed window, or its own outputs on mirrored live
   requests -- never with the champion's (after a concept drift a good challenger predicts
   differently from the stale champion by design). Comparable inputs: when the expected predictions
-  carry their inputs, each live request is matched to the expected row nearest in standardised
-  feature space (Euclidean, reference mean and standard deviation) and the live predictions are
-  compared with the matched expected predictions; this removes the part of the difference that
-  comes from a different input mix (seasons, hours). Statistics: two-sample KS and PSI from
+  carry their inputs, requests with identical inputs count once (a deterministic model answers a
+  repeated input identically: repeats add no evidence) and each distinct live input is matched to
+  the :data:`MATCH_NEIGHBOURS` expected rows nearest in standardised feature space (Euclidean,
+  reference mean and standard deviation); the live predictions are compared with the predictions
+  of those neighbours, i.e. the expected predictions re-weighted to the live input mix (a k-nearest
+  neighbour density-ratio estimate). This removes the part of the difference that comes from a
+  different input mix (seasons, hours). The matched values repeat the predictions of a limited
+  set of expected rows, so the margins below use their effective sample size
+  ``(sum c)^2 / sum c^2`` (``c``: how often each expected row was matched; Kish 1965) instead of
+  their count. Measured on NOAA (40 canaries after the concept drift, 150/300/1000 requests drawn
+  from the 192 days after a 480-day shadow window, a challenger retrained on that window): KS
+  minus margin at most 0.04 and PSI minus margin at most 0.09 with 10 neighbours, no false
+  failure, against PSI minus margin 0.41 and three false failures with one neighbour, repeats
+  counted and the matched count as sample size. Statistics: two-sample KS and PSI from
   :mod:`drift_checks.statistics` (the one implementation of both). A statistic fails only when it
   exceeds its threshold by more than its sampling noise at ``confidence``: KS by the two-sample
   Dvoretzky-Kiefer-Wolfowitz/Smirnov margin ``c(a) * sqrt((n + m) / (n m))`` with
@@ -61,6 +71,8 @@ COVERAGE_BINS = 10
 COVERAGE_REQUIRED_FACTOR = 2.0
 #: Bootstrap resamples of the quality interval.
 QUALITY_N_BOOT = 1000
+#: Expected rows matched to each distinct live input (see the module docstring).
+MATCH_NEIGHBOURS = 10
 #: Floor of a feature's standard deviation when standardising for the input matching.
 MATCH_STD_FLOOR = 1e-12
 #: Fewest rows per side and PSI bin before the PSI can fail a step: with fewer, empty bins are
@@ -242,7 +254,7 @@ class PredictionCheck:
     Attributes:
         column: Output compared (``"score"`` or an output column name).
         source: Source of the expected predictions.
-        n_live, n_expected: Sample sizes compared.
+        n_live, n_expected: Sample sizes compared (the expected side's effective size when matched).
         matched_on_inputs: Expected predictions were matched to the live inputs.
         ks, ks_pvalue, ks_margin: KS statistic D, its p-value and its sampling margin.
         psi, psi_margin, psi_bins: PSI, its sampling margin (``None``: too few rows for the PSI
@@ -278,14 +290,17 @@ def psi_margin(n: int, m: int, bins: int, confidence: float) -> float:
 
 
 def match_on_inputs(live_features: pd.DataFrame, expected: ExpectedBehaviour,
-                    values: np.ndarray) -> np.ndarray | None:
-    """``values`` (one per expected row) at the expected row nearest to each live input.
+                    values: np.ndarray, neighbours: int = MATCH_NEIGHBOURS
+                    ) -> tuple[np.ndarray, float] | None:
+    """``values`` (one per expected row) at the ``neighbours`` expected rows nearest to each live
+    input, flattened (``neighbours`` values per live row), and their effective sample size.
 
     Features are the numeric columns both sides have, standardised with the expected rows' mean
     and standard deviation; rows with a non-finite feature are dropped on both sides.
 
     Returns:
-        One value per usable live row, or ``None`` when there is no common feature.
+        ``(matched values, effective sample size (sum c)^2 / sum c^2 over how often each expected
+        row was matched)``, or ``None`` when there is no common feature.
     """
     from sklearn.neighbors import NearestNeighbors
 
@@ -303,18 +318,21 @@ def match_on_inputs(live_features: pd.DataFrame, expected: ExpectedBehaviour,
     ref, vals, cur = ref[ok_ref], values[ok_ref], cur[ok_cur]
     mu = ref.mean(axis=0)
     sd = np.maximum(ref.std(axis=0), MATCH_STD_FLOOR)
-    nn = NearestNeighbors(n_neighbors=1).fit((ref - mu) / sd)
+    k = max(1, min(int(neighbours), len(ref)))
+    nn = NearestNeighbors(n_neighbors=k).fit((ref - mu) / sd)
     _, idx = nn.kneighbors((cur - mu) / sd)
-    return vals[idx[:, 0]]
+    counts = np.bincount(idx.ravel()).astype(float)
+    return vals[idx].ravel(), float(counts.sum() ** 2 / np.sum(counts ** 2))
 
 
 def compare_with_expected(live: np.ndarray, expected: np.ndarray, *, column: str, source: str,
                           matched: bool, confidence: float, max_ks: float,
-                          max_psi: float) -> PredictionCheck:
+                          max_psi: float, expected_size: float | None = None) -> PredictionCheck:
     """KS and PSI (drift_checks' implementations) of live vs expected predictions, with margins.
 
     Fails a statistic only when it exceeds its threshold by more than its sampling margin (see
-    the module docstring).
+    the module docstring). ``expected_size``: the expected side's effective sample size for the
+    margins (default: its number of finite values).
 
     Raises:
         DataError: A side has no finite value.
@@ -328,7 +346,9 @@ def compare_with_expected(live: np.ndarray, expected: np.ndarray, *, column: str
     pair = NumericPair(a, b)
     ks = ks_p_value(pair)
     ps = psi(pair)
-    n, m = int(b.values.size), int(a.values.size)
+    n = int(b.values.size)
+    m = int(round(expected_size)) if expected_size else int(a.values.size)
+    m = max(1, min(m, int(a.values.size)))
     d = float(ks.extra["statistic"])
     bins = int(ps.extra.get("bins", 10))
     out = PredictionCheck(column, source, n, m, matched, d, ks.value, ks_margin(n, m, confidence),
@@ -393,11 +413,17 @@ def _default_column_comparison(live: np.ndarray, expected_values: np.ndarray, co
     finite = np.isfinite(live)
     matched = None
     if expected.features is not None and len(live_features) == len(live):
+        common = [c for c in expected.features.columns if c in live_features.columns]
+        if common:  # a repeated input counts once (see the module docstring)
+            finite &= ~live_features[common].duplicated().to_numpy()
         matched = match_on_inputs(live_features[finite], expected, expected_values)
-    reference = matched if matched is not None and matched.size else expected_values
+    if matched is not None and matched[0].size:
+        reference, size = matched
+    else:
+        reference, size, matched = expected_values, None, None
     return compare_with_expected(live[finite], reference, column=column, source=expected.source,
                                  matched=matched is not None, confidence=confidence,
-                                 max_ks=max_ks, max_psi=max_psi)
+                                 max_ks=max_ks, max_psi=max_psi, expected_size=size)
 
 
 # ----------------------------------------------------------------------------------- quality
