@@ -510,15 +510,23 @@ def _observed(a: StepAnalysis, policy: CanaryPolicy, obs: Observations,
                 return np.empty(0), np.empty(0)
             return y, score
 
+        from tritonflow.exceptions import DataError
+
         yc, sc = labelled(rows)
         yh, sh = labelled(champ_rows)
-        q = quality_check(yc, sc, yh, sh, metric=policy.quality_metric, min_labels=policy.min_labels,
-                          confidence=policy.confidence, max_drop=policy.max_quality_drop)
-        a.quality = dataclasses.asdict(q)
-        if q.failed:
-            fails.append(f"quality: {q.note}")
-        elif not q.evaluated:
-            notes.append(q.note)
+        try:
+            q = quality_check(yc, sc, yh, sh, metric=policy.quality_metric,
+                              min_labels=policy.min_labels, confidence=policy.confidence,
+                              max_drop=policy.max_quality_drop)
+        except DataError as exc:  # e.g. multi-class labels: noted, not a verdict on the model
+            notes.append(f"quality not compared: {exc}")
+            q = None
+        if q is not None:
+            a.quality = dataclasses.asdict(q)
+            if q.failed:
+                fails.append(f"quality: {q.note}")
+            elif not q.evaluated:
+                notes.append(q.note)
     else:
         notes.append("quality not compared (no label arrived for the window's requests)")
 
