@@ -142,8 +142,8 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
             try:
                 plan = TrafficPlan.single(name, cver, name=f"{name}:live-shadow",
                                           mirror=Mirror(xver, share, f"{s.shadow_mirror_host}:{recorder.port}"))
+                t0 = time.time()  # before: requests are mirrored while the plan goes live
                 apply_live(plan)
-                t0 = time.time()
                 try:
                     sleep(duration)
                 finally:
@@ -171,8 +171,7 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
     start, end = pd.Timestamp(t0, unit="s", tz="UTC"), pd.Timestamp(t1 + LOG_GRACE_S, unit="s", tz="UTC")
     deadline = time.monotonic() + LOG_GRACE_S
     while True:  # the clients' records of the last requests may land a moment later
-        logged = read_window(log_root(s), model, start.to_pydatetime(), end.to_pydatetime(),
-                             endpoint_url=_endpoint(s)).frame
+        logged = read_window(log_root(s), model, start, end, endpoint_url=_endpoint(s)).frame
         paired = (logged.merge(mirrored, on="request_id", how="inner")
                   if len(mirrored) and len(logged) else logged.iloc[0:0])
         if len(paired) >= len(mirrored) or time.monotonic() > deadline:
