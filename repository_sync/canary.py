@@ -8,7 +8,8 @@ on the window from the step's start:
 (a) **hard checks, at every analysis** -- a failure rolls back at once, mid-bake:
 
     * the challenger's error rate above ``max_error_rate`` with confidence (one-sided
-      Clopper-Pearson lower bound above the limit) over at least ``hard_min_requests`` requests,
+      Clopper-Pearson lower bound above the limit, at :attr:`CanaryPolicy.hard_confidence`: the
+      error level split over the bake's analyses) over at least ``hard_min_requests`` requests,
       from the deltas of Triton's per-version Prometheus counters over the step and over the last
       interval (``nv_inference_request_success``, ``nv_inference_request_failure`` summed over
       ``reason``, ``nv_inference_request_duration_us``; see Triton's metrics documentation,
@@ -215,6 +216,14 @@ class CanaryPolicy:
         )
         values.update(overrides)
         return cls(**values)
+
+    @property
+    def hard_confidence(self) -> float:
+        """Confidence of the hard checks' error-rate bound: ``confidence`` with its error level
+        split over the analyses of one bake (Bonferroni), since every analysis is another look at
+        the same step: ``1 - (1 - confidence) / ceil(bake_s / analysis_interval_s)``."""
+        looks = max(1, math.ceil(self.bake_s / self.analysis_interval_s)) if self.bake_s > 0 else 1
+        return 1.0 - (1.0 - self.confidence) / looks
 
     def thresholds(self) -> dict[str, Any]:
         """The thresholds as a JSON-serialisable dict (recorded with every verdict)."""

@@ -273,10 +273,10 @@ def _error_rate_failure(policy: CanaryPolicy, failures: float, requests: float, 
     if requests < policy.hard_min_requests or failures <= 0:
         return None
     rate = failures / requests
-    lower = binomial_lower_bound(failures, requests, policy.confidence)
+    lower = binomial_lower_bound(failures, requests, policy.hard_confidence)
     if rate > policy.max_error_rate and lower > policy.max_error_rate:
         return (f"{what} {rate:.4f} ({failures:g}/{requests:g}) > max_error_rate "
-                f"{policy.max_error_rate:g} (lower {policy.confidence:.0%} bound {lower:.4f})")
+                f"{policy.max_error_rate:g} (lower {policy.hard_confidence:.2%} bound {lower:.4f})")
     return None
 
 
@@ -307,8 +307,8 @@ def analyse_step(
 
     * metrics not scraped (``metrics_error`` or a text missing/unparsable), challenger absent from
       the last scrape, or a counter reset;
-    * error rate above ``max_error_rate`` with its lower ``confidence`` bound above it too, over at
-      least ``hard_min_requests`` requests: over the step, or over the last interval
+    * error rate above ``max_error_rate`` with its lower ``hard_confidence`` bound above it too,
+      over at least ``hard_min_requests`` requests: over the step, or over the last interval
       (``recent_before_text`` -> ``after_text``);
     * with at least ``hard_min_requests`` challenger requests: mean latency >
       ``max_mean_latency_ms``, or latency ratio to the champion > ``max_latency_ratio`` (judged
@@ -360,7 +360,7 @@ def analyse_step(
         hw = version_window(before, after, model, champion)
         a.canary_requests, a.canary_failures = cw.requests, cw.failures
         a.canary_error_rate, a.canary_mean_latency_ms = cw.error_rate, cw.mean_latency_ms
-        a.canary_error_rate_lower = binomial_lower_bound(cw.failures, cw.requests, policy.confidence)
+        a.canary_error_rate_lower = binomial_lower_bound(cw.failures, cw.requests, policy.hard_confidence)
         a.champion_requests, a.champion_mean_latency_ms = hw.requests, hw.mean_latency_ms
         if not cw.present_after:
             hard.append(

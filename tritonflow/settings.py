@@ -90,7 +90,7 @@ DEFAULT_CANARY_MAX_PREDICTION_PSI = 0.25
 DEFAULT_CANARY_ANALYSIS_INTERVAL_S = 5.0
 #: Fewest challenger requests (or logged predictions) before an error rate, non-finite or constant
 #: outputs roll back in the middle of a bake.
-DEFAULT_CANARY_HARD_MIN_REQUESTS = 20
+DEFAULT_CANARY_HARD_MIN_REQUESTS = 10
 #: Confidence (0-1) of the canary's bounds: error-rate lower bound (Clopper-Pearson), KS/PSI
 #: sampling margins and the quality interval.
 DEFAULT_CANARY_CONFIDENCE = 0.95

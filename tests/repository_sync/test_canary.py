@@ -156,7 +156,7 @@ def test_low_traffic_is_inconclusive_never_a_pass():
 
 
 def test_low_traffic_with_too_many_failures_already_fails():
-    a = analyse({"6": {}, "7": {}}, {"6": {"success": 900}, "7": {"success": 10, "failure": 5}})
+    a = analyse({"6": {}, "7": {}}, {"6": {"success": 900}, "7": {"success": 4, "failure": 4}})
     assert a.verdict == FAIL
     assert "cannot stay under" in a.reasons[0]
 
