@@ -97,10 +97,13 @@ def plot_canary(analyses: Sequence[Mapping[str, Any]], path: str | Path, *, titl
 
     x, y = _series(analyses, "canary_mean_latency_ms", t0)
     ax_lat.plot(x, y, "o-", ms=3, label="challenger mean latency")
-    x, y = _series(analyses, "champion_mean_latency_ms", t0)
-    ax_lat.plot(x, y, "s-", ms=3, alpha=0.7, label="champion mean latency")
-    if th.get("max_mean_latency_ms") is not None:
-        ax_lat.axhline(th["max_mean_latency_ms"], color="red", lw=1, ls=":", label="max_mean_latency_ms")
+    x, y2 = _series(analyses, "champion_mean_latency_ms", t0)
+    ax_lat.plot(x, y2, "s-", ms=3, alpha=0.7, label="champion mean latency")
+    limit = th.get("max_mean_latency_ms")
+    if limit is not None and (not (y + y2) or limit <= 3 * max(y + y2)):
+        ax_lat.axhline(limit, color="red", lw=1, ls=":", label="max_mean_latency_ms")
+    elif limit is not None:  # far above the data: named, not drawn (it would flatten the curves)
+        ax_lat.plot([], [], " ", label=f"max_mean_latency_ms {limit:g} (off scale)")
     ax_lat.set_ylabel("latency (ms)")
     ax_ratio = ax_lat.twinx()
     x, y = _series(analyses, "latency_ratio", t0)
