@@ -230,7 +230,7 @@ def main() -> int:
     print(f"rollback x{args.rollbacks}: decision -> all on champion median {figures['rollback']['switch_s_median'] * 1000:.0f} ms, "
           f"max {figures['rollback']['switch_s_max'] * 1000:.0f} ms (router apply median "
           f"{figures['rollback']['router_apply_s_median'] * 1000:.0f} ms); {rb_total} requests, {rb_failed} failed")
-    print(json.dumps(figures, indent=2))
+    print(json.dumps(figures))  # the last line: one JSON object
     return 0
 
 

@@ -310,9 +310,10 @@ def analyse_step(
     * error rate above ``max_error_rate`` with its lower ``hard_confidence`` bound above it too,
       over at least ``hard_min_requests`` requests: over the step, or over the last interval
       (``recent_before_text`` -> ``after_text``);
-    * with at least ``hard_min_requests`` challenger requests: mean latency >
-      ``max_mean_latency_ms``, or latency ratio to the champion > ``max_latency_ratio`` (judged
-      when the champion served at least ``MIN_CHAMPION_REQUESTS_FOR_RATIO`` requests);
+    * with at least ``hard_min_requests`` and ``MIN_CHAMPION_REQUESTS_FOR_RATIO`` challenger
+      requests: mean latency > ``max_mean_latency_ms``, or latency ratio to the champion >
+      ``max_latency_ratio`` (judged when the champion served at least
+      ``MIN_CHAMPION_REQUESTS_FOR_RATIO`` requests too; a mean over fewer is noise);
     * non-finite logged outputs (same rule as errors) or constant float outputs.
 
     Statistical rules, only when ``final`` (the end of the bake):
@@ -383,7 +384,8 @@ def analyse_step(
                     policy, rw.failures, rw.requests, "challenger error rate over the last interval")
                 if msg and not hard:
                     hard.append(msg)
-            if cw.requests >= policy.hard_min_requests and cw.mean_latency_ms is not None:
+            latency_min = max(policy.hard_min_requests, MIN_CHAMPION_REQUESTS_FOR_RATIO)
+            if cw.requests >= latency_min and cw.mean_latency_ms is not None:
                 if cw.mean_latency_ms > policy.max_mean_latency_ms:
                     hard.append(
                         f"challenger mean latency {cw.mean_latency_ms:.2f} ms > max_mean_latency_ms "
