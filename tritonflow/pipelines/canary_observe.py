@@ -221,8 +221,9 @@ def coverage_reference_for(root: str, model: str, version: int, top: int, *,
                            endpoint_url: str | None = None):
     """The drift reference of ``model`` ``version`` and its ``top`` most important numeric features.
 
-    Importances are read from the reference when it carries them (``Reference.importances``);
-    without, every numeric feature is checked.
+    Importances are read from the reference when it carries them (``Reference.importance``, the
+    model version's feature importances stored with its drift reference); without, every numeric
+    feature is checked.
 
     Returns:
         ``(CoverageReference or None, note)``.
@@ -236,7 +237,7 @@ def coverage_reference_for(root: str, model: str, version: int, top: int, *,
     except WindowError as exc:
         return None, f"feature-space coverage not evaluated: {exc}"
     numeric = [c for c, k in ref.schema.features.items() if k in ("float", "int")]
-    importances = getattr(ref, "importances", None)
+    importances = getattr(ref, "importance", None) or getattr(ref, "importances", None)
     features = important_features(numeric, importances, top)
     return CoverageReference(ref.frame, tuple(features)), (
         f"coverage on {features} of the reference {ref.uri}"
