@@ -10,14 +10,16 @@ While a bounded loopback client sends requests through the real NGINX gateway
    the last request still answered by the challenger, minus the decision time), and counts failed
    requests.
 
-The upstream is a small Python HTTP server that stands in for Triton (it answers every
+By default the upstream is a small Python HTTP server that stands in for Triton (it answers every
 ``/v2/models/<m>/versions/<v>/infer`` with 200), so the figures measure the gateway and the
-router, not model inference. Goal (issue 6): switch under 1 s, zero failed requests. Reference: a
-comparable production setup reports about 4.7 s from detection to switch.
+router, not model inference. With ``--triton`` the upstream is a real Triton 2.51
+(``TritonServer``) serving versions 6 and 7 of :mod:`tritonflow.runtime.fault_injection`'s model,
+so every request is a real inference. Goal (issue 6): switch under 1 s, zero failed requests.
+Reference: a comparable production setup reports about 4.7 s from detection to switch.
 
 Usage::
 
-    .venv/bin/python benchmarks/rollback_time.py [--threads 4] [--rollbacks 5] [--keepalive]
+    .venv/bin/python benchmarks/rollback_time.py [--threads 4] [--rollbacks 5] [--keepalive] [--triton]
 
 ``--keepalive`` makes every client thread reuse one HTTP/1.1 connection (as tritonclient does);
 the default opens a connection per request. On a graceful reload NGINX's old workers finish the
@@ -43,7 +45,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from repository_sync.router import NginxRouter, TrafficPlan, wait_live  # noqa: E402
-from tritonflow.runtime.services import NginxGateway, free_port  # noqa: E402
+from tritonflow.runtime.fault_injection import write_fault_model  # noqa: E402
+from tritonflow.runtime.services import NginxGateway, TritonServer, free_port  # noqa: E402
 from tritonflow.settings import Settings  # noqa: E402
 
 MODEL = "bench_model"
@@ -150,14 +153,26 @@ def main() -> int:
     ap.add_argument("--keepalive", action="store_true", help="reuse one connection per client thread")
     ap.add_argument("--retry-stale", action="store_true",
                     help="with --keepalive: resend once when a reused connection was closed by the gateway")
+    ap.add_argument("--triton", action="store_true", help="a real Triton upstream instead of the stand-in")
     args = ap.parse_args()
 
-    upstream = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    upstream.daemon_threads = True
-    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    upstream = triton = None
     with tempfile.TemporaryDirectory(prefix="tritonflow-bench-") as tmp:
-        settings = Settings.from_env({}, home=Path(tmp), gateway_port=free_port())
-        gateway = NginxGateway(settings, triton_http=f"127.0.0.1:{upstream.server_address[1]}").start()
+        settings = Settings.from_env({}, home=Path(tmp), gateway_port=free_port(), triton_http_port=free_port(),
+                                     triton_grpc_port=free_port(), triton_metrics_port=free_port())
+        if args.triton:
+            write_fault_model(Path(tmp) / "repo", MODEL, (CHAMPION, CHALLENGER), instances=2)
+            triton = TritonServer(settings, repository=str(Path(tmp) / "repo")).start()
+            import tritonclient.http as httpclient
+
+            httpclient.InferenceServerClient(triton.http_url).load_model(MODEL)
+            upstream_addr = triton.http_url
+        else:
+            upstream = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+            upstream.daemon_threads = True
+            threading.Thread(target=upstream.serve_forever, daemon=True).start()
+            upstream_addr = f"127.0.0.1:{upstream.server_address[1]}"
+        gateway = NginxGateway(settings, triton_http=upstream_addr).start()
         try:
             router = NginxRouter.from_nginx_cmd(gateway.conf_dir, gateway.nginx_cmd(), response_header=HEADER)
             wait_live(gateway.url, router.apply(TrafficPlan.single(MODEL, CHAMPION)))
@@ -190,9 +205,13 @@ def main() -> int:
                 client.stop()
         finally:
             gateway.stop()
-            upstream.shutdown()
+            if upstream is not None:
+                upstream.shutdown()
+            if triton is not None:
+                triton.stop()
 
     figures = {
+        "upstream": "triton" if args.triton else "stand-in",
         "client": {"threads": args.threads, "keepalive": args.keepalive,
                    "retry_stale": args.retry_stale, "retried": client.retried},
         "promotion": {"requests": len(promo), "failed": promo_failed},
@@ -211,7 +230,7 @@ def main() -> int:
     print(f"rollback x{args.rollbacks}: decision -> all on champion median {figures['rollback']['switch_s_median'] * 1000:.0f} ms, "
           f"max {figures['rollback']['switch_s_max'] * 1000:.0f} ms (router apply median "
           f"{figures['rollback']['router_apply_s_median'] * 1000:.0f} ms); {rb_total} requests, {rb_failed} failed")
-    print(json.dumps(figures, indent=2))
+    print(json.dumps(figures))  # the last line: one JSON object
     return 0
 
 

@@ -25,11 +25,16 @@ DOC_MD = """
 ### Canary promotion
 
 Moves a model's traffic from its **champion** to a **challenger** version through the NGINX
-gateway in steps (default 5 → 25 → 50 → 100 %). Each step bakes `bake_s` seconds and is judged on
-the challenger's errors and latency (Triton's metrics), its prediction distribution against the
-champion's over the same period (inference log) and a minimum number of requests (too little
-traffic is *inconclusive*, never a pass). Every step's figures and verdict are recorded on the
-challenger's MLflow model version (tags `tritonflow.canary.<id>.*`).
+gateway in steps (default 5 → 25 → 50 → 100 %). Each step bakes `bake_s` seconds, analysed every
+`TRITONFLOW_CANARY_ANALYSIS_INTERVAL_S` (5 s): errors, non-finite or constant outputs and latency
+roll back at once. At the end of the bake the step is judged on a minimum number of requests (too
+little traffic is *inconclusive*, never a pass), the challenger's predictions against its **own
+expected behaviour** (`expected_predictions`, from its shadow evaluation or mirrored live
+requests; never the champion's), its quality against the champion where labels arrived, and the
+coverage of the reference's feature space (not covered: the step is extended). Every analysis
+goes to an MLflow run (experiment `tritonflow-canary`, with a plot over time); every step's
+figures and verdict are recorded on the challenger's MLflow model version (tags
+`tritonflow.canary.<id>.*`).
 
 * **pass at 100 %**: alias `champion` moves to the challenger, the old champion keeps
   `previous_champion` (with `use_stages`: Production/Archived); Triton keeps the new champion and
@@ -63,6 +68,8 @@ PARAMS = {
                           description="Fewest challenger requests a step needs; fewer is inconclusive."),
     "use_stages": Param(False, type="boolean",
                         description="Also move legacy MLflow stages (Production/Archived) on promotion."),
+    "expected_predictions": Param(None, type=["null", "string"],
+                                  description="URI of the challenger's expected predictions (empty: its shadow tag)."),
     "dry_run": Param(False, type="boolean",
                      description="Resolve versions, check pre-flight and the schedule; touch nothing."),
 }
@@ -138,7 +145,8 @@ def canary_promotion():
             )
         res = resolve(req["model"], req["challenger"], req["champion"])
         return {**res, "steps": steps, "bake_s": req["bake_s"], "min_requests": req["min_requests"],
-                "use_stages": bool(req["use_stages"]), "dry_run": bool(req["dry_run"])}
+                "use_stages": bool(req["use_stages"]), "dry_run": bool(req["dry_run"]),
+                "expected_predictions": req.get("expected_predictions") or None}
 
     @task(execution_timeout=SHORT_TASK_TIMEOUT)
     @fail_fast_on_bad_data
@@ -174,6 +182,7 @@ def canary_promotion():
             plan["model"], plan["champion"], str(plan["challenger"]), steps=plan["steps"],
             bake_s=plan["bake_s"], min_requests=plan["min_requests"], use_stages=plan["use_stages"],
             dry_run=plan["dry_run"], holder=_holder(get_current_context()),
+            expected_predictions=plan.get("expected_predictions"),
         )
         if result["outcome"] in ("rolled_back", "rollback_failed"):
             from airflow.sdk.exceptions import AirflowFailException
@@ -184,7 +193,8 @@ def canary_promotion():
                                          if result.get("rollback", {}) and result["rollback"].get("error") else "")
             )
         return {k: result.get(k) for k in ("outcome", "reason", "model", "champion", "challenger",
-                                           "canary_id", "steps", "promotion", "gc", "rollback_target")}
+                                           "canary_id", "steps", "promotion", "gc", "rollback_target",
+                                           "canary_run")}
 
     plan = resolve_versions()
     memory = preflight(plan)

@@ -42,7 +42,11 @@ alert by hand).
 3. **replay**: the logged inputs of the window (by default the `shadow_window_hours` before the
    drifted hour's end, covering that hour) are sent to both versions on Triton, batched and
    concurrent; a challenger that fails to load or answer leaves the champion untouched and fails
-   the run with the reason;
+   the run with the reason. With `mode` = `live` the gateway instead mirrors
+   `TRITONFLOW_SHADOW_MIRROR_PERCENT` % of the champion's live requests to the challenger for
+   `live_duration_s` seconds (its answers never reach clients) and both outputs are paired by
+   request id on the same live inputs; replay stays for models without live traffic. Both modes
+   record the challenger's expected predictions, which the canary judges it against;
 4. **compare**: prediction agreement, output shift (KS, PSI) and, on rows whose labels arrived,
    AUC/accuracy/F1 with a paired bootstrap; the challenger wins only when the lower confidence
    bound of its improvement clears `margin` and no guardrail worsens; too few labels is
@@ -74,6 +78,10 @@ PARAMS = {
                     description="Improvement the challenger needs at the lower bound (empty: TRITONFLOW_SHADOW_MARGIN)."),
     "label_column": Param(None, type=["null", "string"],
                           description="Label column of the inference-log labels (empty: their only one)."),
+    "mode": Param("replay", type="string", enum=["replay", "live"],
+                  description="replay: logged inputs through both versions; live: mirror live requests to the challenger."),
+    "live_duration_s": Param(None, type=["null", "number"], exclusiveMinimum=0, maximum=1500,
+                             description="Live mode: seconds of mirrored traffic (empty: TRITONFLOW_SHADOW_LIVE_DURATION_S)."),
     "drift_event": Param(None, type=["null", "string"],
                          description="JSON of a drift event to evaluate (manual re-run of an alert; empty: none)."),
 }
@@ -147,7 +155,15 @@ def shadow_evaluation():
     @fail_fast_on_bad_data
     @limit_xcom_size
     def replay(request: dict, resolved: dict, published: dict) -> dict:
-        """Replay the window's logged inputs through both versions on Triton."""
+        """Replay the window's logged inputs through both versions, or mirror live traffic."""
+        context = get_current_context()
+        if context["params"].get("mode") == "live":
+            from tritonflow.pipelines.shadow_live import live
+
+            ti = context["ti"]
+            return live(resolved["model"], resolved["champion"], resolved["challenger"],
+                        duration_s=context["params"].get("live_duration_s"),
+                        holder=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}")
         from tritonflow.pipelines.shadow import replay as run_replay
 
         return run_replay(resolved["model"], resolved["champion"], resolved["challenger"],

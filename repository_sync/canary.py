@@ -1,27 +1,43 @@
-"""Canary promotion: step schedule, per-step analysis, automatic rollback, pre-flight.
+"""Canary promotion: step schedule, continuous analysis, automatic rollback, pre-flight.
 
 A canary moves a model's traffic to the challenger version in steps (default 5 -> 25 -> 50 ->
-100 %, ``settings.canary_steps``). Each step bakes ``settings.canary_bake_s`` seconds and is then
-judged by :func:`analyse_step` on
+100 %, ``settings.canary_steps``). Each step bakes ``settings.canary_bake_s`` seconds. During the
+bake :func:`analyse_step` runs every ``settings.canary_analysis_interval_s`` seconds (default 5 s)
+on the window from the step's start:
 
-(a) the challenger's errors and latency, from the deltas of Triton's per-version Prometheus
-    counters between a scrape at the start of the step and one at its end
-    (``nv_inference_request_success``, ``nv_inference_request_failure`` summed over ``reason``,
-    ``nv_inference_request_duration_us``; see Triton's metrics documentation,
-    https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/user_guide/metrics.html);
-(b) the challenger's prediction distribution against the champion's over the same period (two
-    arrays in, e.g. from the inference log): two-sample Kolmogorov-Smirnov (scipy) and PSI;
-(c) a minimum number of challenger requests: too little traffic is ``inconclusive``, never a pass.
-    An inconclusive step is extended (baked again, the window growing) up to
-    ``settings.canary_max_extensions`` times, then it fails.
+(a) **hard checks, at every analysis** -- a failure rolls back at once, mid-bake:
 
-An unreachable metrics endpoint, a challenger that disappears from Triton's metrics (unloaded,
-Triton restarted) or counters that went backwards (restart mid-step) fail the step. A failed step
-rolls back automatically in this order: the router goes to 100 % champion FIRST, then the
-challenger is unloaded (never the reverse, so no request is routed to an unloaded version; if the
-router cannot be rolled back, the challenger is left loaded). :func:`run_canary` drives it all
+    * the challenger's error rate above ``max_error_rate`` with confidence (one-sided
+      Clopper-Pearson lower bound above the limit, at :attr:`CanaryPolicy.hard_confidence`: the
+      error level split over the bake's analyses) over at least ``hard_min_requests`` requests,
+      from the deltas of Triton's per-version Prometheus counters over the step and over the last
+      interval (``nv_inference_request_success``, ``nv_inference_request_failure`` summed over
+      ``reason``, ``nv_inference_request_duration_us``; see Triton's metrics documentation,
+      https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/user_guide/metrics.html);
+    * non-finite outputs (the same rule, on the challenger's logged predictions) or constant
+      outputs (:func:`repository_sync.canary_checks.output_health`);
+    * mean latency above ``max_mean_latency_ms`` or the challenger/champion latency ratio above
+      ``max_latency_ratio``;
+    * metrics that cannot be scraped, a challenger missing from them or counters going backwards.
+
+(b) **statistical checks, at the end of the bake only** (a "pass" needs them all):
+
+    * at least ``min_requests`` challenger requests (fewer: ``inconclusive``, never a pass);
+    * the challenger's predictions against its *own expected behaviour* (its shadow-evaluation
+      predictions or its outputs on mirrored live requests, matched on inputs), never against the
+      champion's: KS and PSI with sampling margins;
+    * where labels arrived during the step, its quality against the champion's with an interval;
+    * feature-space coverage of the reference's decile bins (not covered: ``inconclusive``).
+
+    The checks live in :mod:`repository_sync.canary_checks`. An inconclusive step is extended (baked
+    again, the window growing) up to ``max_extensions`` times, then it fails.
+
+A failed analysis rolls back automatically through :func:`rollback` (the one rollback used by the
+canary, the manual rollback and any other caller): the router goes to 100 % champion FIRST, then
+the challenger is unloaded (never the reverse, so no request is routed to an unloaded version; if
+the router cannot be rolled back, the challenger is left loaded). :func:`run_canary` drives it all
 through callables, so it runs the same in a DAG task, a test or a benchmark; every
-:class:`StepAnalysis` is JSON-serialisable for the record on the MLflow model version.
+:class:`StepAnalysis` (intermediate ones included) is JSON-serialisable for the MLflow record.
 
 Thresholds come from :class:`CanaryPolicy` (built from settings with
 :meth:`CanaryPolicy.from_settings`).
@@ -33,52 +49,57 @@ import dataclasses
 import json
 import math
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from repository_sync.router import TrafficPlan
-from tritonflow.exceptions import MetricsUnavailableError, PreflightError, SettingsError
+from tritonflow.exceptions import PreflightError, SettingsError
 from tritonflow.settings import (
+    DEFAULT_CANARY_ANALYSIS_INTERVAL_S,
     DEFAULT_CANARY_BAKE_S,
+    DEFAULT_CANARY_CONFIDENCE,
+    DEFAULT_CANARY_COVERAGE_FEATURES,
+    DEFAULT_CANARY_COVERAGE_MIN_REQUESTS,
+    DEFAULT_CANARY_HARD_MIN_REQUESTS,
     DEFAULT_CANARY_MAX_ERROR_RATE,
     DEFAULT_CANARY_MAX_EXTENSIONS,
     DEFAULT_CANARY_MAX_LATENCY_RATIO,
     DEFAULT_CANARY_MAX_MEAN_LATENCY_MS,
     DEFAULT_CANARY_MAX_PREDICTION_KS,
     DEFAULT_CANARY_MAX_PREDICTION_PSI,
+    DEFAULT_CANARY_MAX_QUALITY_DROP,
+    DEFAULT_CANARY_MIN_LABELS,
     DEFAULT_CANARY_MIN_REQUESTS,
+    DEFAULT_CANARY_QUALITY_METRIC,
     DEFAULT_CANARY_STEPS,
     DEFAULT_PREFLIGHT_MEMORY_FACTOR,
     DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB,
     Settings,
 )
-
-PASS = "pass"
-FAIL = "fail"
-INCONCLUSIVE = "inconclusive"
-
-#: Significance level of the KS test: a prediction shift fails a step only when it is both
-#: material (statistic above the threshold) and significant (p-value below this).
-DEFAULT_KS_ALPHA = 0.05
-#: Fewest predictions per side for the distribution comparison to be judged.
-DEFAULT_MIN_PREDICTIONS = 30
-#: Fewest champion requests in the window for the canary/champion latency ratio to be judged.
-MIN_CHAMPION_REQUESTS_FOR_RATIO = 20
-#: Number of PSI bins (deciles of the champion's predictions, the usual choice).
-DEFAULT_PSI_BINS = 10
-#: Floor of a bin share in PSI so empty bins give a finite value.
-PSI_EPSILON = 1e-4
-#: Seconds a metrics scrape may take.
-DEFAULT_SCRAPE_TIMEOUT_S = 5.0
-
-SUCCESS_METRIC = "nv_inference_request_success"
-FAILURE_METRIC = "nv_inference_request_failure"
-COUNT_METRIC = "nv_inference_count"
-DURATION_METRIC = "nv_inference_request_duration_us"
-QUEUE_METRIC = "nv_inference_queue_duration_us"
-
+from repository_sync.canary_analysis import (  # noqa: F401 -- re-exported, the canary's public API
+    CONTINUE,
+    COUNT_METRIC,
+    DEFAULT_MIN_PREDICTIONS,
+    DEFAULT_SCRAPE_TIMEOUT_S,
+    DURATION_METRIC,
+    FAIL,
+    FAILURE_METRIC,
+    INCONCLUSIVE,
+    MIN_CHAMPION_REQUESTS_FOR_RATIO,
+    PASS,
+    QUEUE_METRIC,
+    SUCCESS_METRIC,
+    CoverageReference,
+    StepAnalysis,
+    VersionCounters,
+    VersionWindow,
+    analyse_step,
+    fetch_metrics_text,
+    metrics_scraper,
+    parse_triton_metrics,
+    version_window,
+)
+from repository_sync.canary_checks import ExpectedBehaviour, Observations
 
 # ------------------------------------------------------------------------------------ policy
 def parse_steps(value: str | Sequence[int], field: str = "canary_steps") -> tuple[int, ...]:
@@ -111,6 +132,18 @@ def parse_steps(value: str | Sequence[int], field: str = "canary_steps") -> tupl
 class CanaryPolicy:
     """Schedule and thresholds of a canary (see the settings of the same names for units).
 
+    Attributes:
+        steps, bake_s, min_requests, max_extensions: Schedule (``canary_*`` settings).
+        analysis_interval_s: Seconds between analyses during a bake.
+        hard_min_requests: Fewest challenger requests/predictions for a mid-bake rollback on
+            errors, non-finite or constant outputs, or latency.
+        max_error_rate, max_mean_latency_ms, max_latency_ratio: Hard limits.
+        max_prediction_ks, max_prediction_psi: Expected-behaviour limits (with sampling margins).
+        confidence: Confidence of the error-rate bound, the KS/PSI margins and the quality interval.
+        min_predictions: Fewest challenger predictions for the expected-behaviour comparison.
+        min_labels, quality_metric, max_quality_drop: The quality comparison with labels.
+        coverage_min_requests, coverage_features: Feature-space coverage (``m`` and top features).
+
     Raises:
         SettingsError: A field is out of range; the message names it.
     """
@@ -124,8 +157,15 @@ class CanaryPolicy:
     max_latency_ratio: float = DEFAULT_CANARY_MAX_LATENCY_RATIO
     max_prediction_ks: float = DEFAULT_CANARY_MAX_PREDICTION_KS
     max_prediction_psi: float = DEFAULT_CANARY_MAX_PREDICTION_PSI
-    ks_alpha: float = DEFAULT_KS_ALPHA
     min_predictions: int = DEFAULT_MIN_PREDICTIONS
+    analysis_interval_s: float = DEFAULT_CANARY_ANALYSIS_INTERVAL_S
+    hard_min_requests: int = DEFAULT_CANARY_HARD_MIN_REQUESTS
+    confidence: float = DEFAULT_CANARY_CONFIDENCE
+    min_labels: int = DEFAULT_CANARY_MIN_LABELS
+    quality_metric: str = DEFAULT_CANARY_QUALITY_METRIC
+    max_quality_drop: float = DEFAULT_CANARY_MAX_QUALITY_DROP
+    coverage_min_requests: int = DEFAULT_CANARY_COVERAGE_MIN_REQUESTS
+    coverage_features: int = DEFAULT_CANARY_COVERAGE_FEATURES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "steps", parse_steps(self.steps, "steps"))
@@ -138,8 +178,15 @@ class CanaryPolicy:
             "max_latency_ratio": self.max_latency_ratio > 0,
             "max_prediction_ks": 0 <= self.max_prediction_ks <= 1,
             "max_prediction_psi": self.max_prediction_psi >= 0,
-            "ks_alpha": 0 < self.ks_alpha < 1,
             "min_predictions": self.min_predictions >= 1,
+            "analysis_interval_s": self.analysis_interval_s > 0,
+            "hard_min_requests": self.hard_min_requests >= 1,
+            "confidence": 0 < self.confidence < 1,
+            "min_labels": self.min_labels >= 2,
+            "quality_metric": self.quality_metric in ("auc", "accuracy"),
+            "max_quality_drop": self.max_quality_drop >= 0,
+            "coverage_min_requests": self.coverage_min_requests >= 0,
+            "coverage_features": self.coverage_features >= 0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -158,432 +205,29 @@ class CanaryPolicy:
             max_latency_ratio=settings.canary_max_latency_ratio,
             max_prediction_ks=settings.canary_max_prediction_ks,
             max_prediction_psi=settings.canary_max_prediction_psi,
+            analysis_interval_s=settings.canary_analysis_interval_s,
+            hard_min_requests=settings.canary_hard_min_requests,
+            confidence=settings.canary_confidence,
+            min_labels=settings.canary_min_labels,
+            quality_metric=settings.canary_quality_metric,
+            max_quality_drop=settings.canary_max_quality_drop,
+            coverage_min_requests=settings.canary_coverage_min_requests,
+            coverage_features=settings.canary_coverage_features,
         )
         values.update(overrides)
         return cls(**values)
 
+    @property
+    def hard_confidence(self) -> float:
+        """Confidence of the hard checks' error-rate bound: ``confidence`` with its error level
+        split over the analyses of one bake (Bonferroni), since every analysis is another look at
+        the same step: ``1 - (1 - confidence) / ceil(bake_s / analysis_interval_s)``."""
+        looks = max(1, math.ceil(self.bake_s / self.analysis_interval_s)) if self.bake_s > 0 else 1
+        return 1.0 - (1.0 - self.confidence) / looks
+
     def thresholds(self) -> dict[str, Any]:
         """The thresholds as a JSON-serialisable dict (recorded with every verdict)."""
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
-
-
-# ------------------------------------------------------------------------------------ metrics
-@dataclasses.dataclass(frozen=True)
-class VersionCounters:
-    """Triton's cumulative per-version counters at one scrape.
-
-    Attributes:
-        success, failure: Request counts (failure summed over every ``reason`` label).
-        inference_count: Inferences performed (a batched request counts its batch size).
-        request_duration_us, queue_duration_us: Cumulative microseconds.
-    """
-
-    success: float = 0.0
-    failure: float = 0.0
-    inference_count: float = 0.0
-    request_duration_us: float = 0.0
-    queue_duration_us: float = 0.0
-
-
-_FIELD_OF = {
-    SUCCESS_METRIC: "success",
-    FAILURE_METRIC: "failure",
-    COUNT_METRIC: "inference_count",
-    DURATION_METRIC: "request_duration_us",
-    QUEUE_METRIC: "queue_duration_us",
-}
-
-
-def parse_triton_metrics(text: str) -> dict[tuple[str, str], VersionCounters]:
-    """Parse Triton's Prometheus exposition text into per-(model, version) counters.
-
-    Args:
-        text: Body of ``GET http://<triton>:8002/metrics``.
-
-    Returns:
-        ``{(model, version): VersionCounters}`` for every model version Triton reports.
-
-    Raises:
-        MetricsUnavailableError: The text is not valid Prometheus exposition format.
-    """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    acc: dict[tuple[str, str], dict[str, float]] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            # prometheus_client names a counter family without "_total" and its samples with it
-            field = _FIELD_OF.get(family.name) or _FIELD_OF.get(family.name.removesuffix("_total"))
-            if field is None:
-                continue
-            for sample in family.samples:
-                if sample.name.endswith("_created"):
-                    continue
-                key = (sample.labels.get("model", ""), sample.labels.get("version", ""))
-                slot = acc.setdefault(key, {})
-                slot[field] = slot.get(field, 0.0) + float(sample.value)
-    except (ValueError, TypeError) as exc:
-        raise MetricsUnavailableError(f"Triton metrics text is not Prometheus exposition format: {exc}") from exc
-    return {key: VersionCounters(**fields) for key, fields in acc.items()}
-
-
-def fetch_metrics_text(url: str, timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S) -> str:
-    """``GET`` Triton's metrics endpoint.
-
-    Raises:
-        MetricsUnavailableError: No answer, a non-200 status, or a timeout; the message names the URL.
-    """
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            if resp.status != 200:
-                raise MetricsUnavailableError(f"metrics endpoint {url} answered HTTP {resp.status}")
-            return resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        raise MetricsUnavailableError(f"metrics endpoint {url} answered HTTP {exc.code}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise MetricsUnavailableError(f"metrics endpoint {url} unreachable: {exc}") from exc
-
-
-def metrics_scraper(url: str, timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S) -> Callable[[], str]:
-    """A ``scrape_metrics`` callable for :func:`run_canary` reading ``url``."""
-    return lambda: fetch_metrics_text(url, timeout_s)
-
-
-@dataclasses.dataclass(frozen=True)
-class VersionWindow:
-    """One version's traffic between two scrapes (counter deltas).
-
-    Attributes:
-        requests: Successful plus failed requests in the window.
-        failures: Failed requests.
-        error_rate: ``failures / requests`` (``None`` without requests).
-        mean_latency_ms: Mean request duration of successful requests, ms (``None`` without any);
-            Triton accumulates ``nv_inference_request_duration_us`` for successful requests.
-        present_before, present_after: Whether Triton reported the version in each scrape.
-        reset: A counter went backwards (Triton restarted or the version was reloaded).
-    """
-
-    requests: float
-    failures: float
-    error_rate: float | None
-    mean_latency_ms: float | None
-    present_before: bool
-    present_after: bool
-    reset: bool
-
-
-def version_window(
-    before: Mapping[tuple[str, str], VersionCounters],
-    after: Mapping[tuple[str, str], VersionCounters],
-    model: str,
-    version: int | str,
-) -> VersionWindow:
-    """Deltas of one version's counters between two parsed scrapes.
-
-    A version absent from ``before`` counts from zero (it was just loaded). When a counter went
-    backwards the window is taken from zero (Prometheus ``increase`` semantics) and ``reset`` is set.
-    """
-    key = (model, str(version))
-    b = before.get(key)
-    a = after.get(key)
-    if a is None:
-        return VersionWindow(0.0, 0.0, None, None, b is not None, False, False)
-    b0 = b or VersionCounters()
-    reset = any(getattr(a, f) < getattr(b0, f) for f in _FIELD_OF.values())
-    if reset:
-        b0 = VersionCounters()
-    succ = a.success - b0.success
-    fail = a.failure - b0.failure
-    dur = a.request_duration_us - b0.request_duration_us
-    reqs = succ + fail
-    return VersionWindow(
-        requests=reqs,
-        failures=fail,
-        error_rate=(fail / reqs) if reqs > 0 else None,
-        mean_latency_ms=(dur / succ / 1000.0) if succ > 0 else None,
-        present_before=b is not None,
-        present_after=True,
-        reset=reset,
-    )
-
-
-# ------------------------------------------------------------------------------------ predictions
-@dataclasses.dataclass(frozen=True)
-class PredictionComparison:
-    """Canary predictions against the champion's over the same period.
-
-    Attributes:
-        n_canary, n_champion: Number of predictions (rows) per side.
-        ks_statistic, ks_pvalue: Two-sample KS (scipy.stats.ks_2samp); worst output column.
-        psi: Population stability index with the champion as reference; worst output column.
-    """
-
-    n_canary: int
-    n_champion: int
-    ks_statistic: float
-    ks_pvalue: float
-    psi: float
-
-
-def population_stability_index(reference: Any, current: Any, bins: int = DEFAULT_PSI_BINS) -> float:
-    """PSI = sum((c_i - r_i) * ln(c_i / r_i)) over bins (Siddiqi, *Credit Risk Scorecards*, 2006).
-
-    Bins are the deciles (``bins`` quantiles) of ``reference``; with at most ``bins`` distinct
-    reference values (labels, rounded scores) each distinct value is its own bin. Bin shares are
-    floored at ``PSI_EPSILON`` so empty bins give a finite value.
-
-    Args:
-        reference, current: 1-D arrays of numbers (NaNs dropped).
-
-    Raises:
-        ValueError: A side has no finite value.
-    """
-    import numpy as np
-
-    ref = np.asarray(reference, dtype=float).ravel()
-    cur = np.asarray(current, dtype=float).ravel()
-    ref, cur = ref[np.isfinite(ref)], cur[np.isfinite(cur)]
-    if ref.size == 0 or cur.size == 0:
-        raise ValueError("population_stability_index: both sides need at least one finite value")
-    uniq = np.unique(ref)
-    if uniq.size <= bins:
-        cats = np.unique(np.concatenate([uniq, np.unique(cur)]))
-        r = np.array([(ref == v).mean() for v in cats])
-        c = np.array([(cur == v).mean() for v in cats])
-    else:
-        edges = np.unique(np.quantile(ref, np.linspace(0, 1, bins + 1)[1:-1]))
-        r = np.bincount(np.searchsorted(edges, ref, side="right"), minlength=edges.size + 1) / ref.size
-        c = np.bincount(np.searchsorted(edges, cur, side="right"), minlength=edges.size + 1) / cur.size
-    r = np.maximum(r, PSI_EPSILON)
-    c = np.maximum(c, PSI_EPSILON)
-    return float(np.sum((c - r) * np.log(c / r)))
-
-
-def compare_predictions(canary: Any, champion: Any, bins: int = DEFAULT_PSI_BINS) -> PredictionComparison:
-    """Compare prediction distributions: KS and PSI per output column, worst column reported.
-
-    Args:
-        canary: Predictions of the challenger, shape ``[n]`` or ``[n, k]`` (e.g. class probabilities).
-        champion: Predictions of the champion over the same period, same number of columns.
-
-    Raises:
-        ValueError: Column counts differ or a side is empty.
-    """
-    import numpy as np
-    from scipy.stats import ks_2samp
-
-    a = np.asarray(canary, dtype=float)
-    b = np.asarray(champion, dtype=float)
-    a = a.reshape(len(a), -1) if a.ndim != 1 else a[:, None]
-    b = b.reshape(len(b), -1) if b.ndim != 1 else b[:, None]
-    if a.shape[0] == 0 or b.shape[0] == 0:
-        raise ValueError(f"compare_predictions: empty side (canary {a.shape[0]}, champion {b.shape[0]} rows)")
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(
-            f"compare_predictions: canary has {a.shape[1]} output columns, champion {b.shape[1]}"
-        )
-    ks, pv, psi = 0.0, 1.0, 0.0
-    for j in range(a.shape[1]):
-        res = ks_2samp(a[:, j], b[:, j])
-        if res.statistic >= ks:
-            ks, pv = float(res.statistic), float(res.pvalue)
-        psi = max(psi, population_stability_index(b[:, j], a[:, j], bins))
-    return PredictionComparison(int(a.shape[0]), int(b.shape[0]), ks, pv, psi)
-
-
-# ------------------------------------------------------------------------------------ analysis
-@dataclasses.dataclass
-class StepAnalysis:
-    """Figures and verdict of one canary step (JSON-serialisable via :meth:`to_dict`).
-
-    ``verdict`` is ``"pass"``, ``"fail"`` or ``"inconclusive"``; ``reasons`` says why (every
-    failed check, or what was not evaluated). Figures are ``None`` when not measurable.
-    """
-
-    model: str
-    champion_version: int
-    challenger_version: int
-    step: int
-    percent: int
-    attempt: int
-    window_start: float
-    window_end: float
-    verdict: str
-    reasons: list[str]
-    canary_requests: float | None = None
-    canary_failures: float | None = None
-    canary_error_rate: float | None = None
-    canary_mean_latency_ms: float | None = None
-    champion_requests: float | None = None
-    champion_mean_latency_ms: float | None = None
-    latency_ratio: float | None = None
-    predictions_canary_n: int | None = None
-    predictions_champion_n: int | None = None
-    prediction_ks: float | None = None
-    prediction_ks_pvalue: float | None = None
-    prediction_psi: float | None = None
-    thresholds: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict (NaN and infinities become ``None`` so the JSON is strict)."""
-        out = dataclasses.asdict(self)
-        for k, v in out.items():
-            if isinstance(v, float) and not math.isfinite(v):
-                out[k] = None
-        return out
-
-    def to_json(self) -> str:
-        """Strict JSON of :meth:`to_dict`."""
-        return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
-
-
-def analyse_step(
-    *,
-    policy: CanaryPolicy,
-    model: str,
-    champion: int,
-    challenger: int,
-    step: int,
-    percent: int,
-    attempt: int,
-    window_start: float,
-    window_end: float,
-    before_text: str | None,
-    after_text: str | None,
-    metrics_error: str | None = None,
-    predictions: tuple[Any, Any] | None = None,
-    predictions_error: str | None = None,
-) -> StepAnalysis:
-    """Judge one step from two metrics scrapes and (optionally) the two prediction samples.
-
-    Rules, in order (any ``fail`` wins over ``inconclusive``, which wins over ``pass``):
-
-    * metrics not scraped (``metrics_error`` or a text missing/unparsable) -> fail;
-    * challenger absent from the end scrape (unloaded, Triton restarted) or a counter reset -> fail;
-    * fewer than ``min_requests`` challenger requests -> inconclusive, unless the failures already
-      seen exceed ``max_error_rate * min_requests`` (the rate could not come back under) -> fail;
-    * error rate > ``max_error_rate``, mean latency > ``max_mean_latency_ms``, or latency ratio to
-      the champion > ``max_latency_ratio`` (judged when the champion served at least
-      ``MIN_CHAMPION_REQUESTS_FOR_RATIO`` requests) -> fail;
-    * predictions given: fewer than ``min_predictions`` challenger predictions -> inconclusive;
-      champion side too small (e.g. at 100 %) -> not evaluated (noted); KS statistic >
-      ``max_prediction_ks`` with p < ``ks_alpha``, or PSI > ``max_prediction_psi`` -> fail.
-      ``predictions_error`` (the log could not be read) -> fail.
-
-    Returns:
-        The :class:`StepAnalysis` with figures, verdict and reasons.
-    """
-    a = StepAnalysis(
-        model=model, champion_version=int(champion), challenger_version=int(challenger),
-        step=step, percent=percent, attempt=attempt, window_start=window_start,
-        window_end=window_end, verdict=PASS, reasons=[], thresholds=policy.thresholds(),
-    )
-    fails: list[str] = []
-    unsure: list[str] = []
-    notes: list[str] = []
-
-    before = after = None
-    if metrics_error is None:
-        try:
-            before = parse_triton_metrics(before_text) if before_text is not None else None
-            after = parse_triton_metrics(after_text) if after_text is not None else None
-        except MetricsUnavailableError as exc:
-            metrics_error = str(exc)
-        if metrics_error is None and (before is None or after is None):
-            metrics_error = "a metrics scrape is missing"
-    if metrics_error is not None:
-        fails.append(f"metrics unavailable, analysis impossible: {metrics_error}")
-    else:
-        cw = version_window(before, after, model, challenger)
-        hw = version_window(before, after, model, champion)
-        a.canary_requests, a.canary_failures = cw.requests, cw.failures
-        a.canary_error_rate, a.canary_mean_latency_ms = cw.error_rate, cw.mean_latency_ms
-        a.champion_requests, a.champion_mean_latency_ms = hw.requests, hw.mean_latency_ms
-        if not cw.present_after:
-            fails.append(
-                f"challenger {model!r} version {challenger} is not in Triton's metrics at the end of "
-                "the step (unloaded, failed, or Triton restarted)"
-            )
-        elif cw.reset:
-            fails.append(
-                f"challenger {model!r} version {challenger} counters went backwards during the step "
-                "(Triton restarted or the version was reloaded)"
-            )
-        elif cw.requests < policy.min_requests:
-            if cw.failures > policy.max_error_rate * policy.min_requests:
-                fails.append(
-                    f"{cw.failures:g} failed of {cw.requests:g} challenger requests: the error rate "
-                    f"cannot stay under {policy.max_error_rate:g} over {policy.min_requests} requests"
-                )
-            else:
-                unsure.append(
-                    f"only {cw.requests:g} challenger requests, fewer than min_requests="
-                    f"{policy.min_requests}: too little traffic to judge"
-                )
-        else:
-            if cw.error_rate is not None and cw.error_rate > policy.max_error_rate:
-                fails.append(
-                    f"challenger error rate {cw.error_rate:.4f} ({cw.failures:g}/{cw.requests:g}) "
-                    f"> max_error_rate {policy.max_error_rate:g}"
-                )
-            if cw.mean_latency_ms is not None and cw.mean_latency_ms > policy.max_mean_latency_ms:
-                fails.append(
-                    f"challenger mean latency {cw.mean_latency_ms:.2f} ms > max_mean_latency_ms "
-                    f"{policy.max_mean_latency_ms:g}"
-                )
-            if (
-                cw.mean_latency_ms is not None
-                and hw.mean_latency_ms
-                and hw.requests >= MIN_CHAMPION_REQUESTS_FOR_RATIO
-            ):
-                a.latency_ratio = cw.mean_latency_ms / hw.mean_latency_ms
-                if a.latency_ratio > policy.max_latency_ratio:
-                    fails.append(
-                        f"challenger/champion mean latency ratio {a.latency_ratio:.2f} "
-                        f"({cw.mean_latency_ms:.2f}/{hw.mean_latency_ms:.2f} ms) > max_latency_ratio "
-                        f"{policy.max_latency_ratio:g}"
-                    )
-            else:
-                notes.append("latency ratio not evaluated (too few champion requests in the window)")
-
-    if predictions_error is not None:
-        fails.append(f"prediction log unavailable, distribution check impossible: {predictions_error}")
-    elif predictions is None:
-        notes.append("prediction distribution not evaluated (no prediction source)")
-    else:
-        import numpy as np
-
-        can, champ = (np.asarray(p, dtype=float) for p in predictions)
-        a.predictions_canary_n, a.predictions_champion_n = int(len(can)), int(len(champ))
-        if len(can) < policy.min_predictions:
-            unsure.append(
-                f"only {len(can)} challenger predictions, fewer than min_predictions={policy.min_predictions}"
-            )
-        elif len(champ) < policy.min_predictions:
-            notes.append(
-                f"prediction distribution not evaluated: only {len(champ)} champion predictions "
-                "in the window"
-            )
-        else:
-            cmp = compare_predictions(can, champ)
-            a.prediction_ks, a.prediction_ks_pvalue, a.prediction_psi = (
-                cmp.ks_statistic, cmp.ks_pvalue, cmp.psi
-            )
-            if cmp.ks_statistic > policy.max_prediction_ks and cmp.ks_pvalue < policy.ks_alpha:
-                fails.append(
-                    f"prediction KS {cmp.ks_statistic:.3f} (p={cmp.ks_pvalue:.2g}) > max_prediction_ks "
-                    f"{policy.max_prediction_ks:g}"
-                )
-            if cmp.psi > policy.max_prediction_psi:
-                fails.append(f"prediction PSI {cmp.psi:.3f} > max_prediction_psi {policy.max_prediction_psi:g}")
-
-    if fails:
-        a.verdict, a.reasons = FAIL, fails + unsure + notes
-    elif unsure:
-        a.verdict, a.reasons = INCONCLUSIVE, unsure + notes
-    else:
-        a.verdict, a.reasons = PASS, ["all checks within thresholds"] + notes
-    return a
-
 
 # ------------------------------------------------------------------------------------ driver
 @dataclasses.dataclass
@@ -607,7 +251,8 @@ class CanaryResult:
             promotion is the caller's next step), ``"rolled_back"`` (gateway at 100 % champion),
             or ``"rollback_failed"`` (the gateway could not be rolled back: the challenger was left
             loaded and an operator must act).
-        steps: Every step analysis, extensions included, in order.
+        steps: Every step's final analysis (extensions included) and the failing one, in order.
+        analyses: Every analysis, intermediate ones included, in order.
     """
 
     model: str
@@ -617,6 +262,7 @@ class CanaryResult:
     reason: str
     steps: list[StepAnalysis]
     rollback: RollbackRecord | None = None
+    analyses: list[StepAnalysis] = dataclasses.field(default_factory=list)
 
     @property
     def promoted(self) -> bool:
@@ -624,7 +270,7 @@ class CanaryResult:
         return self.outcome == "promoted"
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable dict."""
+        """JSON-serialisable dict (the step analyses; :attr:`analyses` are recorded one by one)."""
         return {
             "model": self.model,
             "champion_version": self.champion_version,
@@ -632,6 +278,7 @@ class CanaryResult:
             "outcome": self.outcome,
             "reason": self.reason,
             "steps": [s.to_dict() for s in self.steps],
+            "analyses": len(self.analyses),
             "rollback": dataclasses.asdict(self.rollback) if self.rollback else None,
         }
 
@@ -651,7 +298,9 @@ def rollback(
 ) -> RollbackRecord:
     """Roll back: gateway to 100 % ``champion`` FIRST, then unload the challenger.
 
-    Used automatically by :func:`run_canary` and manually (Airflow UI) by the DAG. If the gateway
+    The one rollback of tritonflow: used automatically by :func:`run_canary`, by the pipelines'
+    aborted canaries and by anything else that must put a model back on a known-good version
+    (pass ``unload_challenger=lambda: None`` to keep the other version loaded). If the gateway
     cannot be rolled back, the challenger is NOT unloaded (it still receives traffic).
 
     Returns:
@@ -686,25 +335,37 @@ def run_canary(
     apply_plan: Callable[[TrafficPlan], Any],
     scrape_metrics: Callable[[], str],
     unload_challenger: Callable[[], Any],
-    fetch_predictions: Callable[[float, float], tuple[Any, Any]] | None = None,
+    observe: Callable[[float, float], Observations] | None = None,
+    expected: ExpectedBehaviour | None = None,
+    coverage_reference: CoverageReference | None = None,
     sleep: Callable[[float], Any] = time.sleep,
     clock: Callable[[], float] = time.time,
     on_step: Callable[[StepAnalysis], Any] | None = None,
+    on_analysis: Callable[[StepAnalysis], Any] | None = None,
     sticky_header: str | None = None,
 ) -> CanaryResult:
-    """Drive a canary through ``policy.steps``; roll back automatically on a failed step.
+    """Drive a canary through ``policy.steps`` with continuous analysis; roll back on a failure.
+
+    Each step: apply its plan, scrape, then until the bake is over: sleep
+    ``min(analysis_interval_s, bake left)``, scrape, read the window's log and analyse. A hard
+    failure rolls back at once; at the end of the bake the step passes, fails, or (inconclusive)
+    bakes again with the window growing, up to ``max_extensions`` times. The bake time counts the
+    seconds slept, so an analysis never shortens it.
 
     Args:
         model, champion, challenger: Model name and the two Triton versions (both loaded).
-        policy: Steps, bake time and thresholds.
+        policy: Steps, bake time, analysis interval and thresholds.
         apply_plan: Makes a :class:`TrafficPlan` live (e.g. ``NginxRouter.apply``).
         scrape_metrics: Returns Triton's metrics text (e.g. :func:`metrics_scraper`); raising
             :class:`MetricsUnavailableError` (or anything) fails the step.
         unload_challenger: Unloads the challenger version (called only after the gateway rollback).
-        fetch_predictions: ``(start, end) -> (challenger predictions, champion predictions)`` over
-            that unix-time window (e.g. from the inference log); ``None`` skips check (b).
+        observe: ``(start, end) -> Observations``: the logged requests of that unix-time window
+            (e.g. from the inference log); ``None`` skips the output checks.
+        expected: The challenger's expected behaviour (shadow or mirrored predictions).
+        coverage_reference: The drift reference for the feature-space coverage.
         sleep, clock: Injected for tests (``time.sleep``, ``time.time``).
-        on_step: Called with each :class:`StepAnalysis` as soon as it is made (record to MLflow).
+        on_step: Called with each step-ending analysis (pass, fail, inconclusive) as it is made.
+        on_analysis: Called with every analysis, intermediate ones included (record to MLflow).
         sticky_header: Passed to every plan (same key, same version).
 
     Returns:
@@ -718,6 +379,7 @@ def run_canary(
         for p in policy.steps
     ]  # validated up front: a bad schedule moves no traffic
     steps: list[StepAnalysis] = []
+    analyses: list[StepAnalysis] = []
 
     def fail(reason: str) -> CanaryResult:
         rec = rollback(
@@ -725,7 +387,7 @@ def run_canary(
             unload_challenger=unload_challenger, reason=reason, clock=clock,
         )
         outcome = "rolled_back" if rec.gateway_ok else "rollback_failed"
-        return CanaryResult(model, champion, challenger, outcome, reason, steps, rec)
+        return CanaryResult(model, champion, challenger, outcome, reason, steps, rec, analyses)
 
     for index, (percent, plan) in enumerate(zip(policy.steps, plans), start=1):
         try:
@@ -739,43 +401,60 @@ def run_canary(
             before_text = scrape_metrics()
         except Exception as exc:  # noqa: BLE001
             metrics_error = str(exc)
-        attempt = 0
+        recent_text = before_text
+        attempt = 1
+        baked = 0.0
+        bake_until = float(policy.bake_s)
         while True:
-            attempt += 1
             after_text = None
             if metrics_error is None:
-                sleep(policy.bake_s)
+                nap = max(0.0, min(policy.analysis_interval_s, bake_until - baked))
+                sleep(nap)
+                baked += nap
                 try:
                     after_text = scrape_metrics()
                 except Exception as exc:  # noqa: BLE001
                     metrics_error = str(exc)
+            final = baked >= bake_until - 1e-9
             end = clock()
-            predictions = predictions_error = None
-            if fetch_predictions is not None and metrics_error is None:
+            observations = observations_error = None
+            if observe is not None and metrics_error is None:
                 try:
-                    predictions = fetch_predictions(start, end)
+                    observations = observe(start, end)
                 except Exception as exc:  # noqa: BLE001
-                    predictions_error = str(exc)
+                    observations_error = str(exc)
             analysis = analyse_step(
                 policy=policy, model=model, champion=champion, challenger=challenger,
                 step=index, percent=percent, attempt=attempt, window_start=start, window_end=end,
                 before_text=before_text, after_text=after_text, metrics_error=metrics_error,
-                predictions=predictions, predictions_error=predictions_error,
+                recent_before_text=recent_text, final=final, observations=observations,
+                observations_error=observations_error, expected=expected,
+                coverage_reference=coverage_reference,
             )
+            recent_text = after_text
+            analysis.index = len(analyses) + 1
             if analysis.verdict == INCONCLUSIVE and attempt > policy.max_extensions:
                 analysis.verdict = FAIL
                 analysis.reasons.insert(
                     0, f"still inconclusive after {policy.max_extensions} extension(s) of the step"
                 )
-            steps.append(analysis)
-            if on_step is not None:
-                on_step(analysis)
+            analyses.append(analysis)
+            if on_analysis is not None:
+                on_analysis(analysis)
+            if analysis.verdict != CONTINUE:
+                steps.append(analysis)
+                if on_step is not None:
+                    on_step(analysis)
             if analysis.verdict == PASS:
                 break
             if analysis.verdict == FAIL:
-                return fail(f"step {index} ({percent}%) failed: {analysis.reasons[0]}")
-            # inconclusive: extend the step (same window start, one more bake)
-    return CanaryResult(model, champion, challenger, "promoted", "every step passed", steps)
+                when = "" if analysis.final else f" after {baked:g} s of its bake"
+                return fail(f"step {index} ({percent}%) failed{when}: {analysis.reasons[0]}")
+            if analysis.verdict == INCONCLUSIVE:
+                attempt += 1  # extend the step: same window start, one more bake
+                bake_until += float(policy.bake_s)
+    return CanaryResult(model, champion, challenger, "promoted", "every step passed", steps,
+                        analyses=analyses)
 
 
 # ------------------------------------------------------------------------------------ pre-flight
@@ -876,9 +555,9 @@ def preflight_from_settings(
 
 
 __all__ = [
-    "CanaryPolicy", "CanaryResult", "PreflightReport", "PredictionComparison", "RollbackRecord",
-    "StepAnalysis", "VersionCounters", "VersionWindow", "analyse_step", "compare_predictions",
-    "fetch_metrics_text", "host_available_bytes", "metrics_scraper", "model_files_bytes",
-    "parse_steps", "parse_triton_metrics", "population_stability_index", "preflight_from_settings",
+    "CONTINUE", "FAIL", "INCONCLUSIVE", "PASS", "CanaryPolicy", "CanaryResult", "CoverageReference",
+    "PreflightReport", "RollbackRecord", "StepAnalysis", "VersionCounters", "VersionWindow",
+    "analyse_step", "fetch_metrics_text", "host_available_bytes", "metrics_scraper",
+    "model_files_bytes", "parse_steps", "parse_triton_metrics", "preflight_from_settings",
     "preflight_memory", "rollback", "run_canary", "version_window",
 ]

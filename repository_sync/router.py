@@ -74,6 +74,10 @@ COMMAND_TIMEOUT_S = 30.0
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 #: Request header names accepted for sticky routing.
 HEADER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
+#: Mirror recorder addresses accepted (``host:port``; they end up in an NGINX upstream).
+MIRROR_TARGET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}:[0-9]{1,5}$")
+#: Internal location prefix of the mirror subrequests.
+MIRROR_LOCATION = "/_tritonflow_mirror/"
 
 Command = Union[Sequence[str], Callable[[], Any], None]
 
@@ -94,6 +98,43 @@ class Route:
 
 
 @dataclasses.dataclass(frozen=True)
+class Mirror:
+    """Live shadow: a share of the champion's requests copied to another version.
+
+    The gateway sends a copy of ``percent`` % of the inference requests it routes to the plan's
+    champion (drawn independently of the routing) to the mirror recorder at ``target``, which
+    forwards them to ``version`` (:mod:`repository_sync.mirror`). NGINX discards the mirror's
+    answer: clients never see it.
+
+    Attributes:
+        version: The version that answers the mirrored requests (the challenger).
+        percent: Integer percent 1-100 of the champion's requests mirrored.
+        target: ``host:port`` of the mirror recorder.
+    """
+
+    version: Any
+    percent: Any
+    target: str
+
+    def problems(self, champion: Any) -> list[str]:
+        """What is wrong with this mirror (empty: valid)."""
+        out = []
+        if not _is_int(self.version) or int(self.version) < 1:
+            out.append(f"mirror version={self.version!r} is not a positive integer")
+        elif _is_int(champion) and int(self.version) == int(champion):
+            out.append(f"mirror version {self.version} is the champion itself")
+        if not _is_int(self.percent) or not 1 <= int(self.percent) <= 100:
+            out.append(f"mirror percent={self.percent!r} is not an integer percent 1-100")
+        if not isinstance(self.target, str) or not MIRROR_TARGET_RE.match(self.target):
+            out.append(f"mirror target={self.target!r} is not host:port")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form."""
+        return {"version": int(self.version), "percent": int(self.percent), "target": self.target}
+
+
+@dataclasses.dataclass(frozen=True)
 class TrafficPlan:
     """How one model's requests are split between its versions. Validated on construction.
 
@@ -104,6 +145,8 @@ class TrafficPlan:
         sticky_header: Request header whose value picks the version (same value, same version);
             requests without it are split by ``$request_id``. ``None``: every request is drawn anew.
         name: Plan name used in messages (defaults to the model name).
+        mirror: Live shadow (:class:`Mirror`): a share of the champion's requests also sent to
+            another version, whose answers never reach clients. ``None``: no mirror.
 
     Raises:
         TrafficPlanError: Any problem with the plan; the message names the plan, the model and
@@ -116,6 +159,7 @@ class TrafficPlan:
     champion: Any = None
     sticky_header: str | None = None
     name: str = ""
+    mirror: Mirror | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "routes", tuple(self.routes))
@@ -155,6 +199,10 @@ class TrafficPlan:
                 f"traffic plan {name!r} for model {model!r} refused: routes={raw_routes!r}; "
                 "expected a non-empty list of {version, weight}"
             )
+        mirror = data.get("mirror")
+        if isinstance(mirror, Mapping):
+            mirror = Mirror(version=mirror.get("version"), percent=mirror.get("percent"),
+                            target=mirror.get("target"))
         routes = []
         for i, r in enumerate(raw_routes):
             if not isinstance(r, Mapping):
@@ -169,6 +217,7 @@ class TrafficPlan:
             champion=data.get("champion"),
             sticky_header=data.get("sticky_header"),
             name=name,
+            mirror=mirror,
         )
 
     @classmethod
@@ -215,9 +264,10 @@ class TrafficPlan:
         )
 
     @classmethod
-    def single(cls, model: str, version: int, *, name: str = "") -> "TrafficPlan":
-        """All requests of ``model`` to ``version`` (the rollback plan)."""
-        return cls(model=model, routes=(Route(version, 100),), champion=version, name=name)
+    def single(cls, model: str, version: int, *, name: str = "", mirror: Mirror | None = None) -> "TrafficPlan":
+        """All requests of ``model`` to ``version`` (the rollback plan; with ``mirror``, the live
+        shadow plan)."""
+        return cls(model=model, routes=(Route(version, 100),), champion=version, name=name, mirror=mirror)
 
     # -------------------------------------------------------------- views
     @property
@@ -230,14 +280,17 @@ class TrafficPlan:
         return self.weights.get(int(version), 0)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form, readable by :meth:`from_mapping`."""
-        return {
+        """JSON-serialisable form, readable by :meth:`from_mapping` (``mirror`` only when set)."""
+        out = {
             "id": self.name,
             "model": self.model,
             "routes": [{"version": int(r.version), "weight": int(r.weight)} for r in self.routes],
             "champion": int(self.champion),
             "sticky_header": self.sticky_header,
         }
+        if self.mirror is not None:
+            out["mirror"] = self.mirror.to_dict()
+        return out
 
     @property
     def digest(self) -> str:
@@ -247,6 +300,8 @@ class TrafficPlan:
             "routes": sorted((int(r.version), int(r.weight)) for r in self.routes),
             "sticky_header": (self.sticky_header or "").lower(),
         }
+        if self.mirror is not None:
+            key["mirror"] = self.mirror.to_dict()
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -311,6 +366,11 @@ def _plan_problems(plan: TrafficPlan) -> list[str]:
         )
     if not isinstance(plan.name, str):
         problems.append(f"name={plan.name!r} is not a string")
+    if plan.mirror is not None:
+        if not isinstance(plan.mirror, Mirror):
+            problems.append(f"mirror={plan.mirror!r} is not a Mirror")
+        else:
+            problems.extend(plan.mirror.problems(plan.champion))
     return problems
 
 
@@ -528,15 +588,82 @@ class NginxRouter(TrafficRouter):
         http.append("".join(lines))
 
         escaped = re.escape(plan.model)
-        locations = header + (
-            f"location ~ ^/v2/models/{escaped}(/ready|/infer)?$ {{\n"
-            f"    rewrite ^/v2/models/{escaped}(.*)$ /v2/models/{plan.model}/versions/{version_var}$1 break;\n"
+        if plan.mirror is None:
+            locations = header + (
+                f"location ~ ^/v2/models/{escaped}(/ready|/infer)?$ {{\n"
+                f"    rewrite ^/v2/models/{escaped}(.*)$ /v2/models/{plan.model}/versions/{version_var}$1 break;\n"
+                f"    proxy_pass http://{self.upstream};\n"
+                f"    add_header {self.response_header} {version_var} always;\n"
+                f"    add_header {PLAN_HEADER} {plan.digest} always;\n"
+                f"}}\n"
+            )
+        else:
+            mirror_http, locations = self._render_mirror(plan, ident, version_var, escaped)
+            http.append(mirror_http)
+            locations = header + locations
+        return "".join(http).encode(), locations.encode()
+
+    def _render_mirror(self, plan: TrafficPlan, ident: str, version_var: str, escaped: str) -> tuple[str, str]:
+        """``http.d`` and ``locations.d`` parts of a plan with a :class:`Mirror`.
+
+        The infer route gets ``mirror``; the mirror subrequest (which shares the main request's
+        variables, so it sees the version the main request was routed to and the same request id)
+        goes to the recorder only when the request went to the champion and falls in the mirrored
+        share, else it ends at once with 204. The gateway returns the request id it passes to the
+        recorder (the client's ``X-Request-Id``, else ``$request_id``) as ``X-Request-Id``.
+        """
+        from repository_sync.mirror import MIRROR_PATH, SERVED_HEADER
+
+        m = plan.mirror
+        rid, share, hit = (f"$tritonflow_rid_{ident}", f"$tritonflow_ms_{ident}",
+                           f"$tritonflow_mirror_{ident}")
+        upstream = f"tritonflow_mirror_{ident}"
+        http = (
+            f"map $http_x_request_id {rid} {{\n"
+            f'    ""      $request_id;\n'
+            f"    default $http_x_request_id;\n"
+            f"}}\n"
+            + (f'split_clients "${{request_id}}mirror" {share} {{\n    * 1;\n}}\n' if int(m.percent) == 100
+               else f'split_clients "${{request_id}}mirror" {share} {{\n    {int(m.percent)}% 1;\n    * "";\n}}\n')
+            + f'map "{version_var}:{share}" {hit} {{\n'
+            f'    "{int(plan.champion)}:1" 1;\n'
+            f'    default "";\n'
+            f"}}\n"
+            f"upstream {upstream} {{\n"
+            f"    server {m.target};\n"
+            f"    keepalive 8;\n"
+            f"}}\n"
+        )
+        common = (
             f"    proxy_pass http://{self.upstream};\n"
             f"    add_header {self.response_header} {version_var} always;\n"
             f"    add_header {PLAN_HEADER} {plan.digest} always;\n"
+        )
+        locations = (
+            f"location ~ ^/v2/models/{escaped}/infer$ {{\n"
+            f"    rewrite ^/v2/models/{escaped}(.*)$ /v2/models/{plan.model}/versions/{version_var}$1 break;\n"
+            f"    mirror {MIRROR_LOCATION}{ident};\n"
+            + common
+            + f"    add_header X-Request-Id {rid} always;\n"
+            f"}}\n"
+            f"location ~ ^/v2/models/{escaped}(/ready)?$ {{\n"
+            f"    rewrite ^/v2/models/{escaped}(.*)$ /v2/models/{plan.model}/versions/{version_var}$1 break;\n"
+            + common
+            + f"}}\n"
+            f"location = {MIRROR_LOCATION}{ident} {{\n"
+            f"    internal;\n"
+            f'    if ({hit} = "") {{ return 204; }}\n'
+            f"    proxy_pass http://{upstream}{MIRROR_PATH}/{plan.model}/{int(m.version)};\n"
+            f"    proxy_http_version 1.1;\n"
+            f'    proxy_set_header Connection "";\n'
+            f"    proxy_set_header X-Request-Id {rid};\n"
+            f"    proxy_set_header {SERVED_HEADER} {version_var};\n"
+            f"    proxy_connect_timeout 1s;\n"
+            f"    proxy_send_timeout 5s;\n"
+            f"    proxy_read_timeout 5s;\n"
             f"}}\n"
         )
-        return "".join(http).encode(), locations.encode()
+        return http, locations
 
     # -------------------------------------------------------------- reading
     @staticmethod

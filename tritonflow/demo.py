@@ -160,8 +160,6 @@ class DemoConfig:
     shadow_hours: int = 10
     retrain_hours: int = 10
     profile: bool = True
-    canary_max_prediction_ks: float = 0.6
-    canary_max_prediction_psi: float = 4.0
     dataset_share: float = 0.125
 
 
@@ -257,13 +255,6 @@ def environment(cfg: DemoConfig, ports: Mapping[str, int]) -> dict[str, str]:
         "TRITONFLOW_CANARY_STEPS": cfg.canary_steps,
         "TRITONFLOW_CANARY_BAKE_S": str(cfg.canary_bake_s),
         "TRITONFLOW_CANARY_MIN_REQUESTS": str(cfg.canary_min_requests),
-        # After a concept drift a better model predicts differently from the stale champion: on
-        # NOAA at day 12,000 a retrained challenger's scores differ by KS 0.3-0.5 / PSI 1.3-2.9
-        # from the champion's, so the default limits (0.2 / 0.25) would roll back every good
-        # challenger. The demo's limits sit between that and the label-flipped challenger
-        # (KS 0.7-0.8, PSI 4-5 against the new champion), measured offline on the same days.
-        "TRITONFLOW_CANARY_MAX_PREDICTION_KS": str(cfg.canary_max_prediction_ks),
-        "TRITONFLOW_CANARY_MAX_PREDICTION_PSI": str(cfg.canary_max_prediction_psi),
         # One strongly shifted feature of eight is a dataset drift (see settings).
         "TRITONFLOW_DRIFT_DATASET_SHARE": str(cfg.dataset_share),
         # The demo replays years in minutes: the cooldown is in logical time, not wall time.
@@ -969,11 +960,18 @@ class Demo:
         writer = self._writer()
 
         def log_batch(rows: pd.DataFrame, res: pd.DataFrame) -> None:
+            from model_registry.datasets import LABEL_COLUMN
+
             ok = res["status"] == 200
             if ok.any():
                 rec = self._records(rows[ok.to_numpy()], res[ok],
                                     pd.DatetimeIndex(res.loc[ok, "wall_time"]))
                 writer.write(rec)
+                # NOAA's labels are known at once: they arrive during the canary, which compares
+                # the challenger's quality with the champion's (how the flipped one is caught)
+                writer.write_labels(pd.DataFrame({
+                    "request_id": rec["request_id"], "timestamp": rec["timestamp"],
+                    LABEL_COLUMN: rows.loc[ok.to_numpy(), LABEL_COLUMN].astype("int64").to_numpy()}))
 
         t0 = time.time()
         with BackgroundTraffic(self.client, frame, cfg.canary_rps, on_batch=log_batch) as traffic:

@@ -79,10 +79,40 @@ DEFAULT_CANARY_MAX_ERROR_RATE = 0.01
 DEFAULT_CANARY_MAX_MEAN_LATENCY_MS = 1000.0
 #: Highest ratio of canary to champion mean latency over the same step (dimensionless).
 DEFAULT_CANARY_MAX_LATENCY_RATIO = 1.5
-#: Highest two-sample KS statistic between canary and champion predictions (0-1).
+#: Highest two-sample KS statistic between the challenger's live predictions and its own expected
+#: predictions (shadow replay or mirrored live requests) on comparable inputs (0-1).
 DEFAULT_CANARY_MAX_PREDICTION_KS = 0.2
-#: Highest PSI between canary and champion predictions (0.25 = "significant shift", Siddiqi 2006).
+#: Highest PSI between the challenger's live and expected predictions (0.25 = "significant
+#: shift", Siddiqi 2006).
 DEFAULT_CANARY_MAX_PREDICTION_PSI = 0.25
+#: Seconds between two analyses during a step's bake; hard failures roll back at the first
+#: analysis that sees them (the reference setup switches back 4.7 s after detection).
+DEFAULT_CANARY_ANALYSIS_INTERVAL_S = 5.0
+#: Fewest challenger requests (or logged predictions) before an error rate, non-finite or constant
+#: outputs roll back in the middle of a bake.
+DEFAULT_CANARY_HARD_MIN_REQUESTS = 10
+#: Confidence (0-1) of the canary's bounds: error-rate lower bound (Clopper-Pearson), KS/PSI
+#: sampling margins and the quality interval.
+DEFAULT_CANARY_CONFIDENCE = 0.95
+#: Fewest labelled requests per version before the canary compares quality.
+DEFAULT_CANARY_MIN_LABELS = 30
+#: Quality metric compared when labels arrive during a canary (``auc`` or ``accuracy``).
+DEFAULT_CANARY_QUALITY_METRIC = "auc"
+#: Largest quality drop (metric units) of the challenger vs the champion tolerated at the upper
+#: confidence bound; a bigger drop with confidence fails the step.
+DEFAULT_CANARY_MAX_QUALITY_DROP = 0.02
+#: Feature-space coverage: fewest challenger requests in every reference decile bin that live
+#: traffic reaches, per important feature; fewer makes a step inconclusive (extended).
+DEFAULT_CANARY_COVERAGE_MIN_REQUESTS = 5
+#: Feature-space coverage: most important features checked (by the reference's importances;
+#: all features when the reference has none; 0 = all features).
+DEFAULT_CANARY_COVERAGE_FEATURES = 5
+#: Live shadow: percent (1-100) of the champion's requests the gateway mirrors to the challenger.
+DEFAULT_SHADOW_MIRROR_PERCENT = 10
+#: Live shadow: seconds the mirror collects the challenger's outputs on live requests.
+DEFAULT_SHADOW_LIVE_DURATION_S = 600.0
+#: Live shadow: address the gateway reaches the mirror recorder at (the worker's host).
+DEFAULT_SHADOW_MIRROR_HOST = "127.0.0.1"
 #: Response header the gateway adds to name the model version that served a request.
 DEFAULT_GATEWAY_RESPONSE_HEADER = "X-Tritonflow-Version"
 #: Seconds a second promotion of the same model waits for the lock (0: fail at once).
@@ -345,6 +375,35 @@ class Settings:
     canary_max_prediction_psi: float = _field(
         DEFAULT_CANARY_MAX_PREDICTION_PSI, "CANARY_MAX_PREDICTION_PSI", "Highest prediction PSI."
     )
+    canary_analysis_interval_s: float = _field(
+        DEFAULT_CANARY_ANALYSIS_INTERVAL_S, "CANARY_ANALYSIS_INTERVAL_S",
+        "Seconds between analyses during a bake (hard failures roll back at once).",
+    )
+    canary_hard_min_requests: int = _field(
+        DEFAULT_CANARY_HARD_MIN_REQUESTS, "CANARY_HARD_MIN_REQUESTS",
+        "Fewest challenger requests before a mid-bake rollback on errors or bad outputs.",
+    )
+    canary_confidence: float = _field(
+        DEFAULT_CANARY_CONFIDENCE, "CANARY_CONFIDENCE", "Confidence (0-1) of the canary's bounds."
+    )
+    canary_min_labels: int = _field(
+        DEFAULT_CANARY_MIN_LABELS, "CANARY_MIN_LABELS", "Fewest labelled requests per version to compare quality."
+    )
+    canary_quality_metric: str = _field(
+        DEFAULT_CANARY_QUALITY_METRIC, "CANARY_QUALITY_METRIC", "Quality metric with labels (auc, accuracy)."
+    )
+    canary_max_quality_drop: float = _field(
+        DEFAULT_CANARY_MAX_QUALITY_DROP, "CANARY_MAX_QUALITY_DROP",
+        "Largest quality drop vs the champion at the upper confidence bound (metric units).",
+    )
+    canary_coverage_min_requests: int = _field(
+        DEFAULT_CANARY_COVERAGE_MIN_REQUESTS, "CANARY_COVERAGE_MIN_REQUESTS",
+        "Fewest challenger requests per reached reference decile bin.",
+    )
+    canary_coverage_features: int = _field(
+        DEFAULT_CANARY_COVERAGE_FEATURES, "CANARY_COVERAGE_FEATURES",
+        "Most important features checked for coverage (0 = all).",
+    )
     gateway_response_header: str = _field(
         DEFAULT_GATEWAY_RESPONSE_HEADER, "GATEWAY_RESPONSE_HEADER", "Header naming the serving version."
     )
@@ -572,6 +631,16 @@ class Settings:
     )
     shadow_max_replay_rows: int = _field(
         DEFAULT_SHADOW_MAX_REPLAY_ROWS, "SHADOW_MAX_REPLAY_ROWS", "Most rows a shadow replay sends."
+    )
+    shadow_mirror_percent: int = _field(
+        DEFAULT_SHADOW_MIRROR_PERCENT, "SHADOW_MIRROR_PERCENT",
+        "Live shadow: percent of champion requests mirrored to the challenger.",
+    )
+    shadow_live_duration_s: float = _field(
+        DEFAULT_SHADOW_LIVE_DURATION_S, "SHADOW_LIVE_DURATION_S", "Live shadow: seconds of mirrored traffic."
+    )
+    shadow_mirror_host: str = _field(
+        DEFAULT_SHADOW_MIRROR_HOST, "SHADOW_MIRROR_HOST", "Live shadow: host the gateway reaches the recorder at."
     )
     retrain_window_days: float = _field(
         DEFAULT_RETRAIN_WINDOW_DAYS, "RETRAIN_WINDOW_DAYS", "Days of labelled log a retraining uses."

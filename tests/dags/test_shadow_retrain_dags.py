@@ -195,7 +195,10 @@ def test_winning_challenger_is_published_and_triggers_the_canary(loop):
     assert shadow["tasks"]["trigger_canary"] == "success"
     assert shadow["tasks"]["trigger_retrain"] == shadow["tasks"]["no_action"] == "skipped"
     (run,) = shadow["triggered"]["canary_promotion"]
-    assert run["conf"] == {"model": loop["model"], "challenger": "2"}
+    # the canary gets the challenger's expected predictions (what it is judged against)
+    assert {k: v for k, v in run["conf"].items() if k != "expected_predictions"} == {
+        "model": loop["model"], "challenger": "2"}
+    assert run["conf"]["expected_predictions"].endswith("/challenger_expected.parquet")
     client = mlflow.MlflowClient(tracking_uri=loop["settings"].resolved_mlflow_tracking_uri)
     tags = client.get_model_version(loop["model"], "2").tags
     assert tags["tritonflow.status"] == "published"  # by the publish pipeline, in the shadow run

@@ -136,7 +136,15 @@ def test_challenger_trained_after_the_shift_wins_with_the_stated_confidence(serv
     decision = sp.compare(replayed, settings=s, rule_overrides={"confidence": 0.99})
     assert decision["verdict"] == "challenger_wins"
     assert decision["outcome"] == "promote_challenger"
-    assert decision["canary_conf"] == {"model": model, "challenger": "2"}
+    # the challenger's expected predictions: its replay scores and inputs, recorded on its
+    # version and passed to the canary
+    expected = pd.read_parquet(replayed["expected_uri"])
+    np.testing.assert_allclose(expected["expected_score"], preds["challenger_score"])
+    assert list(expected.columns[4:]) == list(ds.FEATURE_COLUMNS) and set(expected["source"]) == {"shadow_replay"}
+    conf = decision["canary_conf"]
+    assert {k: conf[k] for k in ("model", "challenger")} == {"model": model, "challenger": "2"}
+    assert conf["expected_predictions"] == _version_tags(serving, 2)[sp.EXPECTED_TAG]
+    assert conf["expected_predictions"] == decision["recorded"]["challenger"]["expected_uri"]
     n_labelled = int((rows[ds.DAY_COLUMN] % 7 != 0).sum())
     assert decision["n_labelled"] == n_labelled
     primary = decision["primary"]

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import shutil
 import socket
@@ -57,7 +56,6 @@ from tritonflow.exceptions import (
     ModelLoadRefusedError,
     RegistryError,
     SettingsError,
-    WindowError,
 )
 from tritonflow.settings import Settings, get_settings
 
@@ -456,38 +454,6 @@ def _record(registry: Any, model: str, version: int, tags: Mapping[str, Any]) ->
     registry.set_version_tags(registry.get_version(model, version), dict(tags))
 
 
-def _predictions_fetcher(env: CanaryEnvironment, log_model: str, champion: int, challenger: int,
-                         columns: Sequence[str] | None):
-    import numpy as np
-    import pandas as pd
-
-    from drift_checks.inference_log import BASE_COLUMNS, read_window
-
-    def fetch(start: float, end: float):
-        win = read_window(env.inference_log_root, log_model, pd.Timestamp(start, unit="s", tz="UTC"),
-                          pd.Timestamp(end, unit="s", tz="UTC"), endpoint_url=env.endpoint_url)
-        frame = win.frame
-        cols = list(columns) if columns else [
-            c for c in frame.columns
-            if c not in BASE_COLUMNS and str(c).lower().startswith(DEFAULT_PREDICTION_PREFIXES)
-        ]
-        if frame.empty:
-            return np.empty((0, max(len(cols), 1))), np.empty((0, max(len(cols), 1)))
-        missing = [c for c in cols if c not in frame.columns]
-        if not cols or missing:
-            raise WindowError(
-                f"inference log of {log_model!r}: prediction columns {missing or cols!r} not found "
-                f"(columns: {sorted(map(str, frame.columns))}); expected prediction_columns naming "
-                f"them, or names starting with {DEFAULT_PREDICTION_PREFIXES}"
-            )
-        versions = frame["model_version"].astype(int)
-        can = frame.loc[versions == int(challenger), cols].to_numpy(dtype=float)
-        champ = frame.loc[versions == int(champion), cols].to_numpy(dtype=float)
-        return can, champ
-
-    return fetch
-
-
 # ----------------------------------------------------------------------------------- repository GC
 def _repository_versions(storage: Any, name: str) -> list[int]:
     out = set()
@@ -589,6 +555,8 @@ def run_promotion(
     holder: str = "",
     prediction_columns: Sequence[str] | None = None,
     check_predictions: bool = True,
+    expected_predictions: str | None = None,
+    label_column: str | None = None,
     policy_overrides: Mapping[str, Any] | None = None,
     garbage_collect: bool = True,
     env: CanaryEnvironment | None = None,
@@ -613,9 +581,14 @@ def run_promotion(
         use_stages: Also move the legacy stages (Production/Archived).
         dry_run: Resolve, check pre-flight and validate the schedule; touch nothing.
         holder: Who promotes, written in the lock (e.g. ``dag_id/run_id/task_id``).
-        prediction_columns: Inference-log columns compared between the versions (default:
+        prediction_columns: The challenger's output columns in the inference log (default:
             columns named ``prediction*``/``probabilit*``/``score*``).
-        check_predictions: Compare prediction distributions from the inference log.
+        check_predictions: Read the inference log for the output checks (non-finite/constant
+            outputs, expected behaviour, quality with labels, feature-space coverage).
+        expected_predictions: URI of the challenger's expected predictions (the shadow
+            evaluation's ``canary_conf``); default: the challenger version's
+            ``tritonflow.shadow.expected_uri`` tag, else the prediction check is not evaluated.
+        label_column: Label column of the inference-log labels (default: their only one).
         policy_overrides: Other :class:`~repository_sync.canary.CanaryPolicy` fields.
         garbage_collect: Delete old repository versions after a promotion.
         env: Where the systems are (default: from settings).
@@ -624,7 +597,9 @@ def run_promotion(
     Returns:
         ``{"outcome": "promoted" | "rolled_back" | "rollback_failed" | "noop" | "routed" |
         "dry_run", "model", "champion", "challenger", "reason", "canary_id", "steps": [verdict
-        summaries], "rollback": {...} | None, "promotion": {...} | None, "gc": {...} | None}``.
+        summaries], "rollback": {...} | None, "promotion": {...} | None, "gc": {...} | None,
+        "canary_run": {"run_id", "analyses", "analyses_uri", "plot"} | None}``; the MLflow run
+        (experiment ``tritonflow-canary``) holds every analysis and the plot over time.
 
     Raises:
         ConcurrencyError: Another promotion of the model holds the lock (names the holder).
@@ -655,7 +630,7 @@ def run_promotion(
         name, champ, chal = res["triton_model"], res["champion"], res["challenger"]
         base = {"model": model, "triton_model": name, "champion": champ, "challenger": chal,
                 "canary_id": None, "steps": [], "rollback": None, "promotion": None, "gc": None,
-                "policy": policy.thresholds()}
+                "canary_run": None, "policy": policy.thresholds()}
         if res["noop"]:
             return {**base, "outcome": "noop", "reason": res["reason"]}
         router = env.router()
@@ -677,13 +652,28 @@ def run_promotion(
                     "plans": [{str(k): v for k, v in w.items()} for w in plans]}
         loaded = ensure_loaded(model, [champ, chal], triton_model=name, env=env)
 
+        from tritonflow.pipelines.canary_observe import (
+            CanaryRecord,
+            coverage_reference_for,
+            expected_for,
+            observer,
+        )
+
+        expected, expected_note = expected_for(registry, model, chal, expected_predictions,
+                                               tracking_uri=env.tracking_uri)
+        coverage_ref, coverage_note = coverage_reference_for(
+            env.inference_log_root, model, chal, policy.coverage_features, endpoint_url=env.endpoint_url)
         canary_id = _now_id()
         prefix = f"{CANARY_TAG_PREFIX}{canary_id}."
+        record = CanaryRecord(env.tracking_uri, model=model, triton_model=name, champion=champ,
+                              challenger=chal, canary_id=canary_id, thresholds=policy.thresholds(),
+                              extra_tags={"tritonflow.holder": holder})
         _record(registry, model, chal, {
             f"{CANARY_TAG_PREFIX}latest": canary_id,
             prefix + "started": {"champion": champ, "challenger": chal, "holder": holder,
                                  "policy": policy.thresholds(), "preflight": pre,
-                                 "signatures": loaded["signatures"],
+                                 "signatures": loaded["signatures"], "run_id": record.run_id,
+                                 "expected": expected_note, "coverage": coverage_note,
                                  "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
         })
 
@@ -695,13 +685,15 @@ def run_promotion(
         def unload_challenger() -> None:
             _unload_version(env, name, chal, keep_config_of=champ)
 
-        fetch = (_predictions_fetcher(env, name, champ, chal, prediction_columns)
-                 if check_predictions else None)
+        observe = (observer(env.inference_log_root, name, prediction_columns=prediction_columns,
+                            label_column=label_column, endpoint_url=env.endpoint_url)
+                   if check_predictions else None)
         try:
             result = run_canary(
                 model=name, champion=champ, challenger=chal, policy=policy, apply_plan=apply_live,
                 scrape_metrics=metrics_scraper(env.metrics_url), unload_challenger=unload_challenger,
-                fetch_predictions=fetch, sleep=sleep, clock=clock, on_step=on_step,
+                observe=observe, expected=expected, coverage_reference=coverage_ref, sleep=sleep,
+                clock=clock, on_step=on_step, on_analysis=record.add,
             )
         except BaseException as exc:
             # Anything unexpected (MLflow down while recording a step, interrupt): traffic back to
@@ -711,16 +703,20 @@ def run_promotion(
             rec = rollback(model=name, champion=champ, apply_plan=apply_live,
                            unload_challenger=unload_challenger, reason=f"canary aborted: {exc}")
             with contextlib.suppress(Exception):
+                record.finish("aborted", str(exc))
+            with contextlib.suppress(Exception):
                 _record(registry, model, chal, {prefix + "outcome": "aborted",
                                                 prefix + "rollback": dataclasses.asdict(rec)})
             raise
 
+        canary_run = record.finish(result.outcome, result.reason)
         summary = [{"step": s.step, "percent": s.percent, "attempt": s.attempt, "verdict": s.verdict,
                     "reason": s.reasons[0] if s.reasons else "",
                     "canary_requests": s.canary_requests} for s in result.steps]
         out = {**base, "canary_id": canary_id, "outcome": result.outcome, "reason": result.reason,
-               "steps": summary, "preflight": pre,
+               "steps": summary, "preflight": pre, "canary_run": canary_run,
                "rollback": dataclasses.asdict(result.rollback) if result.rollback else None}
+        _record(registry, model, chal, {prefix + "run": canary_run})
         if not result.promoted:
             if res["registry_champion"] == chal:
                 # The alias was moved to the challenger by hand (the event that started this run):

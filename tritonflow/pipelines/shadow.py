@@ -22,6 +22,13 @@ passes their small, JSON-serialisable returns through XCom (bulky data goes by r
    written beside the predictions and recorded on BOTH model versions in MLflow (tags
    ``tritonflow.shadow.*`` and artifacts). The outcome (``promote_challenger``, ``retrain``,
    ``nothing``, ``inconclusive``) drives the DAG's branch.
+
+Both :func:`replay` and the live mode (:func:`tritonflow.pipelines.shadow_live.live`: the gateway
+mirrors a share of the champion's live requests to the challenger) also write the challenger's
+*expected predictions* (:data:`EXPECTED_FILE`: its score and the inputs of every row):
+:func:`compare` records them on the challenger's model version (artifact and tag
+``tritonflow.shadow.expected_uri``) and passes their URI in ``canary_conf``, so the canary judges
+the challenger against its own behaviour here rather than against the champion.
 """
 
 from __future__ import annotations
@@ -72,6 +79,12 @@ PUBLISH_MODULE = "tritonflow.pipelines.publish"
 #: Columns of the predictions file (scores are positive-class probabilities or predictions).
 PREDICTION_COLUMNS = ("request_id", "timestamp", "model_version", "champion_score",
                       "challenger_score")
+#: The challenger's expected predictions (score and inputs per row), read by the canary.
+EXPECTED_FILE = "challenger_expected.parquet"
+#: Version tag (on the challenger) naming its expected-predictions artifact.
+EXPECTED_TAG = SHADOW_TAG_PREFIX + "expected_uri"
+#: Logged columns that are outputs, not inputs (names starting with these).
+OUTPUT_PREFIXES = ("prediction", "probabilit", "score")
 #: Triton datatypes the score output may have.
 _FLOAT_TYPES = {"FP16", "FP32", "FP64"}
 
@@ -544,6 +557,38 @@ def _run_dir(settings: Settings, model: str) -> Path:
     return path
 
 
+def write_expected(run_dir: Path, rows: Any, scores: np.ndarray, info: Mapping[str, Any],
+                   source: str) -> dict[str, Any]:
+    """Write the challenger's expected predictions: ``request_id``, ``timestamp``,
+    ``expected_score``, ``source`` and the inputs of each row (the signature's columns, else the
+    log's numeric columns that are not outputs).
+
+    Returns:
+        ``{"expected_uri", "expected_sha256", "expected_rows"}``.
+    """
+    import pandas as pd
+
+    from repository_sync.canary_checks import EXPECTED_SCORE_COLUMN
+
+    columns = [c for c in (info.get("input_columns") or []) if c in rows.columns]
+    if not columns:
+        columns = [c for c in rows.columns
+                   if c not in ("request_id", "timestamp", "model_version")
+                   and not str(c).lower().startswith(OUTPUT_PREFIXES)
+                   and pd.api.types.is_numeric_dtype(rows[c])]
+    frame = pd.DataFrame({
+        "request_id": rows["request_id"].astype(str).to_numpy(),
+        "timestamp": pd.to_datetime(rows["timestamp"], utc=True).to_numpy(),
+        EXPECTED_SCORE_COLUMN: np.asarray(scores, dtype=np.float64),
+        "source": source,
+    })
+    for c in columns:
+        frame[c] = pd.to_numeric(rows[c], errors="coerce").to_numpy(dtype=np.float64)
+    path = Path(run_dir) / EXPECTED_FILE
+    frame.to_parquet(path, index=False)
+    return {"expected_uri": str(path), "expected_sha256": sha256_file(path), "expected_rows": len(frame)}
+
+
 def replay(model: str, champion: Any, challenger: Any, window_start: Any, window_end: Any, *,
            settings: Settings | None = None, max_rows: int | None = None,
            concurrency: int | None = None) -> dict[str, Any]:
@@ -563,8 +608,10 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
     Returns:
         ``{"model", "uri", "sha256", "bytes", "rows", "invalid_rows", "window_start",
         "window_end", "champion", "challenger", "outputs", "champion_loaded",
-        "challenger_loaded", "challenger_unloaded", "seconds"}``; ``uri`` is the Parquet file of
-        :data:`PREDICTION_COLUMNS` (``challenger_score`` NaN without a challenger).
+        "challenger_loaded", "challenger_unloaded", "seconds", "mode"}``; ``uri`` is the Parquet
+        file of :data:`PREDICTION_COLUMNS` (``challenger_score`` NaN without a challenger); with a
+        challenger also ``"expected_uri"``, ``"expected_sha256"``, ``"expected_rows"``
+        (:func:`write_expected`).
 
     Raises:
         WindowError: Bad bounds, no logged row in the window, or the log lacks input columns.
@@ -695,7 +742,11 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
     run_dir = _run_dir(s, model)
     path = run_dir / PREDICTIONS_FILE
     predictions.to_parquet(path, index=False)
+    expected = (write_expected(run_dir, out, scores_x, chal, "shadow_replay")
+                if scores_x is not None else {})
     return {
+        **expected,
+        "mode": "replay",
         "model": model,
         "uri": str(path),
         "sha256": sha256_file(path),
@@ -862,9 +913,15 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
     report_path.write_text(report)
 
     recorded: dict[str, Any] = {}
+    expected_path = replayed.get("expected_uri") if chal_v is not None else None
+    if expected_path and replayed.get("expected_sha256") and Path(expected_path).is_file() \
+            and sha256_file(expected_path) != replayed["expected_sha256"]:
+        raise DataError(f"expected predictions {expected_path} changed since they were written "
+                        "(sha256 differs)")
     if record:
         recorded = _record(s, model, evidence, evidence_path, report_path, champ_v, chal_v,
-                           run_dir.name)
+                           run_dir.name, expected_path)
+    expected_ref = (recorded.get("challenger") or {}).get("expected_uri") or expected_path
     primary = decision.comparisons.get(rule.primary_metric)
     primary_dict = None
     if primary is not None:
@@ -885,7 +942,8 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
         "evidence_uri": str(evidence_path),
         "report_uri": str(report_path),
         "recorded": recorded,
-        "canary_conf": {"model": model, "challenger": None if chal_v is None else str(chal_v)},
+        "canary_conf": {"model": model, "challenger": None if chal_v is None else str(chal_v),
+                        **({"expected_predictions": expected_ref} if expected_ref else {})},
         "retrain_conf": {
             "model": model,
             "reason": "champion_degraded" if decision.champion_degraded else "shadow_" + outcome,
@@ -895,8 +953,10 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
 
 
 def _record(settings: Settings, model: str, evidence: Mapping[str, Any], evidence_path: Path,
-            report_path: Path, champion: int, challenger: int | None, run_name: str) -> dict[str, Any]:
-    """Tags and artifacts of the decision on the champion and the challenger versions."""
+            report_path: Path, champion: int, challenger: int | None, run_name: str,
+            expected_path: str | None = None) -> dict[str, Any]:
+    """Tags and artifacts of the decision on the champion and the challenger versions (and the
+    challenger's expected predictions on the challenger, tag :data:`EXPECTED_TAG`)."""
     registry = _registry(settings)
     compact = json.dumps(evidence, sort_keys=True, separators=(",", ":"), allow_nan=False)
     out: dict[str, Any] = {}
@@ -920,13 +980,18 @@ def _record(settings: Settings, model: str, evidence: Mapping[str, Any], evidenc
             SHADOW_TAG_PREFIX + "evidence_uri": evidence_uri,
             SHADOW_TAG_PREFIX + "report_uri": report_uri,
         }
-        registry.set_version_tags(ref, tags)
         out[role] = {"version": version, "evidence_uri": evidence_uri, "report_uri": report_uri}
+        if role == "challenger" and expected_path:
+            expected_uri = registry.log_version_artifact(ref, expected_path, artifact_path)
+            tags[EXPECTED_TAG] = expected_uri
+            out[role]["expected_uri"] = expected_uri
+        registry.set_version_tags(ref, tags)
     return out
 
 
 __all__ = [
-    "CHALLENGER_ALIAS", "CHAMPION_ALIAS", "PREDICTION_COLUMNS", "SHADOW_TAG_PREFIX", "compare",
+    "CHALLENGER_ALIAS", "CHAMPION_ALIAS", "EXPECTED_FILE", "EXPECTED_TAG", "PREDICTION_COLUMNS",
+    "SHADOW_TAG_PREFIX", "compare", "write_expected",
     "ensure_challenger_published", "in_repository", "log_root", "replay", "resolve_versions",
     "version_info",
 ]

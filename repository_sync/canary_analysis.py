@@ -1,0 +1,546 @@
+"""Canary step analysis: Triton's per-version counters and the judgement of one window.
+
+:func:`analyse_step` judges the window of a canary step (see :mod:`repository_sync.canary` for the
+rules and the driver) from two scrapes of Triton's Prometheus metrics, parsed here
+(:func:`parse_triton_metrics`, :func:`version_window`), and from the logged requests, judged by
+:mod:`repository_sync.canary_checks`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import urllib.error
+import urllib.request
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from repository_sync.canary_checks import (
+    CoverageCheck,
+    ExpectedBehaviour,
+    Observations,
+    binomial_lower_bound,
+    coverage_check,
+    expected_behaviour_checks,
+    output_health,
+    quality_check,
+    scores_of,
+)
+from tritonflow.exceptions import MetricsUnavailableError
+
+if TYPE_CHECKING:
+    from repository_sync.canary import CanaryPolicy
+
+PASS = "pass"
+FAIL = "fail"
+INCONCLUSIVE = "inconclusive"
+#: Verdict of an intermediate analysis that found no hard failure: the bake goes on.
+CONTINUE = "continue"
+
+#: Fewest challenger predictions for the expected-behaviour comparison to be judged.
+DEFAULT_MIN_PREDICTIONS = 30
+#: Fewest champion requests in the window for the canary/champion latency ratio to be judged.
+MIN_CHAMPION_REQUESTS_FOR_RATIO = 20
+#: Seconds a metrics scrape may take.
+DEFAULT_SCRAPE_TIMEOUT_S = 5.0
+
+SUCCESS_METRIC = "nv_inference_request_success"
+FAILURE_METRIC = "nv_inference_request_failure"
+COUNT_METRIC = "nv_inference_count"
+DURATION_METRIC = "nv_inference_request_duration_us"
+QUEUE_METRIC = "nv_inference_queue_duration_us"
+
+# ------------------------------------------------------------------------------------ metrics
+@dataclasses.dataclass(frozen=True)
+class VersionCounters:
+    """Triton's cumulative per-version counters at one scrape.
+
+    Attributes:
+        success, failure: Request counts (failure summed over every ``reason`` label).
+        inference_count: Inferences performed (a batched request counts its batch size).
+        request_duration_us, queue_duration_us: Cumulative microseconds.
+    """
+
+    success: float = 0.0
+    failure: float = 0.0
+    inference_count: float = 0.0
+    request_duration_us: float = 0.0
+    queue_duration_us: float = 0.0
+
+
+_FIELD_OF = {
+    SUCCESS_METRIC: "success",
+    FAILURE_METRIC: "failure",
+    COUNT_METRIC: "inference_count",
+    DURATION_METRIC: "request_duration_us",
+    QUEUE_METRIC: "queue_duration_us",
+}
+
+
+def parse_triton_metrics(text: str) -> dict[tuple[str, str], VersionCounters]:
+    """Parse Triton's Prometheus exposition text into per-(model, version) counters.
+
+    Args:
+        text: Body of ``GET http://<triton>:8002/metrics``.
+
+    Returns:
+        ``{(model, version): VersionCounters}`` for every model version Triton reports.
+
+    Raises:
+        MetricsUnavailableError: The text is not valid Prometheus exposition format.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    acc: dict[tuple[str, str], dict[str, float]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            # prometheus_client names a counter family without "_total" and its samples with it
+            field = _FIELD_OF.get(family.name) or _FIELD_OF.get(family.name.removesuffix("_total"))
+            if field is None:
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                key = (sample.labels.get("model", ""), sample.labels.get("version", ""))
+                slot = acc.setdefault(key, {})
+                slot[field] = slot.get(field, 0.0) + float(sample.value)
+    except (ValueError, TypeError) as exc:
+        raise MetricsUnavailableError(f"Triton metrics text is not Prometheus exposition format: {exc}") from exc
+    return {key: VersionCounters(**fields) for key, fields in acc.items()}
+
+
+def fetch_metrics_text(url: str, timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S) -> str:
+    """``GET`` Triton's metrics endpoint.
+
+    Raises:
+        MetricsUnavailableError: No answer, a non-200 status, or a timeout; the message names the URL.
+    """
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            if resp.status != 200:
+                raise MetricsUnavailableError(f"metrics endpoint {url} answered HTTP {resp.status}")
+            return resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        raise MetricsUnavailableError(f"metrics endpoint {url} answered HTTP {exc.code}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise MetricsUnavailableError(f"metrics endpoint {url} unreachable: {exc}") from exc
+
+
+def metrics_scraper(url: str, timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S) -> Callable[[], str]:
+    """A ``scrape_metrics`` callable for :func:`run_canary` reading ``url``."""
+    return lambda: fetch_metrics_text(url, timeout_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionWindow:
+    """One version's traffic between two scrapes (counter deltas).
+
+    Attributes:
+        requests: Successful plus failed requests in the window.
+        failures: Failed requests.
+        error_rate: ``failures / requests`` (``None`` without requests).
+        mean_latency_ms: Mean request duration of successful requests, ms (``None`` without any);
+            Triton accumulates ``nv_inference_request_duration_us`` for successful requests.
+        present_before, present_after: Whether Triton reported the version in each scrape.
+        reset: A counter went backwards (Triton restarted or the version was reloaded).
+    """
+
+    requests: float
+    failures: float
+    error_rate: float | None
+    mean_latency_ms: float | None
+    present_before: bool
+    present_after: bool
+    reset: bool
+
+
+def version_window(
+    before: Mapping[tuple[str, str], VersionCounters],
+    after: Mapping[tuple[str, str], VersionCounters],
+    model: str,
+    version: int | str,
+) -> VersionWindow:
+    """Deltas of one version's counters between two parsed scrapes.
+
+    A version absent from ``before`` counts from zero (it was just loaded). When a counter went
+    backwards the window is taken from zero (Prometheus ``increase`` semantics) and ``reset`` is set.
+    """
+    key = (model, str(version))
+    b = before.get(key)
+    a = after.get(key)
+    if a is None:
+        return VersionWindow(0.0, 0.0, None, None, b is not None, False, False)
+    b0 = b or VersionCounters()
+    reset = any(getattr(a, f) < getattr(b0, f) for f in _FIELD_OF.values())
+    if reset:
+        b0 = VersionCounters()
+    succ = a.success - b0.success
+    fail = a.failure - b0.failure
+    dur = a.request_duration_us - b0.request_duration_us
+    reqs = succ + fail
+    return VersionWindow(
+        requests=reqs,
+        failures=fail,
+        error_rate=(fail / reqs) if reqs > 0 else None,
+        mean_latency_ms=(dur / succ / 1000.0) if succ > 0 else None,
+        present_before=b is not None,
+        present_after=True,
+        reset=reset,
+    )
+
+# ------------------------------------------------------------------------------------ analysis
+@dataclasses.dataclass(frozen=True)
+class CoverageReference:
+    """What the coverage check measures against: the drift reference sample and the features
+    to check, most important first (:func:`repository_sync.canary_checks.important_features`)."""
+
+    frame: Any
+    features: tuple[str, ...]
+
+
+@dataclasses.dataclass
+class StepAnalysis:
+    """Figures and verdict of one analysis of a canary step (JSON-serialisable via :meth:`to_dict`).
+
+    ``verdict`` is ``"pass"``, ``"fail"`` or ``"inconclusive"`` at the end of a bake (``final``),
+    and ``"continue"`` or ``"fail"`` during it; ``reasons`` says why (every failed check, or what
+    was not evaluated); ``hard`` marks a failure found by the hard checks. Figures are ``None``
+    when not measurable. ``index`` numbers the analyses of the whole canary from 1.
+    """
+
+    model: str
+    champion_version: int
+    challenger_version: int
+    step: int
+    percent: int
+    attempt: int
+    window_start: float
+    window_end: float
+    verdict: str
+    reasons: list[str]
+    final: bool = True
+    hard: bool = False
+    index: int = 0
+    canary_requests: float | None = None
+    canary_failures: float | None = None
+    canary_error_rate: float | None = None
+    canary_error_rate_lower: float | None = None
+    recent_requests: float | None = None
+    recent_error_rate: float | None = None
+    canary_mean_latency_ms: float | None = None
+    champion_requests: float | None = None
+    champion_mean_latency_ms: float | None = None
+    latency_ratio: float | None = None
+    predictions_canary_n: int | None = None
+    predictions_nonfinite: int | None = None
+    constant_outputs: list[str] | None = None
+    predictions_expected_n: int | None = None
+    prediction_source: str | None = None
+    prediction_ks: float | None = None
+    prediction_ks_pvalue: float | None = None
+    prediction_ks_margin: float | None = None
+    prediction_psi: float | None = None
+    prediction_psi_margin: float | None = None
+    prediction_checks: list[dict[str, Any]] | None = None
+    quality: dict[str, Any] | None = None
+    coverage_ratio: float | None = None
+    coverage: dict[str, Any] | None = None
+    thresholds: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (NaN and infinities become ``None`` so the JSON is strict)."""
+        return _finite(dataclasses.asdict(self))
+
+    def to_json(self) -> str:
+        """Strict JSON of :meth:`to_dict`."""
+        return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalars
+        return _finite(value.item())
+    return value
+
+
+def _error_rate_failure(policy: CanaryPolicy, failures: float, requests: float, what: str) -> str | None:
+    """A hard error-rate failure: enough requests and the rate's lower bound above the limit."""
+    if requests < policy.hard_min_requests or failures <= 0:
+        return None
+    rate = failures / requests
+    lower = binomial_lower_bound(failures, requests, policy.hard_confidence)
+    if rate > policy.max_error_rate and lower > policy.max_error_rate:
+        return (f"{what} {rate:.4f} ({failures:g}/{requests:g}) > max_error_rate "
+                f"{policy.max_error_rate:g} (lower {policy.hard_confidence:.2%} bound {lower:.4f})")
+    return None
+
+
+def analyse_step(
+    *,
+    policy: CanaryPolicy,
+    model: str,
+    champion: int,
+    challenger: int,
+    step: int,
+    percent: int,
+    attempt: int,
+    window_start: float,
+    window_end: float,
+    before_text: str | None,
+    after_text: str | None,
+    metrics_error: str | None = None,
+    recent_before_text: str | None = None,
+    final: bool = True,
+    observations: Observations | None = None,
+    observations_error: str | None = None,
+    expected: ExpectedBehaviour | None = None,
+    coverage_reference: CoverageReference | None = None,
+) -> StepAnalysis:
+    """Judge a step's window from two metrics scrapes and the logged requests.
+
+    Hard rules, at every analysis (any one fails the step at once):
+
+    * metrics not scraped (``metrics_error`` or a text missing/unparsable), challenger absent from
+      the last scrape, or a counter reset;
+    * error rate above ``max_error_rate`` with its lower ``hard_confidence`` bound above it too,
+      over at least ``hard_min_requests`` requests: over the step, or over the last interval
+      (``recent_before_text`` -> ``after_text``);
+    * with at least ``hard_min_requests`` and ``MIN_CHAMPION_REQUESTS_FOR_RATIO`` challenger
+      requests: mean latency > ``max_mean_latency_ms``, or latency ratio to the champion >
+      ``max_latency_ratio`` (judged when the champion served at least
+      ``MIN_CHAMPION_REQUESTS_FOR_RATIO`` requests too; a mean over fewer is noise);
+    * non-finite logged outputs (same rule as errors) or constant float outputs.
+
+    Statistical rules, only when ``final`` (the end of the bake):
+
+    * fewer than ``min_requests`` challenger requests -> inconclusive, unless the failures already
+      seen exceed ``max_error_rate * min_requests`` -> fail; error rate > ``max_error_rate`` -> fail;
+    * the challenger's predictions against ``expected`` (its own expected behaviour): fewer than
+      ``min_predictions`` -> inconclusive; KS or PSI beyond threshold plus margin -> fail; no
+      ``expected`` -> not evaluated (noted);
+    * labels in ``observations``: quality against the champion; worse beyond
+      ``max_quality_drop`` with confidence -> fail;
+    * ``coverage_reference`` given: reference decile bins not covered -> inconclusive;
+    * ``observations_error`` (the log could not be read) -> fail.
+
+    Any ``fail`` wins over ``inconclusive``, which wins over ``pass``; during the bake the verdict
+    is ``continue`` unless a hard rule failed.
+
+    Returns:
+        The :class:`StepAnalysis` with figures, verdict and reasons.
+    """
+    a = StepAnalysis(
+        model=model, champion_version=int(champion), challenger_version=int(challenger),
+        step=step, percent=percent, attempt=attempt, window_start=window_start,
+        window_end=window_end, verdict=PASS, reasons=[], final=final, thresholds=policy.thresholds(),
+    )
+    hard: list[str] = []
+    fails: list[str] = []
+    unsure: list[str] = []
+    notes: list[str] = []
+
+    before = after = recent = None
+    if metrics_error is None:
+        try:
+            before = parse_triton_metrics(before_text) if before_text is not None else None
+            after = parse_triton_metrics(after_text) if after_text is not None else None
+            recent = parse_triton_metrics(recent_before_text) if recent_before_text is not None else None
+        except MetricsUnavailableError as exc:
+            metrics_error = str(exc)
+        if metrics_error is None and (before is None or after is None):
+            metrics_error = "a metrics scrape is missing"
+    if metrics_error is not None:
+        hard.append(f"metrics unavailable, analysis impossible: {metrics_error}")
+    else:
+        cw = version_window(before, after, model, challenger)
+        hw = version_window(before, after, model, champion)
+        a.canary_requests, a.canary_failures = cw.requests, cw.failures
+        a.canary_error_rate, a.canary_mean_latency_ms = cw.error_rate, cw.mean_latency_ms
+        a.canary_error_rate_lower = binomial_lower_bound(cw.failures, cw.requests, policy.hard_confidence)
+        a.champion_requests, a.champion_mean_latency_ms = hw.requests, hw.mean_latency_ms
+        if not cw.present_after:
+            hard.append(
+                f"challenger {model!r} version {challenger} is not in Triton's metrics at the end of "
+                "the window (unloaded, failed, or Triton restarted)"
+            )
+        elif cw.reset:
+            hard.append(
+                f"challenger {model!r} version {challenger} counters went backwards during the step "
+                "(Triton restarted or the version was reloaded)"
+            )
+        else:
+            msg = _error_rate_failure(policy, cw.failures, cw.requests, "challenger error rate")
+            if msg:
+                hard.append(msg)
+            if recent is not None:
+                rw = version_window(recent, after, model, challenger)
+                a.recent_requests, a.recent_error_rate = rw.requests, rw.error_rate
+                msg = None if rw.reset else _error_rate_failure(
+                    policy, rw.failures, rw.requests, "challenger error rate over the last interval")
+                if msg and not hard:
+                    hard.append(msg)
+            latency_min = max(policy.hard_min_requests, MIN_CHAMPION_REQUESTS_FOR_RATIO)
+            if cw.requests >= latency_min and cw.mean_latency_ms is not None:
+                if cw.mean_latency_ms > policy.max_mean_latency_ms:
+                    hard.append(
+                        f"challenger mean latency {cw.mean_latency_ms:.2f} ms > max_mean_latency_ms "
+                        f"{policy.max_mean_latency_ms:g}"
+                    )
+                if hw.mean_latency_ms and hw.requests >= MIN_CHAMPION_REQUESTS_FOR_RATIO:
+                    a.latency_ratio = cw.mean_latency_ms / hw.mean_latency_ms
+                    if a.latency_ratio > policy.max_latency_ratio:
+                        hard.append(
+                            f"challenger/champion mean latency ratio {a.latency_ratio:.2f} "
+                            f"({cw.mean_latency_ms:.2f}/{hw.mean_latency_ms:.2f} ms) > "
+                            f"max_latency_ratio {policy.max_latency_ratio:g}"
+                        )
+                elif final:
+                    notes.append("latency ratio not evaluated (too few champion requests in the window)")
+            if final and not hard:
+                if cw.requests < policy.min_requests:
+                    if cw.failures > policy.max_error_rate * policy.min_requests:
+                        fails.append(
+                            f"{cw.failures:g} failed of {cw.requests:g} challenger requests: the error "
+                            f"rate cannot stay under {policy.max_error_rate:g} over "
+                            f"{policy.min_requests} requests"
+                        )
+                    else:
+                        unsure.append(
+                            f"only {cw.requests:g} challenger requests, fewer than min_requests="
+                            f"{policy.min_requests}: too little traffic to judge"
+                        )
+                elif cw.error_rate is not None and cw.error_rate > policy.max_error_rate:
+                    fails.append(
+                        f"challenger error rate {cw.error_rate:.4f} ({cw.failures:g}/{cw.requests:g}) "
+                        f"> max_error_rate {policy.max_error_rate:g}"
+                    )
+
+    if observations_error is not None:
+        (fails if final else notes).append(
+            f"inference log unavailable, output checks impossible: {observations_error}")
+    elif observations is not None:
+        _observed(a, policy, observations, expected, coverage_reference, final, challenger, champion,
+                  hard, fails, unsure, notes)
+    elif final:
+        notes.append("outputs not checked (no inference log)")
+
+    if hard:
+        a.verdict, a.hard, a.reasons = FAIL, True, hard + fails + unsure + notes
+    elif fails:
+        a.verdict, a.reasons = FAIL, fails + unsure + notes
+    elif not final:
+        a.verdict, a.reasons = CONTINUE, ["no hard failure so far"] + notes
+    elif unsure:
+        a.verdict, a.reasons = INCONCLUSIVE, unsure + notes
+    else:
+        a.verdict, a.reasons = PASS, ["all checks within thresholds"] + notes
+    return a
+
+
+def _observed(a: StepAnalysis, policy: CanaryPolicy, obs: Observations,
+              expected: ExpectedBehaviour | None, coverage_reference: CoverageReference | None,
+              final: bool, challenger: int, champion: int, hard: list[str], fails: list[str],
+              unsure: list[str], notes: list[str]) -> None:
+    """The output, expected-behaviour, quality and coverage checks of :func:`analyse_step`."""
+    import numpy as np
+    import pandas as pd
+
+    rows = obs.rows_of(challenger)
+    champ_rows = obs.rows_of(champion)
+    cols = list(obs.prediction_columns)
+    comparison = None
+    if expected is not None and expected.columns:
+        comparison = pd.DataFrame({k: np.asarray(v, dtype=float) for k, v in expected.columns.items()})
+    elif expected is not None and len(cols) in (1, 2):
+        comparison = pd.DataFrame({cols[-1]: expected.scores})
+    elif len(champ_rows):
+        comparison = champ_rows
+    health = output_health(rows, cols, comparison, policy.hard_min_requests)
+    a.predictions_canary_n, a.predictions_nonfinite = health.n, health.nonfinite
+    a.constant_outputs = health.constant_columns
+    msg = _error_rate_failure(policy, health.nonfinite, health.n, "share of non-finite challenger outputs")
+    if msg:
+        hard.append(msg)
+    if health.constant_columns:
+        hard.append(f"challenger outputs {health.constant_columns} are constant over {health.n} "
+                    f"predictions while its expected/champion outputs vary")
+    if not final or hard:
+        return
+
+    # expected behaviour
+    finite = rows
+    if cols and len(rows):
+        values = rows[[c for c in cols if c in rows.columns]].apply(pd.to_numeric, errors="coerce")
+        finite = rows[np.isfinite(values.to_numpy(dtype=float)).all(axis=1)]
+    if expected is None:
+        notes.append("prediction check not evaluated: no expected behaviour of the challenger "
+                     "(no shadow-evaluation predictions nor mirrored outputs given)")
+    elif len(finite) < policy.min_predictions:
+        unsure.append(f"only {len(finite)} challenger predictions, fewer than min_predictions="
+                      f"{policy.min_predictions}")
+    else:
+        from tritonflow.exceptions import DataError
+
+        try:
+            checks = expected_behaviour_checks(
+                finite, cols, obs.feature_columns, expected, confidence=policy.confidence,
+                max_ks=policy.max_prediction_ks, max_psi=policy.max_prediction_psi)
+        except DataError as exc:
+            fails.append(f"prediction check impossible: {exc}")
+            checks = []
+        if checks:
+            worst = max(checks, key=lambda c: (c.ks or 0.0) - (c.ks_margin or 0.0))
+            a.prediction_source, a.predictions_expected_n = worst.source, worst.n_expected
+            a.prediction_ks, a.prediction_ks_pvalue = worst.ks, worst.ks_pvalue
+            a.prediction_ks_margin = worst.ks_margin
+            a.prediction_psi, a.prediction_psi_margin = worst.psi, worst.psi_margin
+            a.prediction_checks = [dataclasses.asdict(c) for c in checks]
+            for c in checks:
+                fails.extend(c.failed)
+
+    # quality where labels arrived
+    if obs.label_column and obs.label_column in obs.frame.columns:
+        def labelled(frame):
+            score = scores_of(frame, cols)
+            y = pd.to_numeric(frame[obs.label_column], errors="coerce").to_numpy(dtype=float)
+            if score is None:
+                return np.empty(0), np.empty(0)
+            return y, score
+
+        from tritonflow.exceptions import DataError
+
+        yc, sc = labelled(rows)
+        yh, sh = labelled(champ_rows)
+        try:
+            q = quality_check(yc, sc, yh, sh, metric=policy.quality_metric,
+                              min_labels=policy.min_labels, confidence=policy.confidence,
+                              max_drop=policy.max_quality_drop)
+        except DataError as exc:  # e.g. multi-class labels: noted, not a verdict on the model
+            notes.append(f"quality not compared: {exc}")
+            q = None
+        if q is not None:
+            a.quality = dataclasses.asdict(q)
+            if q.failed:
+                fails.append(f"quality: {q.note}")
+            elif not q.evaluated:
+                notes.append(q.note)
+    else:
+        notes.append("quality not compared (no label arrived for the window's requests)")
+
+    # feature-space coverage
+    if coverage_reference is not None and policy.coverage_min_requests > 0 and len(obs.frame):
+        mask = (obs.frame["model_version"].astype("int64") == int(challenger)).to_numpy()
+        cov: CoverageCheck = coverage_check(coverage_reference.frame, coverage_reference.features,
+                                            obs.frame, mask, min_requests=policy.coverage_min_requests)
+        a.coverage, a.coverage_ratio = cov.to_dict(), cov.ratio
+        if not cov.covered:
+            unsure.append(cov.note)
+        elif cov.note:
+            notes.append(cov.note)
+    elif coverage_reference is None:
+        notes.append("feature-space coverage not evaluated (no drift reference)")

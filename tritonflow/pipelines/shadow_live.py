@@ -1,0 +1,229 @@
+"""Shadow evaluation, live mode: the challenger answers a mirrored share of the champion's live
+requests; champion and challenger outputs are paired by request id on the same live inputs.
+
+:func:`live` replaces :func:`tritonflow.pipelines.shadow.replay` when a model has live traffic
+(``shadow_evaluation`` with ``mode="live"``); replay stays for models without it. It returns the
+same dict, so :func:`tritonflow.pipelines.shadow.compare` decides and records as for a replay:
+
+1. the champion and challenger are resolved as for a replay; the challenger is loaded if needed
+   (and unloaded again at the end, only that version);
+2. under the model's promotion lock (the live shadow changes what the gateway does, so it never
+   overlaps a canary of the same model) and only while the gateway routes 100 % of the model to the
+   champion, a :class:`repository_sync.mirror.MirrorRecorder` starts and the gateway's plan gains a
+   :class:`repository_sync.router.Mirror` of ``settings.shadow_mirror_percent`` % of the champion's
+   requests; after ``settings.shadow_live_duration_s`` seconds the previous plan is restored
+   exactly and the recorder drains;
+3. the mirrored answers are paired with the champion's logged records (inference log) by
+   ``request_id``: clients must log the request id the gateway returns (``X-Request-Id``: their
+   own when they send one). The pairs become the predictions file and the challenger's expected
+   predictions (:func:`tritonflow.pipelines.shadow.write_expected`, source ``"live_mirror"``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from tritonflow.exceptions import ChallengerUnavailableError, DataError, TransientError, WindowError
+from tritonflow.settings import Settings
+
+#: Seconds after the mirror stops during which the clients' log of the window is still awaited
+#: (records are written after their requests complete).
+LOG_GRACE_S = 5.0
+
+
+def _challenger_scores(mirrored: Any, output: str) -> np.ndarray:
+    """The challenger's score per mirrored row from its ``output`` (shadow's scoring rule)."""
+    base = f"mirror.{output}"
+    cols = [c for c in mirrored.columns if c == base or c.startswith(base + "_")]
+    if not cols:
+        raise DataError(f"mirrored answers have no output {output!r} (columns: {sorted(mirrored.columns)})")
+    if len(cols) == 1:
+        return mirrored[cols[0]].to_numpy(dtype=np.float64)
+    if len(cols) == 2:
+        return mirrored[sorted(cols)[1]].to_numpy(dtype=np.float64)
+    raise DataError(f"output {output!r} has {len(cols)} columns; expected 1 score or 2 class probabilities")
+
+
+def live(model: str, champion: Any, challenger: Any, *, settings: Settings | None = None,
+         duration_s: float | None = None, percent: int | None = None, holder: str = "",
+         sleep: Callable[[float], Any] = time.sleep) -> dict[str, Any]:
+    """Mirror live traffic to the challenger for a while and pair the outputs (module docstring).
+
+    Args:
+        model: Registered model name (also the inference log's model folder).
+        champion, challenger: Version infos from ``resolve_versions``, versions or aliases.
+        settings: Settings (gateway, Triton, log root, ``shadow_mirror_*``, lock timeout).
+        duration_s: Seconds of mirroring (default ``settings.shadow_live_duration_s``).
+        percent: Percent of the champion's requests mirrored (default
+            ``settings.shadow_mirror_percent``).
+        holder: Who holds the promotion lock meanwhile.
+        sleep: Waits the window (injected by tests).
+
+    Returns:
+        :func:`~tritonflow.pipelines.shadow.replay`'s dict with ``"mode": "live"``, plus
+        ``"mirror"`` (received/forwarded/failed/dropped counts) and ``"paired"``.
+
+    Raises:
+        DataError: No challenger, champion and challenger are different Triton models, bad
+            duration/percent, or the gateway does not route the model 100 % to the champion (a
+            canary in progress).
+        WindowError: No mirrored answer could be paired with a logged request.
+        ChallengerUnavailableError: The challenger could not be loaded.
+        ConcurrencyError: A promotion of the model holds its lock.
+    """
+    import pandas as pd
+
+    from drift_checks.inference_log import read_window
+    from repository_sync.canary_checks import scores_of
+    from repository_sync.locks import promotion_lock
+    from repository_sync.mirror import MirrorRecorder
+    from repository_sync.router import Mirror, TrafficPlan, wait_live
+    from repository_sync.triton_client import TritonModelControl
+    from tritonflow.pipelines.canary import DEFAULT_LIVE_TIMEOUT_S, CanaryEnvironment, default_holder
+    from tritonflow.pipelines.shadow import (
+        OUTPUT_PREFIXES, PREDICTIONS_FILE, _as_info, _endpoint, _restore_versions, _run_dir,
+        _Served, _settings, log_root, sha256_file, trusted_keys_dir, write_expected,
+    )
+
+    s = _settings(settings)
+    t_start = time.monotonic()
+    duration = float(s.shadow_live_duration_s if duration_s is None else duration_s)
+    share = int(s.shadow_mirror_percent if percent is None else percent)
+    if duration <= 0 or not 1 <= share <= 100:
+        raise DataError(f"duration_s={duration}, percent={share}; expected duration_s > 0 and an "
+                        "integer percent 1-100")
+    if challenger in (None, ""):
+        raise DataError("live shadow needs a challenger (alias 'challenger' or a version)")
+    champ = _as_info(model, champion, s, "champion")
+    chal = _as_info(model, challenger, s, "challenger")
+    name, cver = champ["triton_model_name"], int(champ["triton_model_version"])
+    xver = int(chal["triton_model_version"])
+    if chal["triton_model_name"] != name:
+        raise DataError(f"champion is Triton model {name!r}, challenger {chal['triton_model_name']!r}: "
+                        "the gateway mirrors within one model; use the replay mode")
+    env = CanaryEnvironment.from_settings(s)
+    router = env.router()
+
+    def apply_live(plan):
+        router.apply(plan)
+        wait_live(env.gateway_url, plan, timeout_s=DEFAULT_LIVE_TIMEOUT_S)
+
+    control = TritonModelControl(s.triton_http_url, repository=s.resolved_repository_uri,
+                                 trusted_keys=str(trusted_keys_dir(s)), endpoint_url=_endpoint(s),
+                                 load_timeout_s=s.load_timeout_s)
+    loaded = False
+    try:
+        with promotion_lock(model, home=s.home, holder=holder or default_holder(),
+                            timeout_s=s.promotion_lock_timeout_s):
+            previous = router.current_plan(name)
+            if previous is None or previous.weights.get(cver) != 100 or previous.mirror is not None:
+                live_weights = None if previous is None else previous.weights
+                raise DataError(f"live shadow of {name!r} needs the gateway to route 100 % to the "
+                                f"champion version {cver} without a mirror; it routes {live_weights} "
+                                "(a canary or another live shadow in progress?)")
+            before = control.ready_versions(name)
+            before_config = control.model_config(name) if before else None
+            if xver not in before:
+                try:
+                    control.load(name, xver, keep_loaded=True)
+                except TransientError:
+                    raise
+                except DataError as exc:
+                    raise ChallengerUnavailableError(
+                        f"challenger {model!r} v{chal['version']} could not be loaded: {exc}; the "
+                        "champion is untouched") from exc
+                loaded = True
+            output = _Served(control, name, xver).output
+            bind = s.shadow_mirror_host if s.shadow_mirror_host in ("127.0.0.1", "localhost") else "0.0.0.0"
+            recorder = MirrorRecorder(s.triton_http_url, name, xver, host=bind).start()
+            try:
+                plan = TrafficPlan.single(name, cver, name=f"{name}:live-shadow",
+                                          mirror=Mirror(xver, share, f"{s.shadow_mirror_host}:{recorder.port}"))
+                t0 = time.time()  # before: requests are mirrored while the plan goes live
+                apply_live(plan)
+                try:
+                    sleep(duration)
+                finally:
+                    t1 = time.time()
+                    apply_live(previous)  # exactly what routed before
+            finally:
+                recorder.stop()
+            if loaded:
+                _restore_versions(control, name, before, before_config)
+                loaded = False
+    finally:
+        if loaded:
+            try:
+                _restore_versions(control, name, before, before_config)
+            except Exception:  # noqa: BLE001 -- the original error is raised
+                pass
+        control.close()
+
+    counters = recorder.counters()
+    mirrored = recorder.records()
+    if len(mirrored):
+        mirrored = mirrored[mirrored["status"] == 200]
+    # the challenger's columns are prefixed so they never clash with the log's
+    mirrored = mirrored.rename(columns={c: f"mirror.{c}" for c in mirrored.columns if c != "request_id"})
+    start, end = pd.Timestamp(t0, unit="s", tz="UTC"), pd.Timestamp(t1 + LOG_GRACE_S, unit="s", tz="UTC")
+    deadline = time.monotonic() + LOG_GRACE_S
+    while True:  # the clients' records of the last requests may land a moment later
+        logged = read_window(log_root(s), model, start, end, endpoint_url=_endpoint(s)).frame
+        paired = (logged.merge(mirrored, on="request_id", how="inner")
+                  if len(mirrored) and len(logged) else logged.iloc[0:0])
+        if len(paired) >= len(mirrored) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if paired.empty:
+        raise WindowError(
+            f"none of the {len(mirrored)} mirrored answers of {model!r} could be paired with a "
+            f"logged request in [{start.isoformat()}, {end.isoformat()}) ({len(logged)} logged): "
+            "clients must log the request id the gateway returns in X-Request-Id")
+    out_cols = [c for c in logged.columns if str(c).lower().startswith(OUTPUT_PREFIXES)]
+    champion_scores = scores_of(paired, out_cols)
+    if champion_scores is None:
+        raise DataError(f"the inference log of {model!r} has output columns {out_cols}; expected one "
+                        "score or two class probabilities to compare with the challenger's")
+    challenger_scores = _challenger_scores(paired, output)
+    predictions = pd.DataFrame({
+        "request_id": paired["request_id"].astype(str).to_numpy(),
+        "timestamp": pd.to_datetime(paired["timestamp"], utc=True).to_numpy(),
+        "model_version": paired["model_version"].to_numpy() if "model_version" in paired else -1,
+        "champion_score": champion_scores,
+        "challenger_score": challenger_scores,
+    })
+    predictions["timestamp"] = pd.to_datetime(predictions["timestamp"], utc=True)
+    run_dir = _run_dir(s, model)
+    path = run_dir / PREDICTIONS_FILE
+    predictions.to_parquet(path, index=False)
+    mirrored_path = run_dir / "mirrored.parquet"
+    mirrored.to_parquet(mirrored_path, index=False)
+    expected = write_expected(run_dir, paired[list(logged.columns)], challenger_scores, chal, "live_mirror")
+    return {
+        **expected,
+        "mode": "live",
+        "model": model,
+        "uri": str(path),
+        "sha256": sha256_file(path),
+        "bytes": path.stat().st_size,
+        "rows": len(predictions),
+        "invalid_rows": 0,
+        "window_start": pd.Timestamp(t0, unit="s", tz="UTC").floor("us").isoformat(),
+        "window_end": pd.Timestamp(t1, unit="s", tz="UTC").ceil("us").isoformat(),
+        "champion": champ,
+        "challenger": chal,
+        "outputs": {"champion": out_cols, "challenger": output},
+        "mirror": {**counters, "percent": share, "seconds": round(t1 - t0, 3),
+                   "answers_uri": str(mirrored_path)},
+        "paired": len(predictions),
+        "champion_loaded": False,
+        "challenger_loaded": bool(xver not in before),
+        "challenger_unloaded": bool(xver not in before),
+        "seconds": round(time.monotonic() - t_start, 3),
+    }
+
+
+__all__ = ["LOG_GRACE_S", "live"]
