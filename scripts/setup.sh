@@ -16,6 +16,10 @@ for pkg in libb64-0d nginx-light chromium chromium-driver; do
 done
 # Spark (the drift engine for partitioned logs, and its tests) needs a Java 17 runtime
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+# PostgreSQL (Airflow metadata DB, MLflow backend, shared coordination/drift DB in the real-deployment
+# tests) and Redis (Celery broker): a fresh Debian 12 machine has neither.
+command -v pg_ctlcluster >/dev/null 2>&1 || need_apt+=(postgresql)
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "[setup] apt-get install ${need_apt[*]}"
   apt-get update -q >/dev/null

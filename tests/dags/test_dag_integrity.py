@@ -126,7 +126,7 @@ def test_dag_file_imports_without_network_within_budget(path, no_network):
     assert bag.dags, f"{path.name} defines no DAG"
 
 
-def test_h25_heavy_top_level_code_fails_the_import_check(tmp_path, no_network):
+def test_heavy_top_level_code_fails_the_import_check(tmp_path, no_network):
     path = tmp_path / "dag_heavy_toplevel.py"
     path.write_text(H25_HEAVY_DAG)
     bag = parse(path)
@@ -154,7 +154,7 @@ def test_every_task_has_an_execution_timeout(product_bag):
     assert check_execution_timeouts(product_bag.dags.values()) == []
 
 
-def test_h24_task_without_execution_timeout_is_reported(tmp_path):
+def test_task_without_execution_timeout_is_reported(tmp_path):
     path = tmp_path / "dag_hourly_histograms.py"
     path.write_text(H24_XCOM_DAG)
     problems = check_execution_timeouts(parse(path).dags.values())
@@ -167,7 +167,7 @@ def test_trigger_tasks_defer_only_when_waiting_for_completion(product_bag):
     assert check_trigger_deferrable(product_bag.dags.values()) == []
 
 
-def test_h26_inherited_deferrable_on_fire_and_forget_trigger_is_reported(tmp_path):
+def test_inherited_deferrable_on_fire_and_forget_trigger_is_reported(tmp_path):
     path = tmp_path / "dag_drift_trigger.py"
     path.write_text(H26_TRIGGER_DAG)
     (problem,) = check_trigger_deferrable(parse(path).dags.values())
@@ -179,7 +179,7 @@ def test_every_dag_has_doc_md_tags_and_described_params(product_bag):
     assert check_docs_and_tags(dags) + check_param_descriptions(dags) == []
 
 
-def test_h26_fire_and_forget_trigger_completes_and_next_run_is_not_blocked(tmp_path, airflow_home):
+def test_fire_and_forget_trigger_completes_and_next_run_is_not_blocked(tmp_path, airflow_home):
     """``airflow dags test`` equivalent (``dag.test()``) in a subprocess on the session's SQLite DB.
 
     The DAG is the case's input (``deferrable=True`` inherited from default_args, wait off),
@@ -191,7 +191,7 @@ def test_h26_fire_and_forget_trigger_completes_and_next_run_is_not_blocked(tmp_p
     dags.mkdir()
     (dags / "dag_drift_trigger.py").write_text(H26_TRIGGER_DAG)
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("h26_run.py")), str(dags)],
+        [sys.executable, str(Path(__file__).with_name("fire_and_forget_run.py")), str(dags)],
         env=airflow_env.subprocess_env(AIRFLOW__CORE__DAGS_FOLDER=str(dags)),
         capture_output=True, text=True, timeout=300,
     )

@@ -80,7 +80,7 @@ def test_every_task_has_a_timeout_and_the_run_is_exclusive(publish_dag):
         "then_triggers", "trigger_then"]
 
 
-def test_h26_then_triggers_are_fire_and_forget_and_never_deferrable(publish_dag):
+def test_then_triggers_are_fire_and_forget_and_never_deferrable(publish_dag):
     trigger = publish_dag.get_task("trigger_then")
     kwargs = trigger.partial_kwargs
     assert type(trigger).__name__ == "MappedOperator" and trigger.operator_class.__name__ == "TriggerDagRunOperator"

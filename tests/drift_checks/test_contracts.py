@@ -22,7 +22,7 @@ H20_BATCH = """snapshot_date,store_id,units
 DAYS = ["2025-03-01", "2025-03-02", "2025-03-03"]
 
 
-def test_h20_datetime_column_and_iso_string_value_sets_agree_after_normalisation():
+def test_datetime_column_and_iso_string_value_sets_agree_after_normalisation():
     df = pd.read_csv(io.StringIO(H20_BATCH), parse_dates=["snapshot_date"])
     contract = Contract((
         ExpectationSpec("ExpectColumnDistinctValuesToEqualSet", {"column": "snapshot_date", "value_set": DAYS}),
@@ -36,7 +36,7 @@ def test_h20_datetime_column_and_iso_string_value_sets_agree_after_normalisation
     assert str(df["snapshot_date"].dtype).startswith("datetime64")  # caller's frame untouched
 
 
-def test_h20_tz_aware_column_and_bounds_with_offsets_share_one_representation():
+def test_tz_aware_column_and_bounds_with_offsets_share_one_representation():
     df = pd.DataFrame({"t": pd.to_datetime(["2025-03-01T10:00:00+00:00"] * 3, utc=True)})
     res = run_contract(Contract((ExpectationSpec(
         "ExpectColumnMaxToBeBetween", {"column": "t", "min_value": "2025-03-01T11:00:00+01:00",
@@ -44,7 +44,7 @@ def test_h20_tz_aware_column_and_bounds_with_offsets_share_one_representation():
     assert res.results[0].success and not res.results[0].raised
 
 
-def test_h20_an_expectation_that_raises_is_an_error_of_the_check_not_a_data_failure():
+def test_an_expectation_that_raises_is_an_error_of_the_check_not_a_data_failure():
     df = pd.DataFrame({"units": [1, 2, 3]})
     res = run_contract(Contract((
         ExpectationSpec("ExpectColumnMaxToBeBetween", {"column": "units", "min_value": "a", "max_value": "b"}),
@@ -56,7 +56,7 @@ def test_h20_an_expectation_that_raises_is_an_error_of_the_check_not_a_data_fail
     assert res.check_errors[0].column == "units" and res.check_errors[0].message
 
 
-def test_h15_all_null_column_fails_its_null_expectation_and_only_that_column_is_invalid(h15_frames):
+def test_all_null_column_fails_its_null_expectation_and_only_that_column_is_invalid(h15_frames):
     ref, all_null, _ = h15_frames
     res = run_contract(derive_contract(ref, H15_SCHEMA), all_null)
     assert res.invalid_columns == ["promo_code"]

@@ -120,7 +120,7 @@ def test_a_saturated_statistic_abstains_and_the_others_still_decide():
 # ----------------------------------------------------------------------- the vote reaches real shifts
 @pytest.mark.parametrize("current,flagged", [({"approved": 60, "declined": 240}, False),
                                              ({"approved": 90, "declined": 210}, True)])
-def test_h17_a_clear_category_shift_is_flagged_and_the_same_mix_is_not(history, current, flagged):
+def test_a_clear_category_shift_is_flagged_and_the_same_mix_is_not(history, current, flagged):
     schema = LogSchema({"decision": "category"})
     ref = prepare_reference(pd.DataFrame({"decision": ["approved"] * 240 + ["declined"] * 960}), schema)
     frame = pd.DataFrame({"decision": [k for k, n in current.items() for _ in range(n)]})
@@ -130,7 +130,7 @@ def test_h17_a_clear_category_shift_is_flagged_and_the_same_mix_is_not(history, 
     assert outs[1]["drift"] is flagged  # k = 2 consecutive dataset-drift windows
 
 
-def test_h18_rescoring_the_same_hour_gives_the_same_decision_and_one_unusual_hour_is_no_alert(history):
+def test_rescoring_the_same_hour_gives_the_same_decision_and_one_unusual_hour_is_no_alert(history):
     rng = np.random.default_rng(4)
     ref = prepare_reference(pd.DataFrame({"x": rng.lognormal(3, 0.6, 6000)}), NUM)
     window = pd.DataFrame({"x": rng.lognormal(3.08, 0.6, 600)})
@@ -198,7 +198,7 @@ def test_a_strongly_shifted_valid_feature_is_drift_not_invalid(history):
     assert any(a["kind"] == "data_quality_warning" and a["column"] == "x" for a in out["alerts"])
 
 
-def test_h15_the_all_null_alert_gives_the_reference_missing_share_beside_the_window_s(history, h15_frames):
+def test_the_all_null_alert_gives_the_reference_missing_share_beside_the_window_s(history, h15_frames):
     ref, all_null, _ = h15_frames
     schema = LogSchema({"session_minutes": "float", "device": "category", "promo_code": "category",
                         "pages_viewed": "int"})

@@ -19,7 +19,7 @@ def h18_frames():
     return ref, cur
 
 
-def test_h18_each_hour_is_profiled_once_and_rescoring_stored_profiles_is_identical(tmp_path, h18_frames):
+def test_each_hour_is_profiled_once_and_rescoring_stored_profiles_is_identical(tmp_path, h18_frames):
     ref, cur = h18_frames
     uri, created = profiles.profile_hour(str(tmp_path), "lat", H, cur)
     again_uri, again_created = profiles.profile_hour(str(tmp_path), "lat", H, cur)
@@ -36,7 +36,7 @@ def test_h18_each_hour_is_profiled_once_and_rescoring_stored_profiles_is_identic
     assert scores[0]["drift_category"] in ("NO_DRIFT", "POSSIBLE_DRIFT")
 
 
-def test_h18_exact_statistics_decide_no_drift_identically_on_every_rerun(h18_frames):
+def test_exact_statistics_decide_no_drift_identically_on_every_rerun(h18_frames):
     ref, cur = h18_frames
     runs = [score_numeric(prepare_numeric(ref.latency_ms), prepare_numeric(cur.latency_ms)) for _ in range(3)]
     assert all({k: v.to_dict() for k, v in r.items()} == {k: v.to_dict() for k, v in runs[0].items()}
@@ -45,7 +45,7 @@ def test_h18_exact_statistics_decide_no_drift_identically_on_every_rerun(h18_fra
     assert runs[0]["ks_p_value"].value > 0.05 and runs[0]["psi"].value < 0.1
 
 
-def test_h18_possible_drift_alone_never_alerts():
+def test_possible_drift_alone_never_alerts():
     assert not profiles.hysteresis_alert(["NO_DRIFT", "POSSIBLE_DRIFT"])
     assert not profiles.hysteresis_alert(["POSSIBLE_DRIFT", "NO_DRIFT", "POSSIBLE_DRIFT"])
     assert profiles.hysteresis_alert(["POSSIBLE_DRIFT", "POSSIBLE_DRIFT"])

@@ -65,7 +65,7 @@ H17_REF = {"approved": 240, "declined": 960}
 
 @pytest.mark.parametrize("current,drift", [({"approved": 60, "declined": 240}, False),
                                            ({"approved": 90, "declined": 210}, True)])
-def test_h17_chi_square_scales_expected_counts_to_the_window_size(current, drift):
+def test_chi_square_scales_expected_counts_to_the_window_size(current, drift):
     r = st.chi_square_p_value(st.CategoricalPair(H17_REF, current))
     if drift:
         assert r.value < 1e-3
@@ -74,7 +74,7 @@ def test_h17_chi_square_scales_expected_counts_to_the_window_size(current, drift
     assert st.REGISTRY["chi_square_p_value"].is_drift(r.value, 0.05) is drift
 
 
-def test_h17_every_categorical_score_ignores_window_size_for_the_same_mix():
+def test_every_categorical_score_ignores_window_size_for_the_same_mix():
     small = st.score_categorical(H17_REF, {"approved": 6, "declined": 24})
     large = st.score_categorical(H17_REF, {"approved": 2400, "declined": 9600})
     for scores in (small, large):
@@ -83,7 +83,7 @@ def test_h17_every_categorical_score_ignores_window_size_for_the_same_mix():
         assert scores["unseen_share"].value == 0.0
 
 
-def test_h17_category_counts_from_raw_rows_equal_stored_histograms():
+def test_category_counts_from_raw_rows_equal_stored_histograms():
     rows = ["approved"] * 60 + ["declined"] * 240
     assert st.category_counts(rows) == {"approved": 60, "declined": 240}
 

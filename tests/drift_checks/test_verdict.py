@@ -27,7 +27,7 @@ def history(tmp_path):
     h.engine.dispose()
 
 
-def test_h15_all_null_column_is_a_data_quality_failure_and_other_columns_get_drift_results(
+def test_all_null_column_is_a_data_quality_failure_and_other_columns_get_drift_results(
         h15_frames, history, tmp_path):
     ref, all_null, _ = h15_frames
     prepared = prepare_reference(ref, H15_SCHEMA)
@@ -47,7 +47,7 @@ def test_h15_all_null_column_is_a_data_quality_failure_and_other_columns_get_dri
     assert len(json.dumps(out)) < 48 * 1024
 
 
-def test_h15_empty_window_is_no_data_with_an_alert_and_leaves_the_baseline_alone(h15_frames, history, tmp_path):
+def test_empty_window_is_no_data_with_an_alert_and_leaves_the_baseline_alone(h15_frames, history, tmp_path):
     ref, _, empty = h15_frames
     out = check_window(model="shop", frame=empty, start=T0, end=T0 + HOUR,
                        reference=prepare_reference(ref, H15_SCHEMA), history=history,

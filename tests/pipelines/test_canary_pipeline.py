@@ -505,7 +505,7 @@ def test_challenger_unloaded_mid_canary_is_rolled_back(stack, models):
 
 
 # ------------------------------------------------------------------------------------ H22
-def test_h22_dangling_rollback_target_is_refused_naming_alias_and_version(stack, tmp_path):
+def test_dangling_rollback_target_is_refused_naming_alias_and_version(stack, tmp_path):
     """Case H22: a cleanup deletes (through REST, version as a string) the version that still
     carries ``previous_champion``; the manual rollback stops naming the alias and the version,
     and touches neither the gateway nor Triton."""

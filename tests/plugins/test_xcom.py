@@ -26,7 +26,7 @@ def _h24_histograms() -> list[list[int]]:
     return [[(f * 31 + b * 7) % 997 for b in range(80)] for f in range(1200)]
 
 
-def test_h24_histogram_matrix_is_refused_naming_task_and_size():
+def test_histogram_matrix_is_refused_naming_task_and_size():
     hist = _h24_histograms()
     size = serialized_xcom_size(hist)
     assert size > LIMIT
@@ -37,7 +37,7 @@ def test_h24_histogram_matrix_is_refused_naming_task_and_size():
     assert isinstance(err.value, DataError)
 
 
-def test_h24_reference_to_stored_histograms_fits_and_verifies(tmp_path):
+def test_reference_to_stored_histograms_fits_and_verifies(tmp_path):
     hist = _h24_histograms()
     payload = json.dumps(hist).encode()
     path = tmp_path / "histograms.json"

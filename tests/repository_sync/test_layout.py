@@ -26,7 +26,7 @@ def _make_tree(root, files):
     return root
 
 
-def test_h04_layout_a_model_file_directly_in_model_folder_is_rejected(tmp_path):
+def test_layout_a_model_file_directly_in_model_folder_is_rejected(tmp_path):
     # variant A of inputs/H04_missing_version_dir/make_bad_layouts.sh
     repo = _make_tree(tmp_path / "tmp_repo_A", ["fraud_scorer/config.pbtxt", "fraud_scorer/model.onnx"])
     with pytest.raises(RepositoryLayoutError) as err:
@@ -37,7 +37,7 @@ def test_h04_layout_a_model_file_directly_in_model_folder_is_rejected(tmp_path):
     assert "no numeric version folder" in message
 
 
-def test_h04_layout_b_non_numeric_version_folder_is_rejected(tmp_path):
+def test_layout_b_non_numeric_version_folder_is_rejected(tmp_path):
     repo = _make_tree(tmp_path / "tmp_repo_B", ["fraud_scorer/config.pbtxt", "fraud_scorer/v7/model.onnx"])
     with pytest.raises(RepositoryLayoutError) as err:
         check_local_repository(repo)
@@ -47,7 +47,7 @@ def test_h04_layout_b_non_numeric_version_folder_is_rejected(tmp_path):
     assert "'fraud_scorer/7'" in message  # the suggested name
 
 
-def test_h04_expected_layout_with_signature_and_staging_folder_is_accepted(tmp_path):
+def test_expected_layout_with_signature_and_staging_folder_is_accepted(tmp_path):
     repo = _make_tree(
         tmp_path / "repo",
         [

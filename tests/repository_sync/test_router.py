@@ -193,7 +193,7 @@ def test_canary_plan_with_fractional_step_is_refused():
 
 
 # ------------------------------------------------------------------------------ real NGINX
-def test_h27_invalid_plans_leave_live_routing_byte_for_byte_unchanged_and_ok_is_applied(gateway, router):
+def test_invalid_plans_leave_live_routing_byte_for_byte_unchanged_and_ok_is_applied(gateway, router):
     plans = h27_plans()
     router.apply(TrafficPlan.single("churn_model", 6))
     before = config_bytes(router, "churn_model")

@@ -34,7 +34,7 @@ def _stage(folder, model=b"model-bytes", config=b'name: "fraud_scorer"\n'):
 ENDPOINT = "http://objstore.internal:9000"
 
 
-def test_h05_no_port_is_rejected_with_the_explicit_form_advice():
+def test_no_port_is_rejected_with_the_explicit_form_advice():
     with pytest.raises(SettingsError) as err:
         parse_s3_repository_url("s3://objstore.internal/models/triton", ENDPOINT)
     message = str(err.value)
@@ -43,25 +43,25 @@ def test_h05_no_port_is_rejected_with_the_explicit_form_advice():
     assert "s3://http://objstore.internal:9000/models/triton" in message
 
 
-def test_h05_port_80_without_scheme_is_normalised_to_the_explicit_form():
+def test_port_80_without_scheme_is_normalised_to_the_explicit_form():
     url = parse_s3_repository_url("s3://objstore.internal:80/models/triton", "http://objstore.internal:80")
     assert url.triton_uri == "s3://http://objstore.internal:80/models/triton"
     assert url.endpoint_url == "http://objstore.internal:80"
 
 
-def test_h05_host_port_without_scheme_and_without_endpoint_is_rejected():
+def test_host_port_without_scheme_and_without_endpoint_is_rejected():
     with pytest.raises(SettingsError, match=r"s3://http\(s\)://host:port/bucket/prefix"):
         parse_s3_repository_url("s3://objstore.internal:80/models/triton")
 
 
-def test_h05_leading_slash_key_template_is_normalised():
+def test_leading_slash_key_template_is_normalised():
     url = parse_s3_repository_url("s3://http://objstore.internal:9000/models/triton", ENDPOINT)
     # object_key_template "/triton/{model}/{version}/model.onnx"
     assert url.key("/fraud_scorer/7/model.onnx") == "triton/fraud_scorer/7/model.onnx"
     assert LAYOUT.key("/" + url.prefix, "7", "model.onnx") == "triton/fraud_scorer/7/model.onnx"
 
 
-def test_h05_good_variant_is_accepted():
+def test_good_variant_is_accepted():
     url = parse_s3_repository_url("s3://http://objstore.internal:9000/models/triton", ENDPOINT)
     assert (url.bucket, url.prefix, url.host, url.port) == ("models", "triton", "objstore.internal", 9000)
     assert url.triton_uri == "s3://http://objstore.internal:9000/models/triton"
@@ -70,7 +70,7 @@ def test_h05_good_variant_is_accepted():
 @pytest.mark.parametrize(
     "endpoint", ["http://objstore.internal:9001", "https://objstore.internal:9000", "http://other:9000"]
 )
-def test_h05_triton_endpoint_must_match_the_boto3_endpoint(endpoint):
+def test_triton_endpoint_must_match_the_boto3_endpoint(endpoint):
     with pytest.raises(SettingsError, match="must be the same store"):
         parse_s3_repository_url("s3://http://objstore.internal:9000/models/triton", endpoint)
 

@@ -27,7 +27,7 @@ RECO_SPECS = [InputSpec("user_id", "INT64", (1,)), InputSpec("item_id", "INT64",
 
 # =========================================================================== H06, client side
 @pytest.mark.parametrize("dtype", [None, str, object])
-def test_h06_id_above_2_53_is_sent_exactly_and_missing_id_row_is_refused(dtype):
+def test_id_above_2_53_is_sent_exactly_and_missing_id_row_is_refused(dtype):
     frame = pd.read_csv(io.StringIO(SHADOW_CSV), dtype=dtype)
     arrays, rows, invalid = frame_to_inputs(frame, RECO_SPECS)
     assert rows == [0, 2, 3]
@@ -37,7 +37,7 @@ def test_h06_id_above_2_53_is_sent_exactly_and_missing_id_row_is_refused(dtype):
     assert arrays["item_id"][:, 0].tolist() == [55012, 55019, 55020]
 
 
-def test_h06_float_column_above_2_53_is_refused_not_rounded():
+def test_float_column_above_2_53_is_refused_not_rounded():
     frame = pd.DataFrame({"user_id": [1.0, 9007199254740993.0], "item_id": [2, 3]})
     arrays, rows, invalid = frame_to_inputs(frame, RECO_SPECS)
     assert rows == [0] and invalid[0][0] == 1 and "2**53" in invalid[0][1]
@@ -213,7 +213,7 @@ def test_failed_smoke_test_unloads_the_new_version(fs_stack, sklearn_onnx, signi
 
 
 @pytest.mark.integration
-def test_h06_int64_ids_reach_triton_exactly_and_invalid_rows_are_counted(fs_stack, signing_keys, tmp_path):
+def test_int64_ids_reach_triton_exactly_and_invalid_rows_are_counted(fs_stack, signing_keys, tmp_path):
     repo, _, client = fs_stack
     _publish(repo, "reco_ranker", 1, _reco_onnx(tmp_path / "reco.onnx"), RECO_CONFIG, signing_keys)
     client.load("reco_ranker", 1)

@@ -1,7 +1,7 @@
-"""Subprocess body of the H26 behavioural test: parse a dags folder, sync it, run dag.test twice.
+"""Subprocess body of the fire-and-forget trigger test: parse a dags folder, sync it, run dag.test twice.
 
 Prints one JSON line: trigger task states and the runs of the target DAG with their conf.
-Run with AIRFLOW_HOME pointing at a migrated metadata DB. Usage: h26_run.py DAGS_FOLDER
+Run with AIRFLOW_HOME pointing at a migrated metadata DB. Usage: fire_and_forget_run.py DAGS_FOLDER
 """
 
 import json
