@@ -8,7 +8,7 @@
   span on each side: a guard against unit or scale errors, not a drift test);
 * null fraction: ``ExpectColumnValuesToNotBeNull`` with ``mostly = 1 - (reference null fraction +
   null_tolerance)``; the reference's null fraction travels in the expectation's ``meta`` so an
-  alert can show it beside the window's (case H15);
+  alert can show it beside the window's;
 * allowed categories: ``ExpectColumnValuesToBeInSet`` with the reference's categories and
   ``mostly = 1 - category_tolerance``;
 * datetime columns: min/max bounds as ISO strings.
@@ -33,8 +33,7 @@ counts, means...) always see the whole window, because a sample can miss a rare 
 a false failure. The three distinct-value-set expectations have exact vectorised checks.
 Before validating, datetime columns and every datetime-like value in
 the expectations (value sets, bounds) are normalised to ONE representation, a fixed-width ISO-8601
-string in UTC (``YYYY-MM-DDTHH:MM:SS.ffffff``), whose lexical order is chronological (case H20:
-``Timestamp`` vs ``date`` comparisons otherwise raise inside GX).
+string in UTC (``YYYY-MM-DDTHH:MM:SS.ffffff``), whose lexical order is chronological (``Timestamp`` vs ``date`` comparisons otherwise raise inside GX).
 
 Each expectation yields an :class:`ExpectationResult`; an expectation that RAISED inside GX is an
 *error of the check* (``raised=True``), reported separately from data failures and never taken

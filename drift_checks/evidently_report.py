@@ -1,7 +1,7 @@
 """Evidently ``DataDriftPreset`` report on a bounded sample of the reference and current window.
 
 Evidently is the user-facing report (HTML to MLflow) and a second opinion per column; our own
-statistics (:mod:`drift_checks.statistics`) drive the verdict. Guards (case H15, Evidently #1764,
+statistics (:mod:`drift_checks.statistics`) drive the verdict. Guards (Evidently #1764,
 #1480, PR #1820):
 
 * an empty current window never reaches Evidently (it would fail with a TypeError);

@@ -16,7 +16,7 @@
 
 So a numeric feature is flagged when K-S AND (PSI OR Wasserstein) say so; a categorical one when
 chi-square AND Jensen-Shannon say so, or when the unseen-category share alone does. A clear 20/80
--> 30/70 category shift (chi-square p = 1.8e-4, JS 0.082; case H17) is flagged, the same mix at
+-> 30/70 category shift (chi-square p = 1.8e-4, JS 0.082) is flagged, the same mix at
 another window size is not.
 
 A feature is **strong** when it is flagged, every voting effect statistic is above its ceiling

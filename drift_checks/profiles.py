@@ -6,7 +6,7 @@ Layout under a folder or S3 prefix::
     <root>/<model>/profiles/date=YYYY-MM-DD/daily.bin
 
 whylogs' KLL sketches compact randomly, so profiling the same data twice gives different
-sketches and different KS p-values (case H18, whylogs#684). Hence each hour is profiled ONCE
+sketches and different KS p-values (whylogs#684). Hence each hour is profiled ONCE
 (:func:`profile_hour` returns the stored profile when it exists) and drift is always recomputed
 from the STORED views (:func:`score_profiles`), which gives identical scores on every rerun.
 A POSSIBLE_DRIFT category alone never raises an alert: see :func:`hysteresis_alert`.

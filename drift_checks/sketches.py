@@ -28,7 +28,7 @@ is a probabilistic bound, not a worst case:
 Both bounds are reported with each statistic (``extra["error_bound"]``) and tested against the
 exact values (``tests/drift_checks/test_streaming.py``).
 
-**Reproducibility** (case H18): KLL compaction is randomised, so summarising the same window
+**Reproducibility**: KLL compaction is randomised, so summarising the same window
 twice can give slightly different sketches. The hourly check therefore summarises a window once,
 stores the summary (:mod:`drift_checks.streaming`) and recomputes every later decision (rerun,
 backfill) from the stored summary: the same window always gives the same statistics.

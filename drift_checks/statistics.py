@@ -32,7 +32,7 @@ Thresholds and their sources (static values):
 * K-S p-value 0.05, chi-square p-value 0.05, PSI 0.1, normalised Wasserstein 0.1: Evidently 0.7's
   defaults (``evidently/legacy/calculations/stattests``); the issue-12 minimum effects.
 * Jensen-Shannon distance 0.05 (Evidently: 0.1): a 20/80 -> 30/70 shift of a binary category has
-  JS distance 0.082 (case H17), a change any user wants to see once it is significant.
+  JS distance 0.082, a change any user wants to see once it is significant.
 * Strong effects: PSI 0.25 (Siddiqi, *Credit Risk Scorecards*, 2006: "significant shift"),
   Wasserstein 0.5 reference standard deviations, JS 0.2, unseen share 0.2 (tritonflow choices).
 * Unseen-category share 0.05 (tritonflow choice: 5 % of the window's rows in categories the
@@ -41,7 +41,7 @@ Thresholds and their sources (static values):
 Numeric inputs are prepared once with :func:`prepare_numeric` (finite values, sorted; nulls and
 infinities counted separately), so the reference side can be prepared once per model version and
 reused every hour. All numeric statistics run in O(n log n) with numpy ``sort``/``searchsorted``;
-results are bit-for-bit identical when the same window is scored twice (no sampling; case H18).
+results are bit-for-bit identical when the same window is scored twice (no sampling).
 A window too large to hold in memory is scored from its streamed summary
 (:mod:`drift_checks.summaries`): the current side is then a
 :class:`drift_checks.sketches.SketchSample` (exact PSI bin counts, a KLL sketch for the ECDF),
@@ -55,7 +55,7 @@ steps, so counts accumulated elsewhere (streamed windows, stored histograms) giv
 
 Categorical inputs are count histograms (``{category: count}``), so the same functions score raw
 windows and stored hourly count histograms alike. Chi-square always scales the expected
-frequencies to the current window's size (case H17).
+frequencies to the current window's size.
 """
 
 from __future__ import annotations
@@ -535,7 +535,7 @@ def chi_square_p_value(pair: CategoricalPair) -> StatisticResult:
     union of categories (``scipy.stats.chi2_contingency(correction=False)``).
 
     The expected counts of each row are scaled to that row's total, so a current window with
-    the reference's mix gives p ~ 1 whatever its size (case H17, whylogs#492). Categories unseen
+    the reference's mix gives p ~ 1 whatever its size (whylogs#492). Categories unseen
     in the reference are part of the table (no division by zero). A single category on both
     sides gives p = 1 with status ``"constant"``.
 

@@ -11,7 +11,7 @@ per worker plus the summary (about 100 KB per numeric feature), whatever the win
 Files (row groups) are summarised by ``workers`` processes and the partial summaries merged:
 the counts are the same in any order, the sketches within their bound.
 
-:func:`stored_summary` makes decisions reproducible (case H18): a window's summary is computed
+:func:`stored_summary` makes decisions reproducible: a window's summary is computed
 once and stored under ``<root>/<model>/drift_summaries/<bins digest>-k<k>/``; a rerun or backfill
 of the same window over the same files (inference-log files are immutable, uuid-named) reads it
 back instead of sketching again, so it decides from the same sketches.

@@ -20,7 +20,7 @@ takes a summary wherever it takes a window's frame, and scores it with the same 
 functions.
 
 Bytes (:meth:`WindowSummary.to_bytes`): zlib-compressed JSON, sketches in DataSketches' own
-serialisation; stored once per window so that reruns decide from the same sketches (case H18).
+serialisation; stored once per window so that reruns decide from the same sketches.
 """
 
 from __future__ import annotations

@@ -11,16 +11,15 @@ nothing).
 
 Feature severities:
 
-* ``no_data``: the window has no rows (case H15): nothing scored, nothing stored in the
+* ``no_data``: the window has no rows: nothing scored, nothing stored in the
   statistics history (the baseline is untouched), a data-availability alert is raised;
 * ``invalid``: a CRITICAL expectation failed on the column (missing, wrong dtype, e.g. 100 %
-  nulls; case H15) or a statistic is undefined on the window's side: no drift is computed from
+  nulls) or a statistic is undefined on the window's side: no drift is computed from
   nonsense, no NaN can read as "ok", and the feature counts as flagged in the dataset score (it
   never leaves the denominator);
 * ``unscored``: the reference itself has no value for the column (reported as a data-quality
   warning; not part of the score);
-* ``drift``: a strong effect, or flagged in this window and the ``k - 1`` windows before (case
-  H18: one unusual hour is not an alarm);
+* ``drift``: a strong effect, or flagged in this window and the ``k - 1`` windows before (one unusual hour is not an alarm);
 * ``warning``: flagged in this window only;
 * ``ok``.
 
@@ -64,7 +63,7 @@ if TYPE_CHECKING:
     from drift_checks.summaries import WindowSummary
 
 SEVERITY_ORDER = ["ok", "warning", "invalid", "drift"]
-#: Largest summary returned (bytes); larger ones drop per-statistic details (case H24).
+#: Largest summary returned (bytes); larger ones drop per-statistic details.
 DEFAULT_MAX_SUMMARY_BYTES = 48 * 1024
 
 

@@ -5,18 +5,18 @@ Flow: :func:`build_profile_config` -> :func:`write_profile_config` -> :func:`run
 :func:`read_results_csv` -> :func:`choose_best` (objective: throughput, constraint: p99 latency in
 ms, only stable measurements) -> :func:`chosen_config` (the winning ``config.pbtxt``).
 
-Rules (cases H10, H11, H12 in ``shared/cases``):
+Rules (in ``shared/cases``):
 
 * A CPU-only host or model gets ``cpu_only: true`` and ``collect_cpu_metrics: true``, and the
   search space has only ``KIND_CPU`` instance groups; a KIND_GPU config is never generated without
-  a GPU (H10). No measured candidate => :class:`ProfilingError` naming the model.
+  a GPU. No measured candidate => :class:`ProfilingError` naming the model.
 * Variable dims get one explicit perf_analyzer ``shape`` entry per input, written as a YAML list of
   ``NAME:D1,D2`` strings (never one space-separated string, which older Model Analyzer versions
-  split per character). A tensor name containing ``:`` stops profiling before it starts (H11).
+  split per character). A tensor name containing ``:`` stops profiling before it starts.
 * A configuration whose throughput coefficient of variation (population std / mean, numpy's
   default ``ddof=0``) across passes exceeds ``analyzer_stability_cv`` (0.1), or for which
   perf_analyzer reported "Failed to obtain stable measurement", is dropped with a reason; the best
-  configuration is chosen only among stable ones (H12). perf_analyzer's own stability criterion is
+  configuration is chosen only among stable ones. perf_analyzer's own stability criterion is
   aligned with the threshold (``stability-percentage`` = CV x 100).
 """
 
@@ -108,7 +108,7 @@ class SearchSpace:
         return len(self.max_batch_sizes) * len(self.instance_counts) * len(self.queue_delays_us)
 
 
-# ----------------------------------------------------------------------------- shapes (H11)
+# ----------------------------------------------------------------------------- shapes
 def shape_flags(
     config: "model_config_pb2.ModelConfig",
     shapes: Mapping[str, int | Sequence[int]] | None = None,
@@ -209,8 +209,8 @@ def build_profile_config(
         settings: Settings (default: from the environment).
 
     Raises:
-        ProfilingError: Tensor names with ``:`` or variable dims without shapes (H11), or
-            ``cpu_only=False`` on a host without a GPU (H10).
+        ProfilingError: Tensor names with ``:`` or variable dims without shapes, or
+            ``cpu_only=False`` on a host without a GPU.
     """
     s = settings or get_settings()
     search = search or SearchSpace.from_settings(s)
@@ -293,9 +293,9 @@ def check_profile_config(
     """Problems in a (generated or hand-written) Model Analyzer profile config.
 
     Checks per profiled model: on a host without a GPU, ``cpu_only: true`` and
-    ``collect_cpu_metrics: true`` are set and no ``KIND_GPU`` instance group is searched (H10);
+    ``collect_cpu_metrics: true`` are set and no ``KIND_GPU`` instance group is searched;
     ``perf_analyzer_flags.shape`` is a list of ``NAME:DIMS`` strings, one per variable input of the
-    model's config, none with ``:`` inside the name (H11).
+    model's config, none with ``:`` inside the name.
 
     Args:
         profile: The profile config mapping (as loaded from YAML).
@@ -314,12 +314,12 @@ def check_profile_config(
         models = {m: {} for m in models} if all(isinstance(m, str) for m in models) else {}
     models = dict(models or {})
     if not has_gpu and not profile.get("collect_cpu_metrics"):
-        problems.append("collect_cpu_metrics is not true on a host without a GPU (H10)")
+        problems.append("collect_cpu_metrics is not true on a host without a GPU")
     for name, entry in models.items():
         entry = entry or {}
         if not has_gpu:
             if entry.get("cpu_only") is not True:
-                problems.append(f"model {name!r}: cpu_only is not true on a host without a GPU (H10)")
+                problems.append(f"model {name!r}: cpu_only is not true on a host without a GPU")
             groups = (entry.get("model_config_parameters") or {}).get("instance_group") or []
             if any(str(g.get("kind", "")).upper() == "KIND_GPU" for g in groups if isinstance(g, Mapping)):
                 problems.append(f"model {name!r}: KIND_GPU instance group searched on a host without a GPU")
@@ -485,7 +485,7 @@ def read_results_csv(path_or_text: str | os.PathLike) -> list[ProfileRow]:
 
 def read_perf_passes(path_or_text: str | os.PathLike) -> dict[str, list[float]]:
     """Throughput per pass per config from a ``config,concurrency,pass,throughput_infer_per_s,...``
-    CSV (repeated perf_analyzer passes; the H12 format). Passes are ordered by ``pass``."""
+    CSV (repeated perf_analyzer passes). Passes are ordered by ``pass``."""
     text = str(path_or_text)
     if "\n" not in text:
         text = Path(text).read_text()
@@ -524,7 +524,7 @@ def stability(
     unstable_flags: Iterable[str] = (),
     settings: Settings | None = None,
 ) -> dict[str, Stability]:
-    """Coefficient of variation of each config's throughput passes (H12).
+    """Coefficient of variation of each config's throughput passes.
 
     Args:
         passes: ``{config: [throughput per pass]}``.
@@ -626,7 +626,7 @@ def choose_best(
     """Pick the highest-throughput config whose p99 latency meets the constraint, among stable ones.
 
     A config is dropped (with the reason recorded) when perf_analyzer flagged it unstable, its
-    passes' CV exceeds ``stability_cv`` (H12), none of its measurements is finite, or every
+    passes' CV exceeds ``stability_cv``, none of its measurements is finite, or every
     measurement violates ``p99 <= p99_latency_ms``.
 
     Args:
@@ -640,7 +640,7 @@ def choose_best(
 
     Raises:
         ProfilingError: No candidate survived; the message names the model and each reason. An
-            empty or all-dropped table never yields a "best config" (H10).
+            empty or all-dropped table never yields a "best config".
     """
     s = settings or get_settings()
     limit = s.analyzer_p99_latency_ms if p99_latency_ms is None else p99_latency_ms
@@ -859,7 +859,7 @@ def profile_model(
     return ProfileOutcome(selection, chosen, rows, path, log_path)
 
 
-# ----------------------------------------------------------------------------- confirmation (H12)
+# ----------------------------------------------------------------------------- confirmation
 def measure_config_passes(output_model_repository: str | os.PathLike, configs: Sequence[str], concurrency: int, *,
                           passes: int, settings: Settings | None = None, measurement_ms: int | None = None) -> dict[str, list]:
     """Repeated, interleaved perf_analyzer passes of Model Analyzer's tried configs on one Triton.
@@ -916,7 +916,7 @@ def confirm_selection(
     settings: Settings | None = None,
     pass_runner: Any = None,
 ) -> ProfileOutcome:
-    """Confirm Model Analyzer's single-measurement ranking with repeated passes (case H12).
+    """Confirm Model Analyzer's single-measurement ranking with repeated passes.
 
     Model Analyzer measures each config once. The ``top`` best eligible configs are measured again
     in ``passes`` interleaved perf_analyzer passes; a config is dropped when perf_analyzer reported

@@ -4,7 +4,7 @@ Registry entries of the ``xgboost`` and ``lightgbm`` MLflow flavours
 (:func:`model_registry.conversion.register_converter`). Both use ``onnxmltools``
 (``convert_xgboost`` / ``convert_lightgbm``) at the highest default-domain opset that both the
 target Triton release and onnxmltools support; classifiers give ``label`` (``[N]``) and
-``probabilities`` (``tensor(float) [N, C]``, never a ZipMap, case H03), regressors ``variable``
+``probabilities`` (``tensor(float) [N, C]``, never a ZipMap), regressors ``variable``
 (``[N, 1]``). Scikit-learn API models (``XGBClassifier``, ``LGBMRegressor``, ...) and native
 ``Booster`` objects are accepted.
 

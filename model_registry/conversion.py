@@ -4,11 +4,10 @@ Supported sources:
 
 * **scikit-learn** estimators and pipelines through ``skl2onnx``, with ZipMap disabled so a
   classifier's probabilities are a plain ``tensor(float) [N, C]`` and labels ``tensor(int64)``
-  (case H03; skl2onnx documentation "Probabilities as a vector or as a ZipMap").
+  (skl2onnx documentation "Probabilities as a vector or as a ZipMap").
 * **PyTorch** ``nn.Module`` to ONNX with a dynamic batch axis, and to TorchScript traced in
   ``eval()`` under ``torch.no_grad()``; :func:`verify_torchscript` then requires TorchScript and
-  eager-eval outputs to agree within ``torchscript_atol`` (1e-5) and two calls to be identical
-  (case H08). ``torch`` is imported lazily.
+  eager-eval outputs to agree within ``torchscript_atol`` (1e-5) and two calls to be identical. ``torch`` is imported lazily.
 * **XGBoost** and **LightGBM** (their MLflow flavours) through ``onnxmltools``
   (:mod:`model_registry.boosting`).
 * **ONNX** models pass through (loaded, checked, I/O names made safe).
@@ -28,7 +27,7 @@ folded ``features`` tensor.
 Shapes and dtypes come from the MLflow model signature (``mlflow.models.ModelSignature``) or an
 explicit ``schema``; a model with neither gets :class:`ModelConversionError`.
 
-Tensor names are made safe identifiers matching ``[A-Za-z_][A-Za-z0-9_]*`` (case H11: a name such
+Tensor names are made safe identifiers matching ``[A-Za-z_][A-Za-z0-9_]*`` (a name such
 as ``onnx::Cast_2`` breaks perf_analyzer's ``NAME:DIMS`` syntax); the renames are kept in
 ``ConvertedModel.name_mapping`` for the name-mapping file.
 """
@@ -478,7 +477,7 @@ def convert_onnx(
     """Pass an ONNX model through: load, ``onnx.checker``, make I/O names safe.
 
     Unsafe input names are renamed positionally to the signature's (or schema's) input names when
-    those are safe and the counts match (``onnx::Cast_2`` -> ``token_type_ids``, case H11), else
+    those are safe and the counts match (``onnx::Cast_2`` -> ``token_type_ids``), else
     by :func:`safe_tensor_name`. Without a signature or schema the graph's own declaration is used.
 
     Raises:
@@ -666,7 +665,7 @@ def convert_pytorch(*args: Any, **kwargs: Any) -> ConvertedModel:
 
 
 def verify_torchscript(*args: Any, **kwargs: Any) -> dict[str, float]:
-    """:func:`model_registry.pytorch_conversion.verify_torchscript` (case H08)."""
+    """:func:`model_registry.pytorch_conversion.verify_torchscript`."""
     from model_registry.pytorch_conversion import verify_torchscript as _verify
 
     return _verify(*args, **kwargs)

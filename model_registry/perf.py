@@ -2,7 +2,7 @@
 
 * :func:`run_pass` runs ``perf_analyzer`` once against a running Triton (one concurrency, CSV
   report) and returns throughput, p99 latency and perf_analyzer's own stability verdict (its
-  "Failed to obtain stable measurement" message, case H12).
+  "Failed to obtain stable measurement" message).
 * :func:`measure_interleaved` measures several models on the SAME Triton in interleaved rounds
   (A B, B A, A B, ...), so slow drifts of a shared machine hit every model alike.
 * :func:`p99_regression` is the gate's decision (pure): the challenger is rejected when its median

@@ -1,4 +1,4 @@
-"""Pre-flight check of an MLflow artifact location on an S3-compatible store (case H23).
+"""Pre-flight check of an MLflow artifact location on an S3-compatible store.
 
 MLflow artifacts are uploaded by the *client* (the Airflow worker), not by the tracking server
 (mlflow/mlflow#1813). A worker that lacks ``MLFLOW_S3_ENDPOINT_URL`` sends the upload for

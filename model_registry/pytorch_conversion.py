@@ -2,7 +2,7 @@
 
 The registry entry of the ``pytorch`` MLflow flavour (:mod:`model_registry.conversion`). Both
 formats deep-copy the module, put it in ``eval()`` and export/trace under ``torch.no_grad()``;
-TorchScript results must pass :func:`verify_torchscript` (case H08). TorchScript tensors are named
+TorchScript results must pass :func:`verify_torchscript`. TorchScript tensors are named
 by NVIDIA's libtorch convention (``<name>__<index>``, outputs ``output__<index>``), so the same
 repository loads on NVIDIA's image (``platform: "pytorch_libtorch"``) and on the local Python-based
 ``pytorch`` backend. ``torch`` is imported lazily.
@@ -63,7 +63,7 @@ def convert_pytorch(
     """Convert a PyTorch module to ONNX (dynamic batch axis) or TorchScript (traced in eval).
 
     The module is deep-copied, put in ``eval()`` and exported/traced under ``torch.no_grad()``,
-    so Dropout and BatchNorm are recorded in inference behaviour (case H08). The caller's module
+    so Dropout and BatchNorm are recorded in inference behaviour. The caller's module
     is not modified.
 
     Args:
@@ -153,7 +153,7 @@ def verify_torchscript(
     atol: float | None = None,
     model_name: str = "model",
 ) -> dict[str, float]:
-    """Check a TorchScript module against the eager module in eval mode (case H08).
+    """Check a TorchScript module against the eager module in eval mode.
 
     Two checks, both required: (1) max |TorchScript - eager-eval| <= ``atol`` on ``sample``;
     (2) two TorchScript calls on ``sample`` give identical outputs (a train-mode trace keeps
@@ -240,8 +240,8 @@ def validate_torchscript_for_push(
 
     Checks: the config agrees with the traced module's tensors (names, dtypes, ranks; the config
     says ``platform: "pytorch_libtorch"``); the module runs at batch 1 and, when batching, at batch
-    ``min(max_batch_size, 3)`` with row 0 unchanged (case H02); outputs are finite. The eval-mode
-    and determinism checks (case H08) ran at conversion (:func:`verify_torchscript`).
+    ``min(max_batch_size, 3)`` with row 0 unchanged; outputs are finite. The eval-mode
+    and determinism checks ran at conversion (:func:`verify_torchscript`).
 
     Returns:
         :class:`model_registry.validation.ValidationReport` (IR version 0, no opsets).

@@ -4,14 +4,14 @@ The message type is :class:`tritonclient.grpc.model_config_pb2.ModelConfig` (Tri
 ``model_config.proto``); text is produced and read with :mod:`google.protobuf.text_format`.
 
 Rules applied (Triton model configuration documentation, "Maximum Batch Size" and "Inputs and
-Outputs"; cases H01, H02, H06 in ``shared/cases``):
+Outputs" in ``shared/cases``):
 
 * With ``max_batch_size > 0`` the batch axis is implicit: ``dims`` holds the model shape WITHOUT
-  the leading batch axis, and that axis must be dynamic in the model (H01, H02).
+  the leading batch axis, and that axis must be dynamic in the model.
 * A model whose batch axis is fixed (e.g. exported with batch 1) is served with
   ``max_batch_size: 0``, full ``dims`` and no ``dynamic_batching`` (a warning is logged), or refused
-  (``on_fixed_batch="refuse"``) (H02 a).
-* Data types come from the model: ``tensor(int64)`` becomes ``TYPE_INT64`` (H06).
+  (``on_fixed_batch="refuse"``) (a).
+* Data types come from the model: ``tensor(int64)`` becomes ``TYPE_INT64``.
 * A batched tensor whose only axis is the batch axis (shape ``[N]``) is written as ``dims: [1]``
   with ``reshape { shape: [] }`` (Triton's documented idiom for rank-1 batched tensors).
 
@@ -480,10 +480,10 @@ def check_config(
 
     * every config input/output exists in the model (unknown names), every model input is
       declared in the config;
-    * data types: ``config TYPE_FP32, model tensor(int64)`` (config first, model second; H06);
+    * data types: ``config TYPE_FP32, model tensor(int64)`` (config first, model second);
     * rank: the model's rank against the rank the config implies (``dims``, plus one implicit
-      batch axis when ``max_batch_size > 0``), with a suggested ``dims`` (H01);
-    * fixed sizes agree; with ``max_batch_size > 0`` the model's axis 0 is dynamic (H02 a);
+      batch axis when ``max_batch_size > 0``), with a suggested ``dims``;
+    * fixed sizes agree; with ``max_batch_size > 0`` the model's axis 0 is dynamic (a);
     * ``dynamic_batching`` only with ``max_batch_size > 0``; preferred sizes within it.
 
     Args:

@@ -4,14 +4,14 @@ Nothing is pushed unless :func:`validate_for_push` and :func:`parity_check` pass
 
 1. ``onnx.checker.check_model``.
 2. IR version and every ``opset_import`` within the target serving release
-   (``max_onnx_ir_version``, ``max_onnx_opset``, ``max_onnx_ml_opset``; case H09).
+   (``max_onnx_ir_version``, ``max_onnx_opset``, ``max_onnx_ml_opset``).
    :func:`make_compatible` re-exports with ``onnx.version_converter`` and lowers the IR version
    when that is safe; the caller then re-runs parity.
-3. Outputs are dense tensors: ZipMap / sequence / map outputs are refused (case H03).
-4. The config agrees with the model (names, dtypes, ranks; cases H01, H06), see
+3. Outputs are dense tensors: ZipMap / sequence / map outputs are refused.
+4. The config agrees with the model (names, dtypes, ranks), see
    :func:`model_registry.triton_config.check_config`.
 5. The model runs in ONNX Runtime at batch 1 AND at a batch >= 2 whenever ``max_batch_size > 0``,
-   and each row's output does not depend on the batch it was in (case H02).
+   and each row's output does not depend on the batch it was in.
 6. No NaN/Inf in the outputs.
 
 Parity (:func:`parity_check`) compares the source model with the converted one per output with
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 _ELEM_TYPE_MIN_IR = {17: 9, 18: 9, 19: 9, 20: 9, 21: 10, 22: 10, 23: 11}
 
 
-# ----------------------------------------------------------------------------- IR / opset (H09)
+# ----------------------------------------------------------------------------- IR / opset
 @dataclasses.dataclass
 class CompatReport:
     """IR/opset compatibility of a model with the target release.
@@ -212,7 +212,7 @@ def make_compatible(
     proto = load_onnx(model)
     notes: list[str] = []
     # onnx.version_converter rewrites the default domain only: an ai.onnx.ml opset above the limit
-    # blocks the model whatever happens to the IR version, so it is named first (case H09).
+    # blocks the model whatever happens to the IR version, so it is named first.
     ml = max((o.version for o in proto.opset_import if o.domain == "ai.onnx.ml"), default=0)
     if ml > s.max_onnx_ml_opset:
         raise ModelValidationError(
@@ -247,7 +247,7 @@ def make_compatible(
     return proto, notes
 
 
-# ----------------------------------------------------------------------------- outputs (H03)
+# ----------------------------------------------------------------------------- outputs
 def check_outputs_are_tensors(model: OnnxLike, *, model_name: str = "model") -> None:
     """Refuse outputs that are not dense tensors (ZipMap, sequence, map).
 
@@ -309,7 +309,7 @@ def check_batching(
     atol: float = 1e-5,
     rtol: float = 1e-4,
 ) -> dict[str, Any]:
-    """Run the model at batch 1 and at a batch >= 2 in ONNX Runtime (case H02).
+    """Run the model at batch 1 and at a batch >= 2 in ONNX Runtime.
 
     With ``max_batch_size > 0`` every input and output must declare a dynamic axis 0, the model
     must run at batch 1 and at batch ``b = min(max_batch_size, 3)`` (when ``b >= 2``), and row 0's

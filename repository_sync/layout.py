@@ -1,6 +1,6 @@
 """Triton model repository layout: pure path planning and validation (no I/O except the walker).
 
-Layout written by tritonflow (case H04; Triton's "Repository Layout" documentation)::
+Layout written by tritonflow (Triton's "Repository Layout" documentation)::
 
     <repository>/
       <model>/
@@ -189,7 +189,7 @@ class VersionLayout:
 
 
 def join_key(*parts: str) -> str:
-    """Join S3 key parts with single slashes and no leading/trailing slash (case H05).
+    """Join S3 key parts with single slashes and no leading/trailing slash.
 
     Some S3-compatible stores (distributed MinIO, triton-inference-server/server#2403) do not find
     keys written with a leading ``/``, so every key tritonflow writes is normalised here.

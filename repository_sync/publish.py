@@ -3,7 +3,7 @@
 Sequence of :func:`publish_version` (issue 3 parts 7 and 8; the "why" of each step is in
 :mod:`repository_sync.storage`):
 
-1. plan the layout (safe model name, positive-integer version, case H04);
+1. plan the layout (safe model name, positive-integer version);
 2. stage ``<tmp>/<N>/``: the model file under the backend's default name and
    ``config.pbtxt.intended`` (the config this version serves with, parsed and re-serialised with
    protobuf so its ``name`` matches the model);
@@ -148,7 +148,7 @@ def publish_version(
         private_key: Signing key file path or PEM bytes (never logged).
         trusted_keys: Public key(s) used to verify at the destination (folder, files or the
             mapping from :func:`repository_sync.signing.load_public_keys`).
-        endpoint_url: boto3 endpoint for S3; must match the S3 URL's host:port (case H05).
+        endpoint_url: boto3 endpoint for S3; must match the S3 URL's host:port.
         key_password: Password of an encrypted private key.
         on_progress: Called with each file name as it is written (progress reporting).
 

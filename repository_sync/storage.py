@@ -37,7 +37,7 @@ publishing a challenger whose config differs never changes the champion's servin
 promotion that wants the new config to be the on-disk default calls
 :meth:`RepositoryStorage.write_serving_config` explicitly.
 
-S3 URLs follow Triton's syntax (case H05): ``s3://bucket/prefix`` for AWS and
+S3 URLs follow Triton's syntax: ``s3://bucket/prefix`` for AWS and
 ``s3://http(s)://host:port/bucket/prefix`` for any other endpoint. See :func:`parse_s3_repository_url`.
 """
 
@@ -220,7 +220,7 @@ class RepositoryStorage(abc.ABC):
         """URI of the version folder."""
 
     def check_layout(self) -> None:
-        """Validate the whole repository (case H04).
+        """Validate the whole repository.
 
         Raises:
             RepositoryLayoutError: One line per problem, naming the model and the folder.
@@ -409,7 +409,7 @@ class S3RepositoryURL:
         return f"s3://{self.scheme}://{self.host}:{self.port}/{tail}" if self.host else f"s3://{tail}"
 
     def key(self, *parts: str) -> str:
-        """Object key ``<prefix>/<parts...>`` with no leading slash (case H05)."""
+        """Object key ``<prefix>/<parts...>`` with no leading slash."""
         return join_key(self.prefix, *parts)
 
 
@@ -437,7 +437,7 @@ def _bucket_and_prefix(url: str, rest: str) -> tuple[str, str]:
 
 
 def parse_s3_repository_url(url: str, endpoint_url: str | None = None) -> S3RepositoryURL:
-    """Parse and check a Triton S3 repository URL against the boto3 endpoint (case H05).
+    """Parse and check a Triton S3 repository URL against the boto3 endpoint.
 
     Accepted forms (Triton's model repository docs, "S3"):
 
@@ -677,7 +677,7 @@ class S3Storage(RepositoryStorage):
         self._delete(stale)
 
     def _check_listing(self, layout: VersionLayout, final_prefix: str) -> None:
-        """Require the version's files and the model's serving config to be listed (case H05)."""
+        """Require the version's files and the model's serving config to be listed."""
         listed = {o["Key"] for o in self._list(final_prefix)}
         required = [final_prefix + n for n in layout.version_files]
         serving = self.location.key(layout.model_name, CONFIG_FILENAME)
@@ -737,7 +737,7 @@ def open_repository(uri: str | os.PathLike[str], *, endpoint_url: str | None = N
 
     Args:
         uri: Folder path (``file://`` accepted) or Triton S3 URL.
-        endpoint_url: boto3 endpoint for S3 (must match the URL's host:port, case H05); empty
+        endpoint_url: boto3 endpoint for S3 (must match the URL's host:port); empty
             means the URL's own endpoint.
 
     Raises:

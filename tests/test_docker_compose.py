@@ -4,7 +4,7 @@ No Docker engine runs on these machines (``../shared/DESIGN.md`` section 3), so 
 statically: the file is validated against the Compose Specification JSON schema, interpolated the
 way ``docker compose`` does with the defaults it carries (``${VAR:-default}``), and its wiring is
 checked with the project's own validators (``repository_sync.storage.parse_s3_repository_url`` for
-case H05, ``model_registry.preflight.check_artifact_location`` for case H23, ``Settings.from_env``).
+this failure, ``model_registry.preflight.check_artifact_location`` for this failure, ``Settings.from_env``).
 
 The parts that can run here run for real: the gateway's ``deploy/nginx/nginx.conf`` with the
 reload watcher ``deploy/nginx/reload-watcher.sh`` under the local NGINX binary (a small HTTP server
@@ -356,7 +356,7 @@ def test_one_shot_scripts_parse(services):
         assert proc.returncode == 0, f"{script}: {proc.stderr}"
 
 
-# ============================================================================ Triton and S3 (case H05)
+# ============================================================================ Triton and S3
 def test_triton_runs_nvidia_2_51_image_in_explicit_mode(services):
     triton = services["triton"]
     assert triton["image"] == "nvcr.io/nvidia/tritonserver:24.10-py3"
@@ -371,7 +371,7 @@ def test_triton_repository_on_minio_matches_the_workers_s3_endpoint(services, wo
     repository = flag_value(triton_argv(services), "--model-repository")
     assert repository and repository.startswith("s3://http://"), repository
     endpoint = worker_env["MLFLOW_S3_ENDPOINT_URL"]
-    # Raises SettingsError when Triton's host:port differs from where the workers push (H05).
+    # Raises SettingsError when Triton's host:port differs from where the workers push.
     location = parse_s3_repository_url(repository, endpoint_url=endpoint)
     assert location.triton_uri == repository
     assert worker_env["AWS_ENDPOINT_URL_S3"] == endpoint == worker_env["TRITONFLOW_S3_ENDPOINT_URL"]
@@ -564,7 +564,7 @@ def test_worker_tritonflow_variables_are_settings_and_parse(worker_env, services
 
 
 def test_worker_environment_passes_the_mlflow_artifact_preflight(worker_env, services):
-    """Case H23: the worker uploads artifacts itself, so it needs the MinIO endpoint too."""
+    """the worker uploads artifacts itself, so it needs the MinIO endpoint too."""
     from model_registry.preflight import check_artifact_location
 
     artifacts = flag_value(argv_of(services["mlflow"]["command"]), "--artifacts-destination")

@@ -5,7 +5,8 @@ Usage::
     tritonflow runtime start [--services triton,mlflow,s3,gateway] [--repository URI]
     tritonflow runtime status [--json]
     tritonflow runtime stop [--services ...]
-    tritonflow settings            # the configuration reference (variables, defaults, meaning)
+    tritonflow settings            # the settings in effect and their source (exit 1 on a bad value)
+    tritonflow settings --reference  # the configuration reference (variables, defaults, meaning)
     tritonflow validate MODEL_URI --sample FILE [--out DIR] [--format onnx|torchscript] ...
 
 ``tritonflow validate`` converts a model (``models:/name/version``, ``runs:/...`` or a local MLflow
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Mapping
 
 from tritonflow.exceptions import RuntimeStartError, TritonflowError
 from tritonflow.settings import Settings, get_settings
@@ -66,7 +68,7 @@ def _runtime(args: argparse.Namespace) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 return 1
             started.append((name, service))
-            print(f"{name}: started, log {service.log_path}")
+            print(f"{name}: started at {service.health_url()}, log {service.log_path}")
         return 0
     if args.action == "stop":
         for name, service in reversed(services):
@@ -99,6 +101,17 @@ def settings_reference(markdown: bool = False) -> str:
     lines += [f"| `{n}` | `{d}` | {doc.replace('|', '/')} |" if d else f"| `{n}` | (empty) | {doc.replace('|', '/')} |"
               for n, d, doc in rows]
     return "\n".join(lines)
+
+
+def effective_settings(environ: Mapping[str, str] | None = None) -> str:
+    """The settings in effect: one ``VARIABLE=value  (source)`` line each, sources ``default``/``environment``.
+
+    Raises:
+        SettingsError: A ``TRITONFLOW_*`` variable holds a value its setting cannot take.
+    """
+    rows = Settings.effective(environ)
+    width = max(len(name) for name, _, _ in rows)
+    return "\n".join(f"{name:<{width}} = {value}  ({source})" for name, value, source in rows)
 
 
 def validate(model_uri: str, sample: str, *, out: str | None = None, name: str | None = None,
@@ -221,11 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     rt = sub.add_parser("runtime", help="start, check or stop the local services")
     rt.add_argument("action", choices=["start", "status", "stop"])
-    rt.add_argument("--services", default=",".join(ALL_SERVICES), help="comma-separated subset")
+    rt.add_argument("--services", default=",".join(ALL_SERVICES),
+                    help=f"comma-separated subset of: {', '.join(ALL_SERVICES)} (default: all)")
     rt.add_argument("--repository", default=None, help="Triton repository: folder or s3://http://host:port/bucket/prefix")
     rt.add_argument("--json", action="store_true", help="status as JSON")
-    st = sub.add_parser("settings", help="print the configuration reference")
-    st.add_argument("--markdown", action="store_true", help="as a Markdown table (the README's)")
+    st = sub.add_parser("settings", help="print the settings in effect and where each comes from; "
+                                         "exit 1 on a value that is not valid")
+    st.add_argument("--reference", action="store_true",
+                    help="print the reference instead (every variable, its default and meaning)")
+    st.add_argument("--markdown", action="store_true", help="the reference as a Markdown table (the README's)")
     va = sub.add_parser("validate", help="convert, parity-gate and generate config.pbtxt without publishing")
     va.add_argument("model_uri", help="models:/name/version, runs:/<run>/<path> or a local MLflow model folder")
     va.add_argument("--sample", required=True, help="validation rows: CSV or Parquet file (signature columns)")
@@ -279,7 +296,10 @@ def main(argv: list[str] | None = None) -> int:
             return _runtime(args)
         if args.command == "drift":
             return _drift_backtest(args)
-        print(settings_reference(markdown=args.markdown))
+        if args.reference or args.markdown:
+            print(settings_reference(markdown=args.markdown))
+            return 0
+        print(effective_settings())
         return 0
     except TritonflowError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -762,6 +762,33 @@ class Settings:
         values.update(overrides)
         return cls(**values)
 
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_port") and isinstance(value, int) and not 0 <= value <= 65535:
+                raise SettingsError(
+                    f"{ENV_PREFIX + f.metadata['env']}={value!r} is not a TCP port "
+                    "(expected 0-65535; 0 picks a free port where a service allows it)"
+                )
+
+    @classmethod
+    def effective(cls, environ: Mapping[str, str] | None = None) -> list[tuple[str, str, str]]:
+        """Rows of (variable, value in effect, source) where source is ``default`` or ``environment``.
+
+        Args:
+            environ: Mapping to read (default ``os.environ``).
+
+        Raises:
+            SettingsError: A variable holds a value its field cannot take (see :meth:`from_env`).
+        """
+        environ = os.environ if environ is None else environ
+        settings = cls.from_env(environ)
+        rows = []
+        for f in dataclasses.fields(cls):
+            name = ENV_PREFIX + f.metadata["env"]
+            rows.append((name, str(getattr(settings, f.name)), "environment" if name in environ else "default"))
+        return rows
+
     @classmethod
     def describe(cls) -> list[tuple[str, str, str]]:
         """Rows of (variable, default, description) for the README's configuration reference."""

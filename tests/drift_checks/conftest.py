@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-# H15 inputs (reference.csv, current_promo_all_null.csv), rebuilt verbatim.
+# All-null column and empty window inputs (reference.csv, current_promo_all_null.csv), rebuilt verbatim.
 H15_REFERENCE = """session_minutes,device,promo_code,pages_viewed
 10.11,ios,SPRING10,9
 8.21,android,,16
@@ -64,7 +64,7 @@ H15_EMPTY = "session_minutes,device,promo_code,pages_viewed\n"
 
 @pytest.fixture
 def h15_frames():
-    """(reference, all-null current, empty current) frames of case H15."""
+    """(reference, all-null current, empty current) frames of this failure."""
     read = lambda s: pd.read_csv(io.StringIO(s))  # noqa: E731
     return read(H15_REFERENCE), read(H15_ALL_NULL), read(H15_EMPTY)
 

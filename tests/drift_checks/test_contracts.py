@@ -1,4 +1,4 @@
-"""Great Expectations contract: derivation, H15 all-null column, H20 datetime normalisation."""
+"""Great Expectations contract: derivation, an all-null column, datetime normalisation."""
 
 import io
 

@@ -1,4 +1,4 @@
-"""whylogs profiles: profiled once, stored, merged; case H18 repeatability and hysteresis."""
+"""whylogs profiles: profiled once, stored, merged repeatability and hysteresis."""
 
 import datetime as dt
 

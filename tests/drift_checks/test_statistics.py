@@ -1,4 +1,4 @@
-"""Drift statistics: values against scipy, direction, degenerate inputs, case H17."""
+"""Drift statistics: values against scipy, direction, degenerate inputs."""
 
 import math
 
@@ -59,7 +59,7 @@ def test_same_window_scored_twice_gives_identical_results():
     assert {k: v.to_dict() for k, v in first.items()} == {k: v.to_dict() for k, v in second.items()}
 
 
-# ------------------------------------------------------------------ H17: chi-square scaling
+# ------------------------------------------------------------------ chi-square scaling
 H17_REF = {"approved": 240, "declined": 960}
 
 

@@ -1,4 +1,4 @@
-"""The hourly check end to end: cases H15 (all-null column, empty window), reruns, hysteresis."""
+"""The hourly check end to end: an all-null column, an empty window, reruns, hysteresis."""
 
 import datetime as dt
 import json

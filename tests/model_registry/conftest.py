@@ -1,4 +1,4 @@
-"""Fixtures rebuilding the case inputs (H01, H02, H03, H06, H09) for model_registry tests."""
+"""Fixtures rebuilding the case inputs for model_registry tests."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def settings() -> Settings:
 
 @pytest.fixture
 def churn_head_model():
-    """H01 make_model.py: features[batch,12] -> probabilities[batch,2], IR 8, opset 17."""
+    """A fixed-shape model (make_model.py): features[batch,12] -> probabilities[batch,2], IR 8, opset 17."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -85,13 +85,13 @@ def _tiny_cnn(batch_dim):
 
 @pytest.fixture
 def fixed_batch_model():
-    """H02 (a): input declared with a fixed batch of 1 ([1,3,32,32])."""
+    """input declared with a fixed batch of 1 ([1,3,32,32])."""
     return _tiny_cnn(1)
 
 
 @pytest.fixture
 def baked_reshape_model():
-    """H02 (b): symbolic batch axis "N" but a Reshape to the constant [1, 3072]."""
+    """symbolic batch axis "N" but a Reshape to the constant [1, 3072]."""
     return _tiny_cnn("N")
 
 
@@ -103,7 +103,7 @@ def images_sample():
 
 @pytest.fixture
 def reco_ranker_model():
-    """H06 model_io.json: user_id, item_id int64 [batch,1] -> score float [batch,1]."""
+    """Integer id inputs (model_io.json): user_id, item_id int64 [batch,1] -> score float [batch,1]."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -124,7 +124,7 @@ def reco_ranker_model():
 
 @pytest.fixture
 def train_20():
-    """H03 train_20.csv: (X float32 [20,3], y int [20], DataFrame)."""
+    """Training rows (train_20.csv): (X float32 [20,3], y int [20], DataFrame)."""
     import pandas as pd
 
     df = pd.read_csv(io.StringIO(TRAIN_20_CSV))
@@ -133,7 +133,7 @@ def train_20():
 
 @pytest.fixture
 def churn_classifier(train_20):
-    """LogisticRegression fitted on train_20 (as in H03 convert_default.py)."""
+    """LogisticRegression fitted on train_20 (as in convert_default.py)."""
     from sklearn.linear_model import LogisticRegression
 
     x, y, _ = train_20

@@ -1,4 +1,4 @@
-"""Model Analyzer profile config, perf_analyzer flags, results and stability (cases H10, H11, H12)."""
+"""Model Analyzer profile config, perf_analyzer flags, results and stability."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def _profile(tmp_path, config, **kw):
         export_path=tmp_path / "export", **kw)
 
 
-# ------------------------------------------------------------------------------------ H10
+# ------------------------------------------------------------------------------------ CPU-only hosts
 def test_cpu_only_host_gets_cpu_only_and_only_kind_cpu_configs(tmp_path, settings):
     cfg = parse_config(H10_CONFIG)
     search = SearchSpace(max_batch_sizes=(8, 32), instance_counts=(1, 2), queue_delays_us=(100,), concurrency=(4,))
@@ -156,7 +156,7 @@ def test_no_measured_candidate_fails_profiling_naming_the_model(settings):
         choose_best([], model_name="tabular_cpu", settings=settings)
 
 
-# ------------------------------------------------------------------------------------ H11
+# ------------------------------------------------------------------------------------ tensor names and shapes
 def test_tensor_name_with_colon_stops_profiling_before_it_starts(tmp_path, settings):
     with pytest.raises(ProfilingError, match="'onnx::Cast_2'"):
         _profile(tmp_path, parse_config(H11_CONFIG), hardware=CPU_HOST, shapes={"input_ids": 128}, settings=settings)
@@ -216,7 +216,7 @@ def test_model_analyzers_own_perf_config_emits_exactly_three_shape_flags(tmp_pat
         "--shape=input_ids:128", "--shape=attention_mask:128", "--shape=token_type_ids:128"]
 
 
-# ------------------------------------------------------------------------------------ H12
+# ------------------------------------------------------------------------------------ unstable measurements
 def test_unstable_config_is_dropped_and_the_stable_one_chosen(settings):
     passes = read_perf_passes(H12_PASSES)
     stab = stability(passes, settings=settings)
@@ -275,7 +275,7 @@ def test_model_analyzer_profiles_a_cpu_model_and_the_chosen_config_fits_it(tmp_p
     """Real Model Analyzer + local Triton + perf_analyzer, bounded to 1 searched config (+ default).
 
     perf_analyzer's stability criterion is relaxed to 50 % here because the shared test machine is
-    heavily loaded; the stability gate itself is tested with the H12 passes above.
+    heavily loaded; the stability gate itself is tested with the unstable passes above.
     """
     import onnx
     import numpy as np

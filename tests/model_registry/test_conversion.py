@@ -1,4 +1,4 @@
-"""Conversion: sklearn without ZipMap (H03), PyTorch eval traces (H08), ONNX passthrough and safe names (H11)."""
+"""Conversion: sklearn without ZipMap, PyTorch eval traces, ONNX passthrough and safe names."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def test_target_opset_is_bounded_by_the_setting(churn_classifier, train_20, sett
         convert_sklearn(churn_classifier, _signature(df), settings=low, target_opset=16)
 
 
-# ------------------------------------------------------------------------------------ PyTorch (H08)
+# ------------------------------------------------------------------------------------ PyTorch
 def _h08_net():
     import torch
     from torch import nn
@@ -179,7 +179,7 @@ def test_eval_trace_passes_the_torchscript_check():
     assert result["max_abs_diff"] <= 1e-5 and result["repeat_max_abs_diff"] == 0.0
 
 
-# ------------------------------------------------------------------------------ names (H11)
+# ------------------------------------------------------------------------------ names
 def _onnx_with_names(names):
     import onnx
     from onnx import TensorProto, helper

@@ -1,4 +1,4 @@
-"""Pre-flight of MLflow artifact locations on an S3-compatible store (case H23).
+"""Pre-flight of MLflow artifact locations on an S3-compatible store.
 
 The "request-recording fake" below is a botocore ``before-send`` event hook: it records every
 request boto3 is about to send and answers it locally with an empty HTTP 200, so nothing leaves
@@ -25,7 +25,7 @@ from model_registry.preflight import (
     validate_endpoint_url,
 )
 
-# Case H23 inputs, rebuilt (values invented by the case).
+# Artifact-location inputs, rebuilt (values invented by the case).
 EXPERIMENT = {"experiment_name": "churn", "artifact_location": "s3://ml-artifacts/experiments/7"}
 WORKER_BAD = """# Airflow worker environment (values invented).
 MLFLOW_TRACKING_URI=http://mlflow.internal:5000

@@ -168,7 +168,7 @@ def torch_model_dir(tmp_path_factory):
         def __init__(self):
             super().__init__()
             self.fc = torch.nn.Linear(4, 3)
-            self.drop = torch.nn.Dropout(0.5)  # eval mode must switch it off (H08)
+            self.drop = torch.nn.Dropout(0.5)  # eval mode must switch it off
 
         def forward(self, x):
             return torch.softmax(self.fc(self.drop(x)), dim=1)
@@ -256,7 +256,7 @@ def test_validate_cli_refuses_a_missing_sample_naming_it(tmp_path, penguin_dir):
     assert rc == 1 and "nope.csv" in report["failure"]
 
 
-# ------------------------------------------------------------------------------ IR / opset (H09)
+# ------------------------------------------------------------------------------ IR / opset
 def test_ml_opset_refusal_names_the_target_image_and_the_exact_limit():
     import onnx
     from onnx import TensorProto, helper

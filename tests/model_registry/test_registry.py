@@ -1,4 +1,4 @@
-"""Registry client against a real MLflow tracking server (cases H21, H22; issue 3 parts 1, 10)."""
+"""Registry client against a real MLflow tracking server (issue 3 parts 1, 10)."""
 
 from __future__ import annotations
 
@@ -210,7 +210,7 @@ def test_artifact_is_logged_against_the_version_and_the_version_is_tagged_with_i
     assert raw.get_model_version(name, "1").tags["tritonflow.publish_run_id"] == run_id  # same run reused
 
 
-# ------------------------------------------------------------------------------ promotion (H21)
+# ------------------------------------------------------------------------------ promotion
 def test_promotion_moves_champion_and_keeps_previous_champion(registry, raw, register_versions):
     name = register_versions(3)
     first = registry.promote(name, 1)
@@ -237,7 +237,7 @@ def test_promoting_a_missing_version_is_refused_and_audited(registry, register_v
 @pytest.mark.parametrize("lock_kind", ["registry", "file"])
 def test_two_concurrent_promotions_are_serialised_one_champion_and_both_attempts_audited(
         registry_tracking_uri, raw, register_versions, tmp_path, lock_kind):
-    """H21: without the lock both would read champion=1 and both set previous_champion=1."""
+    """without the lock both would read champion=1 and both set previous_champion=1."""
     client = RegistryClient(tracking_uri=registry_tracking_uri, lock_timeout_s=60)
     if lock_kind == "file":
         client = RegistryClient(tracking_uri=registry_tracking_uri, lock_timeout_s=60,
@@ -311,7 +311,7 @@ def test_consistency_check_fails_loudly_on_two_or_zero_production_versions(regis
         registry.resolve(f"models:/{name}/Production")  # never "pick the latest one"
 
 
-# ------------------------------------------------------------------------------ rollback (H22)
+# ------------------------------------------------------------------------------ rollback
 def test_rollback_target_is_the_previous_champion_and_rollback_moves_champion_back(registry, raw,
                                                                                     register_versions):
     name = register_versions(3)

@@ -1,4 +1,4 @@
-"""config.pbtxt built and parsed with protobuf; checks against the model (cases H01, H02, H03, H06)."""
+"""config.pbtxt built and parsed with protobuf; checks against the model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pre-push checks (H02, H06, H09, NaN) and the blocking parity gate."""
+"""Pre-push checks (batch independence, integer inputs, IR/opset limits, NaN) and the blocking parity gate."""
 
 from __future__ import annotations
 
@@ -42,14 +42,14 @@ def _add_model(ir: int, opset: int, ml_opset: int | None = None):
 
 @pytest.fixture
 def h09_settings(settings):
-    """H09 target_runtime.yaml: IR <= 9, opset <= 20, ai.onnx.ml <= 4 for the pinned image."""
+    """target_runtime.yaml: IR <= 9, opset <= 20, ai.onnx.ml <= 4 for the pinned image."""
     return dataclasses.replace(settings, max_onnx_ir_version=9, max_onnx_opset=20, max_onnx_ml_opset=4,
                                target_triton_release="tritonserver:<pinned-tag>-py3")
 
 
-# ------------------------------------------------------------------------------------ H09
+# ------------------------------------------------------------------------------------ IR / opset limits
 def test_ir_and_opset_newer_than_target_are_refused_before_push(h09_settings):
-    model = _add_model(10, 21, 5)  # H09 model_meta.json
+    model = _add_model(10, 21, 5)  # model_meta.json
     with pytest.raises(ModelValidationError) as err:
         ensure_onnx_compat(model, h09_settings, model_name="h09")
     msg = str(err.value)
@@ -78,7 +78,7 @@ def test_ir_down_conversion_is_refused_when_the_opset_needs_the_newer_ir():
     assert downconvert_ir_version(_add_model(10, 17), 9).ir_version == 9
 
 
-# ------------------------------------------------------------------------------------ H02
+# ------------------------------------------------------------------------------------ batch independence
 def test_fixed_batch_model_with_batching_is_refused(fixed_batch_model, images_sample, settings):
     naive = parse_config(
         'name: "tiny_cnn_head" max_batch_size: 8 '
@@ -113,7 +113,7 @@ def test_dynamic_model_runs_at_batch_one_and_three(churn_head_model, settings):
     assert report.checks == ["onnx.checker", "ir_opset", "tensor_outputs", "config", "batching", "finite"]
 
 
-# ------------------------------------------------------------------------------------ H06
+# ------------------------------------------------------------------------------------ integer inputs
 def test_int64_model_with_generated_config_passes_and_fp32_config_is_refused(reco_ranker_model, settings):
     sample = {"user_id": np.array([[100234], [100236], [9007199254740993]], dtype=np.int64),
               "item_id": np.array([[55012], [55019], [55020]], dtype=np.int64)}

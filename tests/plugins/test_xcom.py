@@ -1,4 +1,4 @@
-"""XCom discipline (case H24): payloads go to storage, XCom carries {uri, sha256, bytes}."""
+"""XCom discipline: payloads go to storage, XCom carries {uri, sha256, bytes}."""
 
 from __future__ import annotations
 

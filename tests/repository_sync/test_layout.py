@@ -1,4 +1,4 @@
-"""Repository layout rules (case H04) and path planning."""
+"""Repository layout rules and path planning."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Traffic router: plan validation (case H27) and the NGINX router on a real NGINX.
+"""Traffic router: plan validation and the NGINX router on a real NGINX.
 
 The gateway is the runtime's real NGINX (``gateway_factory`` from ``tests/conftest.py``). Behind
 it, instead of Triton, runs a tiny loopback HTTP server that echoes the path it was asked for, so
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.integration
 
 HEADER = "X-Tritonflow-Version"
 
-#: Case H27 input (shared/cases/inputs/H27_traffic_split_weights/canary_plans.yaml), rebuilt here.
+#: Traffic-split plans (shared/cases inputs, canary_plans.yaml), rebuilt here.
 H27_PLANS_YAML = """
 plans:
   - id: sums_to_95
@@ -61,7 +61,7 @@ plans:
     routes: [ {version: 6, weight: 95}, {version: 7, weight: 5} ]
 """
 
-#: The problem each invalid H27 plan must be refused for (a phrase of the message).
+#: The problem each invalid plan must be refused for (a phrase of the message).
 H27_PROBLEMS = {
     "sums_to_95": "sum to 95",
     "sums_to_110": "sum to 110",
@@ -139,7 +139,7 @@ def config_bytes(router: NginxRouter, model: str) -> tuple[bytes | None, bytes |
     return tuple(out)
 
 
-# ------------------------------------------------------------------------------ H27 validation
+# ------------------------------------------------------------------------------ plan validation
 @pytest.mark.parametrize("plan_id", sorted(H27_PROBLEMS))
 def test_invalid_h27_plan_is_refused_naming_plan_model_and_problem(plan_id):
     raw = h27_plans()[plan_id]

@@ -1,4 +1,4 @@
-"""Storage backends: atomic, immutable pushes to a folder and to S3; S3 URL rules (case H05)."""
+"""Storage backends: atomic, immutable pushes to a folder and to S3; S3 URL rules."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _stage(folder, model=b"model-bytes", config=b'name: "fraud_scorer"\n'):
     return folder
 
 
-# =========================================================================== H05: S3 URLs
+# =========================================================================== S3 URLs
 # inputs/H05_s3_repo_url/settings_variants.yaml, rebuilt
 ENDPOINT = "http://objstore.internal:9000"
 
