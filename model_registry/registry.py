@@ -822,7 +822,32 @@ class RegistryClient:
                 self.client.set_model_version_tag(ref.name, str(ref.version), key, text)
             except Exception as exc:  # noqa: BLE001
                 raise _translate(exc, f"setting tag {key!r} on {ref.uri}") from exc
+        if any(key.startswith("tritonflow.") for key in written):
+            self.refresh_description(ref)
         return written
+
+    def refresh_description(self, ref: ModelVersionRef) -> str:
+        """Rewrite the version's MLflow description from its tags and aliases (plain sentences).
+
+        Called after every ``tritonflow.*`` tag write, so the version page in the MLflow UI always
+        says what the tags say (:func:`model_registry.description.version_description`).
+
+        Returns:
+            The description written.
+
+        Raises:
+            RegistryError: MLflow refused the read or the update.
+        """
+        from model_registry.description import version_description
+
+        try:
+            mv = self.client.get_model_version(ref.name, str(ref.version))
+            text = version_description(dict(mv.tags or {}), list(getattr(mv, "aliases", None) or []))
+            if (mv.description or "") != text:
+                self.client.update_model_version(ref.name, str(ref.version), description=text)
+        except Exception as exc:  # noqa: BLE001
+            raise _translate(exc, f"updating the description of {ref.uri}") from exc
+        return text
 
     def publish_run_id(self, ref: ModelVersionRef) -> str:
         """Id of the publish run of ``ref`` in :attr:`publish_experiment` (created if missing).

@@ -182,6 +182,30 @@ def test_record_publish_writes_every_field_as_tritonflow_tags_on_the_version(reg
     assert tags["tritonflow.status"] == "published" and tags["tritonflow.published_at"]
 
 
+def test_the_version_description_says_in_sentences_what_the_tags_say_and_drops_a_stale_outcome(
+        registry, raw, register_versions):
+    name = register_versions(1)
+    ref = registry.resolve(f"{name}/1")
+    registry.record_rejection(ref, "ProfilingError: no stable config\nTraceback ...", "profile")
+    text = raw.get_model_version(name, "1").description
+    assert text.startswith("**Rejected**")
+    assert "at stage `profile`: ProfilingError: no stable config" in text and "Traceback" not in text
+    registry.record_publish(ref, PublishRecord(
+        "/srv/models", "churn_onnx", 4, "sha256:" + "ab" * 32, "key-2026-01",
+        parity_errors={"probabilities": {"max_abs": 1.5e-7}, "label": {"max_abs": 0.0}},
+        config_summary={"max_batch_size": 32, "backend": "onnxruntime",
+                        "instance_groups": [{"kind": "KIND_CPU", "count": 2}],
+                        "dynamic_batching": {"max_queue_delay_us": 500}},
+    ))
+    text = raw.get_model_version(name, "1").description
+    assert text.startswith("**Published, not serving**")
+    assert "Triton model `churn_onnx` version 4 in `/srv/models`" in text
+    assert "max abs difference 1.5e-07 over `probabilities`" in text
+    assert "Config: 2 CPU instances, max batch 32, dynamic batching 500 us (onnxruntime)." in text
+    assert "Signed by key `key-2026-01`" in text
+    assert "Rejected" not in text
+
+
 def test_record_publish_refuses_an_empty_field_naming_it(registry, register_versions):
     ref = registry.resolve(f"{register_versions(1)}/1")
     with pytest.raises(RegistryError, match=r"PublishRecord.signature_key_id is empty"):
