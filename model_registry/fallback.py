@@ -1,0 +1,287 @@
+"""The fallback replica: an INT8 copy of each published version, served as ``<model>__fallback``.
+
+When the serving version answers 5xx or times out, the gateway retries the request on this replica
+(:class:`repository_sync.router.NginxRouter` with ``fallback=True``) instead of returning the
+error: a lower-precision copy that answers is worth more than a 503 (the circuit-breaking pattern
+of the reference article on degraded replicas).
+
+:func:`publish_fallback` runs at the end of the publish pipeline's ``load_and_smoke`` stage, after
+the version itself is READY:
+
+1. **quantize** the staged ONNX with ONNX Runtime's dynamic quantization
+   (``onnxruntime.quantization.quantize_dynamic``: INT8 weights, activations quantized per batch
+   at run time; no calibration data needed);
+2. **gate** it: :func:`model_registry.parity.parity_check` against the source model's outputs on
+   the same validation sample, with the looser fallback tolerances (``settings.fallback_atol`` /
+   ``fallback_rtol`` / ``fallback_min_label_agreement``), which are recorded with the result;
+3. **sign and push** it as version ``<v>`` of ``<model>__fallback`` with the version's config
+   (name changed) through :func:`repository_sync.publish.publish_version` (OpenSSF model-signing,
+   verified at the destination);
+4. **load** it through the same model-control call as the version itself (:func:`_load`, the one
+   call site: verify the signature, load, wait READY, smoke-test the served outputs against the
+   quantized model's own outputs);
+5. **record** ``tritonflow.fallback*`` tags on the MLflow model version.
+
+A model quantization cannot handle is *skipped with a reason* and the publish still succeeds: not
+ONNX (TorchScript), ``quantize_dynamic`` fails, no operator has an INT8 kernel (tree ensembles,
+linear classifiers of ``ai.onnx.ml``), the looser parity gate fails, or Triton refuses the
+quantized model. A service not answering (Triton, S3, MLflow) is raised, so the task is retried.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from tritonflow.exceptions import DataError, ServiceUnavailableError, TransientError
+from tritonflow.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+#: Staged file names (under the version's staging folder).
+QUANTIZED_FILENAME = "model.int8.onnx"
+FALLBACK_REPORT_FILENAME = "fallback_report.json"
+#: Operators that only exist in a model quantize_dynamic changed (INT8 kernels).
+QUANTIZED_OP_TYPES = frozenset({
+    "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QLinearMatMul",
+    "QLinearConv", "QAttention", "DynamicQuantizeLSTM", "QGemm", "QEmbedLayerNormalization",
+})
+#: ``tritonflow.fallback_status`` values.
+STATUSES = ("published", "skipped", "disabled")
+
+
+class QuantizationUnsupported(DataError):
+    """ONNX Runtime's dynamic quantization cannot make an INT8 version of this model."""
+
+
+@dataclasses.dataclass
+class FallbackResult:
+    """What happened to one version's fallback replica.
+
+    Attributes:
+        status: ``published`` (READY in Triton), ``skipped`` (reason says why) or ``disabled``.
+        triton_model_name: ``<model>__fallback``.
+        version: Triton version (same as the MLflow model version).
+        reason: Why it was skipped (empty when published).
+        atol, rtol, min_label_agreement: The fallback parity gate's tolerances.
+        parity: Per output: max abs/rel error, label agreement, passed (empty when not gated).
+        quantized_ops: Count per INT8 operator type in the quantized model.
+        bytes: ``{"fp32": size, "int8": size}`` of the model files.
+        signature_digest, key_id: Of the pushed replica. timings_s: per step, seconds.
+    """
+
+    status: str
+    triton_model_name: str
+    version: int
+    reason: str = ""
+    atol: float = 0.0
+    rtol: float = 0.0
+    min_label_agreement: float = 0.0
+    parity: dict[str, Any] = dataclasses.field(default_factory=dict)
+    quantized_ops: dict[str, int] = dataclasses.field(default_factory=dict)
+    bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    signature_digest: str = ""
+    key_id: str = ""
+    timings_s: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form (the pipeline state's ``fallback``)."""
+        return dataclasses.asdict(self)
+
+    def tags(self) -> dict[str, str]:
+        """``tritonflow.fallback*`` tags for the MLflow model version (tolerances included)."""
+        return {
+            "tritonflow.fallback_status": self.status,
+            "tritonflow.fallback_model": self.triton_model_name,
+            "tritonflow.fallback_reason": self.reason[:2000],
+            "tritonflow.fallback_tolerance": json.dumps(
+                {"atol": self.atol, "rtol": self.rtol, "min_label_agreement": self.min_label_agreement}),
+            "tritonflow.fallback": json.dumps(self.to_dict(), sort_keys=True, default=str)[:20000],
+        }
+
+
+# ---------------------------------------------------------------------------- steps
+def quantize(model_path: str | Path, out_path: str | Path) -> dict[str, int]:
+    """Dynamically quantize an ONNX model to INT8 weights (``onnxruntime.quantization``).
+
+    Args:
+        model_path: The converted FP32 ONNX model.
+        out_path: Where the quantized model is written.
+
+    Returns:
+        ``{INT8 operator type: count}`` in the quantized model (never empty).
+
+    Raises:
+        QuantizationUnsupported: ``quantize_dynamic`` failed on this model, or no operator was
+            quantized (the message lists the model's operator types).
+    """
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    try:
+        quantize_dynamic(str(model_path), str(out_path), weight_type=QuantType.QInt8)
+    except Exception as exc:  # noqa: BLE001 - any failure of the quantizer means "cannot handle"
+        raise QuantizationUnsupported(
+            f"onnxruntime.quantization.quantize_dynamic failed: {type(exc).__name__}: {exc}"[:1000]) from None
+    model = onnx.load(str(out_path))
+    ops: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type in QUANTIZED_OP_TYPES:
+            ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    if not ops:
+        kinds = sorted({f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in model.graph.node})
+        raise QuantizationUnsupported(
+            f"no operator has an INT8 kernel in ONNX Runtime's dynamic quantization (quantizable: "
+            f"MatMul, Gemm, Conv, Attention, LSTM); the model has {', '.join(kinds)[:600]}")
+    return ops
+
+
+def gate(quantized_path: str | Path, feeds: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray], *,
+         atol: float, rtol: float, min_label_agreement: float, model_name: str):
+    """The fallback parity gate: quantized model vs the source model's outputs, looser tolerances.
+
+    Same comparison as the main gate (:func:`model_registry.parity.parity_check`: numeric outputs
+    pass when ``|int8 - source| <= atol + rtol * |source|`` element-wise; label outputs when the
+    share of agreeing rows is >= ``min_label_agreement``).
+
+    Returns:
+        :class:`model_registry.parity.ParityResult` (never raises on a failed gate).
+    """
+    from model_registry.parity import parity_check
+
+    want = {k: np.asarray(v) for k, v in expected.items()}
+    return parity_check(lambda _sample: want, str(quantized_path), dict(feeds), source_sample=feeds,
+                        atol=atol, rtol=rtol, min_label_agreement=min_label_agreement,
+                        raise_on_failure=False, model_name=model_name)
+
+
+def fallback_config(config_text: str, fallback_name: str) -> str:
+    """The version's ``config.pbtxt`` renamed to ``fallback_name`` (same I/O, batching, instances)."""
+    from model_registry.triton_config import parse_config, to_pbtxt
+
+    msg = parse_config(config_text, fallback_name)
+    msg.name = fallback_name
+    return to_pbtxt(msg)
+
+
+def _load(name: str, version: int, feeds: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray], *,
+          repository_uri: str, trusted_keys: str, settings: Settings, atol: float, rtol: float,
+          triton_url: str | None = None) -> tuple[dict, Any]:
+    """THE Triton load call of the fallback (one call site): the same model-control path as the
+    version itself (verify the signature, load in explicit mode keeping other READY versions, wait
+    READY, smoke-test). Swap this body when model control changes; nothing else loads fallbacks."""
+    from repository_sync.triton_client import TritonModelControl
+
+    with TritonModelControl(triton_url or settings.triton_http_url, repository=repository_uri,
+                            trusted_keys=trusted_keys, endpoint_url=settings.s3_endpoint_url or None,
+                            load_timeout_s=settings.load_timeout_s) as ctl:
+        return ctl.load_and_smoke_test(name, version, dict(feeds), dict(expected), atol=atol, rtol=rtol)
+
+
+# ---------------------------------------------------------------------------- the pipeline step
+def publish_fallback(state: Mapping[str, Any], *, settings: Settings | None = None,
+                     triton_url: str | None = None) -> dict[str, Any]:
+    """Build, gate, sign, push, load and record the fallback replica of a published version.
+
+    Args:
+        state: The publish pipeline's state after the version was loaded (``model``, ``version``,
+            ``triton_model_name``, ``model_path``, ``config_path``, ``sample_path``,
+            ``expected_path``, ``repository_uri``, ``tracking_uri``).
+        settings: Settings (default: from the environment); ``fallback_enabled`` and the
+            ``fallback_*`` tolerances.
+        triton_url: Triton HTTP ``host:port`` (default ``settings.triton_http_url``).
+
+    Returns:
+        :meth:`FallbackResult.to_dict`; the same facts are tagged on the MLflow model version.
+
+    Raises:
+        ServiceUnavailableError / TransientError: Triton, S3 or MLflow did not answer (retry).
+        SignatureVerificationError: The pushed replica does not verify (never loaded).
+        SigningKeyError: No signing key.
+    """
+    from repository_sync.router import fallback_model_name
+    from tritonflow.pipelines import publish as pipeline
+
+    s = settings or get_settings()
+    name, version = fallback_model_name(state["triton_model_name"]), int(state["version"])
+    result = FallbackResult("disabled", name, version, atol=float(s.fallback_atol), rtol=float(s.fallback_rtol),
+                            min_label_agreement=float(s.fallback_min_label_agreement))
+    if s.fallback_enabled:
+        try:
+            _build_and_serve(state, result, s, triton_url)
+        except (ServiceUnavailableError, TransientError):
+            raise
+        except QuantizationUnsupported as exc:
+            _skip(result, str(exc))
+    stage = Path(state["model_path"]).parent
+    (stage / FALLBACK_REPORT_FILENAME).write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True,
+                                                             default=str))
+    reg = pipeline._registry(s, state.get("tracking_uri"))
+    reg.set_version_tags(pipeline._version_ref(reg, state), result.tags())
+    log.info("model %s version %s: fallback %s %s%s", state["model"], version, name, result.status,
+             f" ({result.reason})" if result.reason else "")
+    return result.to_dict()
+
+
+def _skip(result: FallbackResult, reason: str) -> None:
+    result.status, result.reason = "skipped", reason
+    log.warning("fallback %s version %s skipped: %s", result.triton_model_name, result.version, reason)
+
+
+def _build_and_serve(state: Mapping[str, Any], result: FallbackResult, s: Settings, triton_url: str | None) -> None:
+    """Steps 1-4 of :func:`publish_fallback`, filling ``result``."""
+    from repository_sync.publish import publish_version
+    from tritonflow.exceptions import SignatureVerificationError
+    from tritonflow.pipelines import publish as pipeline
+
+    t0 = time.perf_counter()
+    model_path = Path(state["model_path"])
+    if state.get("export_format", "onnx") != "onnx" or model_path.suffix != ".onnx":
+        raise QuantizationUnsupported(
+            f"the served model is {state.get('export_format') or model_path.suffix}, not ONNX; "
+            "onnxruntime.quantization only quantizes ONNX models")
+    out = model_path.parent / QUANTIZED_FILENAME
+    result.quantized_ops = quantize(model_path, out)
+    result.bytes = {"fp32": model_path.stat().st_size, "int8": out.stat().st_size}
+    t1 = time.perf_counter()
+    feeds = pipeline._read_npz(state["sample_path"])
+    expected = pipeline._read_npz(state["expected_path"])
+    parity = gate(out, feeds, expected, atol=result.atol, rtol=result.rtol,
+                  min_label_agreement=result.min_label_agreement, model_name=result.triton_model_name)
+    result.parity = {k: {"max_abs_error": o.max_abs_error, "max_rel_error": o.max_rel_error,
+                         "label_agreement": o.label_agreement, "violations": o.violations, "passed": o.passed}
+                     for k, o in parity.outputs.items()}
+    t2 = time.perf_counter()
+    result.timings_s = {"quantize": round(t1 - t0, 4), "gate": round(t2 - t1, 4)}
+    if not parity.passed:
+        raise QuantizationUnsupported(parity.describe_failures(result.triton_model_name))
+
+    keys = pipeline.ensure_signing_keys(s, create=False)
+    config = fallback_config(Path(state["config_path"]).read_text(), result.triton_model_name)
+    pushed = publish_version(repository=state["repository_uri"], model_name=result.triton_model_name,
+                             version=result.version, model_file=out, config=config,
+                             private_key=keys.private_key, trusted_keys=str(keys.trusted_dir),
+                             endpoint_url=s.s3_endpoint_url or None)
+    result.signature_digest, result.key_id = pushed.signature_digest, pushed.key_id
+    t3 = time.perf_counter()
+    # The served replica must answer as the quantized file does (ORT build differences only).
+    from model_registry.validation import make_runner
+
+    own = make_runner(str(out), result.triton_model_name)(dict(feeds))
+    rows = max(1, int(s.validation_sample_rows))
+    try:
+        _load(result.triton_model_name, result.version, {k: v[:rows] for k, v in feeds.items()},
+              {k: np.asarray(v)[:rows] for k, v in own.items()}, repository_uri=state["repository_uri"],
+              trusted_keys=str(keys.trusted_dir), settings=s, atol=1e-4, rtol=1e-3, triton_url=triton_url)
+    except (ServiceUnavailableError, TransientError, SignatureVerificationError):
+        raise
+    except DataError as exc:  # Triton refused the INT8 model, or it answers differently
+        raise QuantizationUnsupported(f"Triton did not serve the quantized model: {exc}"[:1000]) from None
+    result.timings_s.update(push=round(t3 - t2, 4), load=round(time.perf_counter() - t3, 4))
+    result.status = "published"
