@@ -11,9 +11,10 @@ the version itself is READY:
 1. **quantize** the staged ONNX with ONNX Runtime's dynamic quantization
    (``onnxruntime.quantization.quantize_dynamic``: INT8 weights, activations quantized per batch
    at run time; no calibration data needed);
-2. **gate** it: :func:`model_registry.parity.parity_check` against the source model's outputs on
+2. **gate** it (:func:`gate`): the main gate's comparison against the source model's outputs on
    the same validation sample, with the looser fallback tolerances (``settings.fallback_atol`` /
-   ``fallback_rtol`` / ``fallback_min_label_agreement``), which are recorded with the result;
+   ``fallback_rtol``, and ``fallback_min_label_agreement``: the share of rows that must be within
+   them), which are recorded with the result;
 3. **sign and push** it as version ``<v>`` of ``<model>__fallback`` with the version's config
    (name changed) through :func:`repository_sync.publish.publish_version` (OpenSSF model-signing,
    verified at the destination);
@@ -52,6 +53,8 @@ QUANTIZED_OP_TYPES = frozenset({
     "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QLinearMatMul",
     "QLinearConv", "QAttention", "DynamicQuantizeLSTM", "QGemm", "QEmbedLayerNormalization",
 })
+#: Operators ``quantize_dynamic`` can replace with INT8 ones (ONNX Runtime's dynamic registry).
+QUANTIZABLE_OP_TYPES = frozenset({"MatMul", "Gemm", "Conv", "Attention", "LSTM", "Gather", "EmbedLayerNormalization"})
 #: ``tritonflow.fallback_status`` values.
 STATUSES = ("published", "skipped", "disabled")
 
@@ -125,6 +128,13 @@ def quantize(model_path: str | Path, out_path: str | Path) -> dict[str, int]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     try:
+        source = onnx.load(str(model_path))
+    except Exception as exc:  # noqa: BLE001 - unreadable: nothing to quantize
+        raise QuantizationUnsupported(f"onnxruntime.quantization.quantize_dynamic failed: the model does not "
+                                      f"load ({type(exc).__name__}: {exc})"[:1000]) from None
+    if not any(n.op_type in QUANTIZABLE_OP_TYPES for n in source.graph.node):
+        raise QuantizationUnsupported(_no_kernel(source))
+    try:
         quantize_dynamic(str(model_path), str(out_path), weight_type=QuantType.QInt8)
     except Exception as exc:  # noqa: BLE001 - any failure of the quantizer means "cannot handle"
         raise QuantizationUnsupported(
@@ -135,30 +145,75 @@ def quantize(model_path: str | Path, out_path: str | Path) -> dict[str, int]:
         if node.op_type in QUANTIZED_OP_TYPES:
             ops[node.op_type] = ops.get(node.op_type, 0) + 1
     if not ops:
-        kinds = sorted({f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in model.graph.node})
-        raise QuantizationUnsupported(
-            f"no operator has an INT8 kernel in ONNX Runtime's dynamic quantization (quantizable: "
-            f"MatMul, Gemm, Conv, Attention, LSTM); the model has {', '.join(kinds)[:600]}")
+        raise QuantizationUnsupported(_no_kernel(source))
     return ops
 
 
+def _no_kernel(model: Any) -> str:
+    kinds = sorted({f"{n.domain + '.' if n.domain else ''}{n.op_type}" for n in model.graph.node})
+    return (f"no operator has an INT8 kernel in ONNX Runtime's dynamic quantization (quantizable: "
+            f"{', '.join(sorted(QUANTIZABLE_OP_TYPES))}); the model has {', '.join(kinds)[:600]}")
+
+
+@dataclasses.dataclass
+class FallbackGateResult:
+    """Outcome of :func:`gate`.
+
+    Attributes:
+        rows: Rows compared.
+        outputs: Per output: ``kind``, ``max_abs_error``, ``max_rel_error``, ``violations`` (rows
+            out of tolerance / disagreeing), ``agreement`` (share of rows within tolerance),
+            ``passed``.
+        min_agreement: Smallest share of rows that must be within tolerance, per output.
+    """
+
+    rows: int
+    outputs: dict[str, dict[str, Any]]
+    min_agreement: float
+
+    @property
+    def passed(self) -> bool:
+        """True when every output passed."""
+        return all(o["passed"] for o in self.outputs.values())
+
+    def describe_failures(self, model_name: str) -> str:
+        """One sentence per failed output (share within tolerance, max errors)."""
+        parts = [f"output {k!r}: {o['agreement']:.4f} of {self.rows} rows within tolerance "
+                 f"(minimum {self.min_agreement:g}); max abs error {o['max_abs_error']:.4g}"
+                 for k, o in self.outputs.items() if not o["passed"]]
+        return f"fallback parity gate failed for model {model_name!r}: " + "; ".join(parts)
+
+
 def gate(quantized_path: str | Path, feeds: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray], *,
-         atol: float, rtol: float, min_label_agreement: float, model_name: str):
+         atol: float, rtol: float, min_label_agreement: float, model_name: str) -> FallbackGateResult:
     """The fallback parity gate: quantized model vs the source model's outputs, looser tolerances.
 
-    Same comparison as the main gate (:func:`model_registry.parity.parity_check`: numeric outputs
-    pass when ``|int8 - source| <= atol + rtol * |source|`` element-wise; label outputs when the
-    share of agreeing rows is >= ``min_label_agreement``).
+    Same element comparison as the main gate (:func:`model_registry.parity.parity_check`: a row of
+    a numeric output is within tolerance when ``|int8 - source| <= atol + rtol * |source|`` for
+    every element; a row of a label output when the labels are equal), but an output passes when
+    the share of rows within tolerance is >= ``min_label_agreement``, not only when all are: INT8
+    activations move rows that sit on the decision boundary, whatever the tolerance (measured: an
+    MLP whose probabilities are within 0.05 on 97 % of rows and off by 0.6 on the steepest ones).
 
     Returns:
-        :class:`model_registry.parity.ParityResult` (never raises on a failed gate).
+        :class:`FallbackGateResult` (never raises on a failed gate).
+
+    Raises:
+        ParityError: The outputs of the quantized model cannot be matched with the source's.
     """
     from model_registry.parity import parity_check
 
     want = {k: np.asarray(v) for k, v in expected.items()}
-    return parity_check(lambda _sample: want, str(quantized_path), dict(feeds), source_sample=feeds,
-                        atol=atol, rtol=rtol, min_label_agreement=min_label_agreement,
-                        raise_on_failure=False, model_name=model_name)
+    result = parity_check(lambda _sample: want, str(quantized_path), dict(feeds), source_sample=feeds,
+                          atol=atol, rtol=rtol, min_label_agreement=min_label_agreement,
+                          raise_on_failure=False, model_name=model_name)
+    outputs = {}
+    for name, o in result.outputs.items():
+        agreement = 1.0 - o.violations / result.rows if result.rows else 1.0
+        outputs[name] = {"kind": o.kind, "max_abs_error": float(o.max_abs_error),
+                         "max_rel_error": float(o.max_rel_error), "violations": int(o.violations),
+                         "agreement": round(agreement, 6), "passed": agreement >= min_label_agreement}
+    return FallbackGateResult(result.rows, outputs, float(min_label_agreement))
 
 
 def fallback_config(config_text: str, fallback_name: str) -> str:
@@ -254,9 +309,7 @@ def _build_and_serve(state: Mapping[str, Any], result: FallbackResult, s: Settin
     expected = pipeline._read_npz(state["expected_path"])
     parity = gate(out, feeds, expected, atol=result.atol, rtol=result.rtol,
                   min_label_agreement=result.min_label_agreement, model_name=result.triton_model_name)
-    result.parity = {k: {"max_abs_error": o.max_abs_error, "max_rel_error": o.max_rel_error,
-                         "label_agreement": o.label_agreement, "violations": o.violations, "passed": o.passed}
-                     for k, o in parity.outputs.items()}
+    result.parity = parity.outputs
     t2 = time.perf_counter()
     result.timings_s = {"quantize": round(t1 - t0, 4), "gate": round(t2 - t1, 4)}
     if not parity.passed:
