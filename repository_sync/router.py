@@ -621,7 +621,7 @@ class NginxRouter(TrafficRouter):
                 f"    add_header {self.response_header} {version_var} always;\n"
                 f"    add_header {PLAN_HEADER} {plan.digest} always;\n"
                 + retry
-                + f"}}\n"
+                + "}\n"
             )
         else:
             mirror_http, locations = self._render_mirror(plan, ident, version_var, escaped, retry)
