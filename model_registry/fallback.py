@@ -314,7 +314,7 @@ def _skip(result: FallbackResult, reason: str) -> None:
 def _build_and_serve(state: Mapping[str, Any], result: FallbackResult, s: Settings, triton_url: str | None) -> None:
     """Steps 1-4 of :func:`publish_fallback`, filling ``result``."""
     from repository_sync.publish import publish_version
-    from tritonflow.exceptions import SignatureVerificationError
+    from tritonflow.exceptions import RepositoryConflictError, SignatureVerificationError
     from tritonflow.pipelines import publish as pipeline
 
     t0 = time.perf_counter()
@@ -339,11 +339,13 @@ def _build_and_serve(state: Mapping[str, Any], result: FallbackResult, s: Settin
 
     keys = pipeline.ensure_signing_keys(s, create=False)
     config = fallback_config(Path(state["config_path"]).read_text(), result.triton_model_name)
-    pushed = publish_version(repository=state["repository_uri"], model_name=result.triton_model_name,
-                             version=result.version, model_file=out, config=config,
-                             private_key=keys.private_key, trusted_keys=str(keys.trusted_dir),
-                             endpoint_url=s.s3_endpoint_url or None)
-    result.signature_digest, result.key_id = pushed.signature_digest, pushed.key_id
+    try:
+        publish_version(repository=state["repository_uri"], model_name=result.triton_model_name,
+                        version=result.version, model_file=out, config=config, private_key=keys.private_key,
+                        trusted_keys=str(keys.trusted_dir), endpoint_url=s.s3_endpoint_url or None)
+    except RepositoryConflictError:  # versions are immutable: load and gate the one already there
+        log.warning("fallback %s version %s is already in the repository with other content; it is kept, "
+                    "verified and gated again", result.triton_model_name, result.version)
     t3 = time.perf_counter()
     # The gate again on what Triton serves: its ONNX Runtime build may compute INT8 differently
     # (measured: 0.016 on probabilities between ORT 1.19 in Triton and ORT 1.32 here).
@@ -358,11 +360,12 @@ def _build_and_serve(state: Mapping[str, Any], result: FallbackResult, s: Settin
         return "" if check.passed else "as served by Triton: " + check.describe_failures(result.triton_model_name)
 
     try:
-        _load(result.triton_model_name, result.version, sent, served_gate, repository_uri=state["repository_uri"],
+        info = _load(result.triton_model_name, result.version, sent, served_gate, repository_uri=state["repository_uri"],
               trusted_keys=str(keys.trusted_dir), settings=s, triton_url=triton_url)
     except (ServiceUnavailableError, TransientError, SignatureVerificationError):
         raise
     except DataError as exc:  # Triton refused the INT8 model, or what it serves fails the gate
         raise QuantizationUnsupported(f"Triton did not serve the quantized model: {exc}"[:1000]) from None
+    result.signature_digest, result.key_id = info["signature_digest"], info["key_id"]
     result.timings_s.update(push=round(t3 - t2, 4), load=round(time.perf_counter() - t3, 4))
     result.status = "published"

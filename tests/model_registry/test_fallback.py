@@ -66,6 +66,8 @@ def test_an_mlp_is_quantized_and_passes_the_looser_gate_but_not_the_strict_one(t
     clf = MLPClassifier(hidden_layer_sizes=(32,), max_iter=300, random_state=0).fit(X, y)
     fp32 = _onnx(clf, X.shape[1], tmp_path / "m.onnx")
     ops = quantize(fp32, tmp_path / "m.int8.onnx")
+    quantize(fp32, tmp_path / "again.int8.onnx")  # a re-run pushes the same bytes (versions are immutable)
+    assert (tmp_path / "m.int8.onnx").read_bytes() == (tmp_path / "again.int8.onnx").read_bytes()
     assert ops.get("MatMulInteger", 0) + ops.get("DynamicQuantizeMatMul", 0) >= 1
     feeds = {"float_input": X[:200]}
     expected = {"label": clf.predict(X[:200]), "probabilities": clf.predict_proba(X[:200]).astype(np.float32)}
@@ -256,6 +258,14 @@ def test_a_quantized_model_passes_its_looser_gate_and_is_served_as_model__fallba
     assert (stack.repo / fb / str(version) / "model.onnx").is_file()
     with TritonModelControl(stack.triton.http_url) as ctl:
         assert ctl.ready_versions(fb) == [version]
+
+    from tritonflow.pipelines import publish as pipeline
+
+    again = pipeline.publish(f"{name}@champion", triton_url=stack.triton.http_url, settings=stack.settings,
+                             max_batch_size=16, profile_enabled=False, perf_gate_enabled=False)
+    assert again["fallback"] == "published"  # a re-run keeps the immutable replica and loads it again
+    assert json.loads(_tags(stack, name, version)["tritonflow.fallback"])["signature_digest"] == \
+        record["signature_digest"]
 
 
 @pytest.mark.integration
