@@ -10,7 +10,10 @@ Inference records have the columns
 * ``request_id``: string, unique per request (joins labels);
 * ``timestamp``: timezone-aware UTC timestamp of the request;
 * ``model_version``: integer MLflow model version that served it;
-* the feature columns and the prediction columns named by :class:`LogSchema`.
+* the feature columns and the prediction columns named by :class:`LogSchema`;
+* optionally ``answered_by``: string, the Triton model that answered (the model itself, or its
+  INT8 replica ``<model>__fallback`` when the gateway fell back; see
+  :func:`repository_sync.router.answered_by`). Written when the frame has it.
 
 Labels have ``request_id``, ``timestamp`` (when the label arrived, UTC) and label columns; they
 are joined to inference records by ``request_id`` (:func:`join_labels`).
@@ -35,6 +38,8 @@ ColumnKind = Literal["float", "int", "category", "bool", "datetime"]
 #: Columns every inference record has, with their kind.
 BASE_COLUMNS: dict[str, str] = {"request_id": "string", "timestamp": "timestamp", "model_version": "int"}
 LABEL_BASE_COLUMNS: dict[str, str] = {"request_id": "string", "timestamp": "timestamp"}
+#: Optional columns of an inference record, written when the producer's frame has them.
+OPTIONAL_COLUMNS: dict[str, str] = {"answered_by": "string"}
 _KINDS = ("float", "int", "category", "bool", "datetime", "string", "timestamp")
 
 
@@ -56,7 +61,7 @@ class LogSchema:
         for col, kind in {**self.features, **self.predictions}.items():
             if kind not in _KINDS:
                 raise WindowError(f"column {col!r} has kind {kind!r}; expected one of {_KINDS}")
-            if col in BASE_COLUMNS:
+            if col in BASE_COLUMNS or col in OPTIONAL_COLUMNS:
                 raise WindowError(f"column {col!r} is reserved for the log itself")
 
     @property
@@ -77,7 +82,7 @@ class LogSchema:
         preds = set(predictions)
         feats, outs = {}, {}
         for col in frame.columns:
-            if col in BASE_COLUMNS:
+            if col in BASE_COLUMNS or col in OPTIONAL_COLUMNS:
                 continue
             (outs if col in preds else feats)[col] = _kind_of(frame[col])
         return cls(feats, outs)
@@ -250,12 +255,18 @@ class InferenceLogWriter:
         if self.schema is None:
             self.schema = LogSchema.infer(frame)
         validate_frame(frame, self.schema, f"inference log of {self.model!r}")
+        optional = [c for c in OPTIONAL_COLUMNS if c in frame.columns]
+        for col in optional:
+            if not frame[col].map(lambda v: isinstance(v, str) and bool(v)).all():
+                bad = [v for v in frame[col] if not (isinstance(v, str) and v)][:5]
+                raise WindowError(f"inference log of {self.model!r}: column {col!r} has non-string or empty "
+                                  f"values {bad!r}; expected the answering model's name")
         if frame.empty:
             return []
         if frame["request_id"].duplicated().any():
             dup = frame.loc[frame["request_id"].duplicated(), "request_id"].iloc[0]
             raise WindowError(f"request_id {dup!r} appears twice; expected unique request ids")
-        cols = list(self.schema.columns)
+        cols = list(self.schema.columns) + optional
         return _write_partitions(self.store, self.model, frame[cols], labels=False)
 
     def write_labels(self, labels: pd.DataFrame) -> list[str]:

@@ -24,6 +24,14 @@ How the NGINX router routes (files under the gateway's ``conf_dir``, see the run
   the version and ``X-Tritonflow-Plan`` carrying the plan digest. Requests that name a version
   explicitly, and every other Triton route, keep going to the gateway's default ``location /``.
 
+Fallback replica (``fallback=True``): the ``/infer`` and ``/ready`` routes also intercept the
+serving version's 5xx answers and its timeouts (``proxy_read_timeout`` = ``fallback_timeout_s``;
+NGINX answers 504) and retry the same request, body included (NGINX buffered it), once on the
+INT8 replica ``<model>__fallback`` (:data:`FALLBACK_SUFFIX`), same version number, through a named
+location (``error_page 500 502 503 504 = @...``). Those answers carry :data:`FALLBACK_HEADER`
+(value: the fallback model's name) and no version header; :func:`answered_by` reads it. A 4xx
+(bad request) is never retried. When the fallback cannot answer either, the client gets its error.
+
 Applying a plan: both files are written atomically (temporary file + ``os.replace``), the whole
 config is checked (``nginx -t``), then NGINX reloads gracefully (``nginx -s reload``: old workers
 finish their requests). If the check or the reload fails, both files are restored byte for byte
@@ -78,6 +86,12 @@ HEADER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 MIRROR_TARGET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}:[0-9]{1,5}$")
 #: Internal location prefix of the mirror subrequests.
 MIRROR_LOCATION = "/_tritonflow_mirror/"
+#: Suffix of the Triton model name of a model's INT8 fallback replica (``<model>__fallback``).
+FALLBACK_SUFFIX = "__fallback"
+#: Response header marking an answer of the fallback replica (value: its Triton model name).
+FALLBACK_HEADER = "X-Tritonflow-Fallback"
+#: Serving-version answers the gateway retries on the fallback (504 also covers its timeout).
+FALLBACK_STATUSES = (500, 502, 503, 504)
 
 Command = Union[Sequence[str], Callable[[], Any], None]
 
@@ -504,6 +518,10 @@ class NginxRouter(TrafficRouter):
         upstream: Name of the NGINX upstream that reaches Triton (``triton`` in the runtime).
         response_header: Header naming the version that served (``settings.gateway_response_header``).
         state_dir: Where the previous config and the lock live (default ``conf_dir/tritonflow-router``).
+        fallback: Retry 5xx answers and timeouts of the serving version on ``<model>__fallback``
+            (``settings.fallback_enabled``; see the module doc).
+        fallback_timeout_s: Seconds to wait for the serving version's answer before that retry
+            (``settings.fallback_timeout_s``).
 
     Example::
 
@@ -521,6 +539,8 @@ class NginxRouter(TrafficRouter):
         upstream: str = "triton",
         response_header: str = DEFAULT_GATEWAY_RESPONSE_HEADER,
         state_dir: Path | str | None = None,
+        fallback: bool = False,
+        fallback_timeout_s: float = 10.0,
     ) -> None:
         if not re.match(r"^[A-Za-z0-9_.-]+$", upstream):
             raise DataError(f"NginxRouter: upstream={upstream!r} is not an NGINX upstream name")
@@ -537,6 +557,10 @@ class NginxRouter(TrafficRouter):
         self._reload = reload
         self._test = test
         self.last_apply: ApplyRecord | None = None
+        if not (isinstance(fallback_timeout_s, (int, float)) and 0 < float(fallback_timeout_s) <= 3600):
+            raise DataError(f"NginxRouter: fallback_timeout_s={fallback_timeout_s!r}; expected seconds in (0, 3600]")
+        self.fallback = bool(fallback)
+        self.fallback_timeout_s = float(fallback_timeout_s)
 
     @classmethod
     def from_nginx_cmd(cls, conf_dir: Path | str, nginx_cmd: Sequence[str], **kwargs: Any) -> "NginxRouter":
@@ -588,6 +612,7 @@ class NginxRouter(TrafficRouter):
         http.append("".join(lines))
 
         escaped = re.escape(plan.model)
+        retry, fallback = self._render_fallback(plan, ident, escaped)
         if plan.mirror is None:
             locations = header + (
                 f"location ~ ^/v2/models/{escaped}(/ready|/infer)?$ {{\n"
@@ -595,15 +620,45 @@ class NginxRouter(TrafficRouter):
                 f"    proxy_pass http://{self.upstream};\n"
                 f"    add_header {self.response_header} {version_var} always;\n"
                 f"    add_header {PLAN_HEADER} {plan.digest} always;\n"
-                f"}}\n"
+                + retry
+                + "}\n"
             )
         else:
-            mirror_http, locations = self._render_mirror(plan, ident, version_var, escaped)
+            mirror_http, locations = self._render_mirror(plan, ident, version_var, escaped, retry)
             http.append(mirror_http)
             locations = header + locations
-        return "".join(http).encode(), locations.encode()
+        return "".join(http).encode(), (locations + fallback).encode()
 
-    def _render_mirror(self, plan: TrafficPlan, ident: str, version_var: str, escaped: str) -> tuple[str, str]:
+    def _render_fallback(self, plan: TrafficPlan, ident: str, escaped: str) -> tuple[str, str]:
+        """(directives added to a routed location, the named fallback location); empty when off.
+
+        The named location is reached by ``error_page`` after the routed location's rewrite, so
+        the URI is ``/v2/models/<model>/versions/<v>/<route>``: it is rewritten to the same
+        version of ``<model>__fallback``.
+        """
+        if not self.fallback:
+            return "", ""
+        target = fallback_model_name(plan.model)
+        named = f"@tritonflow_fallback_{ident}"
+        timeout = f"{self.fallback_timeout_s:g}s"
+        retry = (
+            f"    proxy_read_timeout {timeout};\n"
+            f"    proxy_intercept_errors on;\n"
+            f"    error_page {' '.join(str(c) for c in FALLBACK_STATUSES)} = {named};\n"
+        )
+        location = (
+            f"location {named} {{\n"
+            f"    rewrite ^/v2/models/{escaped}/versions/([0-9]+)(.*)$ /v2/models/{target}/versions/$1$2 break;\n"
+            f"    proxy_pass http://{self.upstream};\n"
+            f"    proxy_read_timeout {timeout};\n"
+            f"    add_header {FALLBACK_HEADER} {target} always;\n"
+            f"    add_header {PLAN_HEADER} {plan.digest} always;\n"
+            f"}}\n"
+        )
+        return retry, location
+
+    def _render_mirror(self, plan: TrafficPlan, ident: str, version_var: str, escaped: str,
+                       retry: str = "") -> tuple[str, str]:
         """``http.d`` and ``locations.d`` parts of a plan with a :class:`Mirror`.
 
         The infer route gets ``mirror``; the mirror subrequest (which shares the main request's
@@ -638,6 +693,7 @@ class NginxRouter(TrafficRouter):
             f"    proxy_pass http://{self.upstream};\n"
             f"    add_header {self.response_header} {version_var} always;\n"
             f"    add_header {PLAN_HEADER} {plan.digest} always;\n"
+            + retry
         )
         locations = (
             f"location ~ ^/v2/models/{escaped}/infer$ {{\n"
@@ -847,6 +903,26 @@ def _run(command: Command, what: str) -> None:
 
 
 # ----------------------------------------------------------------------------------- probing
+def fallback_model_name(model: str) -> str:
+    """Triton model name of ``model``'s INT8 fallback replica (``<model>__fallback``).
+
+    Raises:
+        DataError: The result is not a valid model name (too long or bad characters).
+    """
+    name = f"{model}{FALLBACK_SUFFIX}"
+    if not MODEL_NAME_RE.match(name or ""):
+        raise DataError(f"model={model!r}: its fallback name {name!r} is not a valid Triton model name "
+                        "(expected [A-Za-z0-9_.-], at most 128 characters)")
+    return name
+
+
+def answered_by(model: str, headers: Mapping[str, str]) -> str:
+    """The Triton model that answered a gateway request: the fallback's name when the response
+    carries :data:`FALLBACK_HEADER`, else ``model`` (what the inference log records)."""
+    lowered = {str(k).lower(): v for k, v in dict(headers).items()}
+    return str(lowered.get(FALLBACK_HEADER.lower()) or model)
+
+
 def served_by(gateway_url: str, model: str, *, path: str = "/ready", timeout_s: float = 5.0,
               response_header: str = DEFAULT_GATEWAY_RESPONSE_HEADER) -> tuple[str | None, str | None, int]:
     """Send one ``GET <gateway_url>/v2/models/<model><path>`` and report who routed it.

@@ -134,6 +134,17 @@ DEFAULT_PARITY_ATOL = 1e-5
 DEFAULT_PARITY_RTOL = 1e-4
 #: Parity gate: smallest fraction (0-1) of rows whose classifier label must agree.
 DEFAULT_PARITY_MIN_LABEL_AGREEMENT = 1.0
+#: Fallback replica: build, gate and serve an INT8 ``<model>__fallback`` beside each published version.
+DEFAULT_FALLBACK_ENABLED = True
+#: Fallback parity gate: absolute tolerance per output element (looser: INT8 weights, dynamic
+#: activations; same formula as the main gate). Recorded on the MLflow model version.
+DEFAULT_FALLBACK_ATOL = 0.05
+#: Fallback parity gate: relative tolerance per output element.
+DEFAULT_FALLBACK_RTOL = 0.05
+#: Fallback parity gate: smallest fraction (0-1) of rows whose classifier label must agree.
+DEFAULT_FALLBACK_MIN_LABEL_AGREEMENT = 0.95
+#: Seconds the gateway waits for the serving version's answer before retrying on the fallback.
+DEFAULT_FALLBACK_TIMEOUT_S = 10.0
 #: Rows in a validation sample built from an input example (example rows + seeded perturbations).
 DEFAULT_VALIDATION_SAMPLE_ROWS = 64
 #: Std of the seeded Gaussian perturbation, relative to each float column's scale (unitless).
@@ -435,6 +446,17 @@ class Settings:
     )
     validation_perturbation: float = _field(
         DEFAULT_VALIDATION_PERTURBATION, "VALIDATION_PERTURBATION", "Relative std of perturbations."
+    )
+    fallback_enabled: bool = _field(
+        DEFAULT_FALLBACK_ENABLED, "FALLBACK_ENABLED", "Publish + route to an INT8 <model>__fallback."
+    )
+    fallback_atol: float = _field(DEFAULT_FALLBACK_ATOL, "FALLBACK_ATOL", "Fallback parity absolute tolerance.")
+    fallback_rtol: float = _field(DEFAULT_FALLBACK_RTOL, "FALLBACK_RTOL", "Fallback parity relative tolerance.")
+    fallback_min_label_agreement: float = _field(
+        DEFAULT_FALLBACK_MIN_LABEL_AGREEMENT, "FALLBACK_MIN_LABEL_AGREEMENT", "Fallback min label agreement (0-1)."
+    )
+    fallback_timeout_s: float = _field(
+        DEFAULT_FALLBACK_TIMEOUT_S, "FALLBACK_TIMEOUT_S", "Gateway wait before retrying on the fallback."
     )
     torchscript_atol: float = _field(
         DEFAULT_TORCHSCRIPT_ATOL, "TORCHSCRIPT_ATOL", "TorchScript vs eager-eval max abs diff."

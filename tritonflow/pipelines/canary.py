@@ -162,7 +162,8 @@ class CanaryEnvironment:
         from repository_sync.router import NginxRouter
 
         return NginxRouter(self.gateway_conf_dir, reload=self.gateway_reload, test=self.gateway_test,
-                           response_header=self.settings.gateway_response_header)
+                           response_header=self.settings.gateway_response_header,
+                           fallback=self.settings.fallback_enabled, fallback_timeout_s=self.settings.fallback_timeout_s)
 
     def triton(self):
         """A :class:`repository_sync.triton_client.TritonModelControl` (verifies before loads)."""

@@ -1039,7 +1039,8 @@ def load_and_smoke(
 
     Returns:
         ``pushed`` plus ``load`` (``versions``, ``load_s``, ``signature_digest``, ``key_id``),
-        ``smoke`` (rows sent, invalid requests, max abs error per output) and ``triton_url``.
+        ``smoke`` (rows sent, invalid requests, max abs error per output), ``triton_url`` and
+        ``fallback`` (the INT8 replica, :func:`model_registry.fallback.publish_fallback`).
 
     Raises:
         SignatureVerificationError: Tampered, unsigned or untrusted version (names the file).
@@ -1079,8 +1080,11 @@ def load_and_smoke(
             ctl.close()
     log.info("model %s version %s READY on %s (versions %s) and served the validation sample (%s)",
              name, version, url, info["versions"], smoke.summary())
+    from model_registry.fallback import publish_fallback  # the INT8 <model>__fallback (skipped with a reason)
+
     return _timed(pushed, "load_and_smoke", t0, triton_url=url, preflight=_json_safe(preflight),
-                  load=_json_safe(info), smoke=_json_safe(smoke.summary()))
+                  load=_json_safe(info), smoke=_json_safe(smoke.summary()),
+                  fallback=publish_fallback(pushed, settings=s, triton_url=url))
 
 
 def _preflight(state: Mapping[str, Any], s: Settings) -> dict[str, int]:
@@ -1226,6 +1230,7 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         "config_differs": bool(loaded.get("config_differs")),
         "profile": (loaded.get("profile") or {}).get("status", "skipped"),
         "reference_uri": reference["uri"], "timings_s": timings, "tags_written": len(written),
+        "fallback": (loaded.get("fallback") or {}).get("status", "disabled"),
     }
     log.info("model %s version %s published and recorded: %s", ref.name, ref.version,
              json.dumps(summary, sort_keys=True))
