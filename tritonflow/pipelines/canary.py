@@ -159,18 +159,22 @@ class CanaryEnvironment:
     # ------------------------------------------------------------------ clients
     def router(self):
         """The :class:`repository_sync.router.NginxRouter` on the gateway's conf dir."""
+        from repository_sync.coordination import coordination_store
         from repository_sync.router import NginxRouter
 
         return NginxRouter(self.gateway_conf_dir, reload=self.gateway_reload, test=self.gateway_test,
-                           response_header=self.settings.gateway_response_header)
+                           response_header=self.settings.gateway_response_header,
+                           coordination=coordination_store(self.settings))
 
     def triton(self):
         """A :class:`repository_sync.triton_client.TritonModelControl` (verifies before loads)."""
+        from repository_sync.coordination import coordination_store
         from repository_sync.triton_client import TritonModelControl
 
         return TritonModelControl(self.triton_url, repository=self.storage(),
                                   trusted_keys=self.trusted_keys,
-                                  load_timeout_s=self.settings.load_timeout_s)
+                                  load_timeout_s=self.settings.load_timeout_s,
+                                  coordination=coordination_store(self.settings))
 
     def storage(self):
         """The repository storage backend."""
@@ -624,7 +628,7 @@ def run_promotion(
     policy = CanaryPolicy.from_settings(settings, **overrides)  # SettingsError: nothing touched
     holder = holder or default_holder()
 
-    with promotion_lock(model, home=settings.home, holder=holder,
+    with promotion_lock(model, settings=settings, holder=holder,
                         timeout_s=settings.promotion_lock_timeout_s):
         res = resolve(model, challenger, champion, env=env)
         name, champ, chal = res["triton_model"], res["champion"], res["challenger"]
@@ -789,7 +793,7 @@ def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder
         raise DataError("reason='' is empty: expected why the model is rolled back")
     env = _env(env)
     registry = env.registry()
-    with promotion_lock(model, home=env.settings.home, holder=holder or default_holder(),
+    with promotion_lock(model, settings=env.settings, holder=holder or default_holder(),
                         timeout_s=env.settings.promotion_lock_timeout_s):
         target = registry.rollback_target(model)  # H22: refuses, naming alias and version
         current = registry.aliases(model).get(CHAMPION_ALIAS)

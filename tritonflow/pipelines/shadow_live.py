@@ -116,7 +116,7 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
                                  load_timeout_s=s.load_timeout_s)
     loaded = False
     try:
-        with promotion_lock(model, home=s.home, holder=holder or default_holder(),
+        with promotion_lock(model, settings=s, holder=holder or default_holder(),
                             timeout_s=s.promotion_lock_timeout_s):
             previous = router.current_plan(name)
             if previous is None or previous.weights.get(cver) != 100 or previous.mirror is not None:
