@@ -145,13 +145,26 @@ def engine_for(url: str) -> sa.Engine:
                 kwargs["poolclass"] = sa.pool.StaticPool
             kwargs["connect_args"] = {"timeout": 30.0, "check_same_thread": False}
         engine = sa.create_engine(parsed, **kwargs)
-        try:
-            metadata.create_all(engine, checkfirst=True)
-        except sa.exc.OperationalError as exc:
-            if "already exists" not in str(exc):  # two processes creating the tables at once
-                raise ServiceUnavailableError(f"coordination database {parsed!r} unreachable: {exc}") from exc
+        _create_tables(engine)
         _ENGINES[url] = engine
         return engine
+
+
+def _create_tables(engine: sa.Engine) -> None:
+    """Create the tables once, safe when several processes start at the same moment."""
+    for attempt in range(5):
+        try:
+            with engine.begin() as conn:
+                if engine.dialect.name == "postgresql":  # serialise concurrent creators
+                    conn.execute(sa.text("SELECT pg_advisory_xact_lock(7263514)"))
+                metadata.create_all(conn, checkfirst=True)
+            return
+        except sa.exc.OperationalError as exc:
+            if "already exists" in str(exc) or "locked" in str(exc):
+                time.sleep(0.1 * (attempt + 1))
+                continue
+            raise ServiceUnavailableError(f"coordination database {engine.url!r} unreachable: {exc}") from exc
+    metadata.create_all(engine, checkfirst=True)
 
 
 def _insert_ignore(engine: sa.Engine, table: sa.Table, **values: Any) -> Any:
