@@ -31,7 +31,6 @@ is not sent; it is reported in :attr:`SmokeResult.invalid_rows` and counted as a
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import numbers
 import re

@@ -37,7 +37,6 @@ instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 
 
 def _fraud_onnx(path: Path, seed: int) -> Path:
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w = np.random.default_rng(seed).normal(size=(4, 2)).astype(np.float32)

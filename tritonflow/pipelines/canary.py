@@ -388,10 +388,15 @@ def _set_loaded(tc: Any, name: str, versions: Iterable[int], config_version: int
     from google.protobuf import json_format
     from tritonclient.utils import InferenceServerException
 
+    from repository_sync.model_control import reconcile
+
     wanted = sorted({int(v) for v in versions})
     if not wanted:
         tc.unload(name)
         return {"versions": [], "signatures": {}}
+    if getattr(tc, "coordination", None) is not None:  # desired state, under the model-control lease
+        done = reconcile(tc, name, exactly=wanted, config_version=int(config_version))
+        return {"versions": done["versions"], "signatures": done["signatures"]}
     signatures: dict[str, str] = {}
     config_bytes = b""
     for v in wanted:
@@ -435,22 +440,21 @@ def ensure_loaded(model: str, versions: Sequence[int], *, triton_model: str | No
         raise DataError("versions=[] is empty: expected the champion and challenger versions")
     env = _env(env)
     name = triton_model or model
-    with env.triton() as tc:
-        before = tc.ready_versions(name)
-        wanted = sorted(set(before) | {int(v) for v in versions})
-        done = _set_loaded(tc, name, wanted, int(versions[-1]))
+    from repository_sync.model_control import reconcile
+
+    with env.triton() as tc:  # desired state + these versions, one request, under the lease
+        done = reconcile(tc, name, add=[int(v) for v in versions], config_version=int(versions[-1]),
+                         purpose="canary")
+        before = done["before"]
     return {"model": model, "versions": done["versions"], "ready_before": before,
             "loaded_now": sorted(set(done["versions"]) - set(before)), "signatures": done["signatures"]}
 
 
 def _unload_version(env: CanaryEnvironment, name: str, version: int, keep_config_of: int) -> None:
-    with env.triton() as tc:
-        ready = tc.ready_versions(name)
-        rest = [v for v in ready if v != int(version)]
-        if rest == ready:
-            return  # already gone (failed or unloaded behind our back)
-        config_of = keep_config_of if keep_config_of in rest else (rest[-1] if rest else 0)
-        _set_loaded(tc, name, rest, config_of)
+    from repository_sync.model_control import reconcile
+
+    with env.triton() as tc:  # the desired set minus this version, one request, under the lease
+        reconcile(tc, name, remove=[int(version)], config_version=int(keep_config_of))
 
 
 # ----------------------------------------------------------------------------------- recording
@@ -744,7 +748,10 @@ def run_promotion(
         target = promo.previous_champion or champ
         apply_live(TrafficPlan.single(name, chal, name=f"{name}:champion"))  # live plan names it
         with env.triton() as tc:
-            versions = _set_loaded(tc, name, {chal, int(target)}, chal)["versions"]
+            from repository_sync.model_control import reconcile_model
+
+            versions = reconcile_model(tc, registry, model, triton_model=name,
+                                       keep=[chal, int(target)])["versions"]
             _, serving_config = tc.verify(name, chal)
         env.storage().write_serving_config(name, serving_config)
         gc = (garbage_collect_repository(model, champion=chal, rollback_target=int(target),
@@ -800,9 +807,9 @@ def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder
         name = _triton_name(target)
         with env.triton() as tc:
             info, _ = tc.verify(name, target.version)  # re-verified before any load
-            ready = tc.ready_versions(name)
-            if target.version not in ready:
-                _set_loaded(tc, name, set(ready) | {target.version}, target.version)
+            from repository_sync.model_control import reconcile
+
+            reconcile(tc, name, add=[target.version], config_version=target.version)
         plan = TrafficPlan.single(name, target.version, name=f"{name}:manual-rollback")
         _apply_live(env.router(), env.gateway_url, DEFAULT_LIVE_TIMEOUT_S)(plan)
         registry.rollback(model, use_stages=use_stages, reason=reason)
