@@ -288,21 +288,25 @@ class CoordinationStore:
         ttl_s: Default lease time-to-live without heartbeat (seconds, > 0).
     """
 
-    def __init__(self, url: str, *, ttl_s: float = DEFAULT_TTL_S) -> None:
+    def __init__(self, url: str, *, ttl_s: float = DEFAULT_TTL_S,
+                 model_control_timeout_s: float | None = None) -> None:
         if not ttl_s > 0:
             raise DataError(f"lease ttl_s={ttl_s!r} must be > 0 seconds")
         self.url = url
         self.ttl_s = float(ttl_s)
+        #: Seconds a Triton load/unload waits for the model-control lease (None: the client's default).
+        self.model_control_timeout_s = model_control_timeout_s
         self.engine = engine_for(url)
 
     @classmethod
     def from_settings(cls, settings: Any = None) -> "CoordinationStore":
-        """Store at :func:`database_url` with ``settings.lease_ttl_s``."""
+        """Store at :func:`database_url` with ``settings.lease_ttl_s`` and ``model_control_lock_timeout_s``."""
         if settings is None:
             from tritonflow.settings import get_settings
 
             settings = get_settings()
-        return cls(database_url(settings), ttl_s=getattr(settings, "lease_ttl_s", DEFAULT_TTL_S))
+        return cls(database_url(settings), ttl_s=getattr(settings, "lease_ttl_s", DEFAULT_TTL_S),
+                   model_control_timeout_s=getattr(settings, "model_control_lock_timeout_s", None))
 
     # ------------------------------------------------------------------ leases
     def holder_of(self, purpose: str, name: str) -> dict[str, Any] | None:

@@ -299,7 +299,8 @@ class TritonModelControl:
         needed_versions: ``name -> versions`` the registry needs loaded (e.g. from
             :func:`repository_sync.model_control.registry_versions`); always kept loaded.
         holder: Who acts (dag/run/task), named when another task waits for the lease.
-        lock_timeout_s: Seconds a load/unload waits for another one of the same model.
+        lock_timeout_s: Seconds a load/unload waits for another one of the same model (default: the
+            store's ``model_control_timeout_s``, i.e. ``TRITONFLOW_MODEL_CONTROL_LOCK_TIMEOUT_S``).
     """
 
     def __init__(
@@ -314,7 +315,7 @@ class TritonModelControl:
         coordination: Any = None,
         needed_versions: Any = None,
         holder: str = "",
-        lock_timeout_s: float = DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S,
+        lock_timeout_s: float | None = None,
     ):
         import tritonclient.http as httpclient
 
@@ -329,6 +330,9 @@ class TritonModelControl:
             self._key_prefix = ""
         self.needed_versions = needed_versions
         self.holder = holder
+        if lock_timeout_s is None:
+            lock_timeout_s = (getattr(self.coordination, "model_control_timeout_s", None)
+                              or DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S)
         self.lock_timeout_s = float(lock_timeout_s)
         self.load_timeout_s = float(load_timeout_s)
         self.poll_interval_s = float(poll_interval_s)
