@@ -159,3 +159,68 @@ def test_state_read_check_write_is_atomic_across_processes(db_url):
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
     assert CoordinationStore(db_url).get_state("test", "counter") == 120
+
+
+@pytest.mark.integration
+def test_two_celery_workers_with_different_homes_race_for_one_promotion(tmp_path):
+    """Real Celery workers (Redis broker), each with its own TRITONFLOW_HOME, one PostgreSQL."""
+    pytest.importorskip("celery")
+    redis = pytest.importorskip("redis")
+    psycopg = pytest.importorskip("psycopg")
+    try:
+        redis.Redis(host="127.0.0.1", port=6379).ping()
+    except Exception as exc:  # pragma: no cover
+        pytest.skip(f"Redis on 127.0.0.1:6379 not reachable: {exc}")
+    name = f"i11coord_{uuid.uuid4().hex[:10]}"
+    try:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except Exception as exc:  # pragma: no cover
+        pytest.skip(f"PostgreSQL at {PG_ADMIN_URL} not reachable: {exc}")
+    db_url = f"postgresql://postgres@127.0.0.1:5432/{name}"
+    broker = f"redis://127.0.0.1:6379/{11 + int(uuid.uuid4().int % 4)}"
+    queue = f"promotion-race-{uuid.uuid4().hex[:8]}"
+    workers = []
+    try:
+        for i in range(2):
+            env = dict(os.environ, TRITONFLOW_HOME=str(tmp_path / f"host{i}"),
+                       TRITONFLOW_COORDINATION_DB_URL=db_url, TRITONFLOW_TEST_CELERY_BROKER=broker,
+                       TRITONFLOW_TEST_WORKER=f"worker{i}", PYTHONPATH=str(ROOT))
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "tests.repository_sync.celery_promotion_app",
+                 "worker", "--pool", "solo", "--queues", queue, "--hostname", f"worker{i}@%h",
+                 "--loglevel", "WARNING"],
+                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        os.environ["TRITONFLOW_TEST_CELERY_BROKER"] = broker
+        from tests.repository_sync.celery_promotion_app import app
+
+        app.conf.broker_url = app.conf.result_backend = broker
+        deadline = time.monotonic() + 120
+        while len(app.control.ping(timeout=1.0) or []) < 2:
+            assert time.monotonic() < deadline, "the two Celery workers did not come up"
+        start_at = time.time() + 2.0
+        # one task per worker (solo pool: a worker runs one task at a time)
+        results = [app.send_task("promote", args=["churn_model", start_at, 4.0], queue=queue)
+                   for _ in range(2)]
+        outcomes = [r.get(timeout=120) for r in results]
+    finally:
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            try:
+                w.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+        os.environ.pop("TRITONFLOW_TEST_CELERY_BROKER", None)
+        from repository_sync.coordination import _ENGINES
+
+        for key in [k for k in _ENGINES if name in k]:
+            _ENGINES.pop(key).dispose()
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    winners = [o for o in outcomes if "won" in o]
+    losers = [o for o in outcomes if "lost" in o]
+    assert len(winners) == 1 and len(losers) == 1, outcomes
+    assert {o["home"] for o in outcomes} == {str(tmp_path / "host0"), str(tmp_path / "host1")}
+    assert losers[0]["holder"] == winners[0]["won"]
+    assert winners[0]["won"] in losers[0]["error"] and "'churn_model'" in losers[0]["error"]
