@@ -510,8 +510,10 @@ def garbage_collect_repository(model: str, *, champion: int, rollback_target: in
     name = triton_model or model
     registry = registry or env.registry()
     storage = env.storage()
-    with env.triton() as tc:
-        ready = set(tc.ready_versions(name))
+    from repository_sync.model_control import desired_versions
+
+    with env.triton() as tc:  # READY or meant to be loaded (e.g. by an evaluation starting now)
+        ready = set(tc.ready_versions(name)) | set(desired_versions(tc.coordination, tc.coordination_key(name)))
     protected = {int(champion)} | ({int(rollback_target)} if rollback_target else set()) | ready
     plan = registry.plan_garbage_collection(model, deployed_versions=protected, keep_latest=0)
     registered = set(plan.delete) | set(plan.keep)
