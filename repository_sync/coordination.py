@@ -372,6 +372,11 @@ class CoordinationStore:
                 return lease
             if time.monotonic() >= deadline:
                 other = self.holder_of(purpose, name) or {}
+                if not other:  # released or expired since the attempt: one more try
+                    lease = self.try_acquire(purpose, name, holder=holder, ttl_s=ttl_s)
+                    if lease is not None:
+                        lease.start_heartbeat()
+                        return lease
                 who = other.get("holder") or "an unnamed holder"
                 since = _iso(other.get("acquired_at"))
                 left = max(0.0, (other.get("expires_at") or 0.0) - time.time())

@@ -19,7 +19,8 @@ Here the set of versions a model keeps loaded is **desired state** in the coordi
    unchanged and Triton is brought back to it (never to a snapshot of what was READY).
 
 A model tritonflow has never controlled (no record) starts from what Triton has READY, read once
-under the lease.
+under the lease. The desired set is per model name: every Triton serving the repository (replicas
+behind the gateway) is meant to serve the same set.
 """
 
 from __future__ import annotations
