@@ -575,8 +575,8 @@ def run_promotion(
 ) -> dict[str, Any]:
     """Canary ``challenger`` against ``champion`` step by step; promote or roll back.
 
-    Holds the model's promotion lock (``repository_sync.locks.promotion_lock`` under
-    ``settings.home``, waiting ``settings.promotion_lock_timeout_s``) from the resolution to the
+    Holds the model's promotion lease (``repository_sync.locks.promotion_lock`` in the shared
+    coordination database, waiting ``settings.promotion_lock_timeout_s``) from the resolution to the
     end. See the module docstring for the sequence.
 
     Args:
