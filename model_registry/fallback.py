@@ -239,20 +239,22 @@ def _load(name: str, version: int, feeds: Mapping[str, np.ndarray],
           check: Callable[[Mapping[str, np.ndarray]], str], *, repository_uri: str, trusted_keys: str,
           settings: Settings, triton_url: str | None = None) -> dict:
     """THE Triton load call of the fallback (one call site): the same model-control path as the
-    version itself (verify the signature, load in explicit mode keeping other READY versions, wait
-    READY, send the sample), then ``check(served outputs)``; a non-empty answer unloads the version
+    version itself (verify the signature, reconcile the model's desired versions under its shared
+    model-control lease, wait READY, send the sample), then ``check(served outputs)``; a non-empty answer unloads the version
     again and raises :class:`ParityError` with it. Swap this body when model control changes;
     nothing else loads fallbacks.
 
     Returns:
         The load info (``versions``, ``load_s``, ``signature_digest``, ``key_id``).
     """
+    from repository_sync.coordination import coordination_store
     from repository_sync.triton_client import TritonModelControl
     from tritonflow.pipelines.publish import _unload_version_if_ready
 
     with TritonModelControl(triton_url or settings.triton_http_url, repository=repository_uri,
                             trusted_keys=trusted_keys, endpoint_url=settings.s3_endpoint_url or None,
-                            load_timeout_s=settings.load_timeout_s) as ctl:
+                            load_timeout_s=settings.load_timeout_s, coordination=coordination_store(settings),
+                            holder=f"model_publish/{name}") as ctl:
         info, smoke = ctl.load_and_smoke_test(name, version, dict(feeds), None)
         problem = check(smoke.outputs)
         if problem:

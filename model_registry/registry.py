@@ -11,7 +11,8 @@ What it does (issue 3 parts 1 and 10, issue 6 part 4, cases H21 and H22):
   (:meth:`RegistryClient.record_publish`, ``tritonflow.*`` tags).
 * **Promote** by moving the ``champion`` alias in one call (an alias names exactly one version,
   so there are never two champions) and setting ``previous_champion`` on the old champion.
-  Promotions of one model are serialised by a :class:`PromotionLock` and the champion is re-read
+  Promotions of one model are serialised by a :class:`PromotionLock` (default :class:`DatabaseLock`, a
+  lease in the shared coordination database) and the champion is re-read
   after the lock is acquired (compare-and-set). Every attempt, successful or not, is written to
   the audit trail: one registered-model tag ``tritonflow.audit.<attempt id>`` per attempt.
 * **Roll back** only to the version ``previous_champion`` resolves to; a dangling or missing alias
@@ -19,15 +20,16 @@ What it does (issue 3 parts 1 and 10, issue 6 part 4, cases H21 and H22):
 * **Delete safely**: never a version holding an alias, in a legacy Production/Staging stage, or
   in the caller's set of deployed/READY versions.
 
-Locking (documented choice): MLflow's REST API offers no compare-and-set on aliases, but it does
+Locking: the default :class:`DatabaseLock` is a lease in the shared coordination database
+(:mod:`repository_sync.coordination`), like every other lock that guards what serves. Alternative
+for setups without that database: MLflow's REST API offers no compare-and-set on aliases, but it does
 offer one atomic test-and-set: ``create_registered_model`` fails with ``RESOURCE_ALREADY_EXISTS``
 when the name exists (unique key of the ``registered_models`` table). :class:`RegistryLock` uses
 that row as a lock-table entry, so promotions are serialised across Airflow workers on different
 hosts with no extra service. A crashed holder leaves its lock model behind; it is never broken
 automatically (breaking a lease safely needs a fencing token MLflow cannot check), the error names
 the holder and the time it was taken, and :meth:`RegistryLock.force_release` is the operator's
-tool. :class:`FileLock` (``fcntl.flock``) serialises processes that share one host or one NFS
-folder.
+tool.
 
 MLflow's stage API is deprecated since MLflow 2.9 (it still works in 3.17 and warns with
 ``FutureWarning``); tritonflow uses stages only when asked (``use_stages=True``), always with
@@ -41,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
-import fcntl
 import json
 import os
 import re
@@ -447,47 +448,39 @@ def _holder_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class FileLock:
-    """``fcntl.flock`` lock files, one per model, in a folder (one host or one NFS mount).
+class DatabaseLock:
+    """Lease of purpose ``alias`` in the shared coordination database (the default lock).
+
+    Serialises alias moves of one model across processes and hosts (PostgreSQL in production); a
+    crashed holder's lease expires after ``lease_ttl_s`` (see :mod:`repository_sync.coordination`).
+    Distinct from the ``promotion`` lease a canary holds around the whole promotion, so a canary
+    may promote inside it.
 
     Args:
-        directory: Folder holding ``<model>.lock`` files (created if missing).
+        store: A ``CoordinationStore``, its URL, or ``None`` for the one the settings name.
     """
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = Path(directory)
+    PURPOSE = "alias"
+
+    def __init__(self, store: Any = None) -> None:
+        self._store = store
+
+    def store(self) -> Any:
+        """The coordination store used."""
+        from repository_sync.coordination import CoordinationStore, coordination_store
+
+        if self._store is None:
+            self._store = coordination_store()
+        elif not isinstance(self._store, CoordinationStore):
+            self._store = CoordinationStore(str(self._store))
+        return self._store
 
     @contextlib.contextmanager
     def hold(self, name: str, timeout_s: float) -> Iterator[None]:
         """Hold the lock of ``name``; see :meth:`PromotionLock.hold`."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / (re.sub(r"[^\w.\-]", "_", name) + ".lock")
-        deadline = time.monotonic() + timeout_s
-        with open(path, "a+") as fh:
-            while True:
-                try:
-                    fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        fh.seek(0)
-                        holder = fh.read().strip() or "unknown"
-                        raise ConcurrencyError(
-                            f"model {name!r}: another promotion holds lock file {path} "
-                            f"(holder {holder}); waited {timeout_s:.1f} s"
-                        ) from None
-                    time.sleep(LOCK_POLL_INTERVAL_S)
-            try:
-                fh.seek(0)
-                fh.truncate()
-                fh.write(f"{_holder_id()} since {_now_iso()}")
-                fh.flush()
-                yield
-            finally:
-                fh.seek(0)
-                fh.truncate()
-                fh.flush()
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        with self.store().hold(self.PURPOSE, name, holder=_holder_id(), timeout_s=timeout_s,
+                               what=f"alias move (promotion) of model {name!r}"):
+            yield
 
 
 class RegistryLock:
@@ -568,7 +561,7 @@ class RegistryClient:
         tracking_uri: MLflow tracking URI (default: MLflow's own resolution, i.e.
             ``MLFLOW_TRACKING_URI``). Settings give it as ``Settings.resolved_mlflow_tracking_uri``.
         registry_uri: Registry URI (default: the tracking URI).
-        lock: How promotions are serialised (default :class:`RegistryLock`).
+        lock: How promotions are serialised (default :class:`DatabaseLock`: the shared database).
         lock_timeout_s: Seconds to wait for another promotion of the same model.
         publish_experiment: Experiment of the per-version publish runs that hold artifacts.
         actor: Who acts (recorded in the audit trail); default ``<host>:<pid>``.
@@ -592,7 +585,7 @@ class RegistryClient:
             client = MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri)
         self.client = client
         self.tracking_uri = tracking_uri or client.tracking_uri
-        self.lock: PromotionLock = lock if lock is not None else RegistryLock(client)
+        self.lock: PromotionLock = lock if lock is not None else DatabaseLock()
         self.lock_timeout_s = float(lock_timeout_s)
         self.publish_experiment = publish_experiment
         self.actor = actor or f"{socket.gethostname()}:{os.getpid()}"

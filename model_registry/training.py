@@ -12,9 +12,9 @@ Guarantees:
   setting the alias or tags fails, the new version (and a registered model created for it) is
   deleted again. A failing training run is marked ``FAILED`` in MLflow for the record.
 * **At most one retraining in flight per model, with a cooldown** (:class:`RetrainGuard`): a
-  SQLite table (stdlib ``sqlite3``, one row per model) under ``<settings.home>/retrain/guard.sqlite``
-  updated in ``BEGIN IMMEDIATE`` transactions, so two processes (Airflow workers on one host or on
-  a shared volume) cannot both start. A lock older than ``stale_after_s`` counts as abandoned (a
+  row per model in the shared coordination database (``repository_sync.coordination``)
+  updated with the row locked, so two processes (Airflow workers on one or several hosts) cannot
+  both start. A lock older than ``stale_after_s`` counts as abandoned (a
   crashed worker). The cooldown runs from the last *successful* retraining; failures do not start it.
 """
 
@@ -25,7 +25,6 @@ import dataclasses
 import hashlib
 import importlib
 import json
-import sqlite3
 import tempfile
 import time
 import uuid
@@ -696,59 +695,49 @@ class Lease:
 class RetrainGuard:
     """At most one retraining in flight per model, and a cooldown after a successful one.
 
-    State lives in a SQLite table ``retrain_guard(model PRIMARY KEY, holder, status, started_at,
-    finished_at, last_success_at)``; every check-and-set runs in a ``BEGIN IMMEDIATE`` transaction
-    (SQLite's write lock), so concurrent processes see a consistent state. Times are epoch seconds
+    State lives in the shared coordination database (:mod:`repository_sync.coordination`, scope
+    ``retrain-guard``, one JSON row per model: ``holder, status, started_at, finished_at,
+    last_success_at``), so retrainings are serialised across processes and hosts when that
+    database is PostgreSQL. Every check-and-set is one transaction holding the row locked
+    (``BEGIN IMMEDIATE`` on SQLite, ``SELECT ... FOR UPDATE`` on PostgreSQL). Times are epoch seconds
     from ``clock`` (``time.time`` by default; injectable for tests).
 
     Args:
-        path: SQLite file (default ``<settings.home>/retrain/guard.sqlite``); parent folders are
-            created.
+        path: SQLAlchemy URL of the coordination database, or a SQLite file path.
         cooldown_s: Seconds after a successful retraining before the next may start (>= 0).
         stale_after_s: Age in seconds after which a held lock counts as abandoned (> 0).
         clock: Source of the current time.
     """
 
+    SCOPE = "retrain-guard"
+
     def __init__(self, path: str | Path, *, cooldown_s: float, stale_after_s: float,
                  clock: Callable[[], float] = time.time) -> None:
+        from repository_sync.coordination import CoordinationStore
+
         if cooldown_s < 0:
             raise DataError(f"cooldown_s={cooldown_s!r} must be >= 0 seconds")
         if stale_after_s <= 0:
             raise DataError(f"stale_after_s={stale_after_s!r} must be > 0 seconds")
-        self.path = Path(path)
+        text = str(path)
+        self.url = text if "://" in text else f"sqlite:///{Path(text).resolve()}"
+        self.path = None if "://" in text else Path(text)
         self.cooldown_s = float(cooldown_s)
         self.stale_after_s = float(stale_after_s)
         self._clock = clock
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as db:
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS retrain_guard (model TEXT PRIMARY KEY, holder TEXT, "
-                "status TEXT NOT NULL, started_at REAL, finished_at REAL, last_success_at REAL)"
-            )
+        self.store = CoordinationStore(self.url)
 
     @classmethod
     def from_settings(cls, settings: Any) -> "RetrainGuard":
-        """Guard at ``<settings.home>/retrain/guard.sqlite`` with the ``retrain_*`` settings."""
-        return cls(Path(settings.home) / "retrain" / "guard.sqlite",
-                   cooldown_s=settings.retrain_cooldown_s,
-                   stale_after_s=settings.retrain_stale_after_s)
+        """Guard in the shared coordination database of ``settings`` with the ``retrain_*`` settings."""
+        from repository_sync.coordination import database_url
 
-    @contextlib.contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-        try:
-            yield db
-        finally:
-            db.close()
+        return cls(database_url(settings), cooldown_s=settings.retrain_cooldown_s,
+                   stale_after_s=settings.retrain_stale_after_s)
 
     def status(self, model: str) -> dict[str, Any] | None:
         """The model's row (``holder``, ``status``, times) or None if it never retrained."""
-        with self._connect() as db:
-            row = db.execute("SELECT holder, status, started_at, finished_at, last_success_at "
-                             "FROM retrain_guard WHERE model = ?", (model,)).fetchone()
-        if row is None:
-            return None
-        return dict(zip(("holder", "status", "started_at", "finished_at", "last_success_at"), row))
+        return self.store.get_state(self.SCOPE, model)
 
     def acquire(self, model: str, *, holder: str | None = None,
                 ignore_cooldown: bool = False) -> Lease:
@@ -766,46 +755,38 @@ class RetrainGuard:
         """
         holder = holder or uuid.uuid4().hex
         now = self._clock()
-        with self._connect() as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                row = db.execute("SELECT holder, status, started_at, last_success_at "
-                                 "FROM retrain_guard WHERE model = ?", (model,)).fetchone()
-                if row is not None:
-                    other, status, started, last_ok = row
-                    if status == "running" and now - started < self.stale_after_s:
-                        raise ConcurrencyError(
-                            f"retraining of model {model!r} is already in flight (holder "
-                            f"{other!r}, started {now - started:.0f} s ago); at most one per model"
-                        )
-                    if (not ignore_cooldown and last_ok is not None
-                            and now - last_ok < self.cooldown_s):
-                        raise RetrainCooldownError(
-                            f"model {model!r} was retrained {now - last_ok:.0f} s ago; cooldown is "
-                            f"{self.cooldown_s:.0f} s (retrain_cooldown_s)"
-                        )
-                db.execute(
-                    "INSERT INTO retrain_guard (model, holder, status, started_at) "
-                    "VALUES (?, ?, 'running', ?) ON CONFLICT(model) DO UPDATE SET "
-                    "holder = excluded.holder, status = 'running', started_at = excluded.started_at",
-                    (model, holder, now),
-                )
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+        with self.store.locked_state(self.SCOPE, model) as (conn, row):
+            row = dict(row or {})
+            if row:
+                other, status, started = row.get("holder"), row.get("status"), row.get("started_at")
+                last_ok = row.get("last_success_at")
+                if status == "running" and now - started < self.stale_after_s:
+                    raise ConcurrencyError(
+                        f"retraining of model {model!r} is already in flight (holder "
+                        f"{other!r}, started {now - started:.0f} s ago); at most one per model"
+                    )
+                if (not ignore_cooldown and last_ok is not None
+                        and now - last_ok < self.cooldown_s):
+                    raise RetrainCooldownError(
+                        f"model {model!r} was retrained {now - last_ok:.0f} s ago; cooldown is "
+                        f"{self.cooldown_s:.0f} s (retrain_cooldown_s)"
+                    )
+            row.update(holder=holder, status="running", started_at=now)
+            row.setdefault("finished_at", None)
+            row.setdefault("last_success_at", None)
+            self.store.set_state(self.SCOPE, model, row, conn=conn)
         return Lease(model=model, holder=holder, started_at=now)
 
     def release(self, lease: Lease, *, succeeded: bool) -> None:
         """Release a lease; a success starts the cooldown. A lease taken over (stale) is ignored."""
         now = self._clock()
-        with self._connect() as db:
-            db.execute(
-                "UPDATE retrain_guard SET status = ?, finished_at = ?, last_success_at = "
-                "CASE WHEN ? THEN ? ELSE last_success_at END WHERE model = ? AND holder = ?",
-                ("succeeded" if succeeded else "failed", now, succeeded, now, lease.model,
-                 lease.holder),
-            )
+        with self.store.locked_state(self.SCOPE, lease.model) as (conn, row):
+            if not row or row.get("holder") != lease.holder:
+                return
+            row = dict(row, status="succeeded" if succeeded else "failed", finished_at=now)
+            if succeeded:
+                row["last_success_at"] = now
+            self.store.set_state(self.SCOPE, lease.model, row, conn=conn)
 
     @contextlib.contextmanager
     def hold(self, model: str, *, holder: str | None = None,

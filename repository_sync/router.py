@@ -59,7 +59,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
-from repository_sync.locks import file_lock
+from repository_sync.coordination import GATEWAY, CoordinationStore
 from tritonflow.exceptions import (
     DataError,
     GatewayConfigError,
@@ -522,6 +522,11 @@ class NginxRouter(TrafficRouter):
             (``settings.fallback_enabled``; see the module doc).
         fallback_timeout_s: Seconds to wait for the serving version's answer before that retry
             (``settings.fallback_timeout_s``).
+        state_dir: Where the previous config lives (default ``conf_dir/tritonflow-router``).
+        coordination: Shared coordination store or its URL; every update of this gateway holds its
+            ``gateway`` lease there (named by the conf dir: ``nginx -t`` checks the whole config).
+            Default: SQLite in ``state_dir`` (only for a gateway whose writers share one host).
+        lock_timeout_s: Seconds an update waits for another update of this gateway.
 
     Example::
 
@@ -541,6 +546,8 @@ class NginxRouter(TrafficRouter):
         state_dir: Path | str | None = None,
         fallback: bool = False,
         fallback_timeout_s: float = 10.0,
+        coordination: CoordinationStore | str | None = None,
+        lock_timeout_s: float = 60.0,
     ) -> None:
         if not re.match(r"^[A-Za-z0-9_.-]+$", upstream):
             raise DataError(f"NginxRouter: upstream={upstream!r} is not an NGINX upstream name")
@@ -554,6 +561,10 @@ class NginxRouter(TrafficRouter):
         self.state_dir = Path(state_dir) if state_dir else self.conf_dir / "tritonflow-router"
         self.upstream = upstream
         self.response_header = response_header
+        if coordination is None:
+            coordination = f"sqlite:///{self.state_dir / 'coordination.db'}"
+        self._coordination = coordination
+        self.lock_timeout_s = float(lock_timeout_s)
         self._reload = reload
         self._test = test
         self.last_apply: ApplyRecord | None = None
@@ -803,7 +814,10 @@ class NginxRouter(TrafficRouter):
         self.http_dir.mkdir(parents=True, exist_ok=True)
         self.locations_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        with file_lock(self.state_dir / "router.lock", what=f"gateway update of model {model!r}", timeout_s=60):
+        store = (self._coordination if isinstance(self._coordination, CoordinationStore)
+                 else CoordinationStore(self._coordination))
+        with store.hold(GATEWAY, str(self.conf_dir.resolve()), holder=f"gateway update of model {model!r}",
+                        timeout_s=self.lock_timeout_s, what=f"gateway update of model {model!r}"):
             old = {i: _read_or_none(p) for i, p in enumerate(paths)}
             if old == new:
                 self.last_apply = ApplyRecord(plan, False, 0.0, 0.0) if plan else None

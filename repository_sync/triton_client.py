@@ -11,14 +11,16 @@ Loading (issue 3 part 9):
 * The config used is the version's signed ``config.pbtxt.intended`` (or one the caller passes),
   sent through the load API's ``config`` parameter, which overrides the on-disk ``config.pbtxt``
   for that load. Its ``version_policy`` is set to ``specific`` = the requested version plus the
-  versions already READY (``keep_loaded=True``), so loading a challenger does not unload the
-  champion. Triton applies one config per loaded model: the kept versions are reloaded with the
-  new config if it differs; pass ``keep_loaded=False`` (or load under another model name) when that
-  is not wanted.
+  versions the model is meant to keep loaded (``keep_loaded=True``), so loading a challenger does
+  not unload the champion. That set is desired state in the shared coordination database, changed
+  under the model's ``model-control`` lease (:mod:`repository_sync.model_control`), never a
+  read-modify-write of what is READY: two tasks loading versions of one model at once both keep
+  theirs. Triton applies one config per loaded model: the kept versions are reloaded with the new
+  config if it differs; pass ``keep_loaded=False`` (or load under another model name) when that is
+  not wanted.
 * After the load call, READY is awaited with a timeout (``is_model_ready`` polled, the repository
   index consulted for the failure reason). On any failure -- refused load, timeout, failed smoke
-  inference -- the model is put back as it was: the previously READY versions are reloaded with
-  the previous config, or the model is unloaded if nothing was loaded before. Nothing stays
+  inference -- Triton is brought back to the desired set, which is unchanged. Nothing stays
   half-loaded.
 
 Inputs (case H06): integer inputs are built from object/int columns value by value, never through
@@ -29,7 +31,6 @@ is not sent; it is reported in :attr:`SmokeResult.invalid_rows` and counted as a
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import numbers
 import re
@@ -51,7 +52,7 @@ from tritonflow.exceptions import (
     ServiceUnavailableError,
     SignatureVerificationError,
 )
-from tritonflow.settings import DEFAULT_LOAD_TIMEOUT_S
+from tritonflow.settings import DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S
 
 #: Seconds between two READY polls.
 DEFAULT_POLL_INTERVAL_S = 0.2
@@ -292,6 +293,14 @@ class TritonModelControl:
         endpoint_url: boto3 endpoint for an S3 repository (must match its host:port).
         load_timeout_s: Default seconds to wait for READY (setting ``load_timeout_s``).
         poll_interval_s: Seconds between READY polls.
+        coordination: The shared :class:`~repository_sync.coordination.CoordinationStore` (or its
+            URL) holding the model-control leases and desired versions. Default: a store private to
+            this process (serialises its threads only; pipelines pass the shared one).
+        needed_versions: ``name -> versions`` the registry needs loaded (e.g. from
+            :func:`repository_sync.model_control.registry_versions`); always kept loaded.
+        holder: Who acts (dag/run/task), named when another task waits for the lease.
+        lock_timeout_s: Seconds a load/unload waits for another one of the same model (default: the
+            store's ``model_control_timeout_s``, i.e. ``TRITONFLOW_MODEL_CONTROL_LOCK_TIMEOUT_S``).
     """
 
     def __init__(
@@ -303,10 +312,28 @@ class TritonModelControl:
         endpoint_url: str | None = None,
         load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
         poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+        coordination: Any = None,
+        needed_versions: Any = None,
+        holder: str = "",
+        lock_timeout_s: float | None = None,
     ):
         import tritonclient.http as httpclient
 
+        from repository_sync.coordination import CoordinationStore, private_store
+
         self.url = url
+        if coordination is None:
+            self.coordination, self._key_prefix = private_store(), f"{url}/"
+        else:
+            self.coordination = (coordination if isinstance(coordination, CoordinationStore)
+                                 else CoordinationStore(str(coordination)))
+            self._key_prefix = ""
+        self.needed_versions = needed_versions
+        self.holder = holder
+        if lock_timeout_s is None:
+            lock_timeout_s = (getattr(self.coordination, "model_control_timeout_s", None)
+                              or DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S)
+        self.lock_timeout_s = float(lock_timeout_s)
         self.load_timeout_s = float(load_timeout_s)
         self.poll_interval_s = float(poll_interval_s)
         self.client = httpclient.InferenceServerClient(
@@ -319,6 +346,10 @@ class TritonModelControl:
         self._keys = None if trusted_keys is None else (
             dict(trusted_keys) if isinstance(trusted_keys, Mapping) else load_public_keys(trusted_keys)
         )
+
+    def coordination_key(self, name: str) -> str:
+        """The lease/desired-state key of Triton model ``name`` (the model name on a shared store)."""
+        return self._key_prefix + name
 
     def close(self) -> None:
         """Close the HTTP connections (Triton waits for open connections when it shuts down)."""
@@ -395,8 +426,19 @@ class TritonModelControl:
             time.sleep(self.poll_interval_s)
 
     def unload(self, name: str) -> None:
-        """Unload every version of ``name`` (no error if it is not loaded)."""
-        self._call(f"unloading '{name}'", self.client.unload_model, name)
+        """Unload every version of ``name`` (no error if it is not loaded), under its lease.
+
+        Versions the registry needs (``needed_versions``) stay loaded.
+        """
+        from repository_sync.model_control import reconcile
+
+        reconcile(self, name, exactly=())
+
+    def unload_versions(self, name: str, versions: Sequence[int]) -> dict:
+        """Unload ``versions`` of ``name`` and keep the other desired ones, in one request."""
+        from repository_sync.model_control import reconcile
+
+        return reconcile(self, name, remove=[int(v) for v in versions])
 
     def model_config(self, name: str) -> dict:
         """The config Triton is serving ``name`` with (JSON dict)."""
@@ -457,6 +499,7 @@ class TritonModelControl:
         *,
         keep_loaded: bool = True,
         timeout_s: float | None = None,
+        purpose: str = "serving",
     ) -> dict:
         """Verify, load and wait for READY; put the model back as it was on any failure.
 
@@ -465,11 +508,13 @@ class TritonModelControl:
             version: Version to load (a folder in the repository).
             config: Config to load with (pbtxt, JSON, dict or ModelConfig); default: the version's
                 signed ``config.pbtxt.intended``. Its version policy is replaced (see module doc).
-            keep_loaded: Keep the versions already READY loaded beside this one.
+            keep_loaded: Keep the model's desired versions loaded beside this one (else only it).
             timeout_s: Seconds to wait for READY (default ``load_timeout_s``).
+            purpose: Why it is loaded (``serving``, ``evaluation``, ``canary``), recorded.
 
         Returns:
-            ``{"model_name", "version", "versions", "signature_digest", "key_id", "load_s"}``.
+            ``{"model_name", "version", "versions", "signature_digest", "key_id", "load_s"}``;
+            ``versions`` is the set the model keeps loaded (still true when this returns).
 
         Raises:
             SignatureVerificationError: The version (or a kept one) fails verification; nothing
@@ -477,50 +522,24 @@ class TritonModelControl:
             ModelLoadRefusedError: Triton refused the load (its message included).
             ModelLoadError: Not READY in time.
         """
-        from tritonclient.utils import InferenceServerException
+        from repository_sync.model_control import reconcile
 
         version = plan_version(name, version).version
         start = time.monotonic()
-        previous = self.ready_versions(name)
-        previous_config = self.model_config(name) if previous else None
-        keep = [v for v in previous if v != version] if keep_loaded else []
-        info, intended = self.verify(name, version)
-        for v in keep:
-            self.verify(name, v)
-        msg = _config_message(intended if config is None else config, name)
-        msg.version_policy.Clear()
-        msg.version_policy.specific.versions.extend(sorted({version, *keep}))
-        try:
-            try:
-                self._call(f"loading '{name}'", self.client.load_model, name, config=_config_json(msg))
-            except InferenceServerException as exc:
-                raise ModelLoadRefusedError(
-                    f"Triton refused to load model '{name}' version {version}: {exc.message()}"
-                ) from None
-            self.wait_ready(name, version, timeout_s)
-        except BaseException:
-            self._restore(name, previous, previous_config)
-            raise
+        if keep_loaded:
+            done = reconcile(self, name, add=[version], config=config, config_version=version,
+                             purpose=purpose, timeout_s=timeout_s)
+        else:
+            done = reconcile(self, name, exactly=[version], config=config, config_version=version,
+                             purpose=purpose, timeout_s=timeout_s)
         return {
             "model_name": name,
             "version": version,
-            "versions": sorted({version, *keep}),
-            "signature_digest": info.signature_digest,
-            "key_id": info.key_id,
+            "versions": done["versions"],
+            "signature_digest": done["signatures"][str(version)],
+            "key_id": done["key_ids"][str(version)],
             "load_s": round(time.monotonic() - start, 3),
         }
-
-    def _restore(self, name: str, previous: list[int], previous_config: dict | None) -> None:
-        """Put ``name`` back to its previous READY versions, or unload it."""
-        with _suppress():
-            if previous and previous_config is not None:
-                if self.ready_versions(name) == previous:
-                    return  # Triton kept the old model after a refused reload
-                cfg = dict(previous_config)
-                cfg["version_policy"] = {"specific": {"versions": previous}}
-                self.client.load_model(name, config=json.dumps(cfg))
-            else:
-                self.client.unload_model(name)
 
     # ------------------------------------------------------------------ inference
     def infer(self, name: str, version: int, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
@@ -668,19 +687,22 @@ class TritonModelControl:
         atol: float = 1e-5,
         rtol: float = 1e-5,
     ) -> tuple[dict, SmokeResult]:
-        """:meth:`load` then :meth:`smoke_test`; on a failed smoke test the model is put back as
-        it was before the load, then the error is raised.
+        """:meth:`load` then :meth:`smoke_test`; on a failed smoke test the version is removed
+        from the desired set again (the others stay), then the error is raised.
 
         Returns:
             ``(load_info, smoke_result)``.
         """
-        previous = self.ready_versions(name)
-        previous_config = self.model_config(name) if previous else None
+        from repository_sync.model_control import desired_versions, reconcile
+
+        was_desired = int(version) in desired_versions(self.coordination, self.coordination_key(name))
         info = self.load(name, version, config, keep_loaded=keep_loaded, timeout_s=timeout_s)
         try:
             smoke = self.smoke_test(name, version, sample, expected, atol=atol, rtol=rtol)
         except BaseException:
-            self._restore(name, previous, previous_config)
+            if not was_desired:
+                with _suppress():
+                    reconcile(self, name, remove=[int(version)])
             raise
         return info, smoke
 

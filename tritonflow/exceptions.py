@@ -139,5 +139,25 @@ class ConcurrencyError(TritonflowError):
     """Another operation already holds the lock for this model (one promotion at a time)."""
 
 
+class LeaseBusyError(ConcurrencyError):
+    """A lease (promotion, retrain, model control, gateway) is held by someone else.
+
+    Attributes:
+        purpose: What the lease serialises (e.g. ``"promotion"``).
+        name: Whose (the model name).
+        holder: The holder's description (dag/run/task, host, pid), or ``""`` if unknown.
+        since: When the holder took it (ISO 8601, UTC), or ``""``.
+    """
+
+    def __init__(self, message: str, *, purpose: str = "", name: str = "", holder: str = "",
+                 since: str = "") -> None:
+        super().__init__(message)
+        self.purpose, self.name, self.holder, self.since = purpose, name, holder, since
+
+
+class LeaseLostError(ConcurrencyError):
+    """A held lease expired or was taken over (no heartbeat in time); the work must stop."""
+
+
 class RetrainCooldownError(ConcurrencyError):
     """The model was retrained less than the cooldown ago; this retraining is skipped."""

@@ -117,6 +117,13 @@ DEFAULT_SHADOW_MIRROR_HOST = "127.0.0.1"
 DEFAULT_GATEWAY_RESPONSE_HEADER = "X-Tritonflow-Version"
 #: Seconds a second promotion of the same model waits for the lock (0: fail at once).
 DEFAULT_PROMOTION_LOCK_TIMEOUT_S = 0.0
+#: SQLAlchemy URL of the coordination database (leases, watcher and retrain state, the versions each
+#: model keeps loaded); empty means the drift history database (``TRITONFLOW_DRIFT_HISTORY_DB_URL``).
+DEFAULT_COORDINATION_DB_URL = ""
+#: Seconds a lease lives without a heartbeat; its holder renews it every third of that.
+DEFAULT_LEASE_TTL_S = 60.0
+#: Seconds a model-control operation (a Triton load/unload) waits for another one of the same model.
+DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S = 600.0
 #: Memory a challenger needs, as a multiple of its model files' size (pre-flight estimate).
 DEFAULT_PREFLIGHT_MEMORY_FACTOR = 2.0
 #: Extra memory (MiB) the pre-flight keeps free beside the challenger estimate.
@@ -420,6 +427,15 @@ class Settings:
     )
     promotion_lock_timeout_s: float = _field(
         DEFAULT_PROMOTION_LOCK_TIMEOUT_S, "PROMOTION_LOCK_TIMEOUT_S", "Seconds to wait for a promotion lock."
+    )
+    coordination_db_url: str = _field(
+        DEFAULT_COORDINATION_DB_URL, "COORDINATION_DB_URL",
+        "Shared DB of leases and coordination state (empty: the drift history DB).",
+    )
+    lease_ttl_s: float = _field(DEFAULT_LEASE_TTL_S, "LEASE_TTL_S", "Seconds a lease lives without a heartbeat.")
+    model_control_lock_timeout_s: float = _field(
+        DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S, "MODEL_CONTROL_LOCK_TIMEOUT_S",
+        "Seconds a Triton load/unload waits for another one of the same model.",
     )
     preflight_memory_factor: float = _field(
         DEFAULT_PREFLIGHT_MEMORY_FACTOR, "PREFLIGHT_MEMORY_FACTOR", "Challenger memory / model file size."

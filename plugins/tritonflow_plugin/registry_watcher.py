@@ -13,9 +13,10 @@ Design:
   new stage fact -> ``stage_changed``, new alias fact -> ``alias_set``, alias fact gone and the
   alias on no other version -> ``alias_deleted``.
 * :class:`SeenStateStore` keeps, per consumer (the DAG a trigger feeds), the facts already
-  acted on, in SQLite under ``<TRITONFLOW_HOME>/registry_watcher.sqlite``. :meth:`~SeenStateStore.advance`
-  diffs and stores in one ``BEGIN IMMEDIATE`` transaction, so two pollers (or a restarted
-  triggerer) never report one transition twice. The first poll of a consumer records a baseline
+  acted on, in the shared coordination database (``repository_sync.coordination``; PostgreSQL in
+  production). :meth:`~SeenStateStore.advance` diffs and stores in one transaction holding the
+  consumer's row locked, so two pollers (or a restarted triggerer, on any host) never report one
+  transition twice. The first poll of a consumer records a baseline
   and reports nothing (no storm of events for the existing registry). A transition is recorded
   before its event is yielded: at-most-once delivery, never twice. An alias moved back to a
   version it held earlier is a new transition and fires again.
@@ -31,8 +32,6 @@ Usage in a DAG file (see :func:`registry_asset`)::
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Sequence
@@ -54,8 +53,6 @@ Fact = tuple[str, str, str, str]
 FACT_VERSION, FACT_STAGE, FACT_ALIAS = "version", "stage", "alias"
 #: Legacy stage that means "no stage" (not a transition target worth an event).
 NO_STAGE = "None"
-#: File name of the watcher state under ``Settings.home``.
-STATE_FILE_NAME = "registry_watcher.sqlite"
 #: Page size of registry searches.
 SEARCH_PAGE_SIZE = 200
 
@@ -146,82 +143,44 @@ def diff_facts(previous: Iterable[Fact], current: Iterable[Fact]) -> list[Regist
 class SeenStateStore:
     """Restart-safe record of the registry facts each consumer has already acted on.
 
+    Kept in the shared coordination database (:mod:`repository_sync.coordination`, scope
+    ``registry-watcher``, one row per consumer), so triggerers on several hosts share it.
+
     Args:
-        path: SQLite file (default ``<Settings.home>/registry_watcher.sqlite``); created on use.
+        path: SQLAlchemy URL of the coordination database, or a SQLite file path (default: the
+            database of :func:`repository_sync.coordination.database_url`).
     """
 
+    SCOPE = "registry-watcher"
+
     def __init__(self, path: str | Path | None = None) -> None:
-        if path is None:
-            from tritonflow.settings import get_settings
+        from repository_sync.coordination import CoordinationStore, database_url
 
-            path = get_settings().home / STATE_FILE_NAME
-        self.path = Path(path)
-
-    @contextlib.contextmanager
-    def _connect(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS seen_fact (consumer TEXT NOT NULL, model TEXT NOT NULL,"
-                " version TEXT NOT NULL, kind TEXT NOT NULL, value TEXT NOT NULL,"
-                " recorded_at REAL NOT NULL, PRIMARY KEY (consumer, model, version, kind, value))"
-            )
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS watcher_baseline (consumer TEXT PRIMARY KEY,"
-                " recorded_at REAL NOT NULL)"
-            )
-            yield conn
-        finally:
-            conn.close()
+        text = database_url() if path is None else str(path)
+        self.url = text if "://" in text else f"sqlite:///{Path(text).resolve()}"
+        self.store = CoordinationStore(self.url)
 
     def facts(self, consumer: str) -> set[Fact]:
         """Facts recorded for ``consumer``."""
-        with self._connect() as conn:
-            rows = conn.execute(
-                "SELECT model, version, kind, value FROM seen_fact WHERE consumer = ?", (consumer,)
-            ).fetchall()
-        return {tuple(r) for r in rows}  # type: ignore[misc]
+        state = self.store.get_state(self.SCOPE, consumer) or {}
+        return {tuple(f) for f in state.get("facts", [])}  # type: ignore[misc]
 
     def advance(self, consumer: str, current: Iterable[Fact]) -> list[RegistryChange]:
         """Record ``current`` as acted on and return what changed since the last call.
 
         The first call for a consumer records a baseline and returns ``[]``. Diff and write
-        happen in one exclusive transaction, so concurrent or repeated calls with the same
-        registry state return each change once in total.
+        happen in one transaction holding the consumer's row locked, so concurrent or repeated
+        calls with the same registry state return each change once in total.
         """
-        current = set(current)
-        now = time.time()
-        with self._connect() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                baseline = conn.execute(
-                    "SELECT 1 FROM watcher_baseline WHERE consumer = ?", (consumer,)
-                ).fetchone()
-                previous = {
-                    tuple(r)
-                    for r in conn.execute(
-                        "SELECT model, version, kind, value FROM seen_fact WHERE consumer = ?",
-                        (consumer,),
-                    )
-                }
-                changes = diff_facts(previous, current) if baseline else []
-                gone = previous - current
-                new = current - previous
-                conn.executemany(
-                    "DELETE FROM seen_fact WHERE consumer=? AND model=? AND version=? AND kind=? AND value=?",
-                    [(consumer, *f) for f in gone],
-                )
-                conn.executemany(
-                    "INSERT INTO seen_fact VALUES (?, ?, ?, ?, ?, ?)",
-                    [(consumer, *f, now) for f in new],
-                )
-                if not baseline:
-                    conn.execute("INSERT INTO watcher_baseline VALUES (?, ?)", (consumer, now))
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+        current = {tuple(str(x) for x in f) for f in current}
+        with self.store.locked_state(self.SCOPE, consumer) as (conn, state):
+            baseline = bool(state)
+            previous = {tuple(f) for f in (state or {}).get("facts", [])}
+            changes = diff_facts(previous, current) if baseline else []
+            self.store.set_state(self.SCOPE, consumer, {
+                "baseline_at": (state or {}).get("baseline_at") or time.time(),
+                "facts": sorted(list(f) for f in current),
+            }, conn=conn)
         return changes
 
 
@@ -262,7 +221,7 @@ class RegistryEventTrigger(BaseEventTrigger):  # type: ignore[misc,valid-type]
         tracking_uri: MLflow tracking/registry URI (default ``Settings.resolved_mlflow_tracking_uri``).
         models: Registered model names to watch (default: all).
         poll_interval_s: Seconds between polls (default ``Settings.registry_poll_interval_s``).
-        state_path: SQLite state file (default under ``Settings.home``).
+        state_path: Coordination database URL or SQLite file (default: the shared coordination DB).
         mapping_path: Mapping file (default ``Settings.event_mapping_path``).
         max_polls: Stop after this many polls (``None``: forever; tests use a bound).
     """

@@ -12,7 +12,7 @@ import requests
 
 from model_registry.registry import (
     ACCEPTED_FORMS,
-    FileLock,
+    DatabaseLock,
     ModelVersionRef,
     PublishRecord,
     RegistryClient,
@@ -258,14 +258,15 @@ def test_promoting_a_missing_version_is_refused_and_audited(registry, register_v
     assert entry.outcome == "refused" and entry.record["requested_version"] == 9
 
 
-@pytest.mark.parametrize("lock_kind", ["registry", "file"])
+@pytest.mark.parametrize("lock_kind", ["registry", "database"])
 def test_two_concurrent_promotions_are_serialised_one_champion_and_both_attempts_audited(
         registry_tracking_uri, raw, register_versions, tmp_path, lock_kind):
-    """without the lock both would read champion=1 and both set previous_champion=1."""
-    client = RegistryClient(tracking_uri=registry_tracking_uri, lock_timeout_s=60)
-    if lock_kind == "file":
+    """Without the lock both would read champion=1 and both set previous_champion=1."""
+    client = RegistryClient(tracking_uri=registry_tracking_uri, lock_timeout_s=60,
+                            lock=RegistryLock(raw))
+    if lock_kind == "database":
         client = RegistryClient(tracking_uri=registry_tracking_uri, lock_timeout_s=60,
-                                lock=FileLock(tmp_path / "locks"))
+                                lock=DatabaseLock(f"sqlite:///{tmp_path / 'coordination.db'}"))
     name = register_versions(3)
     client.promote(name, 1)
     results = _run_concurrently(lambda: client.promote(name, 2), lambda: client.promote(name, 3))
@@ -297,12 +298,13 @@ def test_concurrent_promotions_with_compare_and_set_let_one_win_and_refuse_the_o
 
 
 def test_promotion_waiting_on_a_held_lock_fails_naming_the_holder_and_is_audited(
-        registry_tracking_uri, raw, register_versions):
-    client = RegistryClient(tracking_uri=registry_tracking_uri, lock_timeout_s=0.5)
+        registry_tracking_uri, raw, register_versions, tmp_path):
+    lock = DatabaseLock(f"sqlite:///{tmp_path / 'coordination.db'}")
+    client = RegistryClient(tracking_uri=registry_tracking_uri, lock_timeout_s=0.5, lock=lock)
     name = register_versions(2)
     client.promote(name, 1)
-    with RegistryLock(raw).hold(name, timeout_s=5):
-        with pytest.raises(ConcurrencyError, match=r"another promotion holds registry lock .*since"):
+    with lock.store().hold(DatabaseLock.PURPOSE, name, holder="canary_promotion/run_7"):
+        with pytest.raises(ConcurrencyError, match=r"model .* held by 'canary_promotion/run_7' .*since"):
             client.promote(name, 2)
     assert raw.get_registered_model(name).aliases == {"champion": "1"}
     assert [e.outcome for e in client.audit_log(name)] == ["promoted", "lock_timeout"]

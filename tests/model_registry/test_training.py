@@ -345,7 +345,7 @@ def test_guard_refuses_invalid_settings_and_reads_them(tmp_path, settings_factor
         tr.RetrainGuard(tmp_path / "g.sqlite", cooldown_s=-1, stale_after_s=10)
     settings = settings_factory(retrain_cooldown_s=42.0)
     guard = tr.RetrainGuard.from_settings(settings)
-    assert guard.cooldown_s == 42.0 and guard.path == settings.home / "retrain" / "guard.sqlite"
+    assert guard.cooldown_s == 42.0 and guard.url == f"sqlite:///{settings.home / 'drift' / 'history.db'}"
 
 
 def test_retrain_in_cooldown_registers_nothing(mlflow_server, tmp_path, recent_window):

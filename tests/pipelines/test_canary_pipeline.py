@@ -33,7 +33,8 @@ import pandas as pd
 import pytest
 import requests
 
-from repository_sync.locks import lock_path, read_holder
+from repository_sync.coordination import PROMOTION
+from repository_sync.locks import store_for
 from repository_sync.router import TrafficPlan, served_by, wait_live
 from tests.conftest import make_settings
 from tritonflow.exceptions import ConcurrencyError, PreflightError, RegistryError
@@ -305,7 +306,7 @@ def promoted(stack, models):
         thread = threading.Thread(target=first)
         thread.start()
         deadline = time.monotonic() + 60
-        while not read_holder(lock_path(stack.settings.home, name)).get("holder"):
+        while not store_for(settings=stack.settings).holder_of(PROMOTION, name):
             assert time.monotonic() < deadline and thread.is_alive(), outcome
             time.sleep(0.05)
         try:

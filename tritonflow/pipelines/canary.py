@@ -159,19 +159,23 @@ class CanaryEnvironment:
     # ------------------------------------------------------------------ clients
     def router(self):
         """The :class:`repository_sync.router.NginxRouter` on the gateway's conf dir."""
+        from repository_sync.coordination import coordination_store
         from repository_sync.router import NginxRouter
 
         return NginxRouter(self.gateway_conf_dir, reload=self.gateway_reload, test=self.gateway_test,
                            response_header=self.settings.gateway_response_header,
-                           fallback=self.settings.fallback_enabled, fallback_timeout_s=self.settings.fallback_timeout_s)
+                           fallback=self.settings.fallback_enabled, fallback_timeout_s=self.settings.fallback_timeout_s,
+                           coordination=coordination_store(self.settings))
 
     def triton(self):
         """A :class:`repository_sync.triton_client.TritonModelControl` (verifies before loads)."""
+        from repository_sync.coordination import coordination_store
         from repository_sync.triton_client import TritonModelControl
 
         return TritonModelControl(self.triton_url, repository=self.storage(),
                                   trusted_keys=self.trusted_keys,
-                                  load_timeout_s=self.settings.load_timeout_s)
+                                  load_timeout_s=self.settings.load_timeout_s,
+                                  coordination=coordination_store(self.settings))
 
     def storage(self):
         """The repository storage backend."""
@@ -385,10 +389,15 @@ def _set_loaded(tc: Any, name: str, versions: Iterable[int], config_version: int
     from google.protobuf import json_format
     from tritonclient.utils import InferenceServerException
 
+    from repository_sync.model_control import reconcile
+
     wanted = sorted({int(v) for v in versions})
     if not wanted:
         tc.unload(name)
         return {"versions": [], "signatures": {}}
+    if getattr(tc, "coordination", None) is not None:  # desired state, under the model-control lease
+        done = reconcile(tc, name, exactly=wanted, config_version=int(config_version))
+        return {"versions": done["versions"], "signatures": done["signatures"]}
     signatures: dict[str, str] = {}
     config_bytes = b""
     for v in wanted:
@@ -432,22 +441,21 @@ def ensure_loaded(model: str, versions: Sequence[int], *, triton_model: str | No
         raise DataError("versions=[] is empty: expected the champion and challenger versions")
     env = _env(env)
     name = triton_model or model
-    with env.triton() as tc:
-        before = tc.ready_versions(name)
-        wanted = sorted(set(before) | {int(v) for v in versions})
-        done = _set_loaded(tc, name, wanted, int(versions[-1]))
+    from repository_sync.model_control import reconcile
+
+    with env.triton() as tc:  # desired state + these versions, one request, under the lease
+        done = reconcile(tc, name, add=[int(v) for v in versions], config_version=int(versions[-1]),
+                         purpose="canary")
+        before = done["before"]
     return {"model": model, "versions": done["versions"], "ready_before": before,
             "loaded_now": sorted(set(done["versions"]) - set(before)), "signatures": done["signatures"]}
 
 
 def _unload_version(env: CanaryEnvironment, name: str, version: int, keep_config_of: int) -> None:
-    with env.triton() as tc:
-        ready = tc.ready_versions(name)
-        rest = [v for v in ready if v != int(version)]
-        if rest == ready:
-            return  # already gone (failed or unloaded behind our back)
-        config_of = keep_config_of if keep_config_of in rest else (rest[-1] if rest else 0)
-        _set_loaded(tc, name, rest, config_of)
+    from repository_sync.model_control import reconcile
+
+    with env.triton() as tc:  # the desired set minus this version, one request, under the lease
+        reconcile(tc, name, remove=[int(version)], config_version=int(keep_config_of))
 
 
 # ----------------------------------------------------------------------------------- recording
@@ -503,8 +511,10 @@ def garbage_collect_repository(model: str, *, champion: int, rollback_target: in
     name = triton_model or model
     registry = registry or env.registry()
     storage = env.storage()
-    with env.triton() as tc:
-        ready = set(tc.ready_versions(name))
+    from repository_sync.model_control import desired_versions
+
+    with env.triton() as tc:  # READY or meant to be loaded (e.g. by an evaluation starting now)
+        ready = set(tc.ready_versions(name)) | set(desired_versions(tc.coordination, tc.coordination_key(name)))
     protected = {int(champion)} | ({int(rollback_target)} if rollback_target else set()) | ready
     plan = registry.plan_garbage_collection(model, deployed_versions=protected, keep_latest=0)
     registered = set(plan.delete) | set(plan.keep)
@@ -566,8 +576,8 @@ def run_promotion(
 ) -> dict[str, Any]:
     """Canary ``challenger`` against ``champion`` step by step; promote or roll back.
 
-    Holds the model's promotion lock (``repository_sync.locks.promotion_lock`` under
-    ``settings.home``, waiting ``settings.promotion_lock_timeout_s``) from the resolution to the
+    Holds the model's promotion lease (``repository_sync.locks.promotion_lock`` in the shared
+    coordination database, waiting ``settings.promotion_lock_timeout_s``) from the resolution to the
     end. See the module docstring for the sequence.
 
     Args:
@@ -625,7 +635,7 @@ def run_promotion(
     policy = CanaryPolicy.from_settings(settings, **overrides)  # SettingsError: nothing touched
     holder = holder or default_holder()
 
-    with promotion_lock(model, home=settings.home, holder=holder,
+    with promotion_lock(model, settings=settings, holder=holder,
                         timeout_s=settings.promotion_lock_timeout_s):
         res = resolve(model, challenger, champion, env=env)
         name, champ, chal = res["triton_model"], res["champion"], res["challenger"]
@@ -741,7 +751,10 @@ def run_promotion(
         target = promo.previous_champion or champ
         apply_live(TrafficPlan.single(name, chal, name=f"{name}:champion"))  # live plan names it
         with env.triton() as tc:
-            versions = _set_loaded(tc, name, {chal, int(target)}, chal)["versions"]
+            from repository_sync.model_control import reconcile_model
+
+            versions = reconcile_model(tc, registry, model, triton_model=name,
+                                       keep=[chal, int(target)])["versions"]
             _, serving_config = tc.verify(name, chal)
         env.storage().write_serving_config(name, serving_config)
         gc = (garbage_collect_repository(model, champion=chal, rollback_target=int(target),
@@ -790,16 +803,16 @@ def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder
         raise DataError("reason='' is empty: expected why the model is rolled back")
     env = _env(env)
     registry = env.registry()
-    with promotion_lock(model, home=env.settings.home, holder=holder or default_holder(),
+    with promotion_lock(model, settings=env.settings, holder=holder or default_holder(),
                         timeout_s=env.settings.promotion_lock_timeout_s):
         target = registry.rollback_target(model)  # H22: refuses, naming alias and version
         current = registry.aliases(model).get(CHAMPION_ALIAS)
         name = _triton_name(target)
         with env.triton() as tc:
             info, _ = tc.verify(name, target.version)  # re-verified before any load
-            ready = tc.ready_versions(name)
-            if target.version not in ready:
-                _set_loaded(tc, name, set(ready) | {target.version}, target.version)
+            from repository_sync.model_control import reconcile
+
+            reconcile(tc, name, add=[target.version], config_version=target.version)
         plan = TrafficPlan.single(name, target.version, name=f"{name}:manual-rollback")
         _apply_live(env.router(), env.gateway_url, DEFAULT_LIVE_TIMEOUT_S)(plan)
         registry.rollback(model, use_stages=use_stages, reason=reason)

@@ -1063,8 +1063,11 @@ def load_and_smoke(
     ctl = None
     try:
         preflight = _preflight(pushed, s) if _is_local(url) else {"skipped": "Triton is not on this host"}
+        from repository_sync.coordination import coordination_store
+
         ctl = TritonModelControl(url, repository=pushed["repository_uri"], trusted_keys=str(keys.trusted_dir),
-                                 endpoint_url=_endpoint(s), load_timeout_s=s.load_timeout_s)
+                                 endpoint_url=_endpoint(s), load_timeout_s=s.load_timeout_s,
+                                 coordination=coordination_store(s), holder=f"model_publish/{name}")
         info, smoke = ctl.load_and_smoke_test(name, version, feeds, expected,
                                               atol=float(pushed["atol"]), rtol=float(pushed["rtol"]))
     except ServiceUnavailableError:
@@ -1101,14 +1104,9 @@ def _preflight(state: Mapping[str, Any], s: Settings) -> dict[str, int]:
 def _unload_version_if_ready(ctl: Any, name: str, version: int) -> None:
     """Unload ``version`` if it is READY (e.g. loaded by an earlier run), keeping other versions."""
     try:
-        ready = ctl.ready_versions(name)
-        if version not in ready:
+        if version not in ctl.ready_versions(name):
             return
-        remaining = [v for v in ready if v != version]
-        if remaining:
-            ctl._restore(name, remaining, ctl.model_config(name))  # reload the others only
-        else:
-            ctl.unload(name)
+        ctl.unload_versions(name, [version])  # the desired set minus it, under the model's lease
         log.warning("model %s version %s was READY and failed the checks: unloaded", name, version)
     except Exception as exc:  # noqa: BLE001 - best effort; the original error is raised
         log.error("could not unload model %s version %s: %s", name, version, exc)

@@ -540,16 +540,6 @@ def _inputs(frame: Any, info: Mapping[str, Any], served: _Served, role: str):
     return frame_to_inputs(source.reset_index(drop=True), served.specs)
 
 
-def _restore_versions(control: Any, name: str, keep: list[int], config: Mapping[str, Any] | None) -> None:
-    """Reload ``name`` with only the versions ``keep`` (and its previous config), or unload it."""
-    if keep and config is not None:
-        cfg = dict(config)
-        cfg["version_policy"] = {"specific": {"versions": sorted(keep)}}
-        control.client.load_model(name, config=json.dumps(cfg))
-    else:
-        control.unload(name)
-
-
 def _run_dir(settings: Settings, model: str) -> Path:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = Path(settings.home) / SHADOW_DIR / model / f"{stamp}-{uuid.uuid4().hex[:8]}"
@@ -649,9 +639,12 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
         frame = frame.iloc[-max_rows:]
     frame = frame.reset_index(drop=True)
 
+    from repository_sync.coordination import coordination_store
+
     control = TritonModelControl(s.triton_http_url, repository=s.resolved_repository_uri,
                                  trusted_keys=str(trusted_keys_dir(s)),
-                                 endpoint_url=_endpoint(s), load_timeout_s=s.load_timeout_s)
+                                 endpoint_url=_endpoint(s), load_timeout_s=s.load_timeout_s,
+                                 coordination=coordination_store(s), holder=f"shadow_evaluation/{model}")
     cname, cver = champ["triton_model_name"], int(champ["triton_model_version"])
     champion_loaded = challenger_loaded = challenger_unloaded = False
     pool = _ClientPool(s.triton_http_url, max(60.0, s.load_timeout_s))
@@ -660,14 +653,12 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
             control.load(cname, cver, keep_loaded=True)  # the champion must serve anyway
             champion_loaded = True
         before: list[int] = []
-        before_config = None
         if chal is not None:
             xname, xver = chal["triton_model_name"], int(chal["triton_model_version"])
             before = control.ready_versions(xname)
-            before_config = control.model_config(xname) if before else None
             if xver not in before:
                 try:
-                    control.load(xname, xver, keep_loaded=True)
+                    control.load(xname, xver, keep_loaded=True, purpose="evaluation")
                 except TransientError:
                     raise
                 except DataError as exc:
@@ -717,13 +708,13 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
         except BaseException as exc:
             if challenger_loaded:
                 try:
-                    _restore_versions(control, chal["triton_model_name"], before, before_config)
+                    control.unload_versions(chal["triton_model_name"], [int(chal["triton_model_version"])])
                     challenger_unloaded = True
                 except Exception as cleanup:  # noqa: BLE001 - keep the original error
                     exc.add_note(f"unloading the challenger failed too: {cleanup}")
             raise
         if challenger_loaded:
-            _restore_versions(control, chal["triton_model_name"], before, before_config)
+            control.unload_versions(chal["triton_model_name"], [int(chal["triton_model_version"])])
             challenger_unloaded = True
         control.wait_ready(cname, cver)  # the champion still serves
     finally:

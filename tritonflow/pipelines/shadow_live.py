@@ -81,10 +81,11 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
     from repository_sync.locks import promotion_lock
     from repository_sync.mirror import MirrorRecorder
     from repository_sync.router import Mirror, TrafficPlan, wait_live
+    from repository_sync.coordination import coordination_store
     from repository_sync.triton_client import TritonModelControl
     from tritonflow.pipelines.canary import DEFAULT_LIVE_TIMEOUT_S, CanaryEnvironment, default_holder
     from tritonflow.pipelines.shadow import (
-        OUTPUT_PREFIXES, PREDICTIONS_FILE, _as_info, _endpoint, _restore_versions, _run_dir,
+        OUTPUT_PREFIXES, PREDICTIONS_FILE, _as_info, _endpoint, _run_dir,
         _Served, _settings, log_root, sha256_file, trusted_keys_dir, write_expected,
     )
 
@@ -113,10 +114,11 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
 
     control = TritonModelControl(s.triton_http_url, repository=s.resolved_repository_uri,
                                  trusted_keys=str(trusted_keys_dir(s)), endpoint_url=_endpoint(s),
-                                 load_timeout_s=s.load_timeout_s)
+                                 load_timeout_s=s.load_timeout_s, coordination=coordination_store(s),
+                                 holder=holder or default_holder())
     loaded = False
     try:
-        with promotion_lock(model, home=s.home, holder=holder or default_holder(),
+        with promotion_lock(model, settings=s, holder=holder or default_holder(),
                             timeout_s=s.promotion_lock_timeout_s):
             previous = router.current_plan(name)
             if previous is None or previous.weights.get(cver) != 100 or previous.mirror is not None:
@@ -125,10 +127,9 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
                                 f"champion version {cver} without a mirror; it routes {live_weights} "
                                 "(a canary or another live shadow in progress?)")
             before = control.ready_versions(name)
-            before_config = control.model_config(name) if before else None
             if xver not in before:
                 try:
-                    control.load(name, xver, keep_loaded=True)
+                    control.load(name, xver, keep_loaded=True, purpose="evaluation")
                 except TransientError:
                     raise
                 except DataError as exc:
@@ -152,12 +153,12 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
             finally:
                 recorder.stop()
             if loaded:
-                _restore_versions(control, name, before, before_config)
+                control.unload_versions(name, [xver])
                 loaded = False
     finally:
         if loaded:
             try:
-                _restore_versions(control, name, before, before_config)
+                control.unload_versions(name, [xver])
             except Exception:  # noqa: BLE001 -- the original error is raised
                 pass
         control.close()

@@ -1,0 +1,205 @@
+"""Desired-state Triton model control, serialised per model through the shared database.
+
+In explicit mode every load of a model replaces its set of loaded versions with the request's
+version policy. Building that set from "what is READY now" is a read-modify-write: two tasks
+loading versions of one model at once (a publish and a shadow evaluation, say) each send the
+stale set, and the later request unloads the version the earlier task just reported loaded.
+
+Here the set of versions a model keeps loaded is **desired state** in the coordination database
+(table ``tritonflow_model_versions``: model, version, purpose, holder, since) and every change:
+
+1. holds the model's ``model-control`` lease (:mod:`repository_sync.coordination`) -- across
+   processes and hosts when the database is shared;
+2. computes the new set from the desired state (``add`` / ``remove`` / ``exactly``) plus, when the
+   control has a registry source, the versions the registry needs (:func:`registry_versions`:
+   ``champion``, ``challenger``, ``previous_champion``);
+3. verifies every version's signature, checks the lease's fencing token, sends **one** load
+   request with ``version_policy: specific`` = that set, waits until each is READY;
+4. records the new set (and the config used) only after success. On failure the desired set is
+   unchanged and Triton is brought back to it (never to a snapshot of what was READY).
+
+A model tritonflow has never controlled (no record) starts from what Triton has READY, read once
+under the lease. The desired set is per model name: every Triton serving the repository (replicas
+behind the gateway) is meant to serve the same set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import sqlalchemy as sa
+
+from repository_sync.coordination import MODEL_CONTROL, CoordinationStore, model_versions
+from tritonflow.exceptions import DataError, ModelLoadRefusedError
+
+#: State scope of the config each model was last loaded with (JSON dict, per model key).
+CONFIG_SCOPE = "model-control.config"
+#: Aliases whose versions a served model keeps loaded (rollback needs ``previous_champion``).
+SERVING_ALIASES = ("champion", "challenger", "previous_champion")
+
+
+def registry_versions(registry: Any, model: str) -> set[int]:
+    """Versions of ``model`` the registry needs loaded: those named by :data:`SERVING_ALIASES`.
+
+    Args:
+        registry: A :class:`model_registry.registry.RegistryClient` (``aliases(name) -> {alias: version}``).
+        model: Registered model name.
+    """
+    aliases = registry.aliases(model)
+    return {int(v) for a, v in aliases.items() if a in SERVING_ALIASES}
+
+
+def desired_versions(store: CoordinationStore, key: str) -> dict[int, str]:
+    """Version -> purpose recorded as desired for the model key (``{}`` when none)."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(model_versions.c.version, model_versions.c.purpose)
+                            .where(model_versions.c.model == key)).all()
+    return {int(v): p for v, p in rows}
+
+
+def _write_desired(store: CoordinationStore, key: str, versions: Mapping[int, str], holder: str,
+                   config: Mapping[str, Any] | None) -> None:
+    now = time.time()
+    with store.engine.begin() as conn:
+        conn.execute(model_versions.delete().where(model_versions.c.model == key))
+        if versions:
+            conn.execute(model_versions.insert(), [
+                {"model": key, "version": int(v), "purpose": p, "holder": holder, "since": now}
+                for v, p in sorted(versions.items())])
+        store.set_state(CONFIG_SCOPE, key, dict(config) if config is not None else {}, conn=conn)
+
+
+def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Iterable[int] = (),
+              exactly: Iterable[int] | None = None, config: Any = None, config_version: int | None = None,
+              purpose: str = "serving", timeout_s: float | None = None) -> dict[str, Any]:
+    """Change the versions ``name`` keeps loaded in one Triton request, under its model-control lease.
+
+    Args:
+        control: A :class:`repository_sync.triton_client.TritonModelControl`.
+        name: Triton model name.
+        add: Versions to load beside the desired ones.
+        remove: Versions to unload (a version the registry still needs stays).
+        exactly: The whole new set (replaces the desired one; ``add``/``remove`` then ignored).
+        config: Config to load with (pbtxt, JSON, dict, ModelConfig); default: ``config_version``'s
+            signed ``config.pbtxt.intended``, else the config recorded at the last change, else the
+            newest version's. Its version policy is replaced.
+        config_version: Version whose signed config is used.
+        purpose: Why the added versions are loaded (``serving``, ``evaluation``, ``canary``...).
+        timeout_s: Seconds to wait for READY per version (default ``control.load_timeout_s``).
+
+    Returns:
+        ``{"model_name", "versions", "before", "signatures": {version: digest}, "key_ids"}``.
+
+    Raises:
+        LeaseBusyError: Another model-control change of ``name`` held the lease too long.
+        LeaseLostError: The lease was lost before the load was sent; nothing was sent.
+        SignatureVerificationError: A version fails verification; nothing is sent to Triton.
+        ModelLoadRefusedError, ModelLoadError: Triton refused or a version is not READY in time;
+            Triton is brought back to the desired set, which is unchanged.
+    """
+    from repository_sync.triton_client import _config_json, _config_message
+
+    store: CoordinationStore = control.coordination
+    key = control.coordination_key(name)
+    holder = control.holder or f"{socket.gethostname()}:{os.getpid()}"
+    with store.hold(MODEL_CONTROL, key, holder=holder, timeout_s=control.lock_timeout_s,
+                    what=f"model control of Triton model {name!r}") as lease:
+        recorded_config = store.get_state(CONFIG_SCOPE, key)
+        before = desired_versions(store, key)
+        if not before and recorded_config is None:  # never controlled: adopt what Triton serves
+            before = {v: "adopted" for v in control.ready_versions(name)}
+        added = {int(v) for v in add}
+        if exactly is not None:
+            target = {int(v): before.get(int(v), purpose) for v in exactly}
+        else:
+            target = {v: p for v, p in before.items() if v not in {int(r) for r in remove}}
+            target.update({v: purpose for v in added})
+        if control.needed_versions is not None:
+            for v in control.needed_versions(name):
+                target.setdefault(int(v), "registry")
+        result = {"model_name": name, "versions": sorted(target), "before": sorted(before),
+                  "signatures": {}, "key_ids": {}}
+        if not target:
+            lease.check()
+            control._call(f"unloading '{name}'", control.client.unload_model, name)
+            _write_desired(store, key, {}, holder, recorded_config or {})
+            return result
+        intended: dict[int, bytes] = {}
+        for v in sorted(target):
+            info, intended[v] = control.verify(name, v)
+            result["signatures"][str(v)] = info.signature_digest
+            result["key_ids"][str(v)] = info.key_id
+        if config is not None:
+            msg = _config_message(config, name)
+        elif config_version is not None and int(config_version) in intended:
+            msg = _config_message(intended[int(config_version)], name)
+        elif recorded_config and not added:
+            msg = _config_message(json.dumps(recorded_config), name)
+        else:
+            msg = _config_message(intended[max(added or target)], name)
+        msg.version_policy.Clear()
+        msg.version_policy.specific.versions.extend(sorted(target))
+        body = _config_json(msg)
+        try:
+            lease.check()  # fencing: never send a load after losing the lease
+            _send_load(control, name, body, sorted(target))
+            for v in sorted(target):
+                control.wait_ready(name, v, timeout_s)
+        except BaseException:
+            if set(before) != set(target):
+                _bring_back(control, name, sorted(before), recorded_config, body)
+            raise
+        _write_desired(store, key, target, holder, json.loads(body))
+        return result
+
+
+def _send_load(control: Any, name: str, body: str, versions: list[int]) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        control._call(f"loading '{name}'", control.client.load_model, name, config=body)
+    except InferenceServerException as exc:
+        raise ModelLoadRefusedError(
+            f"Triton refused to load model '{name}' versions {versions}: {exc.message()}"
+        ) from None
+
+
+def _bring_back(control: Any, name: str, versions: list[int], recorded: Any, failed_body: str) -> None:
+    """Best effort: Triton back to the (unchanged) desired ``versions``, still under the lease."""
+    try:
+        if not versions:
+            control.client.unload_model(name)
+            return
+        if control.ready_versions(name) == versions:
+            return  # Triton kept the old set after a refused load
+        cfg = dict(recorded) if recorded else json.loads(failed_body)
+        cfg["version_policy"] = {"specific": {"versions": versions}}
+        control.client.load_model(name, config=json.dumps(cfg))
+    except Exception:  # noqa: BLE001 - the original error is what matters
+        pass
+
+
+def reconcile_model(control: Any, registry: Any, model: str, *, triton_model: str | None = None,
+                    keep: Iterable[int] = (), timeout_s: float | None = None) -> dict[str, Any]:
+    """Load exactly what the registry needs for ``model`` (plus versions pinned for evaluation/canary).
+
+    The set is :func:`registry_versions` plus the desired versions recorded with purpose
+    ``evaluation`` or ``canary`` plus ``keep``; one load request, under the model-control lease.
+
+    Raises:
+        DataError: The registry names no version to serve for ``model``.
+        See :func:`reconcile` for the rest.
+    """
+    name = triton_model or model
+    needed = registry_versions(registry, model) | {int(v) for v in keep}
+    pinned = {v for v, p in desired_versions(control.coordination, control.coordination_key(name)).items()
+              if p in ("evaluation", "canary")}
+    if not needed | pinned:
+        raise DataError(f"model {model!r}: no alias among {SERVING_ALIASES} and nothing pinned; "
+                        "refusing to unload everything (use unload)")
+    return reconcile(control, name, exactly=needed | pinned, timeout_s=timeout_s)

@@ -1,0 +1,175 @@
+"""Desired-state model control against a real Triton (explicit mode): concurrent loads of one model.
+
+Two tasks load different versions of one model at about the same time, from two threads and from
+two processes (each with its own ``TRITONFLOW_HOME``, sharing only the coordination database).
+Every version stays READY and each caller's reported versions are still true when it returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from repository_sync.coordination import CoordinationStore
+from repository_sync.model_control import desired_versions, reconcile_model
+from repository_sync.publish import publish_version
+from repository_sync.triton_client import TritonModelControl
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = """
+name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+default_model_filename: "model.onnx"
+input [ {{ name: "features" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "probabilities" data_type: TYPE_FP32 dims: [ 2 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+"""
+
+
+def _fraud_onnx(path: Path, seed: int) -> Path:
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(seed).normal(size=(4, 2)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["features", "w"], ["logits"]),
+         helper.make_node("Softmax", ["logits"], ["probabilities"], axis=-1)],
+        "fraud",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", 2])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+@pytest.fixture
+def served(tmp_path, signing_keys, triton_factory):
+    """A repository with signed versions 1, 2, 3 of two models, and a Triton serving it."""
+    repo = tmp_path / "repo"
+    for name in ("fraud_model", "fraud_model_mp"):
+        for v in (1, 2, 3):
+            publish_version(repository=repo, model_name=name, version=v,
+                            model_file=_fraud_onnx(tmp_path / f"{name}-{v}.onnx", v),
+                            config=CONFIG.format(name=name), private_key=signing_keys.private,
+                            trusted_keys=signing_keys.trusted_dir)
+    triton = triton_factory(str(repo))
+    return repo, triton, signing_keys
+
+
+def _control(served, **kw) -> TritonModelControl:
+    repo, triton, keys = served
+    return TritonModelControl(triton.http_url, repository=str(repo), trusted_keys=keys.trusted_dir,
+                              load_timeout_s=60, **kw)
+
+
+@pytest.mark.integration
+def test_two_threads_loading_versions_of_one_model_both_stay_ready(served):
+    name = "fraud_model"
+    with _control(served) as setup:
+        setup.load(name, 1)
+    reported: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def task(version: int, delay: float) -> None:
+        time.sleep(delay)
+        try:
+            with _control(served, holder=f"task-v{version}") as control:
+                reported[version] = control.load(name, version, keep_loaded=True)["versions"]
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=task, args=(3, 0.0)), threading.Thread(target=task, args=(2, 0.1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert not errors, errors
+    with _control(served) as check:
+        ready = check.ready_versions(name)
+    assert ready == [1, 2, 3]
+    for version, versions in reported.items():
+        assert version in versions and set(versions) <= set(ready)  # still true after both returned
+
+
+LOADER = textwrap.dedent("""
+    import json, sys, time
+    sys.path.insert(0, {root!r})
+    from repository_sync.triton_client import TritonModelControl
+    url, repo, keys, db, name, version, start_at = sys.argv[1:8]
+    control = TritonModelControl(url, repository=repo, trusted_keys=keys, load_timeout_s=60,
+                                 coordination=db, holder=f"dag-v{{version}}")
+    while time.time() < float(start_at):
+        time.sleep(0.001)
+    out = control.load(name, int(version), keep_loaded=True)
+    print(json.dumps(out["versions"]), flush=True)
+""")
+
+
+@pytest.mark.integration
+def test_two_processes_loading_versions_of_one_model_both_stay_ready(served, tmp_path):
+    repo, triton, keys = served
+    name, db = "fraud_model_mp", f"sqlite:///{tmp_path / 'shared' / 'coordination.db'}"
+    store = CoordinationStore(db)
+    with _control(served, coordination=store) as control:
+        control.load(name, 1)
+        for attempt in range(2):
+            start_at = time.time() + 2.0
+            procs = {}
+            for version, delay in ((3, 0.0), (2, 0.1)):
+                env = dict(os.environ, TRITONFLOW_HOME=str(tmp_path / f"host-v{version}"))
+                procs[version] = subprocess.Popen(
+                    [sys.executable, "-c", LOADER.format(root=str(ROOT)), triton.http_url, str(repo),
+                     str(keys.trusted_dir), db, name, str(version), str(start_at + delay)],
+                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            reported = {}
+            for version, proc in procs.items():
+                out, err = proc.communicate(timeout=240)
+                assert proc.returncode == 0, err
+                reported[version] = json.loads(out.strip().splitlines()[-1])
+            ready = control.ready_versions(name)
+            assert ready == [1, 2, 3], (attempt, reported)
+            assert all(v in reported[v] and set(reported[v]) <= set(ready) for v in reported)
+            assert sorted(desired_versions(store, name)) == [1, 2, 3]
+            control.unload_versions(name, [2, 3])  # one request: 1 stays
+            assert control.ready_versions(name) == [1]
+
+
+class _Aliases:
+    """The registry's alias table as RegistryClient.aliases returns it (no MLflow needed here)."""
+
+    def __init__(self, aliases):
+        self._aliases = aliases
+
+    def aliases(self, model):
+        return dict(self._aliases)
+
+
+@pytest.mark.integration
+def test_reconcile_loads_what_the_registry_needs_plus_pinned_evaluations_in_one_request(served, tmp_path):
+    name = "fraud_model"
+    store = CoordinationStore(f"sqlite:///{tmp_path / 'c.db'}")
+    with _control(served, coordination=store) as control:
+        control.load(name, 1)
+        control.load(name, 2, purpose="evaluation")  # a shadow evaluation in progress
+        out = reconcile_model(control, _Aliases({"champion": 3, "previous_champion": 1}), name)
+        assert out["versions"] == [1, 2, 3] and control.ready_versions(name) == [1, 2, 3]
+        control.unload_versions(name, [2])  # the evaluation ended
+        out = reconcile_model(control, _Aliases({"champion": 3, "previous_champion": 1}), name)
+        assert out["versions"] == [1, 3] and control.ready_versions(name) == [1, 3]
+        # a failed load (version 9 is not in the repository) leaves the desired set serving
+        with pytest.raises(Exception):
+            control.load(name, 9)
+        assert control.ready_versions(name) == [1, 3]
+        assert sorted(desired_versions(store, name)) == [1, 3]
