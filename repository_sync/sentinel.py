@@ -311,8 +311,9 @@ class SentinelOutcome:
     """Why :func:`watch` returned.
 
     Attributes:
-        status: ``unhealthy`` (roll back), ``superseded`` (the version is no longer the champion)
-            or ``stopped`` (``max_probes`` reached; tests and benchmarks).
+        status: ``unhealthy`` (roll back), ``superseded`` (the version is no longer the champion),
+            ``renew`` (``until`` passed with no failing streak open) or ``stopped`` (``max_probes``
+            reached; tests and benchmarks).
         model / triton_model / version: What was watched.
         probes: Probes sent; ``unreachable``: of which the gateway or Triton did not answer.
         failed: The consecutive failed probes that decided (``ProbeResult.to_dict``), last first.
@@ -344,7 +345,7 @@ class SentinelOutcome:
 async def watch(gateway_url: str, golden: GoldenSet, policy: SentinelPolicy, *,
                 still_champion: Callable[[], Awaitable[bool]] | None = None,
                 champion_check_s: float = DEFAULT_CHAMPION_CHECK_S,
-                max_probes: int | None = None,
+                max_probes: int | None = None, until: float | None = None,
                 on_probe: Callable[[ProbeResult], None] | None = None) -> SentinelOutcome:
     """Probe ``golden`` every ``policy.interval_s`` until it fails ``policy.failures`` times in a row.
 
@@ -360,6 +361,8 @@ async def watch(gateway_url: str, golden: GoldenSet, policy: SentinelPolicy, *,
             manual rollback the sentinel ends ``superseded`` so the DAG can start the new one).
         champion_check_s: Seconds between two ``still_champion`` checks.
         max_probes: Stop after this many probes (``stopped``); ``None`` runs until a decision.
+        until: Wall-clock time (``time.time()``) after which it returns ``renew`` (the DAG's
+            scheduled run starts a fresh sentinel with a fresh golden set); ``None``: never.
         on_probe: Called with every probe's result (logging).
 
     Returns:
@@ -386,6 +389,9 @@ async def watch(gateway_url: str, golden: GoldenSet, policy: SentinelPolicy, *,
         if max_probes is not None and probes >= max_probes:
             return SentinelOutcome("stopped", golden.model, golden.triton_model, golden.version, probes,
                                    unreachable, tuple(r.to_dict() for r in reversed(streak)))
+        if until is not None and time.time() >= until and not streak:
+            return SentinelOutcome("renew", golden.model, golden.triton_model, golden.version, probes,
+                                   unreachable)
         if still_champion is not None and time.monotonic() - last_check >= champion_check_s:
             last_check = time.monotonic()
             if not await still_champion():

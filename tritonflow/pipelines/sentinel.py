@@ -172,4 +172,10 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-__all__ = ["OUTPUT_RANGE_TAG", "golden_set", "monitored_models", "output_ranges", "sentinel_rollback"]
+def models_from_events(extras: list[Mapping[str, Any]]) -> list[str]:
+    """Models whose champion changed, from CHAMPION_CHANGED events' ``extra`` (``changed`` false skipped)."""
+    return sorted({str(e["model"]) for e in extras if e and e.get("model") and e.get("changed", True)})
+
+
+__all__ = ["OUTPUT_RANGE_TAG", "golden_set", "models_from_events", "monitored_models", "output_ranges",
+           "sentinel_rollback"]
