@@ -400,15 +400,22 @@ def _set_loaded(tc: Any, name: str, versions: Iterable[int], config_version: int
     msg = _config_message(config_bytes, name)
     msg.version_policy.Clear()
     msg.version_policy.specific.versions.extend(wanted)
+    previous = tc.ready_versions(name)
+    previous_config = tc.model_config(name) if previous else None
     try:
-        tc.client.load_model(name, config=json_format.MessageToJson(msg, preserving_proto_field_name=True,
-                                                                    indent=None))
-    except InferenceServerException as exc:
-        raise ModelLoadRefusedError(
-            f"Triton refused to load model {name!r} versions {wanted}: {exc.message()}"
-        ) from None
-    for v in wanted:
-        tc.wait_ready(name, v)
+        try:
+            tc.client.load_model(name, config=json_format.MessageToJson(msg, preserving_proto_field_name=True,
+                                                                        indent=None))
+        except InferenceServerException as exc:
+            raise ModelLoadRefusedError(
+                f"Triton refused to load model {name!r} versions {wanted}: {exc.message()}"
+            ) from None
+        for v in wanted:
+            tc.wait_ready(name, v)
+    except BaseException:
+        # a failed reload puts back what was loaded before (versions and their config)
+        tc._restore(name, previous, previous_config)
+        raise
     return {"versions": wanted, "signatures": signatures}
 
 
