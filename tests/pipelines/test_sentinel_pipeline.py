@@ -16,6 +16,8 @@ import json
 import pandas as pd
 import pytest
 
+from tests.plugins import airflow_env  # noqa: F401  (plugins/ on sys.path for the trigger)
+
 from repository_sync.router import TrafficPlan, served_by, wait_live
 from repository_sync.sentinel import SentinelPolicy
 from tests.pipelines.test_canary_pipeline import FEATURES, deploy, models, registry, stack  # noqa: F401
