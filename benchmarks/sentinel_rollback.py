@@ -35,6 +35,7 @@ import asyncio
 import http.client
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -137,7 +138,10 @@ def one_run(env: CanaryEnvironment, gateway_url: str, mode_dir: Path, policy: Se
         outcome = asyncio.run(watch(gateway_url, golden, policy, max_probes=1000))
         decided["at"] = time.time()
         decided["outcome"] = outcome.to_dict()
-        decided["rollback"] = sentinel_rollback(outcome.to_dict(), holder="benchmark", env=env)
+        try:
+            decided["rollback"] = sentinel_rollback(outcome.to_dict(), holder="benchmark", env=env)
+        except Exception as exc:  # noqa: BLE001 - reported in the run's figures
+            decided["error"] = f"{type(exc).__name__}: {exc}"[:500]
         decided["switched_at"] = time.time()
 
     with Client(host, int(port), rps, env.settings.gateway_response_header) as client:
@@ -156,8 +160,10 @@ def one_run(env: CanaryEnvironment, gateway_url: str, mode_dir: Path, policy: Se
         "rolled_back_to": decided.get("rollback", {}).get("rolled_back_to"),
         "detection_to_switch_s": round(last_champion - first_bad, 3) if first_bad and last_champion else None,
         "first_bad_to_decision_s": round(decided["at"] - first_bad, 3) if first_bad and "at" in decided else None,
-        "decision_to_rollback_done_s": round(decided["switched_at"] - decided["at"], 3) if "at" in decided else None,
+        "decision_to_rollback_done_s": round(decided["switched_at"] - decided["at"], 3)
+        if "switched_at" in decided else None,
         "requests_after_switch": len(after),
+        "error": decided.get("error"),
         "after_switch_all_previous": bool(after) and all(v == str(PREVIOUS) for v in after),
     }
     return out
@@ -184,6 +190,8 @@ def main() -> int:
             triton_metrics_port=free_port(), gateway_port=free_port(), mlflow_port=free_port(),
             repository_uri=str(repo), signing_key_path=keys / "signing.pem",
             signing_trusted_keys_dir=keys / "trusted", load_timeout_s=60.0)
+        # the Python backend would write __pycache__ into the signed version folders
+        os.environ["PYTHONPYCACHEPREFIX"] = str(home / "pycache")
         mode_dir = write_fault_model(repo, MODEL, (PREVIOUS, CHAMPION))
         sign_fault_versions(repo, mode_dir, keys / "signing.pem")
         mlflow = MlflowServer(settings).start()
