@@ -189,7 +189,7 @@ def main() -> int:
             {}, home=home, triton_http_port=free_port(), triton_grpc_port=free_port(),
             triton_metrics_port=free_port(), gateway_port=free_port(), mlflow_port=free_port(),
             repository_uri=str(repo), signing_key_path=keys / "signing.pem",
-            signing_trusted_keys_dir=keys / "trusted", load_timeout_s=60.0)
+            signing_trusted_keys_dir=keys / "trusted", load_timeout_s=120.0, start_timeout_s=600.0)
         # the Python backend would write __pycache__ into the signed version folders
         os.environ["PYTHONPYCACHEPREFIX"] = str(home / "pycache")
         mode_dir = write_fault_model(repo, MODEL, (PREVIOUS, CHAMPION))
