@@ -89,7 +89,7 @@ class SentinelPolicy:
                 raise DataError(f"sentinel {field}={value!r}: expected {expected}")
 
     @classmethod
-    def from_settings(cls, settings: Any) -> "SentinelPolicy":
+    def from_settings(cls, settings: Any) -> SentinelPolicy:
         """Policy from ``TRITONFLOW_SENTINEL_*`` settings."""
         return cls(interval_s=float(settings.sentinel_interval_s), failures=int(settings.sentinel_failures),
                    latency_limit_s=float(settings.sentinel_latency_s))
@@ -131,7 +131,7 @@ class GoldenSet:
 
     @classmethod
     def from_arrays(cls, model: str, triton_model: str, version: int, inputs: Mapping[str, np.ndarray],
-                    output_ranges: Mapping[str, Sequence[float]] | None = None, *, source: str = "") -> "GoldenSet":
+                    output_ranges: Mapping[str, Sequence[float]] | None = None, *, source: str = "") -> GoldenSet:
         """Build from numpy arrays whose first axis is the sample axis.
 
         Raises:
@@ -166,7 +166,7 @@ class GoldenSet:
         return cls(model, triton_model, int(version), tensors, ranges, int(samples or 0), source)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "GoldenSet":
+    def from_dict(cls, data: Mapping[str, Any]) -> GoldenSet:
         """Inverse of :meth:`to_dict`."""
         return cls(str(data["model"]), str(data["triton_model"]), int(data["version"]),
                    dict(data["inputs"]), {k: list(v) for k, v in dict(data["output_ranges"]).items()},

@@ -17,7 +17,8 @@ a verdict.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from airflow.sdk import BaseOperator
 
