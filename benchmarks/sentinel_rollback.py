@@ -35,7 +35,6 @@ import asyncio
 import http.client
 import json
 import math
-import os
 import random
 import statistics
 import sys
@@ -158,7 +157,8 @@ def one_run(env: CanaryEnvironment, gateway_url: str, mode_dir: Path, policy: Se
     out = {
         "outcome": decided.get("outcome", {}).get("status"),
         "rolled_back_to": decided.get("rollback", {}).get("rolled_back_to"),
-        "detection_to_switch_s": round(last_champion - first_bad, 3) if first_bad and last_champion else None,
+        "detection_to_switch_s": round(last_champion - first_bad, 3)
+        if first_bad and last_champion and "rollback" in decided else None,
         "first_bad_to_decision_s": round(decided["at"] - first_bad, 3) if first_bad and "at" in decided else None,
         "decision_to_rollback_done_s": round(decided["switched_at"] - decided["at"], 3)
         if "switched_at" in decided else None,
@@ -190,8 +190,6 @@ def main() -> int:
             triton_metrics_port=free_port(), gateway_port=free_port(), mlflow_port=free_port(),
             repository_uri=str(repo), signing_key_path=keys / "signing.pem",
             signing_trusted_keys_dir=keys / "trusted", load_timeout_s=120.0, start_timeout_s=600.0)
-        # the Python backend would write __pycache__ into the signed version folders
-        os.environ["PYTHONPYCACHEPREFIX"] = str(home / "pycache")
         mode_dir = write_fault_model(repo, MODEL, (PREVIOUS, CHAMPION))
         sign_fault_versions(repo, mode_dir, keys / "signing.pem")
         mlflow = MlflowServer(settings).start()
@@ -210,6 +208,10 @@ def main() -> int:
             triton = TritonServer(settings, repository=str(repo)).start()
             gateway = NginxGateway(settings, triton_http=triton.http_url).start()
             env = CanaryEnvironment.from_settings(settings, gateway=gateway)
+            reset(env, gateway.url, mode_dir)
+            # Triton's Python backend has now written __pycache__ into the version folders (it
+            # ignores PYTHONDONTWRITEBYTECODE); sign the folders as they are from here on
+            sign_fault_versions(repo, mode_dir, keys / "signing.pem")
             for k in range(args.runs):
                 reset(env, gateway.url, mode_dir)
                 run = one_run(env, gateway.url, mode_dir, policy, args.rps, rng)
