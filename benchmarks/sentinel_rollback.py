@@ -163,6 +163,9 @@ def one_run(env: CanaryEnvironment, gateway_url: str, mode_dir: Path, policy: Se
         "decision_to_rollback_done_s": round(decided["switched_at"] - decided["at"], 3)
         if "switched_at" in decided else None,
         "requests_after_switch": len(after),
+        "after_switch_by_version": {str(v): after.count(v) for v in sorted(set(after), key=str)},
+        "failed_after_switch": sum(1 for t, v, ok in recs if last_champion is not None and t > last_champion
+                                   and not ok),
         "error": decided.get("error"),
         "after_switch_all_previous": bool(after) and all(v == str(PREVIOUS) for v in after),
     }
