@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG, START_DATE
+from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, TAG, START_DATE
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.registry_watcher import registry_asset, registry_conf_from_context
 
@@ -169,7 +169,7 @@ def canary_promotion():
         return ensure_loaded(plan["model"], [plan["champion"], plan["challenger"]],
                              triton_model=plan["triton_model"])
 
-    @task(execution_timeout=CANARY_TASK_TIMEOUT, retries=0)
+    @task(execution_timeout=CANARY_TASK_TIMEOUT, retries=0, outlets=[CHAMPION_CHANGED])
     @fail_fast_on_bad_data
     @_fail_on_lock
     def canary(plan: dict, loaded: dict) -> dict:
@@ -192,6 +192,10 @@ def canary_promotion():
                 f"{result['reason']}" + (f"; rollback: {result['rollback'].get('error')}"
                                          if result.get("rollback", {}) and result["rollback"].get("error") else "")
             )
+        # champion_sentinel restarts the model's sentinel on this event (only when it changed)
+        get_current_context()["outlet_events"][CHAMPION_CHANGED].extra = {
+            "model": plan["model"], "champion": result.get("challenger"),
+            "changed": result["outcome"] == "promoted"}
         return {k: result.get(k) for k in ("outcome", "reason", "model", "champion", "challenger",
                                            "canary_id", "steps", "promotion", "gc", "rollback_target",
                                            "canary_run")}

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG, START_DATE
+from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, TAG, START_DATE
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 
 #: Timeout of the rollback task (a verify, at most one load, one gateway reload, registry calls).
@@ -55,7 +55,7 @@ PARAMS = {
     params=PARAMS,
 )
 def canary_rollback():
-    @task(execution_timeout=ROLLBACK_TASK_TIMEOUT, retries=1)
+    @task(execution_timeout=ROLLBACK_TASK_TIMEOUT, retries=1, outlets=[CHAMPION_CHANGED])
     @fail_fast_on_bad_data
     def rollback() -> dict:
         """Gateway to the rollback target first, then the alias, then unload the old champion."""
@@ -66,13 +66,17 @@ def canary_rollback():
         p = context["params"]
         ti = context["ti"]
         try:
-            return manual_rollback(p["model"], p["reason"], use_stages=bool(p["use_stages"]),
-                                   unload_rolled_back=bool(p["unload_rolled_back"]),
-                                   holder=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}")
+            result = manual_rollback(p["model"], p["reason"], use_stages=bool(p["use_stages"]),
+                                     unload_rolled_back=bool(p["unload_rolled_back"]),
+                                     holder=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}")
         except ConcurrencyError as exc:
             from airflow.sdk.exceptions import AirflowFailException
 
             raise AirflowFailException(f"ConcurrencyError: {exc}") from exc
+        # champion_sentinel restarts the model's sentinel on the rolled-back-to champion
+        context["outlet_events"][CHAMPION_CHANGED].extra = {
+            "model": p["model"], "champion": result.get("rolled_back_to"), "changed": True}
+        return result
 
     rollback()
 

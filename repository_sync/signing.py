@@ -26,11 +26,15 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from repository_sync.layout import INTENDED_CONFIG_FILENAME, SIGNATURE_SUFFIX
 from tritonflow.exceptions import DataError, SignatureVerificationError
+
+_DEFAULT_MODEL_FILENAME = re.compile(r'^\s*default_model_filename\s*:\s*"([^"]+)"', re.MULTILINE)
 
 
 class SigningKeyError(DataError):
@@ -211,6 +215,44 @@ def _signed_files(bundle_text: str) -> tuple[str, ...]:
     return tuple(sorted(_signed_digests(bundle_text)))
 
 
+def required_files(signature_file: str, intended_config_text: str | None) -> tuple[str, ...]:
+    """Files a version folder's signature must cover: the model file and the intended config.
+
+    The model file is the signature file's name less ``.sig`` (``model.onnx.sig`` -> ``model.onnx``,
+    see :mod:`repository_sync.layout`) and, when the intended config sets
+    ``default_model_filename``, that file too (the file Triton will actually load).
+
+    Args:
+        signature_file: Bundle file name, ``<model file>.sig``.
+        intended_config_text: Text of ``config.pbtxt.intended``, or None when it is absent.
+
+    Returns:
+        Sorted file names (relative to the version folder).
+    """
+    names = {INTENDED_CONFIG_FILENAME}
+    if signature_file.endswith(SIGNATURE_SUFFIX) and len(signature_file) > len(SIGNATURE_SUFFIX):
+        names.add(signature_file[: -len(SIGNATURE_SUFFIX)])
+    if intended_config_text:
+        match = _DEFAULT_MODEL_FILENAME.search(intended_config_text)
+        if match:
+            names.add(match.group(1))
+    return tuple(sorted(names))
+
+
+def _missing_required(present: set[str], signature_file: str, intended_config_text: str | None) -> list[str]:
+    """Required files absent from ``present`` (a model file may be a folder: ``name/...`` counts)."""
+    return [
+        name
+        for name in required_files(signature_file, intended_config_text)
+        if name not in present and not any(p.startswith(name + "/") for p in present)
+    ]
+
+
+def _read_intended(version_dir: Path) -> str | None:
+    path = version_dir / INTENDED_CONFIG_FILENAME
+    return path.read_text(errors="replace") if path.is_file() else None
+
+
 # --------------------------------------------------------------------------- sign / verify
 def sign_version(
     version_dir: str | os.PathLike[str],
@@ -232,13 +274,27 @@ def sign_version(
 
     Raises:
         SigningKeyError: Key missing or unusable (the message never contains key material).
-        DataError: ``version_dir`` is not a folder or contains a symlink.
+        DataError: ``version_dir`` is not a folder, contains a symlink, or lacks the model file or
+            the intended config (:func:`required_files`; an empty folder or one holding only a
+            stray file is never signed).
     """
     from model_signing import signing
 
     version_dir = Path(version_dir)
     if not version_dir.is_dir():
         raise DataError(f"version folder {str(version_dir)!r} to sign does not exist")
+    present = {
+        p.relative_to(version_dir).as_posix()
+        for p in version_dir.rglob("*")
+        if p.is_file() and p.name != signature_file
+    }
+    missing = _missing_required(present, signature_file, _read_intended(version_dir))
+    if missing:
+        raise DataError(
+            f"version folder {str(version_dir)!r} cannot be signed: missing {', '.join(missing)} "
+            f"(it holds {sorted(present) or 'no files'}); a signature must cover the model file "
+            f"and {INTENDED_CONFIG_FILENAME}"
+        )
     sig_path = version_dir / signature_file
     sig_path.unlink(missing_ok=True)
     with _private_key_file(private_key) as key_path:
@@ -312,8 +368,9 @@ def verify_version(
 
     Raises:
         SignatureVerificationError: Signature file missing or unreadable, signed by an untrusted
-            key, cryptographically invalid, or the folder differs from the signed manifest (the
-            message names each modified, extra or missing file).
+            key, cryptographically invalid, the folder differs from the signed manifest (the
+            message names each modified, extra or missing file), or the manifest is empty or lacks
+            the model file or the intended config (:func:`required_files`).
         SigningKeyError: No usable trusted key.
     """
     from model_signing import verifying
@@ -351,6 +408,15 @@ def verify_version(
         except Exception as exc:  # malformed bundle (pydantic/protobuf), bad signature bytes
             last_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             continue
+        # the bundle is authentic and the folder matches it; now the manifest must be complete
+        signed = set(_signed_digests(text))
+        missing = _missing_required(signed, signature_file, _read_intended(version_dir))
+        if missing:
+            raise SignatureVerificationError(
+                f"signature file {str(sig_path)!r} does not cover {', '.join(missing)} (signed "
+                f"files: {sorted(signed) or 'none'}): a manifest without the model file and "
+                f"{INTENDED_CONFIG_FILENAME} is refused and the folder will not be loaded"
+            )
         return SignatureInfo(
             signature_file=signature_file,
             signature_digest=_sha256_file(sig_path),

@@ -88,6 +88,14 @@ DEFAULT_CANARY_MAX_PREDICTION_PSI = 0.25
 #: Seconds between two analyses during a step's bake; hard failures roll back at the first
 #: analysis that sees them (the reference setup switches back 4.7 s after detection).
 DEFAULT_CANARY_ANALYSIS_INTERVAL_S = 5.0
+#: Seconds between two probes of a champion by the health sentinel (``champion_sentinel``).
+DEFAULT_SENTINEL_INTERVAL_S = 10.0
+#: Consecutive failed probes after which the sentinel rolls a champion back to previous_champion.
+DEFAULT_SENTINEL_FAILURES = 3
+#: Seconds a sentinel probe (one request with every golden sample) may take before it fails.
+DEFAULT_SENTINEL_LATENCY_S = 2.0
+#: Golden samples (rows of the champion's drift reference) sent in each sentinel probe.
+DEFAULT_SENTINEL_SAMPLES = 8
 #: Fewest challenger requests (or logged predictions) before an error rate, non-finite or constant
 #: outputs roll back in the middle of a bake.
 DEFAULT_CANARY_HARD_MIN_REQUESTS = 10
@@ -396,6 +404,19 @@ class Settings:
     canary_analysis_interval_s: float = _field(
         DEFAULT_CANARY_ANALYSIS_INTERVAL_S, "CANARY_ANALYSIS_INTERVAL_S",
         "Seconds between analyses during a bake (hard failures roll back at once).",
+    )
+    sentinel_interval_s: float = _field(
+        DEFAULT_SENTINEL_INTERVAL_S, "SENTINEL_INTERVAL_S", "Seconds between two sentinel probes of a champion.",
+    )
+    sentinel_failures: int = _field(
+        DEFAULT_SENTINEL_FAILURES, "SENTINEL_FAILURES",
+        "Consecutive failed sentinel probes that roll a champion back.",
+    )
+    sentinel_latency_s: float = _field(
+        DEFAULT_SENTINEL_LATENCY_S, "SENTINEL_LATENCY_S", "Latency limit of one sentinel probe (s).",
+    )
+    sentinel_samples: int = _field(
+        DEFAULT_SENTINEL_SAMPLES, "SENTINEL_SAMPLES", "Golden samples sent in each sentinel probe.",
     )
     canary_hard_min_requests: int = _field(
         DEFAULT_CANARY_HARD_MIN_REQUESTS, "CANARY_HARD_MIN_REQUESTS",

@@ -9,6 +9,9 @@ Cheap to import (only ``datetime`` and ``airflow.sdk``), so DAG files can use it
   drifted; the event's ``extra`` carries ``model``, ``version``, ``features``, ``scores`` and the
   window. ``shadow_evaluation`` is scheduled on it.
 * :data:`MODEL_PUBLISHED` -- emitted by ``model_publish`` when a version is READY in Triton.
+* :data:`CHAMPION_CHANGED` -- emitted by ``canary_promotion`` and ``canary_rollback`` (``extra``:
+  ``model``, ``champion``, ``changed``); ``champion_sentinel`` is scheduled on it and restarts the
+  sentinel of each model whose champion changed.
 """
 
 from __future__ import annotations
@@ -37,3 +40,4 @@ DEFAULT_ARGS = {
 
 DRIFT_ALERTS = Asset(name="tritonflow_drift_alerts", uri="tritonflow://drift/alerts")
 MODEL_PUBLISHED = Asset(name="tritonflow_model_published", uri="tritonflow://registry/published")
+CHAMPION_CHANGED = Asset(name="tritonflow_champion_changed", uri="tritonflow://registry/champion")

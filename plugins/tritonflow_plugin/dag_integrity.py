@@ -27,6 +27,7 @@ EXPECTED_DAG_IDS = (
     "canary_promotion",
     "canary_rollback",
     "registry_events",
+    "champion_sentinel",
 )
 
 

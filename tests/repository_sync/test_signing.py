@@ -14,7 +14,7 @@ from repository_sync.signing import (
     sign_version,
     verify_version,
 )
-from tritonflow.exceptions import SignatureVerificationError
+from tritonflow.exceptions import DataError, SignatureVerificationError
 
 SIG = "model.onnx.sig"
 
@@ -115,3 +115,63 @@ def test_empty_trusted_keys_folder_is_refused(version_dir, signing_keys, tmp_pat
     (tmp_path / "empty").mkdir()
     with pytest.raises(SigningKeyError, match="no trusted public key"):
         verify_version(version_dir, tmp_path / "empty", signature_file=SIG)
+
+
+def _sign_bypassing_checks(folder, private_key):
+    """Sign with model_signing itself (what an older tritonflow did): no completeness check."""
+    from model_signing import signing
+
+    from repository_sync.signing import _hashing_config
+
+    config = signing.Config().set_hashing_config(_hashing_config(SIG))
+    config.use_elliptic_key_signer(private_key=private_key)
+    config.sign(folder, folder / SIG)
+
+
+@pytest.mark.parametrize("files", [{}, {"README.txt": b"placeholder, model upload failed\n"}],
+                         ids=["empty", "stray_file_only"])
+def test_version_folder_without_model_and_config_is_not_signed(tmp_path, signing_keys, files):
+    folder = tmp_path / "fraud_model" / "7"
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    with pytest.raises(DataError) as err:
+        sign_version(folder, signing_keys.private, signature_file=SIG)
+    message = str(err.value)
+    assert str(folder) in message and "config.pbtxt.intended" in message and "model.onnx" in message
+    assert not (folder / SIG).exists()
+
+
+def test_folder_with_config_but_no_model_file_is_not_signed(version_dir, signing_keys):
+    (version_dir / "model.onnx").unlink()
+    with pytest.raises(DataError, match=r"missing model\.onnx"):
+        sign_version(version_dir, signing_keys.private, signature_file=SIG)
+
+
+def test_model_file_named_by_the_intended_config_must_be_present(version_dir, signing_keys):
+    (version_dir / "config.pbtxt.intended").write_text(
+        'name: "m"\nbackend: "onnxruntime"\ndefault_model_filename: "other.onnx"\n')
+    with pytest.raises(DataError, match=r"missing other\.onnx"):
+        sign_version(version_dir, signing_keys.private, signature_file=SIG)
+
+
+@pytest.mark.parametrize("files", [{}, {"README.txt": b"placeholder\n"},
+                                   {"model.onnx": b"\x08\x07onnx-bytes"}],
+                         ids=["empty", "stray_file_only", "model_without_config"])
+def test_verification_refuses_a_manifest_without_model_and_config(tmp_path, signing_keys, files):
+    folder = tmp_path / "fraud_model" / "8"
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    _sign_bypassing_checks(folder, signing_keys.private)
+    with pytest.raises(SignatureVerificationError, match="does not cover") as err:
+        verify_version(folder, signing_keys.trusted_dir, signature_file=SIG)
+    assert "config.pbtxt.intended" in str(err.value)
+
+
+def test_verification_refuses_a_manifest_without_the_model_the_config_names(version_dir, signing_keys):
+    (version_dir / "config.pbtxt.intended").write_text(
+        'name: "m"\nbackend: "onnxruntime"\ndefault_model_filename: "other.onnx"\n')
+    _sign_bypassing_checks(version_dir, signing_keys.private)
+    with pytest.raises(SignatureVerificationError, match=r"does not cover other\.onnx"):
+        verify_version(version_dir, signing_keys.trusted_dir, signature_file=SIG)

@@ -410,15 +410,22 @@ def _set_loaded(tc: Any, name: str, versions: Iterable[int], config_version: int
     msg = _config_message(config_bytes, name)
     msg.version_policy.Clear()
     msg.version_policy.specific.versions.extend(wanted)
+    previous = tc.ready_versions(name)
+    previous_config = tc.model_config(name) if previous else None
     try:
-        tc.client.load_model(name, config=json_format.MessageToJson(msg, preserving_proto_field_name=True,
-                                                                    indent=None))
-    except InferenceServerException as exc:
-        raise ModelLoadRefusedError(
-            f"Triton refused to load model {name!r} versions {wanted}: {exc.message()}"
-        ) from None
-    for v in wanted:
-        tc.wait_ready(name, v)
+        try:
+            tc.client.load_model(name, config=json_format.MessageToJson(msg, preserving_proto_field_name=True,
+                                                                        indent=None))
+        except InferenceServerException as exc:
+            raise ModelLoadRefusedError(
+                f"Triton refused to load model {name!r} versions {wanted}: {exc.message()}"
+            ) from None
+        for v in wanted:
+            tc.wait_ready(name, v)
+    except BaseException:
+        # a failed reload puts back what was loaded before (versions and their config)
+        tc._restore(name, previous, previous_config)
+        raise
     return {"versions": wanted, "signatures": signatures}
 
 
@@ -771,7 +778,7 @@ def run_promotion(
 
 # ----------------------------------------------------------------------------------- rollback
 def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder: str = "",
-                    unload_rolled_back: bool = True,
+                    unload_rolled_back: bool = True, expected_champion: int | None = None,
                     env: CanaryEnvironment | None = None) -> dict[str, Any]:
     """Roll ``model`` back to its ``previous_champion`` (the Airflow UI's manual rollback).
 
@@ -786,6 +793,10 @@ def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder
         use_stages: Also move the legacy stages.
         holder: Who rolls back, written in the promotion lock.
         unload_rolled_back: Unload the version rolled back from once traffic left it.
+        expected_champion: Roll back only while ``champion`` still names this version (the
+            health sentinel passes the version it judged; read under the promotion lock, so a
+            promotion that finished meanwhile is never undone). Otherwise nothing changes and the
+            result holds ``skipped``.
 
     Returns:
         ``{"model", "triton_model", "rolled_back_from", "rolled_back_to", "signature", "weights",
@@ -805,8 +816,11 @@ def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder
     registry = env.registry()
     with promotion_lock(model, settings=env.settings, holder=holder or default_holder(),
                         timeout_s=env.settings.promotion_lock_timeout_s):
-        target = registry.rollback_target(model)  # H22: refuses, naming alias and version
         current = registry.aliases(model).get(CHAMPION_ALIAS)
+        if expected_champion is not None and current != int(expected_champion):
+            return {"model": model, "skipped": f"champion is version {current}, not {int(expected_champion)}: "
+                    "nothing rolled back", "rolled_back_from": None, "rolled_back_to": None}
+        target = registry.rollback_target(model)  # H22: refuses, naming alias and version
         name = _triton_name(target)
         with env.triton() as tc:
             info, _ = tc.verify(name, target.version)  # re-verified before any load

@@ -1218,6 +1218,11 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         "tritonflow.drift_importance": json.dumps(reference["importance"], sort_keys=True)[:4000],
         "tritonflow.already_published": str(bool(loaded.get("already_published"))).lower(),
     }
+    if loaded.get("expected_path") and Path(loaded["expected_path"]).is_file():
+        from tritonflow.pipelines.sentinel import OUTPUT_RANGE_TAG, output_ranges
+
+        # the health sentinel judges served answers against the range seen at validation
+        extra[OUTPUT_RANGE_TAG] = json.dumps(output_ranges(_read_npz(loaded["expected_path"])), sort_keys=True)
     written.update(reg.set_version_tags(ref, extra))
     summary = {
         "model": loaded["model"], "version": int(loaded["version"]),

@@ -1,0 +1,250 @@
+"""Health sentinel: from a champion's first bad answer to 100 % on the previous champion.
+
+Services (all real, on loopback): Triton 2.51 (explicit model control) serving
+:mod:`tritonflow.runtime.fault_injection`'s model (version ``v`` answers ``x * v``; a version can
+be switched at run time to answer NaN), NGINX in front of it (``NginxGateway``, routed by
+:class:`repository_sync.router.NginxRouter`), and an MLflow tracking server holding the
+registered model with ``champion`` = 2 and ``previous_champion`` = 1. Both versions are signed
+(``repository_sync.signing``) so the rollback re-verifies the target exactly as in production.
+
+Each run: version 2 serves 100 % and answers correctly; a client sends requests through the
+gateway's model route (``--rps``) and records the version header and whether the answer was
+finite; the sentinel (:func:`repository_sync.sentinel.watch`, the coroutine the Airflow trigger
+runs) probes version 2 every ``--interval`` seconds; a random time into a probe interval version 2
+starts answering NaN. On ``unhealthy`` the rollback runs through the ``canary_rollback`` path
+(:func:`tritonflow.pipelines.sentinel.sentinel_rollback` -> ``manual_rollback``: verify, gateway
+100 % to version 1 and live, aliases, record in MLflow). Measured from the client's records: from
+the first NaN answer to the send time of the last request version 2 served (after it, 100 % of
+the traffic is on version 1). Then everything is reset (aliases, loads, routing) for the next run.
+
+Goal (issue 15): ``<= failures x interval + 2 s`` (3 x 10 + 2 = 32 s with the defaults), p50 and
+max over ``--runs`` runs. Worst case by construction: the fault lands just after a probe, then
+``failures`` probes ``interval`` apart decide.
+
+Usage::
+
+    .venv/bin/python benchmarks/sentinel_rollback.py [--interval 10] [--runs 5] [--rps 50]
+
+The last line printed is one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import math
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from repository_sync.router import TrafficPlan, wait_live  # noqa: E402
+from repository_sync.sentinel import GoldenSet, SentinelPolicy, watch  # noqa: E402
+from repository_sync.signing import generate_key_pair, sign_version  # noqa: E402
+from tritonflow.pipelines.canary import CanaryEnvironment, ensure_loaded  # noqa: E402
+from tritonflow.pipelines.sentinel import sentinel_rollback  # noqa: E402
+from tritonflow.runtime.fault_injection import CONFIG, set_mode, write_fault_model  # noqa: E402
+from tritonflow.runtime.services import MlflowServer, NginxGateway, TritonServer, free_port  # noqa: E402
+from tritonflow.settings import Settings  # noqa: E402
+
+MODEL = "sentinel_bench"
+PREVIOUS, CHAMPION = 1, 2
+X = np.arange(1, 9, dtype=np.float32)
+
+
+class Client:
+    """Paced keep-alive sender; records (t_send, version header, finite answer)."""
+
+    def __init__(self, host: str, port: int, rps: float, header: str):
+        self.host, self.port, self.period, self.header = host, port, 1.0 / rps, header
+        self.records: list[tuple[float, str | None, bool]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [8],
+                                             "data": X.tolist()}]})
+
+    def _run(self) -> None:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+        next_t = time.perf_counter()
+        while not self._stop.is_set():
+            t = time.time()
+            try:
+                conn.request("POST", f"/v2/models/{MODEL}/infer", body=self._body,
+                             headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                data = resp.read()
+                version = resp.getheader(self.header)
+                ok = resp.status == 200 and all(
+                    v is not None and math.isfinite(v) for v in json.loads(data)["outputs"][0]["data"])
+            except (OSError, http.client.HTTPException, ValueError, KeyError):
+                conn.close()
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+                version, ok = None, False
+            self.records.append((t, version, ok))
+            next_t += self.period
+            time.sleep(max(0.0, next_t - time.perf_counter()))
+        conn.close()
+
+    def __enter__(self) -> "Client":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def sign_fault_versions(repo: Path, mode_dir: Path, key: Path) -> None:
+    """Write each version's intended config and sign it (what publish does for real models)."""
+    for v in (PREVIOUS, CHAMPION):
+        vdir = repo / MODEL / str(v)
+        (vdir / "config.pbtxt.intended").write_text(
+            CONFIG.format(name=MODEL, instances=1, mode_dir=mode_dir))
+        sign_version(vdir, key, signature_file="model.py.sig")
+
+
+def reset(env: CanaryEnvironment, gateway_url: str, mode_dir: Path) -> None:
+    """Champion 2 healthy, previous_champion 1, both loaded, 100 % on 2."""
+    from model_registry.registry import RegistryClient
+
+    set_mode(mode_dir, CHAMPION, "ok")
+    reg = RegistryClient(env.tracking_uri)
+    if reg.aliases(MODEL).get("champion") != CHAMPION:
+        reg.promote(MODEL, CHAMPION, reason="benchmark reset")
+    ensure_loaded(MODEL, [PREVIOUS, CHAMPION], env=env)
+    plan = TrafficPlan.single(MODEL, CHAMPION)
+    env.router().apply(plan)
+    wait_live(gateway_url, plan)
+
+
+def one_run(env: CanaryEnvironment, gateway_url: str, mode_dir: Path, policy: SentinelPolicy,
+            rps: float, rng: random.Random) -> dict:
+    golden = GoldenSet.from_arrays(MODEL, MODEL, CHAMPION, {"X": X}, {"Y": [2.0, 16.0]},
+                                   source="benchmark: validation answers of version 2")
+    host, port = gateway_url.split("//")[1].split(":")
+    decided: dict = {}
+
+    def sentinel() -> None:
+        outcome = asyncio.run(watch(gateway_url, golden, policy, max_probes=1000))
+        decided["at"] = time.time()
+        decided["outcome"] = outcome.to_dict()
+        try:
+            decided["rollback"] = sentinel_rollback(outcome.to_dict(), holder="benchmark", env=env)
+        except Exception as exc:  # noqa: BLE001 - reported in the run's figures
+            decided["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        decided["switched_at"] = time.time()
+
+    with Client(host, int(port), rps, env.settings.gateway_response_header) as client:
+        thread = threading.Thread(target=sentinel, daemon=True)
+        thread.start()
+        time.sleep(policy.interval_s * (1.0 + rng.random()))  # a random point of a probe interval
+        set_mode(mode_dir, CHAMPION, "nan")
+        thread.join(timeout=policy.interval_s * (policy.failures + 3) + 60)
+        time.sleep(1.0)
+    recs = client.records
+    first_bad = next((t for t, v, ok in recs if v == str(CHAMPION) and not ok), None)
+    last_champion = max((t for t, v, _ in recs if v == str(CHAMPION)), default=None)
+    after = [v for t, v, _ in recs if last_champion is not None and t > last_champion]
+    out = {
+        "outcome": decided.get("outcome", {}).get("status"),
+        "rolled_back_to": decided.get("rollback", {}).get("rolled_back_to"),
+        "detection_to_switch_s": round(last_champion - first_bad, 3)
+        if first_bad and last_champion and "rollback" in decided else None,
+        "first_bad_to_decision_s": round(decided["at"] - first_bad, 3) if first_bad and "at" in decided else None,
+        "decision_to_rollback_done_s": round(decided["switched_at"] - decided["at"], 3)
+        if "switched_at" in decided else None,
+        "requests_after_switch": len(after),
+        "after_switch_by_version": {str(v): after.count(v) for v in sorted(set(after), key=str)},
+        "failed_after_switch": sum(1 for t, v, ok in recs if last_champion is not None and t > last_champion
+                                   and not ok),
+        "error": decided.get("error"),
+        "after_switch_all_previous": bool(after) and all(v == str(PREVIOUS) for v in after),
+    }
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--interval", type=float, default=10.0, help="sentinel probe interval, seconds")
+    ap.add_argument("--failures", type=int, default=3, help="consecutive failures that roll back")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--rps", type=float, default=50.0, help="client requests per second")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    policy = SentinelPolicy(interval_s=args.interval, failures=args.failures, latency_limit_s=2.0)
+    rng = random.Random(args.seed)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="tritonflow-sentinel-bench-") as tmp:
+        home = Path(tmp)
+        keys = home / "keys"
+        generate_key_pair(keys / "signing.pem", keys / "trusted" / "current.pub")
+        repo = home / "repo"
+        settings = Settings.from_env(
+            {}, home=home, triton_http_port=free_port(), triton_grpc_port=free_port(),
+            triton_metrics_port=free_port(), gateway_port=free_port(), mlflow_port=free_port(),
+            repository_uri=str(repo), signing_key_path=keys / "signing.pem",
+            signing_trusted_keys_dir=keys / "trusted", load_timeout_s=120.0, start_timeout_s=600.0)
+        mode_dir = write_fault_model(repo, MODEL, (PREVIOUS, CHAMPION))
+        sign_fault_versions(repo, mode_dir, keys / "signing.pem")
+        mlflow = MlflowServer(settings).start()
+        triton = gateway = None
+        try:
+            from mlflow import MlflowClient
+
+            from model_registry.registry import RegistryClient
+
+            client = MlflowClient(mlflow.tracking_uri)
+            client.create_registered_model(MODEL)
+            for v in (PREVIOUS, CHAMPION):
+                client.create_model_version(MODEL, source=f"s3://bench/{MODEL}/{v}")
+            reg = RegistryClient(mlflow.tracking_uri)
+            reg.promote(MODEL, PREVIOUS, reason="benchmark")
+            triton = TritonServer(settings, repository=str(repo)).start()
+            gateway = NginxGateway(settings, triton_http=triton.http_url).start()
+            env = CanaryEnvironment.from_settings(settings, gateway=gateway)
+            reset(env, gateway.url, mode_dir)
+            # Triton's Python backend has now written __pycache__ into the version folders (it
+            # ignores PYTHONDONTWRITEBYTECODE); sign the folders as they are from here on
+            sign_fault_versions(repo, mode_dir, keys / "signing.pem")
+            for k in range(args.runs):
+                reset(env, gateway.url, mode_dir)
+                run = one_run(env, gateway.url, mode_dir, policy, args.rps, rng)
+                runs.append(run)
+                print(f"run {k + 1}: {json.dumps(run)}", flush=True)
+        finally:
+            if gateway is not None:
+                gateway.stop()
+            if triton is not None:
+                triton.stop()
+            mlflow.stop()
+    values = [r["detection_to_switch_s"] for r in runs if r["detection_to_switch_s"] is not None]
+    goal = args.failures * args.interval + 2.0
+    figures = {
+        "detection_to_switch_s": {"p50": round(statistics.median(values), 3) if values else None,
+                                  "max": round(max(values), 3) if values else None},
+        "goal_s": goal,
+        "meets_goal": bool(values) and len(values) == len(runs) and max(values) <= goal,
+        "first_bad_to_decision_s_p50": round(statistics.median(
+            [r["first_bad_to_decision_s"] for r in runs if r["first_bad_to_decision_s"] is not None] or [math.nan]), 3),
+        "decision_to_rollback_done_s_p50": round(statistics.median(
+            [r["decision_to_rollback_done_s"] for r in runs if r["decision_to_rollback_done_s"] is not None]
+            or [math.nan]), 3),
+        "interval_s": args.interval, "failures": args.failures, "runs": len(runs),
+        "all_rolled_back_to_previous": all(r["rolled_back_to"] == PREVIOUS and r["after_switch_all_previous"]
+                                           for r in runs),
+    }
+    print(json.dumps(figures))
+    return 0 if figures["meets_goal"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

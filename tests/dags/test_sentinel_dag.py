@@ -1,0 +1,140 @@
+"""DAG ``champion_sentinel`` with ``dag.test(run_conf=...)``: the deferrable task defers to the
+sentinel trigger (run inline by ``dag.test``), which probes the real champion through the real
+gateway; on ``unhealthy`` the task rolls back through the ``canary_rollback`` path.
+
+Real services started here: Triton (explicit model control over a signed folder repository), the
+NGINX gateway, the session's MLflow server. The champion (v2) is unhealthy because its answers
+fall outside the validation range recorded on its MLflow version.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.conftest import make_settings
+from tests.dags.test_canary_dags import settings_env
+from tests.plugins import airflow_env
+from tritonflow.runtime.services import NginxGateway, TritonServer
+
+pytestmark = pytest.mark.integration
+
+DAGS = airflow_env.REPO / "dags"
+MODEL = "sentinel_dag_model"
+
+RUNNER = textwrap.dedent('''\
+    import json, sys
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    spec = json.loads(open(sys.argv[1]).read())
+    DagBundlesManager().sync_bundles_to_db()
+    bag = DagBag(spec["folder"])
+    assert not bag.import_errors, bag.import_errors
+    sync_bag_to_db(bag, "dags-folder", None)
+    dr = bag.dags["champion_sentinel"].test(run_conf={"models": [spec["model"]]})
+    with create_session() as s:
+        tis = [(t.task_id, t.map_index, str(t.state)) for t in s.query(TaskInstance).filter(
+            TaskInstance.dag_id == "champion_sentinel", TaskInstance.run_id == dr.run_id)]
+    print("RESULT " + json.dumps({"state": str(dr.state), "tis": tis}))
+''')
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, mlflow_server):
+    """``sentinel_dag_model`` v1 and v2 signed and loaded; champion 2 (100 %), previous 1."""
+    from mlflow import MlflowClient
+    from mlflow.models import infer_signature
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+
+    from drift_checks.reference import save_reference
+    from model_registry.conversion import convert_sklearn
+    from model_registry.registry import RegistryClient
+    from model_registry.triton_config import InstanceGroupSpec, build_config, to_pbtxt
+    from repository_sync.publish import publish_version
+    from repository_sync.router import TrafficPlan, wait_live
+    from repository_sync.signing import generate_key_pair
+    from tritonflow.pipelines.canary import CanaryEnvironment, ensure_loaded
+    from tritonflow.pipelines.publish import reference_root
+    from tritonflow.pipelines.sentinel import OUTPUT_RANGE_TAG
+
+    home = tmp_path_factory.mktemp("sentinel-dag-home")
+    keys = home / "keys"
+    generate_key_pair(keys / "signing.pem", keys / "trusted" / "current.pub")
+    settings = make_settings(
+        home, repository_uri=str(home / "repo"), signing_key_path=keys / "signing.pem",
+        signing_trusted_keys_dir=keys / "trusted", mlflow_tracking_uri=mlflow_server.tracking_uri,
+        inference_log_root=str(home / "inference_logs"), load_timeout_s=60.0,
+        sentinel_interval_s=0.3, sentinel_failures=3, sentinel_latency_s=5.0,
+    )
+    X, y = load_iris(return_X_y=True)
+    X = X.astype(np.float32)
+    client = MlflowClient(mlflow_server.tracking_uri)
+    client.create_registered_model(MODEL)
+    for version, c in ((1, 1.0), (2, 0.8)):
+        clf = LogisticRegression(max_iter=500, C=c).fit(X, y)
+        conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=MODEL)
+        onnx_path = home / f"v{version}.onnx"
+        onnx_path.write_bytes(conv.serialized())
+        config = to_pbtxt(build_config(MODEL, conv.onnx_model, max_batch_size=16,
+                                       instance_groups=[InstanceGroupSpec("KIND_CPU", 1)]))
+        publish_version(repository=settings.repository_uri, model_name=MODEL, version=version,
+                        model_file=onnx_path, config=config, private_key=keys / "signing.pem",
+                        trusted_keys=keys / "trusted")
+        client.create_model_version(MODEL, source=f"s3://tritonflow-test-models/{MODEL}/{version}")
+    reg = RegistryClient(mlflow_server.tracking_uri)
+    reg.promote(MODEL, 1, reason="initial deployment")
+    reg.promote(MODEL, 2, reason="test: champion 2")
+    reg.set_version_tags(reg.get_version(MODEL, 2), {OUTPUT_RANGE_TAG: json.dumps({"probabilities": [0.0, 0.001]})})
+    save_reference(reference_root(settings), MODEL, 2, pd.DataFrame(X, columns=[f"f{i}" for i in range(4)]))
+
+    triton = TritonServer(settings, repository=settings.repository_uri).start()
+    gateway = None
+    try:
+        gateway = NginxGateway(settings, triton_http=triton.http_url).start()
+        env = CanaryEnvironment.from_settings(settings)  # exactly what the tasks will build
+        ensure_loaded(MODEL, [1, 2], env=env)
+        plan = TrafficPlan.single(MODEL, 2)
+        env.router().apply(plan)
+        wait_live(gateway.url, plan)
+        yield dict(settings=settings, env=env, gateway=gateway, reg=reg)
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        triton.stop()
+
+
+def test_sentinel_dag_defers_detects_and_rolls_back_to_the_previous_champion(served, tmp_path, airflow_home):
+    from repository_sync.router import served_by
+
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    shutil.copy(DAGS / "champion_sentinel.py", folder / "champion_sentinel.py")
+    runner = tmp_path / "runner.py"
+    runner.write_text(RUNNER)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"folder": str(folder), "model": MODEL}))
+    proc = subprocess.run(
+        [sys.executable, str(runner), str(spec)],
+        env=airflow_env.subprocess_env(AIRFLOW__CORE__DAGS_FOLDER=str(folder), **settings_env(served["settings"])),
+        capture_output=True, text=True, timeout=600,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert result["state"] == "success", result
+    assert ("watch_champion", 0, "success") in [tuple(t) for t in result["tis"]]
+    assert served["reg"].aliases(MODEL)["champion"] == 1
+    assert {served_by(served["gateway"].url, MODEL)[0] for _ in range(10)} == {"1"}
+    tags = served["reg"].get_version(MODEL, 2).tags
+    assert "outside the validation range" in tags["tritonflow.sentinel.reason"]

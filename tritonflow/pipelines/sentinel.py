@@ -1,0 +1,182 @@
+"""Health sentinel of champions (issue 15), as plain functions; the ``champion_sentinel`` DAG calls them.
+
+* :func:`golden_set` -- before a sentinel starts: the champion version, its Triton name, golden
+  samples (evenly spread rows of its drift reference, turned into request tensors with the served
+  version's input specs) and the output ranges seen at validation (tag
+  :data:`OUTPUT_RANGE_TAG`, written at publish by :func:`output_ranges`). A version published
+  before that tag existed gets the ranges of its own answers to the golden samples when the
+  sentinel starts (noted in ``source``; finite and non-constant answers only).
+* :func:`sentinel_rollback` -- after ``unhealthy``: the same path as the ``canary_rollback`` DAG
+  (:func:`tritonflow.pipelines.canary.manual_rollback`: gateway 100 % to ``previous_champion``
+  first, then aliases), only while the judged version is still the champion, and records why on
+  the MLflow model versions (``tritonflow.sentinel.*``).
+* :func:`monitored_models` -- registered models holding a ``champion`` alias.
+
+Nothing here imports Airflow.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tritonflow.exceptions import DataError, RegistryError, WindowError
+
+log = logging.getLogger(__name__)
+
+#: Model-version tag: ``{output: [min, max]}`` of the outputs seen at validation (publish).
+OUTPUT_RANGE_TAG = "tritonflow.output_range"
+#: Prefix of the sentinel's tags on MLflow model versions.
+SENTINEL_TAG_PREFIX = "tritonflow.sentinel."
+
+
+def output_ranges(outputs: Mapping[str, Any]) -> dict[str, list[float]]:
+    """``{output: [min, max]}`` over the finite values of each numeric output (others skipped)."""
+    ranges: dict[str, list[float]] = {}
+    for name, values in outputs.items():
+        arr = np.asarray(values)
+        if arr.dtype.kind not in "fiub":
+            continue
+        arr = arr.astype(np.float64)
+        arr = arr[np.isfinite(arr)]
+        if arr.size:
+            ranges[str(name)] = [float(arr.min()), float(arr.max())]
+    return ranges
+
+
+def _spread_rows(frame, n: int):
+    if len(frame) <= n:
+        return frame.reset_index(drop=True)
+    idx = np.unique(np.linspace(0, len(frame) - 1, n).round().astype(int))
+    return frame.iloc[idx].reset_index(drop=True)
+
+
+def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> dict[str, Any]:
+    """The golden set of ``model``'s champion (:class:`repository_sync.sentinel.GoldenSet` as a dict).
+
+    Args:
+        model: Registered model name.
+        env: :class:`~tritonflow.pipelines.canary.CanaryEnvironment` (default: from settings).
+        samples: Golden samples (default ``TRITONFLOW_SENTINEL_SAMPLES``).
+
+    Raises:
+        DataError: The model has no champion, no stored reference, or no usable reference row.
+        RegistryError / ServiceUnavailableError: MLflow or Triton unreachable or refusing.
+    """
+    from drift_checks.reference import load_reference
+    from repository_sync.sentinel import GoldenSet
+    from repository_sync.triton_client import frame_to_inputs
+    from tritonflow.pipelines.canary import _env, _triton_name
+    from tritonflow.pipelines.publish import reference_root
+
+    env = _env(env)
+    n = int(samples or env.settings.sentinel_samples)
+    if n < 1:
+        raise DataError(f"TRITONFLOW_SENTINEL_SAMPLES={n}: expected at least 1 golden sample")
+    registry = env.registry()
+    champion = registry.champion(model)
+    if champion is None:
+        raise DataError(f"model {model!r} has no 'champion' alias: nothing for the sentinel to watch")
+    name = _triton_name(champion)
+    try:
+        ref = load_reference(reference_root(env.settings), model, champion.version,
+                             endpoint_url=env.endpoint_url, with_profile=False)
+    except WindowError as exc:
+        raise DataError(f"no golden samples for {model!r} v{champion.version}: {exc}") from None
+    with env.triton() as tc:
+        specs = tc.input_specs(name, champion.version)
+        inputs, rows, invalid = frame_to_inputs(_spread_rows(ref.frame.dropna(), n), specs)
+        if not rows:
+            raise DataError(f"no golden samples for {model!r} v{champion.version}: every reference row "
+                            f"was refused ({invalid[:3]})")
+        source = f"{len(rows)} rows of reference {ref.uri}"
+        try:
+            ranges = json.loads((champion.tags or {}).get(OUTPUT_RANGE_TAG) or "{}")
+            source += f"; ranges from tag {OUTPUT_RANGE_TAG}"
+        except ValueError:
+            ranges = {}
+        if not ranges:
+            answers = output_ranges(tc.infer(name, champion.version, inputs))
+            ranges = {k: v for k, v in answers.items() if v[0] < v[1]}
+            source += "; no validation range recorded: ranges of the champion's answers at sentinel start"
+    golden = GoldenSet.from_arrays(model, name, champion.version, inputs, ranges, source=source)
+    return golden.to_dict()
+
+
+def monitored_models(env: Any = None) -> list[str]:
+    """Registered models holding a ``champion`` alias, sorted."""
+    from tritonflow.pipelines.canary import CHAMPION_ALIAS, _env
+
+    env = _env(env)
+    client = env.registry().client
+    names = []
+    for rm in client.search_registered_models(max_results=1000):
+        if CHAMPION_ALIAS in (rm.aliases or {}):
+            names.append(rm.name)
+    return sorted(names)
+
+
+def sentinel_rollback(outcome: Mapping[str, Any], *, holder: str = "", env: Any = None) -> dict[str, Any]:
+    """Roll the judged champion back to ``previous_champion`` after an ``unhealthy`` outcome.
+
+    The path is the ``canary_rollback`` DAG's (:func:`~tritonflow.pipelines.canary.manual_rollback`)
+    with ``expected_champion`` = the judged version: when a promotion or a rollback already moved
+    ``champion``, nothing changes (``skipped``). The outcome (reason, failed probes) is recorded
+    on both MLflow model versions.
+
+    Args:
+        outcome: :meth:`repository_sync.sentinel.SentinelOutcome.to_dict` with status ``unhealthy``.
+        holder: Who rolls back (written in the promotion lock).
+        env: Canary environment (default: from settings).
+
+    Returns:
+        ``manual_rollback``'s result (or ``{"skipped": ...}``) plus ``reason``.
+
+    Raises:
+        DataError: ``outcome`` is not an unhealthy outcome.
+        RegistryError: No rollback target (``previous_champion`` missing or dangling).
+    """
+    from tritonflow.pipelines.canary import _env, _record, manual_rollback
+
+    if outcome.get("status") != "unhealthy":
+        raise DataError(f"sentinel outcome status={outcome.get('status')!r}: expected 'unhealthy'")
+    env = _env(env)
+    model, version = str(outcome["model"]), int(outcome["version"])
+    reason = str(outcome.get("reason") or f"health sentinel: version {version} unhealthy")
+    result = manual_rollback(model, reason, holder=holder, unload_rolled_back=True,
+                             expected_champion=version, env=env)
+    if result.get("skipped"):
+        log.warning("sentinel rollback of %s v%s skipped: %s", model, version, result["skipped"])
+        return result | {"reason": reason}
+    failed = list(outcome.get("failed") or [])
+    tags = {SENTINEL_TAG_PREFIX + "rolled_back_at": _now(),
+            SENTINEL_TAG_PREFIX + "reason": reason,
+            SENTINEL_TAG_PREFIX + "failed_probes": json.dumps(failed, sort_keys=True)[:4900],
+            SENTINEL_TAG_PREFIX + "from": str(version),
+            SENTINEL_TAG_PREFIX + "to": str(result.get("rolled_back_to"))}
+    registry = env.registry()
+    for v in {version, int(result["rolled_back_to"])}:
+        try:
+            _record(registry, model, v, tags)
+        except RegistryError as exc:  # the rollback happened; a missing tag is only a weaker record
+            log.warning("sentinel record on %s v%s failed: %s", model, v, exc)
+    return result | {"reason": reason}
+
+
+def _now() -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def models_from_events(extras: list[Mapping[str, Any]]) -> list[str]:
+    """Models whose champion changed, from CHAMPION_CHANGED events' ``extra`` (``changed`` false skipped)."""
+    return sorted({str(e["model"]) for e in extras if e and e.get("model") and e.get("changed", True)})
+
+
+__all__ = ["OUTPUT_RANGE_TAG", "golden_set", "models_from_events", "monitored_models", "output_ranges",
+           "sentinel_rollback"]
