@@ -76,7 +76,7 @@ def test_every_task_has_a_timeout_and_the_run_is_exclusive(publish_dag):
     assert publish_dag.max_active_runs == 1
     assert all(t.execution_timeout is not None for t in publish_dag.tasks)
     assert [t.task_id for t in publish_dag.tasks] == [
-        "resolve", "convert_and_validate", "profile", "sign_and_push", "load_and_smoke", "record",
+        "resolve", "convert_and_validate", "profile", "perf_gate", "sign_and_push", "load_and_smoke", "record",
         "then_triggers", "trigger_then"]
 
 
