@@ -32,7 +32,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from tritonflow.exceptions import ProfilingError, SettingsError, TransientError
+from tritonflow.exceptions import ProfilingError, SettingsError, ToolingError, TransientError
 from tritonflow.settings import Settings, get_settings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -727,7 +727,8 @@ def run_profile(
     ``nvidia/cuda_runtime/lib``; ``PYTHONPATH``; ``PATH``). Output goes to ``log_path`` when given.
 
     Raises:
-        ProfilingError: Model Analyzer exited non-zero (the log tail is included).
+        ToolingError: Model Analyzer exited non-zero (the log tail is included): an
+            infrastructure error, never a verdict on the model.
         TransientError: It ran past ``timeout_s`` (default ``settings.analyzer_timeout_s``) and was
             stopped.
     """
@@ -753,8 +754,8 @@ def run_profile(
                 proc.wait()
             raise TransientError(f"model-analyzer profile ran past {limit:g} s and was stopped (log {out_path})")
     tail = out_path.read_text()[-3000:]
-    if rc != 0:
-        raise ProfilingError(f"model-analyzer profile failed (exit {rc}); log {out_path}:\n{tail}")
+    if rc != 0:  # the tool failed, not the model: an infrastructure error, never a rejection
+        raise ToolingError(f"model-analyzer profile failed (exit {rc}); log {out_path}:\n{tail}")
     return subprocess.CompletedProcess(cmd, rc, tail, "")
 
 
@@ -815,8 +816,9 @@ def profile_model(
         timeout_s: Limit for the Model Analyzer run.
 
     Raises:
-        ProfilingError: Bad names/shapes, Model Analyzer failed, or no stable config met the
-            constraint (names the model and each reason).
+        ProfilingError: Bad names/shapes, or no stable config met the constraint (names the
+            model and each reason).
+        ToolingError: Model Analyzer failed or measured nothing (the profiling environment).
         TransientError: The run timed out.
     """
     from tritonflow.runtime.services import (
@@ -848,6 +850,11 @@ def profile_model(
     pa_log = export / "perf_analyzer_error.log"
     if pa_log.is_file():
         logs += "\n" + pa_log.read_text()
+    if not rows:
+        # Nothing measured at all: the model passed ONNX Runtime validation before profiling, so
+        # this is the profiling environment (Triton's Python backend, perf_analyzer), not the model.
+        raise ToolingError(f"model {model_name!r}: Model Analyzer measured no config (its Triton or "
+                           f"perf_analyzer failed); log {log_path}:\n{logs[-3000:]}")
     tried = [p.name for p in (work / "output_model_repository").iterdir()] if (work / "output_model_repository").is_dir() else []
     measured = {r.config for r in rows}
     unstable = {c for c in unstable_configs_from_log(logs, tried) if c not in measured}
