@@ -3,7 +3,8 @@
 Each decision is a small record ``{"model", "hour", "features", "decision", "reason", ...}``
 that the deciding task pushes to XCom under :data:`XCOM_KEY` (one key for every DAG, so a client
 collects them through the REST API) and records in MLflow as the registered model's tag
-``tritonflow.alert_decision.<hour>`` (:func:`record_decision`; the drift monitor records every hour but ``no_alert`` ones).
+``tritonflow.alert_decision.<hour>.<stage>`` (:func:`record_decision`; the drift monitor records
+every hour's decision but ``no_alert``).
 
 Decisions, in the order the loop takes them:
 
