@@ -867,12 +867,50 @@ def profile_model(
 
 
 # ----------------------------------------------------------------------------- confirmation (H12)
+def confirmation_repository(output_model_repository: str | os.PathLike, configs: Sequence[str],
+                            dest: str | os.PathLike) -> Path:
+    """A repository Triton can load every tried config from: ``<dest>/<config>/`` per config.
+
+    Model Analyzer leaves each variant's ``config.pbtxt`` named after the *base* model, which
+    Triton refuses to load from a folder of another name ("directory name must equal model
+    name"); here each config is renamed after its folder. Model files are hard-linked (copied
+    across file systems).
+
+    Raises:
+        ProfilingError: A config is missing from the output repository.
+    """
+    import shutil
+
+    from model_registry.triton_config import read_config, to_pbtxt
+
+    src_root, root = Path(output_model_repository), Path(dest)
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    for c in configs:
+        if not (src_root / c / "config.pbtxt").is_file():
+            raise ProfilingError(f"config {c!r} is not in Model Analyzer's output repository {str(src_root)!r}")
+        shutil.copytree(src_root / c, root / c, copy_function=link)
+        config = read_config(root / c / "config.pbtxt")
+        config.name = c
+        (root / c / "config.pbtxt").unlink()  # a hard link would change Model Analyzer's copy too
+        (root / c / "config.pbtxt").write_text(to_pbtxt(config))
+    return root
+
+
 def measure_config_passes(output_model_repository: str | os.PathLike, configs: Sequence[str], concurrency: int, *,
                           passes: int, settings: Settings | None = None, measurement_ms: int | None = None) -> dict[str, list]:
     """Repeated, interleaved perf_analyzer passes of Model Analyzer's tried configs on one Triton.
 
-    Starts a local Triton over ``output_model_repository`` (each config is a model folder there),
-    loads ``configs`` and runs :func:`model_registry.perf.measure_interleaved` with perf_analyzer's
+    Starts a local Triton over :func:`confirmation_repository` (each config a model folder named
+    after it), loads ``configs`` and runs :func:`model_registry.perf.measure_interleaved` with perf_analyzer's
     stability criterion aligned with ``analyzer_stability_cv``.
 
     Returns:
@@ -889,9 +927,11 @@ def measure_config_passes(output_model_repository: str | os.PathLike, configs: S
 
     s = settings or get_settings()
     home = Path(output_model_repository).parent / "confirm_home"
+    repository = confirmation_repository(output_model_repository, configs,
+                                         Path(output_model_repository).parent / "confirm_repository")
     ts = dc.replace(s, home=home, triton_http_port=free_port(), triton_grpc_port=free_port(),
                     triton_metrics_port=free_port())
-    server = TritonServer(ts, repository=str(output_model_repository))
+    server = TritonServer(ts, repository=str(repository))
     try:
         server.start()
     except RuntimeStartError as exc:
