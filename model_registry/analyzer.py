@@ -839,8 +839,10 @@ def profile_model(
         hardware=hardware, shapes=shapes, search=search, settings=s,
         triton_server_path=triton_server_binary(s), perf_analyzer_path=s.triton_venv / "bin" / "perf_analyzer",
         backend_directory=triton_backend_directory(s), ports=(free_port(), free_port(), free_port()),
-        environment={k: env[k] for k in ("LD_LIBRARY_PATH", "PYTHONPATH") if k in env},
+        environment={k: env[k] for k in ("LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONNOUSERSITE", "PATH") if k in env},
     )
+    triton_log = work / "triton.log"  # Triton's own output: why a config did not load (e.g. the stub's imports)
+    profile["triton_output_path"] = str(triton_log)
     path = write_profile_config(profile, work / "profile.yaml")
     log_path = work / "model_analyzer.log"
     run_profile(path, settings=s, timeout_s=timeout_s, log_path=log_path)
@@ -853,8 +855,13 @@ def profile_model(
     if not rows:
         # Nothing measured at all: the model passed ONNX Runtime validation before profiling, so
         # this is the profiling environment (Triton's Python backend, perf_analyzer), not the model.
+        triton_errors = ""
+        if triton_log.is_file():
+            triton_errors = "\n".join(l for l in triton_log.read_text(errors="replace").splitlines()
+                                      if l.startswith("E") or "Error" in l)[-2000:]
         raise ToolingError(f"model {model_name!r}: Model Analyzer measured no config (its Triton or "
-                           f"perf_analyzer failed); log {log_path}:\n{logs[-3000:]}")
+                           f"perf_analyzer failed); Triton errors ({triton_log}):\n{triton_errors}\n"
+                           f"log {log_path}:\n{logs[-2000:]}")
     tried = [p.name for p in (work / "output_model_repository").iterdir()] if (work / "output_model_repository").is_dir() else []
     measured = {r.config for r in rows}
     unstable = {c for c in unstable_configs_from_log(logs, tried) if c not in measured}
