@@ -25,8 +25,10 @@ from typing import Any, Mapping
 log = logging.getLogger(__name__)
 
 #: Third-party modules whose ``DeprecationWarning``/``FutureWarning`` are not ours to act on in a
-#: task log (each conversion emitted ~1,200 of them: onnx helper, skl2onnx, sklearn, mlflow, torch).
-QUIET_WARNING_MODULES = ("onnx", "skl2onnx", "onnxconverter_common", "onnxmltools", "sklearn", "mlflow",
+#: task log. Each ``convert_and_validate`` logged 1,160 of them: skops (loading the scikit-learn
+#: model) probes every loaded module's attributes, which fires Airflow's
+#: ``DeprecatedImportWarning`` (a ``FutureWarning``) once per deprecated ``airflow.*`` alias.
+QUIET_WARNING_MODULES = ("skops", "onnx", "skl2onnx", "onnxconverter_common", "onnxmltools", "sklearn", "mlflow",
                          "torch", "pydantic", "google.protobuf", "setuptools", "pkg_resources",
                          "whylogs", "evidently", "great_expectations", "pandas", "numpy", "scipy")
 

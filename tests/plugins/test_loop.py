@@ -84,6 +84,8 @@ def test_the_canary_uses_the_settings_in_effect_when_the_run_starts(bag, monkeyp
 
 
 def test_third_party_deprecation_warnings_and_progress_bars_are_quieted_once(monkeypatch):
+    from airflow.utils.deprecation_tools import DeprecatedImportWarning  # imported first: airflow sets filters
+
     from tritonflow_plugin.loop import quiet_third_party
 
     monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)
@@ -92,6 +94,9 @@ def test_third_party_deprecation_warnings_and_progress_bars_are_quieted_once(mon
         quiet_third_party()
         warnings.warn_explicit("old onnx API", DeprecationWarning, "helper.py", 1, module="onnx.helper")
         warnings.warn_explicit("old sklearn API", FutureWarning, "base.py", 1, module="sklearn.base")
+        # what skops' module probing fired 1,160 times per conversion
+        warnings.warn_explicit("The `airflow.utils.timezone.x` attribute is deprecated", DeprecatedImportWarning,
+                               "_utils.py", 70, module="skops.io._utils")
         warnings.warn_explicit("our own", DeprecationWarning, "publish.py", 1, module="tritonflow.pipelines.publish")
     assert [str(w.message) for w in caught] == ["our own"]  # ours still show
     assert os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "false"
