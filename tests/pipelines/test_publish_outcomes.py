@@ -163,8 +163,19 @@ def test_profiling_runs_from_a_worker_with_a_minimal_environment(settings, class
            "TRITONFLOW_ANALYZER_TIMEOUT_S": "500"}
     proc = subprocess.run([sys.executable, "-c", script, str(state_path)], env=env, capture_output=True,
                           text=True, timeout=900, cwd=str(tmp_path))
+    from model_registry.analyzer import read_results_csv, results_path
+
+    # the environment is what is under test: Model Analyzer's Triton loaded the model through the
+    # Python backend stub (numpy, onnxruntime imported) and perf_analyzer measured it
+    assert "ToolingError" not in proc.stderr and "ModuleNotFoundError" not in proc.stderr, proc.stderr[-5000:]
+    export = Path(state["staging_dir"]) / "profile" / "run" / "export"
+    assert [r for r in read_results_csv(results_path(export)) if r.throughput > 0], proc.stderr[-5000:]
     lines = [l for l in proc.stdout.splitlines() if l.startswith("PROFILE ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    if proc.returncode != 0:
+        # a loaded shared machine can make every confirmation pass unstable: the stability rule's
+        # verdict, not the environment's (seen once on the 2-core CI host at load 30)
+        assert "could not obtain a stable measurement" in proc.stderr, proc.stderr[-5000:]
+        return
     prof = json.loads(lines[-1][len("PROFILE "):])
     assert prof["status"] == "profiled" and prof["throughput"] > 0
     assert os.environ.get("PATH")  # the test process itself is untouched
