@@ -25,10 +25,12 @@ DOC_MD = """
 ### Canary promotion
 
 Moves a model's traffic from its **champion** to a **challenger** version through the NGINX
-gateway in steps (default 5 → 25 → 50 → 100 %). Each step bakes `bake_s` seconds, analysed every
+gateway in steps (`steps`, empty: `TRITONFLOW_CANARY_STEPS` in effect, 5 → 25 → 50 → 100 % by
+default). Each step bakes `bake_s` seconds (empty: `TRITONFLOW_CANARY_BAKE_S`), analysed every
 `TRITONFLOW_CANARY_ANALYSIS_INTERVAL_S` (5 s): errors, non-finite or constant outputs and latency
-roll back at once. At the end of the bake the step is judged on a minimum number of requests (too
-little traffic is *inconclusive*, never a pass), the challenger's predictions against its **own
+roll back at once. At the end of the bake the step is judged on a minimum number of requests
+(`min_requests`, empty: `TRITONFLOW_CANARY_MIN_REQUESTS`; too little traffic is *inconclusive*,
+never a pass), the challenger's predictions against its **own
 expected behaviour** (`expected_predictions`, from its shadow evaluation or mirrored live
 requests; never the champion's), its quality against the champion where labels arrived, and the
 coverage of the reference's feature space (not covered: the step is extended). Every analysis
@@ -42,9 +44,13 @@ figures and verdict are recorded on the challenger's MLflow model version (tags
 * **any failed step**: automatic rollback, gateway to 100 % champion first, then the challenger is
   unloaded; the run fails with the reason.
 
-Runs also start from registry changes (asset `tritonflow_registry__canary_promotion`); a run for a
-version that already is champion and serves 100 % is a no-op. One promotion per model at a time: a
-second one fails naming the holder. Bad input fails without retry.
+Runs also start from registry changes (asset `tritonflow_registry__canary_promotion`) and from
+`shadow_evaluation` with the loop context (`conf.loop`: model, challenger version, expected
+predictions, drift event; validated when the run starts, an unknown key fails naming the closest
+valid one). The settings used for empty params are read when the run starts and logged. A
+challenger tagged `rejected` is refused. A run for a version that already is champion and serves
+100 % is a no-op. One promotion per model at a time: a second one fails naming the holder. Bad
+input fails without retry.
 """
 
 PARAMS = {
@@ -58,20 +64,25 @@ PARAMS = {
         description="Champion version override (default: the version the gateway serves, else alias 'champion').",
     ),
     "steps": Param(
-        [5, 25, 50, 100], type="array", items={"type": "integer", "minimum": 1, "maximum": 100},
+        None, type=["null", "array"], items={"type": "integer", "minimum": 1, "maximum": 100},
         minItems=1, maxItems=10, contains={"const": 100},
-        description="Traffic percents for the challenger, strictly increasing integers 1-100, ending at 100.",
+        description="Traffic percents for the challenger, strictly increasing integers 1-100, ending at 100 "
+                    "(empty: TRITONFLOW_CANARY_STEPS in effect).",
     ),
-    "bake_s": Param(300, type="number", minimum=0, maximum=MAX_BAKE_S,
-                    description=f"Seconds each step bakes before its analysis (0-{MAX_BAKE_S})."),
-    "min_requests": Param(100, type="integer", minimum=1, maximum=1_000_000,
-                          description="Fewest challenger requests a step needs; fewer is inconclusive."),
+    "bake_s": Param(None, type=["null", "number"], minimum=0, maximum=MAX_BAKE_S,
+                    description=f"Seconds each step bakes before its analysis (0-{MAX_BAKE_S}; empty: "
+                                "TRITONFLOW_CANARY_BAKE_S in effect)."),
+    "min_requests": Param(None, type=["null", "integer"], minimum=1, maximum=1_000_000,
+                          description="Fewest challenger requests a step needs; fewer is inconclusive "
+                                      "(empty: TRITONFLOW_CANARY_MIN_REQUESTS in effect)."),
     "use_stages": Param(False, type="boolean",
                         description="Also move legacy MLflow stages (Production/Archived) on promotion."),
     "expected_predictions": Param(None, type=["null", "string"],
                                   description="URI of the challenger's expected predictions (empty: its shadow tag)."),
     "dry_run": Param(False, type="boolean",
                      description="Resolve versions, check pre-flight and the schedule; touch nothing."),
+    "loop": Param(None, type=["null", "object"],
+                  description="Context handed on by the DAG that triggered this run (validated; leave empty)."),
 }
 
 
@@ -81,8 +92,21 @@ def _holder(context) -> str:
 
 
 def _request(params: dict, context) -> dict:
-    """Params, overridden by the registry event that started the run (if any)."""
+    """Params (empty ones: the settings in effect now), the loop context, else the registry event."""
+    from tritonflow.settings import get_settings
+    from tritonflow_plugin.loop import loop_context, param_or_setting
+
+    loop = loop_context(context)  # validated first: a bad conf fails before any work
+    settings = get_settings()
     req = {k: params.get(k) for k in PARAMS}
+    req["steps"] = param_or_setting(params, "steps", "canary_steps", settings)
+    req["bake_s"] = float(param_or_setting(params, "bake_s", "canary_bake_s", settings))
+    req["min_requests"] = int(param_or_setting(params, "min_requests", "canary_min_requests", settings))
+    if loop is not None:
+        req["model"] = (params.get("model") or "").strip() or loop.model
+        if loop.version:
+            req["challenger"] = loop.version
+        req["expected_predictions"] = req.get("expected_predictions") or loop.expected_predictions
     event = registry_conf_from_context(context)
     if event:
         req["model"] = event.get("model_name") or req["model"]

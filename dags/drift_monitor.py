@@ -30,7 +30,11 @@ summary JSON and Evidently HTML as artifacts, verdict tags on the model version)
 without retries; the window is kept for inspection → **drift event** (after the gates): an
 asset event on `tritonflow_drift_alerts` only when the alert policy fired and the window's
 contract held, with `extra = {model, version, features, scores, window_start, window_end,
-severity}` (`shadow_evaluation` is scheduled on it).
+severity}` (`shadow_evaluation` is scheduled on it). **decide** records the hour's alert decision
+(`alert`, `cooldown` (logical time: the windows' hours), `no_alert`, `contract_failed`,
+`no_reference`) with its reason under the XCom key `alert_decision` (`model`, `hour`,
+`features`, `decision`, `reason`), and on the registered model in MLflow
+(`tritonflow.alert_decision.<hour>.drift`, every decision but `no_alert`).
 
 Parameters left empty take their values from the settings when the run starts
 (`TRITONFLOW_DRIFT_REFERENCE_STRATEGY`, `TRITONFLOW_DRIFT_EVIDENTLY_SAMPLE_ROWS`).
@@ -150,6 +154,18 @@ def drift_monitor():
         get_current_context()["outlet_events"][DRIFT_ALERTS].extra = extra
         return extra
 
+    @task(execution_timeout=timedelta(minutes=5), trigger_rule="all_done",
+          map_index_template="{{ task.op_kwargs['summary']['model'] }}")
+    @fail_fast_on_bad_data
+    def decide(summary: dict) -> dict:
+        from tritonflow.pipelines.alert_decision import XCOM_KEY, drift_hour_decision, record_decision
+
+        made = drift_hour_decision(summary)
+        get_current_context()["ti"].xcom_push(key=XCOM_KEY, value=made)
+        if made["decision"] != "no_alert":
+            record_decision(made)
+        return made
+
     @task(execution_timeout=timedelta(minutes=5), retries=0)
     @fail_fast_on_bad_data
     def data_quality_gate(summary: dict) -> dict:
@@ -164,6 +180,7 @@ def drift_monitor():
     recorded = record.partial(evidently_results=ev).expand(summary=summaries)
     notified = notify.expand(summary=summaries)
     gate = data_quality_gate.expand(summary=summaries)
+    decide.expand(summary=summaries)
     [recorded, notified] >> gate >> drift_event.expand(summary=summaries)
 
 

@@ -2,8 +2,9 @@
 
 Wiring only; the work is in :mod:`tritonflow.pipelines.publish` (imported inside the tasks so the
 file parses fast and without network). Started manually (validated params), by other DAGs
-(``TriggerDagRunOperator`` with conf ``{"model", "version_or_alias", "then": [...]}``) or by registry
-events (asset ``tritonflow_registry__model_publish``: the webhook receiver or the registry watcher).
+(``TriggerDagRunOperator`` with the typed loop context, conf ``{"loop": {...}}``, validated when the
+run starts) or by registry events (asset ``tritonflow_registry__model_publish``: the webhook
+receiver or the registry watcher). No settings are read at parse time.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from datetime import timedelta
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow.settings import DEFAULT_PARITY_ATOL, DEFAULT_PARITY_RTOL
 from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, MODEL_PUBLISHED, TAG, START_DATE
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.registry_watcher import registry_asset
@@ -45,7 +45,9 @@ Delivers one MLflow model version to Triton safely:
 1. **resolve**: `model` + `version_or_alias` (a version such as `3`, an alias such as `champion` or
    `challenger`, or a legacy stage) to one READY model version; later tasks use the immutable
    `models:/<name>/<version>`. A run started by a registry event takes the model and version from
-   the event (`registry_watcher.registry_conf_from_context`);
+   the event (`registry_watcher.registry_conf_from_context`); a run triggered by another DAG (e.g.
+   `retrain`) from its loop context (`conf.loop`: model, version, drift event and window, training
+   window as `dataset_uri`), validated first: an unknown conf key fails naming the closest valid one;
 2. **convert_and_validate**: conversion to ONNX (scikit-learn without ZipMap, PyTorch with a dynamic
    batch axis, ONNX passthrough), IR/opset check against the target Triton release, `config.pbtxt`
    built with protobuf, batch 1 and >= 2, tensors only, finite outputs, and the **blocking parity
@@ -58,7 +60,9 @@ Delivers one MLflow model version to Triton safely:
    worse by more than `TRITONFLOW_MAX_P99_REGRESSION` (10 %) beyond the noise band rejects it;
 4. **sign_and_push**: OpenSSF model-signing signature over the model and its config, atomic push to
    `repository` (folder/NFS or `s3://http://host:port/bucket/prefix`), verified at the destination;
-   a version is never overwritten, re-runs are no-ops;
+   a version is never overwritten, re-runs are no-ops. A failure of the tools or services (Model
+   Analyzer's environment, a local Triton, S3) is an infrastructure error: the run fails, the
+   version is **not** tagged rejected;
 5. **load_and_smoke**: signature verified again, explicit load through Triton's repository API,
    READY within `TRITONFLOW_LOAD_TIMEOUT_S`, validation sample served and compared with the source
    model; any failure unloads and tags the version `rejected`;
@@ -66,8 +70,12 @@ Delivers one MLflow model version to Triton safely:
    chosen config, timings per stage as `tritonflow.*` tags and artifacts on the MLflow version; the
    drift reference sample is stored; an event is emitted on asset `tritonflow_model_published`;
 7. **trigger_then**: the DAGs named in the conf's `then` list (e.g. `shadow_evaluation`) are
-   triggered fire-and-forget (`wait_for_completion=False, deferrable=False`, case H26) with conf
-   `{"model", "challenger": <version>}`.
+   triggered fire-and-forget (`wait_for_completion=False, deferrable=False`, case H26) with the loop
+   context handed on: `{"loop": {model, version: <published version>, drift_event, window_start,
+   window_end, dataset_uri, ...}}`.
+
+Params left empty (`atol`, `rtol`) take the settings in effect when the run starts
+(`TRITONFLOW_PARITY_ATOL`, `TRITONFLOW_PARITY_RTOL`); the values used are logged.
 """
 
 PARAMS = {
@@ -80,10 +88,11 @@ PARAMS = {
     "repository": Param(None, type=["null", "string"],
                         description="Triton model repository: a folder or s3://http://host:port/bucket/prefix "
                                     "(empty: TRITONFLOW_REPOSITORY_URI, else the local repository)."),
-    "atol": Param(DEFAULT_PARITY_ATOL, type="number", minimum=0,
-                  description="Parity gate absolute tolerance per output element (|onnx - source| <= atol + rtol*|source|)."),
-    "rtol": Param(DEFAULT_PARITY_RTOL, type="number", minimum=0,
-                  description="Parity gate relative tolerance per output element."),
+    "atol": Param(None, type=["null", "number"], minimum=0,
+                  description="Parity gate absolute tolerance per output element (|onnx - source| <= atol + rtol*|source|); "
+                              "empty: TRITONFLOW_PARITY_ATOL in effect."),
+    "rtol": Param(None, type=["null", "number"], minimum=0,
+                  description="Parity gate relative tolerance per output element (empty: TRITONFLOW_PARITY_RTOL in effect)."),
     "max_batch_size": Param(32, type="integer", minimum=0, maximum=MAX_BATCH_SIZE,
                             description="Largest batch Triton may form (0: no batching); also the ceiling "
                                         "of the profiling sweep."),
@@ -96,8 +105,11 @@ PARAMS = {
                            description="Served format: ONNX (every flavour), or TorchScript for PyTorch models "
                                        "(platform pytorch_libtorch, model.pt)."),
     "dataset_uri": Param(None, type=["null", "string"],
-                         description="Validation dataset (CSV/Parquet path or MLflow artifact URI); empty: the "
-                                     "logged input example plus seeded perturbations."),
+                         description="Validation dataset (CSV/Parquet path or MLflow artifact URI), also the drift "
+                                     "reference; empty: the loop context's training window, else the logged "
+                                     "input example plus seeded perturbations (then no drift reference is stored)."),
+    "loop": Param(None, type=["null", "object"],
+                  description="Context handed on by the DAG that triggered this run (validated; leave empty)."),
 }
 
 
@@ -127,15 +139,20 @@ def model_publish():
         from tritonflow.exceptions import SettingsError
         from tritonflow.pipelines import publish as pipeline
         from tritonflow_plugin.links import record_link_info
+        from tritonflow_plugin.loop import loop_context
         from tritonflow_plugin.registry_watcher import registry_conf_from_context
 
         context = get_current_context()
         params = context["params"]
+        loop = loop_context(context)  # validated first: a bad conf fails before any work
         event = registry_conf_from_context(context)
         conf = dict(getattr(context.get("dag_run"), "conf", None) or {})
         if event:
             model = event.get("model_name") or ""
             selector = event.get("model_version") or event.get("alias") or ""
+        elif loop is not None:
+            model, selector = loop.model, loop.version or str(params.get("version_or_alias") or "").strip()
+            conf.setdefault("then", list(loop.then))
         else:
             model = (params.get("model") or "").strip()
             selector = str(params.get("version_or_alias") or "").strip()
@@ -149,7 +166,8 @@ def model_publish():
         state = pipeline.resolve(pipeline.model_reference(model, selector), settings=_settings())
         record_link_info(model_name=state["model"], model_version=str(state["version"]),
                          triton_model=state["triton_model_name"], triton_version=str(state["version"]))
-        return {**state, "then": then}
+        return {**state, "then": then,
+                "loop": loop.model_dump(mode="json", exclude_none=True) if loop is not None else None}
 
     @task(execution_timeout=CONVERT_TASK_TIMEOUT)
     @fail_fast_on_bad_data
@@ -158,11 +176,16 @@ def model_publish():
         """Convert, check, build config.pbtxt, parity gate (rejects the version on failure)."""
         from tritonflow.pipelines import publish as pipeline
 
+        from tritonflow_plugin.loop import param_or_setting
+
         params = get_current_context()["params"]
+        settings = _settings()
+        dataset_uri = params.get("dataset_uri") or (state.get("loop") or {}).get("dataset_uri") or None
         return pipeline.convert_and_validate(
-            state, atol=params["atol"], rtol=params["rtol"], max_batch_size=params["max_batch_size"],
-            dataset_uri=params.get("dataset_uri") or None,
-            export_format=params.get("export_format") or "onnx", settings=_settings(),
+            state, atol=param_or_setting(params, "atol", "parity_atol", settings),
+            rtol=param_or_setting(params, "rtol", "parity_rtol", settings),
+            max_batch_size=params["max_batch_size"], dataset_uri=dataset_uri,
+            export_format=params.get("export_format") or "onnx", settings=settings,
         )
 
     @task(execution_timeout=PROFILE_TASK_TIMEOUT)
@@ -222,15 +245,16 @@ def model_publish():
             k: summary[k] for k in ("model", "version", "triton_model_name", "repository_uri",
                                     "signature_digest", "key_id")
         }
-        return {**summary, "then": state.get("then") or []}
+        return {**summary, "then": state.get("then") or [], "loop": state.get("loop")}
 
     @task(execution_timeout=SHORT_TASK_TIMEOUT)
     @limit_xcom_size
     def then_triggers(summary: dict) -> list[dict]:
-        """One trigger per DAG in the conf's ``then`` list, conf ``{"model", "challenger"}``."""
-        conf = {"model": summary["model"], "challenger": str(summary["version"]),
-                "published_version": int(summary["version"]), "triton_model_name": summary["triton_model_name"],
-                "triggered_by": DAG_ID}
+        """One trigger per DAG in the ``then`` list; conf: the loop context handed on."""
+        from tritonflow.pipelines.loop_context import publish_handoff
+
+        run_id = get_current_context()["run_id"]
+        conf = publish_handoff(summary, triggered_by=DAG_ID, run_id=run_id)
         return [{"trigger_dag_id": dag_id, "conf": conf} for dag_id in summary.get("then") or []]
 
     summary = record(load_and_smoke(sign_and_push(perf_gate(profile(convert_and_validate(resolve()))))))

@@ -1,9 +1,9 @@
 """DAG ``retrain``: train a fresh challenger on recent labelled traffic, then publish it.
 
 Wiring only; the work is in :mod:`tritonflow.pipelines.retrain` (imported inside the tasks so the
-file parses fast and without network). The schedule and the default model come from the
-environment at parse time (``TRITONFLOW_RETRAIN_SCHEDULE``, ``TRITONFLOW_RETRAIN_DEFAULT_MODEL``;
-reading them needs no network).
+file parses fast and without network). Only the schedule is read at parse time (Airflow needs it
+then: ``TRITONFLOW_RETRAIN_SCHEDULE``, an environment variable); every param left empty takes the
+setting in effect when the run starts.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from datetime import timedelta
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow.settings import get_settings
 from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG, START_DATE
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.xcom import limit_xcom_size
@@ -25,7 +24,14 @@ TRAIN_TASK_TIMEOUT = timedelta(hours=3)
 #: Timeout of the fire-and-forget trigger.
 SHORT_TASK_TIMEOUT = timedelta(minutes=10)
 
-_SETTINGS = get_settings()
+#: Environment variable of the optional schedule (read at parse time: Airflow schedules from it).
+SCHEDULE_ENV = "TRITONFLOW_RETRAIN_SCHEDULE"
+
+
+def _schedule() -> str | None:
+    import os
+
+    return os.environ.get(SCHEDULE_ENV, "").strip() or None
 
 DOC_MD = """
 ### Retrain
@@ -47,14 +53,19 @@ optional schedule `TRITONFLOW_RETRAIN_SCHEDULE` (none by default).
    (`max_active_runs=1` and a lock shared by all workers) and a cooldown
    (`TRITONFLOW_RETRAIN_COOLDOWN_S`) follows each success: a refused run is **skipped** with the
    reason (`ignore_cooldown` lifts the cooldown, never the lock);
-3. **trigger_publish**: fire-and-forget trigger of `model_publish` for the new version (conf
-   `model`, `version_or_alias`, `then: ["shadow_evaluation"]`), which publishes it and starts the
-   next shadow evaluation.
+3. **trigger_publish**: fire-and-forget trigger of `model_publish` for the new version with the
+   loop context (`conf.loop`: model, version, reason, drift event and window, the training window
+   as `dataset_uri`, `then: ["shadow_evaluation"]`), which publishes it (validation sample and drift
+   reference from the training window) and starts the next shadow evaluation on the same window.
+
+A run triggered by `shadow_evaluation` takes model, reason, drift event and window from its loop
+context (`conf.loop`, validated first: an unknown key fails naming the closest valid one).
 """
 
 PARAMS = {
-    "model": Param(_SETTINGS.retrain_default_model, type="string",
-                   description="Registered model name to retrain (default: TRITONFLOW_RETRAIN_DEFAULT_MODEL)."),
+    "model": Param(None, type=["null", "string"],
+                   description="Registered model name to retrain (empty: the loop context's, else "
+                               "TRITONFLOW_RETRAIN_DEFAULT_MODEL in effect)."),
     "reason": Param("manual", type="string", minLength=1,
                     description="Why it runs: drift, champion_degraded, schedule, manual... (tagged on the version)."),
     "drift_event": Param(None, type=["null", "string"],
@@ -73,6 +84,8 @@ PARAMS = {
                           description="Label column of the inference-log labels (empty: their only one)."),
     "ignore_cooldown": Param(False, type="boolean",
                              description="Retrain within the cooldown (never bypasses a retraining in flight)."),
+    "loop": Param(None, type=["null", "object"],
+                  description="Context handed on by the DAG that triggered this run (validated; leave empty)."),
 }
 
 
@@ -85,7 +98,7 @@ def _reason(params, context) -> str:
 
 @dag(
     dag_id="retrain",
-    schedule=_SETTINGS.retrain_schedule or None,
+    schedule=_schedule(),
     start_date=START_DATE,
     catchup=False,
     max_active_runs=1,
@@ -103,16 +116,23 @@ def retrain():
         """Inference log joined with labels (+ reference mix), stored with its lineage."""
         from tritonflow.exceptions import DataError
         from tritonflow.pipelines.retrain import training_window as build
+        from tritonflow_plugin.loop import loop_context, param_or_setting
 
-        params = get_current_context()["params"]
-        model = (params.get("model") or "").strip()
+        context = get_current_context()
+        params = context["params"]
+        loop = loop_context(context)  # validated first: a bad conf fails before any work
+        model = (params.get("model") or (loop.model if loop else None)
+                 or param_or_setting(params, "model", "retrain_default_model") or "").strip()
         if not model:
-            raise DataError("model='' ; expected the registered model to retrain (param 'model' or "
-                            "TRITONFLOW_RETRAIN_DEFAULT_MODEL)")
-        return build(model, days=params.get("days"),
-                     mix_reference_fraction=params.get("mix_reference_fraction"),
-                     end=params.get("window_end") or None, drift_event=params.get("drift_event"),
-                     label_column=params.get("label_column") or None)
+            raise DataError("model='' ; expected the registered model to retrain (param 'model', the loop "
+                            "context, or TRITONFLOW_RETRAIN_DEFAULT_MODEL)")
+        drift_event = params.get("drift_event") or (loop.drift_event if loop else None)
+        window_end = params.get("window_end") or (loop.window_end if loop else None)
+        window = build(model, days=params.get("days"),
+                       mix_reference_fraction=params.get("mix_reference_fraction"),
+                       end=window_end or None, drift_event=drift_event,
+                       label_column=params.get("label_column") or None)
+        return {**window, "loop": loop.model_dump(mode="json", exclude_none=True) if loop else None}
 
     @task(execution_timeout=TRAIN_TASK_TIMEOUT)
     @fail_fast_on_bad_data
@@ -122,22 +142,31 @@ def retrain():
         from airflow.sdk.exceptions import AirflowSkipException
 
         from tritonflow.exceptions import ConcurrencyError
+        from tritonflow.pipelines.loop_context import retrain_handoff
         from tritonflow.pipelines.retrain import run_training
 
         context = get_current_context()
         params, ti = context["params"], context["ti"]
+        loop = window.get("loop") or {}
+        reason = loop.get("reason") if loop.get("reason") and params.get("reason") == "manual" else _reason(params, context)
+        drift_event = params.get("drift_event") or loop.get("drift_event")
         try:
             result = run_training(
                 window["model"], window, entry_point=params.get("entry_point") or None,
-                reason=_reason(params, context), drift_event=params.get("drift_event"),
+                reason=reason, drift_event=drift_event,
                 params=params.get("training_params") or None,
                 ignore_cooldown=bool(params.get("ignore_cooldown")),
                 holder=f"{ti.dag_id}/{ti.run_id}",
             )
         except ConcurrencyError as exc:  # in flight elsewhere, or within the cooldown
             raise AirflowSkipException(f"{type(exc).__name__}: {exc}") from exc
-        return {k: result[k] for k in ("name", "version", "run_id", "model_uri", "alias",
-                                        "entry_point", "publish_conf")}
+        out = {k: result[k] for k in ("name", "version", "run_id", "model_uri", "alias", "entry_point")}
+        out["publish_conf"] = retrain_handoff(
+            window["model"], result["version"], reason=reason, drift_event=drift_event,
+            window_start=loop.get("window_start"), window_end=params.get("window_end") or loop.get("window_end"),
+            dataset_uri=result["publish_conf"].get("dataset_uri"), run_id=ti.run_id,
+            then=tuple(result["publish_conf"].get("then") or ("shadow_evaluation",)))
+        return out
 
     trigger_publish = TriggerDagRunOperator(
         task_id="trigger_publish",

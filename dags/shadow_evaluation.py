@@ -52,11 +52,24 @@ alert by hand).
    bound of its improvement clears `margin` and no guardrail worsens; too few labels is
    **inconclusive**, never a win. The decision, its evidence (JSON) and a readable report
    (Markdown) are recorded on both model versions in MLflow (`tritonflow.shadow.*`).
-5. **branch**: `promote_challenger` triggers `canary_promotion` (conf `model`, `challenger`);
-   `retrain` (champion degraded, no better challenger) triggers `retrain` (conf `model`,
-   `reason`, `drift_event`); `nothing` / `inconclusive` end the run.
+5. **choose**: the alert's decision (`tritonflow.pipelines.alert_decision`): `promote` triggers
+   `canary_promotion`; `retrain` (champion degraded, no better challenger) triggers `retrain`,
+   unless retraining was decided less than `TRITONFLOW_RETRAIN_COOLDOWN_S` before this alert's
+   hour (`retrain_cooldown`, logical time); `no_retrain` (nothing wrong found, or inconclusive)
+   ends the run.
 
-Triggers are fire-and-forget (`wait_for_completion=False`, `deferrable=False`, case H26).
+Before any work, **admit** skips the run when a retraining of the model is running
+(`skip_retrain_running`) or its promotion lock is held (`skip_promotion_locked`). Every decision,
+with its reason, is pushed to XCom under the key `alert_decision` (`hour`, `features`,
+`decision`, `reason`) and recorded on the registered model in MLflow
+(`tritonflow.alert_decision.<hour>.shadow`).
+
+A run triggered by another DAG (`model_publish` after a publish) takes the model, the challenger
+version, the drift event and its window from the loop context (`conf.loop`, validated when the run
+starts: an unknown key fails naming the closest valid one); the triggers it fires hand the context
+on (`conf.loop`: drift event, window, expected predictions). A challenger tagged `rejected` is
+never published or promoted here. Triggers are fire-and-forget (`wait_for_completion=False`,
+`deferrable=False`, case H26).
 """
 
 PARAMS = {
@@ -84,6 +97,8 @@ PARAMS = {
                              description="Live mode: seconds of mirrored traffic (empty: TRITONFLOW_SHADOW_LIVE_DURATION_S)."),
     "drift_event": Param(None, type=["null", "string"],
                          description="JSON of a drift event to evaluate (manual re-run of an alert; empty: none)."),
+    "loop": Param(None, type=["null", "object"],
+                  description="Context handed on by the DAG that triggered this run (validated; leave empty)."),
 }
 
 
@@ -93,24 +108,33 @@ def _plan_request(context) -> dict:
 
     from tritonflow.exceptions import DataError
     from tritonflow.pipelines.shadow import drift_event_json, evaluation_window, latest_drift_event
+    from tritonflow_plugin.loop import loop_context
 
     params = context["params"]
+    loop = loop_context(context)  # validated first: a bad conf fails before any work
     events = []
     for asset_events in (context.get("triggering_asset_events") or {}).values():
         events.extend(asset_events)
-    model = (params.get("model") or "").strip()
+    model = (params.get("model") or (loop.model if loop else "") or "").strip()
     event = latest_drift_event(events, model or None)
     if event is None and params.get("drift_event"):
         event = json.loads(drift_event_json(params["drift_event"]))
+    if event is None and loop is not None and loop.drift_event:
+        event = dict(loop.drift_event)
     model = model or (event or {}).get("model") or ""
     if not model:
         raise DataError("model='' and no drift event names a model; expected the 'model' param "
                         "or a drift alert")
-    window = evaluation_window(window_start=params.get("window_start"),
-                               window_end=params.get("window_end"),
-                               window_hours=params.get("window_hours"), drift_event=event)
-    return {"model": model, "challenger": (params.get("challenger") or "").strip(),
-            **window, "drift_event": drift_event_json(event)}
+    dag_run = context.get("dag_run")
+    now = context.get("logical_date") or getattr(dag_run, "run_after", None)  # never the wall clock
+    window = evaluation_window(window_start=params.get("window_start") or (loop.window_start if loop else None),
+                               window_end=params.get("window_end") or (loop.window_end if loop else None),
+                               window_hours=params.get("window_hours"), drift_event=event, now=now)
+    challenger = (params.get("challenger") or (loop.version if loop else "") or "").strip()
+    return {"model": model, "challenger": challenger, **window, "drift_event": drift_event_json(event),
+            "hour": (event or {}).get("window_start") or window["window_start"],
+            "features": list((event or {}).get("features") or []),
+            "loop": loop.model_dump(mode="json", exclude_none=True) if loop else None}
 
 
 @dag(
@@ -132,6 +156,19 @@ def shadow_evaluation():
     def plan() -> dict:
         """Model, challenger and replay window from the params and the drift event."""
         return _plan_request(get_current_context())
+
+    @task.short_circuit(execution_timeout=SHORT_TASK_TIMEOUT)
+    @fail_fast_on_bad_data
+    def admit(request: dict) -> bool:
+        """Skip the run (decision recorded) when a retraining runs or the promotion lock is held."""
+        from tritonflow.pipelines.alert_decision import XCOM_KEY, admission, record_decision
+
+        skip = admission(request["model"], request["hour"], request["features"])
+        if skip is None:
+            return True
+        get_current_context()["ti"].xcom_push(key=XCOM_KEY, value=skip)
+        record_decision(skip)
+        return False
 
     @task(execution_timeout=SHORT_TASK_TIMEOUT)
     @fail_fast_on_bad_data
@@ -176,16 +213,26 @@ def shadow_evaluation():
         """Decide with confidence and record the decision on both model versions."""
         from tritonflow.pipelines.shadow import compare as run_compare
 
-        params = get_current_context()["params"]
+        from tritonflow.pipelines.loop_context import shadow_handoffs
+
+        context = get_current_context()
+        params = context["params"]
         overrides = {k: params.get(k) for k in ("min_labels", "confidence", "margin")}
-        return run_compare(replayed, label_column=params.get("label_column") or None,
-                           rule_overrides=overrides, drift_event=request["drift_event"])
+        out = run_compare(replayed, label_column=params.get("label_column") or None,
+                          rule_overrides=overrides, drift_event=request["drift_event"])
+        out["canary_conf"], out["retrain_conf"] = shadow_handoffs(request, out, run_id=context["run_id"])
+        return out
 
     @task.branch(execution_timeout=SHORT_TASK_TIMEOUT)
-    def choose(decision: dict) -> str:
-        """Follow the outcome: canary, retraining, or nothing."""
-        return {"promote_challenger": "trigger_canary", "retrain": "trigger_retrain"}.get(
-            decision["outcome"], "no_action")
+    def choose(request: dict, decision: dict) -> str:
+        """The alert's decision (recorded under XCom key ``alert_decision``): canary, retraining, or nothing."""
+        from tritonflow.pipelines.alert_decision import XCOM_KEY, record_decision, shadow_decision
+
+        made = shadow_decision(request["model"], request["hour"], request["features"], decision["outcome"],
+                               decision.get("reasons") or [])
+        get_current_context()["ti"].xcom_push(key=XCOM_KEY, value=made)
+        record_decision(made)
+        return {"promote": "trigger_canary", "retrain": "trigger_retrain"}.get(made["decision"], "no_action")
 
     trigger_canary = TriggerDagRunOperator(
         task_id="trigger_canary",
@@ -207,10 +254,11 @@ def shadow_evaluation():
 
     request = plan()
     resolved = resolve(request)
+    admit(request) >> resolved
     published = publish_challenger(resolved)
     replayed = replay(request, resolved, published)
     decision = compare(request, replayed)
-    choose(decision) >> [trigger_canary, trigger_retrain, no_action]
+    choose(request, decision) >> [trigger_canary, trigger_retrain, no_action]
 
 
 shadow_evaluation()

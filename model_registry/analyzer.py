@@ -32,7 +32,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from tritonflow.exceptions import ProfilingError, SettingsError, TransientError
+from tritonflow.exceptions import ProfilingError, SettingsError, ToolingError, TransientError
 from tritonflow.settings import Settings, get_settings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -727,7 +727,8 @@ def run_profile(
     ``nvidia/cuda_runtime/lib``; ``PYTHONPATH``; ``PATH``). Output goes to ``log_path`` when given.
 
     Raises:
-        ProfilingError: Model Analyzer exited non-zero (the log tail is included).
+        ToolingError: Model Analyzer exited non-zero (the log tail is included): an
+            infrastructure error, never a verdict on the model.
         TransientError: It ran past ``timeout_s`` (default ``settings.analyzer_timeout_s``) and was
             stopped.
     """
@@ -753,8 +754,8 @@ def run_profile(
                 proc.wait()
             raise TransientError(f"model-analyzer profile ran past {limit:g} s and was stopped (log {out_path})")
     tail = out_path.read_text()[-3000:]
-    if rc != 0:
-        raise ProfilingError(f"model-analyzer profile failed (exit {rc}); log {out_path}:\n{tail}")
+    if rc != 0:  # the tool failed, not the model: an infrastructure error, never a rejection
+        raise ToolingError(f"model-analyzer profile failed (exit {rc}); log {out_path}:\n{tail}")
     return subprocess.CompletedProcess(cmd, rc, tail, "")
 
 
@@ -815,8 +816,9 @@ def profile_model(
         timeout_s: Limit for the Model Analyzer run.
 
     Raises:
-        ProfilingError: Bad names/shapes, Model Analyzer failed, or no stable config met the
-            constraint (names the model and each reason).
+        ProfilingError: Bad names/shapes, or no stable config met the constraint (names the
+            model and each reason).
+        ToolingError: Model Analyzer failed or measured nothing (the profiling environment).
         TransientError: The run timed out.
     """
     from tritonflow.runtime.services import (
@@ -837,8 +839,10 @@ def profile_model(
         hardware=hardware, shapes=shapes, search=search, settings=s,
         triton_server_path=triton_server_binary(s), perf_analyzer_path=s.triton_venv / "bin" / "perf_analyzer",
         backend_directory=triton_backend_directory(s), ports=(free_port(), free_port(), free_port()),
-        environment={k: env[k] for k in ("LD_LIBRARY_PATH", "PYTHONPATH") if k in env},
+        environment={k: env[k] for k in ("LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONNOUSERSITE", "PATH") if k in env},
     )
+    triton_log = work / "triton.log"  # Triton's own output: why a config did not load (e.g. the stub's imports)
+    profile["triton_output_path"] = str(triton_log)
     path = write_profile_config(profile, work / "profile.yaml")
     log_path = work / "model_analyzer.log"
     run_profile(path, settings=s, timeout_s=timeout_s, log_path=log_path)
@@ -848,6 +852,16 @@ def profile_model(
     pa_log = export / "perf_analyzer_error.log"
     if pa_log.is_file():
         logs += "\n" + pa_log.read_text()
+    if not rows:
+        # Nothing measured at all: the model passed ONNX Runtime validation before profiling, so
+        # this is the profiling environment (Triton's Python backend, perf_analyzer), not the model.
+        triton_errors = ""
+        if triton_log.is_file():
+            triton_errors = "\n".join(l for l in triton_log.read_text(errors="replace").splitlines()
+                                      if l.startswith("E") or "Error" in l)[-2000:]
+        raise ToolingError(f"model {model_name!r}: Model Analyzer measured no config (its Triton or "
+                           f"perf_analyzer failed); Triton errors ({triton_log}):\n{triton_errors}\n"
+                           f"log {log_path}:\n{logs[-2000:]}")
     tried = [p.name for p in (work / "output_model_repository").iterdir()] if (work / "output_model_repository").is_dir() else []
     measured = {r.config for r in rows}
     unstable = {c for c in unstable_configs_from_log(logs, tried) if c not in measured}
@@ -860,12 +874,50 @@ def profile_model(
 
 
 # ----------------------------------------------------------------------------- confirmation
+def confirmation_repository(output_model_repository: str | os.PathLike, configs: Sequence[str],
+                            dest: str | os.PathLike) -> Path:
+    """A repository Triton can load every tried config from: ``<dest>/<config>/`` per config.
+
+    Model Analyzer leaves each variant's ``config.pbtxt`` named after the *base* model, which
+    Triton refuses to load from a folder of another name ("directory name must equal model
+    name"); here each config is renamed after its folder. Model files are hard-linked (copied
+    across file systems).
+
+    Raises:
+        ProfilingError: A config is missing from the output repository.
+    """
+    import shutil
+
+    from model_registry.triton_config import read_config, to_pbtxt
+
+    src_root, root = Path(output_model_repository), Path(dest)
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    for c in configs:
+        if not (src_root / c / "config.pbtxt").is_file():
+            raise ProfilingError(f"config {c!r} is not in Model Analyzer's output repository {str(src_root)!r}")
+        shutil.copytree(src_root / c, root / c, copy_function=link)
+        config = read_config(root / c / "config.pbtxt")
+        config.name = c
+        (root / c / "config.pbtxt").unlink()  # a hard link would change Model Analyzer's copy too
+        (root / c / "config.pbtxt").write_text(to_pbtxt(config))
+    return root
+
+
 def measure_config_passes(output_model_repository: str | os.PathLike, configs: Sequence[str], concurrency: int, *,
                           passes: int, settings: Settings | None = None, measurement_ms: int | None = None) -> dict[str, list]:
     """Repeated, interleaved perf_analyzer passes of Model Analyzer's tried configs on one Triton.
 
-    Starts a local Triton over ``output_model_repository`` (each config is a model folder there),
-    loads ``configs`` and runs :func:`model_registry.perf.measure_interleaved` with perf_analyzer's
+    Starts a local Triton over :func:`confirmation_repository` (each config a model folder named
+    after it), loads ``configs`` and runs :func:`model_registry.perf.measure_interleaved` with perf_analyzer's
     stability criterion aligned with ``analyzer_stability_cv``.
 
     Returns:
@@ -882,9 +934,11 @@ def measure_config_passes(output_model_repository: str | os.PathLike, configs: S
 
     s = settings or get_settings()
     home = Path(output_model_repository).parent / "confirm_home"
+    repository = confirmation_repository(output_model_repository, configs,
+                                         Path(output_model_repository).parent / "confirm_repository")
     ts = dc.replace(s, home=home, triton_http_port=free_port(), triton_grpc_port=free_port(),
                     triton_metrics_port=free_port())
-    server = TritonServer(ts, repository=str(output_model_repository))
+    server = TritonServer(ts, repository=str(repository))
     try:
         server.start()
     except RuntimeStartError as exc:

@@ -114,6 +114,14 @@ class ServiceUnavailableError(TransientError):
     """A service (Triton, MLflow, S3, NGINX) did not answer in time."""
 
 
+class ToolingError(TransientError):
+    """Our tools failed (profiling environment, Model Analyzer, a local Triton that would not start).
+
+    An infrastructure error: the run fails (and may be retried); it is never a verdict on the
+    model version (never tagged ``rejected``).
+    """
+
+
 class ModelLoadError(TransientError):
     """Triton did not bring a model version to READY within the timeout."""
 

@@ -19,6 +19,7 @@ import inspect
 from typing import Any, Callable, TypeVar
 
 from tritonflow.exceptions import DataError
+from tritonflow_plugin.loop import quiet_third_party
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -41,7 +42,9 @@ def fail_fast_on_bad_data(func: F) -> F:
     """Decorate a task callable so bad data fails the task without retries.
 
     Works on plain and ``async`` functions; put it *under* ``@task`` so Airflow wraps the
-    decorated callable.
+    decorated callable. Every call first quiets third-party output
+    (:func:`tritonflow_plugin.loop.quiet_third_party`: no MLflow progress bars on stderr, no
+    third-party deprecation warnings).
 
     Raises:
         AirflowFailException: When ``func`` raises a ``DataError`` (original chained as cause).
@@ -51,6 +54,7 @@ def fail_fast_on_bad_data(func: F) -> F:
 
         @functools.wraps(func)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            quiet_third_party()
             try:
                 return await func(*args, **kwargs)
             except DataError as exc:
@@ -60,6 +64,7 @@ def fail_fast_on_bad_data(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        quiet_third_party()
         try:
             return func(*args, **kwargs)
         except DataError as exc:

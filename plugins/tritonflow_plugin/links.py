@@ -67,10 +67,17 @@ def record_link_info(**info: Any) -> dict[str, Any]:
     from airflow.sdk import get_current_context
 
     ti = get_current_context()["ti"]
-    current = ti.xcom_pull(task_ids=ti.task_id, key=LINK_INFO_XCOM_KEY, map_indexes=ti.map_index)
-    merged = {**(current or {}), **{k: v for k, v in info.items() if v is not None}}
+    # Merged in this process (a task instance runs in one process): pulling our own XCom before
+    # the first push made the Task SDK log an ERROR "XCom not found" on every successful run.
+    key = (ti.dag_id, ti.run_id, ti.task_id, ti.map_index, getattr(ti, "try_number", None))
+    merged = {**_RECORDED.get(key, {}), **{k: v for k, v in info.items() if v is not None}}
+    _RECORDED[key] = merged
     ti.xcom_push(key=LINK_INFO_XCOM_KEY, value=merged)
     return merged
+
+
+#: Link info recorded by the task instance(s) running in this process.
+_RECORDED: dict[tuple, dict[str, Any]] = {}
 
 
 def _link_info(ti_key: Any) -> Mapping[str, Any]:

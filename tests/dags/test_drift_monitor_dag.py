@@ -25,6 +25,7 @@ def _run_hours(dags_folder: str, hours: list[str], conf: dict) -> dict:
     from airflow.dag_processing.bundles.manager import DagBundlesManager
     from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
     from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     DagBundlesManager().sync_bundles_to_db()
@@ -40,7 +41,10 @@ def _run_hours(dags_folder: str, hours: list[str], conf: dict) -> dict:
                       .filter(AssetModel.uri == "tritonflow://drift/alerts")
                       .filter(AssetEvent.source_run_id == run.run_id)]
             tis = {f"{t.task_id}[{t.map_index}]": str(t.state) for t in run.get_task_instances(session=s)}
-        runs.append({"hour": h, "state": str(run.state), "events": events, "tis": tis})
+            decisions = [XComModel.deserialize_value(x) for x in s.query(XComModel).filter(
+                XComModel.dag_id == "drift_monitor", XComModel.run_id == run.run_id,
+                XComModel.key == "alert_decision")]
+        runs.append({"hour": h, "state": str(run.state), "events": events, "tis": tis, "decisions": decisions})
     return {"runs": runs}
 
 
@@ -108,6 +112,15 @@ def test_quiet_hour_records_shifted_hour_emits_one_event_and_rerun_replaces(tmp_
     # contract, so the gate passes and the event is emitted after it
     assert shifted["tis"]["data_quality_gate[0]"] == "success" and shifted["state"] == "success"
     assert client.get_model_version(model, "1").tags["tritonflow.drift.severity"] == "drift"
+
+    # every hour's alert gets a decision with its reason, under one XCom key; alerts also in MLflow
+    assert [d["decision"] for d in quiet["decisions"]] == ["no_alert"] and quiet["decisions"][0]["reason"]
+    (decision,) = shifted["decisions"]
+    assert decision["decision"] == "alert" and decision["hour"] == (T0 + 2 * HOUR).isoformat()
+    assert decision["features"] == sorted(extra["features"]) and decision["reason"]
+    tags = client.get_registered_model(model).tags
+    assert json.loads(tags["tritonflow.alert_decision.2025-03-01T02-00.drift"])["decision"] == "alert"
+    assert not [k for k in tags if k.startswith("tritonflow.alert_decision.2025-03-01T00")]  # no_alert: XCom only
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def test_every_task_has_a_timeout_and_the_run_is_exclusive(publish_dag):
     assert publish_dag.max_active_runs == 1
     assert all(t.execution_timeout is not None for t in publish_dag.tasks)
     assert [t.task_id for t in publish_dag.tasks] == [
-        "resolve", "convert_and_validate", "profile", "sign_and_push", "load_and_smoke", "record",
+        "resolve", "convert_and_validate", "profile", "perf_gate", "sign_and_push", "load_and_smoke", "record",
         "then_triggers", "trigger_then"]
 
 
@@ -170,8 +170,10 @@ def test_manual_run_publishes_the_champion_and_triggers_the_then_dags(tmp_path, 
     result = _run_dag(tmp_path, airflow_home, conf, _stack_env(tmp_path, mlflow_server, triton, repo), 600)
     assert result["state"] == "success", result
     assert {k: v for k, v in result["tis"].items() if v != "success"} == {}, result["tis"]
-    assert [c["challenger"] for c in result["followups"]] == [str(version)]
-    assert result["followups"][0]["model"] == name
+    # the then-DAG gets the loop context (one typed conf), validated when its run starts
+    assert [set(c) for c in result["followups"]] == [{"loop"}]
+    handed = result["followups"][0]["loop"]
+    assert (handed["model"], handed["version"], handed["triggered_by"]) == (name, str(version), "model_publish")
     tags = _assert_served_and_recorded(mlflow_server.tracking_uri, triton, repo, tmp_path / "home", name, version)
     assert json.loads(tags["tritonflow.profile"])["status"] == "skipped"
 

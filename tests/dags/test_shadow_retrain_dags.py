@@ -3,13 +3,18 @@
 The closed loop on real NOAA data, real MLflow, a real Triton and the real pipelines:
 
 1. ``shadow_evaluation`` for the drifted window, champion (days 0-8,000) only: the champion is
-   degraded -> ``trigger_retrain`` creates a ``retrain`` run with conf {model, reason, drift_event};
+   degraded -> ``trigger_retrain`` creates a ``retrain`` run whose conf is the loop context
+   ``{"loop": {model, reason, drift_event, window_start, window_end}}``;
 2. ``retrain`` with exactly that conf: trains on the labelled log before the drift event's end ->
    version 2 with alias ``challenger`` -> ``trigger_publish`` creates a ``model_publish`` run with
-   conf {model, version_or_alias: "2", then: ["shadow_evaluation"]};
-3. ``shadow_evaluation`` with challenger "2": the challenger is published through the publish
-   pipeline (it is not in the repository yet), replayed, wins -> ``trigger_canary`` creates a
-   ``canary_promotion`` run with conf {model, challenger: "2"}.
+   the context handed on (version "2", the training window as ``dataset_uri``, the same drift event
+   and window, ``then: ["shadow_evaluation"]``);
+3. ``shadow_evaluation`` with the context ``model_publish`` hands on (version "2"): the challenger is
+   published through the publish pipeline with its training window (it is not in the repository
+   yet), replayed on the same window, wins -> ``trigger_canary`` creates a ``canary_promotion`` run
+   with the context (version "2", expected predictions, drift event).
+
+Each shadow run's decision is read back from XCom key ``alert_decision``.
 
 The three runs happen in one subprocess (``dag.test`` runs every task in-process), with Airflow's
 settings from ``tests/plugins/airflow_env.py`` and the session's migrated SQLite database. The
@@ -62,6 +67,7 @@ DRIVER = textwrap.dedent('''\
     from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     folder, model, first_conf, last_conf = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
@@ -74,14 +80,16 @@ DRIVER = textwrap.dedent('''\
         with create_session() as s:
             return [{"run_id": r.run_id, "conf": r.conf} for r in
                     s.query(DagRun).filter(DagRun.dag_id == dag_id).order_by(DagRun.id)
-                    if (r.conf or {}).get("model") == model]
+                    if ((r.conf or {}).get("loop") or r.conf or {}).get("model") == model]
 
     def step(dag_id, conf):
         run = bag.dags[dag_id].test(run_conf=conf)
         with create_session() as s:
             tis = {t.task_id: str(t.state) for t in s.query(TaskInstance).filter(
                 TaskInstance.dag_id == dag_id, TaskInstance.run_id == run.run_id)}
-        out = {"dag_id": dag_id, "conf": conf, "state": str(run.state), "tasks": tis,
+            decisions = [XComModel.deserialize_value(x) for x in s.query(XComModel).filter(
+                XComModel.dag_id == dag_id, XComModel.run_id == run.run_id, XComModel.key == "alert_decision")]
+        out = {"dag_id": dag_id, "conf": conf, "state": str(run.state), "tasks": tis, "decisions": decisions,
                "triggered": {d: runs_of(d) for d in ("retrain", "canary_promotion", "model_publish")}}
         print("STEP " + json.dumps(out, default=str), flush=True)
         return out
@@ -90,7 +98,10 @@ DRIVER = textwrap.dedent('''\
     retrain_runs = steps[0]["triggered"]["retrain"]
     if retrain_runs:
         steps.append(step("retrain", retrain_runs[-1]["conf"]))
-        steps.append(step("shadow_evaluation", last_conf))
+        published = steps[-1]["triggered"]["model_publish"][-1]["conf"]["loop"]
+        # what model_publish hands to its then-DAG after publishing (tritonflow.pipelines.loop_context)
+        handed = {**published, "triggered_by": "model_publish", "reason": "published", "then": []}
+        steps.append(step("shadow_evaluation", {**last_conf, "loop": handed}))
     print("RESULT " + json.dumps(steps, default=str))
 ''')
 
@@ -126,8 +137,7 @@ def loop(tmp_path_factory, mlflow_server, airflow_home):
                  "scores": {"sea_level_pressure": {"psi": 0.4}},
                  "window_start": ts(16_588).isoformat(), "window_end": ts(16_600).isoformat()}
         first = {"model": model, "drift_event": json.dumps(event), "window_hours": 50}
-        last = {"model": model, "challenger": "2", "drift_event": json.dumps(event),
-                "window_hours": 50, "confidence": 0.99}
+        last = {"confidence": 0.99}
         folder = home / "dags"
         folder.mkdir()
         for name in ("shadow_evaluation.py", "retrain.py"):
@@ -164,10 +174,14 @@ def test_degraded_champion_without_challenger_triggers_retrain_with_the_drift_ev
     assert shadow["tasks"]["trigger_retrain"] == "success"
     assert shadow["tasks"]["trigger_canary"] == shadow["tasks"]["no_action"] == "skipped"
     (run,) = shadow["triggered"]["retrain"]
-    conf = run["conf"]
+    assert set(run["conf"]) == {"loop"}  # one typed conf, validated when the retrain run starts
+    conf = run["conf"]["loop"]
     assert conf["model"] == loop["model"] and conf["reason"] == "champion_degraded"
-    assert json.loads(conf["drift_event"]) == loop["event"]
+    assert conf["drift_event"] == loop["event"] and conf["window_end"] == loop["event"]["window_end"]
     assert shadow["triggered"]["canary_promotion"] == []
+    (decision,) = shadow["decisions"]
+    assert decision["decision"] == "retrain" and decision["hour"] == loop["event"]["window_start"]
+    assert decision["features"] == ["sea_level_pressure"] and decision["reason"]
 
 
 def test_retrain_registers_a_challenger_and_triggers_its_publish(loop):
@@ -177,10 +191,10 @@ def test_retrain_registers_a_challenger_and_triggers_its_publish(loop):
     assert retrain["tasks"] == {"training_window": "success", "train": "success",
                                 "trigger_publish": "success"}
     (run,) = retrain["triggered"]["model_publish"]
-    dataset_uri = run["conf"].pop("dataset_uri")
-    assert dataset_uri.endswith(".parquet")  # the training window validates the publish
-    assert run["conf"] == {"model": loop["model"], "version_or_alias": "2",
-                           "then": ["shadow_evaluation"]}
+    conf = run["conf"]["loop"]
+    assert conf["dataset_uri"].endswith(".parquet")  # the training window validates the publish
+    assert (conf["model"], conf["version"], conf["then"]) == (loop["model"], "2", ["shadow_evaluation"])
+    assert conf["drift_event"] == loop["event"] and conf["window_end"] == loop["event"]["window_end"]
     client = mlflow.MlflowClient(tracking_uri=loop["settings"].resolved_mlflow_tracking_uri)
     mv = client.get_model_version_by_alias(loop["model"], "challenger")
     assert mv.version == "2" and mv.tags["tritonflow.reason"] == "champion_degraded"
@@ -195,10 +209,12 @@ def test_winning_challenger_is_published_and_triggers_the_canary(loop):
     assert shadow["tasks"]["trigger_canary"] == "success"
     assert shadow["tasks"]["trigger_retrain"] == shadow["tasks"]["no_action"] == "skipped"
     (run,) = shadow["triggered"]["canary_promotion"]
-    # the canary gets the challenger's expected predictions (what it is judged against)
-    assert {k: v for k, v in run["conf"].items() if k != "expected_predictions"} == {
-        "model": loop["model"], "challenger": "2"}
-    assert run["conf"]["expected_predictions"].endswith("/challenger_expected.parquet")
+    conf = run["conf"]["loop"]
+    assert (conf["model"], conf["version"]) == (loop["model"], "2")
+    # the canary gets the challenger's expected predictions (what it is judged against) and the drift event
+    assert conf["expected_predictions"].endswith("/challenger_expected.parquet")
+    assert conf["drift_event"] == loop["event"] and conf["window_end"] == loop["event"]["window_end"]
+    assert [d["decision"] for d in shadow["decisions"]] == ["promote"]
     client = mlflow.MlflowClient(tracking_uri=loop["settings"].resolved_mlflow_tracking_uri)
     tags = client.get_model_version(loop["model"], "2").tags
     assert tags["tritonflow.status"] == "published"  # by the publish pipeline, in the shadow run

@@ -17,6 +17,7 @@ from model_registry.analyzer import (
     build_profile_config,
     check_profile_config,
     choose_best,
+    confirmation_repository,
     perf_analyzer_argv,
     read_perf_passes,
     read_results_csv,
@@ -262,6 +263,23 @@ def test_results_csv_is_parsed_with_units(tmp_path):
     assert rows[0] == ProfileRow("tabular_cpu_config_2", "tabular_cpu", 1, 4, 1312.4, 9.8, "2:CPU", 32, True)
     with pytest.raises(ProfilingError, match="do not exist"):
         read_results_csv(str(tmp_path / "missing.csv"))
+
+
+def test_confirmation_repository_names_each_tried_config_after_its_folder(tmp_path):
+    """Model Analyzer leaves every variant's config named after the base model; Triton refuses to
+    load a folder whose config names another model, so the confirmation passes could never run."""
+    out = tmp_path / "output_model_repository"
+    for variant in ("tabular_cpu_config_default", "tabular_cpu_config_0"):
+        (out / variant / "1").mkdir(parents=True)
+        (out / variant / "1" / "model.onnx").write_bytes(b"onnx bytes")
+        (out / variant / "config.pbtxt").write_text(H10_CONFIG)  # name: "tabular_cpu"
+    repo = confirmation_repository(out, ["tabular_cpu_config_0", "tabular_cpu_config_default"], tmp_path / "confirm")
+    for variant in ("tabular_cpu_config_0", "tabular_cpu_config_default"):
+        assert parse_config((repo / variant / "config.pbtxt").read_text()).name == variant
+        assert (repo / variant / "1" / "model.onnx").read_bytes() == b"onnx bytes"
+        assert parse_config((out / variant / "config.pbtxt").read_text()).name == "tabular_cpu"  # untouched
+    with pytest.raises(ProfilingError, match="'tabular_cpu_config_9' is not in Model Analyzer's output"):
+        confirmation_repository(out, ["tabular_cpu_config_9"], tmp_path / "confirm")
 
 
 # ------------------------------------------------------------------------------ integration

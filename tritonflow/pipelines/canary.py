@@ -265,13 +265,20 @@ def resolve(model: str, challenger: Any, champion: Any = None, *,
         takes 100 % of the gateway's traffic.
 
     Raises:
-        DataError: Empty model, unknown version/alias (``RegistryError``), or no champion found.
+        DataError: Empty model, unknown version/alias (``RegistryError``), a challenger tagged
+            ``rejected`` (stage and reason named), or no champion found.
     """
     if not model or not str(model).strip():
         raise DataError("model='' is empty: expected a registered model name")
     env = _env(env)
     registry = env.registry()
     ref = _resolve_challenger(registry, model, challenger)
+    from tritonflow.pipelines.loop_context import rejection
+
+    rejected = rejection(getattr(ref, "tags", None))
+    if rejected:
+        raise DataError(f"challenger={challenger!r} of model {model!r} is version {ref.version}, {rejected}; "
+                        "a version rejected by one path is never promoted by another")
     triton_model = _triton_name(ref)
     live = env.router().current_plan(triton_model)
     aliases = registry.aliases(model)

@@ -263,6 +263,9 @@ def check_model_hour(model: str, version: int, start: Any, end: Any,
     try:
         ref = _load_reference(model, version, s)
     except WindowError as exc:
+        exc = WindowError(f"{exc}; a drift reference is built only from real data (the training window "
+                          "given to the publish as dataset_uri): this version is not monitored until it "
+                          "is published with one")
         summary = _no_reference_summary(model, version, t0, t1, str(exc))
         log.error("drift check %s v%s [%s, %s): %s", model, version, t0, t1, exc)
         return summary

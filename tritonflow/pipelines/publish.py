@@ -31,8 +31,10 @@ Failures: a :class:`~tritonflow.exceptions.DataError` in conversion/validation/p
 load/smoke tags the model version ``tritonflow.status = rejected`` with the stage and the reason
 (:meth:`model_registry.registry.RegistryClient.record_rejection`) and is re-raised; nothing is
 pushed when conversion, validation or parity fails, and nothing stays loaded when the load or the
-smoke test fails. Transient failures (a service not answering, a timeout) are re-raised untagged
-so they can be retried.
+smoke test fails. Transient failures (a service not answering, a timeout) and failures of our tools
+(:class:`~tritonflow.exceptions.ToolingError`: the profiling environment, Model Analyzer, a local
+Triton) are re-raised untagged: they are infrastructure errors, never a verdict on the model, and
+may be retried. A successful publish removes an earlier rejection's ``rejected_*`` tags.
 
 Re-running a publish is idempotent: the same content is already in the repository (the push is a
 no-op), the load is repeated with the same signed config, and the tags are rewritten. A version is
@@ -511,7 +513,7 @@ def _convert_and_validate(resolved, ref, reg, stage: Path, atol: float, rtol: fl
     if dataset is not None:
         cols = [c for c, _, _ in _feature_columns(converted.inputs, model_io, gate.sample)]
         reference = dataset[[c for c in cols if c in dataset.columns]]
-        reference_source = f"dataset {dataset_uri}"
+        reference_source = f"{REAL_REFERENCE_PREFIX}{dataset_uri}"
     else:
         reference = sample_frame(converted.inputs, model_io, gate.sample)
         reference_source = "input example + seeded perturbations (validation sample)"
@@ -635,6 +637,8 @@ def profile(
         SettingsError: Unknown or invalid bounds.
         ProfilingError: No stable config met the constraint (names the model and each reason;
             tagged rejected, H10).
+        ToolingError: Model Analyzer or its Triton failed, or its Python environment is broken
+            (an infrastructure error: not tagged, retried).
         TransientError: Model Analyzer ran past its timeout.
     """
     t0 = time.perf_counter()
@@ -661,7 +665,7 @@ def profile(
     ref = _version_ref(reg, staged)
     try:
         updates = _profile(staged, search, s_run, reg, ref, b.get("timeout_s"), pass_runner)
-    except (ProfilingError, DataError) as exc:
+    except (ProfilingError, DataError) as exc:  # ToolingError (the environment) is never a verdict
         _reject(reg, ref, exc, "profile")
         raise
     return _timed(staged, "profile", t0, **updates)
@@ -1044,10 +1048,10 @@ def load_and_smoke(
 
     Raises:
         SignatureVerificationError: Tampered, unsigned or untrusted version (names the file).
-        ModelLoadRefusedError: Triton refused the load. ModelLoadError: not READY in time.
-        ParityError: Served outputs differ from the source model's.
-        InsufficientMemoryError: Not enough free memory for the planned instances.
-        ServiceUnavailableError: Triton unreachable (not tagged).
+        ModelLoadRefusedError: Triton refused the load. ParityError: Served outputs differ from
+            the source model's. (These are tagged rejected.)
+        ModelLoadError: not READY in time. InsufficientMemoryError: not enough free memory now.
+        ServiceUnavailableError: Triton unreachable. (Infrastructure: not tagged, retried.)
     """
     from repository_sync.triton_client import TritonModelControl
 
@@ -1075,7 +1079,7 @@ def load_and_smoke(
     except Exception as exc:
         if ctl is not None:
             _unload_version_if_ready(ctl, name, version)
-        if isinstance(exc, (DataError, TransientError)):
+        if isinstance(exc, DataError):  # a verdict on the model; tool/service failures are not
             _reject(reg, _version_ref(reg, pushed), exc, "load_and_smoke")
         raise
     finally:
@@ -1155,8 +1159,10 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
     ``tritonflow.version_uri``, ``tritonflow.smoke``, ``tritonflow.profile``,
     ``tritonflow.reference_uri`` / ``reference_source``, ``tritonflow.drift_importance``. Artifacts
     (the version's publish run, folder ``publish/``): ``config.pbtxt``, ``parity_report.json``,
-    ``validation_report.json``. The reference sample (the dataset when one was given, else the
-    validation sample) goes to :func:`drift_checks.reference.save_reference` under
+    ``validation_report.json``. The drift reference (only from real data: the dataset, e.g. the
+    training window; a version published from its input example gets none, tagged with the reason
+    :data:`NO_REAL_REFERENCE`, and the drift check refuses it) goes to
+    :func:`drift_checks.reference.save_reference` under
     :func:`reference_root`, with each input's permutation importance for the version
     (:func:`_reference_importance`: the weights of the drift check's dataset verdict).
 
@@ -1184,6 +1190,8 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
     ref = _version_ref(reg, loaded)
     reference: dict[str, Any]
     try:
+        if not str(loaded.get("reference_source", "")).startswith(REAL_REFERENCE_PREFIX):
+            raise DataError(NO_REAL_REFERENCE)
         frame = pd.read_parquet(loaded["reference_frame_path"])
         with _mlflow_uris(reg.tracking_uri):
             importance, how = _reference_importance(ref.uri, loaded.get("source_flavor", ""), frame)
@@ -1209,6 +1217,7 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         timings_s=timings,
     )
     written = reg.record_publish(ref, record_)
+    cleared = _clear_stale_outcome_tags(reg, ref)
     extra = {
         "tritonflow.version_uri": loaded["version_uri"],
         "tritonflow.smoke": loaded.get("smoke") or {},
@@ -1234,10 +1243,39 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         "profile": (loaded.get("profile") or {}).get("status", "skipped"),
         "reference_uri": reference["uri"], "timings_s": timings, "tags_written": len(written),
         "fallback": (loaded.get("fallback") or {}).get("status", "disabled"),
+        "stale_tags_cleared": cleared,
     }
     log.info("model %s version %s published and recorded: %s", ref.name, ref.version,
              json.dumps(summary, sort_keys=True))
     return summary
+
+
+#: ``reference_source`` prefix of a reference built from real data (a dataset: the training window).
+REAL_REFERENCE_PREFIX = "dataset "
+#: Why a version published without real data gets no drift reference (drift checks then refuse it).
+NO_REAL_REFERENCE = ("no drift reference stored: the version was published without real data (no "
+                     "dataset_uri), and an input example plus perturbations is not a reference; publish it "
+                     "with dataset_uri (its training window) to monitor it")
+
+#: Outcome tags of an earlier rejection; a new publish of the version replaces them.
+REJECTION_TAGS = ("tritonflow.rejected_stage", "tritonflow.rejection_reason", "tritonflow.rejected_at")
+
+
+def _clear_stale_outcome_tags(reg: Any, ref: Any) -> list[str]:
+    """Delete the version's earlier ``rejected_*`` tags (this publish's outcome replaces them)."""
+    try:
+        present = dict(reg.client.get_model_version(ref.name, str(ref.version)).tags or {})
+    except Exception as exc:  # noqa: BLE001 - tags are written; report what could not be read
+        log.warning("model %s version %s: could not read tags to clear stale rejection tags: %s",
+                    ref.name, ref.version, exc)
+        return []
+    cleared = [k for k in REJECTION_TAGS if k in present]
+    for key in cleared:
+        reg.client.delete_model_version_tag(ref.name, str(ref.version), key)
+    if cleared:
+        log.info("model %s version %s: earlier rejection tags %s replaced by this publish", ref.name,
+                 ref.version, cleared)
+    return cleared
 
 
 # ---------------------------------------------------------------------------- all stages

@@ -57,6 +57,7 @@ from tritonflow.exceptions import (
     WindowError,
 )
 from tritonflow.settings import Settings, get_settings
+from tritonflow.pipelines.loop_context import TRAINING_WINDOW_TAG, rejection
 
 #: Alias of the serving version.
 CHAMPION_ALIAS = "champion"
@@ -334,6 +335,15 @@ def resolve_versions(model: str, challenger: int | str | None = None, *,
                 f"challenger={challenger!r} of model {model!r} is version {chal_ref.version}, "
                 "which is the champion; expected a different version"
             )
+    rejected = rejection(chal_ref.tags) if chal_ref is not None else ""
+    if rejected and given:
+        raise RegistryError(f"challenger={challenger!r} of model {model!r} is version {chal_ref.version}, "
+                            f"{rejected}; a rejected version is never evaluated, published or promoted "
+                            "(publish it again with model_publish once fixed)")
+    if rejected:
+        notes.append(f"alias {CHALLENGER_ALIAS!r} names version {chal_ref.version}, {rejected}; "
+                     "evaluating the champion alone")
+        chal_ref = None
     return {
         "model": model,
         "champion": version_info(registry, champion),
@@ -371,7 +381,12 @@ def ensure_challenger_published(resolved: Mapping[str, Any], *, settings: Settin
         ``{"action": "no_challenger" | "already_in_repository" | "published", "model",
         "version", "triton_model_name", "triton_model_version", "publish": <its summary>}``.
 
+    A challenger tagged ``rejected`` (by ``model_publish`` or an earlier shadow run) is refused,
+    never published here. A retrained challenger is published with its training window
+    (tag ``tritonflow.training_window_uri``) as dataset.
+
     Raises:
+        RegistryError: The challenger was rejected (the stage and reason are named).
         DataError: The challenger is missing from the repository and the publish pipeline cannot
             be imported (the message says to publish it with the ``model_publish`` DAG first), or
             the publish pipeline refused the version (its own error).
@@ -384,8 +399,17 @@ def ensure_challenger_published(resolved: Mapping[str, Any], *, settings: Settin
     name, version = chal["triton_model_name"], int(chal["triton_model_version"])
     base = {"model": model, "version": int(chal["version"]), "triton_model_name": name,
             "triton_model_version": version}
+    registry = _registry(s)
+    tags = dict(registry.get_version(model, int(chal["version"])).tags)  # fresh: rejected since resolve?
+    rejected = rejection(tags)
+    if rejected:
+        raise RegistryError(f"challenger {model!r} v{chal['version']} was {rejected}; a version rejected by "
+                            "one path is never published or promoted by another")
     if in_repository(s, name, version):
         return {"action": "already_in_repository", **base}
+    # A retrained version is published with its training window (validation sample and drift
+    # reference from real data, as model_publish does); without one it gets no drift reference.
+    dataset = tags.get(TRAINING_WINDOW_TAG) or None
     if publish is None:
         try:
             module = importlib.import_module(PUBLISH_MODULE)
@@ -396,7 +420,8 @@ def ensure_challenger_published(resolved: Mapping[str, Any], *, settings: Settin
                 f"be imported ({exc}); publish it with the model_publish DAG first"
             ) from exc
         publish = module.publish
-    result = publish(f"{model}/{int(chal['version'])}", settings=s)
+    result = (publish(f"{model}/{int(chal['version'])}", dataset_uri=dataset, settings=s) if dataset
+              else publish(f"{model}/{int(chal['version'])}", settings=s))
     if not in_repository(s, name, version):
         raise DataError(
             f"the publish pipeline returned for {model!r} v{chal['version']} but "

@@ -238,20 +238,45 @@ def triton_site_packages(settings: Settings) -> Path:
     return settings.triton_venv / "lib" / version / "site-packages"
 
 
-def triton_environment(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for tritonserver, perf_analyzer and Model Analyzer from ``.venv-triton``.
+#: Variables of the caller's environment that would change which Python, or which packages, the
+#: Triton tools and the Python backend stub use; never inherited (the tools get their own).
+INHERITED_PYTHON_VARIABLES = ("PYTHONHOME", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONSAFEPATH",
+                              "PYTHONEXECUTABLE", "PYTHONPLATLIBDIR", "PYTHONNOUSERSITE", "VIRTUAL_ENV",
+                              "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "__PYVENV_LAUNCHER__")
+#: System folders always on the tools' PATH (a worker may start with an empty or odd PATH).
+SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 
-    Adds the wheel's bundled libraries, ``libcudart.so.12`` (perf_analyzer) and the Triton venv's
-    site-packages (the Python stub imports numpy and onnxruntime from there).
+
+def triton_environment(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for tritonserver, perf_analyzer, Model Analyzer and the Python backend stub.
+
+    Explicit, from ``settings.triton_venv`` (``.venv-triton``), and independent of the Python
+    environment of the process that asks (an Airflow worker inherits whatever its supervisor had):
+    the caller's Python variables (:data:`INHERITED_PYTHON_VARIABLES`: ``PYTHONHOME``,
+    ``PYTHONPATH``, ``VIRTUAL_ENV``, ...) are dropped; ``PYTHONPATH`` is the Triton venv's
+    site-packages (the stub imports numpy and onnxruntime from there) and ``PYTHONNOUSERSITE=1``;
+    ``PATH`` is the venv's ``bin`` then the system folders, then the caller's; ``LD_LIBRARY_PATH``
+    starts with the wheel's bundled libraries and ``libcudart.so.12`` (perf_analyzer); ``HOME``
+    defaults to ``settings.home`` when the caller has none. Everything else (S3 credentials,
+    locale, proxies) is kept.
+
+    Args:
+        settings: Where the Triton tools environment is.
+        base: The environment to start from (default ``os.environ``).
     """
     sp = triton_site_packages(settings)
-    env = dict(os.environ if base is None else base)
+    env = {k: v for k, v in dict(os.environ if base is None else base).items()
+           if k not in INHERITED_PYTHON_VARIABLES}
     libs = [str(sp / "nvidia_pytriton.libs"), str(sp / "nvidia" / "cuda_runtime" / "lib")]
     if env.get("LD_LIBRARY_PATH"):
         libs.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = ":".join(libs)
     env["PYTHONPATH"] = str(sp)
-    env["PATH"] = f"{settings.triton_venv / 'bin'}:{env.get('PATH', '')}"
+    env["PYTHONNOUSERSITE"] = "1"
+    path = [str(settings.triton_venv / "bin"), *SYSTEM_PATH]
+    path += [p for p in env.get("PATH", "").split(":") if p and p not in path]
+    env["PATH"] = ":".join(path)
+    env.setdefault("HOME", str(settings.home))
     return env
 
 

@@ -1,0 +1,102 @@
+"""The DAGs' alert-handling policy: every drift alert gets one decision with a reason.
+
+The retraining guard (SQLite) and the promotion lock are the real ones, held by another process
+where that matters; the MLflow record is exercised by the DAG tests.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import pytest
+
+from model_registry.training import RetrainGuard
+from tests.conftest import make_settings
+from tritonflow.pipelines import alert_decision as ad
+
+HOUR = "2025-03-01T10:00:00+00:00"
+
+
+def _summary(**kw):
+    base = {"model": "churn", "window_start": HOUR, "status": "ok", "drift": False, "alert_features": [],
+            "alert_reason": ""}
+    return {**base, **kw}
+
+
+@pytest.mark.parametrize("summary, decision", [
+    (_summary(drift=True, alert_features=["tenure"], alert_reason="strong effect on tenure"), "alert"),
+    (_summary(alert_features=["tenure"], alert_reason="strong effect on tenure; within the cooldown "
+                                                      "(2:00:00 after the previous alert, no new feature)"), "cooldown"),
+    (_summary(), "no_alert"),
+    (_summary(status="contract_failed"), "contract_failed"),
+    (_summary(status="no_reference", alerts=[{"message": "'churn' v3: no reference"}]), "no_reference"),
+])
+def test_every_drift_hour_gets_a_decision_with_a_reason(summary, decision):
+    made = ad.drift_hour_decision(summary)
+    assert made["decision"] == decision and made["reason"].strip()
+    assert made["hour"] == HOUR and made["model"] == "churn"
+    json.dumps(made)  # an XCom value
+
+
+def test_shadow_outcomes_map_to_promote_retrain_or_no_retrain(tmp_path):
+    s = make_settings(tmp_path)
+    assert ad.shadow_decision("churn", HOUR, ["tenure"], "promote_challenger", ["won"], s, tags={})["decision"] == "promote"
+    assert ad.shadow_decision("churn", HOUR, ["tenure"], "retrain", ["degraded"], s, tags={})["decision"] == "retrain"
+    for outcome in ("nothing", "inconclusive"):
+        made = ad.shadow_decision("churn", HOUR, ["tenure"], outcome, [], s, tags={})
+        assert made["decision"] == "no_retrain" and "nothing wrong" in made["reason"]
+
+
+def test_the_retrain_cooldown_counts_in_logical_time_not_wall_clock(tmp_path):
+    s = make_settings(tmp_path, retrain_cooldown_s=6 * 3600)
+    earlier = ad.make_decision("churn", "2025-03-01T06:00:00+00:00", ["tenure"], "retrain", "degraded")
+    tags = {ad.TAG_PREFIX + "2025-03-01T06-00.shadow": json.dumps(earlier),
+            ad.TAG_PREFIX + "2025-03-01T09-00.drift": json.dumps(
+                ad.make_decision("churn", "2025-03-01T09:00:00+00:00", [], "alert", "x"))}
+    # 4 h of logical time after the hour retraining was decided for: within 6 h
+    made = ad.shadow_decision("churn", HOUR, ["tenure"], "retrain", ["degraded"], s, tags=tags)
+    assert made["decision"] == "retrain_cooldown" and "logical time" in made["reason"]
+    # a backfilled alert 7 h later in logical time is outside the cooldown, whatever the wall clock says
+    later = ad.shadow_decision("churn", "2025-03-01T13:00:00+00:00", ["tenure"], "retrain", [], s, tags=tags)
+    assert later["decision"] == "retrain"
+    # decisions recorded for later hours do not count for an earlier (replayed) hour
+    assert ad.last_retrain_hour("churn", "2025-03-01T05:00:00+00:00", s, tags) is None
+
+
+def _hold_promotion_lock(home: str, model: str, ready, release) -> None:
+    from repository_sync.locks import promotion_lock
+
+    with promotion_lock(model, home=home, holder="canary_promotion/run_1/canary"):
+        ready.set()
+        release.wait(30)
+
+
+def test_a_held_promotion_lock_or_a_running_retrain_skips_the_alert_naming_the_holder(tmp_path):
+    s = make_settings(tmp_path)
+    assert ad.admission("churn", HOUR, ["tenure"], s) is None
+    ctx = multiprocessing.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_hold_promotion_lock, args=(str(s.home), "churn", ready, release))
+    proc.start()
+    try:
+        assert ready.wait(60)
+        made = ad.admission("churn", HOUR, ["tenure"], s)
+        assert made["decision"] == "skip_promotion_locked" and "canary_promotion/run_1/canary" in made["reason"]
+    finally:
+        release.set()
+        proc.join(30)
+    assert ad.admission("churn", HOUR, ["tenure"], s) is None  # released: nothing held any more
+
+    lease = RetrainGuard.from_settings(s).acquire("churn", holder="retrain/manual_1")
+    made = ad.admission("churn", HOUR, ["tenure"], s)
+    assert made["decision"] == "skip_retrain_running" and "retrain/manual_1" in made["reason"]
+    RetrainGuard.from_settings(s).release(lease, succeeded=True)
+    assert ad.admission("churn", HOUR, ["tenure"], s) is None
+
+
+def test_a_decision_without_a_reason_or_unknown_is_refused():
+    with pytest.raises(ValueError, match="no reason"):
+        ad.make_decision("churn", HOUR, [], "alert", " ")
+    with pytest.raises(ValueError, match="expected one of"):
+        ad.make_decision("churn", HOUR, [], "maybe", "x")

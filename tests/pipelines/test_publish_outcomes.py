@@ -1,0 +1,181 @@
+"""Publish outcomes across paths, on a real MLflow server (and a real Triton where something is served).
+
+* a failure of our tools (Model Analyzer) is an infrastructure error: the version is not rejected;
+* a version rejected by one path is never published by a shadow evaluation nor promoted by a canary;
+* a new publish of a version replaces its earlier rejection tags;
+* a version published without real data gets no drift reference (never the perturbed input example);
+* Model Analyzer profiles from a worker whose environment has nothing of ours (``env -i``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_settings
+from tests.pipelines.test_publish_pipeline import register, unique, version_tags
+from tritonflow.exceptions import DataError, RegistryError, ToolingError
+from tritonflow.pipelines import publish as pipeline
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def classifier():
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from tests.pipelines.test_publish_pipeline import churn_data
+
+    X, y = churn_data(n=200, seed=5)
+    return make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y), X
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory, mlflow_server):
+    home = tmp_path_factory.mktemp("outcomes_home")
+    (home / "repository").mkdir()
+    return make_settings(home, mlflow_tracking_uri=mlflow_server.tracking_uri,
+                         repository_uri=str(home / "repository"))
+
+
+def _reject(settings, name, version, stage="profile", reason="ProfilingError: no stable config"):
+    import mlflow
+
+    client = mlflow.MlflowClient(settings.resolved_mlflow_tracking_uri)
+    for key, value in {"tritonflow.status": "rejected", "tritonflow.rejected_stage": stage,
+                       "tritonflow.rejection_reason": reason,
+                       "tritonflow.rejected_at": "2025-03-01T10:00:00+00:00"}.items():
+        client.set_model_version_tag(name, str(version), key, value)
+
+
+def test_model_analyzer_failure_is_an_infrastructure_error_and_never_rejects(settings, classifier, tmp_path,
+                                                                             monkeypatch):
+    from model_registry import analyzer
+
+    # the real model-analyzer, given a config it cannot run, exits non-zero: a tool failure
+    bad = tmp_path / "profile.yaml"
+    bad.write_text("profile_models: {}\nmodel_repository: /nonexistent\n")
+    if not analyzer.analyzer_binary(settings).is_file():
+        pytest.skip(f"model-analyzer is not installed at {analyzer.analyzer_binary(settings)}")
+    with pytest.raises(ToolingError, match="model-analyzer profile failed"):
+        analyzer.run_profile(bad, settings=settings, timeout_s=300, log_path=tmp_path / "ma.log")
+
+    model, X = classifier
+    name = unique("outcome_tool")
+    version = register(settings.resolved_mlflow_tracking_uri, name, model, X, alias="challenger")
+    state = pipeline.resolve(f"{name}/{version}", settings=settings)
+    state = pipeline.convert_and_validate(state, max_batch_size=8, settings=settings)
+
+    def broken_environment(*args, **kwargs):  # what profile_model raises when its Triton measured nothing
+        raise ToolingError("model 'x': Model Analyzer measured no config (its Triton or perf_analyzer failed); "
+                           "ModuleNotFoundError: No module named 'numpy'")
+
+    monkeypatch.setattr(pipeline, "profiling_unavailable_reason", lambda s=None: "")
+    monkeypatch.setattr(analyzer, "profile_model", broken_environment)
+    with pytest.raises(ToolingError):
+        pipeline.profile(state, enabled=True, settings=settings)
+    tags = version_tags(settings.resolved_mlflow_tracking_uri, name, version)
+    assert tags.get("tritonflow.status") != "rejected" and "tritonflow.rejected_stage" not in tags
+
+
+def test_a_rejected_challenger_is_never_published_by_the_shadow_path_nor_promoted(settings, classifier, tmp_path):
+    from tritonflow.pipelines import canary, shadow
+
+    model, X = classifier
+    name = unique("outcome_rej")
+    champion = register(settings.resolved_mlflow_tracking_uri, name, model, X, alias="champion")
+    challenger = register(settings.resolved_mlflow_tracking_uri, name, model, X, alias="challenger")
+    _reject(settings, name, challenger)
+
+    # found through the alias: the champion is evaluated alone, and the note says why
+    resolved = shadow.resolve_versions(name, settings=settings)
+    assert resolved["challenger"] is None
+    assert any("rejected at stage profile" in n for n in resolved["notes"])
+    # named explicitly: refused, naming the stage and the reason
+    with pytest.raises(RegistryError, match="rejected at stage profile.*no stable config"):
+        shadow.resolve_versions(name, str(challenger), settings=settings)
+
+    # resolved before the rejection, published after it: the shadow path refuses and publishes nothing
+    calls = []
+    stale = {"model": name, "champion": {"version": champion},
+             "challenger": {"version": challenger, "triton_model_name": name, "triton_model_version": challenger}}
+    with pytest.raises(RegistryError, match="never published or promoted"):
+        shadow.ensure_challenger_published(stale, settings=settings, publish=lambda *a, **k: calls.append(a))
+    assert calls == [] and not (Path(settings.resolved_repository_uri) / name).exists()
+
+    gateway = types.SimpleNamespace(url="http://127.0.0.1:9", conf_dir=tmp_path / "gateway", reload=lambda: None)
+    env = canary.CanaryEnvironment.from_settings(settings, gateway=gateway)
+    with pytest.raises(DataError, match="never promoted"):
+        canary.resolve(name, str(challenger), env=env)
+
+
+def test_a_new_publish_replaces_the_rejection_and_stores_no_reference_without_real_data(
+        settings, classifier, triton_factory):
+    model, X = classifier
+    name = unique("outcome_pub")
+    version = register(settings.resolved_mlflow_tracking_uri, name, model, X, alias="champion")
+    _reject(settings, name, version, stage="load_and_smoke", reason="ModelLoadRefusedError: earlier attempt")
+    triton = triton_factory(settings.resolved_repository_uri)
+    summary = pipeline.publish(f"{name}/{version}", triton_url=triton.http_url, settings=settings,
+                               max_batch_size=8, profile_enabled=False)
+    tags = version_tags(settings.resolved_mlflow_tracking_uri, name, version)
+    assert tags["tritonflow.status"] == "published"
+    assert not [k for k in tags if k.startswith("tritonflow.rejected") or k == "tritonflow.rejection_reason"]
+    assert sorted(summary["stale_tags_cleared"]) == sorted(pipeline.REJECTION_TAGS)
+    # published from the input example: no drift reference, and the tag says why
+    assert tags["tritonflow.reference_uri"] == "" and "without real data" in tags["tritonflow.reference_source"]
+
+
+@pytest.mark.slow
+def test_profiling_runs_from_a_worker_with_a_minimal_environment(settings, classifier, tmp_path):
+    """The profile stage in a process started with ``env -i PATH=/usr/bin:/bin``: only tritonflow's own
+    settings are passed; the Triton tools' Python environment comes from the settings, not the worker."""
+    reason = pipeline.profiling_unavailable_reason(settings)
+    if reason:
+        pytest.skip(f"Model Analyzer cannot run here: {reason}")
+    model, X = classifier
+    name = unique("outcome_envi")
+    version = register(settings.resolved_mlflow_tracking_uri, name, model, X, alias="challenger")
+    state = pipeline.resolve(f"{name}/{version}", settings=settings)
+    state = pipeline.convert_and_validate(state, max_batch_size=8, settings=settings)
+    state_path = tmp_path / "state.json"
+    state_path.write_text(json.dumps(state))
+    script = ("import json, sys\n"
+              "from tritonflow.pipelines import publish\n"
+              "state = json.load(open(sys.argv[1]))\n"
+              "out = publish.profile(state, enabled=True)\n"
+              "print('PROFILE ' + json.dumps(out['profile']))\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO),
+           "TRITONFLOW_HOME": str(settings.home),
+           "TRITONFLOW_MLFLOW_TRACKING_URI": settings.resolved_mlflow_tracking_uri,
+           "TRITONFLOW_ANALYZER_MAX_BATCH_SIZES": "8", "TRITONFLOW_ANALYZER_INSTANCE_COUNTS": "1",
+           "TRITONFLOW_ANALYZER_QUEUE_DELAYS_US": "100", "TRITONFLOW_ANALYZER_CONCURRENCY": "1",
+           "TRITONFLOW_ANALYZER_MEASUREMENT_MS": "1000", "TRITONFLOW_ANALYZER_STABILITY_CV": "0.5",
+           "TRITONFLOW_ANALYZER_TIMEOUT_S": "500"}
+    proc = subprocess.run([sys.executable, "-c", script, str(state_path)], env=env, capture_output=True,
+                          text=True, timeout=900, cwd=str(tmp_path))
+    from model_registry.analyzer import read_results_csv, results_path
+
+    # the environment is what is under test: Model Analyzer's Triton loaded the model through the
+    # Python backend stub (numpy, onnxruntime imported) and perf_analyzer measured it
+    assert "ToolingError" not in proc.stderr and "ModuleNotFoundError" not in proc.stderr, proc.stderr[-5000:]
+    export = Path(state["staging_dir"]) / "profile" / "run" / "export"
+    assert [r for r in read_results_csv(results_path(export)) if r.throughput > 0], proc.stderr[-5000:]
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("PROFILE ")]
+    if proc.returncode != 0:
+        # a loaded shared machine can make every confirmation pass unstable: the stability rule's
+        # verdict, not the environment's (seen once on the 2-core CI host at load 30)
+        assert "could not obtain a stable measurement" in proc.stderr, proc.stderr[-5000:]
+        return
+    prof = json.loads(lines[-1][len("PROFILE "):])
+    assert prof["status"] == "profiled" and prof["throughput"] > 0
+    assert os.environ.get("PATH")  # the test process itself is untouched

@@ -1,0 +1,243 @@
+"""The DAGs' drift-alert handling policy: every alert gets one decision with its reason.
+
+Each decision is a small record ``{"model", "hour", "features", "decision", "reason", ...}``
+that the deciding task pushes to XCom under :data:`XCOM_KEY` (one key for every DAG, so a client
+collects them through the REST API) and records in MLflow as the registered model's tag
+``tritonflow.alert_decision.<hour>.<stage>`` (:func:`record_decision`; the drift monitor records
+every hour's decision but ``no_alert``).
+
+Decisions, in the order the loop takes them:
+
+=========================  ============================================================  =========
+decision                   when                                                          where
+=========================  ============================================================  =========
+``alert``                  the alert policy fired (k consecutive windows / strong        drift_monitor
+                           effect)
+``cooldown``               the alert rule held but the model alerted on the same         drift_monitor
+                           features within ``TRITONFLOW_DRIFT_ALERT_COOLDOWN_HOURS``
+                           (logical time: the windows' hours, never the wall clock)
+``no_alert``               no persistent or strong drift in the hour                     drift_monitor
+``contract_failed``        the hour broke its data contract (a data-quality alert)       drift_monitor
+``no_reference``           the served version has no drift reference                     drift_monitor
+``skip_retrain_running``   a retraining of the model is in flight                        shadow_evaluation
+``skip_promotion_locked``  a canary/promotion of the model holds the promotion lock      shadow_evaluation
+``promote``                the challenger won: canary                                    shadow_evaluation
+``retrain``                the champion degraded: retraining                             shadow_evaluation
+``retrain_cooldown``       retraining decided less than ``TRITONFLOW_RETRAIN_COOLDOWN_S``  shadow_evaluation
+                           before this alert's hour (logical time)
+``no_retrain``             the shadow evaluation found nothing wrong (or could not        shadow_evaluation
+                           decide: inconclusive)
+=========================  ============================================================  =========
+
+Plain Python, no Airflow import.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import socket
+from typing import Any, Mapping, Sequence
+
+from tritonflow.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+#: XCom key of a run's alert decision (every DAG).
+XCOM_KEY = "alert_decision"
+#: Prefix of the registered-model tags recording the decisions (``<prefix><YYYY-mm-ddTHH:MM>``).
+TAG_PREFIX = "tritonflow.alert_decision."
+DECISIONS = ("alert", "cooldown", "no_alert", "contract_failed", "no_reference", "skip_retrain_running",
+             "skip_promotion_locked", "promote", "retrain", "retrain_cooldown", "no_retrain")
+
+
+def _hour(value: Any) -> str:
+    """ISO 8601 UTC of ``value`` (``''`` when empty)."""
+    if value in (None, ""):
+        return ""
+    import pandas as pd
+
+    ts = pd.Timestamp(value)
+    ts = ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+    return ts.isoformat()
+
+
+def make_decision(model: str, hour: Any, features: Sequence[str], decision: str, reason: str,
+                  **extra: Any) -> dict[str, Any]:
+    """One decision record (validated).
+
+    Raises:
+        ValueError: ``decision`` is not one of :data:`DECISIONS` or ``reason`` is empty.
+    """
+    if decision not in DECISIONS:
+        raise ValueError(f"decision={decision!r}; expected one of {DECISIONS}")
+    if not str(reason).strip():
+        raise ValueError(f"decision {decision!r} of model {model!r} has no reason")
+    return {"model": model, "hour": _hour(hour), "features": sorted(str(f) for f in features or ()),
+            "decision": decision, "reason": str(reason)[:1000], **extra}
+
+
+def drift_hour_decision(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The decision of the drift monitor on one model's hour, from its check summary."""
+    model = str(summary.get("model") or "")
+    hour = summary.get("window_start")
+    feats = list(summary.get("alert_features") or [])
+    status = summary.get("status")
+    reason = str(summary.get("alert_reason") or "")
+    if status == "no_reference":
+        msg = "; ".join(a.get("message", "") for a in summary.get("alerts") or [] if isinstance(a, Mapping))
+        return make_decision(model, hour, feats, "no_reference", msg or "no drift reference for the version")
+    if status not in (None, "ok"):
+        return make_decision(model, hour, feats, "contract_failed",
+                             f"status {status}: the hour's data contract failed; a data-quality alert, "
+                             "never a drift alert" + (f" ({reason})" if reason else ""))
+    if summary.get("drift"):
+        return make_decision(model, hour, feats, "alert", reason or "the alert policy fired")
+    if feats and "cooldown" in reason:
+        return make_decision(model, hour, feats, "cooldown", reason)
+    return make_decision(model, hour, feats, "no_alert",
+                         reason or "no persistent or strong drift in the hour (alert policy not met)")
+
+
+def retrain_in_flight(model: str, settings: Settings | None = None) -> str:
+    """The holder of an in-flight retraining of ``model`` (``''`` when none)."""
+    from model_registry.training import RetrainGuard
+
+    s = settings or get_settings()
+    guard = RetrainGuard.from_settings(s)
+    row = guard.status(model) or {}
+    if row.get("status") != "running":
+        return ""
+    import time
+
+    if time.time() - float(row.get("started_at") or 0) >= guard.stale_after_s:
+        return ""
+    return str(row.get("holder") or "?")
+
+
+def promotion_holder(model: str, settings: Settings | None = None) -> str:
+    """The holder of ``model``'s promotion lease in the shared database (``''`` when free).
+
+    Read only, never taken. An expired lease, or one whose holder process on this host has died,
+    counts as free (as :meth:`repository_sync.coordination.CoordinationStore.try_acquire` would).
+    """
+    from repository_sync.coordination import PROMOTION, _pid_alive, coordination_store
+
+    s = settings or get_settings()
+    rec = coordination_store(s).holder_of(PROMOTION, model)
+    if not rec:
+        return ""
+    if rec.get("host") == socket.gethostname() and rec.get("pid") and not _pid_alive(int(rec["pid"])):
+        return ""
+    return str(rec.get("holder") or "?")
+
+
+def admission(model: str, hour: Any, features: Sequence[str], settings: Settings | None = None,
+              *, retrain_holder: str | None = None, promotion: str | None = None) -> dict[str, Any] | None:
+    """A skip decision when a retraining is in flight or the promotion lock is held, else ``None``.
+
+    ``retrain_holder``/``promotion`` override the lookups (for tests).
+    """
+    s = settings or get_settings()
+    holder = retrain_in_flight(model, s) if retrain_holder is None else retrain_holder
+    if holder:
+        return make_decision(model, hour, features, "skip_retrain_running",
+                             f"a retraining of {model!r} is already running (holder {holder}); its "
+                             "challenger will be evaluated when it is published")
+    holder = promotion_holder(model, s) if promotion is None else promotion
+    if holder:
+        return make_decision(model, hour, features, "skip_promotion_locked",
+                             f"the promotion lock of {model!r} is held by {holder}: a canary or rollback "
+                             "is changing what serves")
+    return None
+
+
+def last_retrain_hour(model: str, before: Any, settings: Settings | None = None,
+                      tags: Mapping[str, str] | None = None) -> dt.datetime | None:
+    """The latest recorded ``retrain`` decision's hour before ``before`` (logical time)."""
+    import pandas as pd
+
+    if tags is None:
+        tags = _model_tags(model, settings or get_settings())
+    limit = pd.Timestamp(_hour(before))
+    best = None
+    for key, value in (tags or {}).items():
+        if not key.startswith(TAG_PREFIX):
+            continue
+        try:
+            rec = json.loads(value)
+        except ValueError:
+            continue
+        if rec.get("decision") != "retrain" or not rec.get("hour"):
+            continue
+        at = pd.Timestamp(rec["hour"])
+        if at < limit and (best is None or at > best):
+            best = at
+    return None if best is None else best.to_pydatetime()
+
+
+def shadow_decision(model: str, hour: Any, features: Sequence[str], outcome: str, reasons: Sequence[str],
+                    settings: Settings | None = None, *, tags: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The decision after a shadow evaluation: promote, retrain (unless in the logical cooldown), or
+    no retraining when it found nothing wrong."""
+    import pandas as pd
+
+    s = settings or get_settings()
+    why = "; ".join(str(r) for r in reasons or [])[:600]
+    if outcome == "promote_challenger":
+        return make_decision(model, hour, features, "promote", why or "the challenger won the shadow evaluation",
+                             outcome=outcome)
+    if outcome == "retrain":
+        last = last_retrain_hour(model, hour, s, tags) if hour else None
+        if last is not None:
+            since = pd.Timestamp(_hour(hour)) - pd.Timestamp(last)
+            if since.total_seconds() < float(s.retrain_cooldown_s):
+                return make_decision(
+                    model, hour, features, "retrain_cooldown",
+                    f"retraining was decided for the hour {last.isoformat()}, {since} before this alert's "
+                    f"hour (< TRITONFLOW_RETRAIN_COOLDOWN_S={s.retrain_cooldown_s:g} s, logical time)",
+                    outcome=outcome)
+        return make_decision(model, hour, features, "retrain", why or "the champion degraded", outcome=outcome)
+    return make_decision(model, hour, features, "no_retrain",
+                         f"shadow evaluation {outcome}: nothing wrong found" + (f" ({why})" if why else ""),
+                         outcome=outcome)
+
+
+def _model_tags(model: str, s: Settings) -> dict[str, str]:
+    import mlflow
+
+    client = mlflow.MlflowClient(s.resolved_mlflow_tracking_uri)
+    return dict(client.get_registered_model(model).tags or {})
+
+
+#: Decisions taken by the shadow evaluation (tag suffix ``.shadow``; the drift monitor's: ``.drift``).
+SHADOW_DECISIONS = ("skip_retrain_running", "skip_promotion_locked", "promote", "retrain", "retrain_cooldown",
+                    "no_retrain")
+
+
+def record_decision(decision: Mapping[str, Any], settings: Settings | None = None) -> str:
+    """Record ``decision`` as the registered model's tag ``tritonflow.alert_decision.<hour>.<stage>``
+    (``<hour>`` as ``YYYY-mm-ddTHH-MM``, ``<stage>`` ``drift`` or ``shadow``).
+
+    A failure to record is logged (warning) and returns ``''``: the decision itself stands (it
+    is in XCom).
+    """
+    import mlflow
+
+    s = settings or get_settings()
+    stage = "shadow" if decision.get("decision") in SHADOW_DECISIONS else "drift"
+    key = f"{TAG_PREFIX}{(decision.get('hour') or 'none')[:16].replace(':', '-')}.{stage}"
+    try:
+        client = mlflow.MlflowClient(s.resolved_mlflow_tracking_uri)
+        client.set_registered_model_tag(decision["model"], key, json.dumps(dict(decision), sort_keys=True)[:4900])
+    except Exception as exc:  # noqa: BLE001 - the decision stands without its MLflow copy
+        log.warning("alert decision of %s not recorded in MLflow (%s): %s", decision.get("model"), exc,
+                    json.dumps(dict(decision), sort_keys=True))
+        return ""
+    log.info("alert decision %s", json.dumps(dict(decision), sort_keys=True))
+    return key
+
+
+__all__ = ["DECISIONS", "TAG_PREFIX", "XCOM_KEY", "admission", "drift_hour_decision", "last_retrain_hour",
+           "make_decision", "promotion_holder", "record_decision", "retrain_in_flight", "shadow_decision"]
