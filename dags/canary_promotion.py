@@ -58,14 +58,17 @@ PARAMS = {
         description="Champion version override (default: the version the gateway serves, else alias 'champion').",
     ),
     "steps": Param(
-        [5, 25, 50, 100], type="array", items={"type": "integer", "minimum": 1, "maximum": 100},
+        None, type=["null", "array"], items={"type": "integer", "minimum": 1, "maximum": 100},
         minItems=1, maxItems=10, contains={"const": 100},
-        description="Traffic percents for the challenger, strictly increasing integers 1-100, ending at 100.",
+        description="Traffic percents for the challenger, strictly increasing integers 1-100, ending at 100 "
+                    "(empty: TRITONFLOW_CANARY_STEPS).",
     ),
-    "bake_s": Param(300, type="number", minimum=0, maximum=MAX_BAKE_S,
-                    description=f"Seconds each step bakes before its analysis (0-{MAX_BAKE_S})."),
-    "min_requests": Param(100, type="integer", minimum=1, maximum=1_000_000,
-                          description="Fewest challenger requests a step needs; fewer is inconclusive."),
+    "bake_s": Param(None, type=["null", "number"], minimum=0, maximum=MAX_BAKE_S,
+                    description=f"Seconds each step bakes before its analysis (0-{MAX_BAKE_S}; empty: "
+                                "TRITONFLOW_CANARY_BAKE_S)."),
+    "min_requests": Param(None, type=["null", "integer"], minimum=1, maximum=1_000_000,
+                          description="Fewest challenger requests a step needs; fewer is inconclusive "
+                                      "(empty: TRITONFLOW_CANARY_MIN_REQUESTS)."),
     "use_stages": Param(False, type="boolean",
                         description="Also move legacy MLflow stages (Production/Archived) on promotion."),
     "expected_predictions": Param(None, type=["null", "string"],
@@ -83,6 +86,17 @@ def _holder(context) -> str:
 def _request(params: dict, context) -> dict:
     """Params, overridden by the registry event that started the run (if any)."""
     req = {k: params.get(k) for k in PARAMS}
+    if req["steps"] is None or req["bake_s"] is None or req["min_requests"] is None:
+        # A run triggered by another DAG (shadow_evaluation) carries no schedule: the settings' one.
+        from tritonflow.settings import get_settings
+
+        s = get_settings()
+        if req["steps"] is None:
+            req["steps"] = [int(x) for x in str(s.canary_steps).split(",") if x.strip()]
+        if req["bake_s"] is None:
+            req["bake_s"] = float(s.canary_bake_s)
+        if req["min_requests"] is None:
+            req["min_requests"] = int(s.canary_min_requests)
     event = registry_conf_from_context(context)
     if event:
         req["model"] = event.get("model_name") or req["model"]
