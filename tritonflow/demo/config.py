@@ -240,6 +240,8 @@ def environment(cfg: DemoConfig, ports: Mapping[str, int]) -> dict[str, str]:
         "TRITONFLOW_RETRAIN_WINDOW_DAYS": str(cfg.retrain_hours / 24.0),
         "TRITONFLOW_RETRAIN_DEFAULT_MODEL": cfg.model,
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{ports['mlflow']}",
+        # Four Airflow processes and three services start side by side on a small machine.
+        "TRITONFLOW_START_TIMEOUT_S": "600",
         "GIT_PYTHON_REFRESH": "quiet",
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
         "PYTHONWARNINGS": "ignore",

@@ -331,8 +331,10 @@ class AirflowConfig:
 
 
 def _airflow_settings(config: AirflowConfig) -> Settings:
-    """Settings whose log and pid folders are the deployment's (``<AIRFLOW_HOME>/{logs,run}``)."""
-    return Settings.from_env({}, home=config.home, host=config.host)
+    """Settings whose log and pid folders are the deployment's (``<AIRFLOW_HOME>/{logs,run}``);
+    the start timeout is the environment's (``TRITONFLOW_START_TIMEOUT_S``)."""
+    return Settings.from_env({}, home=config.home, host=config.host,
+                             start_timeout_s=Settings.from_env().start_timeout_s)
 
 
 class AirflowService(Service):
