@@ -88,9 +88,6 @@ class DayHourMapping:
 
 
 @dataclasses.dataclass(frozen=True)
-
-
-@dataclasses.dataclass(frozen=True)
 class DemoConfig:
     """Everything a demo run needs; built by :func:`config_from_args`.
 

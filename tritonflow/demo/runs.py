@@ -22,9 +22,8 @@ from typing import Any, Iterable, Mapping
 
 from tritonflow.runtime.airflow import AirflowApi, AirflowApiError
 
-#: Tasks whose ``trigger_run_id`` XCom names the run they triggered.
-TRIGGER_TASKS = {"shadow_evaluation": ("trigger_canary", "trigger_retrain"),
-                 "retrain": ("trigger_publish",), "model_publish": None}
+#: XCom key a ``TriggerDagRunOperator`` task pushes with the run id it created.
+TRIGGER_RUN_ID_KEY = "trigger_run_id"
 #: XCom key of the DAGs' alert decision ({hour, features, decision, reason}).
 ALERT_DECISION_KEY = "alert_decision"
 #: Alert decisions that mean nothing was started for the alert.
@@ -96,9 +95,9 @@ def xcom_values(api: AirflowApi, dag_id: str, run_id: str, key: str,
 def _triggered_map(api: AirflowApi, runs: Mapping[str, list[dict[str, Any]]]) -> dict[str, str]:
     """``{triggered run_id: "dag:<dag_id>/<run_id>"}`` from the trigger tasks' ``trigger_run_id``."""
     out: dict[str, str] = {}
-    for dag_id, tasks in TRIGGER_TASKS.items():
-        for run in runs.get(dag_id, []):
-            for _task, _mi, value in xcom_values(api, dag_id, run["dag_run_id"], "trigger_run_id", tasks):
+    for dag_id, items in runs.items():
+        for run in items:
+            for _task, _mi, value in xcom_values(api, dag_id, run["dag_run_id"], TRIGGER_RUN_ID_KEY):
                 for rid in (value if isinstance(value, list) else [value]):
                     if rid:
                         out[str(rid)] = f"dag:{dag_id}/{run['dag_run_id']}"
