@@ -8,6 +8,7 @@ are known the next day, the canary compares the versions' quality on them).
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import threading
@@ -25,6 +26,7 @@ from tritonflow.exceptions import DataError
 REPLAY_CONCURRENCY = 4
 
 
+@dataclasses.dataclass(frozen=True)
 class ServedModel:
     """The served model's interface as the gateway reports it (inputs and outputs)."""
 
