@@ -538,6 +538,15 @@ class Demo:
         for r in dag_runs:
             s, e = rr.parse_time(r["start"]), rr.parse_time(r["end"])
             r["seconds"] = round((e - s).total_seconds(), 1) if s and e else None
+        for r in dag_runs:  # the scheduler's publishes and canaries, for the report's timings
+            if r["seconds"] is None:
+                continue
+            if r["dag_id"] == "model_publish":
+                self.event("publish", state=r["state"], seconds=r["seconds"], run_id=r["run_id"],
+                           version=r["conf"].get("version_or_alias"))
+            elif r["dag_id"] == "canary_promotion":
+                self.event("canary", state=r["state"], seconds=r["seconds"], run_id=r["run_id"],
+                           challenger=r["conf"].get("challenger"), outcome=r["state"])
         alerts = rr.alerts(self.api, dag_runs, self.driver_runs)
         loops = rr.closed_loops(dag_runs, self.promotions)
         for loop in loops:
