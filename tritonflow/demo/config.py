@@ -110,6 +110,10 @@ class DemoConfig:
         dataset_share: ``TRITONFLOW_DRIFT_DATASET_SHARE`` of the run (``None``: the setting's default).
         settle_timeout_s: Seconds the driver waits after the last hour for the runs still in flight.
         airflow_database_url: Metadata DB (empty: SQLite under ``<home>/airflow``).
+        drift_runs_in_flight: ``drift_monitor`` runs the driver lets run at once (the DAG allows
+            4). The next hour's run is created once the previous hour's ``check`` task finished
+            (the alert policy reads the windows before), so recording, alerting and the next
+            check overlap.
     """
 
     home: Path = DEFAULT_DEMO_HOME
@@ -130,6 +134,7 @@ class DemoConfig:
     dataset_share: float | None = 0.125
     settle_timeout_s: float = 1800.0
     airflow_database_url: str = ""
+    drift_runs_in_flight: int = 3
 
 
 def quick_config(home: Path = DEFAULT_DEMO_HOME, **overrides: Any) -> DemoConfig:

@@ -40,6 +40,8 @@ DRIFT_RUN_TIMEOUT_S = 900.0
 PARSE_TIMEOUT_S = 600.0
 #: DAG run states that are final.
 FINAL_STATES = ("success", "failed")
+#: Task instance states that are final.
+TI_FINAL_STATES = ("success", "failed", "skipped", "upstream_failed", "removed")
 
 
 class Runtime:
@@ -386,6 +388,19 @@ class Demo:
                 return run
             time.sleep(1.0)
 
+    def wait_checked(self, run_id: str, timeout_s: float) -> None:
+        """Wait until the ``check`` task(s) of a ``drift_monitor`` run (or the run) have finished."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            run = self.api.get(f"/dags/drift_monitor/dagRuns/{run_id}")
+            if run.get("state") in FINAL_STATES:
+                return
+            tis = self.api.get(f"/dags/drift_monitor/dagRuns/{run_id}/taskInstances?task_id=check")
+            checks = [t for t in tis.get("task_instances") or [] if t.get("task_id") == "check"]
+            if checks and all(t.get("state") in TI_FINAL_STATES for t in checks):
+                return
+            time.sleep(1.0)
+
     def read_hour(self, record: HourRecord, run: Mapping[str, Any]) -> None:
         """Status, drift verdict and threshold source of the hour from the run's XComs."""
         from tritonflow.demo.runs import parse_time, xcom_values
@@ -483,20 +498,24 @@ class Demo:
                f"drift_monitor run per hour through the REST API (dynamic P95 thresholds after "
                f"{cfg.min_history_windows} windows); the scheduler runs everything else")
         self.loop_t0 = time.time()
-        pending: tuple[HourRecord, str] | None = None
+        pending: list[tuple[HourRecord, str]] = []
         for hour in range(m.n_hours):
             self._current_hour = hour
             t = time.monotonic()
             record = self.replay_hour(hour)
-            if pending is not None:
-                self._finish_hour(*pending)
+            while len(pending) >= cfg.drift_runs_in_flight:
+                self._finish_hour(*pending.pop(0))
+            if pending:
+                # the previous hour's statistics must be in the history (the alert policy reads
+                # the windows before) before this hour is checked: its check task has finished
+                self.wait_checked(pending[-1][1], DRIFT_RUN_TIMEOUT_S)
             record.run_id = self.trigger_drift(hour)
-            pending = (record, record.run_id)
+            pending.append((record, record.run_id))
             p.step(f"hour {hour:3d} days {record.first_day}-{record.last_day}: {record.rows} requests "
                    f"(versions {record.versions}); drift_monitor {record.run_id} created "
                    f"({time.monotonic() - t:.1f} s)")
-        if pending is not None:
-            self._finish_hour(*pending)
+        for item in pending:
+            self._finish_hour(*item)
         self.settle()
         return self.finish()
 
