@@ -239,6 +239,9 @@ def model_publish():
         conf = {"model": summary["model"], "challenger": str(summary["version"]),
                 "published_version": int(summary["version"]), "triton_model_name": summary["triton_model_name"],
                 "triggered_by": DAG_ID}
+        drift_event = (get_current_context()["dag_run"].conf or {}).get("drift_event")
+        if drift_event:  # the alert this publish answers (from retrain): the next evaluation's window
+            conf["drift_event"] = drift_event
         return [{"trigger_dag_id": dag_id, "conf": conf} for dag_id in summary.get("then") or []]
 
     summary = record(load_and_smoke(sign_and_push(perf_gate(profile(convert_and_validate(resolve()))))))
