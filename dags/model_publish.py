@@ -96,11 +96,13 @@ PARAMS = {
     "max_batch_size": Param(32, type="integer", minimum=0, maximum=MAX_BATCH_SIZE,
                             description="Largest batch Triton may form (0: no batching); also the ceiling "
                                         "of the profiling sweep."),
-    "profile": Param(True, type="boolean",
-                     description="Profile with Model Analyzer (bounded sweep) and adopt the best stable config."),
-    "perf_gate": Param(True, type="boolean",
+    "profile": Param(None, type=["null", "boolean"],
+                     description="Profile with Model Analyzer (bounded sweep) and adopt the best stable config "
+                                 "(empty: TRITONFLOW_PUBLISH_PROFILE)."),
+    "perf_gate": Param(None, type=["null", "boolean"],
                        description="p99 latency regression gate against the champion before the push "
-                                   "(TRITONFLOW_MAX_P99_REGRESSION beyond the measured noise band)."),
+                                   "(TRITONFLOW_MAX_P99_REGRESSION beyond the measured noise band; empty: "
+                                   "TRITONFLOW_PUBLISH_PERF_GATE)."),
     "export_format": Param("onnx", type="string", enum=["onnx", "torchscript"],
                            description="Served format: ONNX (every flavour), or TorchScript for PyTorch models "
                                        "(platform pytorch_libtorch, model.pt)."),
@@ -111,6 +113,11 @@ PARAMS = {
     "loop": Param(None, type=["null", "object"],
                   description="Context handed on by the DAG that triggered this run (validated; leave empty)."),
 }
+
+
+def _flag(value, default: bool) -> bool:
+    """A boolean param; empty (None) takes the setting (TRITONFLOW_PUBLISH_PROFILE / _PERF_GATE)."""
+    return default if value is None else bool(value)
 
 
 def _settings():
@@ -196,7 +203,8 @@ def model_publish():
         from tritonflow.pipelines import publish as pipeline
 
         params = get_current_context()["params"]
-        return pipeline.profile(state, enabled=bool(params["profile"]), settings=_settings())
+        return pipeline.profile(state, enabled=_flag(params.get("profile"), _settings().publish_profile),
+                                settings=_settings())
 
     @task(execution_timeout=PROFILE_TASK_TIMEOUT)
     @fail_fast_on_bad_data
@@ -206,7 +214,7 @@ def model_publish():
         from tritonflow.pipelines import publish as pipeline
 
         params = get_current_context()["params"]
-        return pipeline.perf_gate(state, enabled=bool(params.get("perf_gate", True)),
+        return pipeline.perf_gate(state, enabled=_flag(params.get("perf_gate"), _settings().publish_perf_gate),
                                   repository_uri=params.get("repository") or None, settings=_settings())
 
     @task(execution_timeout=PUSH_TASK_TIMEOUT)

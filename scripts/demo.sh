@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The README's first command: set up this machine (idempotent), then run tritonflow's whole loop
-# on the NOAA weather data through Airflow DAG runs and write an HTML report.
+# on the NOAA weather data on a real local Airflow deployment (scheduler, dag-processor, triggerer,
+# api-server, LocalExecutor, SQLite) beside MLflow, Triton and the NGINX gateway, and write an
+# HTML report. The last line printed is one JSON object with the benchmarks.
 #
 #   bash scripts/demo.sh            # the full replay (see README for the time it takes)
 #   bash scripts/demo.sh --quick    # the smallest sweep (a few minutes)
+#   bash scripts/demo.sh --keep-running   # leave the Airflow UI, MLflow UI and gateway up
 #   bash scripts/demo.sh --help     # every option
 #
 # Re-runnable: services left by a previous run are stopped and the demo's state folder

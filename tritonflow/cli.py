@@ -2,7 +2,7 @@
 
 Usage::
 
-    tritonflow runtime start [--services triton,mlflow,s3,gateway] [--repository URI]
+    tritonflow runtime start [--services triton,mlflow,s3,gateway,airflow] [--repository URI]
     tritonflow runtime status [--json]
     tritonflow runtime stop [--services ...]
     tritonflow settings            # the settings in effect and their source (exit 1 on a bad value)
@@ -28,6 +28,10 @@ from tritonflow.exceptions import RuntimeStartError, TritonflowError
 from tritonflow.settings import Settings, get_settings
 
 ALL_SERVICES = ("s3", "mlflow", "triton", "gateway")
+#: Services ``--services`` may name: the default set plus the local Airflow deployment
+#: (LocalExecutor, SQLite; scheduler, dag-processor, triggerer, api-server on
+#: ``TRITONFLOW_AIRFLOW_API_PORT``).
+KNOWN_SERVICES = ALL_SERVICES + ("airflow",)
 
 
 def _services(settings: Settings, names: list[str], repository: str | None):
@@ -38,16 +42,23 @@ def _services(settings: Settings, names: list[str], repository: str | None):
         "mlflow": lambda: MlflowServer(settings),
         "triton": lambda: TritonServer(settings, repository=repository),
         "gateway": lambda: NginxGateway(settings),
+        "airflow": lambda: _local_airflow(settings),
     }
     return [(name, build[name]()) for name in names]
 
 
+def _local_airflow(settings: Settings):
+    from tritonflow.runtime.airflow import AirflowConfig, AirflowDeployment
+
+    return AirflowDeployment(AirflowConfig.local(settings))
+
+
 def _parse_services(raw: str) -> list[str]:
     names = [n.strip() for n in raw.split(",") if n.strip()]
-    unknown = [n for n in names if n not in ALL_SERVICES]
+    unknown = [n for n in names if n not in KNOWN_SERVICES]
     if unknown:
-        raise SystemExit(f"unknown service(s) {unknown}; expected a subset of {list(ALL_SERVICES)}")
-    return [n for n in ALL_SERVICES if n in names]  # start order: dependencies first
+        raise SystemExit(f"unknown service(s) {unknown}; expected a subset of {list(KNOWN_SERVICES)}")
+    return [n for n in KNOWN_SERVICES if n in names]  # start order: dependencies first
 
 
 def _runtime(args: argparse.Namespace) -> int:

@@ -326,6 +326,14 @@ DEFAULT_RETRAIN_DEFAULT_MODEL = ""
 DEFAULT_MONITORED_MODELS = ""
 
 
+# ---------------------------------------------------------------------------- tritonflow.runtime.airflow (local)
+#: Metadata DB of the local Airflow deployment; empty: SQLite (WAL) under ``<home>/airflow``.
+DEFAULT_AIRFLOW_DATABASE_URL = ""
+#: API server / UI port of the local Airflow deployment (8080 is the gateway's).
+DEFAULT_AIRFLOW_API_PORT = 8280
+#: LocalExecutor task slots of the local Airflow deployment.
+DEFAULT_AIRFLOW_PARALLELISM = 4
+
 # ---------------------------------------------------------------------------- tritonflow.demo (main job)
 #: Weighted share (0-1) of flagged features that makes a window's dataset verdict ``drift``
 #: (Evidently's default share 0.5; weights per ``TRITONFLOW_DRIFT_WEIGHTING``). A drift alert
@@ -530,6 +538,12 @@ class Settings:
     )
     max_p99_regression: float = _field(
         DEFAULT_MAX_P99_REGRESSION, "MAX_P99_REGRESSION", "Allowed challenger p99 regression beyond noise (0.1 = 10 %)."
+    )
+    publish_profile: bool = _field(
+        True, "PUBLISH_PROFILE", "model_publish profiles with Model Analyzer unless its 'profile' param says otherwise.",
+    )
+    publish_perf_gate: bool = _field(
+        True, "PUBLISH_PERF_GATE", "model_publish runs the p99 gate unless its 'perf_gate' param says otherwise.",
     )
     perf_gate_passes: int = _field(
         DEFAULT_PERF_GATE_PASSES, "PERF_GATE_PASSES", "perf_analyzer passes per model of the p99 gate (>= 3)."
@@ -740,6 +754,18 @@ class Settings:
     gateway_reload: str = _field(
         DEFAULT_GATEWAY_RELOAD, "GATEWAY_RELOAD",
         "How the router reloads NGINX: 'local' (nginx -s reload) or 'watcher' (reload.request file).",
+    )
+
+    # -------------------------------------------------------------- tritonflow.runtime.airflow (local)
+    airflow_database_url: str = _field(
+        DEFAULT_AIRFLOW_DATABASE_URL, "AIRFLOW_DATABASE_URL",
+        "Metadata DB of the local Airflow (SQLAlchemy URL, e.g. PostgreSQL); empty: SQLite under <home>/airflow.",
+    )
+    airflow_api_port: int = _field(
+        DEFAULT_AIRFLOW_API_PORT, "AIRFLOW_API_PORT", "Local Airflow API server and UI port.",
+    )
+    airflow_parallelism: int = _field(
+        DEFAULT_AIRFLOW_PARALLELISM, "AIRFLOW_PARALLELISM", "Local Airflow LocalExecutor task slots (>= 4).",
     )
 
     # -------------------------------------------------------------- tritonflow.demo (main job)

@@ -321,6 +321,10 @@ def run_training(model: str, window_ref: Mapping[str, Any], *, entry_point: Any 
                            "then": ["shadow_evaluation"]}
     if window_ref.get("uri"):
         out["publish_conf"]["dataset_uri"] = str(window_ref["uri"])
+    if event:
+        # The shadow evaluation model_publish triggers next judges the window of this alert,
+        # not the wall clock's last hours.
+        out["publish_conf"]["drift_event"] = event
     return out
 
 

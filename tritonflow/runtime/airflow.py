@@ -1,4 +1,12 @@
-"""A real Airflow 3.3 deployment on loopback: PostgreSQL, Redis, CeleryExecutor, five processes.
+"""A real Airflow 3.3 deployment on loopback, in one of two shapes.
+
+* **Celery** (:meth:`AirflowConfig.from_settings`, tests/deployment): PostgreSQL metadata DB,
+  Redis broker, ``CeleryExecutor``, five processes.
+* **Local** (:meth:`AirflowConfig.local`, the main job's embedded default and
+  ``tritonflow runtime start --services airflow``): ``LocalExecutor`` (``parallelism`` task slots,
+  at least 4) and a SQLite metadata DB in WAL mode under ``AIRFLOW_HOME`` (a PostgreSQL URL in
+  ``TRITONFLOW_AIRFLOW_DATABASE_URL`` replaces it), four processes: no broker, no worker (the
+  scheduler runs the tasks and serves their logs).
 
 :class:`AirflowDeployment` runs what a production installation runs, each as its own process with
 ``AIRFLOW_HOME`` under ``<settings.home>/airflow``:
@@ -10,7 +18,7 @@
 * ``airflow dag-processor`` (:class:`AirflowDagProcessor`) parsing ``<repo>/dags``;
 * ``airflow triggerer`` (:class:`AirflowTriggerer`) running deferred tasks and asset watchers
   (the registry watcher);
-* ``airflow celery worker`` (:class:`AirflowCeleryWorker`) consuming a Redis queue.
+* ``airflow celery worker`` (:class:`AirflowCeleryWorker`) consuming a Redis queue (Celery only).
 
 The metadata DB is a PostgreSQL database of its own (created by :meth:`AirflowDeployment.start`,
 dropped by :meth:`AirflowDeployment.stop` when ``drop_database=True``), the Celery broker is Redis
@@ -73,6 +81,10 @@ DEFAULT_WORKER_CONCURRENCY = 2
 DEFAULT_DAG_REFRESH_INTERVAL_S = 5
 #: Seconds after which an unchanged DAG file is parsed again.
 DEFAULT_MIN_FILE_PROCESS_INTERVAL_S = 10
+#: Task slots of the LocalExecutor (``[core] parallelism``).
+DEFAULT_LOCAL_PARALLELISM = 4
+#: Executors :class:`AirflowConfig` knows how to deploy.
+EXECUTORS = ("CeleryExecutor", "LocalExecutor")
 #: Seconds ``airflow db migrate`` may take.
 MIGRATE_TIMEOUT_S = 600.0
 #: Seconds between two polls of the REST API while waiting for a state.
@@ -110,6 +122,11 @@ class AirflowConfig:
         dag_refresh_interval_s: ``[dag_processor] refresh_interval`` (seconds).
         min_file_process_interval_s: ``[dag_processor] min_file_process_interval`` (seconds).
         extra_env: Environment added to every Airflow process (``TRITONFLOW_*`` for the tasks).
+        executor: ``CeleryExecutor`` (with a worker process) or ``LocalExecutor`` (tasks run by
+            the scheduler, no broker).
+        database_url: Full SQLAlchemy URL of the metadata DB (``sqlite:////abs/path.db`` or a
+            PostgreSQL URL); empty: ``postgres_url/database``.
+        parallelism: ``[core] parallelism``: task slots of the LocalExecutor (>= 4).
     """
 
     home: Path
@@ -131,8 +148,18 @@ class AirflowConfig:
     dag_refresh_interval_s: int = DEFAULT_DAG_REFRESH_INTERVAL_S
     min_file_process_interval_s: int = DEFAULT_MIN_FILE_PROCESS_INTERVAL_S
     extra_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    executor: str = "CeleryExecutor"
+    database_url: str = ""
+    parallelism: int = DEFAULT_LOCAL_PARALLELISM
 
     def __post_init__(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor={self.executor!r}; expected one of {EXECUTORS}")
+        if self.executor == "LocalExecutor" and self.parallelism < 4:
+            raise ValueError(f"parallelism={self.parallelism}; expected >= 4 (runs of different DAGs "
+                             "overlap: the drift monitor, a canary and a retraining at once)")
+        if self.executor == "CeleryExecutor" and self.is_sqlite:
+            raise ValueError(f"database_url={self.database_url!r}: the CeleryExecutor needs PostgreSQL")
         if not self.database.replace("_", "").isalnum() or not self.database[0].isalpha():
             raise ValueError(
                 f"database={self.database!r} is invalid: expected letters, digits and '_' "
@@ -165,6 +192,25 @@ class AirflowConfig:
         values.update(overrides)
         return cls(home=home, **values)
 
+    @classmethod
+    def local(cls, settings: Settings, **overrides: Any) -> "AirflowConfig":
+        """The embedded local deployment: ``LocalExecutor`` and SQLite (WAL) under ``AIRFLOW_HOME``.
+
+        ``settings.airflow_database_url`` (``TRITONFLOW_AIRFLOW_DATABASE_URL``), when set, is the
+        metadata DB instead (PostgreSQL for more than one host). The API server listens on
+        ``settings.airflow_api_port`` (8080 is the gateway's).
+        """
+        home = Path(overrides.get("home", settings.home / "airflow"))
+        values: dict[str, Any] = {
+            "executor": "LocalExecutor",
+            "database_url": settings.airflow_database_url or f"sqlite:///{home / 'airflow.db'}",
+            "api_port": settings.airflow_api_port,
+            "parallelism": settings.airflow_parallelism,
+            "dags_paused_at_creation": True,
+        }
+        values.update(overrides)
+        return cls.from_settings(settings, **values)
+
     # ------------------------------------------------------------------ derived
     @property
     def api_url(self) -> str:
@@ -172,9 +218,19 @@ class AirflowConfig:
         return f"http://{self.host}:{self.api_port}"
 
     @property
+    def is_sqlite(self) -> bool:
+        """The metadata DB is a SQLite file."""
+        return self.database_url.startswith("sqlite")
+
+    @property
+    def is_celery(self) -> bool:
+        """Tasks go through Celery (Redis broker, a worker process)."""
+        return self.executor == "CeleryExecutor"
+
+    @property
     def sql_alchemy_conn(self) -> str:
         """SQLAlchemy URL of the metadata DB."""
-        return f"{self.postgres_url}/{self.database}"
+        return self.database_url or f"{self.postgres_url}/{self.database}"
 
     @property
     def broker_url(self) -> str:
@@ -194,11 +250,12 @@ class AirflowConfig:
 
     def airflow_cfg(self) -> dict[str, dict[str, str]]:
         """The ``airflow.cfg`` sections this deployment sets (names checked against Airflow 3.3)."""
-        return {
+        cfg = {
             "core": {
                 "dags_folder": str(self.dags_folder),
                 "plugins_folder": str(self.plugins_folder),
-                "executor": "CeleryExecutor",
+                "executor": self.executor,
+                "parallelism": str(self.parallelism),
                 "load_examples": "False",
                 "auth_manager": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
                 "simple_auth_manager_all_admins": "True",
@@ -238,6 +295,9 @@ class AirflowConfig:
                 "colored_console_log": "False",
             },
         }
+        if not self.is_celery:
+            del cfg["celery"]
+        return cfg
 
     def write_airflow_cfg(self) -> Path:
         """Write ``airflow.cfg`` (mode 0600: it holds secrets) and return its path."""
@@ -271,8 +331,10 @@ class AirflowConfig:
 
 
 def _airflow_settings(config: AirflowConfig) -> Settings:
-    """Settings whose log and pid folders are the deployment's (``<AIRFLOW_HOME>/{logs,run}``)."""
-    return Settings.from_env({}, home=config.home, host=config.host)
+    """Settings whose log and pid folders are the deployment's (``<AIRFLOW_HOME>/{logs,run}``);
+    the start timeout is the environment's (``TRITONFLOW_START_TIMEOUT_S``)."""
+    return Settings.from_env({}, home=config.home, host=config.host,
+                             start_timeout_s=Settings.from_env().start_timeout_s)
 
 
 class AirflowService(Service):
@@ -330,13 +392,19 @@ class AirflowApiServer(AirflowService):
 
 
 class AirflowScheduler(AirflowService):
-    """``airflow scheduler`` with the CeleryExecutor (task logs are served by the worker)."""
+    """``airflow scheduler``; with the LocalExecutor it runs the tasks and serves their logs
+    (on ``worker_log_port``), with Celery the worker does both."""
 
     name = "airflow-scheduler"
     health_component = "scheduler"
 
+    def ports(self) -> Sequence[int]:
+        return () if self.config.is_celery else (self.config.worker_log_port,)
+
     def command(self) -> list[str]:
-        return [_venv_bin("airflow"), "scheduler", "--skip-serve-logs"]
+        if self.config.is_celery:
+            return [_venv_bin("airflow"), "scheduler", "--skip-serve-logs"]
+        return [_venv_bin("airflow"), "scheduler"]
 
 
 class AirflowDagProcessor(AirflowService):
@@ -410,12 +478,13 @@ def create_database(config: AirflowConfig) -> bool:
         RuntimeStartError: PostgreSQL is not reachable at ``config.postgres_url``.
     """
     conn = _admin_connection(config)
+    name = _database_name(config)
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (config.database,))
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
             if cur.fetchone():
                 return False
-            cur.execute(f'CREATE DATABASE "{config.database}"')
+            cur.execute(f'CREATE DATABASE "{name}"')
             return True
     finally:
         conn.close()
@@ -426,16 +495,25 @@ def drop_database(config: AirflowConfig) -> None:
     conn = _admin_connection(config)
     try:
         with conn.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{config.database}" WITH (FORCE)')
+            cur.execute(f'DROP DATABASE IF EXISTS "{_database_name(config)}" WITH (FORCE)')
     finally:
         conn.close()
+
+
+def _database_name(config: AirflowConfig) -> str:
+    from sqlalchemy.engine import make_url
+
+    name = make_url(config.sql_alchemy_conn).database or config.database
+    if not name.replace("_", "").isalnum() or not name[0].isalpha():
+        raise ValueError(f"metadata database name {name!r} is invalid: expected letters, digits and '_'")
+    return name
 
 
 def _admin_connection(config: AirflowConfig):
     import psycopg2
     from sqlalchemy.engine import make_url
 
-    url = make_url(f"{config.postgres_url}/postgres")
+    url = make_url(config.sql_alchemy_conn)
     try:
         conn = psycopg2.connect(host=url.host, port=url.port or 5432, user=url.username,
                                 password=url.password, dbname="postgres", connect_timeout=10)
@@ -446,6 +524,27 @@ def _admin_connection(config: AirflowConfig):
         ) from None
     conn.autocommit = True
     return conn
+
+
+def enable_sqlite_wal(config: AirflowConfig) -> str:
+    """Switch the SQLite metadata DB to write-ahead logging (persistent in the file).
+
+    With WAL, readers (the API server, the UI) do not block the scheduler's writes and the four
+    processes wait less on ``database is locked``.
+
+    Returns:
+        The journal mode SQLite reports afterwards (``wal``).
+    """
+    import sqlite3
+
+    from sqlalchemy.engine import make_url
+
+    path = make_url(config.sql_alchemy_conn).database
+    conn = sqlite3.connect(path, timeout=30)
+    try:
+        return str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0])
+    finally:
+        conn.close()
 
 
 def purge_broker_queue(config: AirflowConfig) -> None:
@@ -503,8 +602,9 @@ class AirflowDeployment:
 
     @property
     def services(self) -> list[AirflowService]:
-        """The processes, in start order."""
-        return [self.api_server, self.dag_processor, self.scheduler, self.triggerer, self.worker]
+        """The processes, in start order (no worker with the LocalExecutor)."""
+        out = [self.api_server, self.dag_processor, self.scheduler, self.triggerer]
+        return out + [self.worker] if self.config.is_celery else out
 
     @property
     def api_url(self) -> str:
@@ -541,11 +641,15 @@ class AirflowDeployment:
                     raise RuntimeStartError(
                         f"{service.name}: port {c.host}:{port} is already in use; choose another port"
                     )
-        self._check_redis()
+        if c.is_celery:
+            self._check_redis()
         try:
-            create_database(c)
+            if not c.is_sqlite:
+                create_database(c)
             c.write_airflow_cfg()
             migrate(c)
+            if c.is_sqlite:
+                enable_sqlite_wal(c)
             self.api_server.start()
             with ThreadPoolExecutor(max_workers=4) as pool:
                 futures = [pool.submit(s.start) for s in self.services[1:]]
@@ -576,11 +680,12 @@ class AirflowDeployment:
         """Stop every process (reverse order), purge the queue, drop the DB if asked."""
         for service in reversed(self.services):
             service.stop()
-        try:
-            purge_broker_queue(self.config)
-        except Exception:  # broker gone: nothing to purge
-            pass
-        if self.drop_database:
+        if self.config.is_celery:
+            try:
+                purge_broker_queue(self.config)
+            except Exception:  # broker gone: nothing to purge
+                pass
+        if self.drop_database and not self.config.is_sqlite:
             drop_database(self.config)
 
     def __enter__(self) -> "AirflowDeployment":

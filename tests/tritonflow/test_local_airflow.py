@@ -1,0 +1,93 @@
+"""The local Airflow deployment (LocalExecutor, SQLite in WAL mode) and how the demo reads it back.
+
+A real deployment (``AirflowConfig.local``: scheduler, dag-processor, triggerer, api-server) runs
+three tiny DAGs shaped like the loop (tests/tritonflow/local_airflow_dags/chain.py): the test plays
+the driver and creates one run through the REST API with the data interval of a logical hour; the
+scheduler does the rest (asset event -> consumer -> TriggerDagRunOperator -> target). Then
+:mod:`tritonflow.demo.runs` must name what triggered each run, read the ``alert_decision`` XCom
+and measure the scheduling latency.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from tritonflow.demo import runs as rr
+from tritonflow.runtime.airflow import AirflowApi, AirflowConfig, AirflowDeployment
+from tritonflow.runtime.services import free_port
+from tritonflow.settings import Settings
+
+pytestmark = [pytest.mark.integration]
+
+DAGS = Path(__file__).parent / "local_airflow_dags"
+CHAIN = ("chain_source", "chain_consumer", "chain_target")
+#: Seconds the three runs may take on a loaded two-core machine.
+CHAIN_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    home = tmp_path_factory.mktemp("local_airflow")
+    settings = Settings.from_env({}, home=home, start_timeout_s=600)
+    config = AirflowConfig.local(settings, api_port=free_port(), worker_log_port=free_port(),
+                                 triggerer_log_port=free_port(), dags_folder=DAGS)
+    dep = AirflowDeployment(config)
+    dep.start()
+    try:
+        yield dep
+    finally:
+        dep.stop()
+
+
+def test_config_is_local_executor_on_sqlite_without_celery(tmp_path):
+    config = AirflowConfig.local(Settings.from_env({}, home=tmp_path))
+    cfg = config.airflow_cfg()
+    assert cfg["core"]["executor"] == "LocalExecutor"
+    assert int(cfg["core"]["parallelism"]) >= 4
+    assert cfg["database"]["sql_alchemy_conn"] == f"sqlite:///{tmp_path / 'airflow' / 'airflow.db'}"
+    assert "celery" not in cfg
+    assert config.api_port != 8080  # the gateway's port
+    with pytest.raises(ValueError, match="parallelism"):
+        AirflowConfig.local(Settings.from_env({}, home=tmp_path), parallelism=2)
+    with pytest.raises(ValueError, match="PostgreSQL"):
+        AirflowConfig.from_settings(Settings.from_env({}, home=tmp_path), database_url="sqlite:////x.db")
+
+
+def test_a_driver_run_starts_the_chain_and_the_runs_say_what_triggered_them(deployment):
+    api = AirflowApi(deployment.api_url)
+    services = {s.name for s in deployment.services}
+    assert services == {"airflow-api-server", "airflow-dag-processor", "airflow-scheduler", "airflow-triggerer"}
+    db = deployment.config.sql_alchemy_conn.removeprefix("sqlite:///")
+    assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    for dag_id in CHAIN:
+        api.wait_for_dag(dag_id, 300)
+        api.unpause(dag_id)
+    run_id = "demo_hour_0003__2025-01-01T03:00"
+    api.post("/dags/chain_source/dagRuns", {
+        "dag_run_id": run_id, "logical_date": "2025-01-01T03:00:00+00:00",
+        "data_interval_start": "2025-01-01T03:00:00+00:00",
+        "data_interval_end": "2025-01-01T04:00:00+00:00", "conf": {}})
+    deadline = time.monotonic() + CHAIN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        targets = api.dag_runs("chain_target")
+        if targets and targets[0]["state"] in ("success", "failed"):
+            break
+        time.sleep(2)
+    runs = rr.dag_runs(api, CHAIN, {run_id})
+    by_dag = {r["dag_id"]: r for r in runs}
+    assert set(by_dag) == set(CHAIN) and all(r["state"] == "success" for r in runs), runs
+    assert by_dag["chain_source"]["triggered_by"] == "driver"
+    assert by_dag["chain_consumer"]["triggered_by"] == "asset:tests_alerts"
+    assert by_dag["chain_consumer"]["run_type"] == "asset_triggered"
+    assert by_dag["chain_target"]["triggered_by"] == f"dag:chain_consumer/{by_dag['chain_consumer']['run_id']}"
+    # the task saw the logical hour as its data interval
+    [(_, _, window)] = rr.xcom_values(api, "chain_source", run_id, "return_value", ["emit"])
+    assert window == {"start": "2025-01-01 03:00:00+00:00", "end": "2025-01-01 04:00:00+00:00"}
+    decisions = rr.xcom_values(api, "chain_source", run_id, rr.ALERT_DECISION_KEY)
+    assert [v for _, _, v in decisions] == [{"hour": 3, "features": ["f"], "decision": "act", "reason": "r"}]
+    latency = rr.scheduling_latency_s(runs)
+    assert latency["n"] == 2 and 0 <= latency["all"] < 120
