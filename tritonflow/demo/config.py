@@ -227,6 +227,8 @@ def environment(cfg: DemoConfig, ports: Mapping[str, int]) -> dict[str, str]:
         "TRITONFLOW_INFERENCE_LOG_ROOT": str(home / "inference_logs"),
         "TRITONFLOW_DRIFT_HISTORY_DB_URL": f"sqlite:///{home / 'drift' / 'history.db'}",
         "TRITONFLOW_DRIFT_MIN_HISTORY_WINDOWS": str(cfg.min_history_windows),
+        # The driver creates every logical hour's drift_monitor run; no run for the wall clock's hour.
+        "TRITONFLOW_DRIFT_MONITOR_SCHEDULE": "none",
         "TRITONFLOW_SIGNING_KEY_PATH": str(home / "keys" / "model_signing.pem"),
         "TRITONFLOW_SIGNING_TRUSTED_KEYS_DIR": str(home / "keys" / "trusted"),
         "TRITONFLOW_CANARY_STEPS": cfg.canary_steps,
