@@ -95,7 +95,8 @@ class ColumnFacts:
 
     def value_counts(self) -> pd.Series:
         """``Series.value_counts(dropna=True, sort=True)`` of the column (ties in order of first
-        appearance)."""
+        appearance).
+        """
         counts = self.counts or {}
         keys = sorted(counts, key=lambda k: -counts[k])  # stable: ties keep first appearance
         return pd.Series([counts[k] for k in keys], index=pd.Index(keys, dtype=object), dtype="int64")

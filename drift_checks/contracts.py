@@ -33,7 +33,8 @@ counts, means...) always see the whole window, because a sample can miss a rare 
 a false failure. The three distinct-value-set expectations have exact vectorised checks.
 Before validating, datetime columns and every datetime-like value in
 the expectations (value sets, bounds) are normalised to ONE representation, a fixed-width ISO-8601
-string in UTC (``YYYY-MM-DDTHH:MM:SS.ffffff``), whose lexical order is chronological (``Timestamp`` vs ``date`` comparisons otherwise raise inside GX).
+string in UTC (``YYYY-MM-DDTHH:MM:SS.ffffff``), whose lexical order is chronological (``Timestamp``
+vs ``date`` comparisons otherwise raise inside GX).
 
 Each expectation yields an :class:`ExpectationResult`; an expectation that RAISED inside GX is an
 *error of the check* (``raised=True``), reported separately from data failures and never taken
@@ -170,7 +171,8 @@ class ContractResult:
     @property
     def failures(self) -> list[ExpectationResult]:
         """Critical data failures (the expectation ran and the data broke it): they fail the
-        contract."""
+        contract.
+        """
         return [r for r in self.results if not r.success and not r.raised and r.severity == "critical"]
 
     @property
@@ -466,7 +468,7 @@ def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
             keys = [str(k) for k in keys]  # derive_contract writes booleans as "True"/"False"
         allowed_values = set(value_set)
         try:
-            bad = [(k, int(c)) for k, c in zip(keys, vc.to_numpy()) if k not in allowed_values]
+            bad = [(k, int(c)) for k, c in zip(keys, vc.to_numpy(), strict=True) if k not in allowed_values]
         except TypeError:  # unhashable values: leave it to GX
             return None
         nonnull = int(vc.sum())
@@ -627,7 +629,8 @@ _COUNTED = {"ExpectColumnValuesToBeInSet", *_DISTINCT_SET_CHECKS}
 def _run_gx_streamed(specs: list[tuple[int, ExpectationSpec]], summary: Any,
                      dt_cols: set[str]) -> list[tuple[int, ExpectationResult]]:
     """GX on a streamed window: row-wise expectations on its seeded sample; aggregate ones
-    cannot be judged without every row and are errors of the check."""
+    cannot be judged without every row and are errors of the check.
+    """
     row_wise = [(i, sp) for i, sp in specs if sp.type.startswith(ROW_WISE_PREFIXES)]
     out = []
     for i, sp in specs:
@@ -651,7 +654,8 @@ def _run_gx_streamed(specs: list[tuple[int, ExpectationSpec]], summary: Any,
 def _run_gx(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt_cols: set[str],
             sample_rows: int, seed: int) -> list[tuple[int, ExpectationResult]]:
     """Evaluate ``specs`` with Great Expectations: row-wise ones on a seeded sample of a large
-    window, aggregate ones (set, min/max, counts...) on the whole window."""
+    window, aggregate ones (set, min/max, counts...) on the whole window.
+    """
     row_wise = [(i, sp) for i, sp in specs if sp.type.startswith(ROW_WISE_PREFIXES)]
     aggregate = [(i, sp) for i, sp in specs if not sp.type.startswith(ROW_WISE_PREFIXES)]
     out = _run_gx_on(row_wise, frame, dt_cols, sample_rows, seed) if row_wise else []
@@ -661,7 +665,8 @@ def _run_gx(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt_co
 def _run_gx_on(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt_cols: set[str],
                sample_rows: int, seed: int) -> list[tuple[int, ExpectationResult]]:
     """Evaluate ``specs`` with Great Expectations on the window or (``sample_rows > 0``) a
-    seeded sample of it."""
+    seeded sample of it.
+    """
     import great_expectations as gx
     import great_expectations.expectations as gxe
 

@@ -75,7 +75,8 @@ class LogSchema:
     def infer(cls, frame: pd.DataFrame, predictions: Iterable[str] = ()) -> "LogSchema":
         """Schema from a frame's dtypes (base columns skipped)."""
         preds = set(predictions)
-        feats, outs = {}, {}
+        feats: dict[str, str] = {}
+        outs: dict[str, str] = {}
         for col in frame.columns:
             if col in BASE_COLUMNS:
                 continue

@@ -63,11 +63,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, Iterable, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, cast
 
 import numpy as np
 
-from drift_checks.binning import PSI_BINS, PSI_EPSILON, PsiBins, bin_counts, psi_cap, psi_edges, psi_from_counts
+from drift_checks.binning import PSI_EPSILON, PsiBins, bin_counts, psi_cap, psi_edges, psi_from_counts
+
+if TYPE_CHECKING:  # sketches imports this module; the sketched window is a NumericSample subclass
+    from drift_checks.sketches import SketchSample
 
 Kind = Literal["numeric", "categorical"]
 Direction = Literal["p_value", "distance"]
@@ -161,7 +164,8 @@ class Statistic:
 
     def bounded(self, threshold: float) -> float:
         """``threshold`` moved inside the statistic's allowed range: never below the minimum
-        effect (distances), never above the static α (p-values)."""
+        effect (distances), never above the static α (p-values).
+        """
         if self.direction == "p_value":
             return min(float(threshold), self.minimum_effect)
         return max(float(threshold), self.minimum_effect)
@@ -314,7 +318,7 @@ class NumericPair:
         ``wasserstein_distance`` (to float rounding).
         """
         if getattr(self.current, "weights", None) is not None:  # a sketched window
-            return self.current.d_and_w1(self.reference.values)
+            return cast("SketchSample", self.current).d_and_w1(self.reference.values)
         a, b = self.reference.values, self.current.values
         if b.size * 8 > a.size:
             allv, gap = self.ecdf_gap
@@ -361,11 +365,13 @@ class NumericPair:
 
     def current_bin_counts(self) -> np.ndarray:
         """The current side's counts in the reference's PSI bins (streamed counts of a sketched
-        window, checked to be of the same bins)."""
+        window, checked to be of the same bins).
+        """
         streamed = getattr(self.current, "psi_counts", None)
         if streamed is None:
             return bin_counts(self.current.values, self.psi_bins, is_sorted=True)
-        if not np.array_equal(self.current.psi_edges, self.psi_bins.edges):
+        edges = cast("SketchSample", self.current).psi_edges
+        if edges is None or not np.array_equal(edges, self.psi_bins.edges):
             raise ValueError("the window was binned on other PSI bins than this reference's")
         return streamed
 
@@ -442,7 +448,7 @@ def wasserstein_normed(pair: NumericPair) -> StatisticResult:
     norm = max(std, WASSERSTEIN_STD_FLOOR)
     extra = {"wasserstein": w, "reference_std": std}
     if getattr(pair.current, "rank_error", None) is not None:  # see drift_checks.sketches
-        extra["error_bound"] = pair.current.wasserstein_error_bound() / norm
+        extra["error_bound"] = cast("SketchSample", pair.current).wasserstein_error_bound() / norm
     return StatisticResult("wasserstein_normed", w / norm, "constant" if pair.reference_constant else "ok",
                            extra)
 

@@ -29,6 +29,7 @@ import pandas as pd
 
 from drift_checks.binning import PsiBins
 from drift_checks.inference_log import (
+    _EXPECTED,
     BASE_COLUMNS,
     LogSchema,
     _arrow_type_ok,
@@ -36,7 +37,6 @@ from drift_checks.inference_log import (
     _hour_floor,
     _hours,
     _type_error,
-    _EXPECTED,
     partition_prefix,
 )
 from drift_checks.sketches import DEFAULT_SKETCH_K
@@ -140,7 +140,7 @@ def _units(scan: WindowScan, workers: int) -> list[tuple[str, list[int] | None]]
     """Work units: whole files, or row groups when there are fewer files than workers."""
     if len(scan.paths) >= workers:
         return [(p, None) for p in scan.paths]
-    return [(p, [g]) for p, n in zip(scan.paths, scan.row_groups) for g in range(n)]
+    return [(p, [g]) for p, n in zip(scan.paths, scan.row_groups, strict=True) for g in range(n)]
 
 
 def _bins_doc(bins: dict[str, PsiBins]) -> dict[str, tuple[list[float], bool]]:
@@ -149,7 +149,8 @@ def _bins_doc(bins: dict[str, PsiBins]) -> dict[str, tuple[list[float], bool]]:
 
 def _batches(units, filesystem, columns: Sequence[str], start, end, batch_rows: int):
     """Record batches of the units' rows with ``start <= timestamp < end`` (the ``columns``
-    present in each file, plus ``timestamp``)."""
+    present in each file, plus ``timestamp``).
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
@@ -207,7 +208,8 @@ def summarize_units(units: Sequence[tuple[str, list[int] | None]], filesystem, s
 def sample_window(scan: WindowScan, schema: LogSchema, rows: int,
                   batch_rows: int = DEFAULT_BATCH_ROWS) -> pd.DataFrame:
     """A seeded sample of ``rows`` rows of a streamed window (the rows with the smallest hash of
-    ``request_id``; the same rows on every run), for the Evidently report."""
+    ``request_id``; the same rows on every run), for the Evidently report.
+    """
     data = summarize_units([(p, None) for p in scan.paths], scan.filesystem, schema.to_dict(), {},
                            scan.start, scan.end, batch_rows=batch_rows, sample_rows=rows)
     sample = WindowSummary.from_bytes(data).sample_frame()

@@ -173,7 +173,8 @@ class WindowSummary:
     @classmethod
     def from_bytes(cls, data: bytes) -> "WindowSummary":
         """Raises:
-            ValueError: Not a summary of this format."""
+        ValueError: Not a summary of this format.
+        """
         try:
             doc = json.loads(zlib.decompress(data))
         except (zlib.error, ValueError) as exc:
@@ -228,7 +229,8 @@ class WindowSummarizer:
 
     def add(self, batch: Any) -> None:
         """Add a record batch (pyarrow ``RecordBatch``/``Table`` or pandas ``DataFrame``; the
-        rows must already be inside the window)."""
+        rows must already be inside the window).
+        """
         if not isinstance(batch, pd.DataFrame):
             from drift_checks.inference_log import arrow_to_pandas
 

@@ -19,7 +19,8 @@ Feature severities:
   never leaves the denominator);
 * ``unscored``: the reference itself has no value for the column (reported as a data-quality
   warning; not part of the score);
-* ``drift``: a strong effect, or flagged in this window and the ``k - 1`` windows before (one unusual hour is not an alarm);
+* ``drift``: a strong effect, or flagged in this window and the ``k - 1`` windows before (one
+  unusual hour is not an alarm);
 * ``warning``: flagged in this window only;
 * ``ok``.
 
@@ -146,7 +147,8 @@ def looks_time_ordered(frame: pd.DataFrame, columns) -> bool:
     """Whether the reference's row order can stand for time: ``False`` when a non-constant
     feature is sorted (numeric, either direction) or grouped (each category in one block), as
     in a file sorted by a column; ``True`` otherwise. References are written in their source's
-    order (:func:`drift_checks.reference.save_reference`), normally the order of time."""
+    order (:func:`drift_checks.reference.save_reference`), normally the order of time.
+    """
     for c in columns:
         if c not in frame.columns:
             continue
@@ -178,7 +180,7 @@ def prepare_reference(frame: pd.DataFrame, schema: LogSchema, workers: int = 2, 
     """
     cols = [c for c in numeric_columns(schema) if c in frame.columns]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # numpy sorts release the GIL
-        num = dict(zip(cols, pool.map(lambda c: st.prepare_numeric(frame[c]), cols)))
+        num = dict(zip(cols, pool.map(lambda c: st.prepare_numeric(frame[c]), cols), strict=True))
     cat = {c: st.category_counts(frame[c]) for c in categorical_columns(schema) if c in frame.columns}
     ordered = looks_time_ordered(frame, schema.features) if time_ordered is None else bool(time_ordered)
     return PreparedReference(schema, frame, num, cat, reference_id, dict(importance) if importance else None,
@@ -265,8 +267,8 @@ def check_window(
     schema = reference.schema
     ref_id = reference.reference_id
     streamed = not isinstance(frame, pd.DataFrame)
-    n_rows = int(frame.n_rows if streamed else len(frame))
-    base = {"model": model, "model_version": model_version, "reference_id": ref_id,
+    n_rows = int(frame.n_rows if not isinstance(frame, pd.DataFrame) else len(frame))
+    base: dict[str, Any] = {"model": model, "model_version": model_version, "reference_id": ref_id,
             "window_start": _iso(start), "window_end": _iso(end), "n_rows": n_rows}
     if streamed:
         base["engine"] = "streamed"
@@ -309,7 +311,7 @@ def check_window(
     with ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
         scored: dict[str, dict[str, st.StatisticResult]] = dict(pool.map(score_num, num_cols))
     for c in cat_cols:
-        counts = frame.category_counts(c) if streamed else st.category_counts(frame[c])
+        counts = frame.category_counts(c) if not isinstance(frame, pd.DataFrame) else st.category_counts(frame[c])
         scored[c] = st.score_categorical(reference.categorical[c], counts, reference_rows=len(reference.frame),
                                          current_rows=n_rows, names=names)
     for c, sample in samples.items():
