@@ -154,7 +154,7 @@ def shape_flags(
             full = [given if d == -1 else d for d in dims]
         else:
             full = [int(d) for d in given]
-        if len(full) != len(dims) or any(d <= 0 or (c != -1 and c != d) for c, d in zip(dims, full)):
+        if len(full) != len(dims) or any(d <= 0 or (c != -1 and c != d) for c, d in zip(dims, full, strict=True)):
             raise ProfilingError(
                 f"model {name!r}: shape {full} for input {io_.name!r} does not fit dims {dims} "
                 "(expected positive sizes, same rank, fixed dims unchanged)"
@@ -485,7 +485,8 @@ def read_results_csv(path_or_text: str | os.PathLike) -> list[ProfileRow]:
 
 def read_perf_passes(path_or_text: str | os.PathLike) -> dict[str, list[float]]:
     """Throughput per pass per config from a ``config,concurrency,pass,throughput_infer_per_s,...``
-    CSV (repeated perf_analyzer passes). Passes are ordered by ``pass``."""
+    CSV (repeated perf_analyzer passes). Passes are ordered by ``pass``.
+    """
     text = str(path_or_text)
     if "\n" not in text:
         text = Path(text).read_text()
@@ -742,7 +743,7 @@ def run_profile(
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             rc = proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             import signal
 
             os.killpg(proc.pid, signal.SIGTERM)
@@ -751,7 +752,9 @@ def run_profile(
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-            raise TransientError(f"model-analyzer profile ran past {limit:g} s and was stopped (log {out_path})")
+            raise TransientError(
+                f"model-analyzer profile ran past {limit:g} s and was stopped (log {out_path})"
+            ) from exc
     tail = out_path.read_text()[-3000:]
     if rc != 0:
         raise ProfilingError(f"model-analyzer profile failed (exit {rc}); log {out_path}:\n{tail}")
@@ -848,7 +851,8 @@ def profile_model(
     pa_log = export / "perf_analyzer_error.log"
     if pa_log.is_file():
         logs += "\n" + pa_log.read_text()
-    tried = [p.name for p in (work / "output_model_repository").iterdir()] if (work / "output_model_repository").is_dir() else []
+    output_repo = work / "output_model_repository"
+    tried = [p.name for p in output_repo.iterdir()] if output_repo.is_dir() else []
     measured = {r.config for r in rows}
     unstable = {c for c in unstable_configs_from_log(logs, tried) if c not in measured}
     selection = choose_best(rows, model_name=model_name, passes=passes, unstable=unstable, settings=s)
@@ -861,7 +865,8 @@ def profile_model(
 
 # ----------------------------------------------------------------------------- confirmation
 def measure_config_passes(output_model_repository: str | os.PathLike, configs: Sequence[str], concurrency: int, *,
-                          passes: int, settings: Settings | None = None, measurement_ms: int | None = None) -> dict[str, list]:
+                          passes: int, settings: Settings | None = None,
+                          measurement_ms: int | None = None) -> dict[str, list]:
     """Repeated, interleaved perf_analyzer passes of Model Analyzer's tried configs on one Triton.
 
     Starts a local Triton over ``output_model_repository`` (each config is a model folder there),

@@ -143,7 +143,8 @@ def measure_interleaved(models: Sequence[str], url: str, concurrency: int, *, pa
     """At least ``passes`` stable perf_analyzer passes per model on one Triton, interleaved (order
     reversed every other round: A B, B A, ...). Rounds go on while a model has fewer than ``passes``
     stable passes, at most ``2 * passes`` rounds. Returns ``{model: [PerfPass, ...]}`` in
-    measurement order (unstable passes included, flagged)."""
+    measurement order (unstable passes included, flagged).
+    """
     out: dict[str, list[PerfPass]] = {m: [] for m in models}
     for rnd in range(2 * passes):
         if rnd >= passes and all(sum(p.stable for p in out[m]) >= passes for m in models):
@@ -197,7 +198,8 @@ def p99_regression(champion_p99_ms: Sequence[float], challenger_p99_ms: Sequence
     a = [float(v) for v in champion_p99_ms if math.isfinite(v)]
     b = [float(v) for v in challenger_p99_ms if math.isfinite(v)]
     if len(a) < min_passes or len(b) < min_passes:
-        raise ValueError(f"the p99 gate needs >= {min_passes} passes per model (champion {len(a)}, challenger {len(b)})")
+        raise ValueError(f"the p99 gate needs >= {min_passes} passes per model "
+                         f"(champion {len(a)}, challenger {len(b)})")
     if max_regression < 0:
         raise ValueError(f"max_regression={max_regression!r} is invalid (expected >= 0)")
     ma, mb = statistics.median(a), statistics.median(b)
