@@ -111,7 +111,8 @@ class Observations:
     def from_arrays(cls, challenger: Any, challenger_version: int = 2,
                     champion: Any = None, champion_version: int = 1) -> "Observations":
         """Observations holding only predictions (``prediction`` column), for callers and tests
-        that have arrays rather than an inference log."""
+        that have arrays rather than an inference log.
+        """
         parts = []
         for values, version in ((challenger, challenger_version), (champion, champion_version)):
             if values is None:
@@ -351,16 +352,16 @@ def compare_with_expected(live: np.ndarray, expected: np.ndarray, *, column: str
     m = max(1, min(m, int(a.values.size)))
     d = float(ks.extra["statistic"])
     bins = int(ps.extra.get("bins", 10))
-    out = PredictionCheck(column, source, n, m, matched, d, ks.value, ks_margin(n, m, confidence),
-                          ps.value, psi_margin(n, m, bins, confidence), bins)
-    if d - out.ks_margin > max_ks:
+    d_margin, p_margin = ks_margin(n, m, confidence), psi_margin(n, m, bins, confidence)
+    out = PredictionCheck(column, source, n, m, matched, d, ks.value, d_margin, ps.value, p_margin, bins)
+    if d - d_margin > max_ks:
         out.failed.append(
             f"{column}: KS {d:.3f} vs the challenger's expected predictions ({source}) exceeds "
             f"max_prediction_ks {max_ks:g} by more than its sampling margin {out.ks_margin:.3f} "
             f"(n={n}, m={m})")
     if min(n, m) < PSI_MIN_ROWS_PER_BIN * bins:
         out.psi_margin = None  # not judged: too few rows per bin (see PSI_MIN_ROWS_PER_BIN)
-    elif ps.value is not None and ps.value - out.psi_margin > max_psi:
+    elif ps.value is not None and ps.value - p_margin > max_psi:
         out.failed.append(
             f"{column}: PSI {ps.value:.3f} vs the challenger's expected predictions ({source}) "
             f"exceeds max_prediction_psi {max_psi:g} by more than its sampling margin "
@@ -591,7 +592,8 @@ class CoverageCheck:
 def important_features(features: Sequence[str], importances: Mapping[str, float] | None,
                        top: int) -> list[str]:
     """The ``top`` most important of ``features`` (all when ``top`` is 0 or there are no
-    importances), most important first; ties keep the features' order."""
+    importances), most important first; ties keep the features' order.
+    """
     feats = list(features)
     if not importances or top <= 0:
         return feats
