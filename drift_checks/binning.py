@@ -43,6 +43,7 @@ class PsiBins:
 
     @property
     def n_bins(self) -> int:
+        """Number of bins: one more than the inner edges (the outer bins are open-ended)."""
         return int(self.edges.size + 1)
 
 

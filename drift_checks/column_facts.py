@@ -109,6 +109,7 @@ class ColumnFacts:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ColumnFacts":
+        """Rebuild the facts from :meth:`to_json` output (values decoded to their original types)."""
         counts = None if d["counts"] is None else {_dec(k): int(c) for k, c in d["counts"]}
         return cls(pd.api.types.pandas_dtype(d["dtype"]), int(d["n"]), int(d["n_null"]), _dec(d["vmin"]),
                    _dec(d["vmax"]), counts, [_dec(v) for v in d["examples"]])

@@ -105,9 +105,11 @@ class ExpectationSpec:
 
     @property
     def column(self) -> str | None:
+        """The column the expectation checks (``kwargs['column']``); ``None`` for table-level ones."""
         return self.kwargs.get("column")
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (``type``, ``kwargs``, ``severity``, ``meta``), read back by :meth:`Contract.from_dict`."""
         return {"type": self.type, "kwargs": _jsonable(dict(self.kwargs)), "severity": self.severity,
                 "meta": _jsonable(dict(self.meta))}
 
@@ -119,10 +121,12 @@ class Contract:
     expectations: tuple[ExpectationSpec, ...]
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form: ``{"expectations": [...]}`` (see :meth:`ExpectationSpec.to_dict`)."""
         return {"expectations": [e.to_dict() for e in self.expectations]}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Contract":
+        """Read a contract written by :meth:`to_dict`; ``severity`` defaults to ``critical``."""
         return cls(tuple(ExpectationSpec(e["type"], dict(e["kwargs"]), e.get("severity", "critical"),
                                          dict(e.get("meta") or {})) for e in d["expectations"]))
 
@@ -155,6 +159,7 @@ class ExpectationResult:
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form of the result (every field)."""
         return dataclasses.asdict(self)
 
 
@@ -198,6 +203,7 @@ class ContractResult:
         return "failed" if self.failures else "passed"
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary: status, invalid columns, failures, warnings and errors of the check."""
         return {"status": self.status, "invalid_columns": self.invalid_columns,
                 "failures": [r.to_dict() for r in self.failures],
                 "warnings": [r.to_dict() for r in self.warnings],

@@ -43,6 +43,7 @@ class EvidentlyResult:
     sample_rows: tuple[int, int] = (0, 0)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form of the result (every field)."""
         return dataclasses.asdict(self)
 
 

@@ -65,10 +65,12 @@ class LogSchema:
         return {**BASE_COLUMNS, **self.features, **self.predictions}
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form: ``{"features": {...}, "predictions": {...}}``."""
         return {"features": dict(self.features), "predictions": dict(self.predictions)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LogSchema":
+        """Read a schema written by :meth:`to_dict` (``predictions`` optional)."""
         return cls(features=dict(d["features"]), predictions=dict(d.get("predictions", {})))
 
     @classmethod
@@ -297,6 +299,7 @@ class Window:
 
     @property
     def empty(self) -> bool:
+        """True when the window holds no row."""
         return len(self.frame) == 0
 
 

@@ -192,6 +192,7 @@ class NumericSample:
 
     @property
     def n_infinite(self) -> int:
+        """Infinite values dropped (``+inf`` and ``-inf``)."""
         return self.n_pos_inf + self.n_neg_inf
 
     @functools.cached_property
@@ -206,10 +207,12 @@ class NumericSample:
 
     @functools.cached_property
     def std(self) -> float:
+        """Population standard deviation of the finite values (``np.std``, ddof 0)."""
         return float(np.std(self.values))
 
     @property
     def status(self) -> Status:
+        """``empty`` (no row), ``all_null`` (no finite value) or ``ok``."""
         if self.n_rows == 0:
             return "empty"
         if self.values.size == 0:
@@ -272,6 +275,7 @@ class NumericPair:
 
     @property
     def reference_constant(self) -> bool:
+        """True when every finite reference value is the same (the statistic may then be degenerate)."""
         r = self.reference.values
         return bool(r.size and r[0] == r[-1])
 
@@ -356,6 +360,7 @@ class NumericPair:
 
     @property
     def psi_bins(self) -> PsiBins:
+        """The reference's PSI bins (computed once per reference)."""
         return self.reference.psi_bins
 
     @property
@@ -502,6 +507,7 @@ class CategoricalPair:
 
     @property
     def degenerate(self) -> Status | None:
+        """``empty`` / ``all_null`` when either side has no row / no counted category, else ``None``."""
         for rows, counts in ((self.current_rows, self.current), (self.reference_rows, self.reference)):
             if rows == 0:
                 return "empty"

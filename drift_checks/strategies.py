@@ -91,6 +91,7 @@ class ReferenceStrategy:
         return f"v{version}:{self.name}:{hours:g}h"
 
     def describe(self) -> str:
+        """One line saying which rows the strategy compares against (for reports and alerts)."""
         if self.name == "trailing":
             return f"trailing: the last {self.trailing} of served traffic"
         if self.name == "seasonal":

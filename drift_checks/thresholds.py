@@ -123,6 +123,7 @@ class ThresholdPolicy:
         return 1 - self.quantile if REGISTRY[statistic].direction == "p_value" else self.quantile
 
     def static_threshold(self, statistic: str) -> float:
+        """The fixed threshold of ``statistic``: the configured override, else the registry default."""
         return float(self.static.get(statistic, REGISTRY[statistic].default_threshold))
 
 
@@ -149,6 +150,7 @@ class Threshold:
     reference_chunks: int = 0
 
     def to_dict(self) -> dict:
+        """JSON-able form of the threshold (every field)."""
         return dataclasses.asdict(self)
 
 

@@ -96,6 +96,12 @@ class CheckConfig:
 
     @classmethod
     def from_settings(cls, settings=None, **overrides) -> "CheckConfig":
+        """Config from the ``drift_*`` settings (thresholds, alert policy, Evidently sample size).
+
+        Args:
+            settings: A :class:`tritonflow.settings.Settings` (default: :func:`get_settings`).
+            **overrides: Field values that replace the settings' ones.
+        """
         from tritonflow.settings import get_settings
 
         s = settings or get_settings()

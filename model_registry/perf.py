@@ -221,6 +221,7 @@ class PerfGateResult:
     passes: dict[str, list[PerfPass]]
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form: verdict, p99 figures, concurrency and every measured pass per model."""
         return {"verdict": "rejected" if self.verdict.rejected else "passed",
                 **dataclasses.asdict(self.verdict), "concurrency": self.concurrency,
                 "passes": {k: [dataclasses.asdict(p) for p in v] for k, v in self.passes.items()}}
