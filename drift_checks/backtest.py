@@ -190,8 +190,9 @@ def run_backtest(
         out_dir: Output folder (created).
         features: Feature columns (default: every column but the time column).
         categorical: Columns scored as categories (object/string/bool ones are anyway).
-        reference_rows / reference_range: The reference: the first N rows, or the rows with
-            ``start <= time < end`` (exactly one of the two).
+        reference_rows: The reference is the first N rows (give this or ``reference_range``).
+        reference_range: ``(start, end)``: the reference is the rows with ``start <= time < end``
+            (give this or ``reference_rows``).
         window: :class:`BacktestWindow`, or its text (``"48"`` rows, ``"1h"``).
         strategy: Reference strategy (default: ``training``, the reference above).
         importance: ``{feature: importance}`` for the dataset weights (default: none, which the

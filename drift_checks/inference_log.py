@@ -134,6 +134,7 @@ def offending_values(values: Any, kind: str, limit: int = 5) -> list[Any]:
     Args:
         values: A pandas Series or a pyarrow (chunked) array.
         kind: The expected column kind.
+        limit: Most values returned.
     """
     s = values if isinstance(values, pd.Series) else pd.Series(values.to_pylist(), dtype=object)
     s = s.dropna()
@@ -376,7 +377,8 @@ def read_window(root: str, model: str, start: dt.datetime, end: dt.datetime,
     Args:
         root: Folder or ``s3://bucket/prefix``.
         model: Model name.
-        start / end: Timezone-aware bounds (the DAG's ``data_interval_start``/``_end``).
+        start: Timezone-aware start, inclusive (the DAG's ``data_interval_start``).
+        end: Timezone-aware end, exclusive (the DAG's ``data_interval_end``).
         schema: When given, every file must hold its columns with compatible types.
         endpoint_url: S3-compatible endpoint.
 

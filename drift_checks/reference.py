@@ -80,10 +80,12 @@ def save_reference(root: str, model: str, version: int, frame: pd.DataFrame,
 
     Args:
         root: Folder or ``s3://bucket/prefix``.
-        model / version: Model name and version.
+        model: Model name.
+        version: MLflow model version.
         frame: Training data (or a designated window); feature columns at least.
         schema: Feature kinds; inferred from ``frame`` when ``None``.
         max_rows: Rows kept (uniform sample without replacement, ``seed``; row order kept).
+        seed: Random seed of the sample.
         endpoint_url: S3-compatible endpoint.
         importance: ``{feature: importance}`` of the model version
             (:func:`drift_checks.importance.permutation_importances`), stored in ``meta.json``.

@@ -126,9 +126,13 @@ def sketch_sample(sketch, *, n_rows: int, n_null: int, n_pos_inf: int, n_neg_inf
 
     Args:
         sketch: KLL sketch of the window's finite values.
-        n_rows / n_null / n_pos_inf / n_neg_inf: Row, null and infinity counts of the window.
-        psi_edges / psi_counts: Exact counts in the reference's PSI bins (needed only when the
-            sketch compacted).
+        n_rows: Rows of the window, nulls and infinities included.
+        n_null: Null / NaN values of the window.
+        n_pos_inf: ``+inf`` values of the window.
+        n_neg_inf: ``-inf`` values of the window.
+        psi_edges: The reference's PSI bin edges the window was counted on.
+        psi_counts: Exact counts of the window in those bins (needed only when the sketch
+            compacted).
 
     Returns:
         A plain :class:`NumericSample` (every value, sorted) when the sketch never compacted, so

@@ -192,7 +192,11 @@ def summarize_units(units: Sequence[tuple[str, list[int] | None]], filesystem, s
         filesystem: pyarrow filesystem of the paths.
         schema: :meth:`LogSchema.to_dict` of the reference.
         bins: ``{column: (edges, discrete)}`` of the reference's PSI bins.
-        start / end: The window (rows outside are skipped).
+        start: Start of the window, inclusive (rows outside are skipped).
+        end: End of the window, exclusive.
+        sketch_k: KLL ``k`` of the numeric sketches.
+        batch_rows: Rows per Arrow record batch read.
+        sample_rows: Rows of the seeded window sample kept for row-wise contract checks (0: none).
     """
     import numpy as np
 
@@ -229,7 +233,9 @@ def summarize_window(scan: WindowScan, reference, *, sketch_k: int = DEFAULT_SKE
     Args:
         scan: From :func:`open_window`.
         reference: The prepared reference (its schema and PSI bins).
-        sketch_k / batch_rows / sample_rows: See :class:`~drift_checks.summaries.WindowSummarizer`.
+        sketch_k: KLL ``k`` of the numeric sketches (:class:`~drift_checks.summaries.WindowSummarizer`).
+        batch_rows: Rows per Arrow record batch read.
+        sample_rows: Rows of the seeded window sample kept for row-wise contract checks (0: none).
         workers: Processes summarising files (or row groups) in parallel; 0: one per CPU core.
 
     Returns:

@@ -178,7 +178,8 @@ def prepare_reference(frame: pd.DataFrame, schema: LogSchema, workers: int = 2, 
     """Sort numeric columns and count categories of the reference (reuse every hour).
 
     Args:
-        frame / schema: The reference sample and its feature kinds.
+        frame: The reference sample (feature columns).
+        schema: Its feature kinds.
         workers: Threads sorting numeric columns.
         reference_id: The id thresholds are keyed by.
         importance: ``{feature: importance}`` of the model version.
@@ -251,7 +252,8 @@ def check_window(
             batches (:mod:`drift_checks.streaming`, :mod:`drift_checks.spark`): the same
             contract, statistics (sketched KS/Wasserstein within their stated error bound),
             thresholds and policy.
-        start / end: The window's UTC bounds (the DAG's data interval; logical time).
+        start: The window's UTC start (the DAG's data interval; logical time).
+        end: The window's UTC end, exclusive.
         reference: From :func:`prepare_reference` (the reference of the served version, or the
             strategy's reference: see :mod:`drift_checks.strategies`).
         history: Statistics history; this hour's results REPLACE any earlier run of it.

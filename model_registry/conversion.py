@@ -639,6 +639,7 @@ def convert_mlflow_model(
         model_name: Used in messages (default: last URI segment).
         settings: Settings (default: from the environment).
         export_format: ``"onnx"`` (every flavour) or ``"torchscript"`` (PyTorch only).
+        **kwargs: Passed to the flavour's converter (e.g. ``target_opset``).
 
     Raises:
         ModelConversionError: No supported flavour, a format the flavour cannot produce, no

@@ -461,12 +461,17 @@ def quality_check(challenger_y: Any, challenger_s: Any, champion_y: Any, champio
     """Compare quality with an unpaired bootstrap interval (see the module docstring).
 
     Args:
-        challenger_y, challenger_s: Labels (0/1) and scores of the challenger's labelled requests.
-        champion_y, champion_s: The same for the champion's labelled requests.
+        challenger_y: Labels (0/1) of the challenger's labelled requests.
+        challenger_s: Scores of the same requests.
+        champion_y: Labels (0/1) of the champion's labelled requests.
+        champion_s: Scores of the same requests.
         metric: ``"auc"`` or ``"accuracy"``.
         min_labels: Fewest labelled requests per side to compare.
         confidence: Two-sided confidence of the interval.
         max_drop: Tolerated drop (metric units).
+        n_boot: Bootstrap resamples per side.
+        seed: Random seed of the resamples.
+        threshold: Score at or above which a request counts as predicted positive (accuracy).
 
     Raises:
         DataError: Unknown metric, or labels that are not 0/1.
@@ -612,6 +617,7 @@ def coverage_check(reference: pd.DataFrame, features: Sequence[str], traffic: pd
         traffic: The window's requests of every version (feature columns).
         challenger_mask: Boolean per ``traffic`` row: served by the challenger.
         min_requests: ``m``.
+        bins: Quantile bins per feature on the reference (default: deciles).
     """
     mask = np.asarray(challenger_mask, dtype=bool)
     total, chal = int(len(traffic)), int(mask.sum())
