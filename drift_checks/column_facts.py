@@ -94,8 +94,9 @@ class ColumnFacts:
         return self.series if self.series is not None else pd.Series(self.examples, dtype=object)
 
     def value_counts(self) -> pd.Series:
-        """``Series.value_counts(dropna=True, sort=True)`` of the column (ties in order of first
-        appearance).
+        """Value counts of the column, as ``Series.value_counts(dropna=True, sort=True)``.
+
+        Ties keep the order of first appearance.
         """
         counts = self.counts or {}
         keys = sorted(counts, key=lambda k: -counts[k])  # stable: ties keep first appearance

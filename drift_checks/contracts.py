@@ -175,8 +175,9 @@ class ContractResult:
 
     @property
     def failures(self) -> list[ExpectationResult]:
-        """Critical data failures (the expectation ran and the data broke it): they fail the
-        contract.
+        """Critical data failures: the expectation ran and the data broke it.
+
+        They fail the contract.
         """
         return [r for r in self.results if not r.success and not r.raised and r.severity == "critical"]
 
@@ -382,9 +383,10 @@ def _between(observed: Any, kw: Mapping[str, Any]) -> bool:
 
 
 def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> ExpectationResult | None:
-    """Exact evaluation of the standard column expectations on the FULL window, from its
-    :class:`~drift_checks.column_facts.ColumnFacts` (the whole column, or a streamed window's
-    merged batches).
+    """Exact evaluation of the standard column expectations on the FULL window.
+
+    Computed from the window's :class:`~drift_checks.column_facts.ColumnFacts` (the whole column, or a
+    streamed window's merged batches).
 
     Returns ``None`` when the expectation (type, kwargs or column dtype) is not one handled here;
     it then goes to Great Expectations. Semantics follow GX 1.x: nulls are ignored by range and
@@ -634,8 +636,9 @@ _COUNTED = {"ExpectColumnValuesToBeInSet", *_DISTINCT_SET_CHECKS}
 
 def _run_gx_streamed(specs: list[tuple[int, ExpectationSpec]], summary: Any,
                      dt_cols: set[str]) -> list[tuple[int, ExpectationResult]]:
-    """GX on a streamed window: row-wise expectations on its seeded sample; aggregate ones
-    cannot be judged without every row and are errors of the check.
+    """GX on a streamed window: row-wise expectations on its seeded sample.
+
+    Aggregate ones cannot be judged without every row and are errors of the check.
     """
     row_wise = [(i, sp) for i, sp in specs if sp.type.startswith(ROW_WISE_PREFIXES)]
     out = []
@@ -659,8 +662,10 @@ def _run_gx_streamed(specs: list[tuple[int, ExpectationSpec]], summary: Any,
 
 def _run_gx(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt_cols: set[str],
             sample_rows: int, seed: int) -> list[tuple[int, ExpectationResult]]:
-    """Evaluate ``specs`` with Great Expectations: row-wise ones on a seeded sample of a large
-    window, aggregate ones (set, min/max, counts...) on the whole window.
+    """Evaluate ``specs`` with Great Expectations.
+
+    Row-wise ones run on a seeded sample of a large window, aggregate ones (set, min/max, counts...) on
+    the whole window.
     """
     row_wise = [(i, sp) for i, sp in specs if sp.type.startswith(ROW_WISE_PREFIXES)]
     aggregate = [(i, sp) for i, sp in specs if not sp.type.startswith(ROW_WISE_PREFIXES)]
@@ -670,8 +675,9 @@ def _run_gx(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt_co
 
 def _run_gx_on(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt_cols: set[str],
                sample_rows: int, seed: int) -> list[tuple[int, ExpectationResult]]:
-    """Evaluate ``specs`` with Great Expectations on the window or (``sample_rows > 0``) a
-    seeded sample of it.
+    """Evaluate ``specs`` with Great Expectations on the window or a seeded sample of it.
+
+    The sample is used when ``sample_rows > 0``.
     """
     import great_expectations as gx
     import great_expectations.expectations as gxe

@@ -172,8 +172,9 @@ class HistoryStore:
             self._check_schema()
 
     def _check_schema(self) -> None:
-        """Refuse tables written by an older tritonflow (no ``reference_id``): clear message, no
-        data touched.
+        """Refuse tables written by an older tritonflow (no ``reference_id``).
+
+        The message says what to do; no data is touched.
         """
         import sqlalchemy as sa
 
@@ -298,8 +299,9 @@ class HistoryStore:
 
     def _update_cache(self, conn, model: str, hour: dt.datetime, reference_id: str,
                       values: Mapping[tuple[str, str], float]) -> None:
-        """Replace ``hour`` in every cached series of ``model`` and add this hour's taught
-        ``values`` of ``reference_id`` (series without a cache row are built from the table).
+        """Replace ``hour`` in every cached series of ``model`` and add this hour's taught values.
+
+        ``values`` are those of ``reference_id``; series without a cache row are built from the table.
         """
         import sqlalchemy as sa
 
@@ -330,8 +332,9 @@ class HistoryStore:
             self._build_cache(conn, model, reference_id, missing)
 
     def _build_cache(self, conn, model: str, reference_id: str, keys: Sequence[tuple[str, str]]) -> None:
-        """(Re)build the cache rows of ``keys`` from the statistics table: the taught values of
-        the last ``cache_hours`` before each series' newest hour.
+        """(Re)build the cache rows of ``keys`` from the statistics table.
+
+        Each row holds the taught values of the last ``cache_hours`` before the series' newest hour.
         """
         import sqlalchemy as sa
 
@@ -383,8 +386,10 @@ class HistoryStore:
         return out
 
     def bulk_load(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Upsert raw statistic rows (``model, feature, statistic, hour, value`` and optionally
-        ``reference_id``, ``taught``): backfills, benchmarks. NaN/inf rows are skipped.
+        """Upsert raw statistic rows (backfills, benchmarks).
+
+        Rows hold ``model, feature, statistic, hour, value`` and optionally ``reference_id``, ``taught``.
+        NaN/inf rows are skipped.
         """
         clean = [
             {**r, "hour": _utc_hour(r["hour"]), "model_version": r.get("model_version"),
@@ -541,8 +546,9 @@ class HistoryStore:
 
     def previous_flags(self, model: str, features: Iterable[str], hour: dt.datetime,
                        n: int, *, reference_id: str | None = None) -> dict[str, list[bool]]:
-        """Flags of the ``n`` hours before ``hour`` per feature, oldest first; a missing hour
-        (or one judged against another reference) counts as not flagged.
+        """Flags of the ``n`` hours before ``hour`` per feature, oldest first.
+
+        A missing hour (or one judged against another reference) counts as not flagged.
         """
         import sqlalchemy as sa
 
@@ -565,9 +571,10 @@ class HistoryStore:
 
     def previous_windows(self, model: str, hour: dt.datetime, n: int, *,
                          reference_id: str | None = None) -> list[bool]:
-        """Dataset verdicts (``dataset_drift``) of the ``n`` hours before ``hour``, oldest first;
-        a missing hour, an empty one or one judged against another reference counts as no drift
-        (the run of consecutive drifted windows is broken).
+        """Dataset verdicts (``dataset_drift``) of the ``n`` hours before ``hour``, oldest first.
+
+        A missing hour, an empty one or one judged against another reference counts as no drift (the run
+        of consecutive drifted windows is broken).
         """
         import sqlalchemy as sa
 
@@ -589,8 +596,9 @@ class HistoryStore:
 
     def last_alert(self, model: str, before: dt.datetime, *,
                    reference_id: str | None = None) -> tuple[dt.datetime, list[str]] | None:
-        """The latest hour before ``before`` whose window raised a drift alert, with the features
-        the alert named (from its summary), or ``None``.
+        """The latest hour before ``before`` whose window raised a drift alert, or ``None``.
+
+        It comes with the features the alert named (from its summary).
         """
         import sqlalchemy as sa
 

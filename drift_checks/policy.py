@@ -232,8 +232,10 @@ class AlertPolicy:
 
     @classmethod
     def from_settings(cls, settings=None, **overrides) -> "AlertPolicy":
-        """From ``drift_consecutive_windows``, ``drift_alert_cooldown_hours``,
-        ``drift_dataset_share``, ``drift_weighting``.
+        """Alert policy from the settings.
+
+        Reads ``drift_consecutive_windows``, ``drift_alert_cooldown_hours``, ``drift_dataset_share`` and
+        ``drift_weighting``.
         """
         from tritonflow.settings import get_settings
 

@@ -106,8 +106,9 @@ def merge_profiles(views: Sequence[Any]):
 
 
 def merge_day(root: str, model: str, day: dt.date, endpoint_url: str | None = None) -> str | None:
-    """Merge the stored hourly profiles of one UTC day into ``daily.bin``; ``None`` if no hour
-    was profiled.
+    """Merge the stored hourly profiles of one UTC day into ``daily.bin``.
+
+    Returns ``None`` if no hour was profiled.
     """
     store = Store(root, endpoint_url)
     prefix = f"{model}/profiles/date={day:%Y-%m-%d}"

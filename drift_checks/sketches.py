@@ -68,8 +68,9 @@ def sketch_from_bytes(data: bytes):
 
 
 def rank_error(k: int) -> float:
-    """The stated error bound ``eps`` of a KLL sketch with this ``k`` (double-sided normalised
-    rank error, see the module docstring).
+    """The stated error bound ``eps`` of a KLL sketch with this ``k``.
+
+    The double-sided normalised rank error, see the module docstring.
     """
     from datasketches import kll_doubles_sketch
 
@@ -101,9 +102,11 @@ class SketchSample(NumericSample):
     v_max: float = 0.0
 
     def d_and_w1(self, reference_sorted: np.ndarray) -> tuple[float, float]:
-        """(KS statistic D, Wasserstein-1) between the exact reference ECDF and the sketch's
-        weighted ECDF (``F(x) = weight of retained values <= x / n_finite``), evaluated at every
-        point of both sides: O((m + r) log(m + r)) for a reference of m and r retained values.
+        """(KS statistic D, Wasserstein-1) between the exact reference ECDF and the sketch's ECDF.
+
+        The sketch's ECDF is weighted (``F(x) = weight of retained values <= x / n_finite``); both are
+        evaluated at every point of both sides: O((m + r) log(m + r)) for a reference of m and r retained
+        values.
         """
         if self.weights is None:
             raise ValueError("d_and_w1 needs the sketch's weights")

@@ -163,8 +163,9 @@ class Statistic:
         return value < threshold if self.direction == "p_value" else value > threshold
 
     def bounded(self, threshold: float) -> float:
-        """``threshold`` moved inside the statistic's allowed range: never below the minimum
-        effect (distances), never above the static α (p-values).
+        """``threshold`` moved inside the statistic's allowed range.
+
+        Never below the minimum effect (distances), never above the static α (p-values).
         """
         if self.direction == "p_value":
             return min(float(threshold), self.minimum_effect)
@@ -369,8 +370,9 @@ class NumericPair:
         return int(getattr(self.current, "n_finite", self.current.values.size))
 
     def current_bin_counts(self) -> np.ndarray:
-        """The current side's counts in the reference's PSI bins (streamed counts of a sketched
-        window, checked to be of the same bins).
+        """The current side's counts in the reference's PSI bins.
+
+        A sketched window gives its streamed counts, checked to be of the same bins.
         """
         streamed = getattr(self.current, "psi_counts", None)
         if streamed is None:
@@ -437,8 +439,9 @@ def psi(pair: NumericPair) -> StatisticResult:
 
 
 def wasserstein_normed(pair: NumericPair) -> StatisticResult:
-    """Wasserstein-1 distance divided by the reference's standard deviation (Evidently's
-    ``wasserstein_distance_norm``; the std is floored at :data:`WASSERSTEIN_STD_FLOOR`).
+    """Wasserstein-1 distance divided by the reference's standard deviation.
+
+    As Evidently's ``wasserstein_distance_norm``; the std is floored at :data:`WASSERSTEIN_STD_FLOOR`.
 
     ``W1 = integral |F_ref(x) - F_cur(x)| dx``, computed exactly from the merged ECDFs (equals
     ``scipy.stats.wasserstein_distance``).
@@ -523,9 +526,10 @@ class CategoricalPair:
 
 
 def jensen_shannon(pair: CategoricalPair) -> StatisticResult:
-    """Jensen-Shannon distance between category proportions (``scipy.spatial.distance.
-    jensenshannon``, natural log, range [0, sqrt(ln 2)]), as Evidently's ``jensenshannon`` test.
-    Proportions are floored at :data:`PSI_EPSILON` like Evidently.
+    """Jensen-Shannon distance between category proportions, as Evidently's ``jensenshannon`` test.
+
+    ``scipy.spatial.distance.jensenshannon``, natural log, range [0, sqrt(ln 2)]. Proportions are
+    floored at :data:`PSI_EPSILON` like Evidently.
 
     Returns:
         value >= 0 (direction ``distance``).
@@ -543,8 +547,9 @@ def jensen_shannon(pair: CategoricalPair) -> StatisticResult:
 
 
 def chi_square_p_value(pair: CategoricalPair) -> StatisticResult:
-    """Pearson chi-square test of homogeneity on the 2 x k table (reference, current) over the
-    union of categories (``scipy.stats.chi2_contingency(correction=False)``).
+    """Pearson chi-square test of homogeneity on the 2 x k table (reference, current).
+
+    Over the union of categories (``scipy.stats.chi2_contingency(correction=False)``).
 
     The expected counts of each row are scaled to that row's total, so a current window with
     the reference's mix gives p ~ 1 whatever its size (whylogs#492). Categories unseen

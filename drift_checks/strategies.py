@@ -62,8 +62,10 @@ class ReferenceStrategy:
 
     @classmethod
     def from_settings(cls, settings=None, name: str | None = None) -> "ReferenceStrategy":
-        """From ``drift_reference_strategy``, ``drift_trailing_days``,
-        ``drift_seasonal_period_hours`` (``name`` overrides the strategy, e.g. a DAG param).
+        """Reference strategy from the settings.
+
+        Reads ``drift_reference_strategy``, ``drift_trailing_days`` and ``drift_seasonal_period_hours``;
+        ``name`` overrides the strategy (e.g. a DAG param).
         """
         from tritonflow.settings import get_settings
 
@@ -101,8 +103,10 @@ class ReferenceStrategy:
 
 def served_reference(frame: pd.DataFrame, columns, *, seed: int = 0,
                      max_rows: int = MAX_SERVED_REFERENCE_ROWS) -> pd.DataFrame | None:
-    """The served rows as a reference: the feature columns in time order, at most ``max_rows``
-    (seeded sample, order kept); ``None`` when fewer than :data:`MIN_SERVED_REFERENCE_ROWS`.
+    """The served rows as a reference, or ``None`` when there are too few.
+
+    The feature columns in time order, at most ``max_rows`` (seeded sample, order kept); ``None`` when
+    fewer than :data:`MIN_SERVED_REFERENCE_ROWS`.
     """
     if frame is None or len(frame) < MIN_SERVED_REFERENCE_ROWS:
         return None

@@ -148,8 +148,9 @@ def _bins_doc(bins: dict[str, PsiBins]) -> dict[str, tuple[list[float], bool]]:
 
 
 def _batches(units, filesystem, columns: Sequence[str], start, end, batch_rows: int):
-    """Record batches of the units' rows with ``start <= timestamp < end`` (the ``columns``
-    present in each file, plus ``timestamp``).
+    """Record batches of the units' rows with ``start <= timestamp < end``.
+
+    Each holds the ``columns`` present in its file, plus ``timestamp``.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -184,8 +185,9 @@ def iter_window_frames(scan: WindowScan, columns: Sequence[str], batch_rows: int
 def summarize_units(units: Sequence[tuple[str, list[int] | None]], filesystem, schema: dict, bins: dict,
                     start: pd.Timestamp, end: pd.Timestamp, *, sketch_k: int = DEFAULT_SKETCH_K,
                     batch_rows: int = DEFAULT_BATCH_ROWS, sample_rows: int = 0) -> bytes:
-    """Summary (bytes) of some files / row groups of a window: the work of one process, one
-    Spark partition, or the whole window.
+    """Summary (bytes) of some files / row groups of a window.
+
+    The work of one process, one Spark partition, or the whole window.
 
     Args:
         units: ``(path, row groups or None for the whole file)``.
@@ -211,8 +213,9 @@ def summarize_units(units: Sequence[tuple[str, list[int] | None]], filesystem, s
 
 def sample_window(scan: WindowScan, schema: LogSchema, rows: int,
                   batch_rows: int = DEFAULT_BATCH_ROWS) -> pd.DataFrame:
-    """A seeded sample of ``rows`` rows of a streamed window (the rows with the smallest hash of
-    ``request_id``; the same rows on every run), for the Evidently report.
+    """A seeded sample of ``rows`` rows of a streamed window, for the Evidently report.
+
+    The rows with the smallest hash of ``request_id``: the same rows on every run.
     """
     data = summarize_units([(p, None) for p in scan.paths], scan.filesystem, schema.to_dict(), {},
                            scan.start, scan.end, batch_rows=batch_rows, sample_rows=rows)

@@ -180,8 +180,10 @@ class WindowSummary:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "WindowSummary":
-        """Raises:
-        ValueError: Not a summary of this format.
+        """Read a summary written by :meth:`to_bytes`.
+
+        Raises:
+            ValueError: Not a summary of this format.
         """
         try:
             doc = json.loads(zlib.decompress(data))
@@ -236,8 +238,9 @@ class WindowSummarizer:
                                                 new_sketch(self.sketch_k)) for c in self.numeric_cols}
 
     def add(self, batch: Any) -> None:
-        """Add a record batch (pyarrow ``RecordBatch``/``Table`` or pandas ``DataFrame``; the
-        rows must already be inside the window).
+        """Add a record batch (pyarrow ``RecordBatch``/``Table`` or pandas ``DataFrame``).
+
+        The rows must already be inside the window.
         """
         if not isinstance(batch, pd.DataFrame):
             from drift_checks.inference_log import arrow_to_pandas

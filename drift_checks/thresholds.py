@@ -103,8 +103,10 @@ class ThresholdPolicy:
 
     @classmethod
     def from_settings(cls, settings=None, **overrides) -> "ThresholdPolicy":
-        """Policy from ``drift_history_window_days``, ``drift_quantile``,
-        ``drift_min_history_windows``, ``drift_ceiling_factor`` settings.
+        """Threshold policy from the settings.
+
+        Reads ``drift_history_window_days``, ``drift_quantile``, ``drift_min_history_windows`` and
+        ``drift_ceiling_factor``.
         """
         from tritonflow.settings import get_settings
 
@@ -171,10 +173,12 @@ class Calibration:
 
 
 def chunk_rows_for(window_rows: int, reference_rows: int) -> int:
-    """Chunk size for a window of ``window_rows`` rows: the window size rounded to a grid of
-    about 19 % steps (so nearby window sizes share one calibration). 0 when the reference holds
-    fewer than :data:`MIN_REFERENCE_CHUNKS` such chunks: smaller chunks would calibrate the noise
-    of smaller samples, not of the window (then the static thresholds apply).
+    """Chunk size for a window of ``window_rows`` rows (0: no calibration).
+
+    The window size rounded to a grid of about 19 % steps (so nearby window sizes share one
+    calibration). 0 when the reference holds fewer than :data:`MIN_REFERENCE_CHUNKS` such chunks:
+    smaller chunks would calibrate the noise of smaller samples, not of the window (then the static
+    thresholds apply).
     """
     if window_rows < 1 or reference_rows < 1:
         return 0

@@ -150,10 +150,11 @@ class PreparedReference:
 
 
 def looks_time_ordered(frame: pd.DataFrame, columns) -> bool:
-    """Whether the reference's row order can stand for time: ``False`` when a non-constant
-    feature is sorted (numeric, either direction) or grouped (each category in one block), as
-    in a file sorted by a column; ``True`` otherwise. References are written in their source's
-    order (:func:`drift_checks.reference.save_reference`), normally the order of time.
+    """Whether the reference's row order can stand for time.
+
+    ``False`` when a non-constant feature is sorted (numeric, either direction) or grouped (each
+    category in one block), as in a file sorted by a column; ``True`` otherwise. References are written
+    in their source's order (:func:`drift_checks.reference.save_reference`), normally the order of time.
     """
     for c in columns:
         if c not in frame.columns:

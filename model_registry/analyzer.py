@@ -484,8 +484,9 @@ def read_results_csv(path_or_text: str | os.PathLike) -> list[ProfileRow]:
 
 
 def read_perf_passes(path_or_text: str | os.PathLike) -> dict[str, list[float]]:
-    """Throughput per pass per config from a ``config,concurrency,pass,throughput_infer_per_s,...``
-    CSV (repeated perf_analyzer passes). Passes are ordered by ``pass``.
+    """Throughput per pass per config from repeated perf_analyzer passes.
+
+    Reads a ``config,concurrency,pass,throughput_infer_per_s,...`` CSV; passes are ordered by ``pass``.
     """
     text = str(path_or_text)
     if "\n" not in text:

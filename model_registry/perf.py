@@ -140,9 +140,10 @@ def measure_interleaved(models: Sequence[str], url: str, concurrency: int, *, pa
                         settings: Settings | None = None, measurement_ms: int = 1000,
                         input_data: Mapping[str, str | Path | None] | None = None,
                         stability_percentage: int | None = None, max_trials: int = 5) -> dict[str, list[PerfPass]]:
-    """At least ``passes`` stable perf_analyzer passes per model on one Triton, interleaved (order
-    reversed every other round: A B, B A, ...). Rounds go on while a model has fewer than ``passes``
-    stable passes, at most ``2 * passes`` rounds. Returns ``{model: [PerfPass, ...]}`` in
+    """At least ``passes`` stable perf_analyzer passes per model on one Triton, interleaved.
+
+    The order is reversed every other round (A B, B A, ...). Rounds go on while a model has fewer than
+    ``passes`` stable passes, at most ``2 * passes`` rounds. Returns ``{model: [PerfPass, ...]}`` in
     measurement order (unstable passes included, flagged).
     """
     out: dict[str, list[PerfPass]] = {m: [] for m in models}

@@ -129,8 +129,10 @@ def tree_splits(model: "onnx.ModelProto") -> tuple[list[Split], str | None]:
 
 
 def decimal_resolution(values: Any) -> float:
-    """Finest decimal step of ``values``: ``10**-d`` for the smallest ``d`` in 0..6 such that every
-    finite value is a multiple of it (to 1e-9 relative), else ``10**-6``. 1.0 for no values.
+    """Finest decimal step of ``values`` (1.0 for no values).
+
+    ``10**-d`` for the smallest ``d`` in 0..6 such that every finite value is a multiple of it (to
+    1e-9 relative), else ``10**-6``.
     """
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v)]

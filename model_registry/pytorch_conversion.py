@@ -241,8 +241,9 @@ def validate_torchscript_for_push(
     model_name: str | None = None,
     settings: Settings | None = None,
 ) -> Any:
-    """Pre-push checks of a TorchScript model and its config (the TorchScript analogue of
-    :func:`model_registry.validation.validate_for_push`).
+    """Pre-push checks of a TorchScript model and its config.
+
+    The TorchScript analogue of :func:`model_registry.validation.validate_for_push`.
 
     Checks: the config agrees with the traced module's tensors (names, dtypes, ranks; the config
     says ``platform: "pytorch_libtorch"``); the module runs at batch 1 and, when batching, at batch

@@ -206,8 +206,10 @@ NUMPY_TO_ONNX: dict[str, str] = {TRITON_TO_NUMPY[t]: o for o, t in ONNX_TO_TRITO
 
 
 def declared_io(inputs: Sequence[Any], outputs: Sequence[Any]) -> tuple[list[TensorInfo], list[TensorInfo]]:
-    """``(inputs, outputs)`` as :class:`TensorInfo` from schema items with ``name``, ``dtype``
-    (numpy name) and ``shape`` (``-1`` axes become symbolic, axis 0 ``"batch"``).
+    """``(inputs, outputs)`` as :class:`TensorInfo` from schema items.
+
+    Items have ``name``, ``dtype`` (numpy name) and ``shape`` (``-1`` axes become symbolic, axis 0
+    ``"batch"``).
 
     Used for models that are not ONNX (TorchScript: :class:`model_registry.conversion.TensorSchema`
     items), so :func:`build_config` and :func:`check_config` treat them alike.

@@ -281,8 +281,9 @@ def make_session(model: "OnnxLike | onnxruntime.InferenceSession") -> "onnxrunti
 
 
 def make_runner(model: Any, model_name: str = "model") -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
-    """``feeds -> {output: array}`` for an ONNX model/session, or ``model`` itself when it is already
-    such a callable (e.g. :func:`torchscript_runner`).
+    """``feeds -> {output: array}`` for an ONNX model/session.
+
+    ``model`` itself is returned when it is already such a callable (e.g. :func:`torchscript_runner`).
     """
     import onnxruntime as ort
 

@@ -191,8 +191,10 @@ def version_window(
 # ------------------------------------------------------------------------------------ analysis
 @dataclasses.dataclass(frozen=True)
 class CoverageReference:
-    """What the coverage check measures against: the drift reference sample and the features
-    to check, most important first (:func:`repository_sync.canary_checks.important_features`).
+    """What the coverage check measures against: the drift reference sample and the features.
+
+    The features to check come most important first
+    (:func:`repository_sync.canary_checks.important_features`).
     """
 
     frame: Any

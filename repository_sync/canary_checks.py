@@ -1,5 +1,7 @@
-"""Canary checks on what the challenger answered: output health, its own expected behaviour,
-quality against the champion where labels arrived, and feature-space coverage.
+"""Canary checks on what the challenger answered.
+
+Output health, its own expected behaviour, quality against the champion where labels arrived, and
+feature-space coverage.
 
 Pure functions on numpy arrays and pandas frames (no services); :func:`repository_sync.canary.analyse_step`
 calls them on every analysis of a step, with the inference-log rows of the step's window
@@ -110,8 +112,9 @@ class Observations:
     @classmethod
     def from_arrays(cls, challenger: Any, challenger_version: int = 2,
                     champion: Any = None, champion_version: int = 1) -> "Observations":
-        """Observations holding only predictions (``prediction`` column), for callers and tests
-        that have arrays rather than an inference log.
+        """Observations holding only predictions (``prediction`` column).
+
+        For callers and tests that have arrays rather than an inference log.
         """
         parts = []
         for values, version in ((challenger, challenger_version), (champion, champion_version)):
@@ -150,8 +153,10 @@ class ExpectedBehaviour:
     @classmethod
     def from_frame(cls, frame: pd.DataFrame, *, source: str, uri: str = "",
                    feature_columns: Sequence[str] | None = None) -> "ExpectedBehaviour":
-        """Read an expected-predictions table: :data:`EXPECTED_SCORE_COLUMN`, optional feature
-        columns and optional ``expected.<output column>`` columns.
+        """Read an expected-predictions table.
+
+        It holds :data:`EXPECTED_SCORE_COLUMN`, optional feature columns and optional
+        ``expected.<output column>`` columns.
 
         Raises:
             DataError: The table lacks :data:`EXPECTED_SCORE_COLUMN` or has no row.
@@ -293,8 +298,10 @@ def psi_margin(n: int, m: int, bins: int, confidence: float) -> float:
 def match_on_inputs(live_features: pd.DataFrame, expected: ExpectedBehaviour,
                     values: np.ndarray, neighbours: int = MATCH_NEIGHBOURS
                     ) -> tuple[np.ndarray, float] | None:
-    """``values`` (one per expected row) at the ``neighbours`` expected rows nearest to each live
-    input, flattened (``neighbours`` values per live row), and their effective sample size.
+    """``values`` at the ``neighbours`` expected rows nearest to each live input.
+
+    ``values`` holds one value per expected row; the result is flattened (``neighbours`` values per
+    live row) and comes with its effective sample size.
 
     Features are the numeric columns both sides have, standardised with the expected rows' mean
     and standard deviation; rows with a non-finite feature are dropped on both sides.
@@ -596,8 +603,9 @@ class CoverageCheck:
 
 def important_features(features: Sequence[str], importances: Mapping[str, float] | None,
                        top: int) -> list[str]:
-    """The ``top`` most important of ``features`` (all when ``top`` is 0 or there are no
-    importances), most important first; ties keep the features' order.
+    """The ``top`` most important of ``features``, most important first.
+
+    All of them when ``top`` is 0 or there are no importances; ties keep the features' order.
     """
     feats = list(features)
     if not importances or top <= 0:

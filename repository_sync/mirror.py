@@ -141,9 +141,10 @@ class MirrorRecorder:
         self.stop()
 
     def records(self):
-        """Every mirrored answer so far as a DataFrame: ``request_id``, ``timestamp`` (UTC, when
-        the mirror arrived), ``served_version``, ``status``, ``latency_ms``, ``error``, ``row`` and
-        the output columns (``name`` or ``name_j``).
+        """Every mirrored answer so far as a DataFrame.
+
+        Columns: ``request_id``, ``timestamp`` (UTC, when the mirror arrived), ``served_version``,
+        ``status``, ``latency_ms``, ``error``, ``row`` and the output columns (``name`` or ``name_j``).
         """
         import pandas as pd
 
