@@ -303,7 +303,9 @@ class FileSystemStorage(RepositoryStorage):
         return True
 
     @override
-    def push_version(self, layout, source_dir, *, serving_config=None, verify=None, on_progress=None):
+    def push_version(self, layout: VersionLayout, source_dir: Path, *, serving_config: bytes | None = None,
+                     verify: VerifyCallback | None = None,
+                     on_progress: ProgressCallback | None = None) -> PushOutcome:
         source_dir = Path(source_dir)
         files = _source_files(layout, source_dir)
         staged_digests = {p.name: sha256_file(p) for p in files}
@@ -619,7 +621,9 @@ class S3Storage(RepositoryStorage):
 
     # ------------------------------------------------------------------ push
     @override
-    def push_version(self, layout, source_dir, *, serving_config=None, verify=None, on_progress=None):
+    def push_version(self, layout: VersionLayout, source_dir: Path, *, serving_config: bytes | None = None,
+                     verify: VerifyCallback | None = None,
+                     on_progress: ProgressCallback | None = None) -> PushOutcome:
         source_dir = Path(source_dir)
         files = _source_files(layout, source_dir)
         staged = {p.name: sha256_file(p) for p in files}
