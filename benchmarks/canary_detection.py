@@ -13,7 +13,8 @@ client's logger does); the canary reads Triton's metrics and that log
    ``nan``: it answers NaN) a canary starts with the default policy (steps 5/25/50/100 %, a 300 s
    bake, analyses every 5 s; ``--percent`` sets the first step) and the challenger breaks in the
    first step, ``--offsets`` seconds after its second analysis (10 s into the step: early in an
-   analysis interval is the worst case, the fault then waits almost a whole interval). Measured from the client's records: from the
+   analysis interval is the worst case, the fault then waits almost a whole interval). Measured
+   from the client's records: from the
    first bad response (a failure naming the challenger, or a NaN) to the send time of the last
    request the challenger served (after it, 100 % of the traffic is on the champion), and the
    failed requests that did not go to the challenger (failures not naming it, and connection
@@ -103,7 +104,7 @@ class Client:
             rid = uuid.uuid4().hex
             t0 = time.time()
             status, version, data, error = 0, None, b"", ""
-            for attempt in range(2):
+            for _attempt in range(2):
                 fresh = conn is None
                 try:
                     conn = conn or http.client.HTTPConnection(self.host, self.port, timeout=30)
@@ -196,7 +197,8 @@ def detection_run(mode: str, args, router, gateway, triton, client_log: str, mod
     try:
         result = run_canary(model=MODEL, champion=CHAMPION, challenger=CHALLENGER, policy=policy,
                             apply_plan=apply, scrape_metrics=metrics_scraper(triton.metrics_url),
-                            unload_challenger=lambda: tc.load_model(MODEL, config=json.dumps(_only((CHAMPION,), mode_dir))),
+                            unload_challenger=lambda: tc.load_model(
+                                MODEL, config=json.dumps(_only((CHAMPION,), mode_dir))),
                             observe=observer(client_log, MODEL, prediction_columns=["prediction"]),
                             sleep=sleep, on_analysis=analyses.append)
         time.sleep(2.0)

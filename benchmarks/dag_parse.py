@@ -40,7 +40,7 @@ def cold_parse(path: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "plugins")]))
     out = subprocess.run([sys.executable, "-c", _COLD, str(path)], env=env, capture_output=True,
                          text=True, timeout=600).stdout
-    line = [l for l in out.splitlines() if l.startswith("RESULT ")][-1]
+    line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
 
 

@@ -202,7 +202,7 @@ def main() -> None:
         timings[name] = round(time.perf_counter() - t0, 1)
         print(f"{name:10s} alarms/100 quiet windows {results[name]['alarms_per_100_quiet']:6.2f} "
               f"({results[name]['quiet_alarms']}/{results[name]['quiet_windows']}); delays after shifts "
-              f"{dict(zip(SCENARIOS, results[name]['delays']))}; {timings[name]} s", flush=True)
+              f"{dict(zip(SCENARIOS, results[name]['delays'], strict=True))}; {timings[name]} s", flush=True)
     doc = {"benchmark": "drift_quality", "shifts": list(SCENARIOS), "days_per_window": DAYS_PER_WINDOW,
            "reference_days": REFERENCE_DAYS, "policies": results, "seconds": timings,
            "goals": {"max_delay": 2, "max_alarms_per_100_quiet": 1}}

@@ -176,7 +176,8 @@ def main() -> int:
         try:
             router = NginxRouter.from_nginx_cmd(gateway.conf_dir, gateway.nginx_cmd(), response_header=HEADER)
             wait_live(gateway.url, router.apply(TrafficPlan.single(MODEL, CHAMPION)))
-            client = Client(settings.host, settings.gateway_port, args.threads, args.keepalive, args.retry_stale).start()
+            client = Client(settings.host, settings.gateway_port, args.threads, args.keepalive,
+                            args.retry_stale).start()
             try:
                 # ---- full promotion
                 t_start = time.monotonic()
@@ -227,7 +228,8 @@ def main() -> int:
         "goal": "switch < 1 s, 0 failed requests (reference: ~4.7 s detection-to-switch)",
     }
     print(f"promotion 5->25->50->100 %: {len(promo)} requests, {promo_failed} failed")
-    print(f"rollback x{args.rollbacks}: decision -> all on champion median {figures['rollback']['switch_s_median'] * 1000:.0f} ms, "
+    print(f"rollback x{args.rollbacks}: decision -> all on champion median "
+          f"{figures['rollback']['switch_s_median'] * 1000:.0f} ms, "
           f"max {figures['rollback']['switch_s_max'] * 1000:.0f} ms (router apply median "
           f"{figures['rollback']['router_apply_s_median'] * 1000:.0f} ms); {rb_total} requests, {rb_failed} failed")
     print(json.dumps(figures))  # the last line: one JSON object

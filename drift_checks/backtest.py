@@ -142,7 +142,7 @@ def _schema(frame: pd.DataFrame, features: Sequence[str] | None, categorical: Se
 
 def _cut(replay: pd.DataFrame, times: pd.Series, window: BacktestWindow) -> list[tuple[Any, Any, pd.DataFrame]]:
     """(start, end, rows) of consecutive windows over the replayed rows (data time)."""
-    out = []
+    out: list[tuple[Any, Any, pd.DataFrame]] = []
     if replay.empty:
         return out
     if window.rows:
@@ -152,6 +152,7 @@ def _cut(replay: pd.DataFrame, times: pd.Series, window: BacktestWindow) -> list
             nxt = times.loc[replay.index[i + window.rows]] if i + window.rows < len(replay) else t.iloc[-1]
             out.append((t.iloc[0], nxt, part))
         return out
+    assert window.duration is not None  # BacktestWindow.parse gives rows or a duration
     t0 = times.loc[replay.index[0]]
     idx = ((times.loc[replay.index] - t0) // window.duration).astype(int)
     groups = {k: g for k, g in replay.groupby(idx.to_numpy(), sort=True)}
@@ -189,8 +190,9 @@ def run_backtest(
         out_dir: Output folder (created).
         features: Feature columns (default: every column but the time column).
         categorical: Columns scored as categories (object/string/bool ones are anyway).
-        reference_rows / reference_range: The reference: the first N rows, or the rows with
-            ``start <= time < end`` (exactly one of the two).
+        reference_rows: The reference is the first N rows (give this or ``reference_range``).
+        reference_range: ``(start, end)``: the reference is the rows with ``start <= time < end``
+            (give this or ``reference_rows``).
         window: :class:`BacktestWindow`, or its text (``"48"`` rows, ``"1h"``).
         strategy: Reference strategy (default: ``training``, the reference above).
         importance: ``{feature: importance}`` for the dataset weights (default: none, which the
@@ -229,6 +231,7 @@ def run_backtest(
                             f"has {len(table)} rows)")
         ref_frame, replay = table.iloc[:reference_rows], table.iloc[reference_rows:]
     else:
+        assert reference_range is not None  # exactly one of the two, checked above
         a, b = (pd.Timestamp(x) for x in reference_range)
         a, b = (x.tz_localize("UTC") if x.tzinfo is None else x.tz_convert("UTC") for x in (a, b))
         inside = (times >= a) & (times < b)
@@ -247,7 +250,8 @@ def run_backtest(
                                  importance=importance, time_ordered=True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    windows, series = [], {c: [] for c in cols}
+    windows: list[dict[str, Any]] = []
+    series: dict[str, list[Any]] = {c: [] for c in cols}
     with tempfile.TemporaryDirectory(prefix="tritonflow-backtest-") as tmp:
         history = HistoryStore(f"sqlite:///{Path(tmp) / 'history.db'}")
         try:

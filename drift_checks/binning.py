@@ -43,6 +43,7 @@ class PsiBins:
 
     @property
     def n_bins(self) -> int:
+        """Number of bins: one more than the inner edges (the outer bins are open-ended)."""
         return int(self.edges.size + 1)
 
 
@@ -107,8 +108,9 @@ def psi_from_counts(reference_counts: Any, current_counts: Any, eps: float = PSI
     ``eps`` (Siddiqi 2006; Evidently floors at the same 1e-4).
 
     Args:
-        reference_counts / current_counts: Non-negative counts, same length, each with a
-            positive total.
+        reference_counts: Non-negative counts of the reference per bin, positive total.
+        current_counts: Non-negative counts of the current window in the same bins, positive total.
+        eps: Floor of each bin share (default :data:`PSI_EPSILON`, 1e-4).
 
     Returns:
         PSI >= 0.

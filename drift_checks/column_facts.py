@@ -94,8 +94,10 @@ class ColumnFacts:
         return self.series if self.series is not None else pd.Series(self.examples, dtype=object)
 
     def value_counts(self) -> pd.Series:
-        """``Series.value_counts(dropna=True, sort=True)`` of the column (ties in order of first
-        appearance)."""
+        """Value counts of the column, as ``Series.value_counts(dropna=True, sort=True)``.
+
+        Ties keep the order of first appearance.
+        """
         counts = self.counts or {}
         keys = sorted(counts, key=lambda k: -counts[k])  # stable: ties keep first appearance
         return pd.Series([counts[k] for k in keys], index=pd.Index(keys, dtype=object), dtype="int64")
@@ -108,6 +110,7 @@ class ColumnFacts:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ColumnFacts":
+        """Rebuild the facts from :meth:`to_json` output (values decoded to their original types)."""
         counts = None if d["counts"] is None else {_dec(k): int(c) for k, c in d["counts"]}
         return cls(pd.api.types.pandas_dtype(d["dtype"]), int(d["n"]), int(d["n_null"]), _dec(d["vmin"]),
                    _dec(d["vmax"]), counts, [_dec(v) for v in d["examples"]])

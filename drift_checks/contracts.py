@@ -33,7 +33,8 @@ counts, means...) always see the whole window, because a sample can miss a rare 
 a false failure. The three distinct-value-set expectations have exact vectorised checks.
 Before validating, datetime columns and every datetime-like value in
 the expectations (value sets, bounds) are normalised to ONE representation, a fixed-width ISO-8601
-string in UTC (``YYYY-MM-DDTHH:MM:SS.ffffff``), whose lexical order is chronological (``Timestamp`` vs ``date`` comparisons otherwise raise inside GX).
+string in UTC (``YYYY-MM-DDTHH:MM:SS.ffffff``), whose lexical order is chronological (``Timestamp``
+vs ``date`` comparisons otherwise raise inside GX).
 
 Each expectation yields an :class:`ExpectationResult`; an expectation that RAISED inside GX is an
 *error of the check* (``raised=True``), reported separately from data failures and never taken
@@ -104,9 +105,11 @@ class ExpectationSpec:
 
     @property
     def column(self) -> str | None:
+        """The column the expectation checks (``kwargs['column']``); ``None`` for table-level ones."""
         return self.kwargs.get("column")
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (``type``, ``kwargs``, ``severity``, ``meta``), read back by :meth:`Contract.from_dict`."""
         return {"type": self.type, "kwargs": _jsonable(dict(self.kwargs)), "severity": self.severity,
                 "meta": _jsonable(dict(self.meta))}
 
@@ -118,10 +121,12 @@ class Contract:
     expectations: tuple[ExpectationSpec, ...]
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form: ``{"expectations": [...]}`` (see :meth:`ExpectationSpec.to_dict`)."""
         return {"expectations": [e.to_dict() for e in self.expectations]}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Contract":
+        """Read a contract written by :meth:`to_dict`; ``severity`` defaults to ``critical``."""
         return cls(tuple(ExpectationSpec(e["type"], dict(e["kwargs"]), e.get("severity", "critical"),
                                          dict(e.get("meta") or {})) for e in d["expectations"]))
 
@@ -154,6 +159,7 @@ class ExpectationResult:
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form of the result (every field)."""
         return dataclasses.asdict(self)
 
 
@@ -169,8 +175,10 @@ class ContractResult:
 
     @property
     def failures(self) -> list[ExpectationResult]:
-        """Critical data failures (the expectation ran and the data broke it): they fail the
-        contract."""
+        """Critical data failures: the expectation ran and the data broke it.
+
+        They fail the contract.
+        """
         return [r for r in self.results if not r.success and not r.raised and r.severity == "critical"]
 
     @property
@@ -196,6 +204,7 @@ class ContractResult:
         return "failed" if self.failures else "passed"
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary: status, invalid columns, failures, warnings and errors of the check."""
         return {"status": self.status, "invalid_columns": self.invalid_columns,
                 "failures": [r.to_dict() for r in self.failures],
                 "warnings": [r.to_dict() for r in self.warnings],
@@ -374,9 +383,10 @@ def _between(observed: Any, kw: Mapping[str, Any]) -> bool:
 
 
 def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> ExpectationResult | None:
-    """Exact evaluation of the standard column expectations on the FULL window, from its
-    :class:`~drift_checks.column_facts.ColumnFacts` (the whole column, or a streamed window's
-    merged batches).
+    """Exact evaluation of the standard column expectations on the FULL window.
+
+    Computed from the window's :class:`~drift_checks.column_facts.ColumnFacts` (the whole column, or a
+    streamed window's merged batches).
 
     Returns ``None`` when the expectation (type, kwargs or column dtype) is not one handled here;
     it then goes to Great Expectations. Semantics follow GX 1.x: nulls are ignored by range and
@@ -466,7 +476,7 @@ def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
             keys = [str(k) for k in keys]  # derive_contract writes booleans as "True"/"False"
         allowed_values = set(value_set)
         try:
-            bad = [(k, int(c)) for k, c in zip(keys, vc.to_numpy()) if k not in allowed_values]
+            bad = [(k, int(c)) for k, c in zip(keys, vc.to_numpy(), strict=True) if k not in allowed_values]
         except TypeError:  # unhashable values: leave it to GX
             return None
         nonnull = int(vc.sum())
@@ -626,8 +636,10 @@ _COUNTED = {"ExpectColumnValuesToBeInSet", *_DISTINCT_SET_CHECKS}
 
 def _run_gx_streamed(specs: list[tuple[int, ExpectationSpec]], summary: Any,
                      dt_cols: set[str]) -> list[tuple[int, ExpectationResult]]:
-    """GX on a streamed window: row-wise expectations on its seeded sample; aggregate ones
-    cannot be judged without every row and are errors of the check."""
+    """GX on a streamed window: row-wise expectations on its seeded sample.
+
+    Aggregate ones cannot be judged without every row and are errors of the check.
+    """
     row_wise = [(i, sp) for i, sp in specs if sp.type.startswith(ROW_WISE_PREFIXES)]
     out = []
     for i, sp in specs:
@@ -650,8 +662,11 @@ def _run_gx_streamed(specs: list[tuple[int, ExpectationSpec]], summary: Any,
 
 def _run_gx(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt_cols: set[str],
             sample_rows: int, seed: int) -> list[tuple[int, ExpectationResult]]:
-    """Evaluate ``specs`` with Great Expectations: row-wise ones on a seeded sample of a large
-    window, aggregate ones (set, min/max, counts...) on the whole window."""
+    """Evaluate ``specs`` with Great Expectations.
+
+    Row-wise ones run on a seeded sample of a large window, aggregate ones (set, min/max, counts...) on
+    the whole window.
+    """
     row_wise = [(i, sp) for i, sp in specs if sp.type.startswith(ROW_WISE_PREFIXES)]
     aggregate = [(i, sp) for i, sp in specs if not sp.type.startswith(ROW_WISE_PREFIXES)]
     out = _run_gx_on(row_wise, frame, dt_cols, sample_rows, seed) if row_wise else []
@@ -660,8 +675,10 @@ def _run_gx(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt_co
 
 def _run_gx_on(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt_cols: set[str],
                sample_rows: int, seed: int) -> list[tuple[int, ExpectationResult]]:
-    """Evaluate ``specs`` with Great Expectations on the window or (``sample_rows > 0``) a
-    seeded sample of it."""
+    """Evaluate ``specs`` with Great Expectations on the window or a seeded sample of it.
+
+    The sample is used when ``sample_rows > 0``.
+    """
     import great_expectations as gx
     import great_expectations.expectations as gxe
 

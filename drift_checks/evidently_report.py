@@ -43,6 +43,7 @@ class EvidentlyResult:
     sample_rows: tuple[int, int] = (0, 0)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form of the result (every field)."""
         return dataclasses.asdict(self)
 
 
@@ -57,10 +58,13 @@ def run_evidently(reference: pd.DataFrame, current: pd.DataFrame, *, numeric: It
     """Run ``DataDriftPreset`` on deterministic samples of both sides.
 
     Args:
-        reference / current: Frames holding the feature columns.
-        numeric / categorical: Column names by type (declared, not inferred: evidently#1764).
+        reference: Frame holding the reference's feature columns.
+        current: Frame holding the window's feature columns.
+        numeric: Numeric column names (declared, not inferred: evidently#1764).
+        categorical: Categorical column names (declared likewise).
         out_dir: Folder for the HTML file.
         sample_rows: Rows per side (uniform sample, ``seed``).
+        seed: Random seed of the samples (same seed, same samples).
         name: HTML file name.
 
     Returns:

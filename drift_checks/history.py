@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 import json
 import math
 from typing import Any, Iterable, Mapping, Sequence
@@ -171,8 +172,10 @@ class HistoryStore:
             self._check_schema()
 
     def _check_schema(self) -> None:
-        """Refuse tables written by an older tritonflow (no ``reference_id``): clear message, no
-        data touched."""
+        """Refuse tables written by an older tritonflow (no ``reference_id``).
+
+        The message says what to do; no data is touched.
+        """
         import sqlalchemy as sa
 
         insp = sa.inspect(self.engine)
@@ -192,10 +195,15 @@ class HistoryStore:
     def _upsert(self, conn, table, rows: list[dict], keys: Sequence[str]) -> None:
         if not rows:
             return
+        insert: Any  # either dialect's insert(): both build an INSERT ... ON CONFLICT DO UPDATE
         if self.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            insert = pg_insert
         elif self.dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+            insert = sqlite_insert
         else:  # portable fallback: delete then insert
             import sqlalchemy as sa
 
@@ -247,7 +255,7 @@ class HistoryStore:
 
         h = _utc_hour(hour)
         ref = str(reference_id or "")
-        stat_rows = [
+        stat_rows: list[dict[str, Any]] = [
             {"model": model, "reference_id": ref, "feature": s.feature, "statistic": s.statistic,
              "hour": h, "value": float(s.value), "model_version": model_version,
              "taught": bool(s.taught),
@@ -291,8 +299,10 @@ class HistoryStore:
 
     def _update_cache(self, conn, model: str, hour: dt.datetime, reference_id: str,
                       values: Mapping[tuple[str, str], float]) -> None:
-        """Replace ``hour`` in every cached series of ``model`` and add this hour's taught
-        ``values`` of ``reference_id`` (series without a cache row are built from the table)."""
+        """Replace ``hour`` in every cached series of ``model`` and add this hour's taught values.
+
+        ``values`` are those of ``reference_id``; series without a cache row are built from the table.
+        """
         import sqlalchemy as sa
 
         c, hi = self.series, _hour_index(hour)
@@ -322,8 +332,10 @@ class HistoryStore:
             self._build_cache(conn, model, reference_id, missing)
 
     def _build_cache(self, conn, model: str, reference_id: str, keys: Sequence[tuple[str, str]]) -> None:
-        """(Re)build the cache rows of ``keys`` from the statistics table: the taught values of
-        the last ``cache_hours`` before each series' newest hour."""
+        """(Re)build the cache rows of ``keys`` from the statistics table.
+
+        Each row holds the taught values of the last ``cache_hours`` before the series' newest hour.
+        """
         import sqlalchemy as sa
 
         t, c = self.stats, self.series
@@ -374,8 +386,11 @@ class HistoryStore:
         return out
 
     def bulk_load(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Upsert raw statistic rows (``model, feature, statistic, hour, value`` and optionally
-        ``reference_id``, ``taught``): backfills, benchmarks. NaN/inf rows are skipped."""
+        """Upsert raw statistic rows (backfills, benchmarks).
+
+        Rows hold ``model, feature, statistic, hour, value`` and optionally ``reference_id``, ``taught``.
+        NaN/inf rows are skipped.
+        """
         clean = [
             {**r, "hour": _utc_hour(r["hour"]), "model_version": r.get("model_version"),
              "reference_id": str(r.get("reference_id") or ""), "taught": bool(r.get("taught", True)),
@@ -523,7 +538,7 @@ class HistoryStore:
         keys = [(f, st) for f, st, _ in rows]
         values = np.fromiter((r[2] for r in rows), dtype="float64", count=len(rows))
         bounds = [0] + [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]] + [len(keys)]
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
+        for lo, hi in itertools.pairwise(bounds):
             key = keys[lo]
             if key in wanted:
                 out[key] = (float(np.quantile(values[lo:hi], wanted[key], method="linear")), hi - lo)
@@ -531,8 +546,10 @@ class HistoryStore:
 
     def previous_flags(self, model: str, features: Iterable[str], hour: dt.datetime,
                        n: int, *, reference_id: str | None = None) -> dict[str, list[bool]]:
-        """Flags of the ``n`` hours before ``hour`` per feature, oldest first; a missing hour
-        (or one judged against another reference) counts as not flagged."""
+        """Flags of the ``n`` hours before ``hour`` per feature, oldest first.
+
+        A missing hour (or one judged against another reference) counts as not flagged.
+        """
         import sqlalchemy as sa
 
         h = _utc_hour(hour)
@@ -554,9 +571,11 @@ class HistoryStore:
 
     def previous_windows(self, model: str, hour: dt.datetime, n: int, *,
                          reference_id: str | None = None) -> list[bool]:
-        """Dataset verdicts (``dataset_drift``) of the ``n`` hours before ``hour``, oldest first;
-        a missing hour, an empty one or one judged against another reference counts as no drift
-        (the run of consecutive drifted windows is broken)."""
+        """Dataset verdicts (``dataset_drift``) of the ``n`` hours before ``hour``, oldest first.
+
+        A missing hour, an empty one or one judged against another reference counts as no drift (the run
+        of consecutive drifted windows is broken).
+        """
         import sqlalchemy as sa
 
         h = _utc_hour(hour)
@@ -577,8 +596,10 @@ class HistoryStore:
 
     def last_alert(self, model: str, before: dt.datetime, *,
                    reference_id: str | None = None) -> tuple[dt.datetime, list[str]] | None:
-        """The latest hour before ``before`` whose window raised a drift alert, with the features
-        the alert named (from its summary), or ``None``."""
+        """The latest hour before ``before`` whose window raised a drift alert, or ``None``.
+
+        It comes with the features the alert named (from its summary).
+        """
         import sqlalchemy as sa
 
         t = self.windows

@@ -87,4 +87,4 @@ def permutation_importances(predict: Callable[[Any], Any], frame, *, n_repeats: 
     raw = np.clip(np.asarray(res.importances_mean, dtype="float64"), 0.0, None)
     total = float(raw.sum())
     values = raw / total if total > 0 else raw
-    return {str(c): round(float(v), 6) for c, v in zip(data.columns, values)}
+    return {str(c): round(float(v), 6) for c, v in zip(data.columns, values, strict=True)}

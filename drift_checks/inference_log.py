@@ -70,17 +70,20 @@ class LogSchema:
         return {**BASE_COLUMNS, **self.features, **self.predictions}
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form: ``{"features": {...}, "predictions": {...}}``."""
         return {"features": dict(self.features), "predictions": dict(self.predictions)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "LogSchema":
+        """Read a schema written by :meth:`to_dict` (``predictions`` optional)."""
         return cls(features=dict(d["features"]), predictions=dict(d.get("predictions", {})))
 
     @classmethod
     def infer(cls, frame: pd.DataFrame, predictions: Iterable[str] = ()) -> "LogSchema":
         """Schema from a frame's dtypes (base columns skipped)."""
         preds = set(predictions)
-        feats, outs = {}, {}
+        feats: dict[str, str] = {}
+        outs: dict[str, str] = {}
         for col in frame.columns:
             if col in BASE_COLUMNS or col in OPTIONAL_COLUMNS:
                 continue
@@ -136,6 +139,7 @@ def offending_values(values: Any, kind: str, limit: int = 5) -> list[Any]:
     Args:
         values: A pandas Series or a pyarrow (chunked) array.
         kind: The expected column kind.
+        limit: Most values returned.
     """
     s = values if isinstance(values, pd.Series) else pd.Series(values.to_pylist(), dtype=object)
     s = s.dropna()
@@ -307,6 +311,7 @@ class Window:
 
     @property
     def empty(self) -> bool:
+        """True when the window holds no row."""
         return len(self.frame) == 0
 
 
@@ -383,7 +388,8 @@ def read_window(root: str, model: str, start: dt.datetime, end: dt.datetime,
     Args:
         root: Folder or ``s3://bucket/prefix``.
         model: Model name.
-        start / end: Timezone-aware bounds (the DAG's ``data_interval_start``/``_end``).
+        start: Timezone-aware start, inclusive (the DAG's ``data_interval_start``).
+        end: Timezone-aware end, exclusive (the DAG's ``data_interval_end``).
         schema: When given, every file must hold its columns with compatible types.
         endpoint_url: S3-compatible endpoint.
 

@@ -134,7 +134,7 @@ def feature_verdict(results: Mapping[str, StatisticResult],
     for name, r in results.items():
         stat, thr = REGISTRY[name], thresholds[name]
         flag = stat.is_drift(r.value, thr.value)
-        if flag is None:
+        if flag is None or r.value is None:  # is_drift gives None for every undefined value
             undefined.append(f"{name}: {r.status}")
             votes.append(Vote(name, None, thr, None, None, f"undefined ({r.status})"))
             continue
@@ -232,8 +232,11 @@ class AlertPolicy:
 
     @classmethod
     def from_settings(cls, settings=None, **overrides) -> "AlertPolicy":
-        """From ``drift_consecutive_windows``, ``drift_alert_cooldown_hours``,
-        ``drift_dataset_share``, ``drift_weighting``."""
+        """Alert policy from the settings.
+
+        Reads ``drift_consecutive_windows``, ``drift_alert_cooldown_hours``, ``drift_dataset_share`` and
+        ``drift_weighting``.
+        """
         from tritonflow.settings import get_settings
 
         s = settings or get_settings()

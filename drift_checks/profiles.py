@@ -34,7 +34,7 @@ def _quiet():
 
 
 def profile_frame(frame: pd.DataFrame):
-    """whylogs ``DatasetProfileView`` of a frame (all columns)."""
+    """Whylogs ``DatasetProfileView`` of a frame (all columns)."""
     _quiet()
     import whylogs as why
 
@@ -106,8 +106,10 @@ def merge_profiles(views: Sequence[Any]):
 
 
 def merge_day(root: str, model: str, day: dt.date, endpoint_url: str | None = None) -> str | None:
-    """Merge the stored hourly profiles of one UTC day into ``daily.bin``; ``None`` if no hour
-    was profiled."""
+    """Merge the stored hourly profiles of one UTC day into ``daily.bin``.
+
+    Returns ``None`` if no hour was profiled.
+    """
     store = Store(root, endpoint_url)
     prefix = f"{model}/profiles/date={day:%Y-%m-%d}"
     keys = [k for k in store.list(prefix) if k.endswith("/" + PROFILE_NAME)]
@@ -118,7 +120,7 @@ def merge_day(root: str, model: str, day: dt.date, endpoint_url: str | None = No
 
 
 def score_profiles(reference_view, current_view) -> dict[str, dict[str, Any]]:
-    """whylogs drift scores between two (stored) profile views.
+    """Whylogs drift scores between two (stored) profile views.
 
     Returns:
         ``{column: {"algorithm", "pvalue", "statistic", "drift_category"}}``; deterministic for

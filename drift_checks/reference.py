@@ -80,10 +80,12 @@ def save_reference(root: str, model: str, version: int, frame: pd.DataFrame,
 
     Args:
         root: Folder or ``s3://bucket/prefix``.
-        model / version: Model name and version.
+        model: Model name.
+        version: MLflow model version.
         frame: Training data (or a designated window); feature columns at least.
         schema: Feature kinds; inferred from ``frame`` when ``None``.
         max_rows: Rows kept (uniform sample without replacement, ``seed``; row order kept).
+        seed: Random seed of the sample.
         endpoint_url: S3-compatible endpoint.
         importance: ``{feature: importance}`` of the model version
             (:func:`drift_checks.importance.permutation_importances`), stored in ``meta.json``.
@@ -114,13 +116,14 @@ def save_reference(root: str, model: str, version: int, frame: pd.DataFrame,
     view = profile_frame(sample)
     write_profile(store, f"{p}/profile.bin", view)
     digest = hashlib.sha256(data).hexdigest()
+    importance_map = dict(importance) if importance else None
     meta = {"model": model, "version": int(version), "rows": len(sample), "source_rows": len(frame),
             "seed": seed, "schema": schema.to_dict(), "digest": digest,
-            "importance": dict(importance) if importance else None,
+            "importance": importance_map,
             "importance_method": importance_method if importance else ""}
     store.put_bytes(f"{p}/meta.json", json.dumps(meta, sort_keys=True).encode())
     return Reference(model, int(version), sample, schema, view, store.uri(p),
-                     reference_id_of(version, digest), meta["importance"])
+                     reference_id_of(version, digest), importance_map)
 
 
 def load_reference(root: str, model: str, version: int, endpoint_url: str | None = None,

@@ -68,8 +68,10 @@ def sketch_from_bytes(data: bytes):
 
 
 def rank_error(k: int) -> float:
-    """The stated error bound ``eps`` of a KLL sketch with this ``k`` (double-sided normalised
-    rank error, see the module docstring)."""
+    """The stated error bound ``eps`` of a KLL sketch with this ``k``.
+
+    The double-sided normalised rank error, see the module docstring.
+    """
     from datasketches import kll_doubles_sketch
 
     return float(kll_doubles_sketch.get_normalized_rank_error(int(k), True))
@@ -100,9 +102,14 @@ class SketchSample(NumericSample):
     v_max: float = 0.0
 
     def d_and_w1(self, reference_sorted: np.ndarray) -> tuple[float, float]:
-        """(KS statistic D, Wasserstein-1) between the exact reference ECDF and the sketch's
-        weighted ECDF (``F(x) = weight of retained values <= x / n_finite``), evaluated at every
-        point of both sides: O((m + r) log(m + r)) for a reference of m and r retained values."""
+        """(KS statistic D, Wasserstein-1) between the exact reference ECDF and the sketch's ECDF.
+
+        The sketch's ECDF is weighted (``F(x) = weight of retained values <= x / n_finite``); both are
+        evaluated at every point of both sides: O((m + r) log(m + r)) for a reference of m and r retained
+        values.
+        """
+        if self.weights is None:
+            raise ValueError("d_and_w1 needs the sketch's weights")
         a = np.asarray(reference_sorted, dtype="float64")
         allv = np.union1d(a, self.values)
         fa = np.searchsorted(a, allv, side="right") / a.size
@@ -117,17 +124,25 @@ class SketchSample(NumericSample):
 
 
 def sketch_sample(sketch, *, n_rows: int, n_null: int, n_pos_inf: int, n_neg_inf: int,
-                  psi_edges: np.ndarray, psi_counts: np.ndarray) -> NumericSample:
+                  psi_edges: np.ndarray, psi_counts: np.ndarray | None) -> NumericSample:
     """The current side for :func:`drift_checks.statistics.score_numeric`.
 
     Args:
         sketch: KLL sketch of the window's finite values.
-        n_rows / n_null / n_pos_inf / n_neg_inf: Row, null and infinity counts of the window.
-        psi_edges / psi_counts: Exact counts in the reference's PSI bins.
+        n_rows: Rows of the window, nulls and infinities included.
+        n_null: Null / NaN values of the window.
+        n_pos_inf: ``+inf`` values of the window.
+        n_neg_inf: ``-inf`` values of the window.
+        psi_edges: The reference's PSI bin edges the window was counted on.
+        psi_counts: Exact counts of the window in those bins (needed only when the sketch
+            compacted).
 
     Returns:
         A plain :class:`NumericSample` (every value, sorted) when the sketch never compacted, so
         small windows score exactly as on the exact path; else a :class:`SketchSample`.
+
+    Raises:
+        ValueError: The sketch compacted and ``psi_counts`` is ``None``.
     """
     pairs = list(sketch) if not sketch.is_empty() else []
     items = np.fromiter((v for v, _ in pairs), dtype="float64", count=len(pairs))
@@ -137,6 +152,8 @@ def sketch_sample(sketch, *, n_rows: int, n_null: int, n_pos_inf: int, n_neg_inf
     if not sketch.is_estimation_mode():
         return NumericSample(values=np.repeat(items, weights), n_rows=int(n_rows), n_null=int(n_null),
                              n_pos_inf=int(n_pos_inf), n_neg_inf=int(n_neg_inf))
+    if psi_counts is None:
+        raise ValueError("a compacted sketch needs the window's exact counts in the reference's PSI bins")
     return SketchSample(values=items, n_rows=int(n_rows), n_null=int(n_null), n_pos_inf=int(n_pos_inf),
                         n_neg_inf=int(n_neg_inf), weights=weights, n_finite=int(sketch.n),
                         psi_edges=np.asarray(psi_edges, dtype="float64"),

@@ -70,7 +70,8 @@ def summarize_window_spark(spark, scan, reference, *, sketch_k: int = DEFAULT_SK
         spark: A SparkSession (:func:`get_spark`).
         scan: :func:`drift_checks.streaming.open_window` of the window (its files, checked).
         reference: The prepared reference (schema and PSI bins, shipped to the executors).
-        sketch_k / sample_rows: As :class:`~drift_checks.summaries.WindowSummarizer`.
+        sketch_k: KLL ``k`` of the numeric sketches (:class:`~drift_checks.summaries.WindowSummarizer`).
+        sample_rows: Rows of the seeded window sample kept for row-wise contract checks (0: none).
         batch_rows: Rows per Arrow batch handed to the summariser.
         partitions: Spark partitions to summarise (default: Spark's own split of the files).
 

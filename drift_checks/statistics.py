@@ -63,11 +63,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, Iterable, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, cast
 
 import numpy as np
 
-from drift_checks.binning import PSI_BINS, PSI_EPSILON, PsiBins, bin_counts, psi_cap, psi_edges, psi_from_counts
+from drift_checks.binning import PSI_EPSILON, PsiBins, bin_counts, psi_cap, psi_edges, psi_from_counts
+
+if TYPE_CHECKING:  # sketches imports this module; the sketched window is a NumericSample subclass
+    from drift_checks.sketches import SketchSample
 
 Kind = Literal["numeric", "categorical"]
 Direction = Literal["p_value", "distance"]
@@ -160,8 +163,10 @@ class Statistic:
         return value < threshold if self.direction == "p_value" else value > threshold
 
     def bounded(self, threshold: float) -> float:
-        """``threshold`` moved inside the statistic's allowed range: never below the minimum
-        effect (distances), never above the static α (p-values)."""
+        """``threshold`` moved inside the statistic's allowed range.
+
+        Never below the minimum effect (distances), never above the static α (p-values).
+        """
         if self.direction == "p_value":
             return min(float(threshold), self.minimum_effect)
         return max(float(threshold), self.minimum_effect)
@@ -188,6 +193,7 @@ class NumericSample:
 
     @property
     def n_infinite(self) -> int:
+        """Infinite values dropped (``+inf`` and ``-inf``)."""
         return self.n_pos_inf + self.n_neg_inf
 
     @functools.cached_property
@@ -202,10 +208,12 @@ class NumericSample:
 
     @functools.cached_property
     def std(self) -> float:
+        """Population standard deviation of the finite values (``np.std``, ddof 0)."""
         return float(np.std(self.values))
 
     @property
     def status(self) -> Status:
+        """``empty`` (no row), ``all_null`` (no finite value) or ``ok``."""
         if self.n_rows == 0:
             return "empty"
         if self.values.size == 0:
@@ -268,6 +276,7 @@ class NumericPair:
 
     @property
     def reference_constant(self) -> bool:
+        """True when every finite reference value is the same (the statistic may then be degenerate)."""
         r = self.reference.values
         return bool(r.size and r[0] == r[-1])
 
@@ -314,7 +323,7 @@ class NumericPair:
         ``wasserstein_distance`` (to float rounding).
         """
         if getattr(self.current, "weights", None) is not None:  # a sketched window
-            return self.current.d_and_w1(self.reference.values)
+            return cast("SketchSample", self.current).d_and_w1(self.reference.values)
         a, b = self.reference.values, self.current.values
         if b.size * 8 > a.size:
             allv, gap = self.ecdf_gap
@@ -352,6 +361,7 @@ class NumericPair:
 
     @property
     def psi_bins(self) -> PsiBins:
+        """The reference's PSI bins (computed once per reference)."""
         return self.reference.psi_bins
 
     @property
@@ -360,12 +370,15 @@ class NumericPair:
         return int(getattr(self.current, "n_finite", self.current.values.size))
 
     def current_bin_counts(self) -> np.ndarray:
-        """The current side's counts in the reference's PSI bins (streamed counts of a sketched
-        window, checked to be of the same bins)."""
+        """The current side's counts in the reference's PSI bins.
+
+        A sketched window gives its streamed counts, checked to be of the same bins.
+        """
         streamed = getattr(self.current, "psi_counts", None)
         if streamed is None:
             return bin_counts(self.current.values, self.psi_bins, is_sorted=True)
-        if not np.array_equal(self.current.psi_edges, self.psi_bins.edges):
+        edges = cast("SketchSample", self.current).psi_edges
+        if edges is None or not np.array_equal(edges, self.psi_bins.edges):
             raise ValueError("the window was binned on other PSI bins than this reference's")
         return streamed
 
@@ -426,8 +439,9 @@ def psi(pair: NumericPair) -> StatisticResult:
 
 
 def wasserstein_normed(pair: NumericPair) -> StatisticResult:
-    """Wasserstein-1 distance divided by the reference's standard deviation (Evidently's
-    ``wasserstein_distance_norm``; the std is floored at :data:`WASSERSTEIN_STD_FLOOR`).
+    """Wasserstein-1 distance divided by the reference's standard deviation.
+
+    As Evidently's ``wasserstein_distance_norm``; the std is floored at :data:`WASSERSTEIN_STD_FLOOR`.
 
     ``W1 = integral |F_ref(x) - F_cur(x)| dx``, computed exactly from the merged ECDFs (equals
     ``scipy.stats.wasserstein_distance``).
@@ -442,7 +456,7 @@ def wasserstein_normed(pair: NumericPair) -> StatisticResult:
     norm = max(std, WASSERSTEIN_STD_FLOOR)
     extra = {"wasserstein": w, "reference_std": std}
     if getattr(pair.current, "rank_error", None) is not None:  # see drift_checks.sketches
-        extra["error_bound"] = pair.current.wasserstein_error_bound() / norm
+        extra["error_bound"] = cast("SketchSample", pair.current).wasserstein_error_bound() / norm
     return StatisticResult("wasserstein_normed", w / norm, "constant" if pair.reference_constant else "ok",
                            extra)
 
@@ -496,6 +510,7 @@ class CategoricalPair:
 
     @property
     def degenerate(self) -> Status | None:
+        """``empty`` / ``all_null`` when either side has no row / no counted category, else ``None``."""
         for rows, counts in ((self.current_rows, self.current), (self.reference_rows, self.reference)):
             if rows == 0:
                 return "empty"
@@ -511,9 +526,10 @@ class CategoricalPair:
 
 
 def jensen_shannon(pair: CategoricalPair) -> StatisticResult:
-    """Jensen-Shannon distance between category proportions (``scipy.spatial.distance.
-    jensenshannon``, natural log, range [0, sqrt(ln 2)]), as Evidently's ``jensenshannon`` test.
-    Proportions are floored at :data:`PSI_EPSILON` like Evidently.
+    """Jensen-Shannon distance between category proportions, as Evidently's ``jensenshannon`` test.
+
+    ``scipy.spatial.distance.jensenshannon``, natural log, range [0, sqrt(ln 2)]. Proportions are
+    floored at :data:`PSI_EPSILON` like Evidently.
 
     Returns:
         value >= 0 (direction ``distance``).
@@ -531,8 +547,9 @@ def jensen_shannon(pair: CategoricalPair) -> StatisticResult:
 
 
 def chi_square_p_value(pair: CategoricalPair) -> StatisticResult:
-    """Pearson chi-square test of homogeneity on the 2 x k table (reference, current) over the
-    union of categories (``scipy.stats.chi2_contingency(correction=False)``).
+    """Pearson chi-square test of homogeneity on the 2 x k table (reference, current).
+
+    Over the union of categories (``scipy.stats.chi2_contingency(correction=False)``).
 
     The expected counts of each row are scaled to that row's total, so a current window with
     the reference's mix gives p ~ 1 whatever its size (whylogs#492). Categories unseen

@@ -62,12 +62,15 @@ class ReferenceStrategy:
 
     @classmethod
     def from_settings(cls, settings=None, name: str | None = None) -> "ReferenceStrategy":
-        """From ``drift_reference_strategy``, ``drift_trailing_days``,
-        ``drift_seasonal_period_hours`` (``name`` overrides the strategy, e.g. a DAG param)."""
+        """Reference strategy from the settings.
+
+        Reads ``drift_reference_strategy``, ``drift_trailing_days`` and ``drift_seasonal_period_hours``;
+        ``name`` overrides the strategy (e.g. a DAG param).
+        """
         from tritonflow.settings import get_settings
 
         s = settings or get_settings()
-        return cls(name=name or getattr(s, "drift_reference_strategy", "training"),
+        return cls(name=str(name or getattr(s, "drift_reference_strategy", "training")),
                    trailing=dt.timedelta(days=getattr(s, "drift_trailing_days", DEFAULT_TRAILING_DAYS)),
                    period=dt.timedelta(hours=getattr(s, "drift_seasonal_period_hours",
                                                      DEFAULT_SEASONAL_PERIOD_HOURS)))
@@ -90,6 +93,7 @@ class ReferenceStrategy:
         return f"v{version}:{self.name}:{hours:g}h"
 
     def describe(self) -> str:
+        """One line saying which rows the strategy compares against (for reports and alerts)."""
         if self.name == "trailing":
             return f"trailing: the last {self.trailing} of served traffic"
         if self.name == "seasonal":
@@ -99,8 +103,11 @@ class ReferenceStrategy:
 
 def served_reference(frame: pd.DataFrame, columns, *, seed: int = 0,
                      max_rows: int = MAX_SERVED_REFERENCE_ROWS) -> pd.DataFrame | None:
-    """The served rows as a reference: the feature columns in time order, at most ``max_rows``
-    (seeded sample, order kept); ``None`` when fewer than :data:`MIN_SERVED_REFERENCE_ROWS`."""
+    """The served rows as a reference, or ``None`` when there are too few.
+
+    The feature columns in time order, at most ``max_rows`` (seeded sample, order kept); ``None`` when
+    fewer than :data:`MIN_SERVED_REFERENCE_ROWS`.
+    """
     if frame is None or len(frame) < MIN_SERVED_REFERENCE_ROWS:
         return None
     cols = [c for c in columns if c in frame.columns]

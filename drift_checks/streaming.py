@@ -29,6 +29,7 @@ import pandas as pd
 
 from drift_checks.binning import PsiBins
 from drift_checks.inference_log import (
+    _EXPECTED,
     BASE_COLUMNS,
     LogSchema,
     _arrow_type_ok,
@@ -36,7 +37,6 @@ from drift_checks.inference_log import (
     _hour_floor,
     _hours,
     _type_error,
-    _EXPECTED,
     partition_prefix,
 )
 from drift_checks.sketches import DEFAULT_SKETCH_K
@@ -140,7 +140,7 @@ def _units(scan: WindowScan, workers: int) -> list[tuple[str, list[int] | None]]
     """Work units: whole files, or row groups when there are fewer files than workers."""
     if len(scan.paths) >= workers:
         return [(p, None) for p in scan.paths]
-    return [(p, [g]) for p, n in zip(scan.paths, scan.row_groups) for g in range(n)]
+    return [(p, [g]) for p, n in zip(scan.paths, scan.row_groups, strict=True) for g in range(n)]
 
 
 def _bins_doc(bins: dict[str, PsiBins]) -> dict[str, tuple[list[float], bool]]:
@@ -148,8 +148,10 @@ def _bins_doc(bins: dict[str, PsiBins]) -> dict[str, tuple[list[float], bool]]:
 
 
 def _batches(units, filesystem, columns: Sequence[str], start, end, batch_rows: int):
-    """Record batches of the units' rows with ``start <= timestamp < end`` (the ``columns``
-    present in each file, plus ``timestamp``)."""
+    """Record batches of the units' rows with ``start <= timestamp < end``.
+
+    Each holds the ``columns`` present in its file, plus ``timestamp``.
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
@@ -183,15 +185,20 @@ def iter_window_frames(scan: WindowScan, columns: Sequence[str], batch_rows: int
 def summarize_units(units: Sequence[tuple[str, list[int] | None]], filesystem, schema: dict, bins: dict,
                     start: pd.Timestamp, end: pd.Timestamp, *, sketch_k: int = DEFAULT_SKETCH_K,
                     batch_rows: int = DEFAULT_BATCH_ROWS, sample_rows: int = 0) -> bytes:
-    """Summary (bytes) of some files / row groups of a window: the work of one process, one
-    Spark partition, or the whole window.
+    """Summary (bytes) of some files / row groups of a window.
+
+    The work of one process, one Spark partition, or the whole window.
 
     Args:
         units: ``(path, row groups or None for the whole file)``.
         filesystem: pyarrow filesystem of the paths.
         schema: :meth:`LogSchema.to_dict` of the reference.
         bins: ``{column: (edges, discrete)}`` of the reference's PSI bins.
-        start / end: The window (rows outside are skipped).
+        start: Start of the window, inclusive (rows outside are skipped).
+        end: End of the window, exclusive.
+        sketch_k: KLL ``k`` of the numeric sketches.
+        batch_rows: Rows per Arrow record batch read.
+        sample_rows: Rows of the seeded window sample kept for row-wise contract checks (0: none).
     """
     import numpy as np
 
@@ -206,8 +213,10 @@ def summarize_units(units: Sequence[tuple[str, list[int] | None]], filesystem, s
 
 def sample_window(scan: WindowScan, schema: LogSchema, rows: int,
                   batch_rows: int = DEFAULT_BATCH_ROWS) -> pd.DataFrame:
-    """A seeded sample of ``rows`` rows of a streamed window (the rows with the smallest hash of
-    ``request_id``; the same rows on every run), for the Evidently report."""
+    """A seeded sample of ``rows`` rows of a streamed window, for the Evidently report.
+
+    The rows with the smallest hash of ``request_id``: the same rows on every run.
+    """
     data = summarize_units([(p, None) for p in scan.paths], scan.filesystem, schema.to_dict(), {},
                            scan.start, scan.end, batch_rows=batch_rows, sample_rows=rows)
     sample = WindowSummary.from_bytes(data).sample_frame()
@@ -227,7 +236,9 @@ def summarize_window(scan: WindowScan, reference, *, sketch_k: int = DEFAULT_SKE
     Args:
         scan: From :func:`open_window`.
         reference: The prepared reference (its schema and PSI bins).
-        sketch_k / batch_rows / sample_rows: See :class:`~drift_checks.summaries.WindowSummarizer`.
+        sketch_k: KLL ``k`` of the numeric sketches (:class:`~drift_checks.summaries.WindowSummarizer`).
+        batch_rows: Rows per Arrow record batch read.
+        sample_rows: Rows of the seeded window sample kept for row-wise contract checks (0: none).
         workers: Processes summarising files (or row groups) in parallel; 0: one per CPU core.
 
     Returns:

@@ -71,6 +71,10 @@ class NumericState:
     sketch: Any
 
     def merge(self, other: "NumericState") -> "NumericState":
+        """Combine with the state of another batch of the same window (counts add, sketches merge).
+
+        Note: ``self.sketch`` is merged in place; the PSI counts are ``None`` when either side lacks them.
+        """
         self.sketch.merge(other.sketch)
         counts = None if self.counts is None or other.counts is None else self.counts + other.counts
         return NumericState(self.n_rows + other.n_rows, self.n_null + other.n_null,
@@ -104,6 +108,7 @@ class WindowSummary:
     # ---------------------------------------------------------------- what the check reads
     @property
     def columns(self) -> list[str]:
+        """Summarised feature columns."""
         return list(self.facts)
 
     def numeric_sample(self, col: str) -> st.NumericSample:
@@ -121,10 +126,12 @@ class WindowSummary:
         return {k: counts[k] for k in sorted(counts)}
 
     def missing_share(self, col: str) -> float | None:
+        """Share of null values in ``col`` (6 decimals); ``None`` when unknown or the window is empty."""
         f = self.facts.get(col)
         return round(f.n_null / f.n, 6) if f is not None and f.n else None
 
     def sample_frame(self) -> pd.DataFrame | None:
+        """The window's seeded row sample in a stable order (``None`` when no sample was kept)."""
         if self.sample is None:
             return None
         return self.sample.sort_values("_key", kind="stable").drop(columns="_key").reset_index(drop=True)
@@ -154,6 +161,7 @@ class WindowSummary:
 
     # ---------------------------------------------------------------- bytes
     def to_bytes(self) -> bytes:
+        """Serialise the summary (JSON, read back by :meth:`from_bytes`); it crosses process boundaries as XCom."""
         doc = {"format": FORMAT, "n_rows": self.n_rows, "sketch_k": self.sketch_k, "files": self.files,
                "facts": {c: f.to_json() for c, f in self.facts.items()},
                "bins": {c: {"edges": [float(e) for e in b.edges], "discrete": b.discrete}
@@ -172,8 +180,11 @@ class WindowSummary:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "WindowSummary":
-        """Raises:
-            ValueError: Not a summary of this format."""
+        """Read a summary written by :meth:`to_bytes`.
+
+        Raises:
+            ValueError: Not a summary of this format.
+        """
         try:
             doc = json.loads(zlib.decompress(data))
         except (zlib.error, ValueError) as exc:
@@ -227,8 +238,10 @@ class WindowSummarizer:
                                                 new_sketch(self.sketch_k)) for c in self.numeric_cols}
 
     def add(self, batch: Any) -> None:
-        """Add a record batch (pyarrow ``RecordBatch``/``Table`` or pandas ``DataFrame``; the
-        rows must already be inside the window)."""
+        """Add a record batch (pyarrow ``RecordBatch``/``Table`` or pandas ``DataFrame``).
+
+        The rows must already be inside the window.
+        """
         if not isinstance(batch, pd.DataFrame):
             from drift_checks.inference_log import arrow_to_pandas
 

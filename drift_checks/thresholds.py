@@ -103,12 +103,15 @@ class ThresholdPolicy:
 
     @classmethod
     def from_settings(cls, settings=None, **overrides) -> "ThresholdPolicy":
-        """Policy from ``drift_history_window_days``, ``drift_quantile``,
-        ``drift_min_history_windows``, ``drift_ceiling_factor`` settings."""
+        """Threshold policy from the settings.
+
+        Reads ``drift_history_window_days``, ``drift_quantile``, ``drift_min_history_windows`` and
+        ``drift_ceiling_factor``.
+        """
         from tritonflow.settings import get_settings
 
         s = settings or get_settings()
-        kw = dict(
+        kw: dict[str, Any] = dict(
             window_days=getattr(s, "drift_history_window_days", DEFAULT_WINDOW_DAYS),
             quantile=getattr(s, "drift_quantile", DEFAULT_QUANTILE),
             min_history=getattr(s, "drift_min_history_windows", DEFAULT_MIN_HISTORY),
@@ -122,6 +125,7 @@ class ThresholdPolicy:
         return 1 - self.quantile if REGISTRY[statistic].direction == "p_value" else self.quantile
 
     def static_threshold(self, statistic: str) -> float:
+        """The fixed threshold of ``statistic``: the configured override, else the registry default."""
         return float(self.static.get(statistic, REGISTRY[statistic].default_threshold))
 
 
@@ -148,6 +152,7 @@ class Threshold:
     reference_chunks: int = 0
 
     def to_dict(self) -> dict:
+        """JSON-able form of the threshold (every field)."""
         return dataclasses.asdict(self)
 
 
@@ -168,10 +173,13 @@ class Calibration:
 
 
 def chunk_rows_for(window_rows: int, reference_rows: int) -> int:
-    """Chunk size for a window of ``window_rows`` rows: the window size rounded to a grid of
-    about 19 % steps (so nearby window sizes share one calibration). 0 when the reference holds
-    fewer than :data:`MIN_REFERENCE_CHUNKS` such chunks: smaller chunks would calibrate the noise
-    of smaller samples, not of the window (then the static thresholds apply)."""
+    """Chunk size for a window of ``window_rows`` rows (0: no calibration).
+
+    The window size rounded to a grid of about 19 % steps (so nearby window sizes share one
+    calibration). 0 when the reference holds fewer than :data:`MIN_REFERENCE_CHUNKS` such chunks:
+    smaller chunks would calibrate the noise of smaller samples, not of the window (then the static
+    thresholds apply).
+    """
     if window_rows < 1 or reference_rows < 1:
         return 0
     grid = int(round(2 ** (round(math.log2(window_rows) * 4) / 4)))
@@ -262,11 +270,11 @@ def resolve_thresholds(
     wanted = {(f, s): policy.tail_quantile(s) for f, s in series}
     found = history.quantiles(model, hour, policy.window_days, wanted, reference_id=reference_id,
                               taught_only=reference_id is not None)
-    usable = calibration is not None and calibration.n_chunks >= MIN_REFERENCE_CHUNKS
+    usable = calibration if calibration is not None and calibration.n_chunks >= MIN_REFERENCE_CHUNKS else None
     out = {}
     for key, q in wanted.items():
         stat = REGISTRY[key[1]]
-        cal = calibration.values.get(key) if usable else None
+        cal = usable.values.get(key) if usable is not None else None
         ref_value = stat.bounded(cal) if cal is not None and math.isfinite(cal) else None
         ceiling = None
         if stat.direction == "distance":
@@ -274,7 +282,7 @@ def resolve_thresholds(
             if ref_value is not None:
                 ceiling = max(ceiling, policy.ceiling_factor * ref_value)
         value, n = found.get(key, (math.nan, 0))
-        chunks = calibration.n_chunks if ref_value is not None else 0
+        chunks = usable.n_chunks if usable is not None and ref_value is not None else 0
         if n >= policy.min_history and math.isfinite(value):
             v = stat.bounded(value)
             if ref_value is not None:  # never tighter than the reference's own variation

@@ -19,7 +19,8 @@ Feature severities:
   never leaves the denominator);
 * ``unscored``: the reference itself has no value for the column (reported as a data-quality
   warning; not part of the score);
-* ``drift``: a strong effect, or flagged in this window and the ``k - 1`` windows before (one unusual hour is not an alarm);
+* ``drift``: a strong effect, or flagged in this window and the ``k - 1`` windows before (one
+  unusual hour is not an alarm);
 * ``warning``: flagged in this window only;
 * ``ok``.
 
@@ -95,6 +96,12 @@ class CheckConfig:
 
     @classmethod
     def from_settings(cls, settings=None, **overrides) -> "CheckConfig":
+        """Config from the ``drift_*`` settings (thresholds, alert policy, Evidently sample size).
+
+        Args:
+            settings: A :class:`tritonflow.settings.Settings` (default: :func:`get_settings`).
+            **overrides: Field values that replace the settings' ones.
+        """
         from tritonflow.settings import get_settings
 
         s = settings or get_settings()
@@ -143,10 +150,12 @@ class PreparedReference:
 
 
 def looks_time_ordered(frame: pd.DataFrame, columns) -> bool:
-    """Whether the reference's row order can stand for time: ``False`` when a non-constant
-    feature is sorted (numeric, either direction) or grouped (each category in one block), as
-    in a file sorted by a column; ``True`` otherwise. References are written in their source's
-    order (:func:`drift_checks.reference.save_reference`), normally the order of time."""
+    """Whether the reference's row order can stand for time.
+
+    ``False`` when a non-constant feature is sorted (numeric, either direction) or grouped (each
+    category in one block), as in a file sorted by a column; ``True`` otherwise. References are written
+    in their source's order (:func:`drift_checks.reference.save_reference`), normally the order of time.
+    """
     for c in columns:
         if c not in frame.columns:
             continue
@@ -170,7 +179,8 @@ def prepare_reference(frame: pd.DataFrame, schema: LogSchema, workers: int = 2, 
     """Sort numeric columns and count categories of the reference (reuse every hour).
 
     Args:
-        frame / schema: The reference sample and its feature kinds.
+        frame: The reference sample (feature columns).
+        schema: Its feature kinds.
         workers: Threads sorting numeric columns.
         reference_id: The id thresholds are keyed by.
         importance: ``{feature: importance}`` of the model version.
@@ -178,7 +188,7 @@ def prepare_reference(frame: pd.DataFrame, schema: LogSchema, workers: int = 2, 
     """
     cols = [c for c in numeric_columns(schema) if c in frame.columns]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # numpy sorts release the GIL
-        num = dict(zip(cols, pool.map(lambda c: st.prepare_numeric(frame[c]), cols)))
+        num = dict(zip(cols, pool.map(lambda c: st.prepare_numeric(frame[c]), cols), strict=True))
     cat = {c: st.category_counts(frame[c]) for c in categorical_columns(schema) if c in frame.columns}
     ordered = looks_time_ordered(frame, schema.features) if time_ordered is None else bool(time_ordered)
     return PreparedReference(schema, frame, num, cat, reference_id, dict(importance) if importance else None,
@@ -243,7 +253,8 @@ def check_window(
             batches (:mod:`drift_checks.streaming`, :mod:`drift_checks.spark`): the same
             contract, statistics (sketched KS/Wasserstein within their stated error bound),
             thresholds and policy.
-        start / end: The window's UTC bounds (the DAG's data interval; logical time).
+        start: The window's UTC start (the DAG's data interval; logical time).
+        end: The window's UTC end, exclusive.
         reference: From :func:`prepare_reference` (the reference of the served version, or the
             strategy's reference: see :mod:`drift_checks.strategies`).
         history: Statistics history; this hour's results REPLACE any earlier run of it.
@@ -265,8 +276,8 @@ def check_window(
     schema = reference.schema
     ref_id = reference.reference_id
     streamed = not isinstance(frame, pd.DataFrame)
-    n_rows = int(frame.n_rows if streamed else len(frame))
-    base = {"model": model, "model_version": model_version, "reference_id": ref_id,
+    n_rows = int(frame.n_rows if not isinstance(frame, pd.DataFrame) else len(frame))
+    base: dict[str, Any] = {"model": model, "model_version": model_version, "reference_id": ref_id,
             "window_start": _iso(start), "window_end": _iso(end), "n_rows": n_rows}
     if streamed:
         base["engine"] = "streamed"
@@ -309,7 +320,7 @@ def check_window(
     with ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
         scored: dict[str, dict[str, st.StatisticResult]] = dict(pool.map(score_num, num_cols))
     for c in cat_cols:
-        counts = frame.category_counts(c) if streamed else st.category_counts(frame[c])
+        counts = frame.category_counts(c) if not isinstance(frame, pd.DataFrame) else st.category_counts(frame[c])
         scored[c] = st.score_categorical(reference.categorical[c], counts, reference_rows=len(reference.frame),
                                          current_rows=n_rows, names=names)
     for c, sample in samples.items():

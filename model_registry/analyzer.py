@@ -154,7 +154,7 @@ def shape_flags(
             full = [given if d == -1 else d for d in dims]
         else:
             full = [int(d) for d in given]
-        if len(full) != len(dims) or any(d <= 0 or (c != -1 and c != d) for c, d in zip(dims, full)):
+        if len(full) != len(dims) or any(d <= 0 or (c != -1 and c != d) for c, d in zip(dims, full, strict=True)):
             raise ProfilingError(
                 f"model {name!r}: shape {full} for input {io_.name!r} does not fit dims {dims} "
                 "(expected positive sizes, same rank, fixed dims unchanged)"
@@ -484,8 +484,10 @@ def read_results_csv(path_or_text: str | os.PathLike) -> list[ProfileRow]:
 
 
 def read_perf_passes(path_or_text: str | os.PathLike) -> dict[str, list[float]]:
-    """Throughput per pass per config from a ``config,concurrency,pass,throughput_infer_per_s,...``
-    CSV (repeated perf_analyzer passes). Passes are ordered by ``pass``."""
+    """Throughput per pass per config from repeated perf_analyzer passes.
+
+    Reads a ``config,concurrency,pass,throughput_infer_per_s,...`` CSV; passes are ordered by ``pass``.
+    """
     text = str(path_or_text)
     if "\n" not in text:
         text = Path(text).read_text()
@@ -743,7 +745,7 @@ def run_profile(
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             rc = proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             import signal
 
             os.killpg(proc.pid, signal.SIGTERM)
@@ -752,7 +754,9 @@ def run_profile(
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-            raise TransientError(f"model-analyzer profile ran past {limit:g} s and was stopped (log {out_path})")
+            raise TransientError(
+                f"model-analyzer profile ran past {limit:g} s and was stopped (log {out_path})"
+            ) from exc
     tail = out_path.read_text()[-3000:]
     if rc != 0:  # the tool failed, not the model: an infrastructure error, never a rejection
         raise ToolingError(f"model-analyzer profile failed (exit {rc}); log {out_path}:\n{tail}")
@@ -857,12 +861,13 @@ def profile_model(
         # this is the profiling environment (Triton's Python backend, perf_analyzer), not the model.
         triton_errors = ""
         if triton_log.is_file():
-            triton_errors = "\n".join(l for l in triton_log.read_text(errors="replace").splitlines()
-                                      if l.startswith("E") or "Error" in l)[-2000:]
+            triton_errors = "\n".join(line for line in triton_log.read_text(errors="replace").splitlines()
+                                      if line.startswith("E") or "Error" in line)[-2000:]
         raise ToolingError(f"model {model_name!r}: Model Analyzer measured no config (its Triton or "
                            f"perf_analyzer failed); Triton errors ({triton_log}):\n{triton_errors}\n"
                            f"log {log_path}:\n{logs[-2000:]}")
-    tried = [p.name for p in (work / "output_model_repository").iterdir()] if (work / "output_model_repository").is_dir() else []
+    output_repo = work / "output_model_repository"
+    tried = [p.name for p in output_repo.iterdir()] if output_repo.is_dir() else []
     measured = {r.config for r in rows}
     unstable = {c for c in unstable_configs_from_log(logs, tried) if c not in measured}
     selection = choose_best(rows, model_name=model_name, passes=passes, unstable=unstable, settings=s)
@@ -913,7 +918,8 @@ def confirmation_repository(output_model_repository: str | os.PathLike, configs:
 
 
 def measure_config_passes(output_model_repository: str | os.PathLike, configs: Sequence[str], concurrency: int, *,
-                          passes: int, settings: Settings | None = None, measurement_ms: int | None = None) -> dict[str, list]:
+                          passes: int, settings: Settings | None = None,
+                          measurement_ms: int | None = None) -> dict[str, list]:
     """Repeated, interleaved perf_analyzer passes of Model Analyzer's tried configs on one Triton.
 
     Starts a local Triton over :func:`confirmation_repository` (each config a model folder named

@@ -19,9 +19,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tritonflow.exceptions import ModelConversionError
-from tritonflow.settings import Settings, get_settings
-
 from model_registry.conversion import (
     ConvertedModel,
     FlavorConverter,
@@ -31,6 +28,8 @@ from model_registry.conversion import (
     sanitize_io_names,
     schema_from_signature,
 )
+from tritonflow.exceptions import ModelConversionError
+from tritonflow.settings import Settings, get_settings
 
 
 def _opset(settings: Settings) -> int:

@@ -7,7 +7,8 @@ Supported sources:
   (skl2onnx documentation "Probabilities as a vector or as a ZipMap").
 * **PyTorch** ``nn.Module`` to ONNX with a dynamic batch axis, and to TorchScript traced in
   ``eval()`` under ``torch.no_grad()``; :func:`verify_torchscript` then requires TorchScript and
-  eager-eval outputs to agree within ``torchscript_atol`` (1e-5) and two calls to be identical. ``torch`` is imported lazily.
+  eager-eval outputs to agree within ``torchscript_atol`` (1e-5) and two calls to be identical.
+  ``torch`` is imported lazily.
 * **XGBoost** and **LightGBM** (their MLflow flavours) through ``onnxmltools``
   (:mod:`model_registry.boosting`).
 * **ONNX** models pass through (loaded, checked, I/O names made safe).
@@ -42,10 +43,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from model_registry.triton_config import OnnxLike, load_onnx, model_io
 from tritonflow.exceptions import ModelConversionError
 from tritonflow.settings import Settings, get_settings
-
-from model_registry.triton_config import OnnxLike, load_onnx, model_io
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -116,6 +116,7 @@ class ConvertedModel:
     def serialized(self) -> bytes:
         """The model file's bytes."""
         if self.format == "onnx":
+            assert self.onnx_model is not None  # an "onnx" result always carries its model
             return self.onnx_model.SerializeToString()
         import io
 
@@ -172,8 +173,8 @@ def schema_from_signature(
             name = s.name or (input_name if len(specs) == 1 else f"input_{i}")
             out.append(TensorSchema(name, np.dtype(s.type).name, tuple(int(d) for d in s.shape)))
         return out
-    kinds = []
-    columns = []
+    kinds: list[str] = []
+    columns: list[str] = []
     for s in specs:
         t = str(getattr(s.type, "name", s.type)).lower()
         if t not in _NUMPY_KINDS:
@@ -185,7 +186,8 @@ def schema_from_signature(
         columns.append(s.name or f"col_{len(columns)}")
     if "object" in kinds:  # string columns: one [-1, 1] tensor per column, named after it
         per_column = {"object": "object", "int64": "int64", "int32": "int64", "bool": "bool"}
-        return [TensorSchema(c, per_column.get(k, "float32"), (-1, 1), (c,)) for c, k in zip(columns, kinds)]
+        return [TensorSchema(c, per_column.get(k, "float32"), (-1, 1), (c,))
+                for c, k in zip(columns, kinds, strict=True)]
     dtype = "int64" if all(k in {"int64", "int32"} for k in kinds) else "float32"
     return [TensorSchema(input_name, dtype, (-1, len(specs)), tuple(columns))]
 
@@ -425,7 +427,8 @@ def fix_output_batch_axes(model: "onnx.ModelProto", inputs: Sequence[TensorSchem
                 shape = [batch] + [d if d > 0 else 1 for d in s.shape[1:]]
                 feeds[s.name] = (np.full(shape, "", dtype=object) if s.dtype == "object"
                                  else np.zeros(shape, dtype=s.dtype))
-            rows[batch] = {o.name: np.asarray(v).shape[:1] for o, v in zip(sess.get_outputs(), sess.run(None, feeds))}
+            rows[batch] = {o.name: np.asarray(v).shape[:1]
+                           for o, v in zip(sess.get_outputs(), sess.run(None, feeds), strict=True)}
     except Exception:  # noqa: BLE001 - leave the declaration; validation reports what fails
         return model
     for v in model.graph.output:
@@ -496,12 +499,13 @@ def convert_onnx(
         inputs = schema_from_signature(signature, schema, model_name=model_name)
     else:
         inputs = [
-            TensorSchema(t.name, _onnx_to_numpy(t.onnx_type), tuple(d if isinstance(d, int) else -1 for d in (t.shape or ())))
+            TensorSchema(t.name, _onnx_to_numpy(t.onnx_type),
+                         tuple(d if isinstance(d, int) else -1 for d in (t.shape or ())))
             for t in graph_inputs
         ]
     auto: dict[str, str] = {}
     if len(inputs) == len(graph_inputs):
-        for g, s in zip(graph_inputs, inputs):
+        for g, s in zip(graph_inputs, inputs, strict=True):
             if g.name != s.name and not SAFE_NAME.match(g.name) and SAFE_NAME.match(s.name):
                 auto[g.name] = s.name
     auto.update(rename or {})
@@ -635,6 +639,7 @@ def convert_mlflow_model(
         model_name: Used in messages (default: last URI segment).
         settings: Settings (default: from the environment).
         export_format: ``"onnx"`` (every flavour) or ``"torchscript"`` (PyTorch only).
+        **kwargs: Passed to the flavour's converter (e.g. ``target_opset``).
 
     Raises:
         ModelConversionError: No supported flavour, a format the flavour cannot produce, no

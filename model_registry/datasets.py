@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from datetime import datetime, timedelta, timezone
 from typing import Iterable, Sequence
 
@@ -169,7 +170,7 @@ def day_to_timestamp(
     """
     origin, step = _utc(start, "start"), _check_interval(interval)
     if np.ndim(day) == 0:
-        return origin + int(day) * step
+        return origin + int(np.asarray(day).item()) * step
     return pd.DatetimeIndex(origin + np.asarray(day, dtype=np.int64) * step)
 
 
@@ -273,9 +274,9 @@ def split_days(frame: pd.DataFrame, bounds: Iterable[int]) -> list[pd.DataFrame]
     edges = list(bounds)
     if len(edges) < 2:
         raise WindowError(f"bounds={edges!r}: expected at least two day numbers")
-    if any(b <= a for a, b in zip(edges, edges[1:])):
+    if any(b <= a for a, b in itertools.pairwise(edges)):
         raise WindowError(f"bounds={edges!r}: expected strictly increasing day numbers")
-    return [window(frame, a, b) for a, b in zip(edges, edges[1:])]
+    return [window(frame, a, b) for a, b in itertools.pairwise(edges)]
 
 
 def features_and_labels(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:

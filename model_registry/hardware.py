@@ -107,7 +107,7 @@ class HardwareInventory:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (for MLflow tags/artifacts)."""
         d = dataclasses.asdict(self)
-        for g, gpu in zip(d["gpus"], self.gpus):
+        for g, gpu in zip(d["gpus"], self.gpus, strict=True):
             g["fp16"] = gpu.fp16
         return d
 
@@ -294,7 +294,8 @@ def plan_instances(
     if prefer_gpu and hw.gpus:
         budgets = {}
         for g in hw.gpus:
-            free = max((m.memory_free_bytes for m in g.mig_instances), default=0) if g.mig_enabled else g.memory_free_bytes
+            free = (max((m.memory_free_bytes for m in g.mig_instances), default=0) if g.mig_enabled
+                    else g.memory_free_bytes)
             budgets[g.index] = int(free * s.gpu_memory_budget_fraction)
         usable = [i for i, b in budgets.items() if b >= per]
         if usable:

@@ -140,10 +140,12 @@ def measure_interleaved(models: Sequence[str], url: str, concurrency: int, *, pa
                         settings: Settings | None = None, measurement_ms: int = 1000,
                         input_data: Mapping[str, str | Path | None] | None = None,
                         stability_percentage: int | None = None, max_trials: int = 5) -> dict[str, list[PerfPass]]:
-    """At least ``passes`` stable perf_analyzer passes per model on one Triton, interleaved (order
-    reversed every other round: A B, B A, ...). Rounds go on while a model has fewer than ``passes``
-    stable passes, at most ``2 * passes`` rounds. Returns ``{model: [PerfPass, ...]}`` in
-    measurement order (unstable passes included, flagged)."""
+    """At least ``passes`` stable perf_analyzer passes per model on one Triton, interleaved.
+
+    The order is reversed every other round (A B, B A, ...). Rounds go on while a model has fewer than
+    ``passes`` stable passes, at most ``2 * passes`` rounds. Returns ``{model: [PerfPass, ...]}`` in
+    measurement order (unstable passes included, flagged).
+    """
     out: dict[str, list[PerfPass]] = {m: [] for m in models}
     for rnd in range(2 * passes):
         if rnd >= passes and all(sum(p.stable for p in out[m]) >= passes for m in models):
@@ -197,7 +199,8 @@ def p99_regression(champion_p99_ms: Sequence[float], challenger_p99_ms: Sequence
     a = [float(v) for v in champion_p99_ms if math.isfinite(v)]
     b = [float(v) for v in challenger_p99_ms if math.isfinite(v)]
     if len(a) < min_passes or len(b) < min_passes:
-        raise ValueError(f"the p99 gate needs >= {min_passes} passes per model (champion {len(a)}, challenger {len(b)})")
+        raise ValueError(f"the p99 gate needs >= {min_passes} passes per model "
+                         f"(champion {len(a)}, challenger {len(b)})")
     if max_regression < 0:
         raise ValueError(f"max_regression={max_regression!r} is invalid (expected >= 0)")
     ma, mb = statistics.median(a), statistics.median(b)
@@ -219,6 +222,7 @@ class PerfGateResult:
     passes: dict[str, list[PerfPass]]
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able form: verdict, p99 figures, concurrency and every measured pass per model."""
         return {"verdict": "rejected" if self.verdict.rejected else "passed",
                 **dataclasses.asdict(self.verdict), "concurrency": self.concurrency,
                 "passes": {k: [dataclasses.asdict(p) for p in v] for k, v in self.passes.items()}}

@@ -119,7 +119,8 @@ def tree_splits(model: "onnx.ModelProto") -> tuple[list[Split], str | None]:
         modes = _attr(node, "nodes_modes") or []
         feats = _attr(node, "nodes_featureids") or []
         values = _attr(node, "nodes_values") or _attr(node, "nodes_values_as_tensor") or []
-        for mode, feat, value in zip(modes, feats, values):
+        # strict=False: an attribute the node lacks reads as [] and leaves nothing to probe
+        for mode, feat, value in zip(modes, feats, values, strict=False):
             mode = mode.decode() if isinstance(mode, bytes) else str(mode)
             if mode != "LEAF" and math.isfinite(float(value)):
                 splits.append(Split(int(feat), float(np.float32(value))))
@@ -128,8 +129,11 @@ def tree_splits(model: "onnx.ModelProto") -> tuple[list[Split], str | None]:
 
 
 def decimal_resolution(values: Any) -> float:
-    """Finest decimal step of ``values``: ``10**-d`` for the smallest ``d`` in 0..6 such that every
-    finite value is a multiple of it (to 1e-9 relative), else ``10**-6``. 1.0 for no values."""
+    """Finest decimal step of ``values`` (1.0 for no values).
+
+    ``10**-d`` for the smallest ``d`` in 0..6 such that every finite value is a multiple of it (to
+    1e-9 relative), else ``10**-6``.
+    """
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v)]
     if v.size == 0:
@@ -178,7 +182,8 @@ def threshold_probes(
     resolution = {c: decimal_resolution(numeric[c]) for c in columns}
     base = numeric.iloc[0].copy()
     base = base.fillna(numeric.median()).fillna(0.0)
-    rows, values, probed = [], [], set()
+    rows, values = [], []
+    probed: set[tuple[int, float]] = set()
     for split in splits:
         if split.feature >= len(columns):
             continue

@@ -17,9 +17,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tritonflow.exceptions import ModelConversionError, ModelValidationError
-from tritonflow.settings import Settings, get_settings
-
 from model_registry.conversion import (
     SAFE_NAME,
     ConvertedModel,
@@ -29,6 +26,8 @@ from model_registry.conversion import (
     schema_from_signature,
 )
 from model_registry.triton_config import load_onnx
+from tritonflow.exceptions import ModelConversionError, ModelValidationError
+from tritonflow.settings import Settings, get_settings
 
 
 def _example_tensors(inputs: Sequence[TensorSchema], batch: int = 2, seed: int = 0) -> list[Any]:
@@ -92,7 +91,7 @@ def convert_pytorch(
         )
     inputs = schema_from_signature(signature, schema, model_name=model_name, input_name="input")
     renamed = [dataclasses.replace(s, name=safe_tensor_name(s.name)) for s in inputs]
-    mapping = {a.name: b.name for a, b in zip(inputs, renamed) if a.name != b.name}
+    mapping = {a.name: b.name for a, b in zip(inputs, renamed, strict=True) if a.name != b.name}
     args = tuple(example) if example is not None else tuple(_example_tensors(renamed))
     net = copy.deepcopy(module).eval()
     if export_format == "torchscript":
@@ -101,7 +100,7 @@ def convert_pytorch(
         verify_torchscript(traced, module, args, atol=settings.torchscript_atol, model_name=model_name)
         # NVIDIA's libtorch backend binds tensors by the <name>__<index> naming convention.
         served = [dataclasses.replace(s, name=f"{s.name}__{i}") for i, s in enumerate(renamed)]
-        mapping = {a.name: b.name for a, b in zip(inputs, served)}
+        mapping = {a.name: b.name for a, b in zip(inputs, served, strict=True)}
         with torch.no_grad():
             probe = _flat(traced(*args))
         outs = [TensorSchema(f"output__{i}", np.dtype(p.dtype).name, (-1,) + tuple(p.shape[1:]))
@@ -114,10 +113,10 @@ def convert_pytorch(
     with torch.no_grad():
         probe = net(*args)
     n_out = len(probe) if isinstance(probe, (tuple, list)) else 1
-    outs = list(output_names or [f"output_{i}" for i in range(n_out)])
-    if len(outs) != n_out or not all(SAFE_NAME.match(o) for o in outs):
+    out_names = list(output_names or [f"output_{i}" for i in range(n_out)])
+    if len(out_names) != n_out or not all(SAFE_NAME.match(o) for o in out_names):
         raise ModelConversionError(
-            f"output_names={outs!r} is invalid (expected {n_out} names matching [A-Za-z_][A-Za-z0-9_]*)"
+            f"output_names={out_names!r} is invalid (expected {n_out} names matching [A-Za-z_][A-Za-z0-9_]*)"
         )
     opset = min(target_opset or settings.max_onnx_opset, settings.max_onnx_opset, 18)
     dynamic_axes: dict[str, dict[int, str]] = {}
@@ -125,14 +124,16 @@ def convert_pytorch(
         dyn = {i: ("batch" if i == 0 else f"{s.name}_dim{i}") for i, d in enumerate(s.shape) if d < 0}
         dyn.setdefault(0, "batch")
         dynamic_axes[s.name] = dyn
-    for o in outs:
+    for o in out_names:
         dynamic_axes[o] = {0: "batch"}
     buf = io.BytesIO()
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(
-                net, args, buf, input_names=[s.name for s in renamed], output_names=outs,
+                # torch's annotation omits file objects, which the TorchScript exporter writes to
+                net, args, buf,  # type: ignore[arg-type]
+                input_names=[s.name for s in renamed], output_names=out_names,
                 dynamic_axes=dynamic_axes, opset_version=opset, dynamo=False,
                 do_constant_folding=True,
             )
@@ -181,8 +182,13 @@ def verify_torchscript(
         ref = _flat(ref_net(*args))
         a = _flat(scripted(*args))
         b = _flat(scripted(*args))
-    diff = max(float(np.max(np.abs(x - y))) if x.size else 0.0 for x, y in zip(a, ref))
-    rep = max(float(np.max(np.abs(x - y))) if x.size else 0.0 for x, y in zip(a, b))
+    if len(a) != len(ref):
+        raise ModelValidationError(
+            f"model {model_name!r}: TorchScript check failed: the module returns {len(a)} outputs, "
+            f"the eager module {len(ref)}"
+        )
+    diff = max(float(np.max(np.abs(x - y))) if x.size else 0.0 for x, y in zip(a, ref, strict=True))
+    rep = max(float(np.max(np.abs(x - y))) if x.size else 0.0 for x, y in zip(a, b, strict=True))
     problems = []
     if not np.isfinite(diff) or diff > atol:
         problems.append(
@@ -222,7 +228,7 @@ def torchscript_runner(module: Any, inputs: Sequence[TensorSchema], outputs: Seq
         args = [torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in names]
         with torch.no_grad():
             values = _flat(module(*args))
-        return {n: v for n, v in zip(out_names, values)}
+        return dict(zip(out_names, values, strict=True))
 
     return run
 
@@ -235,8 +241,9 @@ def validate_torchscript_for_push(
     model_name: str | None = None,
     settings: Settings | None = None,
 ) -> Any:
-    """Pre-push checks of a TorchScript model and its config (the TorchScript analogue of
-    :func:`model_registry.validation.validate_for_push`).
+    """Pre-push checks of a TorchScript model and its config.
+
+    The TorchScript analogue of :func:`model_registry.validation.validate_for_push`.
 
     Checks: the config agrees with the traced module's tensors (names, dtypes, ranks; the config
     says ``platform: "pytorch_libtorch"``); the module runs at batch 1 and, when batching, at batch

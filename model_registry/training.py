@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import pandas as pd
 
+from model_registry.datasets import DAY_COLUMN, FEATURE_COLUMNS, LABEL_COLUMN, TIMESTAMP_COLUMN
 from tritonflow.exceptions import (
     ConcurrencyError,
     DataError,
@@ -42,8 +43,6 @@ from tritonflow.exceptions import (
     TrainingError,
     WindowError,
 )
-
-from model_registry.datasets import DAY_COLUMN, FEATURE_COLUMNS, LABEL_COLUMN, TIMESTAMP_COLUMN
 
 #: MLflow experiment that retraining runs are logged to.
 DEFAULT_EXPERIMENT = "tritonflow-retrain"
@@ -86,7 +85,7 @@ class NoaaTrainingParams:
         """
         if params is None:
             return cls()
-        if isinstance(params, cls):
+        if isinstance(params, NoaaTrainingParams):
             return params
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(params) - set(known))
@@ -94,7 +93,7 @@ class NoaaTrainingParams:
             raise DataError(f"training params {unknown!r} are unknown (expected {sorted(known)})")
         values = {}
         for key, raw in params.items():
-            kind = type(known[key].default)
+            kind: Callable[[Any], Any] = type(known[key].default)  # every field has a default
             try:
                 values[key] = kind(raw)
             except (TypeError, ValueError):
@@ -134,6 +133,12 @@ class TrainedModel:
         return self.model.predict_proba(frame.loc[:, list(self.feature_columns)])[:, 1]
 
 
+def _plain(value: Any) -> Any:
+    """A numpy / pandas scalar as the Python value (for messages); other values unchanged."""
+    item = getattr(value, "item", None)
+    return item() if item is not None else value
+
+
 def _check_training_window(window: pd.DataFrame, features: tuple[str, ...], label: str) -> None:
     if not isinstance(window, pd.DataFrame):
         raise WindowError(f"window is a {type(window).__name__}; expected a pandas DataFrame")
@@ -147,11 +152,9 @@ def _check_training_window(window: pd.DataFrame, features: tuple[str, ...], labe
         bad = ~np.isfinite(values)
         if bad.any():
             pos = int(np.flatnonzero(bad)[0])
-            label = window.index[pos]
-            raw = window[col].iloc[pos]
             raise WindowError(
-                f"training window column {col!r} row {getattr(label, 'item', lambda: label)()!r} "
-                f"= {getattr(raw, 'item', lambda: raw)()!r}; expected a finite number"
+                f"training window column {col!r} row {_plain(window.index[pos])!r} "
+                f"= {_plain(window[col].iloc[pos])!r}; expected a finite number"
             )
     labels = set(np.unique(window[label].to_numpy()).tolist())
     if not labels <= {0, 1}:
@@ -367,8 +370,8 @@ def _lineage_records(model_metrics: Mapping[str, float], window_info: Mapping[st
     for key, value in model_metrics.items():
         if key.startswith("validation_"):
             tags[TAG_PREFIX + "reference_" + key[len("validation_"):]] = f"{value:.6g}"
-    for key, value in lineage.extra.items():
-        tags[TAG_PREFIX + str(key)] = str(value)
+    for key, extra in lineage.extra.items():
+        tags[TAG_PREFIX + str(key)] = str(extra)
     return params, tags
 
 

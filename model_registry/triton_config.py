@@ -29,7 +29,7 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union, cast
 
 from tritonflow.exceptions import ModelConfigError
 
@@ -67,6 +67,8 @@ TRITON_TO_NUMPY: dict[str, str] = {
 }
 
 OnnxLike = Union["onnx.ModelProto", str, os.PathLike, bytes]
+#: An ONNX model, or the ``(inputs, outputs)`` of a model that is not ONNX (:func:`declared_io`).
+ModelIO = Union[OnnxLike, "tuple[Sequence[TensorInfo], Sequence[TensorInfo]]"]
 Dim = Union[int, str, None]  # fixed size, symbolic name, or unknown
 
 
@@ -153,7 +155,8 @@ class TensorInfo:
     @property
     def batch_axis_dynamic(self) -> bool:
         """True when axis 0 exists and is symbolic or unknown (a dynamic batch axis)."""
-        return bool(self.shape) and not isinstance(self.shape[0], int)
+        shape = self.shape
+        return shape is not None and len(shape) > 0 and not isinstance(shape[0], int)
 
     def shape_text(self) -> str:
         """Shape as ``[batch, 12]`` (symbolic names kept, unknown axes as ``?``)."""
@@ -179,7 +182,7 @@ def _tensor_info(value_info: Any) -> TensorInfo:
     return TensorInfo(value_info.name, onnx_type, shape)
 
 
-def model_io(model: "OnnxLike | tuple[Sequence[TensorInfo], Sequence[TensorInfo]]") -> tuple[list[TensorInfo], list[TensorInfo]]:
+def model_io(model: ModelIO) -> tuple[list[TensorInfo], list[TensorInfo]]:
     """Return the graph's (inputs, outputs), initializers excluded from the inputs.
 
     ``model`` may also be an ``(inputs, outputs)`` pair of :class:`TensorInfo` (a model that is
@@ -191,7 +194,7 @@ def model_io(model: "OnnxLike | tuple[Sequence[TensorInfo], Sequence[TensorInfo]
     if isinstance(model, tuple) and len(model) == 2 and all(
             isinstance(t, TensorInfo) for side in model for t in side):
         return list(model[0]), list(model[1])
-    proto = load_onnx(model)
+    proto = load_onnx(cast(OnnxLike, model))  # not an (inputs, outputs) pair
     inits = {i.name for i in proto.graph.initializer}
     inputs = [_tensor_info(v) for v in proto.graph.input if v.name not in inits]
     outputs = [_tensor_info(v) for v in proto.graph.output]
@@ -203,8 +206,10 @@ NUMPY_TO_ONNX: dict[str, str] = {TRITON_TO_NUMPY[t]: o for o, t in ONNX_TO_TRITO
 
 
 def declared_io(inputs: Sequence[Any], outputs: Sequence[Any]) -> tuple[list[TensorInfo], list[TensorInfo]]:
-    """``(inputs, outputs)`` as :class:`TensorInfo` from schema items with ``name``, ``dtype``
-    (numpy name) and ``shape`` (``-1`` axes become symbolic, axis 0 ``"batch"``).
+    """``(inputs, outputs)`` as :class:`TensorInfo` from schema items.
+
+    Items have ``name``, ``dtype`` (numpy name) and ``shape`` (``-1`` axes become symbolic, axis 0
+    ``"batch"``).
 
     Used for models that are not ONNX (TorchScript: :class:`model_registry.conversion.TensorSchema`
     items), so :func:`build_config` and :func:`check_config` treat them alike.
@@ -341,7 +346,9 @@ def build_config(
             io = group.add()
             io.name = t.name
             io.data_type = pb.DataType.Value(t.triton_type)
-            dims = [_config_dim(d) for d in (t.shape[1:] if batched else t.shape)]
+            shape = t.shape
+            assert shape is not None  # every tensor's shape was checked above
+            dims = [_config_dim(d) for d in (shape[1:] if batched else shape)]
             if batched and not dims:
                 io.dims.extend([1])
                 io.reshape.SetInParent()  # reshape { shape: [] }: the tensor is [batch] in the model
@@ -472,7 +479,7 @@ def instance_kind_name(value: int) -> str:
 
 # ----------------------------------------------------------------------------- checking configs
 def check_config(
-    config: "model_config_pb2.ModelConfig", model: OnnxLike, *, model_name: str | None = None
+    config: "model_config_pb2.ModelConfig", model: ModelIO, *, model_name: str | None = None
 ) -> list[str]:
     """List every way ``config`` contradicts the ONNX model (empty list: consistent).
 
@@ -488,7 +495,8 @@ def check_config(
 
     Args:
         config: Parsed ``ModelConfig``.
-        model: The ONNX model it should serve.
+        model: The ONNX model it should serve, or the ``(inputs, outputs)`` of a model that is
+            not ONNX (:func:`declared_io`).
         model_name: Name used in messages (default: ``config.name``).
     """
     name = model_name or config.name or "<unnamed>"
@@ -583,7 +591,7 @@ def _check_tensor(name: str, kind: str, io: Any, t: TensorInfo, mbs: int) -> lis
             "and no dynamic_batching"
         )
     own = model_dims[1:] if batched else model_dims
-    for i, (c, m) in enumerate(zip(dims, own)):
+    for i, (c, m) in enumerate(zip(dims, own, strict=True)):  # ranks agree: checked above
         if isinstance(m, int) and c != -1 and c != m:
             axis = i + (1 if batched else 0)
             problems.append(
@@ -594,7 +602,7 @@ def _check_tensor(name: str, kind: str, io: Any, t: TensorInfo, mbs: int) -> lis
 
 
 def validate_config(
-    config: "model_config_pb2.ModelConfig", model: OnnxLike, *, model_name: str | None = None
+    config: "model_config_pb2.ModelConfig", model: ModelIO, *, model_name: str | None = None
 ) -> None:
     """Raise when :func:`check_config` finds any problem.
 

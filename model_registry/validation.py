@@ -27,10 +27,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from model_registry.triton_config import OnnxLike, load_onnx, model_io, validate_config
 from tritonflow.exceptions import ModelValidationError
 from tritonflow.settings import Settings, get_settings
-
-from model_registry.triton_config import OnnxLike, load_onnx, model_io, validate_config
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -282,8 +281,10 @@ def make_session(model: "OnnxLike | onnxruntime.InferenceSession") -> "onnxrunti
 
 
 def make_runner(model: Any, model_name: str = "model") -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
-    """``feeds -> {output: array}`` for an ONNX model/session, or ``model`` itself when it is already
-    such a callable (e.g. :func:`torchscript_runner`)."""
+    """``feeds -> {output: array}`` for an ONNX model/session.
+
+    ``model`` itself is returned when it is already such a callable (e.g. :func:`torchscript_runner`).
+    """
     import onnxruntime as ort
 
     if callable(model) and not isinstance(model, ort.InferenceSession):
@@ -396,7 +397,7 @@ def _run(sess: Any, feeds: dict[str, np.ndarray], model_name: str, batch: int | 
         raise ModelValidationError(
             f"model {model_name!r} fails {at} in onnxruntime: {first}{hint}"
         ) from exc
-    return {o.name: v for o, v in zip(sess.get_outputs(), values)}
+    return {o.name: v for o, v in zip(sess.get_outputs(), values, strict=True)}
 
 
 def check_finite(outputs: Mapping[str, Any], *, model_name: str = "model") -> None:

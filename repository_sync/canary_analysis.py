@@ -191,8 +191,11 @@ def version_window(
 # ------------------------------------------------------------------------------------ analysis
 @dataclasses.dataclass(frozen=True)
 class CoverageReference:
-    """What the coverage check measures against: the drift reference sample and the features
-    to check, most important first (:func:`repository_sync.canary_checks.important_features`)."""
+    """What the coverage check measures against: the drift reference sample and the features.
+
+    The features to check come most important first
+    (:func:`repository_sync.canary_checks.important_features`).
+    """
 
     frame: Any
     features: tuple[str, ...]
@@ -357,6 +360,7 @@ def analyse_step(
     if metrics_error is not None:
         hard.append(f"metrics unavailable, analysis impossible: {metrics_error}")
     else:
+        assert before is not None and after is not None  # else metrics_error is set above
         cw = version_window(before, after, model, challenger)
         hw = version_window(before, after, model, champion)
         a.canary_requests, a.canary_failures = cw.requests, cw.failures

@@ -1,5 +1,7 @@
-"""Canary checks on what the challenger answered: output health, its own expected behaviour,
-quality against the champion where labels arrived, and feature-space coverage.
+"""Canary checks on what the challenger answered.
+
+Output health, its own expected behaviour, quality against the champion where labels arrived, and
+feature-space coverage.
 
 Pure functions on numpy arrays and pandas frames (no services); :func:`repository_sync.canary.analyse_step`
 calls them on every analysis of a step, with the inference-log rows of the step's window
@@ -110,8 +112,10 @@ class Observations:
     @classmethod
     def from_arrays(cls, challenger: Any, challenger_version: int = 2,
                     champion: Any = None, champion_version: int = 1) -> "Observations":
-        """Observations holding only predictions (``prediction`` column), for callers and tests
-        that have arrays rather than an inference log."""
+        """Observations holding only predictions (``prediction`` column).
+
+        For callers and tests that have arrays rather than an inference log.
+        """
         parts = []
         for values, version in ((challenger, challenger_version), (champion, champion_version)):
             if values is None:
@@ -149,8 +153,10 @@ class ExpectedBehaviour:
     @classmethod
     def from_frame(cls, frame: pd.DataFrame, *, source: str, uri: str = "",
                    feature_columns: Sequence[str] | None = None) -> "ExpectedBehaviour":
-        """Read an expected-predictions table: :data:`EXPECTED_SCORE_COLUMN`, optional feature
-        columns and optional ``expected.<output column>`` columns.
+        """Read an expected-predictions table.
+
+        It holds :data:`EXPECTED_SCORE_COLUMN`, optional feature columns and optional
+        ``expected.<output column>`` columns.
 
         Raises:
             DataError: The table lacks :data:`EXPECTED_SCORE_COLUMN` or has no row.
@@ -292,8 +298,10 @@ def psi_margin(n: int, m: int, bins: int, confidence: float) -> float:
 def match_on_inputs(live_features: pd.DataFrame, expected: ExpectedBehaviour,
                     values: np.ndarray, neighbours: int = MATCH_NEIGHBOURS
                     ) -> tuple[np.ndarray, float] | None:
-    """``values`` (one per expected row) at the ``neighbours`` expected rows nearest to each live
-    input, flattened (``neighbours`` values per live row), and their effective sample size.
+    """``values`` at the ``neighbours`` expected rows nearest to each live input.
+
+    ``values`` holds one value per expected row; the result is flattened (``neighbours`` values per
+    live row) and comes with its effective sample size.
 
     Features are the numeric columns both sides have, standardised with the expected rows' mean
     and standard deviation; rows with a non-finite feature are dropped on both sides.
@@ -351,16 +359,16 @@ def compare_with_expected(live: np.ndarray, expected: np.ndarray, *, column: str
     m = max(1, min(m, int(a.values.size)))
     d = float(ks.extra["statistic"])
     bins = int(ps.extra.get("bins", 10))
-    out = PredictionCheck(column, source, n, m, matched, d, ks.value, ks_margin(n, m, confidence),
-                          ps.value, psi_margin(n, m, bins, confidence), bins)
-    if d - out.ks_margin > max_ks:
+    d_margin, p_margin = ks_margin(n, m, confidence), psi_margin(n, m, bins, confidence)
+    out = PredictionCheck(column, source, n, m, matched, d, ks.value, d_margin, ps.value, p_margin, bins)
+    if d - d_margin > max_ks:
         out.failed.append(
             f"{column}: KS {d:.3f} vs the challenger's expected predictions ({source}) exceeds "
             f"max_prediction_ks {max_ks:g} by more than its sampling margin {out.ks_margin:.3f} "
             f"(n={n}, m={m})")
     if min(n, m) < PSI_MIN_ROWS_PER_BIN * bins:
         out.psi_margin = None  # not judged: too few rows per bin (see PSI_MIN_ROWS_PER_BIN)
-    elif ps.value is not None and ps.value - out.psi_margin > max_psi:
+    elif ps.value is not None and ps.value - p_margin > max_psi:
         out.failed.append(
             f"{column}: PSI {ps.value:.3f} vs the challenger's expected predictions ({source}) "
             f"exceeds max_prediction_psi {max_psi:g} by more than its sampling margin "
@@ -460,12 +468,17 @@ def quality_check(challenger_y: Any, challenger_s: Any, champion_y: Any, champio
     """Compare quality with an unpaired bootstrap interval (see the module docstring).
 
     Args:
-        challenger_y, challenger_s: Labels (0/1) and scores of the challenger's labelled requests.
-        champion_y, champion_s: The same for the champion's labelled requests.
+        challenger_y: Labels (0/1) of the challenger's labelled requests.
+        challenger_s: Scores of the same requests.
+        champion_y: Labels (0/1) of the champion's labelled requests.
+        champion_s: Scores of the same requests.
         metric: ``"auc"`` or ``"accuracy"``.
         min_labels: Fewest labelled requests per side to compare.
         confidence: Two-sided confidence of the interval.
         max_drop: Tolerated drop (metric units).
+        n_boot: Bootstrap resamples per side.
+        seed: Random seed of the resamples.
+        threshold: Score at or above which a request counts as predicted positive (accuracy).
 
     Raises:
         DataError: Unknown metric, or labels that are not 0/1.
@@ -590,8 +603,10 @@ class CoverageCheck:
 
 def important_features(features: Sequence[str], importances: Mapping[str, float] | None,
                        top: int) -> list[str]:
-    """The ``top`` most important of ``features`` (all when ``top`` is 0 or there are no
-    importances), most important first; ties keep the features' order."""
+    """The ``top`` most important of ``features``, most important first.
+
+    All of them when ``top`` is 0 or there are no importances; ties keep the features' order.
+    """
     feats = list(features)
     if not importances or top <= 0:
         return feats
@@ -610,6 +625,7 @@ def coverage_check(reference: pd.DataFrame, features: Sequence[str], traffic: pd
         traffic: The window's requests of every version (feature columns).
         challenger_mask: Boolean per ``traffic`` row: served by the challenger.
         min_requests: ``m``.
+        bins: Quantile bins per feature on the reference (default: deciles).
     """
     mask = np.asarray(challenger_mask, dtype=bool)
     total, chal = int(len(traffic)), int(mask.sum())

@@ -127,10 +127,11 @@ class MirrorRecorder:
 
     def stop(self, drain_s: float = 10.0) -> None:
         """Stop accepting, forward what is queued (at most ``drain_s`` seconds), stop."""
-        if self._loop is None or self._thread is None:
-            return
+        stopped = self._stopped
+        if self._loop is None or self._thread is None or stopped is None:
+            return  # never served (start() returns only once the event exists)
         self._drain_s = drain_s
-        self._loop.call_soon_threadsafe(self._stopped.set)
+        self._loop.call_soon_threadsafe(stopped.set)
         self._thread.join(timeout=drain_s + 30)
 
     def __enter__(self) -> "MirrorRecorder":
@@ -140,9 +141,11 @@ class MirrorRecorder:
         self.stop()
 
     def records(self):
-        """Every mirrored answer so far as a DataFrame: ``request_id``, ``timestamp`` (UTC, when
-        the mirror arrived), ``served_version``, ``status``, ``latency_ms``, ``error``, ``row`` and
-        the output columns (``name`` or ``name_j``)."""
+        """Every mirrored answer so far as a DataFrame.
+
+        Columns: ``request_id``, ``timestamp`` (UTC, when the mirror arrived), ``served_version``,
+        ``status``, ``latency_ms``, ``error``, ``row`` and the output columns (``name`` or ``name_j``).
+        """
         import pandas as pd
 
         rows = list(self._rows)
@@ -196,7 +199,9 @@ class MirrorRecorder:
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # the bound port when 0 was asked
+        server = site._server
+        assert isinstance(server, asyncio.Server)  # started above: a TCP site's listening server
+        self.port = server.sockets[0].getsockname()[1]  # the bound port when 0 was asked
         url = f"{self.triton_url}/v2/models/{self.model}/versions/{self.version}/infer"
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         async with aiohttp.ClientSession(timeout=timeout) as session:

@@ -58,6 +58,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from typing_extensions import override
+
 from repository_sync.layout import (
     CONFIG_FILENAME,
     STAGING_PREFIX,
@@ -260,6 +262,7 @@ class FileSystemStorage(RepositoryStorage):
         self.root = Path(root).expanduser().resolve()
         self.uri = str(self.root)
 
+    @override
     def version_uri(self, layout: VersionLayout) -> str:
         return str(self.root / layout.version_dir)
 
@@ -299,7 +302,10 @@ class FileSystemStorage(RepositoryStorage):
         _fsync_dir(model_dir)
         return True
 
-    def push_version(self, layout, source_dir, *, serving_config=None, verify=None, on_progress=None):
+    @override
+    def push_version(self, layout: VersionLayout, source_dir: Path, *, serving_config: bytes | None = None,
+                     verify: VerifyCallback | None = None,
+                     on_progress: ProgressCallback | None = None) -> PushOutcome:
         source_dir = Path(source_dir)
         files = _source_files(layout, source_dir)
         staged_digests = {p.name: sha256_file(p) for p in files}
@@ -344,6 +350,7 @@ class FileSystemStorage(RepositoryStorage):
                     model_dir.rmdir()  # only if still empty
             raise
 
+    @override
     @contextlib.contextmanager
     def local_version(self, layout: VersionLayout) -> Iterator[Path]:
         path = self.root / layout.version_dir
@@ -354,13 +361,16 @@ class FileSystemStorage(RepositoryStorage):
             )
         yield path
 
+    @override
     def list_paths(self) -> list[str]:
         return walk_local_repository(self.root) if self.root.exists() else []
 
+    @override
     def read_serving_config(self, model_name: str) -> bytes | None:
         path = self.root / validate_model_name(model_name) / CONFIG_FILENAME
         return path.read_bytes() if path.is_file() else None
 
+    @override
     def write_serving_config(self, model_name: str, data: bytes) -> None:
         model_dir = self.root / validate_model_name(model_name)
         model_dir.mkdir(parents=True, exist_ok=True)
@@ -605,11 +615,15 @@ class S3Storage(RepositoryStorage):
         self.client.put_object(Bucket=self.location.bucket, Key=key, Body=data)
         return True
 
+    @override
     def version_uri(self, layout: VersionLayout) -> str:
         return f"{self.uri.rstrip('/')}/{layout.model_name}/{layout.version}"
 
     # ------------------------------------------------------------------ push
-    def push_version(self, layout, source_dir, *, serving_config=None, verify=None, on_progress=None):
+    @override
+    def push_version(self, layout: VersionLayout, source_dir: Path, *, serving_config: bytes | None = None,
+                     verify: VerifyCallback | None = None,
+                     on_progress: ProgressCallback | None = None) -> PushOutcome:
         source_dir = Path(source_dir)
         files = _source_files(layout, source_dir)
         staged = {p.name: sha256_file(p) for p in files}
@@ -691,6 +705,7 @@ class S3Storage(RepositoryStorage):
             )
 
     # ------------------------------------------------------------------ read
+    @override
     @contextlib.contextmanager
     def local_version(self, layout: VersionLayout) -> Iterator[Path]:
         prefix = self.location.key(layout.model_name, str(layout.version)) + "/"
@@ -714,11 +729,13 @@ class S3Storage(RepositoryStorage):
                     self.client.download_file(self.location.bucket, o["Key"], str(target))
             yield local
 
+    @override
     def list_paths(self) -> list[str]:
         base = self.location.key() + "/" if self.location.prefix else ""
         with self._errors("listing the repository"):
             return sorted(o["Key"][len(base):] for o in self._list(base))
 
+    @override
     def read_serving_config(self, model_name: str) -> bytes | None:
         key = self.location.key(validate_model_name(model_name), CONFIG_FILENAME)
         with self._errors(f"reading {key!r}"):
@@ -726,6 +743,7 @@ class S3Storage(RepositoryStorage):
                 return None
             return self.client.get_object(Bucket=self.location.bucket, Key=key)["Body"].read()
 
+    @override
     def write_serving_config(self, model_name: str, data: bytes) -> None:
         key = self.location.key(validate_model_name(model_name), CONFIG_FILENAME)
         with self._errors(f"writing {key!r}"):

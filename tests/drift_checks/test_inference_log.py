@@ -3,15 +3,15 @@
 import pandas as pd
 import pytest
 
-from drift_checks.inference_log import (InferenceLogWriter, LogSchema, join_labels, read_labels,
-                                        read_window)
+from drift_checks.inference_log import InferenceLogWriter, LogSchema, join_labels, read_labels, read_window
 from tritonflow.exceptions import WindowError
 
 SCHEMA = LogSchema({"x": "float", "device": "category"}, {"p_rain": "float"})
 H0 = pd.Timestamp("2024-05-01T13:00:00Z")
 
 
-def _records(n=6, start=H0 - pd.Timedelta(minutes=30), step="20min", prefix="r"):
+def _records(n=6, start=None, step="20min", prefix="r"):
+    start = H0 - pd.Timedelta(minutes=30) if start is None else start
     ts = pd.date_range(start, periods=n, freq=step, tz="UTC")
     return pd.DataFrame({"request_id": [f"{prefix}{i}" for i in range(n)], "timestamp": ts,
                          "model_version": [3] * n, "x": [float(i) for i in range(n)],
@@ -35,7 +35,8 @@ def test_an_hour_without_files_is_an_empty_window_not_an_error(tmp_path):
 
 
 def test_missing_column_in_a_stored_file_names_file_column_and_type(tmp_path):
-    InferenceLogWriter(str(tmp_path), "rain", LogSchema({"x": "float"})).write(_records().drop(columns=["device", "p_rain"]))
+    writer = InferenceLogWriter(str(tmp_path), "rain", LogSchema({"x": "float"}))
+    writer.write(_records().drop(columns=["device", "p_rain"]))
     with pytest.raises(WindowError, match=r"hour=13/.*\.parquet: column 'device' is missing; expected a string column"):
         read_window(str(tmp_path), "rain", H0, H0 + pd.Timedelta(hours=1), SCHEMA)
 

@@ -100,11 +100,14 @@ tabular_cpu_config_3,4,2,839.6,4745,598
 tabular_cpu_config_3,4,3,845.1,4712,602
 """
 # Model Analyzer's results table as it would report the first (fast) pass of each config.
-MA_RESULTS = """Model,Batch,Concurrency,Model Config Path,Instance Group,Max Batch Size,Satisfies Constraints,Throughput (infer/sec),p99 Latency (ms)
-tabular_cpu,1,4,tabular_cpu_config_2,2:CPU,32,Yes,1312.4,9.8
+MA_RESULTS = (
+    "Model,Batch,Concurrency,Model Config Path,Instance Group,Max Batch Size,Satisfies Constraints,"
+    "Throughput (infer/sec),p99 Latency (ms)\n"
+    """tabular_cpu,1,4,tabular_cpu_config_2,2:CPU,32,Yes,1312.4,9.8
 tabular_cpu,1,4,tabular_cpu_config_3,1:CPU,16,Yes,842.0,5.1
 tabular_cpu,1,4,tabular_cpu_config_4,4:CPU,32,No,900.0,250.0
 """
+)
 
 
 def _profile(tmp_path, config, **kw):
@@ -295,8 +298,8 @@ def test_model_analyzer_profiles_a_cpu_model_and_the_chosen_config_fits_it(tmp_p
     perf_analyzer's stability criterion is relaxed to 50 % here because the shared test machine is
     heavily loaded; the stability gate itself is tested with the unstable passes above.
     """
-    import onnx
     import numpy as np
+    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     from model_registry.analyzer import profile_model

@@ -225,7 +225,8 @@ def test_invalid_onnx_passthrough_is_refused():
         convert_onnx(b"not a model", model_name="junk")
 
 
-def test_mlflow_model_is_converted_with_its_signature_and_refused_without(tmp_path, churn_classifier, train_20, settings):
+def test_mlflow_model_is_converted_with_its_signature_and_refused_without(tmp_path, churn_classifier, train_20,
+                                                                          settings):
     import mlflow.sklearn
 
     _, _, df = train_20

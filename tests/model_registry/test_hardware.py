@@ -164,5 +164,6 @@ def test_meminfo_is_read_in_bytes_with_and_without_memavailable(tmp_path):
                    "Buffers:          100 kB\nCached:          2000 kB\n")
     assert read_meminfo(str(new)) == (16000 * 1024, 9000 * 1024)
     old = tmp_path / "meminfo_old"
-    old.write_text("MemTotal:       16000 kB\nMemFree:         1000 kB\nBuffers:          100 kB\nCached:          2000 kB\n")
+    old.write_text("MemTotal:       16000 kB\nMemFree:         1000 kB\n"
+                   "Buffers:          100 kB\nCached:          2000 kB\n")
     assert read_meminfo(str(old)) == (16000 * 1024, 3100 * 1024)

@@ -68,7 +68,8 @@ def save_boosting(path, model, X, flavor):
 
     from mlflow.models import infer_signature
 
-    importlib.import_module(f"mlflow.{flavor}").save_model(model, str(path), signature=infer_signature(X, model.predict(X)),
+    importlib.import_module(f"mlflow.{flavor}").save_model(model, str(path),
+                                                         signature=infer_signature(X, model.predict(X)),
                                                          input_example=X.head(5), pip_requirements=[flavor])
     return str(path)
 
@@ -210,8 +211,8 @@ def test_provenance_tags_name_library_converter_runtime_ir_and_opsets(penguin_di
     result = gate(penguin_dir, settings, dataset=X)
     tags = provenance_tags(result.provenance)
     import onnx
-    import sklearn
     import skl2onnx
+    import sklearn
 
     assert tags["tritonflow.provenance.scikit-learn"] == sklearn.__version__
     assert tags["tritonflow.provenance.skl2onnx"] == skl2onnx.__version__

@@ -140,7 +140,7 @@ def test_fp32_config_for_int64_model_reports_config_type_then_model_type(reco_ra
     problems = check_config(parse_config(H06_AS_WRITTEN), reco_ranker_model)
     dtype_problems = [p for p in problems if "data type mismatch" in p]
     assert len(dtype_problems) == 2
-    for tensor, p in zip(["user_id", "item_id"], dtype_problems):
+    for tensor, p in zip(["user_id", "item_id"], dtype_problems, strict=True):
         assert f"'{tensor}'" in p
         assert "config TYPE_FP32, model tensor(int64)" in p
 
