@@ -32,24 +32,19 @@ QUIET_WARNING_MODULES = ("skops", "onnx", "skl2onnx", "onnxconverter_common", "o
                          "torch", "pydantic", "google.protobuf", "setuptools", "pkg_resources",
                          "whylogs", "evidently", "great_expectations", "pandas", "numpy", "scipy")
 
-_QUIETED = False
-
-
 def quiet_third_party() -> None:
-    """Progress bars off and third-party deprecation warnings filtered (idempotent, per process).
+    """Progress bars off and third-party deprecation warnings filtered (idempotent).
 
     ``MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR`` is set only when the environment does not set it
-    already (an operator can turn the bars back on).
+    already (an operator can turn the bars back on). The filters are (re)installed on every call:
+    ``warnings.filterwarnings`` replaces an identical filter instead of adding a second one, and a
+    caller's ``warnings.catch_warnings`` block may have reset them since the last call.
     """
-    global _QUIETED
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    if _QUIETED:
-        return
     for module in QUIET_WARNING_MODULES:
         pattern = re.escape(module) + r"(\..*)?$"
         for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
             warnings.filterwarnings("ignore", category=category, module=pattern)
-    _QUIETED = True
 
 
 def dag_param_names(context: Mapping[str, Any]) -> list[str]:

@@ -89,6 +89,7 @@ def test_third_party_deprecation_warnings_and_progress_bars_are_quieted_once(mon
     from tritonflow_plugin.loop import quiet_third_party
 
     monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)
+    quiet_third_party()  # an earlier call in the same process must not make the next one a no-op
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         quiet_third_party()
