@@ -517,7 +517,27 @@ class Demo:
         for item in pending:
             self._finish_hour(*item)
         self.settle()
+        self.served_after_loop = self.serving_check()
         return self.finish()
+
+    def serving_check(self) -> dict[str, int]:
+        """Versions that answer the gateway once every loop run has finished.
+
+        The last replayed hour's days are sent again (not logged: they are not new traffic), so a
+        promotion near the end of the replay still shows the promoted version serving.
+
+        Returns:
+            ``{version: requests answered}``; ``{}`` when no hour was replayed.
+        """
+        if not self.hours:
+            return {}
+        last = self.hours[-1]
+        rows = self.data.iloc[last.first_day:last.last_day + 1].reset_index(drop=True)
+        res = self.client.replay(rows, [f"serving-check-{uuid.uuid4().hex[:12]}" for _ in range(len(rows))])
+        ok = res[res["status"] == 200]
+        versions = {str(k): int(v) for k, v in ok["version"].value_counts().items()}
+        self.progress.step(f"serving check after the loop: {len(ok)}/{len(res)} answered, versions {versions}")
+        return versions
 
     def _finish_hour(self, record: HourRecord, run_id: str) -> None:
         run = self.wait_run("drift_monitor", run_id, DRIFT_RUN_TIMEOUT_S)
@@ -587,6 +607,7 @@ class Demo:
             "unmatched_promotions": [lp for lp in loops if lp.get("seconds") is None],
             "scheduling_latency_s": latency,
             "canary_requests": int(sum(len(r) for r in self.canary_traffic.results)),
+            "served_after_loop": getattr(self, "served_after_loop", {}),
             "watch_error": self.watch_error,
             "wall_s": p.elapsed(),
         }

@@ -165,9 +165,10 @@ def alerts(api: AirflowApi, runs: list[dict[str, Any]], hour_of: Mapping[str, in
         if decisions:
             for _task, _mi, value in decisions:
                 for d in (value if isinstance(value, list) else [value]):
-                    if not isinstance(d, Mapping):
-                        continue
-                    out.append({"hour": d.get("hour", hour_of.get(rid)), "features": d.get("features"),
+                    if not isinstance(d, Mapping) or d.get("decision") == "no_alert":
+                        continue  # an hour without an alert is not an alert
+                    out.append({"hour": hour_of.get(rid, d.get("hour")), "logical_hour": d.get("hour"),
+                                "features": d.get("features"),
                                 "decision": d.get("decision"), "reason": d.get("reason"),
                                 "run_id": rid, "source": "xcom:alert_decision"})
             continue
@@ -222,8 +223,10 @@ def closed_loops(runs: list[dict[str, Any]], promotions: list[dict[str, Any]]) -
     out = []
     for promo in promotions:
         seen = parse_time(promo["seen_at"])
-        run = min((c for c in canaries if parse_time(c["end"]) and parse_time(c["end"]) <= seen),
-                  key=lambda c: seen - parse_time(c["end"]), default=None)
+        # The canary moves the alias before its run ends, so the driver may see the move first:
+        # the promoting run is the latest successful canary that had started by then.
+        run = max((c for c in canaries if parse_time(c["start"]) and parse_time(c["start"]) <= seen),
+                  key=lambda c: parse_time(c["start"]), default=None)
         root = _chain_root(run, by_id) if run else None
         if run is None or root is None:
             out.append({**promo, "seconds": None, "why": "no canary run / drift chain found"})
