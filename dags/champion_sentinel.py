@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, TAG, START_DATE
+from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.sentinel import ChampionSentinelOperator
 
 #: Sentinels end at each multiple of this period (UTC) and the scheduled run restarts them with

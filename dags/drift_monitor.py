@@ -9,7 +9,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, TAG, START_DATE
+
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 
 DOC = """

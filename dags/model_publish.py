@@ -14,7 +14,7 @@ from datetime import timedelta
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, MODEL_PUBLISHED, TAG, START_DATE
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, MODEL_PUBLISHED, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.registry_watcher import registry_asset
 from tritonflow_plugin.xcom import limit_xcom_size
@@ -182,7 +182,6 @@ def model_publish():
     def convert_and_validate(state: dict) -> dict:
         """Convert, check, build config.pbtxt, parity gate (rejects the version on failure)."""
         from tritonflow.pipelines import publish as pipeline
-
         from tritonflow_plugin.loop import param_or_setting
 
         params = get_current_context()["params"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG, START_DATE
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.event_mapping import CHANGE_KINDS
 from tritonflow_plugin.registry_watcher import registry_asset

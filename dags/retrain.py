@@ -13,7 +13,7 @@ from datetime import timedelta
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG, START_DATE
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.xcom import limit_xcom_size
 

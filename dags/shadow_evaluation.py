@@ -12,7 +12,7 @@ from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, TAG, START_DATE
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.xcom import limit_xcom_size
 
@@ -211,9 +211,8 @@ def shadow_evaluation():
     @limit_xcom_size
     def compare(request: dict, replayed: dict) -> dict:
         """Decide with confidence and record the decision on both model versions."""
-        from tritonflow.pipelines.shadow import compare as run_compare
-
         from tritonflow.pipelines.loop_context import shadow_handoffs
+        from tritonflow.pipelines.shadow import compare as run_compare
 
         context = get_current_context()
         params = context["params"]

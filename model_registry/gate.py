@@ -112,7 +112,8 @@ def source_input(model_io: Any, inputs: Sequence[Any], sample: Mapping[str, Any]
 
 def signature_frame(data: Any, model_io: Any, columns: Sequence[str]):
     """``data[columns]`` with the signature's dtypes where they cast (MLflow's schema enforcement
-    refuses e.g. float values in a "long" column)."""
+    refuses e.g. float values in a "long" column).
+    """
     frame = data[list(columns)].reset_index(drop=True)
     dtypes = {t.name: t.dtype for t in model_io.inputs if t.name}
     for c in columns:
@@ -205,7 +206,8 @@ class GateResult:
 
     def parity_doc(self, model_uri: str, atol: float, rtol: float, min_label_agreement: float) -> dict[str, Any]:
         """The parity report (``parity_report.json``): rows checked, per output max abs/rel
-        difference, per class differences, label flips, worst rows, and the threshold probes."""
+        difference, per class differences, label flips, worst rows, and the threshold probes.
+        """
         return {"model_uri": model_uri, "source": "mlflow.pyfunc", "atol": atol, "rtol": rtol,
                 "min_label_agreement": min_label_agreement, **self.parity.to_dict(),
                 "passed": self.passed, "failure": self.failure, "threshold_probes": self.probes,

@@ -1,2 +1,3 @@
 """Repository sync: Triton repository layout, storage (filesystem/NFS, S3), signing, atomic publish,
-Triton model control and traffic routing. Plain Python: never imports Airflow."""
+Triton model control and traffic routing. Plain Python: never imports Airflow.
+"""

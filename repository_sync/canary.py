@@ -52,30 +52,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from repository_sync.router import TrafficPlan
-from tritonflow.exceptions import PreflightError, SettingsError
-from tritonflow.settings import (
-    DEFAULT_CANARY_ANALYSIS_INTERVAL_S,
-    DEFAULT_CANARY_BAKE_S,
-    DEFAULT_CANARY_CONFIDENCE,
-    DEFAULT_CANARY_COVERAGE_FEATURES,
-    DEFAULT_CANARY_COVERAGE_MIN_REQUESTS,
-    DEFAULT_CANARY_HARD_MIN_REQUESTS,
-    DEFAULT_CANARY_MAX_ERROR_RATE,
-    DEFAULT_CANARY_MAX_EXTENSIONS,
-    DEFAULT_CANARY_MAX_LATENCY_RATIO,
-    DEFAULT_CANARY_MAX_MEAN_LATENCY_MS,
-    DEFAULT_CANARY_MAX_PREDICTION_KS,
-    DEFAULT_CANARY_MAX_PREDICTION_PSI,
-    DEFAULT_CANARY_MAX_QUALITY_DROP,
-    DEFAULT_CANARY_MIN_LABELS,
-    DEFAULT_CANARY_MIN_REQUESTS,
-    DEFAULT_CANARY_QUALITY_METRIC,
-    DEFAULT_CANARY_STEPS,
-    DEFAULT_PREFLIGHT_MEMORY_FACTOR,
-    DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB,
-    Settings,
-)
 from repository_sync.canary_analysis import (  # noqa: F401 -- re-exported, the canary's public API
     CONTINUE,
     COUNT_METRIC,
@@ -100,6 +76,31 @@ from repository_sync.canary_analysis import (  # noqa: F401 -- re-exported, the 
     version_window,
 )
 from repository_sync.canary_checks import ExpectedBehaviour, Observations
+from repository_sync.router import TrafficPlan
+from tritonflow.exceptions import PreflightError, SettingsError
+from tritonflow.settings import (
+    DEFAULT_CANARY_ANALYSIS_INTERVAL_S,
+    DEFAULT_CANARY_BAKE_S,
+    DEFAULT_CANARY_CONFIDENCE,
+    DEFAULT_CANARY_COVERAGE_FEATURES,
+    DEFAULT_CANARY_COVERAGE_MIN_REQUESTS,
+    DEFAULT_CANARY_HARD_MIN_REQUESTS,
+    DEFAULT_CANARY_MAX_ERROR_RATE,
+    DEFAULT_CANARY_MAX_EXTENSIONS,
+    DEFAULT_CANARY_MAX_LATENCY_RATIO,
+    DEFAULT_CANARY_MAX_MEAN_LATENCY_MS,
+    DEFAULT_CANARY_MAX_PREDICTION_KS,
+    DEFAULT_CANARY_MAX_PREDICTION_PSI,
+    DEFAULT_CANARY_MAX_QUALITY_DROP,
+    DEFAULT_CANARY_MIN_LABELS,
+    DEFAULT_CANARY_MIN_REQUESTS,
+    DEFAULT_CANARY_QUALITY_METRIC,
+    DEFAULT_CANARY_STEPS,
+    DEFAULT_PREFLIGHT_MEMORY_FACTOR,
+    DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB,
+    Settings,
+)
+
 
 # ------------------------------------------------------------------------------------ policy
 def parse_steps(value: str | Sequence[int], field: str = "canary_steps") -> tuple[int, ...]:
@@ -221,7 +222,8 @@ class CanaryPolicy:
     def hard_confidence(self) -> float:
         """Confidence of the hard checks' error-rate bound: ``confidence`` with its error level
         split over the analyses of one bake (Bonferroni), since every analysis is another look at
-        the same step: ``1 - (1 - confidence) / ceil(bake_s / analysis_interval_s)``."""
+        the same step: ``1 - (1 - confidence) / ceil(bake_s / analysis_interval_s)``.
+        """
         looks = max(1, math.ceil(self.bake_s / self.analysis_interval_s)) if self.bake_s > 0 else 1
         return 1.0 - (1.0 - self.confidence) / looks
 

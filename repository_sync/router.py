@@ -53,9 +53,9 @@ import shutil
 import subprocess
 import tempfile
 import time
-import uuid
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
@@ -245,7 +245,8 @@ class TrafficPlan:
         name: str = "",
     ) -> "TrafficPlan":
         """Build a plan from ``{version: percent}`` (insertion order kept; first is the champion
-        unless ``champion`` says otherwise)."""
+        unless ``champion`` says otherwise).
+        """
         return cls(
             model=model,
             routes=tuple(Route(v, w) for v, w in weights.items()),
@@ -280,7 +281,8 @@ class TrafficPlan:
     @classmethod
     def single(cls, model: str, version: int, *, name: str = "", mirror: Mirror | None = None) -> "TrafficPlan":
         """All requests of ``model`` to ``version`` (the rollback plan; with ``mirror``, the live
-        shadow plan)."""
+        shadow plan).
+        """
         return cls(model=model, routes=(Route(version, 100),), champion=version, name=name, mirror=mirror)
 
     # -------------------------------------------------------------- views
@@ -399,7 +401,8 @@ def coerce_plan(plan: TrafficPlan | Mapping[str, Any]) -> TrafficPlan:
 class TrafficRouter(abc.ABC):
     """Splits each model's requests between its versions. Implementations must validate a plan
     completely before changing anything and must leave the live routing unchanged when applying
-    fails."""
+    fails.
+    """
 
     @abc.abstractmethod
     def apply(self, plan: TrafficPlan | Mapping[str, Any]) -> TrafficPlan:
@@ -576,7 +579,8 @@ class NginxRouter(TrafficRouter):
     @classmethod
     def from_nginx_cmd(cls, conf_dir: Path | str, nginx_cmd: Sequence[str], **kwargs: Any) -> "NginxRouter":
         """Router for an NGINX run as ``nginx_cmd`` (argv prefix such as ``nginx -p P -c C``):
-        tests with ``nginx_cmd + ["-t"]``, reloads with ``nginx_cmd + ["-s", "reload"]``."""
+        tests with ``nginx_cmd + ["-t"]``, reloads with ``nginx_cmd + ["-s", "reload"]``.
+        """
         argv = list(nginx_cmd)
         return cls(conf_dir, reload=argv + ["-s", "reload"], test=argv + ["-t", "-q"], **kwargs)
 
@@ -932,7 +936,8 @@ def fallback_model_name(model: str) -> str:
 
 def answered_by(model: str, headers: Mapping[str, str]) -> str:
     """The Triton model that answered a gateway request: the fallback's name when the response
-    carries :data:`FALLBACK_HEADER`, else ``model`` (what the inference log records)."""
+    carries :data:`FALLBACK_HEADER`, else ``model`` (what the inference log records).
+    """
     lowered = {str(k).lower(): v for k, v in dict(headers).items()}
     return str(lowered.get(FALLBACK_HEADER.lower()) or model)
 

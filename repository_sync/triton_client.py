@@ -375,7 +375,8 @@ class TritonModelControl:
 
     def index(self) -> list[dict]:
         """Repository index: one dict per model version known to Triton (name, version, state,
-        reason), including models not loaded."""
+        reason), including models not loaded.
+        """
         return list(self._call("reading the repository index", self.client.get_model_repository_index))
 
     def ready_versions(self, name: str) -> list[int]:

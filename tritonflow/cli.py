@@ -185,7 +185,8 @@ def validate(model_uri: str, sample: str, *, out: str | None = None, name: str |
         return 2, report
 def _drift_backtest(args: argparse.Namespace) -> int:
     """``tritonflow drift backtest``: replay a table through the hourly check (see
-    :mod:`drift_checks.backtest`); prints the summary as JSON."""
+    :mod:`drift_checks.backtest`); prints the summary as JSON.
+    """
     import dataclasses as dc
 
     from drift_checks.backtest import read_table, run_backtest

@@ -19,7 +19,6 @@ import pytest
 
 from tests.plugins import airflow_env
 from tritonflow_plugin.dag_integrity import (
-    EXPECTED_DAG_IDS,
     check_docs_and_tags,
     check_execution_timeouts,
     check_param_descriptions,

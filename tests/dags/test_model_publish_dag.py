@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -109,10 +108,11 @@ def test_invalid_params_are_refused_by_the_trigger_form(publish_dag, param, valu
 
 # ------------------------------------------------------------------------------ dag.test runs
 def _register(tracking_uri: str, name: str) -> int:
-    from tests.pipelines.test_publish_pipeline import churn_data, register
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
+
+    from tests.pipelines.test_publish_pipeline import churn_data, register
 
     X, y = churn_data(n=200, seed=3)
     return register(tracking_uri, name, make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y), X)

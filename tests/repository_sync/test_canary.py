@@ -14,16 +14,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import types
 import urllib.error
 import urllib.request
 
-import numpy as np
 import pytest
 
 from repository_sync.canary import (
-    CONTINUE,
     FAIL,
     INCONCLUSIVE,
     PASS,
@@ -33,8 +30,8 @@ from repository_sync.canary import (
     metrics_scraper,
     parse_steps,
     parse_triton_metrics,
-    preflight_memory,
     preflight_from_settings,
+    preflight_memory,
     run_canary,
     version_window,
 )

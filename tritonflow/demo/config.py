@@ -189,7 +189,8 @@ def _port(preferred: int, taken: set[int]) -> int:
 
 def stop_leftovers(home: Path) -> list[str]:
     """Stop services a previous demo run left behind (pid files under ``home/run`` and
-    ``home/airflow/run``), never by process name."""
+    ``home/airflow/run``), never by process name.
+    """
     from tritonflow.runtime.services import _read_pid, _terminate_group
 
     stopped = []
@@ -260,7 +261,8 @@ def environment(cfg: DemoConfig, ports: Mapping[str, int]) -> dict[str, str]:
 
 def apply_environment(env: Mapping[str, str]) -> None:
     """Export ``env`` (dropping inherited ``AIRFLOW*`` variables) and put the plugins folder and
-    the project on ``PYTHONPATH``."""
+    the project on ``PYTHONPATH``.
+    """
     for key in [k for k in os.environ if k.startswith("AIRFLOW")]:
         del os.environ[key]
     os.environ.update(env)

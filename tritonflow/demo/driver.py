@@ -23,9 +23,17 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from tritonflow.demo.config import LOOP_DAGS, DemoConfig, Progress, _port, apply_environment, environment, stop_leftovers
+from tritonflow.demo.config import (
+    LOOP_DAGS,
+    DemoConfig,
+    Progress,
+    _port,
+    apply_environment,
+    environment,
+    stop_leftovers,
+)
 from tritonflow.demo.traffic import BackgroundTraffic, GatewayClient
-from tritonflow.exceptions import RuntimeStartError, TritonflowError
+from tritonflow.exceptions import RuntimeStartError
 from tritonflow.settings import PROJECT_ROOT
 
 #: Prediction column of the inference log: probability of rain (0-1).

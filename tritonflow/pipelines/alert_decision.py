@@ -180,7 +180,8 @@ def last_retrain_hour(model: str, before: Any, settings: Settings | None = None,
 def shadow_decision(model: str, hour: Any, features: Sequence[str], outcome: str, reasons: Sequence[str],
                     settings: Settings | None = None, *, tags: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The decision after a shadow evaluation: promote, retrain (unless in the logical cooldown), or
-    no retraining when it found nothing wrong."""
+    no retraining when it found nothing wrong.
+    """
     import pandas as pd
 
     s = settings or get_settings()

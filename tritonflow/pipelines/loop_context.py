@@ -164,7 +164,8 @@ def retrain_handoff(model: str, version: Any, *, reason: str, drift_event: Any =
                     window_end: Any = None, dataset_uri: str | None = None, run_id: str | None = None,
                     then: tuple[str, ...] = ("shadow_evaluation",)) -> dict[str, Any]:
     """The conf ``retrain`` hands to ``model_publish``: the new version, its training window as
-    ``dataset_uri`` (validation sample and drift reference from real data) and the drift event."""
+    ``dataset_uri`` (validation sample and drift reference from real data) and the drift event.
+    """
     return LoopContext(model=model, version=str(version), triggered_by="retrain", triggered_by_run=run_id,
                        reason=reason, drift_event=drift_event or None,
                        window_start=None if window_start is None else str(window_start),

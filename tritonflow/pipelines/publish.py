@@ -76,7 +76,6 @@ from tritonflow.exceptions import (
     ServiceUnavailableError,
     SettingsError,
     SignatureVerificationError,
-    TransientError,
 )
 from tritonflow.settings import (
     DEFAULT_SIGNING_KEY_PATH,

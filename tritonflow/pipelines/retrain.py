@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tritonflow.exceptions import DataError, RegistryError, SettingsError, WindowError
-from tritonflow.settings import Settings, get_settings
-
 from tritonflow.pipelines.shadow import drift_event_json, log_root, sha256_file, utc
+from tritonflow.settings import Settings, get_settings
 
 #: Folder under ``settings.home`` holding training windows (``<model>/windows/<hash>.parquet``).
 RETRAIN_DIR = "retrain"

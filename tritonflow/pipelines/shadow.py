@@ -56,8 +56,8 @@ from tritonflow.exceptions import (
     TransientError,
     WindowError,
 )
-from tritonflow.settings import Settings, get_settings
 from tritonflow.pipelines.loop_context import TRAINING_WINDOW_TAG, rejection
+from tritonflow.settings import Settings, get_settings
 
 #: Alias of the serving version.
 CHAMPION_ALIAS = "champion"
@@ -972,7 +972,8 @@ def _record(settings: Settings, model: str, evidence: Mapping[str, Any], evidenc
             report_path: Path, champion: int, challenger: int | None, run_name: str,
             expected_path: str | None = None) -> dict[str, Any]:
     """Tags and artifacts of the decision on the champion and the challenger versions (and the
-    challenger's expected predictions on the challenger, tag :data:`EXPECTED_TAG`)."""
+    challenger's expected predictions on the challenger, tag :data:`EXPECTED_TAG`).
+    """
     registry = _registry(settings)
     compact = json.dumps(evidence, sort_keys=True, separators=(",", ":"), allow_nan=False)
     out: dict[str, Any] = {}

@@ -78,15 +78,24 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
 
     from drift_checks.inference_log import read_window
     from repository_sync.canary_checks import scores_of
+    from repository_sync.coordination import coordination_store
     from repository_sync.locks import promotion_lock
     from repository_sync.mirror import MirrorRecorder
     from repository_sync.router import Mirror, TrafficPlan, wait_live
-    from repository_sync.coordination import coordination_store
     from repository_sync.triton_client import TritonModelControl
     from tritonflow.pipelines.canary import DEFAULT_LIVE_TIMEOUT_S, CanaryEnvironment, default_holder
     from tritonflow.pipelines.shadow import (
-        OUTPUT_PREFIXES, PREDICTIONS_FILE, _as_info, _endpoint, _run_dir,
-        _Served, _settings, log_root, sha256_file, trusted_keys_dir, write_expected,
+        OUTPUT_PREFIXES,
+        PREDICTIONS_FILE,
+        _as_info,
+        _endpoint,
+        _run_dir,
+        _Served,
+        _settings,
+        log_root,
+        sha256_file,
+        trusted_keys_dir,
+        write_expected,
     )
 
     s = _settings(settings)

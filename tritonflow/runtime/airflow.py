@@ -332,7 +332,8 @@ class AirflowConfig:
 
 def _airflow_settings(config: AirflowConfig) -> Settings:
     """Settings whose log and pid folders are the deployment's (``<AIRFLOW_HOME>/{logs,run}``);
-    the start timeout is the environment's (``TRITONFLOW_START_TIMEOUT_S``)."""
+    the start timeout is the environment's (``TRITONFLOW_START_TIMEOUT_S``).
+    """
     return Settings.from_env({}, home=config.home, host=config.host,
                              start_timeout_s=Settings.from_env().start_timeout_s)
 
@@ -393,7 +394,8 @@ class AirflowApiServer(AirflowService):
 
 class AirflowScheduler(AirflowService):
     """``airflow scheduler``; with the LocalExecutor it runs the tasks and serves their logs
-    (on ``worker_log_port``), with Celery the worker does both."""
+    (on ``worker_log_port``), with Celery the worker does both.
+    """
 
     name = "airflow-scheduler"
     health_component = "scheduler"

@@ -93,7 +93,7 @@ class Service:
 
     # -------------------------------------------------------------- subclass interface
     def command(self) -> list[str]:
-        """argv of the service process."""
+        """Argv of the service process."""
         raise NotImplementedError
 
     def ports(self) -> Sequence[int]:
@@ -539,7 +539,7 @@ http {{
 """
 
     def nginx_cmd(self, *args: str) -> list[str]:
-        """argv to run nginx against this gateway's config with extra arguments."""
+        """Argv to run nginx against this gateway's config with extra arguments."""
         return [NGINX_BINARY, "-p", str(self.conf_dir), "-c", str(self.conf_path), *args]
 
     def command(self) -> list[str]:

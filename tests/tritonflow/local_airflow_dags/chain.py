@@ -2,8 +2,10 @@
 ``alert_decision`` XCom), the asset starts a consumer, whose ``TriggerDagRunOperator`` starts a
 target. Used by tests/tritonflow/test_local_airflow.py (no I/O at parse time)."""
 from datetime import datetime, timezone
-from airflow.sdk import Asset, dag, task, get_current_context
+
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import Asset, dag, get_current_context, task
+
 A = Asset(name="tests_alerts", uri="tests://alerts")
 S = datetime(2025, 1, 1, tzinfo=timezone.utc)
 
