@@ -122,7 +122,8 @@ def parse_steps(value: str | Sequence[int], field: str = "canary_steps") -> tupl
         steps.append(int(text))
     if not steps or any(not 1 <= s <= 100 for s in steps):
         raise SettingsError(f"{field}={value!r}: expected percents between 1 and 100")
-    if any(b <= a for a, b in zip(steps, steps[1:])):
+    # consecutive pairs: the shorter steps[1:] ends the pairing on purpose
+    if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
         raise SettingsError(f"{field}={value!r}: steps must increase strictly")
     if steps[-1] != 100:
         raise SettingsError(f"{field}={value!r}: the last step must be 100 (full promotion)")
@@ -391,7 +392,7 @@ def run_canary(
         outcome = "rolled_back" if rec.gateway_ok else "rollback_failed"
         return CanaryResult(model, champion, challenger, outcome, reason, steps, rec, analyses)
 
-    for index, (percent, plan) in enumerate(zip(policy.steps, plans), start=1):
+    for index, (percent, plan) in enumerate(zip(policy.steps, plans, strict=True), start=1):
         try:
             apply_plan(plan)
         except Exception as exc:  # noqa: BLE001 -- the gateway kept the previous step; roll back

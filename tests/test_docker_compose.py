@@ -339,7 +339,7 @@ def test_every_referenced_file_exists(services):
             dockerfile = context / (build.get("dockerfile", "Dockerfile") if isinstance(build, dict) else "Dockerfile")
             assert dockerfile.is_file(), f"{name}: Dockerfile {dockerfile} missing"
         mounts = bind_mounts(svc)
-        for target, source in mounts.items():
+        for source in mounts.values():
             assert (ROOT / source).exists(), f"{name}: bind mount source {source} missing"
         for arg in argv_of(svc.get("entrypoint")) + argv_of(svc.get("command")):
             if arg.endswith((".sh", ".sql", ".py")) and arg.startswith("/"):

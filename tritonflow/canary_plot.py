@@ -128,7 +128,7 @@ def plot_canary(analyses: Sequence[Mapping[str, Any]], path: str | Path, *, titl
 
     failed = [a for a in analyses if a.get("verdict") == "fail"]
     for ax in (ax_err, ax_lat, ax_pred):
-        for start, label in step_boundaries(analyses):
+        for start, _label in step_boundaries(analyses):
             ax.axvline(start - t0, color="grey", lw=0.8, ls="--")
         for a in failed:
             ax.axvline(float(a["window_end"]) - t0, color="red", lw=1.2)

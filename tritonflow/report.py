@@ -165,7 +165,7 @@ def plot_performance(folder: Path, perf: pd.DataFrame, summary: Mapping[str, Any
         return None
     plt = _plt()
     fig, axes = plt.subplots(2, 1, figsize=(9, 5), sharex=True)
-    for ax, metric in zip(axes, ("auc", "accuracy")):
+    for ax, metric in zip(axes, ("auc", "accuracy"), strict=True):
         ax.plot(perf["hour"], perf[f"served_{metric}"], color="tab:green", label="served (tritonflow loop)")
         ax.plot(perf["hour"], perf[f"baseline_{metric}"], color="tab:gray", ls="--",
                 label="never-retrained champion (offline)")
@@ -203,7 +203,7 @@ def plot_timings(folder: Path, rows: Sequence[tuple[str, float]]) -> str | None:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
-    labels, values = zip(*rows)
+    labels, values = zip(*rows, strict=True)
     ax.barh(range(len(rows)), values, color="tab:blue")
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.invert_yaxis()
@@ -250,8 +250,8 @@ def write_report(folder: Path, summary: Mapping[str, Any], traffic: pd.DataFrame
     if not traffic.empty:
         traffic.to_parquet(folder / "traffic.parquet", index=False)
     loops = summary.get("closed_loops", [])
-    loop_html = ("".join(f"<li>drift alert at logical hour {l['alert_hour']} &rarr; version {l['to']} "
-                         f"promoted (was {l['from']}): <b>{l['seconds']:.1f} s</b></li>" for l in loops)
+    loop_html = ("".join(f"<li>drift alert at logical hour {loop['alert_hour']} &rarr; version {loop['to']} "
+                         f"promoted (was {loop['from']}): <b>{loop['seconds']:.1f} s</b></li>" for loop in loops)
                  or "<li>no challenger was promoted in this run</li>")
     imgs = "".join(f'<img src="{f}" alt="{f}"><br>' for f in drift_files)
     events = [{k: v for k, v in e.items() if k not in ("wall", "steps", "conf")} for e in summary.get("events", [])]

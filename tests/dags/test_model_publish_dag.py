@@ -130,7 +130,7 @@ def _run_dag(tmp_path, airflow_home, conf: dict, env: dict, timeout: int) -> dic
         env=airflow_env.subprocess_env(AIRFLOW__CORE__DAGS_FOLDER=str(dags), **env),
         capture_output=True, text=True, timeout=timeout,
     )
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     (tmp_path / "run.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT "):])

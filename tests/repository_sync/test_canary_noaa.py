@@ -78,7 +78,7 @@ class Traffic:
         served = self.rng.choice(versions, size=n, p=p)
         frame = self.rows.loc[idx, self.features].reset_index(drop=True)
         frame["model_version"] = served
-        frame["probability_rain"] = [self.scores[v][i] for v, i in zip(served, idx)]
+        frame["probability_rain"] = [self.scores[v][i] for v, i in zip(served, idx, strict=True)]
         frame["rain"] = self.rows.loc[idx, "rain"].to_numpy(dtype=float)
         frame["t"] = self.t + np.linspace(0, seconds, n, endpoint=False)
         self.log.append(frame)

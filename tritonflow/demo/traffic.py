@@ -180,7 +180,7 @@ class GatewayClient:
         """
         futures = [self.pool.submit(self.infer_rows, frame.iloc[[i]], rid)
                    for i, rid in enumerate(request_ids)]
-        rows = [{"request_id": rid, **f.result()} for rid, f in zip(request_ids, futures)]
+        rows = [{"request_id": rid, **f.result()} for rid, f in zip(request_ids, futures, strict=True)]
         return pd.DataFrame(rows)
 
 

@@ -51,7 +51,7 @@ def _shape_ok(config_dims, onnx_shape, batched):
         return True
     if len(onnx_shape) != len(expected):
         return False
-    for i, (want, have) in enumerate(zip(expected, onnx_shape)):
+    for i, (want, have) in enumerate(zip(expected, onnx_shape, strict=True)):
         fixed = isinstance(have, int) and have > 0
         if batched and i == 0:
             if fixed and have != 1:
@@ -194,7 +194,7 @@ class TritonPythonModel:
         tensors = [
             pb_utils.Tensor(name, _to_bytes(value) if dtype == np.object_
                             else np.ascontiguousarray(value.astype(dtype, copy=False)))
-            for (name, dtype), value in zip(self.outputs, results)
+            for (name, dtype), value in zip(self.outputs, results, strict=True)
             if name in wanted
         ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
