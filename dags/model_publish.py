@@ -89,10 +89,11 @@ PARAMS = {
                         description="Triton model repository: a folder or s3://http://host:port/bucket/prefix "
                                     "(empty: TRITONFLOW_REPOSITORY_URI, else the local repository)."),
     "atol": Param(None, type=["null", "number"], minimum=0,
-                  description="Parity gate absolute tolerance per output element (|onnx - source| <= atol + rtol*|source|); "
-                              "empty: TRITONFLOW_PARITY_ATOL in effect."),
+                  description="Parity gate absolute tolerance per output element "
+                              "(|onnx - source| <= atol + rtol*|source|); empty: TRITONFLOW_PARITY_ATOL in effect."),
     "rtol": Param(None, type=["null", "number"], minimum=0,
-                  description="Parity gate relative tolerance per output element (empty: TRITONFLOW_PARITY_RTOL in effect)."),
+                  description="Parity gate relative tolerance per output element "
+                              "(empty: TRITONFLOW_PARITY_RTOL in effect)."),
     "max_batch_size": Param(32, type="integer", minimum=0, maximum=MAX_BATCH_SIZE,
                             description="Largest batch Triton may form (0: no batching); also the ceiling "
                                         "of the profiling sweep."),

@@ -75,9 +75,11 @@ PARAMS = {
     "window_end": Param(None, type=["null", "string"],
                         description="End of the training window, ISO 8601 (empty: the drift event's end, else now)."),
     "mix_reference_fraction": Param(None, type=["null", "number"], minimum=0, exclusiveMaximum=1,
-                                    description="Share of reference rows in the window (empty: TRITONFLOW_RETRAIN_MIX_REFERENCE_FRACTION)."),
+                                    description="Share of reference rows in the window "
+                                                "(empty: TRITONFLOW_RETRAIN_MIX_REFERENCE_FRACTION)."),
     "entry_point": Param(None, type=["null", "string"],
-                         description="Training entry point 'module:function' or 'project:<uri>[#entry]' (empty: configured)."),
+                         description="Training entry point 'module:function' or 'project:<uri>[#entry]' "
+                                     "(empty: configured)."),
     "training_params": Param({}, type="object",
                              description="Parameters passed to the training entry point."),
     "label_column": Param(None, type=["null", "string"],
@@ -148,7 +150,10 @@ def retrain():
         context = get_current_context()
         params, ti = context["params"], context["ti"]
         loop = window.get("loop") or {}
-        reason = loop.get("reason") if loop.get("reason") and params.get("reason") == "manual" else _reason(params, context)
+        if loop.get("reason") and params.get("reason") == "manual":
+            reason = loop.get("reason")
+        else:
+            reason = _reason(params, context)
         drift_event = params.get("drift_event") or loop.get("drift_event")
         try:
             result = run_training(

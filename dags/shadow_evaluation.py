@@ -88,13 +88,16 @@ PARAMS = {
     "confidence": Param(None, type=["null", "number"], exclusiveMinimum=0, exclusiveMaximum=1,
                         description="Two-sided confidence of the bootstrap (empty: TRITONFLOW_SHADOW_CONFIDENCE)."),
     "margin": Param(None, type=["null", "number"], minimum=0,
-                    description="Improvement the challenger needs at the lower bound (empty: TRITONFLOW_SHADOW_MARGIN)."),
+                    description="Improvement the challenger needs at the lower bound "
+                                "(empty: TRITONFLOW_SHADOW_MARGIN)."),
     "label_column": Param(None, type=["null", "string"],
                           description="Label column of the inference-log labels (empty: their only one)."),
     "mode": Param("replay", type="string", enum=["replay", "live"],
-                  description="replay: logged inputs through both versions; live: mirror live requests to the challenger."),
+                  description="replay: logged inputs through both versions; "
+                              "live: mirror live requests to the challenger."),
     "live_duration_s": Param(None, type=["null", "number"], exclusiveMinimum=0, maximum=1500,
-                             description="Live mode: seconds of mirrored traffic (empty: TRITONFLOW_SHADOW_LIVE_DURATION_S)."),
+                             description="Live mode: seconds of mirrored traffic "
+                                         "(empty: TRITONFLOW_SHADOW_LIVE_DURATION_S)."),
     "drift_event": Param(None, type=["null", "string"],
                          description="JSON of a drift event to evaluate (manual re-run of an alert; empty: none)."),
     "loop": Param(None, type=["null", "object"],

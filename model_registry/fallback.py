@@ -187,7 +187,8 @@ class FallbackGateResult:
 
 
 def gate(quantized: str | Path | Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
-         feeds: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray], *, atol: float, rtol: float, min_label_agreement: float, model_name: str) -> FallbackGateResult:
+         feeds: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray], *, atol: float, rtol: float,
+         min_label_agreement: float, model_name: str) -> FallbackGateResult:
     """The fallback parity gate: quantized model vs the source model's outputs, looser tolerances.
 
     Same element comparison as the main gate (:func:`model_registry.parity.parity_check`: a row of
@@ -240,8 +241,8 @@ def _load(name: str, version: int, feeds: Mapping[str, np.ndarray],
           settings: Settings, triton_url: str | None = None) -> dict:
     """THE Triton load call of the fallback (one call site): the same model-control path as the
     version itself (verify the signature, reconcile the model's desired versions under its shared
-    model-control lease, wait READY, send the sample), then ``check(served outputs)``; a non-empty answer unloads the version
-    again and raises :class:`ParityError` with it. Swap this body when model control changes;
+    model-control lease, wait READY, send the sample), then ``check(served outputs)``; a non-empty
+    answer unloads the version again and raises :class:`ParityError` with it. Swap this body when model control changes;
     nothing else loads fallbacks.
 
     Returns:
@@ -362,8 +363,9 @@ def _build_and_serve(state: Mapping[str, Any], result: FallbackResult, s: Settin
         return "" if check.passed else "as served by Triton: " + check.describe_failures(result.triton_model_name)
 
     try:
-        info = _load(result.triton_model_name, result.version, sent, served_gate, repository_uri=state["repository_uri"],
-              trusted_keys=str(keys.trusted_dir), settings=s, triton_url=triton_url)
+        info = _load(result.triton_model_name, result.version, sent, served_gate,
+                     repository_uri=state["repository_uri"], trusted_keys=str(keys.trusted_dir), settings=s,
+                     triton_url=triton_url)
     except (ServiceUnavailableError, TransientError, SignatureVerificationError):
         raise
     except DataError as exc:  # Triton refused the INT8 model, or what it serves fails the gate

@@ -169,7 +169,9 @@ def exact_integer(value: Any, datatype: str = "INT64") -> int:
     return out
 
 
-def frame_to_inputs(frame, specs: Sequence[InputSpec]) -> tuple[dict[str, np.ndarray], list[int], list[tuple[int, str]]]:
+def frame_to_inputs(
+    frame, specs: Sequence[InputSpec]
+) -> tuple[dict[str, np.ndarray], list[int], list[tuple[int, str]]]:
     """Build request tensors from a pandas DataFrame, refusing bad rows instead of coercing them.
 
     Each input is taken from the column of the same name (per-row dims ``[1]`` or ``[]``). With a
@@ -543,7 +545,9 @@ class TritonModelControl:
         }
 
     # ------------------------------------------------------------------ inference
-    def infer(self, name: str, version: int, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def infer(
+        self, name: str, version: int, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
         """Run one inference request and return the outputs as numpy arrays.
 
         Args:

@@ -255,21 +255,25 @@ def write_report(folder: Path, summary: Mapping[str, Any], traffic: pd.DataFrame
                  or "<li>no challenger was promoted in this run</li>")
     imgs = "".join(f'<img src="{f}" alt="{f}"><br>' for f in drift_files)
     events = [{k: v for k, v in e.items() if k not in ("wall", "steps", "conf")} for e in summary.get("events", [])]
+    event_columns = ["kind", "t", "hour", "version", "state", "outcome", "seconds", "features", "rolled_back",
+                     "closed_loop_s"]
+    hour_columns = ["hour", "start", "first_day", "last_day", "rows", "versions", "drift", "drift_features", "acted"]
     doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>tritonflow demo report</title>
 <style>body{{font-family:sans-serif;max-width:1000px;margin:auto}} table{{border-collapse:collapse;font-size:12px}}
 td,th{{border:1px solid #ccc;padding:2px 6px}} img{{max-width:100%}}</style></head><body>
 <h1>tritonflow demo on NOAA weather data</h1>
 <p>{html.escape(summary.get('mapping', ''))}. Wall time {summary.get('wall_s', 0):.0f} s.</p>
 <h2>Closed loop: drift alert &rarr; promoted challenger</h2>
-<ul>{loop_html}</ul><p>Issue 8 benchmark: reference 23 minutes in a comparable production loop, goal under 5 minutes.</p>
+<ul>{loop_html}</ul>
+<p>Issue 8 benchmark: reference 23 minutes in a comparable production loop, goal under 5 minutes.</p>
 <h2>Which version served when</h2>{f'<img src="{served}">' if served else '<p>no traffic</p>'}
 <h2>Quality of what was served vs a never-retrained champion</h2>{f'<img src="{perf_file}">' if perf_file else ''}
 <h2>Drift statistics against their dynamic P95 thresholds</h2>{imgs or '<p>no drift history</p>'}
 <h2>Timings</h2>{f'<img src="{timing_file}">' if timing_file else ''}
 {_table([{'what': a, 'seconds': b} for a, b in timings], ['what', 'seconds'])}
-<h2>Events</h2>{_table(events, ['kind', 't', 'hour', 'version', 'state', 'outcome', 'seconds', 'features', 'rolled_back', 'closed_loop_s'])}
+<h2>Events</h2>{_table(events, event_columns)}
 <h2>DAG runs</h2>{_table(summary.get('dag_runs', []), ['dag_id', 'state', 'seconds'])}
-<h2>Logical hours</h2>{_table(summary.get('hours', []), ['hour', 'start', 'first_day', 'last_day', 'rows', 'versions', 'drift', 'drift_features', 'acted'])}
+<h2>Logical hours</h2>{_table(summary.get('hours', []), hour_columns)}
 </body></html>"""
     path = folder / "index.html"
     path.write_text(doc)

@@ -66,7 +66,8 @@ def triton_metrics_text(counters: dict[str, dict[str, float]], model: str = MODE
         "# TYPE nv_inference_request_failure counter",
     ]
     for v, c in counters.items():
-        lines.append(f'nv_inference_request_failure{{model="{model}",reason="BACKEND",version="{v}"}} {c.get("failure", 0)}')
+        lines.append(f'nv_inference_request_failure{{model="{model}",reason="BACKEND",version="{v}"}} '
+                     f'{c.get("failure", 0)}')
         lines.append(f'nv_inference_request_failure{{model="{model}",reason="REJECTED",version="{v}"}} 0')
     lines += [
         "# HELP nv_inference_count Number of inferences performed (does not include cached requests)",

@@ -360,7 +360,9 @@ def load_dataset(dataset_uri: str, download_dir: str | os.PathLike[str] | None =
     raise DataError(f"dataset_uri={dataset_uri!r} has suffix {suffix!r}; expected .csv, .parquet or .pq")
 
 
-def _feature_columns(inputs: Sequence[Any], model_io: Any, sample: Mapping[str, Any]) -> list[tuple[str, str, int | None]]:
+def _feature_columns(
+    inputs: Sequence[Any], model_io: Any, sample: Mapping[str, Any]
+) -> list[tuple[str, str, int | None]]:
     """``(column, input tensor, position or None)`` (:func:`model_registry.gate.feature_columns`)."""
     from model_registry.gate import feature_columns
 
@@ -374,7 +376,8 @@ def _write_npz(path: Path, arrays: Mapping[str, Any]) -> None:
     def plain(v: Any) -> Any:
         arr = np.asarray(v)
         if arr.dtype == object:
-            return np.array([x.decode() if isinstance(x, bytes) else str(x) for x in arr.reshape(-1)]).reshape(arr.shape)
+            text = [x.decode() if isinstance(x, bytes) else str(x) for x in arr.reshape(-1)]
+            return np.array(text).reshape(arr.shape)
         return arr
 
     with open(path, "wb") as fh:
@@ -443,7 +446,8 @@ def convert_and_validate(
         settings: Settings (default: from the environment).
 
     Returns:
-        ``resolved`` plus ``model_filename``, ``export_format``, ``provenance``, ``model_path``, ``config_path``, ``parity_report_path``,
+        ``resolved`` plus ``model_filename``, ``export_format``, ``provenance``, ``model_path``,
+        ``config_path``, ``parity_report_path``,
         ``validation_report_path``, ``sample_path``, ``expected_path``, ``reference_frame_path``,
         ``reference_source``, ``parity`` (per output ``max_abs``/``max_rel``/``label_agreement``),
         ``checks``, ``config_summary``, ``instance_plan``, ``max_batch_size`` (served), ``atol``,

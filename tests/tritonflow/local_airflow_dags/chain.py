@@ -15,7 +15,8 @@ def chain_source():
     def emit():
         ctx = get_current_context()
         ctx["outlet_events"][A].extra = {"x": 1}
-        ctx["ti"].xcom_push(key="alert_decision", value={"hour": 3, "features": ["f"], "decision": "act", "reason": "r"})
+        decision = {"hour": 3, "features": ["f"], "decision": "act", "reason": "r"}
+        ctx["ti"].xcom_push(key="alert_decision", value=decision)
         return {"start": str(ctx["data_interval_start"]), "end": str(ctx["data_interval_end"])}
     emit()
 chain_source()
