@@ -239,7 +239,9 @@ def fallback_config(config_text: str, fallback_name: str) -> str:
 def _load(name: str, version: int, feeds: Mapping[str, np.ndarray],
           check: Callable[[Mapping[str, np.ndarray]], str], *, repository_uri: str, trusted_keys: str,
           settings: Settings, triton_url: str | None = None) -> dict:
-    """THE Triton load call of the fallback (one call site): the same model-control path as the
+    """Load the fallback on Triton through the version's own model-control path.
+
+    THE Triton load call of the fallback (one call site): the same model-control path as the
     version itself (verify the signature, reconcile the model's desired versions under its shared
     model-control lease, wait READY, send the sample), then ``check(served outputs)``; a non-empty
     answer unloads the version again and raises :class:`ParityError` with it. Swap this body when model control changes;

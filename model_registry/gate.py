@@ -111,7 +111,9 @@ def source_input(model_io: Any, inputs: Sequence[Any], sample: Mapping[str, Any]
 
 
 def signature_frame(data: Any, model_io: Any, columns: Sequence[str]):
-    """``data[columns]`` with the signature's dtypes where they cast (MLflow's schema enforcement
+    """Select the signature's columns, cast to its dtypes where they cast.
+
+    ``data[columns]`` with the signature's dtypes where they cast (MLflow's schema enforcement
     refuses e.g. float values in a "long" column).
     """
     frame = data[list(columns)].reset_index(drop=True)
@@ -205,7 +207,9 @@ class GateResult:
         return not self.failure
 
     def parity_doc(self, model_uri: str, atol: float, rtol: float, min_label_agreement: float) -> dict[str, Any]:
-        """The parity report (``parity_report.json``): rows checked, per output max abs/rel
+        """Build the parity report (``parity_report.json``).
+
+        The parity report (``parity_report.json``): rows checked, per output max abs/rel
         difference, per class differences, label flips, worst rows, and the threshold probes.
         """
         return {"model_uri": model_uri, "source": "mlflow.pyfunc", "atol": atol, "rtol": rtol,

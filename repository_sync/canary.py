@@ -221,7 +221,9 @@ class CanaryPolicy:
 
     @property
     def hard_confidence(self) -> float:
-        """Confidence of the hard checks' error-rate bound: ``confidence`` with its error level
+        """Per-analysis confidence of the hard checks (Bonferroni over one bake).
+
+        Confidence of the hard checks' error-rate bound: ``confidence`` with its error level
         split over the analyses of one bake (Bonferroni), since every analysis is another look at
         the same step: ``1 - (1 - confidence) / ceil(bake_s / analysis_interval_s)``.
         """
@@ -490,7 +492,9 @@ def model_files_bytes(path: Path | str) -> int:
 
 
 def host_available_bytes(meminfo_path: Path | str = "/proc/meminfo") -> int:
-    """``MemAvailable`` from ``/proc/meminfo`` in bytes (the kernel's estimate of memory that can
+    """Read ``MemAvailable`` from ``/proc/meminfo``, in bytes.
+
+    ``MemAvailable`` from ``/proc/meminfo`` in bytes (the kernel's estimate of memory that can
     be allocated without swapping, see proc(5)).
 
     Raises:

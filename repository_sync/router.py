@@ -244,8 +244,10 @@ class TrafficPlan:
         sticky_header: str | None = None,
         name: str = "",
     ) -> "TrafficPlan":
-        """Build a plan from ``{version: percent}`` (insertion order kept; first is the champion
-        unless ``champion`` says otherwise).
+        """Build a plan from ``{version: percent}``.
+
+        Insertion order is kept; the first version is the champion unless ``champion`` says
+        otherwise.
         """
         return cls(
             model=model,
@@ -280,7 +282,9 @@ class TrafficPlan:
 
     @classmethod
     def single(cls, model: str, version: int, *, name: str = "", mirror: Mirror | None = None) -> "TrafficPlan":
-        """All requests of ``model`` to ``version`` (the rollback plan; with ``mirror``, the live
+        """Build a plan that sends all requests of ``model`` to one version.
+
+        All requests of ``model`` to ``version`` (the rollback plan; with ``mirror``, the live
         shadow plan).
         """
         return cls(model=model, routes=(Route(version, 100),), champion=version, name=name, mirror=mirror)
@@ -399,9 +403,10 @@ def coerce_plan(plan: TrafficPlan | Mapping[str, Any]) -> TrafficPlan:
 
 # ----------------------------------------------------------------------------------- interface
 class TrafficRouter(abc.ABC):
-    """Splits each model's requests between its versions. Implementations must validate a plan
-    completely before changing anything and must leave the live routing unchanged when applying
-    fails.
+    """Splits each model's requests between its versions.
+
+    Implementations must validate a plan completely before changing anything and must leave the
+    live routing unchanged when applying fails.
     """
 
     @abc.abstractmethod
@@ -578,7 +583,9 @@ class NginxRouter(TrafficRouter):
 
     @classmethod
     def from_nginx_cmd(cls, conf_dir: Path | str, nginx_cmd: Sequence[str], **kwargs: Any) -> "NginxRouter":
-        """Router for an NGINX run as ``nginx_cmd`` (argv prefix such as ``nginx -p P -c C``):
+        """Build a router for an NGINX run as ``nginx_cmd``.
+
+        Router for an NGINX run as ``nginx_cmd`` (argv prefix such as ``nginx -p P -c C``):
         tests with ``nginx_cmd + ["-t"]``, reloads with ``nginx_cmd + ["-s", "reload"]``.
         """
         argv = list(nginx_cmd)
@@ -935,7 +942,9 @@ def fallback_model_name(model: str) -> str:
 
 
 def answered_by(model: str, headers: Mapping[str, str]) -> str:
-    """The Triton model that answered a gateway request: the fallback's name when the response
+    """Name the Triton model that answered a gateway request.
+
+    The Triton model that answered a gateway request: the fallback's name when the response
     carries :data:`FALLBACK_HEADER`, else ``model`` (what the inference log records).
     """
     lowered = {str(k).lower(): v for k, v in dict(headers).items()}

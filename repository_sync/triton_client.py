@@ -376,7 +376,9 @@ class TritonModelControl:
             raise ServiceUnavailableError(f"Triton at {self.url} unreachable while {what}: {exc}") from exc
 
     def index(self) -> list[dict]:
-        """Repository index: one dict per model version known to Triton (name, version, state,
+        """Read Triton's repository index.
+
+        Repository index: one dict per model version known to Triton (name, version, state,
         reason), including models not loaded.
         """
         return list(self._call("reading the repository index", self.client.get_model_repository_index))
@@ -692,7 +694,9 @@ class TritonModelControl:
         atol: float = 1e-5,
         rtol: float = 1e-5,
     ) -> tuple[dict, SmokeResult]:
-        """:meth:`load` then :meth:`smoke_test`; on a failed smoke test the version is removed
+        """Load a version and smoke-test it, removing it again when the test fails.
+
+        :meth:`load` then :meth:`smoke_test`; on a failed smoke test the version is removed
         from the desired set again (the others stay), then the error is raised.
 
         Returns:

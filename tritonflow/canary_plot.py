@@ -1,4 +1,6 @@
-"""A canary over time, in one picture: error rate, latency and the prediction statistic of every
+"""Plot a canary over time in one picture.
+
+A canary over time, in one picture: error rate, latency and the prediction statistic of every
 analysis, with their thresholds and the step boundaries (matplotlib, Agg backend).
 
 :func:`plot_canary` takes the analyses a canary recorded (``StepAnalysis.to_dict()`` of every

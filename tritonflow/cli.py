@@ -184,7 +184,9 @@ def validate(model_uri: str, sample: str, *, out: str | None = None, name: str |
         report.update(passed=False, failure=f"could not run: {type(exc).__name__}: {exc}")
         return 2, report
 def _drift_backtest(args: argparse.Namespace) -> int:
-    """``tritonflow drift backtest``: replay a table through the hourly check (see
+    """Run ``tritonflow drift backtest``.
+
+    ``tritonflow drift backtest``: replay a table through the hourly check (see
     :mod:`drift_checks.backtest`); prints the summary as JSON.
     """
     import dataclasses as dc

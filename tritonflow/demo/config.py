@@ -188,7 +188,9 @@ def _port(preferred: int, taken: set[int]) -> int:
 
 
 def stop_leftovers(home: Path) -> list[str]:
-    """Stop services a previous demo run left behind (pid files under ``home/run`` and
+    """Stop services a previous demo run left behind.
+
+    Stop services a previous demo run left behind (pid files under ``home/run`` and
     ``home/airflow/run``), never by process name.
     """
     from tritonflow.runtime.services import _read_pid, _terminate_group
@@ -260,7 +262,9 @@ def environment(cfg: DemoConfig, ports: Mapping[str, int]) -> dict[str, str]:
 
 
 def apply_environment(env: Mapping[str, str]) -> None:
-    """Export ``env`` (dropping inherited ``AIRFLOW*`` variables) and put the plugins folder and
+    """Export the demo's environment into this process.
+
+    Export ``env`` (dropping inherited ``AIRFLOW*`` variables) and put the plugins folder and
     the project on ``PYTHONPATH``.
     """
     for key in [k for k in os.environ if k.startswith("AIRFLOW")]:

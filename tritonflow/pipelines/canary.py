@@ -488,7 +488,9 @@ def _repository_versions(storage: Any, name: str) -> list[int]:
 
 
 def _delete_repository_version(storage: Any, name: str, version: int) -> None:
-    """Remove ``<name>/<version>/`` from the repository (filesystem: renamed to a dot-folder Triton
+    """Remove one model version from the repository.
+
+    Remove ``<name>/<version>/`` from the repository (filesystem: renamed to a dot-folder Triton
     ignores, then deleted, so a half-deleted version is never visible; S3: every object).
     """
     from repository_sync.storage import FileSystemStorage

@@ -166,7 +166,9 @@ def _scan(model: str, start, end, schema, settings: Settings):
 
 
 def streamed_summary(scan, prepared, settings: Settings | None = None):
-    """The summary of a window above ``drift_exact_max_rows`` (bin counts, sketches, contract
+    """Summarise a window too large for the exact statistics.
+
+    The summary of a window above ``drift_exact_max_rows`` (bin counts, sketches, contract
     facts; constant memory), computed once and stored so reruns decide from the same sketches.
 
     ``TRITONFLOW_DRIFT_ENGINE=local`` streams the files in this process's workers
@@ -233,7 +235,9 @@ def _strategy_reference(model: str, version: int, ref, t0, t1, strategy_name: st
 
 def check_model_hour(model: str, version: int, start: Any, end: Any,
                      settings: Settings | None = None, reference_strategy: str | None = None) -> dict[str, Any]:
-    """The hourly drift check of one model version (critical path: contract, statistics,
+    """Run the hourly drift check of one model version.
+
+    The hourly drift check of one model version (critical path: contract, statistics,
     thresholds, verdict, alert policy, history).
 
     Args:
@@ -300,7 +304,9 @@ def check_model_hour(model: str, version: int, start: Any, end: Any,
 
 def evidently_for_hour(model: str, version: int, start: Any, end: Any,
                        settings: Settings | None = None, sample_rows: int | None = None) -> dict[str, Any]:
-    """Evidently ``DataDriftPreset`` report of the hour on seeded samples (its own step, beside
+    """Build the Evidently data-drift report of one hour.
+
+    Evidently ``DataDriftPreset`` report of the hour on seeded samples (its own step, beside
     the check; it never changes the verdict).
 
     Args:
@@ -493,7 +499,9 @@ def drifting_features(summary: Mapping[str, Any]) -> list[str]:
 
 
 def drift_event(summary: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The ``extra`` of the DRIFT_ALERTS asset event, or ``None`` when no drift alert fired for
+    """Build the drift alert's asset-event ``extra``, if an alert fired.
+
+    The ``extra`` of the DRIFT_ALERTS asset event, or ``None`` when no drift alert fired for
     the hour (the alert policy's decision) or its data contract failed.
 
     Returns:

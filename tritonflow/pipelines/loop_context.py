@@ -145,7 +145,9 @@ def _base(value: Any) -> dict[str, Any]:
 
 def publish_handoff(summary: Mapping[str, Any], *, triggered_by: str = "model_publish",
                     run_id: str | None = None) -> dict[str, Any]:
-    """The conf ``model_publish`` hands to its ``then`` DAGs: the published version plus the
+    """Build the conf ``model_publish`` hands to its ``then`` DAGs.
+
+    The conf ``model_publish`` hands to its ``then`` DAGs: the published version plus the
     context it arrived with (drift event, window, training window, reason).
 
     Args:
@@ -163,7 +165,9 @@ def publish_handoff(summary: Mapping[str, Any], *, triggered_by: str = "model_pu
 def retrain_handoff(model: str, version: Any, *, reason: str, drift_event: Any = None, window_start: Any = None,
                     window_end: Any = None, dataset_uri: str | None = None, run_id: str | None = None,
                     then: tuple[str, ...] = ("shadow_evaluation",)) -> dict[str, Any]:
-    """The conf ``retrain`` hands to ``model_publish``: the new version, its training window as
+    """Build the conf ``retrain`` hands to ``model_publish``.
+
+    The conf ``retrain`` hands to ``model_publish``: the new version, its training window as
     ``dataset_uri`` (validation sample and drift reference from real data) and the drift event.
     """
     return LoopContext(model=model, version=str(version), triggered_by="retrain", triggered_by_run=run_id,

@@ -574,7 +574,9 @@ def _run_dir(settings: Settings, model: str) -> Path:
 
 def write_expected(run_dir: Path, rows: Any, scores: np.ndarray, info: Mapping[str, Any],
                    source: str) -> dict[str, Any]:
-    """Write the challenger's expected predictions: ``request_id``, ``timestamp``,
+    """Write the challenger's expected predictions.
+
+    Write the challenger's expected predictions: ``request_id``, ``timestamp``,
     ``expected_score``, ``source`` and the inputs of each row (the signature's columns, else the
     log's numeric columns that are not outputs).
 
@@ -971,7 +973,9 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
 def _record(settings: Settings, model: str, evidence: Mapping[str, Any], evidence_path: Path,
             report_path: Path, champion: int, challenger: int | None, run_name: str,
             expected_path: str | None = None) -> dict[str, Any]:
-    """Tags and artifacts of the decision on the champion and the challenger versions (and the
+    """Record the shadow decision on the champion and challenger versions.
+
+    Tags and artifacts of the decision on the champion and the challenger versions (and the
     challenger's expected predictions on the challenger, tag :data:`EXPECTED_TAG`).
     """
     registry = _registry(settings)

@@ -1,4 +1,6 @@
-"""Shadow evaluation, live mode: the challenger answers a mirrored share of the champion's live
+"""Shadow evaluation, live mode: the challenger answers mirrored live requests.
+
+Shadow evaluation, live mode: the challenger answers a mirrored share of the champion's live
 requests; champion and challenger outputs are paired by request id on the same live inputs.
 
 :func:`live` replaces :func:`tritonflow.pipelines.shadow.replay` when a model has live traffic

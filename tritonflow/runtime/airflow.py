@@ -331,7 +331,9 @@ class AirflowConfig:
 
 
 def _airflow_settings(config: AirflowConfig) -> Settings:
-    """Settings whose log and pid folders are the deployment's (``<AIRFLOW_HOME>/{logs,run}``);
+    """Settings for the Airflow deployment's own services.
+
+    Settings whose log and pid folders are the deployment's (``<AIRFLOW_HOME>/{logs,run}``);
     the start timeout is the environment's (``TRITONFLOW_START_TIMEOUT_S``).
     """
     return Settings.from_env({}, home=config.home, host=config.host,
@@ -393,7 +395,9 @@ class AirflowApiServer(AirflowService):
 
 
 class AirflowScheduler(AirflowService):
-    """``airflow scheduler``; with the LocalExecutor it runs the tasks and serves their logs
+    """The ``airflow scheduler`` service.
+
+    ``airflow scheduler``; with the LocalExecutor it runs the tasks and serves their logs
     (on ``worker_log_port``), with Celery the worker does both.
     """
 
