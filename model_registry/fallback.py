@@ -201,8 +201,11 @@ def gate(quantized: str | Path | Callable[[Mapping[str, np.ndarray]], Mapping[st
     Args:
         quantized: The quantized ONNX file, or ``feeds -> {output: array}`` (e.g. the answers
             Triton served for ``feeds``).
-        feeds: ``{input: array [N, ...]}``. expected: The source model's ``{output: array [N, ...]}``.
-        atol, rtol: Per element. min_label_agreement: Share 0-1 of rows within tolerance, per output.
+        feeds: ``{input: array [N, ...]}``.
+        expected: The source model's ``{output: array [N, ...]}``.
+        atol: Absolute tolerance per element (``|a - b| <= atol + rtol * |b|``).
+        rtol: Relative tolerance per element.
+        min_label_agreement: Share 0-1 of rows within tolerance, per output.
         model_name: Used in messages.
 
     Returns:

@@ -358,7 +358,9 @@ def run_canary(
     seconds slept, so an analysis never shortens it.
 
     Args:
-        model, champion, challenger: Model name and the two Triton versions (both loaded).
+        model: Model name.
+        champion: Champion's Triton version (loaded).
+        challenger: Challenger's Triton version (loaded).
         policy: Steps, bake time, analysis interval and thresholds.
         apply_plan: Makes a :class:`TrafficPlan` live (e.g. ``NginxRouter.apply``).
         scrape_metrics: Returns Triton's metrics text (e.g. :func:`metrics_scraper`); raising
@@ -368,7 +370,8 @@ def run_canary(
             (e.g. from the inference log); ``None`` skips the output checks.
         expected: The challenger's expected behaviour (shadow or mirrored predictions).
         coverage_reference: The drift reference for the feature-space coverage.
-        sleep, clock: Injected for tests (``time.sleep``, ``time.time``).
+        sleep: Waits (``time.sleep``; injected for tests).
+        clock: Unix time now (``time.time``; injected for tests).
         on_step: Called with each step-ending analysis (pass, fail, inconclusive) as it is made.
         on_analysis: Called with every analysis, intermediate ones included (record to MLflow).
         sticky_header: Passed to every plan (same key, same version).

@@ -553,7 +553,8 @@ class TritonModelControl:
         """Run one inference request and return the outputs as numpy arrays.
 
         Args:
-            name: Model name. version: Model version.
+            name: Model name.
+            version: Model version.
             inputs: Input name -> array with the batch axis first (when the model batches).
                 Integer inputs must be integer arrays (never float, case H06).
             outputs: Output names to return (default: all from the model metadata).
@@ -618,10 +619,13 @@ class TritonModelControl:
         """Send a sample through the served version and compare with expected outputs.
 
         Args:
+            name: Model name.
+            version: Model version (loaded).
             sample: ``pandas.DataFrame`` (rows refused when an id is missing/invalid, H06) or a
                 mapping input name -> array.
             expected: Output name -> array for every sample row (rows refused are skipped).
-            atol, rtol: Tolerances, as in ``numpy.isclose`` (|a-b| <= atol + rtol*|b|).
+            atol: Absolute tolerance, as in ``numpy.isclose`` (|a-b| <= atol + rtol*|b|).
+            rtol: Relative tolerance, as in ``numpy.isclose``.
 
         Returns:
             :class:`SmokeResult`.

@@ -117,8 +117,11 @@ def observer(root: str, log_model: str, *, prediction_columns: Sequence[str] | N
     window, joined by ``request_id``.
 
     Args:
-        root, log_model, endpoint_url: Where the log is.
+        root: Inference-log root (folder or URI).
+        log_model: The model's folder under ``root``.
+        endpoint_url: S3 endpoint of ``root`` (``None``: the default).
         prediction_columns: The output columns (default: names starting with ``prefixes``).
+        prefixes: Name prefixes of the default output columns.
         label_column: The label column (default: the labels' only non-key column).
 
     Raises:

@@ -243,7 +243,8 @@ def check_model_hour(model: str, version: int, start: Any, end: Any,
     Args:
         model: Registered model name (also its inference-log folder).
         version: Model version whose reference is the baseline (the champion).
-        start / end: The window (the DAG run's data interval), UTC.
+        start: Start of the window (the DAG run's data interval), UTC, inclusive.
+        end: End of the window, UTC, exclusive.
         settings: Settings (log root, history URL, threshold and alert policy, XCom limit).
         reference_strategy: ``training``, ``trailing`` or ``seasonal`` (``None``: the setting
             ``TRITONFLOW_DRIFT_REFERENCE_STRATEGY``).
@@ -310,7 +311,11 @@ def evidently_for_hour(model: str, version: int, start: Any, end: Any,
     the check; it never changes the verdict).
 
     Args:
-        model / version / start / end: As :func:`check_model_hour`.
+        model: As :func:`check_model_hour`.
+        version: As :func:`check_model_hour`.
+        start: As :func:`check_model_hour`.
+        end: As :func:`check_model_hour`.
+        settings: Settings (default: from the environment).
         sample_rows: Rows per side (default ``settings.drift_evidently_sample_rows``; 0: off).
 
     Returns:
@@ -425,6 +430,7 @@ def record_in_mlflow(summary: Mapping[str, Any], settings: Settings | None = Non
 
     Args:
         summary: From :func:`check_model_hour`.
+        settings: Settings (default: from the environment).
         evidently: From :func:`evidently_for_hour` (optional).
 
     Returns:

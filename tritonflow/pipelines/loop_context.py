@@ -153,6 +153,11 @@ def publish_handoff(summary: Mapping[str, Any], *, triggered_by: str = "model_pu
     Args:
         summary: :func:`tritonflow.pipelines.publish.record`'s summary plus ``loop`` (the run's
             validated context, or ``None``).
+        triggered_by: The DAG handing over (``triggered_by`` of the new context).
+        run_id: The handing-over DAG run's id (``triggered_by_run``).
+
+    Returns:
+        The conf, a :class:`LoopContext` as a dict.
     """
     base = _base(summary.get("loop"))
     base.pop("then", None)
@@ -186,6 +191,7 @@ def shadow_handoffs(request: Mapping[str, Any], decision: Mapping[str, Any], *,
             ``loop``: the context it arrived with).
         decision: :func:`tritonflow.pipelines.shadow.compare`'s result (``challenger``,
             ``canary_conf.expected_predictions``, ``retrain_conf.reason``).
+        run_id: The shadow evaluation run's id (``triggered_by_run``).
     """
     base = _base(request.get("loop"))
     for key in ("then", "version", "expected_predictions", "reason"):

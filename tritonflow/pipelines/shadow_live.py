@@ -56,7 +56,8 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
 
     Args:
         model: Registered model name (also the inference log's model folder).
-        champion, challenger: Version infos from ``resolve_versions``, versions or aliases.
+        champion: Version info from ``resolve_versions``, a version or an alias.
+        challenger: Version info from ``resolve_versions``, a version or an alias.
         settings: Settings (gateway, Triton, log root, ``shadow_mirror_*``, lock timeout).
         duration_s: Seconds of mirroring (default ``settings.shadow_live_duration_s``).
         percent: Percent of the champion's requests mirrored (default
