@@ -148,6 +148,7 @@ def _fail_on_lock(func):
     params=PARAMS,
 )
 def canary_promotion():
+    """Canary-promote a challenger through the gateway, with automatic rollback."""
     @task(execution_timeout=SHORT_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     def resolve_versions() -> dict:

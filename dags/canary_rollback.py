@@ -55,6 +55,7 @@ PARAMS = {
     params=PARAMS,
 )
 def canary_rollback():
+    """Roll a model back to its previous champion (gateway first, then the alias)."""
     @task(execution_timeout=ROLLBACK_TASK_TIMEOUT, retries=1, outlets=[CHAMPION_CHANGED])
     @fail_fast_on_bad_data
     def rollback() -> dict:

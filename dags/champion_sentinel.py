@@ -63,6 +63,7 @@ def _schedule():
     },
 )
 def champion_sentinel():
+    """Watch the champions' health after a change and roll back an unhealthy one."""
     @task(execution_timeout=LIST_TIMEOUT)
     def models_to_watch() -> list[str]:
         """Models named by the triggering CHAMPION_CHANGED events, else the param, else all."""

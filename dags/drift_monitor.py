@@ -105,6 +105,7 @@ def _schedule():
     },
 )
 def drift_monitor():
+    """Check every monitored model's hour of inference log for drift."""
     @task(execution_timeout=timedelta(minutes=5))
     @fail_fast_on_bad_data
     def models(params=None) -> list[dict]:

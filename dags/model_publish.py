@@ -139,6 +139,7 @@ def _settings():
     params=PARAMS,
 )
 def model_publish():
+    """Convert, validate, sign and publish a registered model version to Triton."""
     @task(execution_timeout=SHORT_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     @limit_xcom_size

@@ -109,6 +109,7 @@ def _run_id(dag_id: str, change: dict, stamp: str) -> str:
     params=PARAMS,
 )
 def registry_events():
+    """Map MLflow registry changes to the DAGs they call for and trigger them."""
     @task(execution_timeout=MAP_TIMEOUT, retries=0)
     @fail_fast_on_bad_data
     def map_changes(params=None) -> list[dict]:

@@ -111,6 +111,7 @@ def _reason(params, context) -> str:
     render_template_as_native_obj=True,
 )
 def retrain():
+    """Retrain a model on its recent labelled inference log and register the new version."""
     @task(execution_timeout=WINDOW_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     @limit_xcom_size

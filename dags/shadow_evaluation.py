@@ -153,6 +153,7 @@ def _plan_request(context) -> dict:
     render_template_as_native_obj=True,
 )
 def shadow_evaluation():
+    """Compare the challenger with the champion on the same inputs and decide what follows."""
     @task(execution_timeout=SHORT_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     @limit_xcom_size

@@ -102,6 +102,7 @@ def _mark_events(ax, summary: Mapping[str, Any]) -> None:
 
 
 def plot_drift(folder: Path, series: Mapping[str, pd.DataFrame], summary: Mapping[str, Any]) -> list[str]:
+    """Plot each feature's drift statistic per logical hour vs its dynamic P95 threshold; return file names."""
     plt = _plt()
     files = []
     for feature, s in sorted(series.items()):
@@ -123,6 +124,7 @@ def plot_drift(folder: Path, series: Mapping[str, pd.DataFrame], summary: Mappin
 
 
 def plot_served(folder: Path, traffic: pd.DataFrame, summary: Mapping[str, Any]) -> str | None:
+    """Plot the share of traffic each model version served per hour; return the file name."""
     if traffic.empty:
         return None
     plt = _plt()
@@ -161,6 +163,7 @@ def rolling_performance(traffic: pd.DataFrame, hours: int = ROLLING_HOURS) -> pd
 
 
 def plot_performance(folder: Path, perf: pd.DataFrame, summary: Mapping[str, Any]) -> str | None:
+    """Plot AUC and accuracy per hour of what served; return the file name."""
     if perf.empty:
         return None
     plt = _plt()
@@ -181,6 +184,7 @@ def plot_performance(folder: Path, perf: pd.DataFrame, summary: Mapping[str, Any
 
 
 def timing_rows(summary: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """Timings of the run's publishes, canaries, rollbacks and closed loops, as ``(label, seconds)``."""
     rows = []
     for e in _events(summary, "publish"):
         rows.append((f"publish v{e.get('version') or '?'}", float(e["seconds"])))
@@ -199,6 +203,7 @@ def timing_rows(summary: Mapping[str, Any]) -> list[tuple[str, float]]:
 
 
 def plot_timings(folder: Path, rows: Sequence[tuple[str, float]]) -> str | None:
+    """Plot the timings as horizontal bars; return the file name."""
     if not rows:
         return None
     plt = _plt()

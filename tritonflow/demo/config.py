@@ -166,6 +166,7 @@ class Progress:
         self.events: list[dict[str, Any]] = []
 
     def elapsed(self) -> float:
+        """Seconds since this progress started (monotonic clock)."""
         return time.monotonic() - self.t0
 
     def step(self, message: str, **data: Any) -> None:

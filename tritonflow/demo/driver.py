@@ -82,6 +82,7 @@ class Runtime:
             raise
 
     def stop(self) -> None:
+        """Stop the started services, last started first."""
         for svc in reversed(self.services):
             svc.stop()
 
@@ -132,22 +133,26 @@ class Demo:
 
     # ------------------------------------------------------------------ helpers
     def event(self, kind: str, **data: Any) -> dict[str, Any]:
+        """Record a demo event for the report and return it."""
         ev = {"kind": kind, "t": self.progress.elapsed(), "wall": time.time(), **data}
         self.events.append(ev)
         return ev
 
     @property
     def settings(self):
+        """The typed settings of the demo's environment."""
         from tritonflow.settings import get_settings
 
         return get_settings()
 
     def mlflow_client(self):
+        """An MLflow client on the demo's tracking server."""
         import mlflow
 
         return mlflow.MlflowClient(tracking_uri=self.settings.resolved_mlflow_tracking_uri)
 
     def aliases(self) -> dict[str, int]:
+        """The demo model's aliases (``{alias: version}``; empty while the registry is unreachable)."""
         try:
             rm = self.mlflow_client().get_registered_model(self.cfg.model)
         except Exception:  # noqa: BLE001 - registry not reachable yet: no aliases
@@ -216,6 +221,7 @@ class Demo:
             self._airflow_error = exc
 
     def wait_for_airflow(self) -> None:
+        """Wait for the Airflow start-up thread; re-raise its error."""
         self._airflow_thread.join()
         if self._airflow_error is not None:
             raise self._airflow_error
@@ -389,6 +395,7 @@ class Demo:
         return run_id
 
     def wait_run(self, dag_id: str, run_id: str, timeout_s: float) -> dict[str, Any]:
+        """Poll a DAG run until it is final or ``timeout_s`` passed; return its last state."""
         deadline = time.monotonic() + timeout_s
         while True:
             run = self.api.get(f"/dags/{dag_id}/dagRuns/{run_id}")

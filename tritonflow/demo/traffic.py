@@ -65,6 +65,7 @@ class GatewayClient:
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="replay")
 
     def close(self) -> None:
+        """Shut the request pool down, waiting for requests in flight."""
         self.pool.shutdown(wait=True)
 
     def _conn(self) -> http.client.HTTPConnection:

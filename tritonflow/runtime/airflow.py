@@ -352,12 +352,15 @@ class AirflowService(Service):
         self.config = config
 
     def environment(self) -> Mapping[str, str]:
+        """Environment of the Airflow process (the deployment's)."""
         return self.config.environment()
 
     def ports(self) -> Sequence[int]:
+        """Ports the service binds (none by default)."""
         return ()
 
     def health_url(self) -> str:
+        """The API server's health endpoint."""
         return f"{self.config.api_url}/api/v2/monitor/health"
 
     def healthy(self) -> bool:
@@ -383,14 +386,17 @@ class AirflowApiServer(AirflowService):
     name = "airflow-api-server"
 
     def ports(self) -> Sequence[int]:
+        """The API server's port."""
         return (self.config.api_port,)
 
     def command(self) -> list[str]:
+        """Argv of ``airflow api-server``."""
         c = self.config
         return [_venv_bin("airflow"), "api-server", "--host", c.host, "--port", str(c.api_port),
                 "--workers", "1"]
 
     def healthy(self) -> bool:
+        """The health endpoint answers 2xx."""
         return http_ok(self.health_url())
 
 
@@ -405,9 +411,11 @@ class AirflowScheduler(AirflowService):
     health_component = "scheduler"
 
     def ports(self) -> Sequence[int]:
+        """The log-serving port (LocalExecutor only)."""
         return () if self.config.is_celery else (self.config.worker_log_port,)
 
     def command(self) -> list[str]:
+        """Argv of ``airflow scheduler`` (no log serving under Celery)."""
         if self.config.is_celery:
             return [_venv_bin("airflow"), "scheduler", "--skip-serve-logs"]
         return [_venv_bin("airflow"), "scheduler"]
@@ -420,6 +428,7 @@ class AirflowDagProcessor(AirflowService):
     health_component = "dag_processor"
 
     def command(self) -> list[str]:
+        """Argv of ``airflow dag-processor``."""
         return [_venv_bin("airflow"), "dag-processor"]
 
 
@@ -430,9 +439,11 @@ class AirflowTriggerer(AirflowService):
     health_component = "triggerer"
 
     def ports(self) -> Sequence[int]:
+        """The triggerer's log-serving port."""
         return (self.config.triggerer_log_port,)
 
     def command(self) -> list[str]:
+        """Argv of ``airflow triggerer``."""
         return [_venv_bin("airflow"), "triggerer"]
 
 
@@ -450,18 +461,22 @@ class AirflowCeleryWorker(AirflowService):
         return f"tritonflow-{self.config.queue}@{self.config.host}"
 
     def ports(self) -> Sequence[int]:
+        """The worker's log-serving port."""
         return (self.config.worker_log_port,)
 
     def command(self) -> list[str]:
+        """Argv of ``airflow celery worker`` on the deployment's queue."""
         c = self.config
         return [_venv_bin("airflow"), "celery", "worker", "--queues", c.queue,
                 "--concurrency", str(c.worker_concurrency), "--celery-hostname", self.node_name,
                 "--without-gossip", "--without-mingle"]
 
     def health_url(self) -> str:
+        """The broker and node name the health check pings (for messages)."""
         return f"{self.config.broker_url} (celery ping {self.node_name})"
 
     def healthy(self) -> bool:
+        """The process runs and answers a Celery ``ping`` under its node name."""
         if self.process is not None and self.process.poll() is not None:
             return False
         try:

@@ -87,6 +87,7 @@ class TritonPythonModel:
     """Serves one ONNX model version through ONNX Runtime."""
 
     def initialize(self, args):
+        """Triton Python backend hook: read the config and open the ONNX Runtime session."""
         import onnxruntime as ort
 
         self.config = json.loads(args["model_config"])
@@ -148,6 +149,7 @@ class TritonPythonModel:
         return problems
 
     def execute(self, requests):
+        """Triton Python backend hook: run a batch of requests, one response each."""
         responses = [None] * len(requests)
         feeds, sizes, live = {}, [], []
         for idx, request in enumerate(requests):
@@ -200,4 +202,5 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def finalize(self):
+        """Triton Python backend hook: release the session."""
         self.session = None

@@ -44,6 +44,7 @@ class TritonPythonModel:
     """Serves one TorchScript model version through libtorch."""
 
     def initialize(self, args):
+        """Triton Python backend hook: read the config and load the TorchScript module."""
         import torch
 
         self.torch = torch
@@ -88,6 +89,7 @@ class TritonPythonModel:
         return arr
 
     def execute(self, requests):
+        """Triton Python backend hook: run a batch of requests, one response each."""
         responses = [None] * len(requests)
         parts, sizes, live = {}, [], []
         for idx, request in enumerate(requests):
@@ -137,4 +139,5 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def finalize(self):
+        """Triton Python backend hook: release the module."""
         self.module = None
