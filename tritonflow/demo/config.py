@@ -147,10 +147,10 @@ def quick_config(home: Path = DEFAULT_DEMO_HOME, **overrides: Any) -> DemoConfig
     """
     d = 48
     first = 12_000 - 14 * d
-    values = dict(home=home, champion_days=(0, first),
-                  mapping=DayHourMapping(first, 12_000 + 10 * d, d), min_history_windows=12,
-                  canary_steps="25,100", canary_bake_s=4.0, canary_min_requests=10,
-                  profile=False, perf_gate=False, quick=True, settle_timeout_s=1200.0)
+    values: dict[str, Any] = dict(home=home, champion_days=(0, first),
+                                  mapping=DayHourMapping(first, 12_000 + 10 * d, d), min_history_windows=12,
+                                  canary_steps="25,100", canary_bake_s=4.0, canary_min_requests=10,
+                                  profile=False, perf_gate=False, quick=True, settle_timeout_s=1200.0)
     values.update(overrides)
     return DemoConfig(**values)
 

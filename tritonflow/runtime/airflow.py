@@ -368,6 +368,8 @@ class AirflowService(Service):
         if self.process is not None and self.process.poll() is not None:
             return False
         report = api_health(self.config)
+        if self.health_component is None:  # no heartbeat in the health report to read
+            return False
         return bool(report) and (report.get(self.health_component) or {}).get("status") == "healthy"
 
 
@@ -555,12 +557,17 @@ def enable_sqlite_wal(config: AirflowConfig) -> str:
 
     Returns:
         The journal mode SQLite reports afterwards (``wal``).
+
+    Raises:
+        RuntimeStartError: The SQLAlchemy URL names no database file.
     """
     import sqlite3
 
     from sqlalchemy.engine import make_url
 
     path = make_url(config.sql_alchemy_conn).database
+    if path is None:
+        raise RuntimeStartError(f"airflow: {config.sql_alchemy_conn!r} names no SQLite database file")
     conn = sqlite3.connect(path, timeout=30)
     try:
         return str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0])
