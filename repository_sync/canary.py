@@ -197,7 +197,7 @@ class CanaryPolicy:
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> "CanaryPolicy":
         """Policy from ``settings.canary_*`` fields, with keyword overrides (e.g. DAG params)."""
-        values = dict(
+        values: dict[str, Any] = dict(
             steps=parse_steps(settings.canary_steps),
             bake_s=settings.canary_bake_s,
             min_requests=settings.canary_min_requests,

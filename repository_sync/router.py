@@ -206,7 +206,7 @@ class TrafficPlan:
         if not isinstance(data, Mapping):
             raise TrafficPlanError(f"traffic plan {data!r}: expected a mapping with 'model' and 'routes'")
         name = str(data.get("id") or data.get("name") or data.get("model") or "")
-        model = data.get("model")
+        model: Any = data.get("model")  # raw input: TrafficPlan validates it
         raw_routes = data.get("routes")
         if not isinstance(raw_routes, (list, tuple)) or not raw_routes:
             raise TrafficPlanError(
@@ -215,8 +215,8 @@ class TrafficPlan:
             )
         mirror = data.get("mirror")
         if isinstance(mirror, Mapping):
-            mirror = Mirror(version=mirror.get("version"), percent=mirror.get("percent"),
-                            target=mirror.get("target"))
+            target: Any = mirror.get("target")  # raw input: Mirror validates it
+            mirror = Mirror(version=mirror.get("version"), percent=mirror.get("percent"), target=target)
         routes = []
         for i, r in enumerate(raw_routes):
             if not isinstance(r, Mapping):
@@ -315,7 +315,7 @@ class TrafficPlan:
     @property
     def digest(self) -> str:
         """Short digest of the routing (model, weights, sticky header); sent as ``X-Tritonflow-Plan``."""
-        key = {
+        key: dict[str, Any] = {
             "model": self.model,
             "routes": sorted((int(r.version), int(r.weight)) for r in self.routes),
             "sticky_header": (self.sticky_header or "").lower(),
@@ -692,6 +692,8 @@ class NginxRouter(TrafficRouter):
         from repository_sync.mirror import MIRROR_PATH, SERVED_HEADER
 
         m = plan.mirror
+        if m is None:  # only plans with a mirror are rendered here
+            raise TrafficPlanError(f"traffic plan for model {plan.model!r} has no mirror to render")
         rid, share, hit = (f"$tritonflow_rid_{ident}", f"$tritonflow_ms_{ident}",
                            f"$tritonflow_mirror_{ident}")
         upstream = f"tritonflow_mirror_{ident}"
@@ -811,7 +813,8 @@ class NginxRouter(TrafficRouter):
         if (prev / "present").read_text() == "0":
             self._write_and_reload(model, {0: None, 1: None}, None)
             return None
-        contents = {0: (prev / "http.conf").read_bytes(), 1: (prev / "locations.conf").read_bytes()}
+        contents: dict[int, bytes | None] = {0: (prev / "http.conf").read_bytes(),
+                                             1: (prev / "locations.conf").read_bytes()}
         plan = self._plan_in(prev / "http.conf")
         self._write_and_reload(model, contents, plan)
         return plan

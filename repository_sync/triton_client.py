@@ -222,6 +222,7 @@ def frame_to_inputs(
     arrays: dict[str, np.ndarray] = {}
     for spec in specs:
         cols = columns[spec.name]
+        arr: np.ndarray
         if spec.datatype in _INT_DATATYPES:
             data = [[exact_integer(frame[c].iloc[i], spec.datatype) for c in cols] for i in rows]
             arr = np.array(data, dtype=triton_to_np_dtype(spec.datatype)).reshape(len(rows), len(cols))
@@ -638,7 +639,8 @@ class TritonModelControl:
         if isinstance(sample, Mapping):
             arrays = dict(sample)
             n = len(next(iter(arrays.values()))) if arrays else 0
-            rows, invalid = list(range(n)), []
+            invalid: list[tuple[int, str]] = []
+            rows = list(range(n))
         else:
             arrays, rows, invalid = frame_to_inputs(sample, self.input_specs(name, version))
         if not rows:
@@ -656,11 +658,11 @@ class TritonModelControl:
                 differ = text(got).reshape(len(rows), -1) != text(want).reshape(len(rows), -1)
                 result.max_abs_error[out_name] = 0.0
                 if differ.any():
-                    bad = np.flatnonzero(differ.any(axis=1))
+                    bad_rows = np.flatnonzero(differ.any(axis=1))
                     raise ParityError(
                         f"smoke test of model '{name}' version {version}: output {out_name!r} (strings) "
-                        f"differs from the source model in {bad.size} of {len(rows)} rows; first row "
-                        f"{rows[int(bad[0])]}"
+                        f"differs from the source model in {bad_rows.size} of {len(rows)} rows; first row "
+                        f"{rows[int(bad_rows[0])]}"
                     )
                 continue
             if got.shape != want.shape:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Mapping
+from typing import Any, Mapping
 
 from tritonflow.exceptions import RuntimeStartError, TritonflowError
 from tritonflow.settings import Settings, get_settings
@@ -66,7 +66,7 @@ def _runtime(args: argparse.Namespace) -> int:
     names = _parse_services(args.services)
     services = _services(settings, names, getattr(args, "repository", None))
     if args.action == "start":
-        started = []
+        started: list[tuple[str, Any]] = []
         for name, service in services:
             if service.healthy():
                 print(f"{name}: already running at {service.health_url()}")
