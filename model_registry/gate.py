@@ -228,6 +228,19 @@ class GateResult:
                 "provenance": self.provenance}
 
 
+def _onnx_of(converted: Any, model_name: str) -> Any:
+    """The converted ONNX model (an ONNX conversion always has one).
+
+    Raises:
+        ModelConversionError: The conversion produced no ONNX model.
+    """
+    if converted.onnx_model is None:
+        from tritonflow.exceptions import ModelConversionError
+
+        raise ModelConversionError(f"model {model_name!r}: the {converted.format} conversion produced no ONNX model")
+    return converted.onnx_model
+
+
 def validate_model(
     model_uri: str,
     model_io: Any,
@@ -284,10 +297,11 @@ def validate_model(
     compat_before: list[str] = []
     torchscript = converted.format == "torchscript"
     if not torchscript:
-        compat = check_onnx_compat(converted.onnx_model, s, model_name=model_name)
+        compat = check_onnx_compat(_onnx_of(converted, model_name), s, model_name=model_name)
         compat_before = compat.problems
         if not compat.ok:
-            converted.onnx_model, changed = make_compatible(converted.onnx_model, s, model_name=model_name)
+            converted.onnx_model, changed = make_compatible(_onnx_of(converted, model_name), s,
+                                                            model_name=model_name)
             notes += changed
             log.warning("model %s: IR/opset above %s, re-exported: %s", model_name, s.target_triton_release, changed)
     sample = validation_sample(converted.inputs, dataset=dataset, input_example=model_io.input_example,
@@ -309,11 +323,12 @@ def validate_model(
         report = validate_torchscript_for_push(converted, config, sample, model_name=model_name, settings=s)
         served = torchscript_runner(converted.torchscript, converted.inputs, converted.outputs)
     else:
-        config = build_config(model_name, converted.onnx_model, max_batch_size=max_batch_size,
+        onnx_model = _onnx_of(converted, model_name)
+        config = build_config(model_name, onnx_model, max_batch_size=max_batch_size,
                               dynamic_batching=batching, instance_groups=plan.instance_groups(),
                               default_model_filename=filename)
-        report = validate_for_push(converted.onnx_model, config, sample, model_name=model_name, settings=s)
-        served = converted.onnx_model
+        report = validate_for_push(onnx_model, config, sample, model_name=model_name, settings=s)
+        served = onnx_model
 
     source = SourceModel(model_uri, converted.source_flavor)
     src_in = source_input(model_io, converted.inputs, sample, dataset, n_rows)
@@ -379,7 +394,7 @@ def _probe_thresholds(converted, model_io, dataset, source, served, atol, rtol, 
                         for k, v in result.outputs.items()}}
 
 
-def parity_summary(result: Any) -> dict[str, dict[str, float]]:
+def parity_summary(result: Any) -> dict[str, dict[str, Any]]:
     """Per output ``max_abs``/``max_rel`` (+ ``label_agreement``, ``label_flips``) for MLflow tags."""
     out = {}
     for name, o in result.outputs.items():

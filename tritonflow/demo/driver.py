@@ -626,7 +626,7 @@ class Demo:
             loop["alert_hour"] = self.driver_runs.get(root) if root else None
         latency = rr.scheduling_latency_s(dag_runs)
         traffic = pd.concat(self.traffic, ignore_index=True) if self.traffic else pd.DataFrame()
-        summary = {
+        summary: dict[str, Any] = {
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self.cfg).items()},
             "mapping": self.cfg.mapping.describe(),
             "deployment": {"executor": self._af.config.executor, "parallelism": self._af.config.parallelism,

@@ -269,7 +269,10 @@ class CanaryRecord:
             try:
                 exp_id = self.client.create_experiment(CANARY_EXPERIMENT)
             except Exception:  # noqa: BLE001 -- created by a concurrent canary
-                exp_id = self.client.get_experiment_by_name(CANARY_EXPERIMENT).experiment_id
+                existing = self.client.get_experiment_by_name(CANARY_EXPERIMENT)
+                if existing is None:  # not created by anyone: the creation error stands
+                    raise
+                exp_id = existing.experiment_id
         else:
             exp_id = exp.experiment_id
         tags = {"tritonflow.model_name": model, "tritonflow.triton_model": triton_model,

@@ -294,7 +294,7 @@ def check_model_hour(model: str, version: int, start: Any, end: Any,
         keep = out_dir / "window_files.json"  # a streamed window is too large to copy
         keep.write_text(json.dumps(scan.files, indent=1))
         summary["artefacts"]["window_files"] = str(keep)
-    elif summary["status"] in ("contract_failed", "check_error"):
+    elif summary["status"] in ("contract_failed", "check_error") and window is not None:
         keep = out_dir / "window.parquet"
         window.frame.to_parquet(keep, index=False)  # the window as checked, for inspection
         summary["artefacts"]["window_parquet"] = str(keep)

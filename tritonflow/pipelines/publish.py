@@ -213,7 +213,8 @@ def _mlflow_uris(tracking_uri: str) -> Iterator[None]:
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(prev_t)  # also resets MLflow's tracer/client caches
+        # also resets MLflow's tracer/client caches; MLflow types its private _tracking_uri as None only
+        mlflow.set_tracking_uri(prev_t)  # type: ignore[arg-type]  # None unsets it (the original state)
         registry_utils._registry_uri = prev_r
         for key, value in env.items():
             if value is None:
@@ -587,7 +588,7 @@ def _search_space(bounds: Mapping[str, Any] | None, s: Settings, max_batch_size:
     if unknown:
         raise SettingsError(f"profile bounds {unknown} are unknown; expected keys among {list(PROFILE_BOUND_KEYS)}")
     base = SearchSpace.from_settings(s)
-    kw = {}
+    kw: dict[str, Any] = {}
     for key in ("max_batch_sizes", "instance_counts", "queue_delays_us", "concurrency"):
         kw[key] = parse_int_list(b[key], f"bounds.{key}") if key in b else getattr(base, key)
     if max_batch_size > 0:  # the requested max_batch_size is the ceiling of the sweep
@@ -819,11 +820,11 @@ def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | N
     log.info("model %s v%s perf gate against champion v%s: %s", name, staged["version"], champion.version,
              result.verdict.reason)
     if result.verdict.rejected:
-        exc = PerformanceRegressionError(f"model {staged['model']!r} version {staged['version']}: p99 latency "
-                                         f"regression against champion version {champion.version}: "
-                                         f"{result.verdict.reason}")
-        _reject(reg, ref, exc, "perf_gate")
-        raise exc
+        error = PerformanceRegressionError(f"model {staged['model']!r} version {staged['version']}: p99 latency "
+                                           f"regression against champion version {champion.version}: "
+                                           f"{result.verdict.reason}")
+        _reject(reg, ref, error, "perf_gate")
+        raise error
     return {k: v for k, v in info.items() if k != "passes"}
 
 

@@ -241,7 +241,7 @@ def latest_drift_event(events: Any, model: str | None = None) -> dict[str, Any] 
 
 
 def evaluation_window(*, window_start: Any = None, window_end: Any = None,
-                      window_hours: float | None = None, drift_event: Any = None,
+                      window_hours: float | str | None = None, drift_event: Any = None,
                       settings: Settings | None = None, now: Any = None) -> dict[str, str]:
     """The replay window ``[start, end)`` of a shadow evaluation.
 
@@ -336,11 +336,11 @@ def resolve_versions(model: str, challenger: int | str | None = None, *,
                 "which is the champion; expected a different version"
             )
     rejected = rejection(chal_ref.tags) if chal_ref is not None else ""
-    if rejected and given:
+    if rejected and given and chal_ref is not None:  # rejected implies a challenger
         raise RegistryError(f"challenger={challenger!r} of model {model!r} is version {chal_ref.version}, "
                             f"{rejected}; a rejected version is never evaluated, published or promoted "
                             "(publish it again with model_publish once fixed)")
-    if rejected:
+    if rejected and chal_ref is not None:
         notes.append(f"alias {CHALLENGER_ALIAS!r} names version {chal_ref.version}, {rejected}; "
                      "evaluating the champion alone")
         chal_ref = None
@@ -650,6 +650,8 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
                           f"{start.isoformat()}; expected start < end")
     champ = _as_info(model, champion, s, "champion")
     chal = None if challenger in (None, "") else _as_info(model, challenger, s, "challenger")
+    # read only where a challenger exists (loaded, replayed): never the empty default
+    chal_info: dict[str, Any] = chal if chal is not None else {}
     max_rows = int(s.shadow_max_replay_rows if max_rows is None else max_rows)
     workers = int(s.shadow_replay_concurrency if concurrency is None else concurrency)
     if max_rows < 1 or workers < 1:
@@ -709,7 +711,7 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
             rows = rows_c
             bad = dict(bad_c)
             if served_x is not None:
-                arrays_x, rows_x, bad_x = _inputs(frame, chal, served_x, "challenger")
+                arrays_x, rows_x, bad_x = _inputs(frame, chal_info, served_x, "challenger")
                 bad.update(dict(bad_x))
                 rows = sorted(set(rows_c) & set(rows_x))
                 arrays_x = {k: v[np.searchsorted(rows_x, rows)] for k, v in arrays_x.items()}
@@ -723,25 +725,25 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
                          if served_x is not None else [])
                 scores_c = _gather(fut_c, f"champion v{champ['version']}")
                 try:
-                    scores_x = (_gather(fut_x, f"challenger v{chal['version']}")
+                    scores_x = (_gather(fut_x, f"challenger v{chal_info['version']}")
                                 if served_x is not None else None)
                 except TransientError:
                     raise
                 except Exception as exc:  # noqa: BLE001
                     raise ChallengerUnavailableError(
-                        f"challenger {model!r} v{chal['version']} did not answer: {exc}; the "
+                        f"challenger {model!r} v{chal_info['version']} did not answer: {exc}; the "
                         f"champion v{champ['version']} is untouched"
                     ) from exc
         except BaseException as exc:
             if challenger_loaded:
                 try:
-                    control.unload_versions(chal["triton_model_name"], [int(chal["triton_model_version"])])
+                    control.unload_versions(chal_info["triton_model_name"], [int(chal_info["triton_model_version"])])
                     challenger_unloaded = True
                 except Exception as cleanup:  # noqa: BLE001 - keep the original error
                     exc.add_note(f"unloading the challenger failed too: {cleanup}")
             raise
         if challenger_loaded:
-            control.unload_versions(chal["triton_model_name"], [int(chal["triton_model_version"])])
+            control.unload_versions(chal_info["triton_model_name"], [int(chal_info["triton_model_version"])])
             challenger_unloaded = True
         control.wait_ready(cname, cver)  # the champion still serves
     finally:
@@ -760,7 +762,7 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
     run_dir = _run_dir(s, model)
     path = run_dir / PREDICTIONS_FILE
     predictions.to_parquet(path, index=False)
-    expected = (write_expected(run_dir, out, scores_x, chal, "shadow_replay")
+    expected = (write_expected(run_dir, out, scores_x, chal_info, "shadow_replay")
                 if scores_x is not None else {})
     return {
         **expected,
