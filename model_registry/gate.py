@@ -232,12 +232,12 @@ def _onnx_of(converted: Any, model_name: str) -> Any:
     """The converted ONNX model (an ONNX conversion always has one).
 
     Raises:
-        ModelConversionError: The conversion produced no ONNX model.
+        ToolingError: The conversion produced no ONNX model (our tool's fault, not the model's).
     """
     if converted.onnx_model is None:
-        from tritonflow.exceptions import ModelConversionError
+        from tritonflow.exceptions import ToolingError
 
-        raise ModelConversionError(f"model {model_name!r}: the {converted.format} conversion produced no ONNX model")
+        raise ToolingError(f"model {model_name!r}: the {converted.format} conversion produced no ONNX model")
     return converted.onnx_model
 
 
