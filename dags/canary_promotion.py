@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, TAG, START_DATE
+from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.registry_watcher import registry_asset, registry_conf_from_context
 
@@ -148,6 +148,7 @@ def _fail_on_lock(func):
     params=PARAMS,
 )
 def canary_promotion():
+    """Canary-promote a challenger through the gateway, with automatic rollback."""
     @task(execution_timeout=SHORT_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     def resolve_versions() -> dict:

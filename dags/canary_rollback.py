@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, TAG, START_DATE
+from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 
 #: Timeout of the rollback task (a verify, at most one load, one gateway reload, registry calls).
@@ -55,6 +55,7 @@ PARAMS = {
     params=PARAMS,
 )
 def canary_rollback():
+    """Roll a model back to its previous champion (gateway first, then the alias)."""
     @task(execution_timeout=ROLLBACK_TASK_TIMEOUT, retries=1, outlets=[CHAMPION_CHANGED])
     @fail_fast_on_bad_data
     def rollback() -> dict:

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, TAG, START_DATE
+from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.sentinel import ChampionSentinelOperator
 
 #: Sentinels end at each multiple of this period (UTC) and the scheduled run restarts them with
@@ -63,6 +63,7 @@ def _schedule():
     },
 )
 def champion_sentinel():
+    """Watch the champions' health after a change and roll back an unhealthy one."""
     @task(execution_timeout=LIST_TIMEOUT)
     def models_to_watch() -> list[str]:
         """Models named by the triggering CHAMPION_CHANGED events, else the param, else all."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, TAG, START_DATE
+
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 
 DOC = """
@@ -104,6 +105,7 @@ def _schedule():
     },
 )
 def drift_monitor():
+    """Check every monitored model's hour of inference log for drift."""
     @task(execution_timeout=timedelta(minutes=5))
     @fail_fast_on_bad_data
     def models(params=None) -> list[dict]:

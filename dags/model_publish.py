@@ -14,7 +14,7 @@ from datetime import timedelta
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, MODEL_PUBLISHED, TAG, START_DATE
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, MODEL_PUBLISHED, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.registry_watcher import registry_asset
 from tritonflow_plugin.xcom import limit_xcom_size
@@ -89,10 +89,11 @@ PARAMS = {
                         description="Triton model repository: a folder or s3://http://host:port/bucket/prefix "
                                     "(empty: TRITONFLOW_REPOSITORY_URI, else the local repository)."),
     "atol": Param(None, type=["null", "number"], minimum=0,
-                  description="Parity gate absolute tolerance per output element (|onnx - source| <= atol + rtol*|source|); "
-                              "empty: TRITONFLOW_PARITY_ATOL in effect."),
+                  description="Parity gate absolute tolerance per output element "
+                              "(|onnx - source| <= atol + rtol*|source|); empty: TRITONFLOW_PARITY_ATOL in effect."),
     "rtol": Param(None, type=["null", "number"], minimum=0,
-                  description="Parity gate relative tolerance per output element (empty: TRITONFLOW_PARITY_RTOL in effect)."),
+                  description="Parity gate relative tolerance per output element "
+                              "(empty: TRITONFLOW_PARITY_RTOL in effect)."),
     "max_batch_size": Param(32, type="integer", minimum=0, maximum=MAX_BATCH_SIZE,
                             description="Largest batch Triton may form (0: no batching); also the ceiling "
                                         "of the profiling sweep."),
@@ -138,6 +139,7 @@ def _settings():
     params=PARAMS,
 )
 def model_publish():
+    """Convert, validate, sign and publish a registered model version to Triton."""
     @task(execution_timeout=SHORT_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     @limit_xcom_size
@@ -182,7 +184,6 @@ def model_publish():
     def convert_and_validate(state: dict) -> dict:
         """Convert, check, build config.pbtxt, parity gate (rejects the version on failure)."""
         from tritonflow.pipelines import publish as pipeline
-
         from tritonflow_plugin.loop import param_or_setting
 
         params = get_current_context()["params"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG, START_DATE
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.event_mapping import CHANGE_KINDS
 from tritonflow_plugin.registry_watcher import registry_asset
@@ -36,10 +36,17 @@ DOC_MD = """
 Starts the DAGs that a change in the MLflow model registry calls for, using **one mapping** for
 both ways a change can arrive:
 
-| path | used when | how the mapped DAG starts |
-|---|---|---|
-| **webhook** (`POST /tritonflow/webhooks/mlflow` on the API server) | MLflow has a webhook with `TRITONFLOW_WEBHOOK_SECRET` (SQL-backed MLflow; new versions, aliases, tags) | the receiver maps the change and emits an asset event on `tritonflow_registry__<dag_id>`; the mapped DAG is scheduled on that asset and reads the conf from the event's `extra` |
-| **watcher** (this DAG) | no webhook, and always for **stage transitions** (MLflow sends no webhook for them) | an `AssetWatcher` on `tritonflow_registry__registry_events` runs `RegistryEventTrigger` in the triggerer; each change becomes an asset event that runs this DAG, which maps it and **triggers** the mapped DAGs fire-and-forget with the same conf in `dag_run.conf` |
+- **webhook** (`POST /tritonflow/webhooks/mlflow` on the API server).
+  *Used when* MLflow has a webhook with `TRITONFLOW_WEBHOOK_SECRET` (SQL-backed MLflow; new
+  versions, aliases, tags). *How the mapped DAG starts:* the receiver maps the change and emits an
+  asset event on `tritonflow_registry__<dag_id>`; the mapped DAG is scheduled on that asset and
+  reads the conf from the event's `extra`.
+- **watcher** (this DAG).
+  *Used when* there is no webhook, and always for **stage transitions** (MLflow sends no webhook
+  for them). *How the mapped DAG starts:* an `AssetWatcher` on
+  `tritonflow_registry__registry_events` runs `RegistryEventTrigger` in the triggerer; each change
+  becomes an asset event that runs this DAG, which maps it and **triggers** the mapped DAGs
+  fire-and-forget with the same conf in `dag_run.conf`.
 
 Both paths call `event_mapping.actions_for(change, load_mapping())`, so the mapping file
 (`TRITONFLOW_EVENT_MAPPING_PATH`, default: new version or alias `challenger` -> `model_publish`
@@ -102,6 +109,7 @@ def _run_id(dag_id: str, change: dict, stamp: str) -> str:
     params=PARAMS,
 )
 def registry_events():
+    """Map MLflow registry changes to the DAGs they call for and trigger them."""
     @task(execution_timeout=MAP_TIMEOUT, retries=0)
     @fail_fast_on_bad_data
     def map_changes(params=None) -> list[dict]:

@@ -13,7 +13,7 @@ from datetime import timedelta
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, TAG, START_DATE
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.xcom import limit_xcom_size
 
@@ -75,9 +75,11 @@ PARAMS = {
     "window_end": Param(None, type=["null", "string"],
                         description="End of the training window, ISO 8601 (empty: the drift event's end, else now)."),
     "mix_reference_fraction": Param(None, type=["null", "number"], minimum=0, exclusiveMaximum=1,
-                                    description="Share of reference rows in the window (empty: TRITONFLOW_RETRAIN_MIX_REFERENCE_FRACTION)."),
+                                    description="Share of reference rows in the window "
+                                                "(empty: TRITONFLOW_RETRAIN_MIX_REFERENCE_FRACTION)."),
     "entry_point": Param(None, type=["null", "string"],
-                         description="Training entry point 'module:function' or 'project:<uri>[#entry]' (empty: configured)."),
+                         description="Training entry point 'module:function' or 'project:<uri>[#entry]' "
+                                     "(empty: configured)."),
     "training_params": Param({}, type="object",
                              description="Parameters passed to the training entry point."),
     "label_column": Param(None, type=["null", "string"],
@@ -109,6 +111,7 @@ def _reason(params, context) -> str:
     render_template_as_native_obj=True,
 )
 def retrain():
+    """Retrain a model on its recent labelled inference log and register the new version."""
     @task(execution_timeout=WINDOW_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     @limit_xcom_size
@@ -148,7 +151,10 @@ def retrain():
         context = get_current_context()
         params, ti = context["params"], context["ti"]
         loop = window.get("loop") or {}
-        reason = loop.get("reason") if loop.get("reason") and params.get("reason") == "manual" else _reason(params, context)
+        if loop.get("reason") and params.get("reason") == "manual":
+            reason = loop.get("reason")
+        else:
+            reason = _reason(params, context)
         drift_event = params.get("drift_event") or loop.get("drift_event")
         try:
             result = run_training(

@@ -12,7 +12,7 @@ from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, TAG, START_DATE
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.xcom import limit_xcom_size
 
@@ -88,13 +88,16 @@ PARAMS = {
     "confidence": Param(None, type=["null", "number"], exclusiveMinimum=0, exclusiveMaximum=1,
                         description="Two-sided confidence of the bootstrap (empty: TRITONFLOW_SHADOW_CONFIDENCE)."),
     "margin": Param(None, type=["null", "number"], minimum=0,
-                    description="Improvement the challenger needs at the lower bound (empty: TRITONFLOW_SHADOW_MARGIN)."),
+                    description="Improvement the challenger needs at the lower bound "
+                                "(empty: TRITONFLOW_SHADOW_MARGIN)."),
     "label_column": Param(None, type=["null", "string"],
                           description="Label column of the inference-log labels (empty: their only one)."),
     "mode": Param("replay", type="string", enum=["replay", "live"],
-                  description="replay: logged inputs through both versions; live: mirror live requests to the challenger."),
+                  description="replay: logged inputs through both versions; "
+                              "live: mirror live requests to the challenger."),
     "live_duration_s": Param(None, type=["null", "number"], exclusiveMinimum=0, maximum=1500,
-                             description="Live mode: seconds of mirrored traffic (empty: TRITONFLOW_SHADOW_LIVE_DURATION_S)."),
+                             description="Live mode: seconds of mirrored traffic "
+                                         "(empty: TRITONFLOW_SHADOW_LIVE_DURATION_S)."),
     "drift_event": Param(None, type=["null", "string"],
                          description="JSON of a drift event to evaluate (manual re-run of an alert; empty: none)."),
     "loop": Param(None, type=["null", "object"],
@@ -150,6 +153,7 @@ def _plan_request(context) -> dict:
     render_template_as_native_obj=True,
 )
 def shadow_evaluation():
+    """Compare the challenger with the champion on the same inputs and decide what follows."""
     @task(execution_timeout=SHORT_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     @limit_xcom_size
@@ -211,9 +215,8 @@ def shadow_evaluation():
     @limit_xcom_size
     def compare(request: dict, replayed: dict) -> dict:
         """Decide with confidence and record the decision on both model versions."""
-        from tritonflow.pipelines.shadow import compare as run_compare
-
         from tritonflow.pipelines.loop_context import shadow_handoffs
+        from tritonflow.pipelines.shadow import compare as run_compare
 
         context = get_current_context()
         params = context["params"]

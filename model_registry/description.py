@@ -122,8 +122,9 @@ def version_description(tags: Mapping[str, str], aliases: Sequence[str] = ()) ->
             lines.append(f"- Signed by key `{t['signature_key_id'][:12]}`; digest "
                          f"`{str(t.get('signature_digest', ''))[:12]}`.")
     if status == "rejected":
+        reason = str(t.get("rejection_reason", "")).splitlines()[0][:300] if t.get("rejection_reason") else "?"
         lines.append(f"- Rejected {_when(t.get('rejected_at'))} at stage `{t.get('rejected_stage', '?')}`: "
-                     f"{str(t.get('rejection_reason', '')).splitlines()[0][:300] if t.get('rejection_reason') else '?'}")
+                     f"{reason}")
     if t.get("promoted_at"):
         lines.append(f"- Champion since {_when(t['promoted_at'])}.")
     if t.get("demoted_at"):

@@ -187,7 +187,8 @@ class FallbackGateResult:
 
 
 def gate(quantized: str | Path | Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]],
-         feeds: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray], *, atol: float, rtol: float, min_label_agreement: float, model_name: str) -> FallbackGateResult:
+         feeds: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray], *, atol: float, rtol: float,
+         min_label_agreement: float, model_name: str) -> FallbackGateResult:
     """The fallback parity gate: quantized model vs the source model's outputs, looser tolerances.
 
     Same element comparison as the main gate (:func:`model_registry.parity.parity_check`: a row of
@@ -200,8 +201,11 @@ def gate(quantized: str | Path | Callable[[Mapping[str, np.ndarray]], Mapping[st
     Args:
         quantized: The quantized ONNX file, or ``feeds -> {output: array}`` (e.g. the answers
             Triton served for ``feeds``).
-        feeds: ``{input: array [N, ...]}``. expected: The source model's ``{output: array [N, ...]}``.
-        atol, rtol: Per element. min_label_agreement: Share 0-1 of rows within tolerance, per output.
+        feeds: ``{input: array [N, ...]}``.
+        expected: The source model's ``{output: array [N, ...]}``.
+        atol: Absolute tolerance per element (``|a - b| <= atol + rtol * |b|``).
+        rtol: Relative tolerance per element.
+        min_label_agreement: Share 0-1 of rows within tolerance, per output.
         model_name: Used in messages.
 
     Returns:
@@ -238,10 +242,12 @@ def fallback_config(config_text: str, fallback_name: str) -> str:
 def _load(name: str, version: int, feeds: Mapping[str, np.ndarray],
           check: Callable[[Mapping[str, np.ndarray]], str], *, repository_uri: str, trusted_keys: str,
           settings: Settings, triton_url: str | None = None) -> dict:
-    """THE Triton load call of the fallback (one call site): the same model-control path as the
+    """Load the fallback on Triton through the version's own model-control path.
+
+    THE Triton load call of the fallback (one call site): the same model-control path as the
     version itself (verify the signature, reconcile the model's desired versions under its shared
-    model-control lease, wait READY, send the sample), then ``check(served outputs)``; a non-empty answer unloads the version
-    again and raises :class:`ParityError` with it. Swap this body when model control changes;
+    model-control lease, wait READY, send the sample), then ``check(served outputs)``; a non-empty
+    answer unloads the version again and raises :class:`ParityError` with it. Swap this body when model control changes;
     nothing else loads fallbacks.
 
     Returns:
@@ -362,8 +368,9 @@ def _build_and_serve(state: Mapping[str, Any], result: FallbackResult, s: Settin
         return "" if check.passed else "as served by Triton: " + check.describe_failures(result.triton_model_name)
 
     try:
-        info = _load(result.triton_model_name, result.version, sent, served_gate, repository_uri=state["repository_uri"],
-              trusted_keys=str(keys.trusted_dir), settings=s, triton_url=triton_url)
+        info = _load(result.triton_model_name, result.version, sent, served_gate,
+                     repository_uri=state["repository_uri"], trusted_keys=str(keys.trusted_dir), settings=s,
+                     triton_url=triton_url)
     except (ServiceUnavailableError, TransientError, SignatureVerificationError):
         raise
     except DataError as exc:  # Triton refused the INT8 model, or what it serves fails the gate

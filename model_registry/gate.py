@@ -111,8 +111,11 @@ def source_input(model_io: Any, inputs: Sequence[Any], sample: Mapping[str, Any]
 
 
 def signature_frame(data: Any, model_io: Any, columns: Sequence[str]):
-    """``data[columns]`` with the signature's dtypes where they cast (MLflow's schema enforcement
-    refuses e.g. float values in a "long" column)."""
+    """Select the signature's columns, cast to its dtypes where they cast.
+
+    ``data[columns]`` with the signature's dtypes where they cast (MLflow's schema enforcement
+    refuses e.g. float values in a "long" column).
+    """
     frame = data[list(columns)].reset_index(drop=True)
     dtypes = {t.name: t.dtype for t in model_io.inputs if t.name}
     for c in columns:
@@ -204,8 +207,11 @@ class GateResult:
         return not self.failure
 
     def parity_doc(self, model_uri: str, atol: float, rtol: float, min_label_agreement: float) -> dict[str, Any]:
-        """The parity report (``parity_report.json``): rows checked, per output max abs/rel
-        difference, per class differences, label flips, worst rows, and the threshold probes."""
+        """Build the parity report (``parity_report.json``).
+
+        The parity report (``parity_report.json``): rows checked, per output max abs/rel
+        difference, per class differences, label flips, worst rows, and the threshold probes.
+        """
         return {"model_uri": model_uri, "source": "mlflow.pyfunc", "atol": atol, "rtol": rtol,
                 "min_label_agreement": min_label_agreement, **self.parity.to_dict(),
                 "passed": self.passed, "failure": self.failure, "threshold_probes": self.probes,
@@ -220,6 +226,19 @@ class GateResult:
                 "validation_rows": len(next(iter(self.sample.values()))), "target_release": target_release,
                 "export_format": self.converted.format, "source_flavor": self.converted.source_flavor,
                 "provenance": self.provenance}
+
+
+def _onnx_of(converted: Any, model_name: str) -> Any:
+    """The converted ONNX model (an ONNX conversion always has one).
+
+    Raises:
+        ToolingError: The conversion produced no ONNX model (our tool's fault, not the model's).
+    """
+    if converted.onnx_model is None:
+        from tritonflow.exceptions import ToolingError
+
+        raise ToolingError(f"model {model_name!r}: the {converted.format} conversion produced no ONNX model")
+    return converted.onnx_model
 
 
 def validate_model(
@@ -278,10 +297,11 @@ def validate_model(
     compat_before: list[str] = []
     torchscript = converted.format == "torchscript"
     if not torchscript:
-        compat = check_onnx_compat(converted.onnx_model, s, model_name=model_name)
+        compat = check_onnx_compat(_onnx_of(converted, model_name), s, model_name=model_name)
         compat_before = compat.problems
         if not compat.ok:
-            converted.onnx_model, changed = make_compatible(converted.onnx_model, s, model_name=model_name)
+            converted.onnx_model, changed = make_compatible(_onnx_of(converted, model_name), s,
+                                                            model_name=model_name)
             notes += changed
             log.warning("model %s: IR/opset above %s, re-exported: %s", model_name, s.target_triton_release, changed)
     sample = validation_sample(converted.inputs, dataset=dataset, input_example=model_io.input_example,
@@ -303,11 +323,12 @@ def validate_model(
         report = validate_torchscript_for_push(converted, config, sample, model_name=model_name, settings=s)
         served = torchscript_runner(converted.torchscript, converted.inputs, converted.outputs)
     else:
-        config = build_config(model_name, converted.onnx_model, max_batch_size=max_batch_size,
+        onnx_model = _onnx_of(converted, model_name)
+        config = build_config(model_name, onnx_model, max_batch_size=max_batch_size,
                               dynamic_batching=batching, instance_groups=plan.instance_groups(),
                               default_model_filename=filename)
-        report = validate_for_push(converted.onnx_model, config, sample, model_name=model_name, settings=s)
-        served = converted.onnx_model
+        report = validate_for_push(onnx_model, config, sample, model_name=model_name, settings=s)
+        served = onnx_model
 
     source = SourceModel(model_uri, converted.source_flavor)
     src_in = source_input(model_io, converted.inputs, sample, dataset, n_rows)
@@ -373,7 +394,7 @@ def _probe_thresholds(converted, model_io, dataset, source, served, atol, rtol, 
                         for k, v in result.outputs.items()}}
 
 
-def parity_summary(result: Any) -> dict[str, dict[str, float]]:
+def parity_summary(result: Any) -> dict[str, dict[str, Any]]:
     """Per output ``max_abs``/``max_rel`` (+ ``label_agreement``, ``label_flips``) for MLflow tags."""
     out = {}
     for name, o in result.outputs.items():

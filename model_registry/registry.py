@@ -422,7 +422,7 @@ _TRANSIENT_CODES = {"TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "REQUEST_LIMIT_
 def _translate(exc: BaseException, what: str) -> Exception:
     """Map an MLflow exception to tritonflow's hierarchy (message names the operation)."""
     if isinstance(exc, (DataError, ServiceUnavailableError, ConcurrencyError)):
-        return exc  # type: ignore[return-value]
+        return exc
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if _error_code(exc) in _TRANSIENT_CODES or isinstance(exc, (ConnectionError, OSError)):
         return ServiceUnavailableError(f"{what}: MLflow did not answer ({msg})")

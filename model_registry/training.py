@@ -761,7 +761,8 @@ class RetrainGuard:
         with self.store.locked_state(self.SCOPE, model) as (conn, row):
             row = dict(row or {})
             if row:
-                other, status, started = row.get("holder"), row.get("status"), row.get("started_at")
+                other, status = row.get("holder"), row.get("status")
+                started: Any = row.get("started_at")  # unix time; set whenever status is "running"
                 last_ok = row.get("last_success_at")
                 if status == "running" and now - started < self.stale_after_s:
                     raise ConcurrencyError(

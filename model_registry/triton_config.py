@@ -252,7 +252,7 @@ class DynamicBatchingSpec:
 
 def build_config(
     name: str,
-    model: OnnxLike,
+    model: ModelIO,
     *,
     max_batch_size: int = 0,
     dynamic_batching: DynamicBatchingSpec | None = None,

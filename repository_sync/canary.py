@@ -52,30 +52,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from repository_sync.router import TrafficPlan
-from tritonflow.exceptions import PreflightError, SettingsError
-from tritonflow.settings import (
-    DEFAULT_CANARY_ANALYSIS_INTERVAL_S,
-    DEFAULT_CANARY_BAKE_S,
-    DEFAULT_CANARY_CONFIDENCE,
-    DEFAULT_CANARY_COVERAGE_FEATURES,
-    DEFAULT_CANARY_COVERAGE_MIN_REQUESTS,
-    DEFAULT_CANARY_HARD_MIN_REQUESTS,
-    DEFAULT_CANARY_MAX_ERROR_RATE,
-    DEFAULT_CANARY_MAX_EXTENSIONS,
-    DEFAULT_CANARY_MAX_LATENCY_RATIO,
-    DEFAULT_CANARY_MAX_MEAN_LATENCY_MS,
-    DEFAULT_CANARY_MAX_PREDICTION_KS,
-    DEFAULT_CANARY_MAX_PREDICTION_PSI,
-    DEFAULT_CANARY_MAX_QUALITY_DROP,
-    DEFAULT_CANARY_MIN_LABELS,
-    DEFAULT_CANARY_MIN_REQUESTS,
-    DEFAULT_CANARY_QUALITY_METRIC,
-    DEFAULT_CANARY_STEPS,
-    DEFAULT_PREFLIGHT_MEMORY_FACTOR,
-    DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB,
-    Settings,
-)
 from repository_sync.canary_analysis import (  # noqa: F401 -- re-exported, the canary's public API
     CONTINUE,
     COUNT_METRIC,
@@ -100,6 +76,31 @@ from repository_sync.canary_analysis import (  # noqa: F401 -- re-exported, the 
     version_window,
 )
 from repository_sync.canary_checks import ExpectedBehaviour, Observations
+from repository_sync.router import TrafficPlan
+from tritonflow.exceptions import PreflightError, SettingsError
+from tritonflow.settings import (
+    DEFAULT_CANARY_ANALYSIS_INTERVAL_S,
+    DEFAULT_CANARY_BAKE_S,
+    DEFAULT_CANARY_CONFIDENCE,
+    DEFAULT_CANARY_COVERAGE_FEATURES,
+    DEFAULT_CANARY_COVERAGE_MIN_REQUESTS,
+    DEFAULT_CANARY_HARD_MIN_REQUESTS,
+    DEFAULT_CANARY_MAX_ERROR_RATE,
+    DEFAULT_CANARY_MAX_EXTENSIONS,
+    DEFAULT_CANARY_MAX_LATENCY_RATIO,
+    DEFAULT_CANARY_MAX_MEAN_LATENCY_MS,
+    DEFAULT_CANARY_MAX_PREDICTION_KS,
+    DEFAULT_CANARY_MAX_PREDICTION_PSI,
+    DEFAULT_CANARY_MAX_QUALITY_DROP,
+    DEFAULT_CANARY_MIN_LABELS,
+    DEFAULT_CANARY_MIN_REQUESTS,
+    DEFAULT_CANARY_QUALITY_METRIC,
+    DEFAULT_CANARY_STEPS,
+    DEFAULT_PREFLIGHT_MEMORY_FACTOR,
+    DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB,
+    Settings,
+)
+
 
 # ------------------------------------------------------------------------------------ policy
 def parse_steps(value: str | Sequence[int], field: str = "canary_steps") -> tuple[int, ...]:
@@ -121,7 +122,8 @@ def parse_steps(value: str | Sequence[int], field: str = "canary_steps") -> tupl
         steps.append(int(text))
     if not steps or any(not 1 <= s <= 100 for s in steps):
         raise SettingsError(f"{field}={value!r}: expected percents between 1 and 100")
-    if any(b <= a for a, b in zip(steps, steps[1:])):
+    # consecutive pairs: the shorter steps[1:] ends the pairing on purpose
+    if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
         raise SettingsError(f"{field}={value!r}: steps must increase strictly")
     if steps[-1] != 100:
         raise SettingsError(f"{field}={value!r}: the last step must be 100 (full promotion)")
@@ -195,7 +197,7 @@ class CanaryPolicy:
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> "CanaryPolicy":
         """Policy from ``settings.canary_*`` fields, with keyword overrides (e.g. DAG params)."""
-        values = dict(
+        values: dict[str, Any] = dict(
             steps=parse_steps(settings.canary_steps),
             bake_s=settings.canary_bake_s,
             min_requests=settings.canary_min_requests,
@@ -219,9 +221,12 @@ class CanaryPolicy:
 
     @property
     def hard_confidence(self) -> float:
-        """Confidence of the hard checks' error-rate bound: ``confidence`` with its error level
+        """Per-analysis confidence of the hard checks (Bonferroni over one bake).
+
+        Confidence of the hard checks' error-rate bound: ``confidence`` with its error level
         split over the analyses of one bake (Bonferroni), since every analysis is another look at
-        the same step: ``1 - (1 - confidence) / ceil(bake_s / analysis_interval_s)``."""
+        the same step: ``1 - (1 - confidence) / ceil(bake_s / analysis_interval_s)``.
+        """
         looks = max(1, math.ceil(self.bake_s / self.analysis_interval_s)) if self.bake_s > 0 else 1
         return 1.0 - (1.0 - self.confidence) / looks
 
@@ -353,7 +358,9 @@ def run_canary(
     seconds slept, so an analysis never shortens it.
 
     Args:
-        model, champion, challenger: Model name and the two Triton versions (both loaded).
+        model: Model name.
+        champion: Champion's Triton version (loaded).
+        challenger: Challenger's Triton version (loaded).
         policy: Steps, bake time, analysis interval and thresholds.
         apply_plan: Makes a :class:`TrafficPlan` live (e.g. ``NginxRouter.apply``).
         scrape_metrics: Returns Triton's metrics text (e.g. :func:`metrics_scraper`); raising
@@ -363,7 +370,8 @@ def run_canary(
             (e.g. from the inference log); ``None`` skips the output checks.
         expected: The challenger's expected behaviour (shadow or mirrored predictions).
         coverage_reference: The drift reference for the feature-space coverage.
-        sleep, clock: Injected for tests (``time.sleep``, ``time.time``).
+        sleep: Waits (``time.sleep``; injected for tests).
+        clock: Unix time now (``time.time``; injected for tests).
         on_step: Called with each step-ending analysis (pass, fail, inconclusive) as it is made.
         on_analysis: Called with every analysis, intermediate ones included (record to MLflow).
         sticky_header: Passed to every plan (same key, same version).
@@ -389,7 +397,7 @@ def run_canary(
         outcome = "rolled_back" if rec.gateway_ok else "rollback_failed"
         return CanaryResult(model, champion, challenger, outcome, reason, steps, rec, analyses)
 
-    for index, (percent, plan) in enumerate(zip(policy.steps, plans), start=1):
+    for index, (percent, plan) in enumerate(zip(policy.steps, plans, strict=True), start=1):
         try:
             apply_plan(plan)
         except Exception as exc:  # noqa: BLE001 -- the gateway kept the previous step; roll back
@@ -487,7 +495,9 @@ def model_files_bytes(path: Path | str) -> int:
 
 
 def host_available_bytes(meminfo_path: Path | str = "/proc/meminfo") -> int:
-    """``MemAvailable`` from ``/proc/meminfo`` in bytes (the kernel's estimate of memory that can
+    """Read ``MemAvailable`` from ``/proc/meminfo``, in bytes.
+
+    ``MemAvailable`` from ``/proc/meminfo`` in bytes (the kernel's estimate of memory that can
     be allocated without swapping, see proc(5)).
 
     Raises:

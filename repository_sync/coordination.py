@@ -167,20 +167,23 @@ def _create_tables(engine: sa.Engine) -> None:
     metadata.create_all(engine, checkfirst=True)
 
 
-def _insert_ignore(engine: sa.Engine, table: sa.Table, **values: Any) -> Any:
+def _dialect_insert(engine: sa.Engine, table: sa.Table) -> Any:
+    """``INSERT`` of the engine's dialect (PostgreSQL or SQLite: both have ``ON CONFLICT``)."""
     if engine.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(table).values(**values).on_conflict_do_nothing()
+        from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+
+        return postgresql_insert(table)
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(table)
+
+
+def _insert_ignore(engine: sa.Engine, table: sa.Table, **values: Any) -> Any:
+    return _dialect_insert(engine, table).values(**values).on_conflict_do_nothing()
 
 
 def _upsert(engine: sa.Engine, table: sa.Table, keys: tuple[str, ...], **values: Any) -> Any:
-    if engine.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    stmt = insert(table).values(**values)
+    stmt = _dialect_insert(engine, table).values(**values)
     return stmt.on_conflict_do_update(index_elements=list(keys),
                                       set_={k: stmt.excluded[k] for k in values if k not in keys})
 

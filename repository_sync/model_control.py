@@ -122,7 +122,7 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
         if control.needed_versions is not None:
             for v in control.needed_versions(name):
                 target.setdefault(int(v), "registry")
-        result = {"model_name": name, "versions": sorted(target), "before": sorted(before),
+        result: dict[str, Any] = {"model_name": name, "versions": sorted(target), "before": sorted(before),
                   "signatures": {}, "key_ids": {}}
         if not target:
             lease.check()

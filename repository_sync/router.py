@@ -53,9 +53,9 @@ import shutil
 import subprocess
 import tempfile
 import time
-import uuid
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
@@ -206,7 +206,7 @@ class TrafficPlan:
         if not isinstance(data, Mapping):
             raise TrafficPlanError(f"traffic plan {data!r}: expected a mapping with 'model' and 'routes'")
         name = str(data.get("id") or data.get("name") or data.get("model") or "")
-        model = data.get("model")
+        model: Any = data.get("model")  # raw input: TrafficPlan validates it
         raw_routes = data.get("routes")
         if not isinstance(raw_routes, (list, tuple)) or not raw_routes:
             raise TrafficPlanError(
@@ -215,8 +215,8 @@ class TrafficPlan:
             )
         mirror = data.get("mirror")
         if isinstance(mirror, Mapping):
-            mirror = Mirror(version=mirror.get("version"), percent=mirror.get("percent"),
-                            target=mirror.get("target"))
+            target: Any = mirror.get("target")  # raw input: Mirror validates it
+            mirror = Mirror(version=mirror.get("version"), percent=mirror.get("percent"), target=target)
         routes = []
         for i, r in enumerate(raw_routes):
             if not isinstance(r, Mapping):
@@ -244,8 +244,11 @@ class TrafficPlan:
         sticky_header: str | None = None,
         name: str = "",
     ) -> "TrafficPlan":
-        """Build a plan from ``{version: percent}`` (insertion order kept; first is the champion
-        unless ``champion`` says otherwise)."""
+        """Build a plan from ``{version: percent}``.
+
+        Insertion order is kept; the first version is the champion unless ``champion`` says
+        otherwise.
+        """
         return cls(
             model=model,
             routes=tuple(Route(v, w) for v, w in weights.items()),
@@ -279,8 +282,11 @@ class TrafficPlan:
 
     @classmethod
     def single(cls, model: str, version: int, *, name: str = "", mirror: Mirror | None = None) -> "TrafficPlan":
-        """All requests of ``model`` to ``version`` (the rollback plan; with ``mirror``, the live
-        shadow plan)."""
+        """Build a plan that sends all requests of ``model`` to one version.
+
+        All requests of ``model`` to ``version`` (the rollback plan; with ``mirror``, the live
+        shadow plan).
+        """
         return cls(model=model, routes=(Route(version, 100),), champion=version, name=name, mirror=mirror)
 
     # -------------------------------------------------------------- views
@@ -309,7 +315,7 @@ class TrafficPlan:
     @property
     def digest(self) -> str:
         """Short digest of the routing (model, weights, sticky header); sent as ``X-Tritonflow-Plan``."""
-        key = {
+        key: dict[str, Any] = {
             "model": self.model,
             "routes": sorted((int(r.version), int(r.weight)) for r in self.routes),
             "sticky_header": (self.sticky_header or "").lower(),
@@ -397,9 +403,11 @@ def coerce_plan(plan: TrafficPlan | Mapping[str, Any]) -> TrafficPlan:
 
 # ----------------------------------------------------------------------------------- interface
 class TrafficRouter(abc.ABC):
-    """Splits each model's requests between its versions. Implementations must validate a plan
-    completely before changing anything and must leave the live routing unchanged when applying
-    fails."""
+    """Splits each model's requests between its versions.
+
+    Implementations must validate a plan completely before changing anything and must leave the
+    live routing unchanged when applying fails.
+    """
 
     @abc.abstractmethod
     def apply(self, plan: TrafficPlan | Mapping[str, Any]) -> TrafficPlan:
@@ -575,8 +583,11 @@ class NginxRouter(TrafficRouter):
 
     @classmethod
     def from_nginx_cmd(cls, conf_dir: Path | str, nginx_cmd: Sequence[str], **kwargs: Any) -> "NginxRouter":
-        """Router for an NGINX run as ``nginx_cmd`` (argv prefix such as ``nginx -p P -c C``):
-        tests with ``nginx_cmd + ["-t"]``, reloads with ``nginx_cmd + ["-s", "reload"]``."""
+        """Build a router for an NGINX run as ``nginx_cmd``.
+
+        Router for an NGINX run as ``nginx_cmd`` (argv prefix such as ``nginx -p P -c C``):
+        tests with ``nginx_cmd + ["-t"]``, reloads with ``nginx_cmd + ["-s", "reload"]``.
+        """
         argv = list(nginx_cmd)
         return cls(conf_dir, reload=argv + ["-s", "reload"], test=argv + ["-t", "-q"], **kwargs)
 
@@ -681,6 +692,8 @@ class NginxRouter(TrafficRouter):
         from repository_sync.mirror import MIRROR_PATH, SERVED_HEADER
 
         m = plan.mirror
+        if m is None:  # only plans with a mirror are rendered here
+            raise TrafficPlanError(f"traffic plan for model {plan.model!r} has no mirror to render")
         rid, share, hit = (f"$tritonflow_rid_{ident}", f"$tritonflow_ms_{ident}",
                            f"$tritonflow_mirror_{ident}")
         upstream = f"tritonflow_mirror_{ident}"
@@ -800,7 +813,8 @@ class NginxRouter(TrafficRouter):
         if (prev / "present").read_text() == "0":
             self._write_and_reload(model, {0: None, 1: None}, None)
             return None
-        contents = {0: (prev / "http.conf").read_bytes(), 1: (prev / "locations.conf").read_bytes()}
+        contents: dict[int, bytes | None] = {0: (prev / "http.conf").read_bytes(),
+                                             1: (prev / "locations.conf").read_bytes()}
         plan = self._plan_in(prev / "http.conf")
         self._write_and_reload(model, contents, plan)
         return plan
@@ -931,8 +945,11 @@ def fallback_model_name(model: str) -> str:
 
 
 def answered_by(model: str, headers: Mapping[str, str]) -> str:
-    """The Triton model that answered a gateway request: the fallback's name when the response
-    carries :data:`FALLBACK_HEADER`, else ``model`` (what the inference log records)."""
+    """Name the Triton model that answered a gateway request.
+
+    The Triton model that answered a gateway request: the fallback's name when the response
+    carries :data:`FALLBACK_HEADER`, else ``model`` (what the inference log records).
+    """
     lowered = {str(k).lower(): v for k, v in dict(headers).items()}
     return str(lowered.get(FALLBACK_HEADER.lower()) or model)
 

@@ -151,10 +151,11 @@ class GoldenSet:
                 datatype = "BYTES"
                 data = [v.decode() if isinstance(v, bytes) else str(v) for v in arr.reshape(-1)]
             else:
-                datatype = _NUMPY_TO_KSERVE.get(arr.dtype.name)
-                if datatype is None:
+                kserve_type = _NUMPY_TO_KSERVE.get(arr.dtype.name)
+                if kserve_type is None:
                     raise DataError(f"golden input {name!r} has dtype {arr.dtype}: expected one of "
                                     f"{sorted(_NUMPY_TO_KSERVE)} or strings")
+                datatype = kserve_type
                 data = arr.reshape(-1).tolist()
             tensors[name] = {"datatype": datatype, "shape": list(arr.shape), "data": data}
         ranges: dict[str, list[float]] = {}

@@ -169,7 +169,9 @@ def exact_integer(value: Any, datatype: str = "INT64") -> int:
     return out
 
 
-def frame_to_inputs(frame, specs: Sequence[InputSpec]) -> tuple[dict[str, np.ndarray], list[int], list[tuple[int, str]]]:
+def frame_to_inputs(
+    frame, specs: Sequence[InputSpec]
+) -> tuple[dict[str, np.ndarray], list[int], list[tuple[int, str]]]:
     """Build request tensors from a pandas DataFrame, refusing bad rows instead of coercing them.
 
     Each input is taken from the column of the same name (per-row dims ``[1]`` or ``[]``). With a
@@ -220,6 +222,7 @@ def frame_to_inputs(frame, specs: Sequence[InputSpec]) -> tuple[dict[str, np.nda
     arrays: dict[str, np.ndarray] = {}
     for spec in specs:
         cols = columns[spec.name]
+        arr: np.ndarray
         if spec.datatype in _INT_DATATYPES:
             data = [[exact_integer(frame[c].iloc[i], spec.datatype) for c in cols] for i in rows]
             arr = np.array(data, dtype=triton_to_np_dtype(spec.datatype)).reshape(len(rows), len(cols))
@@ -374,8 +377,11 @@ class TritonModelControl:
             raise ServiceUnavailableError(f"Triton at {self.url} unreachable while {what}: {exc}") from exc
 
     def index(self) -> list[dict]:
-        """Repository index: one dict per model version known to Triton (name, version, state,
-        reason), including models not loaded."""
+        """Read Triton's repository index.
+
+        Repository index: one dict per model version known to Triton (name, version, state,
+        reason), including models not loaded.
+        """
         return list(self._call("reading the repository index", self.client.get_model_repository_index))
 
     def ready_versions(self, name: str) -> list[int]:
@@ -542,11 +548,14 @@ class TritonModelControl:
         }
 
     # ------------------------------------------------------------------ inference
-    def infer(self, name: str, version: int, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def infer(
+        self, name: str, version: int, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
         """Run one inference request and return the outputs as numpy arrays.
 
         Args:
-            name: Model name. version: Model version.
+            name: Model name.
+            version: Model version.
             inputs: Input name -> array with the batch axis first (when the model batches).
                 Integer inputs must be integer arrays (never float, case H06).
             outputs: Output names to return (default: all from the model metadata).
@@ -611,10 +620,13 @@ class TritonModelControl:
         """Send a sample through the served version and compare with expected outputs.
 
         Args:
+            name: Model name.
+            version: Model version (loaded).
             sample: ``pandas.DataFrame`` (rows refused when an id is missing/invalid, H06) or a
                 mapping input name -> array.
             expected: Output name -> array for every sample row (rows refused are skipped).
-            atol, rtol: Tolerances, as in ``numpy.isclose`` (|a-b| <= atol + rtol*|b|).
+            atol: Absolute tolerance, as in ``numpy.isclose`` (|a-b| <= atol + rtol*|b|).
+            rtol: Relative tolerance, as in ``numpy.isclose``.
 
         Returns:
             :class:`SmokeResult`.
@@ -627,7 +639,8 @@ class TritonModelControl:
         if isinstance(sample, Mapping):
             arrays = dict(sample)
             n = len(next(iter(arrays.values()))) if arrays else 0
-            rows, invalid = list(range(n)), []
+            invalid: list[tuple[int, str]] = []
+            rows = list(range(n))
         else:
             arrays, rows, invalid = frame_to_inputs(sample, self.input_specs(name, version))
         if not rows:
@@ -645,11 +658,11 @@ class TritonModelControl:
                 differ = text(got).reshape(len(rows), -1) != text(want).reshape(len(rows), -1)
                 result.max_abs_error[out_name] = 0.0
                 if differ.any():
-                    bad = np.flatnonzero(differ.any(axis=1))
+                    bad_rows = np.flatnonzero(differ.any(axis=1))
                     raise ParityError(
                         f"smoke test of model '{name}' version {version}: output {out_name!r} (strings) "
-                        f"differs from the source model in {bad.size} of {len(rows)} rows; first row "
-                        f"{rows[int(bad[0])]}"
+                        f"differs from the source model in {bad_rows.size} of {len(rows)} rows; first row "
+                        f"{rows[int(bad_rows[0])]}"
                     )
                 continue
             if got.shape != want.shape:
@@ -687,7 +700,9 @@ class TritonModelControl:
         atol: float = 1e-5,
         rtol: float = 1e-5,
     ) -> tuple[dict, SmokeResult]:
-        """:meth:`load` then :meth:`smoke_test`; on a failed smoke test the version is removed
+        """Load a version and smoke-test it, removing it again when the test fails.
+
+        :meth:`load` then :meth:`smoke_test`; on a failed smoke test the version is removed
         from the desired set again (the others stay), then the error is raised.
 
         Returns:

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,7 +28,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 from urllib.parse import urlsplit
@@ -301,7 +299,9 @@ def test_every_depends_on_target_exists_and_waits_on_the_right_condition(service
             assert target in services, f"{name} depends on undefined service {target!r}"
             condition = spec.get("condition", "service_started")
             if condition == "service_healthy":
-                assert "healthcheck" in services[target], f"{name} waits for {target} to be healthy, which has no healthcheck"
+                assert "healthcheck" in services[target], (
+                    f"{name} waits for {target} to be healthy, which has no healthcheck"
+                )
             if services[target].get("restart") == "no":
                 assert condition == "service_completed_successfully", (
                     f"{name} must wait for the one-shot {target} to complete, not {condition}"
@@ -318,7 +318,9 @@ def test_long_running_services_have_healthchecks_and_restart(services):
 
 def test_user_facing_services_publish_their_ports_on_distinct_host_ports(services):
     for name, ports in PUBLISHED_PORTS.items():
-        assert ports <= container_ports(services[name]), f"{name} publishes {container_ports(services[name])}, needs {ports}"
+        assert ports <= container_ports(services[name]), (
+            f"{name} publishes {container_ports(services[name])}, needs {ports}"
+        )
     published = [p for svc in services.values() for p in host_ports(svc)]
     assert len(published) == len(set(published)), f"host ports collide: {sorted(published)}"
 
@@ -341,7 +343,7 @@ def test_every_referenced_file_exists(services):
             dockerfile = context / (build.get("dockerfile", "Dockerfile") if isinstance(build, dict) else "Dockerfile")
             assert dockerfile.is_file(), f"{name}: Dockerfile {dockerfile} missing"
         mounts = bind_mounts(svc)
-        for target, source in mounts.items():
+        for source in mounts.values():
             assert (ROOT / source).exists(), f"{name}: bind mount source {source} missing"
         for arg in argv_of(svc.get("entrypoint")) + argv_of(svc.get("command")):
             if arg.endswith((".sh", ".sql", ".py")) and arg.startswith("/"):
@@ -465,7 +467,8 @@ def test_airflow_services_run_the_project_image_and_mount_dags_and_plugins(servi
 def test_airflow_dockerfile_installs_the_pinned_requirements_and_the_packages():
     dockerfile = (ROOT / "deploy/airflow/Dockerfile").read_text()
     assert re.search(r"^FROM apache/airflow:3\.3\.2-python3\.11\s*$", dockerfile, re.M)
-    assert re.search(r"-r /opt/tritonflow/requirements\.txt\s*\\\s*\n\s*-c /opt/tritonflow/constraints/constraints\.txt", dockerfile)
+    assert re.search(r"-r /opt/tritonflow/requirements\.txt\s*\\\s*\n"
+                     r"\s*-c /opt/tritonflow/constraints/constraints\.txt", dockerfile)
     assert re.search(r"--no-deps -r /opt/tritonflow/constraints/requirements-nodeps\.txt", dockerfile)
     copied = re.findall(r"^COPY(?:\s+--\S+)*\s+(\S+)\s+\S+\s*$", dockerfile, re.M)
     for package in ("tritonflow/", "model_registry/", "drift_checks/", "repository_sync/"):
@@ -609,7 +612,8 @@ def test_every_database_the_stack_uses_is_created_by_init_sql(services):
     postgres = env_of(services["postgres"])
     created = set(re.findall(r"CREATE\s+DATABASE\s+(\w+)", (ROOT / "deploy/postgres/init.sql").read_text(), re.I))
     created.add(postgres.get("POSTGRES_DB", postgres["POSTGRES_USER"]))
-    assert bind_mounts(services["postgres"]).get("/docker-entrypoint-initdb.d/10-tritonflow.sql") == "./deploy/postgres/init.sql"
+    init_sql = bind_mounts(services["postgres"]).get("/docker-entrypoint-initdb.d/10-tritonflow.sql")
+    assert init_sql == "./deploy/postgres/init.sql"
     urls = [m for svc in services.values() for v in env_of(svc).values() for m in POSTGRES_URL.finditer(v)]
     assert {m.group("db") for m in urls} >= {"airflow", "mlflow"}
     for m in urls:
@@ -645,7 +649,8 @@ def test_grafana_dashboard_uses_the_provisioned_datasource_and_triton_metrics(se
 
     grafana = services["grafana"]
     mounts = bind_mounts(grafana)
-    datasources = yaml.safe_load((ROOT / mounts["/etc/grafana/provisioning/datasources"] / "prometheus.yml").read_text())
+    datasources_dir = ROOT / mounts["/etc/grafana/provisioning/datasources"]
+    datasources = yaml.safe_load((datasources_dir / "prometheus.yml").read_text())
     uid = datasources["datasources"][0]["uid"]
     assert urlsplit(datasources["datasources"][0]["url"]).hostname == "prometheus"
     providers = yaml.safe_load((ROOT / mounts["/etc/grafana/provisioning/dashboards"] / "tritonflow.yml").read_text())
@@ -780,7 +785,8 @@ def local_gateway(tmp_path, services) -> Iterator[LocalGateway]:
         d.mkdir(parents=True)
     (state / "mime.types").write_text("types { application/json json; text/plain txt; }\n")
     port, status_port = free_port(), free_port()
-    temp = "".join(f" {kind}_temp_path {state / 'temp' / kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    temp = "".join(f" {kind}_temp_path {state / 'temp' / kind};"
+                   for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     mapping = {
         "user nginx;": "user root;" if os.geteuid() == 0 else "",
         "/var/run/nginx.pid": str(state / "nginx.pid"),

@@ -1,4 +1,6 @@
-"""A canary over time, in one picture: error rate, latency and the prediction statistic of every
+"""Plot a canary over time in one picture.
+
+A canary over time, in one picture: error rate, latency and the prediction statistic of every
 analysis, with their thresholds and the step boundaries (matplotlib, Agg backend).
 
 :func:`plot_canary` takes the analyses a canary recorded (``StepAnalysis.to_dict()`` of every
@@ -128,7 +130,7 @@ def plot_canary(analyses: Sequence[Mapping[str, Any]], path: str | Path, *, titl
 
     failed = [a for a in analyses if a.get("verdict") == "fail"]
     for ax in (ax_err, ax_lat, ax_pred):
-        for start, label in step_boundaries(analyses):
+        for start, _label in step_boundaries(analyses):
             ax.axvline(start - t0, color="grey", lw=0.8, ls="--")
         for a in failed:
             ax.axvline(float(a["window_end"]) - t0, color="red", lw=1.2)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Mapping
+from typing import Any, Mapping
 
 from tritonflow.exceptions import RuntimeStartError, TritonflowError
 from tritonflow.settings import Settings, get_settings
@@ -66,7 +66,7 @@ def _runtime(args: argparse.Namespace) -> int:
     names = _parse_services(args.services)
     services = _services(settings, names, getattr(args, "repository", None))
     if args.action == "start":
-        started = []
+        started: list[tuple[str, Any]] = []
         for name, service in services:
             if service.healthy():
                 print(f"{name}: already running at {service.health_url()}")
@@ -184,8 +184,11 @@ def validate(model_uri: str, sample: str, *, out: str | None = None, name: str |
         report.update(passed=False, failure=f"could not run: {type(exc).__name__}: {exc}")
         return 2, report
 def _drift_backtest(args: argparse.Namespace) -> int:
-    """``tritonflow drift backtest``: replay a table through the hourly check (see
-    :mod:`drift_checks.backtest`); prints the summary as JSON."""
+    """Run ``tritonflow drift backtest``.
+
+    ``tritonflow drift backtest``: replay a table through the hourly check (see
+    :mod:`drift_checks.backtest`); prints the summary as JSON.
+    """
     import dataclasses as dc
 
     from drift_checks.backtest import read_table, run_backtest

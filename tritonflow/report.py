@@ -102,6 +102,7 @@ def _mark_events(ax, summary: Mapping[str, Any]) -> None:
 
 
 def plot_drift(folder: Path, series: Mapping[str, pd.DataFrame], summary: Mapping[str, Any]) -> list[str]:
+    """Plot each feature's drift statistic per logical hour vs its dynamic P95 threshold; return file names."""
     plt = _plt()
     files = []
     for feature, s in sorted(series.items()):
@@ -123,6 +124,7 @@ def plot_drift(folder: Path, series: Mapping[str, pd.DataFrame], summary: Mappin
 
 
 def plot_served(folder: Path, traffic: pd.DataFrame, summary: Mapping[str, Any]) -> str | None:
+    """Plot the share of traffic each model version served per hour; return the file name."""
     if traffic.empty:
         return None
     plt = _plt()
@@ -161,11 +163,12 @@ def rolling_performance(traffic: pd.DataFrame, hours: int = ROLLING_HOURS) -> pd
 
 
 def plot_performance(folder: Path, perf: pd.DataFrame, summary: Mapping[str, Any]) -> str | None:
+    """Plot AUC and accuracy per hour of what served; return the file name."""
     if perf.empty:
         return None
     plt = _plt()
     fig, axes = plt.subplots(2, 1, figsize=(9, 5), sharex=True)
-    for ax, metric in zip(axes, ("auc", "accuracy")):
+    for ax, metric in zip(axes, ("auc", "accuracy"), strict=True):
         ax.plot(perf["hour"], perf[f"served_{metric}"], color="tab:green", label="served (tritonflow loop)")
         ax.plot(perf["hour"], perf[f"baseline_{metric}"], color="tab:gray", ls="--",
                 label="never-retrained champion (offline)")
@@ -181,6 +184,7 @@ def plot_performance(folder: Path, perf: pd.DataFrame, summary: Mapping[str, Any
 
 
 def timing_rows(summary: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """Timings of the run's publishes, canaries, rollbacks and closed loops, as ``(label, seconds)``."""
     rows = []
     for e in _events(summary, "publish"):
         rows.append((f"publish v{e.get('version') or '?'}", float(e["seconds"])))
@@ -199,11 +203,12 @@ def timing_rows(summary: Mapping[str, Any]) -> list[tuple[str, float]]:
 
 
 def plot_timings(folder: Path, rows: Sequence[tuple[str, float]]) -> str | None:
+    """Plot the timings as horizontal bars; return the file name."""
     if not rows:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
-    labels, values = zip(*rows)
+    labels, values = zip(*rows, strict=True)
     ax.barh(range(len(rows)), values, color="tab:blue")
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.invert_yaxis()
@@ -250,26 +255,30 @@ def write_report(folder: Path, summary: Mapping[str, Any], traffic: pd.DataFrame
     if not traffic.empty:
         traffic.to_parquet(folder / "traffic.parquet", index=False)
     loops = summary.get("closed_loops", [])
-    loop_html = ("".join(f"<li>drift alert at logical hour {l['alert_hour']} &rarr; version {l['to']} "
-                         f"promoted (was {l['from']}): <b>{l['seconds']:.1f} s</b></li>" for l in loops)
+    loop_html = ("".join(f"<li>drift alert at logical hour {loop['alert_hour']} &rarr; version {loop['to']} "
+                         f"promoted (was {loop['from']}): <b>{loop['seconds']:.1f} s</b></li>" for loop in loops)
                  or "<li>no challenger was promoted in this run</li>")
     imgs = "".join(f'<img src="{f}" alt="{f}"><br>' for f in drift_files)
     events = [{k: v for k, v in e.items() if k not in ("wall", "steps", "conf")} for e in summary.get("events", [])]
+    event_columns = ["kind", "t", "hour", "version", "state", "outcome", "seconds", "features", "rolled_back",
+                     "closed_loop_s"]
+    hour_columns = ["hour", "start", "first_day", "last_day", "rows", "versions", "drift", "drift_features", "acted"]
     doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>tritonflow demo report</title>
 <style>body{{font-family:sans-serif;max-width:1000px;margin:auto}} table{{border-collapse:collapse;font-size:12px}}
 td,th{{border:1px solid #ccc;padding:2px 6px}} img{{max-width:100%}}</style></head><body>
 <h1>tritonflow demo on NOAA weather data</h1>
 <p>{html.escape(summary.get('mapping', ''))}. Wall time {summary.get('wall_s', 0):.0f} s.</p>
 <h2>Closed loop: drift alert &rarr; promoted challenger</h2>
-<ul>{loop_html}</ul><p>Issue 8 benchmark: reference 23 minutes in a comparable production loop, goal under 5 minutes.</p>
+<ul>{loop_html}</ul>
+<p>Issue 8 benchmark: reference 23 minutes in a comparable production loop, goal under 5 minutes.</p>
 <h2>Which version served when</h2>{f'<img src="{served}">' if served else '<p>no traffic</p>'}
 <h2>Quality of what was served vs a never-retrained champion</h2>{f'<img src="{perf_file}">' if perf_file else ''}
 <h2>Drift statistics against their dynamic P95 thresholds</h2>{imgs or '<p>no drift history</p>'}
 <h2>Timings</h2>{f'<img src="{timing_file}">' if timing_file else ''}
 {_table([{'what': a, 'seconds': b} for a, b in timings], ['what', 'seconds'])}
-<h2>Events</h2>{_table(events, ['kind', 't', 'hour', 'version', 'state', 'outcome', 'seconds', 'features', 'rolled_back', 'closed_loop_s'])}
+<h2>Events</h2>{_table(events, event_columns)}
 <h2>DAG runs</h2>{_table(summary.get('dag_runs', []), ['dag_id', 'state', 'seconds'])}
-<h2>Logical hours</h2>{_table(summary.get('hours', []), ['hour', 'start', 'first_day', 'last_day', 'rows', 'versions', 'drift', 'drift_features', 'acted'])}
+<h2>Logical hours</h2>{_table(summary.get('hours', []), hour_columns)}
 </body></html>"""
     path = folder / "index.html"
     path.write_text(doc)

@@ -540,7 +540,8 @@ class Settings:
         DEFAULT_MAX_P99_REGRESSION, "MAX_P99_REGRESSION", "Allowed challenger p99 regression beyond noise (0.1 = 10 %)."
     )
     publish_profile: bool = _field(
-        True, "PUBLISH_PROFILE", "model_publish profiles with Model Analyzer unless its 'profile' param says otherwise.",
+        True, "PUBLISH_PROFILE",
+        "model_publish profiles with Model Analyzer unless its 'profile' param says otherwise.",
     )
     publish_perf_gate: bool = _field(
         True, "PUBLISH_PERF_GATE", "model_publish runs the p99 gate unless its 'perf_gate' param says otherwise.",

@@ -50,6 +50,11 @@ def triton_model_url(http_url: str, model_name: str, version: str | int | None =
 
     Args:
         http_url: ``host:port`` or ``http(s)://host:port`` of Triton's HTTP endpoint.
+        model_name: Triton model name (URL-quoted).
+        version: Model version; ``None`` or ``""``: the model's URL without a version.
+
+    Returns:
+        The URL.
     """
     base = http_url if "://" in http_url else f"http://{http_url}"
     url = f"{base.rstrip('/')}/v2/models/{quote(str(model_name), safe='')}"

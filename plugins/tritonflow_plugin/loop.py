@@ -66,7 +66,7 @@ def loop_context(context: Mapping[str, Any]):
 
     dag_run = context.get("dag_run")
     conf = dict(getattr(dag_run, "conf", None) or {})
-    dag_id = getattr(context.get("dag"), "dag_id", None) or getattr(dag_run, "dag_id", "?")
+    dag_id = str(getattr(context.get("dag"), "dag_id", None) or getattr(dag_run, "dag_id", "?"))
     check_conf_keys(conf, dag_param_names(context), dag_id)
     ctx = parse_loop_context(conf.get(LOOP_CONF_KEY))
     if ctx is not None:

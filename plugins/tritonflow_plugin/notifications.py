@@ -35,7 +35,7 @@ def failure_message(context: Mapping[str, Any]) -> dict[str, Any]:
     task_id = getattr(ti, "task_id", None)
     run_id = getattr(ti, "run_id", None) or context.get("run_id")
     error = context.get("exception") or context.get("reason")
-    logical_date = context.get("logical_date")
+    logical_date: Any = context.get("logical_date")
     msg = {
         "dag_id": dag_id,
         "task_id": task_id,

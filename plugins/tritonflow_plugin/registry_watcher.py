@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterable, Sequence
+from typing import Any, AsyncIterator, Iterable, Sequence, cast
 
 from tritonflow_plugin.event_mapping import (
     ALIAS_DELETED,
@@ -163,7 +163,7 @@ class SeenStateStore:
     def facts(self, consumer: str) -> set[Fact]:
         """Facts recorded for ``consumer``."""
         state = self.store.get_state(self.SCOPE, consumer) or {}
-        return {tuple(f) for f in state.get("facts", [])}  # type: ignore[misc]
+        return {tuple(f) for f in state.get("facts", [])}
 
     def advance(self, consumer: str, current: Iterable[Fact]) -> list[RegistryChange]:
         """Record ``current`` as acted on and return what changed since the last call.
@@ -172,14 +172,15 @@ class SeenStateStore:
         happen in one transaction holding the consumer's row locked, so concurrent or repeated
         calls with the same registry state return each change once in total.
         """
-        current = {tuple(str(x) for x in f) for f in current}
+        # every field as text; a fact keeps its four fields
+        facts = {cast(Fact, tuple(str(x) for x in f)) for f in current}
         with self.store.locked_state(self.SCOPE, consumer) as (conn, state):
             baseline = bool(state)
             previous = {tuple(f) for f in (state or {}).get("facts", [])}
-            changes = diff_facts(previous, current) if baseline else []
+            changes = diff_facts(previous, facts) if baseline else []
             self.store.set_state(self.SCOPE, consumer, {
                 "baseline_at": (state or {}).get("baseline_at") or time.time(),
-                "facts": sorted(list(f) for f in current),
+                "facts": sorted(list(f) for f in facts),
             }, conn=conn)
         return changes
 
@@ -210,10 +211,10 @@ try:  # The trigger needs Airflow core (the triggerer); the pure parts above do 
     from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 except ImportError:  # pragma: no cover - core not installed (task-SDK-only worker)
     BaseEventTrigger = object  # type: ignore[assignment,misc]
-    TriggerEvent = None  # type: ignore[assignment]
+    TriggerEvent = None  # type: ignore[assignment,misc]  # fallback for a class name
 
 
-class RegistryEventTrigger(BaseEventTrigger):  # type: ignore[misc,valid-type]
+class RegistryEventTrigger(BaseEventTrigger):
     """Event trigger that fires when the registry changes in a way mapped to ``dag_id``.
 
     Args:

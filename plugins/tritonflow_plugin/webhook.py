@@ -41,7 +41,7 @@ import logging
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse

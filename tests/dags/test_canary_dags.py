@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -200,7 +199,7 @@ def dag_runs(served, tmp_path_factory, airflow_home):
         {"dag_id": "canary_rollback", "conf": {"model": MODEL, "reason": "dag test: rollback"}},
         {"dag_id": "canary_rollback", "conf": {"model": MODEL, "reason": "dag test: again"}},
     ])
-    return dict(zip(names, runs))
+    return dict(zip(names, runs, strict=True))
 
 
 def test_promotion_dag_refuses_a_schedule_not_ending_at_100_without_retry(dag_runs):

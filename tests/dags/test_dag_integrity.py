@@ -19,7 +19,6 @@ import pytest
 
 from tests.plugins import airflow_env
 from tritonflow_plugin.dag_integrity import (
-    EXPECTED_DAG_IDS,
     check_docs_and_tags,
     check_execution_timeouts,
     check_param_descriptions,
@@ -195,7 +194,7 @@ def test_fire_and_forget_trigger_completes_and_next_run_is_not_blocked(tmp_path,
         env=airflow_env.subprocess_env(AIRFLOW__CORE__DAGS_FOLDER=str(dags)),
         capture_output=True, text=True, timeout=300,
     )
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(lines[-1][len("RESULT "):])
     assert result["states"] == ["success", "success"]

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -109,10 +108,11 @@ def test_invalid_params_are_refused_by_the_trigger_form(publish_dag, param, valu
 
 # ------------------------------------------------------------------------------ dag.test runs
 def _register(tracking_uri: str, name: str) -> int:
-    from tests.pipelines.test_publish_pipeline import churn_data, register
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
+
+    from tests.pipelines.test_publish_pipeline import churn_data, register
 
     X, y = churn_data(n=200, seed=3)
     return register(tracking_uri, name, make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y), X)
@@ -130,7 +130,7 @@ def _run_dag(tmp_path, airflow_home, conf: dict, env: dict, timeout: int) -> dic
         env=airflow_env.subprocess_env(AIRFLOW__CORE__DAGS_FOLDER=str(dags), **env),
         capture_output=True, text=True, timeout=timeout,
     )
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     (tmp_path / "run.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT "):])

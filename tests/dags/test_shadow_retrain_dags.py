@@ -159,7 +159,7 @@ def loop(tmp_path_factory, mlflow_server, airflow_home):
             [sys.executable, str(driver), str(folder), model, json.dumps(first), json.dumps(last)],
             env=env, capture_output=True, text=True, timeout=1200,
         )
-        lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-6000:]
         steps = json.loads(lines[-1][len("RESULT "):])
         yield {"model": model, "event": event, "steps": steps, "settings": settings,

@@ -336,5 +336,5 @@ def test_when_the_champion_is_unloaded_the_fallback_answers_and_the_log_records_
                           "p": [float(probs[key][-1]), float(probs_fb[key][-1])], "answered_by": [r[1] for r in rows]})
     InferenceLogWriter(str(tmp_path / "logs"), name, LogSchema({}, {"p": "float"})).write(frame)
     window = read_window(str(tmp_path / "logs"), name, now.floor("h"), now.floor("h") + dt.timedelta(hours=1))
-    logged = dict(zip(window.frame["request_id"], window.frame["answered_by"]))
+    logged = dict(zip(window.frame["request_id"], window.frame["answered_by"], strict=True))
     assert logged == {"r-before": triton_name, "r-after": f"{triton_name}__fallback"}

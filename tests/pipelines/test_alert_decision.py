@@ -26,8 +26,9 @@ def _summary(**kw):
 
 @pytest.mark.parametrize("summary, decision", [
     (_summary(drift=True, alert_features=["tenure"], alert_reason="strong effect on tenure"), "alert"),
-    (_summary(alert_features=["tenure"], alert_reason="strong effect on tenure; within the cooldown "
-                                                      "(2:00:00 after the previous alert, no new feature)"), "cooldown"),
+    (_summary(alert_features=["tenure"],
+              alert_reason="strong effect on tenure; within the cooldown "
+                           "(2:00:00 after the previous alert, no new feature)"), "cooldown"),
     (_summary(), "no_alert"),
     (_summary(status="contract_failed"), "contract_failed"),
     (_summary(status="no_reference", alerts=[{"message": "'churn' v3: no reference"}]), "no_reference"),
@@ -41,7 +42,8 @@ def test_every_drift_hour_gets_a_decision_with_a_reason(summary, decision):
 
 def test_shadow_outcomes_map_to_promote_retrain_or_no_retrain(tmp_path):
     s = make_settings(tmp_path)
-    assert ad.shadow_decision("churn", HOUR, ["tenure"], "promote_challenger", ["won"], s, tags={})["decision"] == "promote"
+    decision = ad.shadow_decision("churn", HOUR, ["tenure"], "promote_challenger", ["won"], s, tags={})
+    assert decision["decision"] == "promote"
     assert ad.shadow_decision("churn", HOUR, ["tenure"], "retrain", ["degraded"], s, tags={})["decision"] == "retrain"
     for outcome in ("nothing", "inconclusive"):
         made = ad.shadow_decision("churn", HOUR, ["tenure"], outcome, [], s, tags={})

@@ -252,8 +252,8 @@ class Traffic:
         probs = payload["outputs"][0]["data"]
         rec = {"request_id": rid, "timestamp": pd.Timestamp.now(tz="UTC"),
                "model_version": int(version)}
-        rec.update({c: float(v) for c, v in zip(FEATURES, row)})
-        rec.update({c: float(p) for c, p in zip(self.predictions, probs)})
+        rec.update({c: float(v) for c, v in zip(FEATURES, row, strict=True)})
+        rec.update({c: float(p) for c, p in zip(self.predictions, probs, strict=True)})
         self.rows.append(rec)
 
     def _flush(self) -> None:

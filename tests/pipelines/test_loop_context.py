@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from tritonflow.exceptions import SettingsError
 from tritonflow.pipelines.loop_context import (
@@ -102,5 +103,5 @@ def test_rejection_names_the_stage_and_the_reason_and_ignores_other_outcomes():
 
 def test_the_context_is_immutable():
     ctx = LoopContext(model="churn", triggered_by="retrain")
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         ctx.model = "other"  # type: ignore[misc]

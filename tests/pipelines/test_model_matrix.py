@@ -129,7 +129,9 @@ def _models(uri: str, tmp: Path) -> list[dict]:
     rows.append({"row": "LightGBM | binary | numeric", "name": name, "dataset_uri": str(table)})
 
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1)).eval()
+    net = torch.nn.Sequential(
+        torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1)
+    ).eval()
     Xt = T.to_numpy(np.float32)
     for fmt in ("onnx", "torchscript"):
         name = unique(f"torch_{fmt}")
@@ -226,11 +228,13 @@ def _onnx_mlp(layers: int, width: int):
              numpy_helper.from_array(rng.normal(scale=0.1, size=(width, 3)).astype(np.float32), "w_out")]
     nodes = [helper.make_node("MatMul", ["features", "w_in"], ["h0"])]
     for i in range(layers):
-        nodes += [helper.make_node("MatMul", [f"h{i}", "w_h"], [f"m{i}"]), helper.make_node("Tanh", [f"m{i}"], [f"h{i + 1}"])]
+        nodes += [helper.make_node("MatMul", [f"h{i}", "w_h"], [f"m{i}"]),
+                  helper.make_node("Tanh", [f"m{i}"], [f"h{i + 1}"])]
     nodes += [helper.make_node("MatMul", [f"h{layers}", "w_out"], ["z"]),
               helper.make_node("Softmax", ["z"], ["probabilities"], axis=1)]
     g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", 4])],
-                          [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 3])], initializer=inits)
+                          [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 3])],
+                          initializer=inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 9
     onnx.checker.check_model(m)
@@ -288,9 +292,10 @@ def test_profile_stage_drops_the_unstable_config_of_the_case_and_adopts_the_stea
     x = np.random.default_rng(1).normal(size=(16, 4)).astype(np.float32)
     m = _onnx_mlp(1, 8)
     name = unique("tabular")
-    log_and_register(stack["uri"], "onnx", m, x, ort.InferenceSession(m.SerializeToString()).run(None, {"features": x})[0],
-                     name, pip_requirements=["onnxruntime"])
-    state = pipeline.convert_and_validate(pipeline.resolve(f"{name}@champion", settings=s), max_batch_size=8, settings=s)
+    expected = ort.InferenceSession(m.SerializeToString()).run(None, {"features": x})[0]
+    log_and_register(stack["uri"], "onnx", m, x, expected, name, pip_requirements=["onnxruntime"])
+    resolved = pipeline.resolve(f"{name}@champion", settings=s)
+    state = pipeline.convert_and_validate(resolved, max_batch_size=8, settings=s)
     passes: dict[str, list[float]] = {}
     with open(CASES / "H12_unstable_measurement" / "perf_passes.csv") as fh:
         for r in csv.DictReader(fh):

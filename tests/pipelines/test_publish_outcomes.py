@@ -170,7 +170,7 @@ def test_profiling_runs_from_a_worker_with_a_minimal_environment(settings, class
     assert "ToolingError" not in proc.stderr and "ModuleNotFoundError" not in proc.stderr, proc.stderr[-5000:]
     export = Path(state["staging_dir"]) / "profile" / "run" / "export"
     assert [r for r in read_results_csv(results_path(export)) if r.throughput > 0], proc.stderr[-5000:]
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("PROFILE ")]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("PROFILE ")]
     if proc.returncode != 0:
         # a loaded shared machine can make every confirmation pass unstable: the stability rule's
         # verdict, not the environment's (seen once on the 2-core CI host at load 30)

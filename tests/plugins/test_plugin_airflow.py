@@ -39,7 +39,7 @@ def test_signed_webhook_creates_asset_event_that_queues_the_mapped_dag(tmp_path,
             TRITONFLOW_HOME=str(tmp_path / "tf_home"), TRITONFLOW_EVENT_MAPPING_PATH=""),
         capture_output=True, text=True, timeout=300,
     )
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(lines[-1][len("RESULT "):])
     assert result["status"] == 200, result["body"]

@@ -10,10 +10,18 @@ import pytest
 from mlflow import MlflowClient
 
 from tritonflow_plugin.event_mapping import (
-    ALIAS_DELETED, ALIAS_SET, STAGE_CHANGED, VERSION_CREATED, load_mapping,
+    ALIAS_DELETED,
+    ALIAS_SET,
+    STAGE_CHANGED,
+    VERSION_CREATED,
+    load_mapping,
 )
 from tritonflow_plugin.registry_watcher import (
-    RegistryEventTrigger, SeenStateStore, diff_facts, poll_once, take_snapshot,
+    RegistryEventTrigger,
+    SeenStateStore,
+    diff_facts,
+    poll_once,
+    take_snapshot,
 )
 
 

@@ -14,16 +14,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import types
 import urllib.error
 import urllib.request
 
-import numpy as np
 import pytest
 
 from repository_sync.canary import (
-    CONTINUE,
     FAIL,
     INCONCLUSIVE,
     PASS,
@@ -33,8 +30,8 @@ from repository_sync.canary import (
     metrics_scraper,
     parse_steps,
     parse_triton_metrics,
-    preflight_memory,
     preflight_from_settings,
+    preflight_memory,
     run_canary,
     version_window,
 )
@@ -69,7 +66,8 @@ def triton_metrics_text(counters: dict[str, dict[str, float]], model: str = MODE
         "# TYPE nv_inference_request_failure counter",
     ]
     for v, c in counters.items():
-        lines.append(f'nv_inference_request_failure{{model="{model}",reason="BACKEND",version="{v}"}} {c.get("failure", 0)}')
+        lines.append(f'nv_inference_request_failure{{model="{model}",reason="BACKEND",version="{v}"}} '
+                     f'{c.get("failure", 0)}')
         lines.append(f'nv_inference_request_failure{{model="{model}",reason="REJECTED",version="{v}"}} 0')
     lines += [
         "# HELP nv_inference_count Number of inferences performed (does not include cached requests)",

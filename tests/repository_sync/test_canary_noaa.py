@@ -78,7 +78,7 @@ class Traffic:
         served = self.rng.choice(versions, size=n, p=p)
         frame = self.rows.loc[idx, self.features].reset_index(drop=True)
         frame["model_version"] = served
-        frame["probability_rain"] = [self.scores[v][i] for v, i in zip(served, idx)]
+        frame["probability_rain"] = [self.scores[v][i] for v, i in zip(served, idx, strict=True)]
         frame["rain"] = self.rows.loc[idx, "rain"].to_numpy(dtype=float)
         frame["t"] = self.t + np.linspace(0, seconds, n, endpoint=False)
         self.log.append(frame)
@@ -112,7 +112,8 @@ def canary(noaa, champion_model, challenger_model, canary_start: int, *, expecte
         frame = shadow[list(FEATURE_COLUMNS)].reset_index(drop=True)
         frame[EXPECTED_SCORE_COLUMN] = challenger_model.predict_scores(shadow)
         behaviour = ExpectedBehaviour.from_frame(frame, source="shadow_replay")
-    traffic = Traffic(noaa.iloc[canary_start:canary_start + CANARY_DAYS], {1: champion_model, 2: challenger_model}, seed)
+    traffic = Traffic(noaa.iloc[canary_start:canary_start + CANARY_DAYS],
+                      {1: champion_model, 2: challenger_model}, seed)
     reference = CoverageReference(shadow[list(FEATURE_COLUMNS)].reset_index(drop=True), tuple(FEATURE_COLUMNS))
     result = run_canary(model="noaa_rain", champion=1, challenger=2, policy=CanaryPolicy(),
                         apply_plan=traffic.apply, scrape_metrics=traffic.scrape,

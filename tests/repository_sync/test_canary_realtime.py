@@ -73,7 +73,7 @@ class LoggingClient:
         conn = None
         body = json.dumps({"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1.5]}]})
         while not self._stop.is_set():
-            for attempt in range(2):  # a reload closes idle kept-alive connections: resend once
+            for _attempt in range(2):  # a reload closes idle kept-alive connections: resend once
                 try:
                     conn = conn or http.client.HTTPConnection(self.host, self.port, timeout=30)
                     status, version, data = self._send(conn, body)

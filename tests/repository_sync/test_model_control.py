@@ -23,6 +23,7 @@ from repository_sync.coordination import CoordinationStore
 from repository_sync.model_control import desired_versions, reconcile_model
 from repository_sync.publish import publish_version
 from repository_sync.triton_client import TritonModelControl
+from tritonflow.exceptions import TritonflowError
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = """
@@ -169,7 +170,7 @@ def test_reconcile_loads_what_the_registry_needs_plus_pinned_evaluations_in_one_
         out = reconcile_model(control, _Aliases({"champion": 3, "previous_champion": 1}), name)
         assert out["versions"] == [1, 3] and control.ready_versions(name) == [1, 3]
         # a failed load (version 9 is not in the repository) leaves the desired set serving
-        with pytest.raises(Exception):
+        with pytest.raises(TritonflowError):
             control.load(name, 9)
         assert control.ready_versions(name) == [1, 3]
         assert sorted(desired_versions(store, name)) == [1, 3]

@@ -150,9 +150,8 @@ def test_trigger_keeps_a_healthy_champion(served):
 @pytest.mark.integration
 @pytest.mark.parametrize("mode,reason", [("nan", "not finite"), ("error", "HTTP 500")])
 def test_trigger_fires_unhealthy_after_consecutive_failures_of_a_real_champion(served, mode, reason):
-    from tritonflow_plugin.sentinel import ChampionSentinelTrigger
-
     from tritonflow.runtime.fault_injection import set_mode
+    from tritonflow_plugin.sentinel import ChampionSentinelTrigger
 
     policy = SentinelPolicy(interval_s=0.1, failures=3, latency_limit_s=5.0)
     set_mode(served["mode_dir"], 1, mode)

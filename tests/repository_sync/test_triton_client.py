@@ -152,8 +152,9 @@ def test_published_classifier_is_served_like_sklearn(fs_stack, sklearn_onnx, sig
 @pytest.mark.integration
 def test_challenger_load_keeps_the_champion_loaded(fs_stack, sklearn_onnx, signing_keys):
     repo, _, client = fs_stack
-    _publish(repo, "iris_pair", 1, sklearn_onnx.onnx_path, sklearn_onnx.config_text.replace("iris_clf", "iris_pair"), signing_keys)
-    _publish(repo, "iris_pair", 2, sklearn_onnx.onnx_path, sklearn_onnx.config_text.replace("iris_clf", "iris_pair"), signing_keys)
+    pair_config = sklearn_onnx.config_text.replace("iris_clf", "iris_pair")
+    _publish(repo, "iris_pair", 1, sklearn_onnx.onnx_path, pair_config, signing_keys)
+    _publish(repo, "iris_pair", 2, sklearn_onnx.onnx_path, pair_config, signing_keys)
     client.load("iris_pair", 1)
     assert client.load("iris_pair", 2)["versions"] == [1, 2]
     assert client.ready_versions("iris_pair") == [1, 2]

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import boto3
@@ -17,9 +16,9 @@ import tritonclient.http as httpclient
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tritonflow.exceptions import RuntimeStartError
-from tritonflow.runtime.services import MlflowServer, S3Server, TritonServer, port_in_use
 from tests.conftest import make_settings
+from tritonflow.exceptions import RuntimeStartError
+from tritonflow.runtime.services import MlflowServer, TritonServer, port_in_use
 
 pytestmark = pytest.mark.integration
 

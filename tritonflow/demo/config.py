@@ -147,10 +147,10 @@ def quick_config(home: Path = DEFAULT_DEMO_HOME, **overrides: Any) -> DemoConfig
     """
     d = 48
     first = 12_000 - 14 * d
-    values = dict(home=home, champion_days=(0, first),
-                  mapping=DayHourMapping(first, 12_000 + 10 * d, d), min_history_windows=12,
-                  canary_steps="25,100", canary_bake_s=4.0, canary_min_requests=10,
-                  profile=False, perf_gate=False, quick=True, settle_timeout_s=1200.0)
+    values: dict[str, Any] = dict(home=home, champion_days=(0, first),
+                                  mapping=DayHourMapping(first, 12_000 + 10 * d, d), min_history_windows=12,
+                                  canary_steps="25,100", canary_bake_s=4.0, canary_min_requests=10,
+                                  profile=False, perf_gate=False, quick=True, settle_timeout_s=1200.0)
     values.update(overrides)
     return DemoConfig(**values)
 
@@ -166,6 +166,7 @@ class Progress:
         self.events: list[dict[str, Any]] = []
 
     def elapsed(self) -> float:
+        """Seconds since this progress started (monotonic clock)."""
         return time.monotonic() - self.t0
 
     def step(self, message: str, **data: Any) -> None:
@@ -188,8 +189,11 @@ def _port(preferred: int, taken: set[int]) -> int:
 
 
 def stop_leftovers(home: Path) -> list[str]:
-    """Stop services a previous demo run left behind (pid files under ``home/run`` and
-    ``home/airflow/run``), never by process name."""
+    """Stop services a previous demo run left behind.
+
+    Stop services a previous demo run left behind (pid files under ``home/run`` and
+    ``home/airflow/run``), never by process name.
+    """
     from tritonflow.runtime.services import _read_pid, _terminate_group
 
     stopped = []
@@ -259,8 +263,11 @@ def environment(cfg: DemoConfig, ports: Mapping[str, int]) -> dict[str, str]:
 
 
 def apply_environment(env: Mapping[str, str]) -> None:
-    """Export ``env`` (dropping inherited ``AIRFLOW*`` variables) and put the plugins folder and
-    the project on ``PYTHONPATH``."""
+    """Export the demo's environment into this process.
+
+    Export ``env`` (dropping inherited ``AIRFLOW*`` variables) and put the plugins folder and
+    the project on ``PYTHONPATH``.
+    """
     for key in [k for k in os.environ if k.startswith("AIRFLOW")]:
         del os.environ[key]
     os.environ.update(env)

@@ -18,15 +18,36 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
 import numpy as np
 import pandas as pd
 
-from tritonflow.demo.config import LOOP_DAGS, DemoConfig, Progress, _port, apply_environment, environment, stop_leftovers
+from tritonflow.demo.config import (
+    LOOP_DAGS,
+    DemoConfig,
+    Progress,
+    _port,
+    apply_environment,
+    environment,
+    stop_leftovers,
+)
 from tritonflow.demo.traffic import BackgroundTraffic, GatewayClient
-from tritonflow.exceptions import RuntimeStartError, TritonflowError
+from tritonflow.exceptions import RuntimeStartError
 from tritonflow.settings import PROJECT_ROOT
+
+if TYPE_CHECKING:
+    from model_registry.training import TrainedModel
+    from tritonflow.runtime.airflow import AirflowApi, AirflowDeployment
+
+_T = TypeVar("_T")
+
+
+def _started(value: _T | None, what: str) -> _T:
+    """``value`` once the demo has made it; a clear error when a step runs before it."""
+    if value is None:
+        raise RuntimeStartError(f"demo: {what} is not started yet")
+    return value
 
 #: Prediction column of the inference log: probability of rain (0-1).
 SCORE_COLUMN = "probability_rain"
@@ -74,6 +95,7 @@ class Runtime:
             raise
 
     def stop(self) -> None:
+        """Stop the started services, last started first."""
         for svc in reversed(self.services):
             svc.stop()
 
@@ -110,9 +132,9 @@ class Demo:
         self.hours: list[HourRecord] = []
         self.traffic: list[pd.DataFrame] = []
         self.runtime: Runtime | None = None
-        self.airflow = None  # tritonflow.runtime.airflow.AirflowDeployment
-        self.api = None  # tritonflow.runtime.airflow.AirflowApi
-        self.baseline = None
+        self.airflow: AirflowDeployment | None = None
+        self.api: AirflowApi | None = None
+        self.baseline: TrainedModel | None = None
         self.client: GatewayClient | None = None
         self.canary_traffic: BackgroundTraffic | None = None
         self.driver_runs: dict[str, int] = {}  # drift_monitor run_id -> logical hour
@@ -124,22 +146,26 @@ class Demo:
 
     # ------------------------------------------------------------------ helpers
     def event(self, kind: str, **data: Any) -> dict[str, Any]:
+        """Record a demo event for the report and return it."""
         ev = {"kind": kind, "t": self.progress.elapsed(), "wall": time.time(), **data}
         self.events.append(ev)
         return ev
 
     @property
     def settings(self):
+        """The typed settings of the demo's environment."""
         from tritonflow.settings import get_settings
 
         return get_settings()
 
     def mlflow_client(self):
+        """An MLflow client on the demo's tracking server."""
         import mlflow
 
         return mlflow.MlflowClient(tracking_uri=self.settings.resolved_mlflow_tracking_uri)
 
     def aliases(self) -> dict[str, int]:
+        """The demo model's aliases (``{alias: version}``; empty while the registry is unreachable)."""
         try:
             rm = self.mlflow_client().get_registered_model(self.cfg.model)
         except Exception:  # noqa: BLE001 - registry not reachable yet: no aliases
@@ -208,6 +234,7 @@ class Demo:
             self._airflow_error = exc
 
     def wait_for_airflow(self) -> None:
+        """Wait for the Airflow start-up thread; re-raise its error."""
         self._airflow_thread.join()
         if self._airflow_error is not None:
             raise self._airflow_error
@@ -238,6 +265,31 @@ class Demo:
             self.runtime.stop()
         self.progress.step("runtime and airflow stopped")
 
+    # ------------------------------------------------------------------ started parts
+    @property
+    def _rt(self) -> Runtime:
+        return _started(self.runtime, "the runtime (MLflow, Triton, gateway)")
+
+    @property
+    def _af(self) -> AirflowDeployment:
+        return _started(self.airflow, "Airflow")
+
+    @property
+    def _api(self) -> AirflowApi:
+        return _started(self.api, "the Airflow API client")
+
+    @property
+    def _gw(self) -> GatewayClient:
+        return _started(self.client, "the gateway client")
+
+    @property
+    def _canary(self) -> BackgroundTraffic:
+        return _started(self.canary_traffic, "the canary traffic")
+
+    @property
+    def _champion0(self) -> TrainedModel:
+        return _started(self.baseline, "the never-retrained champion")
+
     # ------------------------------------------------------------------ champion
     def train_champion(self) -> tuple[int, str]:
         """Train on the early years, register with alias ``champion``; returns (version, data)."""
@@ -253,7 +305,7 @@ class Demo:
         path = self.cfg.home / "datasets" / f"{self.cfg.model}-v{reg.version}-training-window.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         window.to_parquet(path, index=False)
-        auc = self.baseline.metrics.get("validation_auc", float("nan"))
+        auc = self._champion0.metrics.get("validation_auc", float("nan"))
         self.progress.step(f"champion trained on days {a}..{b - 1} (hold-out AUC {auc:.3f}), "
                            f"registered as {self.cfg.model} version {reg.version} @champion "
                            f"({time.monotonic() - t:.1f} s)")
@@ -283,7 +335,7 @@ class Demo:
         from repository_sync.router import TrafficPlan, wait_live
         from tritonflow.pipelines.canary import CanaryEnvironment
 
-        env = CanaryEnvironment.from_settings(self.settings, gateway=self.runtime.gateway)
+        env = CanaryEnvironment.from_settings(self.settings, gateway=self._rt.gateway)
         plan = TrafficPlan.single(self.cfg.model, version, name=f"{self.cfg.model}:initial")
         env.router().apply(plan)
         wait_live(env.gateway_url, plan)
@@ -344,7 +396,7 @@ class Demo:
         rows = self.data.iloc[days.start:days.stop].reset_index(drop=True)
         stamps = m.timestamps(hour)
         rids = [f"noaa-day-{d:05d}-{uuid.uuid4().hex[:8]}" for d in days]
-        res = self.client.replay(rows, rids)
+        res = self._gw.replay(rows, rids)
         ok = (res["status"] == 200).to_numpy()
         rec = self._records(rows[ok], res[ok], stamps[ok])
         writer = self._writer()
@@ -354,7 +406,7 @@ class Demo:
         writer.write_labels(labels)  # the hour's labels "arrive" once its traffic is served
         self.traffic.append(rec.assign(
             day=np.asarray(list(days))[ok], hour=hour, label=labels[LABEL_COLUMN].to_numpy(),
-            baseline_score=self.baseline.predict_scores(rows[ok][list(FEATURE_COLUMNS)]),
+            baseline_score=self._champion0.predict_scores(rows[ok][list(FEATURE_COLUMNS)]),
             latency_ms=res.loc[ok, "latency_ms"].to_numpy()))
         versions = {str(k): int(v) for k, v in rec["model_version"].value_counts().items()}
         record = HourRecord(hour=hour, start=m.hour_start(hour).isoformat(), first_day=days.start,
@@ -373,7 +425,7 @@ class Demo:
         m = self.cfg.mapping
         start, end = m.hour_start(hour), m.hour_start(hour + 1)
         run_id = f"demo_hour_{hour:04d}__{start:%Y-%m-%dT%H:%M}"
-        self.api.post("/dags/drift_monitor/dagRuns", {
+        self._api.post("/dags/drift_monitor/dagRuns", {
             "dag_run_id": run_id, "logical_date": start.isoformat(),
             "data_interval_start": start.isoformat(), "data_interval_end": end.isoformat(),
             "conf": self.drift_conf(), "note": f"tritonflow demo: logical hour {hour}"})
@@ -381,9 +433,10 @@ class Demo:
         return run_id
 
     def wait_run(self, dag_id: str, run_id: str, timeout_s: float) -> dict[str, Any]:
+        """Poll a DAG run until it is final or ``timeout_s`` passed; return its last state."""
         deadline = time.monotonic() + timeout_s
         while True:
-            run = self.api.get(f"/dags/{dag_id}/dagRuns/{run_id}")
+            run = self._api.get(f"/dags/{dag_id}/dagRuns/{run_id}")
             if run.get("state") in FINAL_STATES or time.monotonic() > deadline:
                 return run
             time.sleep(1.0)
@@ -392,10 +445,10 @@ class Demo:
         """Wait until the ``check`` task(s) of a ``drift_monitor`` run (or the run) have finished."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            run = self.api.get(f"/dags/drift_monitor/dagRuns/{run_id}")
+            run = self._api.get(f"/dags/drift_monitor/dagRuns/{run_id}")
             if run.get("state") in FINAL_STATES:
                 return
-            tis = self.api.get(f"/dags/drift_monitor/dagRuns/{run_id}/taskInstances?task_id=check")
+            tis = self._api.get(f"/dags/drift_monitor/dagRuns/{run_id}/taskInstances?task_id=check")
             checks = [t for t in tis.get("task_instances") or [] if t.get("task_id") == "check"]
             if checks and all(t.get("state") in TI_FINAL_STATES for t in checks):
                 return
@@ -408,9 +461,9 @@ class Demo:
         record.run_state = run.get("state")
         s, e = parse_time(run.get("start_date")), parse_time(run.get("end_date"))
         record.dag_seconds = (e - s).total_seconds() if s and e else None
-        checks = xcom_values(self.api, "drift_monitor", run["dag_run_id"], "return_value", ["check"])
+        checks = xcom_values(self._api, "drift_monitor", run["dag_run_id"], "return_value", ["check"])
         summary = next((v for _t, _mi, v in checks if isinstance(v, Mapping)), {}) or {}
-        events = xcom_values(self.api, "drift_monitor", run["dag_run_id"], "return_value", ["drift_event"])
+        events = xcom_values(self._api, "drift_monitor", run["dag_run_id"], "return_value", ["drift_event"])
         event = next((v for _t, _mi, v in events if isinstance(v, Mapping)), None)
         record.status = summary.get("status")
         record.drift = event is not None
@@ -437,7 +490,7 @@ class Demo:
             try:
                 canary_active = False
                 for dag_id in LOOP_DAGS[1:]:
-                    doc = self.api.get(f"/dags/{dag_id}/dagRuns?limit=20&order_by=-id")
+                    doc = self._api.get(f"/dags/{dag_id}/dagRuns?limit=20&order_by=-id")
                     for run in doc.get("dag_runs") or []:
                         key = (dag_id, run["dag_run_id"])
                         state = run.get("state")
@@ -447,11 +500,11 @@ class Demo:
                             self._seen_states[key] = state
                             self.progress.step(f"  scheduler: {dag_id} {run['dag_run_id']} "
                                                f"({run.get('run_type')}) {state}")
-                if canary_active and not self.canary_traffic.active.is_set():
-                    self.canary_traffic.set_frame(self._canary_rows())
-                    self.canary_traffic.active.set()
+                if canary_active and not self._canary.active.is_set():
+                    self._canary.set_frame(self._canary_rows())
+                    self._canary.active.set()
                 elif not canary_active:
-                    self.canary_traffic.active.clear()
+                    self._canary.active.clear()
                 now = self.aliases().get("champion")
                 if now is not None and champion is not None and now != champion:
                     seen = dt.datetime.now(dt.timezone.utc).isoformat()
@@ -468,7 +521,7 @@ class Demo:
         out = []
         for dag_id in LOOP_DAGS:
             for state in ("queued", "running"):
-                doc = self.api.get(f"/dags/{dag_id}/dagRuns?state={state}&limit=50")
+                doc = self._api.get(f"/dags/{dag_id}/dagRuns?state={state}&limit=50")
                 out += [f"{dag_id}/{r['dag_run_id']}" for r in doc.get("dag_runs") or []]
         return out
 
@@ -484,17 +537,17 @@ class Demo:
         champion, dataset = self.train_champion()
         self.publish_champion(champion, dataset)
         self.route_champion(champion)
-        self.client = GatewayClient(self.runtime.gateway.url, cfg.model,
+        self.client = GatewayClient(self._rt.gateway.url, cfg.model,
                                     [c for c in self.data.columns if c not in ("day", "rain")],
                                     response_header=self.settings.gateway_response_header)
         self.canary_traffic = BackgroundTraffic(self.client, self._canary_rows(), cfg.canary_rps,
                                                 on_batch=self._log_canary_batch)
-        self.canary_traffic.__enter__()
+        self._canary.__enter__()
         self.wait_for_airflow()
         watcher = threading.Thread(target=self._watch, name="scheduler-watch", daemon=True)
         watcher.start()
         m = cfg.mapping
-        p.step(f"replaying {m.n_hours} logical hours through the gateway {self.runtime.gateway.url}; one "
+        p.step(f"replaying {m.n_hours} logical hours through the gateway {self._rt.gateway.url}; one "
                f"drift_monitor run per hour through the REST API (dynamic P95 thresholds after "
                f"{cfg.min_history_windows} windows); the scheduler runs everything else")
         self.loop_t0 = time.time()
@@ -533,7 +586,7 @@ class Demo:
             return {}
         last = self.hours[-1]
         rows = self.data.iloc[last.first_day:last.last_day + 1].reset_index(drop=True)
-        res = self.client.replay(rows, [f"serving-check-{uuid.uuid4().hex[:12]}" for _ in range(len(rows))])
+        res = self._gw.replay(rows, [f"serving-check-{uuid.uuid4().hex[:12]}" for _ in range(len(rows))])
         ok = res[res["status"] == 200]
         versions = {str(k): int(v) for k, v in ok["version"].value_counts().items()}
         self.progress.step(f"serving check after the loop: {len(ok)}/{len(res)} answered, versions {versions}")
@@ -573,7 +626,7 @@ class Demo:
 
         p = self.progress
         self._stop_watch.set()
-        dag_runs = rr.dag_runs(self.api, LOOP_DAGS, set(self.driver_runs))
+        dag_runs = rr.dag_runs(self._api, LOOP_DAGS, set(self.driver_runs))
         for r in dag_runs:
             s, e = rr.parse_time(r["start"]), rr.parse_time(r["end"])
             r["seconds"] = round((e - s).total_seconds(), 1) if s and e else None
@@ -586,19 +639,19 @@ class Demo:
             elif r["dag_id"] == "canary_promotion":
                 self.event("canary", state=r["state"], seconds=r["seconds"], run_id=r["run_id"],
                            challenger=r["conf"].get("challenger"), outcome=r["state"])
-        alerts = rr.alerts(self.api, dag_runs, self.driver_runs)
+        alerts = rr.alerts(self._api, dag_runs, self.driver_runs)
         loops = rr.closed_loops(dag_runs, self.promotions)
         for loop in loops:
             root = loop.get("alert_run")
             loop["alert_hour"] = self.driver_runs.get(root) if root else None
         latency = rr.scheduling_latency_s(dag_runs)
         traffic = pd.concat(self.traffic, ignore_index=True) if self.traffic else pd.DataFrame()
-        summary = {
+        summary: dict[str, Any] = {
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self.cfg).items()},
             "mapping": self.cfg.mapping.describe(),
-            "deployment": {"executor": self.airflow.config.executor, "parallelism": self.airflow.config.parallelism,
-                           "metadata_db": "sqlite" if self.airflow.config.is_sqlite else "postgresql",
-                           "airflow_ui": self.airflow.api_url},
+            "deployment": {"executor": self._af.config.executor, "parallelism": self._af.config.parallelism,
+                           "metadata_db": "sqlite" if self._af.config.is_sqlite else "postgresql",
+                           "airflow_ui": self._af.api_url},
             "hours": [dataclasses.asdict(h) for h in self.hours],
             "events": self.events,
             "dag_runs": dag_runs,
@@ -606,7 +659,7 @@ class Demo:
             "closed_loops": [lp for lp in loops if lp.get("seconds") is not None],
             "unmatched_promotions": [lp for lp in loops if lp.get("seconds") is None],
             "scheduling_latency_s": latency,
-            "canary_requests": int(sum(len(r) for r in self.canary_traffic.results)),
+            "canary_requests": int(sum(len(r) for r in self._canary.results)),
             "served_after_loop": getattr(self, "served_after_loop", {}),
             "watch_error": self.watch_error,
             "wall_s": p.elapsed(),

@@ -118,7 +118,7 @@ def dag_runs(api: AirflowApi, dag_ids: Iterable[str], driver_run_ids: set[str]) 
     for dag_id, items in runs.items():
         for r in items:
             rid = r["dag_run_id"]
-            source = None
+            source: dict[str, list[Any]] | None = None
             if rid in driver_run_ids:
                 by = "driver"
             elif rid in triggered:
@@ -128,9 +128,9 @@ def dag_runs(api: AirflowApi, dag_ids: Iterable[str], driver_run_ids: set[str]) 
                     "asset_events") or []
                 names = sorted({e.get("name") or e.get("uri") or str(e.get("asset_id")) for e in events})
                 by = "asset:" + ",".join(names) if names else "asset:?"
-                source = [f"dag:{e.get('source_dag_id')}/{e.get('source_run_id')}" for e in events
-                          if e.get("source_dag_id")]
-                source = {"events": source, "timestamps": [e.get("timestamp") for e in events]}
+                sources = [f"dag:{e.get('source_dag_id')}/{e.get('source_run_id')}" for e in events
+                           if e.get("source_dag_id")]
+                source = {"events": sources, "timestamps": [e.get("timestamp") for e in events]}
             else:
                 by = str(r.get("triggered_by") or r.get("run_type"))
             out.append({"dag_id": dag_id, "run_id": rid, "run_type": r.get("run_type"),
@@ -176,7 +176,7 @@ def alerts(api: AirflowApi, runs: list[dict[str, Any]], hour_of: Mapping[str, in
             if ti.get("task_id") != "drift_event" or ti.get("state") != "success":
                 continue
             vals = xcom_values(api, "drift_monitor", rid, "return_value", ["drift_event"])
-            event = next((v for _t, mi, v in vals if mi == ti.get("map_index", -1)), {}) or {}
+            event: dict[str, Any] = next((v for _t, mi, v in vals if mi == ti.get("map_index", -1)), {}) or {}
             acted = f"dag:drift_monitor/{rid}" in consumed
             out.append({"hour": hour_of.get(rid), "features": event.get("features"),
                         "decision": "acted" if acted else "emitted",
@@ -225,13 +225,19 @@ def closed_loops(runs: list[dict[str, Any]], promotions: list[dict[str, Any]]) -
         seen = parse_time(promo["seen_at"])
         # The canary moves the alias before its run ends, so the driver may see the move first:
         # the promoting run is the latest successful canary that had started by then.
-        run = max((c for c in canaries if parse_time(c["start"]) and parse_time(c["start"]) <= seen),
-                  key=lambda c: parse_time(c["start"]), default=None)
+        started = [(c, st) for c in canaries if (st := parse_time(c["start"])) is not None]
+        before = [(c, st) for c, st in started if seen is not None and st <= seen]
+        latest = max(before, key=lambda pair: pair[1], default=None)
+        run = latest[0] if latest is not None else None
         root = _chain_root(run, by_id) if run else None
-        if run is None or root is None:
+        start = parse_time(root["end"]) if root is not None else None
+        if run is None or root is None or start is None or latest is None:
             out.append({**promo, "seconds": None, "why": "no canary run / drift chain found"})
             continue
-        start, end = parse_time(root["end"]), parse_time(run["end"])
+        end = parse_time(run["end"])
+        if end is None:
+            out.append({**promo, "seconds": None, "why": "the promoting canary run has not ended"})
+            continue
         out.append({**promo, "alert_run": root["run_id"], "canary_run": run["run_id"],
                     "seconds": round((end - start).total_seconds(), 1)})
     return out
@@ -249,10 +255,11 @@ def scheduling_latency_s(runs: list[dict[str, Any]]) -> dict[str, float | None]:
         start = parse_time(r["start"])
         if start is None:
             continue
-        if r["triggered_by"].startswith("dag:") and r["queued"]:
-            trig.append((start - parse_time(r["queued"])).total_seconds())
+        queued = parse_time(r["queued"])  # None exactly when the run has no queued_at
+        if r["triggered_by"].startswith("dag:") and queued is not None:
+            trig.append((start - queued).total_seconds())
         elif r["triggered_by"].startswith("asset:") and r["source"] and r["source"]["timestamps"]:
-            ts = max(parse_time(t) for t in r["source"]["timestamps"] if t)
+            ts = max(t for t in map(parse_time, r["source"]["timestamps"]) if t is not None)
             asset.append((start - ts).total_seconds())
     med = lambda xs: round(statistics.median(xs), 2) if xs else None  # noqa: E731
     return {"trigger_to_start": med(trig), "asset_to_start": med(asset),

@@ -65,6 +65,7 @@ class GatewayClient:
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="replay")
 
     def close(self) -> None:
+        """Shut the request pool down, waiting for requests in flight."""
         self.pool.shutdown(wait=True)
 
     def _conn(self) -> http.client.HTTPConnection:
@@ -180,7 +181,7 @@ class GatewayClient:
         """
         futures = [self.pool.submit(self.infer_rows, frame.iloc[[i]], rid)
                    for i, rid in enumerate(request_ids)]
-        rows = [{"request_id": rid, **f.result()} for rid, f in zip(request_ids, futures)]
+        rows = [{"request_id": rid, **f.result()} for rid, f in zip(request_ids, futures, strict=True)]
         return pd.DataFrame(rows)
 
 

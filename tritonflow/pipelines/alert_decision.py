@@ -179,8 +179,11 @@ def last_retrain_hour(model: str, before: Any, settings: Settings | None = None,
 
 def shadow_decision(model: str, hour: Any, features: Sequence[str], outcome: str, reasons: Sequence[str],
                     settings: Settings | None = None, *, tags: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The decision after a shadow evaluation: promote, retrain (unless in the logical cooldown), or
-    no retraining when it found nothing wrong."""
+    """Decide what follows a shadow evaluation.
+
+    The decision after a shadow evaluation: promote, retrain (unless in the logical cooldown), or
+    no retraining when it found nothing wrong.
+    """
     import pandas as pd
 
     s = settings or get_settings()
@@ -217,7 +220,9 @@ SHADOW_DECISIONS = ("skip_retrain_running", "skip_promotion_locked", "promote", 
 
 
 def record_decision(decision: Mapping[str, Any], settings: Settings | None = None) -> str:
-    """Record ``decision`` as the registered model's tag ``tritonflow.alert_decision.<hour>.<stage>``
+    """Record an alert decision as a tag of the registered model.
+
+    Record ``decision`` as the registered model's tag ``tritonflow.alert_decision.<hour>.<stage>``
     (``<hour>`` as ``YYYY-mm-ddTHH-MM``, ``<stage>`` ``drift`` or ``shadow``).
 
     A failure to record is logged (warning) and returns ``''``: the decision itself stands (it

@@ -258,6 +258,7 @@ def resolve(model: str, challenger: Any, champion: Any = None, *,
         champion: Explicit champion version; default: the version the gateway serves now (the
             100 % route or the champion of a split left by an interrupted canary), else the
             ``champion`` alias.
+        env: Where the systems are (default: from settings).
 
     Returns:
         ``{"model", "triton_model", "challenger", "champion", "registry_champion", "live_weights",
@@ -488,8 +489,11 @@ def _repository_versions(storage: Any, name: str) -> list[int]:
 
 
 def _delete_repository_version(storage: Any, name: str, version: int) -> None:
-    """Remove ``<name>/<version>/`` from the repository (filesystem: renamed to a dot-folder Triton
-    ignores, then deleted, so a half-deleted version is never visible; S3: every object)."""
+    """Remove one model version from the repository.
+
+    Remove ``<name>/<version>/`` from the repository (filesystem: renamed to a dot-folder Triton
+    ignores, then deleted, so a half-deleted version is never visible; S3: every object).
+    """
     from repository_sync.storage import FileSystemStorage
 
     if isinstance(storage, FileSystemStorage):
@@ -617,7 +621,8 @@ def run_promotion(
         policy_overrides: Other :class:`~repository_sync.canary.CanaryPolicy` fields.
         garbage_collect: Delete old repository versions after a promotion.
         env: Where the systems are (default: from settings).
-        sleep, clock: Injected by tests and benchmarks.
+        sleep: Waits (``time.sleep``; injected by tests and benchmarks).
+        clock: Unix time now (``time.time``; injected by tests and benchmarks).
 
     Returns:
         ``{"outcome": "promoted" | "rolled_back" | "rollback_failed" | "noop" | "routed" |
@@ -804,6 +809,7 @@ def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder
             health sentinel passes the version it judged; read under the promotion lock, so a
             promotion that finished meanwhile is never undone). Otherwise nothing changes and the
             result holds ``skipped``.
+        env: Where the systems are (default: from settings).
 
     Returns:
         ``{"model", "triton_model", "rolled_back_from", "rolled_back_to", "signature", "weights",

@@ -117,8 +117,11 @@ def observer(root: str, log_model: str, *, prediction_columns: Sequence[str] | N
     window, joined by ``request_id``.
 
     Args:
-        root, log_model, endpoint_url: Where the log is.
+        root: Inference-log root (folder or URI).
+        log_model: The model's folder under ``root``.
+        endpoint_url: S3 endpoint of ``root`` (``None``: the default).
         prediction_columns: The output columns (default: names starting with ``prefixes``).
+        prefixes: Name prefixes of the default output columns.
         label_column: The label column (default: the labels' only non-key column).
 
     Raises:
@@ -266,7 +269,10 @@ class CanaryRecord:
             try:
                 exp_id = self.client.create_experiment(CANARY_EXPERIMENT)
             except Exception:  # noqa: BLE001 -- created by a concurrent canary
-                exp_id = self.client.get_experiment_by_name(CANARY_EXPERIMENT).experiment_id
+                existing = self.client.get_experiment_by_name(CANARY_EXPERIMENT)
+                if existing is None:  # not created by anyone: the creation error stands
+                    raise
+                exp_id = existing.experiment_id
         else:
             exp_id = exp.experiment_id
         tags = {"tritonflow.model_name": model, "tritonflow.triton_model": triton_model,

@@ -166,7 +166,9 @@ def _scan(model: str, start, end, schema, settings: Settings):
 
 
 def streamed_summary(scan, prepared, settings: Settings | None = None):
-    """The summary of a window above ``drift_exact_max_rows`` (bin counts, sketches, contract
+    """Summarise a window too large for the exact statistics.
+
+    The summary of a window above ``drift_exact_max_rows`` (bin counts, sketches, contract
     facts; constant memory), computed once and stored so reruns decide from the same sketches.
 
     ``TRITONFLOW_DRIFT_ENGINE=local`` streams the files in this process's workers
@@ -233,13 +235,16 @@ def _strategy_reference(model: str, version: int, ref, t0, t1, strategy_name: st
 
 def check_model_hour(model: str, version: int, start: Any, end: Any,
                      settings: Settings | None = None, reference_strategy: str | None = None) -> dict[str, Any]:
-    """The hourly drift check of one model version (critical path: contract, statistics,
+    """Run the hourly drift check of one model version.
+
+    The hourly drift check of one model version (critical path: contract, statistics,
     thresholds, verdict, alert policy, history).
 
     Args:
         model: Registered model name (also its inference-log folder).
         version: Model version whose reference is the baseline (the champion).
-        start / end: The window (the DAG run's data interval), UTC.
+        start: Start of the window (the DAG run's data interval), UTC, inclusive.
+        end: End of the window, UTC, exclusive.
         settings: Settings (log root, history URL, threshold and alert policy, XCom limit).
         reference_strategy: ``training``, ``trailing`` or ``seasonal`` (``None``: the setting
             ``TRITONFLOW_DRIFT_REFERENCE_STRATEGY``).
@@ -289,7 +294,7 @@ def check_model_hour(model: str, version: int, start: Any, end: Any,
         keep = out_dir / "window_files.json"  # a streamed window is too large to copy
         keep.write_text(json.dumps(scan.files, indent=1))
         summary["artefacts"]["window_files"] = str(keep)
-    elif summary["status"] in ("contract_failed", "check_error"):
+    elif summary["status"] in ("contract_failed", "check_error") and window is not None:
         keep = out_dir / "window.parquet"
         window.frame.to_parquet(keep, index=False)  # the window as checked, for inspection
         summary["artefacts"]["window_parquet"] = str(keep)
@@ -300,11 +305,17 @@ def check_model_hour(model: str, version: int, start: Any, end: Any,
 
 def evidently_for_hour(model: str, version: int, start: Any, end: Any,
                        settings: Settings | None = None, sample_rows: int | None = None) -> dict[str, Any]:
-    """Evidently ``DataDriftPreset`` report of the hour on seeded samples (its own step, beside
+    """Build the Evidently data-drift report of one hour.
+
+    Evidently ``DataDriftPreset`` report of the hour on seeded samples (its own step, beside
     the check; it never changes the verdict).
 
     Args:
-        model / version / start / end: As :func:`check_model_hour`.
+        model: As :func:`check_model_hour`.
+        version: As :func:`check_model_hour`.
+        start: As :func:`check_model_hour`.
+        end: As :func:`check_model_hour`.
+        settings: Settings (default: from the environment).
         sample_rows: Rows per side (default ``settings.drift_evidently_sample_rows``; 0: off).
 
     Returns:
@@ -419,6 +430,7 @@ def record_in_mlflow(summary: Mapping[str, Any], settings: Settings | None = Non
 
     Args:
         summary: From :func:`check_model_hour`.
+        settings: Settings (default: from the environment).
         evidently: From :func:`evidently_for_hour` (optional).
 
     Returns:
@@ -493,7 +505,9 @@ def drifting_features(summary: Mapping[str, Any]) -> list[str]:
 
 
 def drift_event(summary: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The ``extra`` of the DRIFT_ALERTS asset event, or ``None`` when no drift alert fired for
+    """Build the drift alert's asset-event ``extra``, if an alert fired.
+
+    The ``extra`` of the DRIFT_ALERTS asset event, or ``None`` when no drift alert fired for
     the hour (the alert policy's decision) or its data contract failed.
 
     Returns:

@@ -145,12 +145,19 @@ def _base(value: Any) -> dict[str, Any]:
 
 def publish_handoff(summary: Mapping[str, Any], *, triggered_by: str = "model_publish",
                     run_id: str | None = None) -> dict[str, Any]:
-    """The conf ``model_publish`` hands to its ``then`` DAGs: the published version plus the
+    """Build the conf ``model_publish`` hands to its ``then`` DAGs.
+
+    The conf ``model_publish`` hands to its ``then`` DAGs: the published version plus the
     context it arrived with (drift event, window, training window, reason).
 
     Args:
         summary: :func:`tritonflow.pipelines.publish.record`'s summary plus ``loop`` (the run's
             validated context, or ``None``).
+        triggered_by: The DAG handing over (``triggered_by`` of the new context).
+        run_id: The handing-over DAG run's id (``triggered_by_run``).
+
+    Returns:
+        The conf, a :class:`LoopContext` as a dict.
     """
     base = _base(summary.get("loop"))
     base.pop("then", None)
@@ -163,8 +170,11 @@ def publish_handoff(summary: Mapping[str, Any], *, triggered_by: str = "model_pu
 def retrain_handoff(model: str, version: Any, *, reason: str, drift_event: Any = None, window_start: Any = None,
                     window_end: Any = None, dataset_uri: str | None = None, run_id: str | None = None,
                     then: tuple[str, ...] = ("shadow_evaluation",)) -> dict[str, Any]:
-    """The conf ``retrain`` hands to ``model_publish``: the new version, its training window as
-    ``dataset_uri`` (validation sample and drift reference from real data) and the drift event."""
+    """Build the conf ``retrain`` hands to ``model_publish``.
+
+    The conf ``retrain`` hands to ``model_publish``: the new version, its training window as
+    ``dataset_uri`` (validation sample and drift reference from real data) and the drift event.
+    """
     return LoopContext(model=model, version=str(version), triggered_by="retrain", triggered_by_run=run_id,
                        reason=reason, drift_event=drift_event or None,
                        window_start=None if window_start is None else str(window_start),
@@ -181,6 +191,7 @@ def shadow_handoffs(request: Mapping[str, Any], decision: Mapping[str, Any], *,
             ``loop``: the context it arrived with).
         decision: :func:`tritonflow.pipelines.shadow.compare`'s result (``challenger``,
             ``canary_conf.expected_predictions``, ``retrain_conf.reason``).
+        run_id: The shadow evaluation run's id (``triggered_by_run``).
     """
     base = _base(request.get("loop"))
     for key in ("then", "version", "expected_predictions", "reason"):

@@ -76,7 +76,6 @@ from tritonflow.exceptions import (
     ServiceUnavailableError,
     SettingsError,
     SignatureVerificationError,
-    TransientError,
 )
 from tritonflow.settings import (
     DEFAULT_SIGNING_KEY_PATH,
@@ -214,7 +213,8 @@ def _mlflow_uris(tracking_uri: str) -> Iterator[None]:
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(prev_t)  # also resets MLflow's tracer/client caches
+        # also resets MLflow's tracer/client caches; MLflow types its private _tracking_uri as None only
+        mlflow.set_tracking_uri(prev_t)  # type: ignore[arg-type]  # None unsets it (the original state)
         registry_utils._registry_uri = prev_r
         for key, value in env.items():
             if value is None:
@@ -361,7 +361,9 @@ def load_dataset(dataset_uri: str, download_dir: str | os.PathLike[str] | None =
     raise DataError(f"dataset_uri={dataset_uri!r} has suffix {suffix!r}; expected .csv, .parquet or .pq")
 
 
-def _feature_columns(inputs: Sequence[Any], model_io: Any, sample: Mapping[str, Any]) -> list[tuple[str, str, int | None]]:
+def _feature_columns(
+    inputs: Sequence[Any], model_io: Any, sample: Mapping[str, Any]
+) -> list[tuple[str, str, int | None]]:
     """``(column, input tensor, position or None)`` (:func:`model_registry.gate.feature_columns`)."""
     from model_registry.gate import feature_columns
 
@@ -375,7 +377,8 @@ def _write_npz(path: Path, arrays: Mapping[str, Any]) -> None:
     def plain(v: Any) -> Any:
         arr = np.asarray(v)
         if arr.dtype == object:
-            return np.array([x.decode() if isinstance(x, bytes) else str(x) for x in arr.reshape(-1)]).reshape(arr.shape)
+            text = [x.decode() if isinstance(x, bytes) else str(x) for x in arr.reshape(-1)]
+            return np.array(text).reshape(arr.shape)
         return arr
 
     with open(path, "wb") as fh:
@@ -444,7 +447,8 @@ def convert_and_validate(
         settings: Settings (default: from the environment).
 
     Returns:
-        ``resolved`` plus ``model_filename``, ``export_format``, ``provenance``, ``model_path``, ``config_path``, ``parity_report_path``,
+        ``resolved`` plus ``model_filename``, ``export_format``, ``provenance``, ``model_path``,
+        ``config_path``, ``parity_report_path``,
         ``validation_report_path``, ``sample_path``, ``expected_path``, ``reference_frame_path``,
         ``reference_source``, ``parity`` (per output ``max_abs``/``max_rel``/``label_agreement``),
         ``checks``, ``config_summary``, ``instance_plan``, ``max_batch_size`` (served), ``atol``,
@@ -584,7 +588,7 @@ def _search_space(bounds: Mapping[str, Any] | None, s: Settings, max_batch_size:
     if unknown:
         raise SettingsError(f"profile bounds {unknown} are unknown; expected keys among {list(PROFILE_BOUND_KEYS)}")
     base = SearchSpace.from_settings(s)
-    kw = {}
+    kw: dict[str, Any] = {}
     for key in ("max_batch_sizes", "instance_counts", "queue_delays_us", "concurrency"):
         kw[key] = parse_int_list(b[key], f"bounds.{key}") if key in b else getattr(base, key)
     if max_batch_size > 0:  # the requested max_batch_size is the ceiling of the sweep
@@ -816,11 +820,11 @@ def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | N
     log.info("model %s v%s perf gate against champion v%s: %s", name, staged["version"], champion.version,
              result.verdict.reason)
     if result.verdict.rejected:
-        exc = PerformanceRegressionError(f"model {staged['model']!r} version {staged['version']}: p99 latency "
-                                         f"regression against champion version {champion.version}: "
-                                         f"{result.verdict.reason}")
-        _reject(reg, ref, exc, "perf_gate")
-        raise exc
+        error = PerformanceRegressionError(f"model {staged['model']!r} version {staged['version']}: p99 latency "
+                                           f"regression against champion version {champion.version}: "
+                                           f"{result.verdict.reason}")
+        _reject(reg, ref, error, "perf_gate")
+        raise error
     return {k: v for k, v in info.items() if k != "passes"}
 
 

@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tritonflow.exceptions import DataError, RegistryError, SettingsError, WindowError
-from tritonflow.settings import Settings, get_settings
-
 from tritonflow.pipelines.shadow import drift_event_json, log_root, sha256_file, utc
+from tritonflow.settings import Settings, get_settings
 
 #: Folder under ``settings.home`` holding training windows (``<model>/windows/<hash>.parquet``).
 RETRAIN_DIR = "retrain"
@@ -321,10 +320,6 @@ def run_training(model: str, window_ref: Mapping[str, Any], *, entry_point: Any 
                            "then": ["shadow_evaluation"]}
     if window_ref.get("uri"):
         out["publish_conf"]["dataset_uri"] = str(window_ref["uri"])
-    if event:
-        # The shadow evaluation model_publish triggers next judges the window of this alert,
-        # not the wall clock's last hours.
-        out["publish_conf"]["drift_event"] = event
     return out
 
 

@@ -56,8 +56,8 @@ from tritonflow.exceptions import (
     TransientError,
     WindowError,
 )
-from tritonflow.settings import Settings, get_settings
 from tritonflow.pipelines.loop_context import TRAINING_WINDOW_TAG, rejection
+from tritonflow.settings import Settings, get_settings
 
 #: Alias of the serving version.
 CHAMPION_ALIAS = "champion"
@@ -241,7 +241,7 @@ def latest_drift_event(events: Any, model: str | None = None) -> dict[str, Any] 
 
 
 def evaluation_window(*, window_start: Any = None, window_end: Any = None,
-                      window_hours: float | None = None, drift_event: Any = None,
+                      window_hours: float | str | None = None, drift_event: Any = None,
                       settings: Settings | None = None, now: Any = None) -> dict[str, str]:
     """The replay window ``[start, end)`` of a shadow evaluation.
 
@@ -336,11 +336,11 @@ def resolve_versions(model: str, challenger: int | str | None = None, *,
                 "which is the champion; expected a different version"
             )
     rejected = rejection(chal_ref.tags) if chal_ref is not None else ""
-    if rejected and given:
+    if rejected and given and chal_ref is not None:  # rejected implies a challenger
         raise RegistryError(f"challenger={challenger!r} of model {model!r} is version {chal_ref.version}, "
                             f"{rejected}; a rejected version is never evaluated, published or promoted "
                             "(publish it again with model_publish once fixed)")
-    if rejected:
+    if rejected and chal_ref is not None:
         notes.append(f"alias {CHALLENGER_ALIAS!r} names version {chal_ref.version}, {rejected}; "
                      "evaluating the champion alone")
         chal_ref = None
@@ -574,7 +574,9 @@ def _run_dir(settings: Settings, model: str) -> Path:
 
 def write_expected(run_dir: Path, rows: Any, scores: np.ndarray, info: Mapping[str, Any],
                    source: str) -> dict[str, Any]:
-    """Write the challenger's expected predictions: ``request_id``, ``timestamp``,
+    """Write the challenger's expected predictions.
+
+    Write the challenger's expected predictions: ``request_id``, ``timestamp``,
     ``expected_score``, ``source`` and the inputs of each row (the signature's columns, else the
     log's numeric columns that are not outputs).
 
@@ -648,6 +650,8 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
                           f"{start.isoformat()}; expected start < end")
     champ = _as_info(model, champion, s, "champion")
     chal = None if challenger in (None, "") else _as_info(model, challenger, s, "challenger")
+    # read only where a challenger exists (loaded, replayed): never the empty default
+    chal_info: dict[str, Any] = chal if chal is not None else {}
     max_rows = int(s.shadow_max_replay_rows if max_rows is None else max_rows)
     workers = int(s.shadow_replay_concurrency if concurrency is None else concurrency)
     if max_rows < 1 or workers < 1:
@@ -707,7 +711,7 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
             rows = rows_c
             bad = dict(bad_c)
             if served_x is not None:
-                arrays_x, rows_x, bad_x = _inputs(frame, chal, served_x, "challenger")
+                arrays_x, rows_x, bad_x = _inputs(frame, chal_info, served_x, "challenger")
                 bad.update(dict(bad_x))
                 rows = sorted(set(rows_c) & set(rows_x))
                 arrays_x = {k: v[np.searchsorted(rows_x, rows)] for k, v in arrays_x.items()}
@@ -721,25 +725,25 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
                          if served_x is not None else [])
                 scores_c = _gather(fut_c, f"champion v{champ['version']}")
                 try:
-                    scores_x = (_gather(fut_x, f"challenger v{chal['version']}")
+                    scores_x = (_gather(fut_x, f"challenger v{chal_info['version']}")
                                 if served_x is not None else None)
                 except TransientError:
                     raise
                 except Exception as exc:  # noqa: BLE001
                     raise ChallengerUnavailableError(
-                        f"challenger {model!r} v{chal['version']} did not answer: {exc}; the "
+                        f"challenger {model!r} v{chal_info['version']} did not answer: {exc}; the "
                         f"champion v{champ['version']} is untouched"
                     ) from exc
         except BaseException as exc:
             if challenger_loaded:
                 try:
-                    control.unload_versions(chal["triton_model_name"], [int(chal["triton_model_version"])])
+                    control.unload_versions(chal_info["triton_model_name"], [int(chal_info["triton_model_version"])])
                     challenger_unloaded = True
                 except Exception as cleanup:  # noqa: BLE001 - keep the original error
                     exc.add_note(f"unloading the challenger failed too: {cleanup}")
             raise
         if challenger_loaded:
-            control.unload_versions(chal["triton_model_name"], [int(chal["triton_model_version"])])
+            control.unload_versions(chal_info["triton_model_name"], [int(chal_info["triton_model_version"])])
             challenger_unloaded = True
         control.wait_ready(cname, cver)  # the champion still serves
     finally:
@@ -758,7 +762,7 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
     run_dir = _run_dir(s, model)
     path = run_dir / PREDICTIONS_FILE
     predictions.to_parquet(path, index=False)
-    expected = (write_expected(run_dir, out, scores_x, chal, "shadow_replay")
+    expected = (write_expected(run_dir, out, scores_x, chal_info, "shadow_replay")
                 if scores_x is not None else {})
     return {
         **expected,
@@ -971,8 +975,11 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
 def _record(settings: Settings, model: str, evidence: Mapping[str, Any], evidence_path: Path,
             report_path: Path, champion: int, challenger: int | None, run_name: str,
             expected_path: str | None = None) -> dict[str, Any]:
-    """Tags and artifacts of the decision on the champion and the challenger versions (and the
-    challenger's expected predictions on the challenger, tag :data:`EXPECTED_TAG`)."""
+    """Record the shadow decision on the champion and challenger versions.
+
+    Tags and artifacts of the decision on the champion and the challenger versions (and the
+    challenger's expected predictions on the challenger, tag :data:`EXPECTED_TAG`).
+    """
     registry = _registry(settings)
     compact = json.dumps(evidence, sort_keys=True, separators=(",", ":"), allow_nan=False)
     out: dict[str, Any] = {}

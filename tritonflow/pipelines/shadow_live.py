@@ -1,4 +1,6 @@
-"""Shadow evaluation, live mode: the challenger answers a mirrored share of the champion's live
+"""Shadow evaluation, live mode: the challenger answers mirrored live requests.
+
+Shadow evaluation, live mode: the challenger answers a mirrored share of the champion's live
 requests; champion and challenger outputs are paired by request id on the same live inputs.
 
 :func:`live` replaces :func:`tritonflow.pipelines.shadow.replay` when a model has live traffic
@@ -54,7 +56,8 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
 
     Args:
         model: Registered model name (also the inference log's model folder).
-        champion, challenger: Version infos from ``resolve_versions``, versions or aliases.
+        champion: Version info from ``resolve_versions``, a version or an alias.
+        challenger: Version info from ``resolve_versions``, a version or an alias.
         settings: Settings (gateway, Triton, log root, ``shadow_mirror_*``, lock timeout).
         duration_s: Seconds of mirroring (default ``settings.shadow_live_duration_s``).
         percent: Percent of the champion's requests mirrored (default
@@ -78,15 +81,24 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
 
     from drift_checks.inference_log import read_window
     from repository_sync.canary_checks import scores_of
+    from repository_sync.coordination import coordination_store
     from repository_sync.locks import promotion_lock
     from repository_sync.mirror import MirrorRecorder
     from repository_sync.router import Mirror, TrafficPlan, wait_live
-    from repository_sync.coordination import coordination_store
     from repository_sync.triton_client import TritonModelControl
     from tritonflow.pipelines.canary import DEFAULT_LIVE_TIMEOUT_S, CanaryEnvironment, default_holder
     from tritonflow.pipelines.shadow import (
-        OUTPUT_PREFIXES, PREDICTIONS_FILE, _as_info, _endpoint, _run_dir,
-        _Served, _settings, log_root, sha256_file, trusted_keys_dir, write_expected,
+        OUTPUT_PREFIXES,
+        PREDICTIONS_FILE,
+        _as_info,
+        _endpoint,
+        _run_dir,
+        _Served,
+        _settings,
+        log_root,
+        sha256_file,
+        trusted_keys_dir,
+        write_expected,
     )
 
     s = _settings(settings)

@@ -331,8 +331,11 @@ class AirflowConfig:
 
 
 def _airflow_settings(config: AirflowConfig) -> Settings:
-    """Settings whose log and pid folders are the deployment's (``<AIRFLOW_HOME>/{logs,run}``);
-    the start timeout is the environment's (``TRITONFLOW_START_TIMEOUT_S``)."""
+    """Settings for the Airflow deployment's own services.
+
+    Settings whose log and pid folders are the deployment's (``<AIRFLOW_HOME>/{logs,run}``);
+    the start timeout is the environment's (``TRITONFLOW_START_TIMEOUT_S``).
+    """
     return Settings.from_env({}, home=config.home, host=config.host,
                              start_timeout_s=Settings.from_env().start_timeout_s)
 
@@ -349,12 +352,15 @@ class AirflowService(Service):
         self.config = config
 
     def environment(self) -> Mapping[str, str]:
+        """Environment of the Airflow process (the deployment's)."""
         return self.config.environment()
 
     def ports(self) -> Sequence[int]:
+        """Ports the service binds (none by default)."""
         return ()
 
     def health_url(self) -> str:
+        """The API server's health endpoint."""
         return f"{self.config.api_url}/api/v2/monitor/health"
 
     def healthy(self) -> bool:
@@ -362,6 +368,8 @@ class AirflowService(Service):
         if self.process is not None and self.process.poll() is not None:
             return False
         report = api_health(self.config)
+        if self.health_component is None:  # no heartbeat in the health report to read
+            return False
         return bool(report) and (report.get(self.health_component) or {}).get("status") == "healthy"
 
 
@@ -380,28 +388,36 @@ class AirflowApiServer(AirflowService):
     name = "airflow-api-server"
 
     def ports(self) -> Sequence[int]:
+        """The API server's port."""
         return (self.config.api_port,)
 
     def command(self) -> list[str]:
+        """Argv of ``airflow api-server``."""
         c = self.config
         return [_venv_bin("airflow"), "api-server", "--host", c.host, "--port", str(c.api_port),
                 "--workers", "1"]
 
     def healthy(self) -> bool:
+        """The health endpoint answers 2xx."""
         return http_ok(self.health_url())
 
 
 class AirflowScheduler(AirflowService):
-    """``airflow scheduler``; with the LocalExecutor it runs the tasks and serves their logs
-    (on ``worker_log_port``), with Celery the worker does both."""
+    """The ``airflow scheduler`` service.
+
+    ``airflow scheduler``; with the LocalExecutor it runs the tasks and serves their logs
+    (on ``worker_log_port``), with Celery the worker does both.
+    """
 
     name = "airflow-scheduler"
     health_component = "scheduler"
 
     def ports(self) -> Sequence[int]:
+        """The log-serving port (LocalExecutor only)."""
         return () if self.config.is_celery else (self.config.worker_log_port,)
 
     def command(self) -> list[str]:
+        """Argv of ``airflow scheduler`` (no log serving under Celery)."""
         if self.config.is_celery:
             return [_venv_bin("airflow"), "scheduler", "--skip-serve-logs"]
         return [_venv_bin("airflow"), "scheduler"]
@@ -414,6 +430,7 @@ class AirflowDagProcessor(AirflowService):
     health_component = "dag_processor"
 
     def command(self) -> list[str]:
+        """Argv of ``airflow dag-processor``."""
         return [_venv_bin("airflow"), "dag-processor"]
 
 
@@ -424,9 +441,11 @@ class AirflowTriggerer(AirflowService):
     health_component = "triggerer"
 
     def ports(self) -> Sequence[int]:
+        """The triggerer's log-serving port."""
         return (self.config.triggerer_log_port,)
 
     def command(self) -> list[str]:
+        """Argv of ``airflow triggerer``."""
         return [_venv_bin("airflow"), "triggerer"]
 
 
@@ -444,18 +463,22 @@ class AirflowCeleryWorker(AirflowService):
         return f"tritonflow-{self.config.queue}@{self.config.host}"
 
     def ports(self) -> Sequence[int]:
+        """The worker's log-serving port."""
         return (self.config.worker_log_port,)
 
     def command(self) -> list[str]:
+        """Argv of ``airflow celery worker`` on the deployment's queue."""
         c = self.config
         return [_venv_bin("airflow"), "celery", "worker", "--queues", c.queue,
                 "--concurrency", str(c.worker_concurrency), "--celery-hostname", self.node_name,
                 "--without-gossip", "--without-mingle"]
 
     def health_url(self) -> str:
+        """The broker and node name the health check pings (for messages)."""
         return f"{self.config.broker_url} (celery ping {self.node_name})"
 
     def healthy(self) -> bool:
+        """The process runs and answers a Celery ``ping`` under its node name."""
         if self.process is not None and self.process.poll() is not None:
             return False
         try:
@@ -534,12 +557,17 @@ def enable_sqlite_wal(config: AirflowConfig) -> str:
 
     Returns:
         The journal mode SQLite reports afterwards (``wal``).
+
+    Raises:
+        RuntimeStartError: The SQLAlchemy URL names no database file.
     """
     import sqlite3
 
     from sqlalchemy.engine import make_url
 
     path = make_url(config.sql_alchemy_conn).database
+    if path is None:
+        raise RuntimeStartError(f"airflow: {config.sql_alchemy_conn!r} names no SQLite database file")
     conn = sqlite3.connect(path, timeout=30)
     try:
         return str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0])

@@ -93,7 +93,7 @@ class Service:
 
     # -------------------------------------------------------------- subclass interface
     def command(self) -> list[str]:
-        """argv of the service process."""
+        """Argv of the service process."""
         raise NotImplementedError
 
     def ports(self) -> Sequence[int]:
@@ -325,14 +325,17 @@ class TritonServer(Service):
         self.repository = repository or settings.resolved_repository_uri
 
     def ports(self) -> Sequence[int]:
+        """Triton's HTTP, gRPC and metrics ports."""
         s = self.settings
         return (s.triton_http_port, s.triton_grpc_port, s.triton_metrics_port)
 
     def prepare(self) -> None:
+        """Create the repository folder (a local repository only)."""
         if not self.repository.startswith("s3://"):
             Path(self.repository).mkdir(parents=True, exist_ok=True)
 
     def command(self) -> list[str]:
+        """Argv of ``tritonserver`` with explicit model control."""
         s = self.settings
         return [
             str(triton_server_binary(s)),
@@ -354,9 +357,11 @@ class TritonServer(Service):
         ]
 
     def environment(self) -> Mapping[str, str]:
+        """Environment of the Triton process (its tools' own)."""
         return triton_environment(self.settings)
 
     def health_url(self) -> str:
+        """Triton's liveness endpoint."""
         return f"http://{self.settings.host}:{self.settings.triton_http_port}/v2/health/live"
 
     @property
@@ -388,6 +393,7 @@ class MlflowServer(Service):
     name = "mlflow"
 
     def ports(self) -> Sequence[int]:
+        """The MLflow server's port."""
         return (self.settings.mlflow_port,)
 
     @property
@@ -396,9 +402,11 @@ class MlflowServer(Service):
         return self.settings.home / "mlflow" / "artifacts"
 
     def prepare(self) -> None:
+        """Create the artifacts folder."""
         self.artifacts_dir.mkdir(parents=True, exist_ok=True)
 
     def command(self) -> list[str]:
+        """Argv of ``mlflow server``."""
         s = self.settings
         return [
             _venv_bin("mlflow"),
@@ -417,11 +425,13 @@ class MlflowServer(Service):
         ]
 
     def environment(self) -> Mapping[str, str]:
+        """Our environment, with MLflow's proxied multipart upload off unless set."""
         env = dict(os.environ)
         env.setdefault("MLFLOW_ENABLE_PROXY_MULTIPART_UPLOAD", "false")
         return env
 
     def health_url(self) -> str:
+        """The MLflow server's health endpoint."""
         return f"http://{self.settings.host}:{self.settings.mlflow_port}/health"
 
     @property
@@ -437,12 +447,15 @@ class S3Server(Service):
     name = "s3"
 
     def ports(self) -> Sequence[int]:
+        """The S3 endpoint's port."""
         return (self.settings.s3_port,)
 
     def command(self) -> list[str]:
+        """Argv of ``moto_server``."""
         return [_venv_bin("moto_server"), "-H", self.settings.host, "-p", str(self.settings.s3_port)]
 
     def health_url(self) -> str:
+        """The moto API endpoint."""
         return f"{self.endpoint_url}/moto-api/"
 
     @property
@@ -497,9 +510,11 @@ class NginxGateway(Service):
         return f"http://{self.settings.host}:{self.settings.gateway_port}"
 
     def ports(self) -> Sequence[int]:
+        """The gateway's port."""
         return (self.settings.gateway_port,)
 
     def prepare(self) -> None:
+        """Create the configuration folders and write the NGINX configuration."""
         for sub in ("http.d", "locations.d", "temp", "logs"):
             (self.conf_dir / sub).mkdir(parents=True, exist_ok=True)
         self.conf_path.write_text(self.render_config())
@@ -539,13 +554,15 @@ http {{
 """
 
     def nginx_cmd(self, *args: str) -> list[str]:
-        """argv to run nginx against this gateway's config with extra arguments."""
+        """Argv to run nginx against this gateway's config with extra arguments."""
         return [NGINX_BINARY, "-p", str(self.conf_dir), "-c", str(self.conf_path), *args]
 
     def command(self) -> list[str]:
+        """Argv of NGINX with the gateway's configuration."""
         return self.nginx_cmd()
 
     def health_url(self) -> str:
+        """The gateway's health endpoint."""
         return f"{self.url}/gateway/health"
 
     def test_config(self) -> None:

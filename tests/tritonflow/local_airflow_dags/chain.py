@@ -2,8 +2,10 @@
 ``alert_decision`` XCom), the asset starts a consumer, whose ``TriggerDagRunOperator`` starts a
 target. Used by tests/tritonflow/test_local_airflow.py (no I/O at parse time)."""
 from datetime import datetime, timezone
-from airflow.sdk import Asset, dag, task, get_current_context
+
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk import Asset, dag, get_current_context, task
+
 A = Asset(name="tests_alerts", uri="tests://alerts")
 S = datetime(2025, 1, 1, tzinfo=timezone.utc)
 
@@ -13,7 +15,8 @@ def chain_source():
     def emit():
         ctx = get_current_context()
         ctx["outlet_events"][A].extra = {"x": 1}
-        ctx["ti"].xcom_push(key="alert_decision", value={"hour": 3, "features": ["f"], "decision": "act", "reason": "r"})
+        decision = {"hour": 3, "features": ["f"], "decision": "act", "reason": "r"}
+        ctx["ti"].xcom_push(key="alert_decision", value=decision)
         return {"start": str(ctx["data_interval_start"]), "end": str(ctx["data_interval_end"])}
     emit()
 chain_source()

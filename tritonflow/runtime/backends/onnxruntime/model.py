@@ -51,7 +51,7 @@ def _shape_ok(config_dims, onnx_shape, batched):
         return True
     if len(onnx_shape) != len(expected):
         return False
-    for i, (want, have) in enumerate(zip(expected, onnx_shape)):
+    for i, (want, have) in enumerate(zip(expected, onnx_shape, strict=True)):
         fixed = isinstance(have, int) and have > 0
         if batched and i == 0:
             if fixed and have != 1:
@@ -87,6 +87,7 @@ class TritonPythonModel:
     """Serves one ONNX model version through ONNX Runtime."""
 
     def initialize(self, args):
+        """Triton Python backend hook: read the config and open the ONNX Runtime session."""
         import onnxruntime as ort
 
         self.config = json.loads(args["model_config"])
@@ -148,6 +149,7 @@ class TritonPythonModel:
         return problems
 
     def execute(self, requests):
+        """Triton Python backend hook: run a batch of requests, one response each."""
         responses = [None] * len(requests)
         feeds, sizes, live = {}, [], []
         for idx, request in enumerate(requests):
@@ -194,10 +196,11 @@ class TritonPythonModel:
         tensors = [
             pb_utils.Tensor(name, _to_bytes(value) if dtype == np.object_
                             else np.ascontiguousarray(value.astype(dtype, copy=False)))
-            for (name, dtype), value in zip(self.outputs, results)
+            for (name, dtype), value in zip(self.outputs, results, strict=True)
             if name in wanted
         ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def finalize(self):
+        """Triton Python backend hook: release the session."""
         self.session = None

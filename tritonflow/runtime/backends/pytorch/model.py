@@ -44,6 +44,7 @@ class TritonPythonModel:
     """Serves one TorchScript model version through libtorch."""
 
     def initialize(self, args):
+        """Triton Python backend hook: read the config and load the TorchScript module."""
         import torch
 
         self.torch = torch
@@ -64,7 +65,7 @@ class TritonPythonModel:
         except Exception as exc:  # torch raises RuntimeError for a file that is not TorchScript
             raise pb_utils.TritonModelException(
                 f"model '{self.name}': {filename} is not a TorchScript module: {exc}"
-            )
+            ) from exc
         self.inputs = [(c["name"], pb_utils.triton_string_to_numpy(c["data_type"]), [int(d) for d in c.get("dims", [])])
                        for c in _order(self.config.get("input", []))]
         self.outputs = [(c["name"], pb_utils.triton_string_to_numpy(c["data_type"]))
@@ -88,6 +89,7 @@ class TritonPythonModel:
         return arr
 
     def execute(self, requests):
+        """Triton Python backend hook: run a batch of requests, one response each."""
         responses = [None] * len(requests)
         parts, sizes, live = {}, [], []
         for idx, request in enumerate(requests):
@@ -133,8 +135,9 @@ class TritonPythonModel:
     def _response(self, request, results):
         wanted = set(request.requested_output_names() or [n for n, _ in self.outputs])
         tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value.astype(dtype, copy=False)))
-                   for (name, dtype), value in zip(self.outputs, results) if name in wanted]
+                   for (name, dtype), value in zip(self.outputs, results, strict=True) if name in wanted]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def finalize(self):
+        """Triton Python backend hook: release the module."""
         self.module = None
