@@ -32,7 +32,7 @@ PUSH_TASK_TIMEOUT = timedelta(minutes=30)
 LOAD_TASK_TIMEOUT = timedelta(minutes=20)
 #: Largest max_batch_size accepted (the pipeline's limit).
 MAX_BATCH_SIZE = 4096
-#: Model names accepted by the form (Triton-safe: folder names and S3 key segments, case H04/H05).
+#: Model names accepted by the form (Triton-safe: folder names and S3 key segments).
 MODEL_NAME_PATTERN = r"^$|^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 #: A version number, an alias or a legacy stage.
 SELECTOR_PATTERN = r"^([1-9][0-9]*|[A-Za-z_][A-Za-z0-9_\-]*)$"
@@ -70,7 +70,7 @@ Delivers one MLflow model version to Triton safely:
    chosen config, timings per stage as `tritonflow.*` tags and artifacts on the MLflow version; the
    drift reference sample is stored; an event is emitted on asset `tritonflow_model_published`;
 7. **trigger_then**: the DAGs named in the conf's `then` list (e.g. `shadow_evaluation`) are
-   triggered fire-and-forget (`wait_for_completion=False, deferrable=False`, case H26) with the loop
+   triggered fire-and-forget (`wait_for_completion=False, deferrable=False`) with the loop
    context handed on: `{"loop": {model, version: <published version>, drift_event, window_start,
    window_end, dataset_uri, ...}}`.
 

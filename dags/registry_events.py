@@ -61,8 +61,8 @@ way; a mapped DAG reads it with `registry_watcher.registry_conf_from_context`.
 before it fires (restart-safe, never twice), and the trigger run id is derived from the change,
 so a retried run does not start a DAG twice (`skip_when_already_exists`).
 
-**Fire-and-forget.** Triggers use `wait_for_completion=False` with `deferrable=False` (case H26:
-a deferrable fire-and-forget trigger can stay DEFERRED forever).
+**Fire-and-forget.** Triggers use `wait_for_completion=False` with `deferrable=False` (a
+deferrable fire-and-forget trigger can stay DEFERRED forever).
 
 **Manual replay.** Trigger this DAG with `model_name` set to replay one change by hand (for
 example a stage transition the watcher missed while the triggerer was down); `dry_run` only

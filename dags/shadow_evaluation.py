@@ -69,7 +69,7 @@ version, the drift event and its window from the loop context (`conf.loop`, vali
 starts: an unknown key fails naming the closest valid one); the triggers it fires hand the context
 on (`conf.loop`: drift event, window, expected predictions). A challenger tagged `rejected` is
 never published or promoted here. Triggers are fire-and-forget (`wait_for_completion=False`,
-`deferrable=False`, case H26).
+`deferrable=False`).
 """
 
 PARAMS = {

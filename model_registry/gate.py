@@ -6,7 +6,7 @@ stage and by ``tritonflow validate`` (which publishes nothing). Steps:
 1. convert with the flavour's registered converter (:mod:`model_registry.conversion`), to ONNX or,
    for PyTorch, TorchScript;
 2. ONNX: bring IR/opset within the target release or refuse naming the image and the limit
-   (:func:`model_registry.validation.make_compatible`, case H09);
+   (:func:`model_registry.validation.make_compatible`);
 3. the validation sample: the dataset's rows, else the input example plus seeded perturbations;
 4. ``config.pbtxt`` with protobuf (``platform: "pytorch_libtorch"`` for TorchScript);
 5. pre-push checks (:func:`~model_registry.validation.validate_for_push` or
@@ -265,7 +265,7 @@ def validate_model(
         dataset_rows: Rows of the dataset used (the first ones).
         atol: Absolute tolerance (default ``settings.parity_atol``).
         rtol: Relative tolerance (default ``settings.parity_rtol``).
-        max_batch_size: 0 disables batching (a fixed batch axis falls back to 0, case H02).
+        max_batch_size: 0 disables batching (a fixed batch axis falls back to 0).
         export_format: ``onnx`` or ``torchscript`` (PyTorch only).
         schema: Explicit input schema for a model without signature.
         settings: Settings (default: from the environment).

@@ -1,11 +1,11 @@
 """MLflow model-registry client of tritonflow, returning tritonflow's own frozen dataclasses.
 
-What it does (issue 3 parts 1 and 10, issue 6 part 4, cases H21 and H22):
+What it does (issue 3 parts 1 and 10, issue 6 part 4):
 
 * **Resolve** a model reference to one model version: ``models:/<name>@<alias>``,
   ``models:/<name>/<version>``, ``<name>@<alias>``, ``<name>/<version>`` and legacy stages
   (``models:/<name>/Production``). A legacy stage resolves only if exactly one version holds it
-  (case H21: the API default ``archive_existing_versions=False`` can leave two).
+  (the API default ``archive_existing_versions=False`` can leave two).
 * **Read** the model's MLflow signature and input example (:class:`ModelIO`).
 * **Write back** tags and artifacts on the model version, and the publish record
   (:meth:`RegistryClient.record_publish`, ``tritonflow.*`` tags).
@@ -16,7 +16,7 @@ What it does (issue 3 parts 1 and 10, issue 6 part 4, cases H21 and H22):
   after the lock is acquired (compare-and-set). Every attempt, successful or not, is written to
   the audit trail: one registered-model tag ``tritonflow.audit.<attempt id>`` per attempt.
 * **Roll back** only to the version ``previous_champion`` resolves to; a dangling or missing alias
-  stops with a message naming the alias and the version (case H22). Never "latest".
+  stops with a message naming the alias and the version. Never "latest".
 * **Delete safely**: never a version holding an alias, in a legacy Production/Staging stage, or
   in the caller's set of deployed/READY versions.
 
@@ -75,7 +75,7 @@ TAG_PREFIX = "tritonflow."
 #: Registered-model tag prefix of the promotion audit trail (one tag per attempt).
 AUDIT_TAG_PREFIX = "tritonflow.audit."
 #: Registered-model tag remembering the previous champion's version number, so that a missing
-#: ``previous_champion`` alias can still be reported with the version it last named (case H22).
+#: ``previous_champion`` alias can still be reported with the version it last named.
 PREVIOUS_CHAMPION_TAG = "tritonflow.previous_champion_version"
 #: Experiment holding one "publish" run per model version (artifacts written back by tritonflow).
 DEFAULT_PUBLISH_EXPERIMENT = "tritonflow-publish"
@@ -641,7 +641,7 @@ class RegistryClient:
 
         Raises:
             RegistryError: The alias is not set, or names a version that no longer exists
-                (a dangling alias, case H22); the message names the alias and the version.
+                (a dangling alias); the message names the alias and the version.
         """
         known = self.aliases(name)
         if alias not in known:
@@ -671,7 +671,7 @@ class RegistryClient:
     def resolve(self, reference: str | ModelReference) -> ModelVersionRef:
         """Resolve a model reference (see :func:`parse_model_reference`) to one model version.
 
-        A legacy stage resolves only when exactly one version holds it (case H21).
+        A legacy stage resolves only when exactly one version holds it.
 
         Raises:
             RegistryError: Bad reference (names it and the accepted forms), unknown model,
@@ -711,7 +711,7 @@ class RegistryClient:
 
         Raises:
             RegistryError: 0 or more than 1 Production versions (names them), or not the
-                expected one. Source of the rule: case H21 (mlflow/mlflow#6414, #3016).
+                expected one. Source of the rule: mlflow/mlflow#6414, #3016.
         """
         return self._single_in_stage(name, "Production", expected_version)
 
@@ -1080,7 +1080,7 @@ class RegistryClient:
     def rollback_target(self, name: str) -> ModelVersionRef:
         """The version ``previous_champion`` names: the only rollback target.
 
-        Never falls back to "latest" or any other version (case H22).
+        Never falls back to "latest" or any other version.
 
         Raises:
             RegistryError: The alias is not set, or names a deleted version; the message names the
@@ -1204,7 +1204,7 @@ class RegistryClient:
 
     def safe_delete_version(self, name: str, version: int | str,
                             deployed_versions: set[int | str] | frozenset[int | str] = frozenset()) -> None:
-        """Delete one model version unless something still needs it (case H22).
+        """Delete one model version unless something still needs it.
 
         Checked under the model's lock, right before the delete: the version must hold no alias,
         not be in ``deployed_versions`` and not be in stage Production/Staging. Audited.

@@ -6,7 +6,7 @@ the NGINX gateway of the local runtime (and of any NGINX that includes our snipp
 Envoy or Istio adapters can be added behind the same interface.
 
 A :class:`TrafficPlan` says, for one model, which percentage of requests each version gets. Plans
-are validated before anything is written (case H27): every weight is an integer percent 0-100 and
+are validated before anything is written: every weight is an integer percent 0-100 and
 the weights sum to exactly 100; anything else raises
 :class:`~tritonflow.exceptions.TrafficPlanError` naming the plan, the model and each problem.
 Nothing is ever normalised.
@@ -789,7 +789,7 @@ class NginxRouter(TrafficRouter):
                 NGINX not reloaded, so live routing is unchanged.
             GatewayReloadError: The reload failed; files restored byte for byte.
         """
-        plan = coerce_plan(plan)  # H27: validate before anything is touched
+        plan = coerce_plan(plan)  # validate before anything is touched
         http_bytes, loc_bytes = self.render(plan)
         self._write_and_reload(plan.model, {0: http_bytes, 1: loc_bytes}, plan)
         return plan

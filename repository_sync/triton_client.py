@@ -23,7 +23,7 @@ Loading (issue 3 part 9):
   inference -- Triton is brought back to the desired set, which is unchanged. Nothing stays
   half-loaded.
 
-Inputs (case H06): integer inputs are built from object/int columns value by value, never through
+Inputs: integer inputs are built from object/int columns value by value, never through
 float, so ``9007199254740993`` (2**53 + 1) arrives exactly. A row with a missing or non-integer id
 is not sent; it is reported in :attr:`SmokeResult.invalid_rows` and counted as an invalid request.
 """
@@ -557,7 +557,7 @@ class TritonModelControl:
             name: Model name.
             version: Model version.
             inputs: Input name -> array with the batch axis first (when the model batches).
-                Integer inputs must be integer arrays (never float, case H06).
+                Integer inputs must be integer arrays (never float).
             outputs: Output names to return (default: all from the model metadata).
 
         Raises:
@@ -622,7 +622,7 @@ class TritonModelControl:
         Args:
             name: Model name.
             version: Model version (loaded).
-            sample: ``pandas.DataFrame`` (rows refused when an id is missing/invalid, H06) or a
+            sample: ``pandas.DataFrame`` (rows refused when an id is missing/invalid) or a
                 mapping input name -> array.
             expected: Output name -> array for every sample row (rows refused are skipped).
             atol: Absolute tolerance, as in ``numpy.isclose`` (|a-b| <= atol + rtol*|b|).

@@ -60,7 +60,7 @@ DEFAULT_LOAD_TIMEOUT_S = 120.0
 #: container's reload watcher through ``<conf_dir>/reload.request`` (docker-compose).
 DEFAULT_GATEWAY_RELOAD = "local"
 
-#: Largest serialised return value (bytes) a tritonflow task may push to XCom (case H24).
+#: Largest serialised return value (bytes) a tritonflow task may push to XCom.
 DEFAULT_MAX_XCOM_BYTES = 48 * 1024
 
 
@@ -164,7 +164,7 @@ DEFAULT_FALLBACK_TIMEOUT_S = 10.0
 DEFAULT_VALIDATION_SAMPLE_ROWS = 64
 #: Std of the seeded Gaussian perturbation, relative to each float column's scale (unitless).
 DEFAULT_VALIDATION_PERTURBATION = 0.05
-#: Max abs difference allowed between TorchScript and eager-eval outputs (case H08).
+#: Max abs difference allowed between TorchScript and eager-eval outputs.
 DEFAULT_TORCHSCRIPT_ATOL = 1e-5
 #: Model Analyzer bounded search: candidate max_batch_size values (comma-separated ints).
 DEFAULT_ANALYZER_MAX_BATCH_SIZES = "8,32"
@@ -178,13 +178,13 @@ DEFAULT_ANALYZER_CONCURRENCY = "4"
 DEFAULT_ANALYZER_MEASUREMENT_MS = 1000
 #: Latency constraint of the profiling objective: p99 latency at most this many milliseconds.
 DEFAULT_ANALYZER_P99_LATENCY_MS = 100.0
-#: A config whose throughput coefficient of variation across passes exceeds this is unstable (H12).
+#: A config whose throughput coefficient of variation across passes exceeds this is unstable.
 DEFAULT_ANALYZER_STABILITY_CV = 0.1
 #: Seconds a Model Analyzer ``profile`` run may take before it is stopped.
 DEFAULT_ANALYZER_TIMEOUT_S = 600.0
 #: Passes per top-ranked config that confirm Model Analyzer's ranking before a config is adopted
 #: (perf_analyzer, interleaved; a config whose throughput CV exceeds analyzer_stability_cv or that
-#: perf_analyzer could not stabilise is dropped, case H12).
+#: perf_analyzer could not stabilise is dropped).
 DEFAULT_ANALYZER_CONFIRM_PASSES = 3
 #: How many of Model Analyzer's best configs are confirmed with repeated passes.
 DEFAULT_ANALYZER_CONFIRM_TOP = 2

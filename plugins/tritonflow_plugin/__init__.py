@@ -8,7 +8,7 @@ Modules:
     hooks: ``MlflowHook`` (conn type ``mlflow``) and ``TritonHook`` (conn type ``triton``).
     links: operator extra links (MLflow model version, Evidently report, Triton model).
     notifications: ``TritonflowFailureNotifier`` for ``on_failure_callback``.
-    xcom: artefact references ``{uri, sha256, bytes}`` and the XCom size check (case H24).
+    xcom: artefact references ``{uri, sha256, bytes}`` and the XCom size check.
     errors: ``fail_fast_on_bad_data`` (``DataError`` -> ``AirflowFailException``).
     event_mapping: registry change -> DAG ids mapping, loaded from YAML/JSON.
     webhook: FastAPI app receiving MLflow's signed webhooks.

@@ -3,7 +3,7 @@
 Cheap to import (only ``datetime`` and ``airflow.sdk``), so DAG files can use it at parse time.
 
 * :data:`DEFAULT_ARGS` -- every task has an ``execution_timeout`` (a hang becomes a failure within
-  minutes: case H24), two retries for flaky systems (bad data fails at once through
+  minutes), two retries for flaky systems (bad data fails at once through
   ``fail_fast_on_bad_data``) and the failure notifier.
 * :data:`DRIFT_ALERTS` -- the Asset the drift monitor emits an event on when a model's inputs
   drifted; the event's ``extra`` carries ``model``, ``version``, ``features``, ``scores`` and the

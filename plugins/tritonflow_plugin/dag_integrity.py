@@ -4,13 +4,13 @@ Each ``check_*`` function takes parsed DAG objects (``airflow.sdk.DAG``) and ret
 human-readable problems (empty when fine), so a test can assert ``== []`` and show every
 offender at once.
 
-* :func:`check_execution_timeouts` -- every task has ``execution_timeout`` (case H24: a hang
+* :func:`check_execution_timeouts` -- every task has ``execution_timeout`` (a hang
   becomes a failure within minutes).
 * :func:`check_trigger_deferrable` -- a ``TriggerDagRunOperator`` sets ``deferrable=True`` only
-  together with ``wait_for_completion=True`` (case H26).
+  together with ``wait_for_completion=True``.
 * :func:`check_docs_and_tags`, :func:`check_param_descriptions` -- the UI trigger form and DAG
   list explain themselves.
-* :func:`missing_dag_ids` -- expected DAG ids absent from a parse (case H25: a DAG over the
+* :func:`missing_dag_ids` -- expected DAG ids absent from a parse (a DAG over the
   import timeout silently disappears).
 """
 

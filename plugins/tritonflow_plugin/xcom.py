@@ -1,4 +1,4 @@
-"""XCom discipline: tasks pass artefact *references*, never payloads (case H24).
+"""XCom discipline: tasks pass artefact *references*, never payloads.
 
 On Airflow 3.0 a downstream task could hang in "running" while pulling a few-hundred-KB XCom
 (apache/airflow#48852). tritonflow tasks therefore write histograms, profiles and reports to object

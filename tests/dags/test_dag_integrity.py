@@ -1,7 +1,7 @@
 """DAG integrity: every DAG in dags/ imports fast with no network, and follows the house rules.
 
-Cases: H25 (a DAG file over the import timeout disappears), H26 (fire-and-forget trigger stuck in
-DEFERRED), H24 (every task has an execution_timeout). The import budget is Airflow's own
+Guards: a DAG file over the import timeout disappears; a fire-and-forget trigger stuck in
+DEFERRED; every task has an execution_timeout. The import budget is Airflow's own
 ``dagbag_import_timeout`` (set to :data:`IMPORT_BUDGET_S`), so a slow file becomes an import error
 the way it would in the DAG processor, not a timing assertion.
 """

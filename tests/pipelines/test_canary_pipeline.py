@@ -1,4 +1,4 @@
-"""Canary promotion and rollback end to end on real services (issue 6 parts 2-6, case H22).
+"""Canary promotion and rollback end to end on real services (issue 6 parts 2-6).
 
 One real Triton (explicit model control over a folder repository) and one real NGINX gateway in
 front of it are shared by the module (started with the same runtime classes the ``triton_factory``
@@ -505,9 +505,9 @@ def test_challenger_unloaded_mid_canary_is_rolled_back(stack, models):
     assert registry(stack).aliases(name)["champion"] == 1
 
 
-# ------------------------------------------------------------------------------------ H22
+# ------------------------------------------------------------------------------------ dangling rollback target
 def test_dangling_rollback_target_is_refused_naming_alias_and_version(stack, tmp_path):
-    """Case H22: a cleanup deletes (through REST, version as a string) the version that still
+    """a cleanup deletes (through REST, version as a string) the version that still
     carries ``previous_champion``; the manual rollback stops naming the alias and the version,
     and touches neither the gateway nor Triton."""
     from mlflow import MlflowClient
@@ -524,7 +524,7 @@ def test_dangling_rollback_target_is_refused_naming_alias_and_version(stack, tmp
     requests.delete(f"{stack.tracking_uri}/api/2.0/mlflow/model-versions/delete",
                     json={"name": name, "version": "1"}, timeout=30).raise_for_status()
     with pytest.raises(RegistryError) as err:
-        manual_rollback(name, "test: H22", env=stack.env)
+        manual_rollback(name, "test: dangling rollback target", env=stack.env)
     msg = str(err.value)
     assert "previous_champion" in msg and "version 1" in msg and "latest" not in msg
     assert stack.env.router().current_plan(name) is None

@@ -8,7 +8,7 @@ the gateway with tritonclient BYTES tensors, logged with its string columns and 
 with the categorical statistics. The README's model matrix is these tests' output.
 
 Also here, on the same services: the p99 regression gate rejecting a deliberately slower
-challenger, and the profile stage dropping an unstable config (case H12).
+challenger, and the profile stage dropping an unstable config.
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ def test_a_much_slower_challenger_is_rejected_by_the_p99_gate_and_never_pushed(s
 
 
 def test_profile_stage_drops_the_unstable_config_of_the_case_and_adopts_the_steady_one(stack, monkeypatch):
-    """Case H12 through the publish stage. Model Analyzer's single measurement ranks config_2 first
+    """Unstable measurements through the publish stage. Model Analyzer's single measurement ranks config_2 first
     (1312 infer/s vs 842); the confirmation passes are the case's (config_2 collapses to ~60 after
     three passes). Both measurements are replayed from the case (fakes: such instability cannot be
     produced on demand); selection, adoption, checks and MLflow records are the real stage."""

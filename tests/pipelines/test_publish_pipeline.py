@@ -168,7 +168,7 @@ def test_classifier_resolved_by_alias_is_published_served_and_recorded(stack, cl
     from model_registry.triton_config import parse_config
 
     cfg = parse_config((vdir / "config.pbtxt.intended").read_text())
-    outputs = {o.name: o for o in cfg.output}  # H03: plain tensors, never a ZipMap
+    outputs = {o.name: o for o in cfg.output}  # plain tensors, never a ZipMap
     assert set(outputs) == {"label", "probabilities"} and list(outputs["probabilities"].dims) == [2]
     assert cfg.max_batch_size == 16
 

@@ -1,4 +1,4 @@
-"""Triton model-control client: H06 request building, verified load, smoke test, rollback.
+"""Triton model-control client: integer-input request building, verified load, smoke test, rollback.
 
 Integration tests run a real Triton (explicit model-control mode) from ``tritonflow.runtime``; one
 server per repository kind is shared by the module to keep the suite fast.
@@ -25,7 +25,7 @@ SHADOW_CSV = "user_id,item_id\n100234,55012\n100235,\n100236,55019\n900719925474
 RECO_SPECS = [InputSpec("user_id", "INT64", (1,)), InputSpec("item_id", "INT64", (1,))]
 
 
-# =========================================================================== H06, client side
+# =========================================================================== integer inputs, client side
 @pytest.mark.parametrize("dtype", [None, str, object])
 def test_id_above_2_53_is_sent_exactly_and_missing_id_row_is_refused(dtype):
     frame = pd.read_csv(io.StringIO(SHADOW_CSV), dtype=dtype)

@@ -29,7 +29,7 @@ Sequence of a promotion (``canary_promotion``):
 
 A manual rollback (``canary_rollback``, :func:`manual_rollback`) resolves the rollback target
 from the ``previous_champion`` alias (refusing, with the alias and the version named, when it
-dangles: case H22), re-verifies its signature, makes sure it is loaded, routes 100 % to it, then
+dangles), re-verifies its signature, makes sure it is loaded, routes 100 % to it, then
 moves the alias back and unloads the rolled-back version.
 
 Where things are (:class:`CanaryEnvironment`): by default everything comes from
@@ -795,7 +795,7 @@ def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder
     """Roll ``model`` back to its ``previous_champion`` (the Airflow UI's manual rollback).
 
     Order: resolve the rollback target (never "latest"; a dangling or missing alias stops here
-    with the alias and the version named, case H22) -> re-verify its signature and make sure it is
+    with the alias and the version named) -> re-verify its signature and make sure it is
     loaded -> gateway 100 % to it (and live) -> alias ``champion`` moves back (``previous_champion``
     is cleared so a second rollback stops) -> the rolled-back version is unloaded.
 
@@ -833,7 +833,7 @@ def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder
         if expected_champion is not None and current != int(expected_champion):
             return {"model": model, "skipped": f"champion is version {current}, not {int(expected_champion)}: "
                     "nothing rolled back", "rolled_back_from": None, "rolled_back_to": None}
-        target = registry.rollback_target(model)  # H22: refuses, naming alias and version
+        target = registry.rollback_target(model)  # refuses, naming alias and version
         name = _triton_name(target)
         with env.triton() as tc:
             info, _ = tc.verify(name, target.version)  # re-verified before any load

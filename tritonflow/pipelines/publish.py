@@ -161,7 +161,7 @@ def model_reference(model: str, version_or_alias: str | int) -> str:
 def triton_model_name(registered_name: str) -> str:
     """Triton model name for a registered model: the same name when it is safe, else sanitised.
 
-    Safe names match ``[A-Za-z0-9][A-Za-z0-9_.-]*`` (case H04/H05: folder names and S3 key
+    Safe names match ``[A-Za-z0-9][A-Za-z0-9_.-]*`` (folder names and S3 key
     segments without escaping); any other character becomes ``_`` and leading ``._-`` are dropped.
 
     Raises:
@@ -290,8 +290,8 @@ def resolve(model_ref: str, *, settings: Settings | None = None) -> dict[str, An
         "aliases", "triton_model_name", "tracking_uri", "staging_dir", "timings_s"}``.
 
     Raises:
-        RegistryError: Bad reference, unknown model/version/alias, dangling alias (H22), a stage
-            held by 0 or several versions (H21), or a version that is not READY.
+        RegistryError: Bad reference, unknown model/version/alias, dangling alias, a stage
+            held by 0 or several versions, or a version that is not READY.
         ServiceUnavailableError: MLflow did not answer.
     """
     from tritonflow.exceptions import RegistryError
@@ -418,7 +418,7 @@ def convert_and_validate(
     XGBoost/LightGBM through onnxmltools, PyTorch to ONNX with a dynamic batch axis or to
     TorchScript, ONNX passthrough); bring IR/opset within the target release
     (``max_onnx_ir_version``, ``max_onnx_opset``, ``max_onnx_ml_opset``; re-exported with
-    ``onnx.version_converter`` when needed, case H09); build the validation sample (the dataset's
+    ``onnx.version_converter`` when needed); build the validation sample (the dataset's
     first :data:`DATASET_SAMPLE_ROWS` rows, else the input example plus seeded perturbations);
     build ``config.pbtxt`` with protobuf (dtypes and dims from the model, instance group from the
     hardware plan, dynamic batching when ``max_batch_size > 0``); run
@@ -437,7 +437,7 @@ def convert_and_validate(
         atol: Absolute tolerance (default ``settings.parity_atol``), >= 0.
         rtol: Relative tolerance (default ``settings.parity_rtol``), >= 0.
         max_batch_size: 0..4096; 0 disables batching. A model with a fixed batch axis is served
-            with 0 (logged) (case H02).
+            with 0 (logged).
         dataset_uri: Optional validation dataset (CSV/Parquet, see :func:`load_dataset`); it is also
             the drift reference recorded by :func:`record`.
         schema: Explicit input schema for a model logged without a signature (see
@@ -612,8 +612,8 @@ def profile(
     The sweep is bounded (:class:`model_registry.analyzer.SearchSpace`: max batch sizes capped at
     the requested ``max_batch_size``, instance counts, dynamic-batching delays, concurrencies,
     measurement window); objective throughput under ``p99 <= p99_latency_ms``; CPU-only hosts
-    search KIND_CPU only (H10); configs whose throughput CV exceeds the stability threshold or
-    that perf_analyzer could not stabilise are dropped (H12): Model Analyzer's ranking (one
+    search KIND_CPU only; configs whose throughput CV exceeds the stability threshold or
+    that perf_analyzer could not stabilise are dropped: Model Analyzer's ranking (one
     measurement per config) is confirmed by :func:`model_registry.analyzer.confirm_selection`,
     which re-measures the ``analyzer_confirm_top`` best configs in ``analyzer_confirm_passes``
     interleaved perf_analyzer passes on one Triton. The winning config replaces the
@@ -640,7 +640,7 @@ def profile(
     Raises:
         SettingsError: Unknown or invalid bounds.
         ProfilingError: No stable config met the constraint (names the model and each reason;
-            tagged rejected, H10).
+            tagged rejected).
         ToolingError: Model Analyzer or its Triton failed, or its Python environment is broken
             (an infrastructure error: not tagged, retried).
         TransientError: Model Analyzer ran past its timeout.
@@ -698,7 +698,7 @@ def _profile(staged, search, s: Settings, reg, ref, timeout_s, pass_runner=None)
     outcome = profile_model(name, generated, model_repository=repo, work_dir=work / "run", search=search,
                             settings=s, timeout_s=float(timeout_s) if timeout_s is not None else None)
     # Model Analyzer measured each config once: its best ones are confirmed with repeated passes,
-    # and unstable ones (CV or perf_analyzer's own verdict) are dropped before adoption (H12).
+    # and unstable ones (CV or perf_analyzer's own verdict) are dropped before adoption.
     outcome = confirm_selection(outcome, work / "run" / "output_model_repository", settings=s,
                                 pass_runner=pass_runner)
     chosen = outcome.config
