@@ -133,8 +133,12 @@ def published(stack, classifier):
     model, X = classifier
     name = unique("churn_clf")
     version = register(stack.tracking_uri, name, model, X)
+    # the training rows: the validation dataset and the drift reference (an input example is none)
+    dataset = Path(stack.settings.home) / "datasets" / f"{name}.parquet"
+    dataset.parent.mkdir(parents=True, exist_ok=True)
+    X.to_parquet(dataset)
     summary = pipeline.publish(f"{name}@champion", triton_url=stack.triton.http_url, settings=stack.settings,
-                               max_batch_size=16, profile_enabled=False)
+                               max_batch_size=16, profile_enabled=False, dataset_uri=str(dataset))
     return name, version, summary
 
 
