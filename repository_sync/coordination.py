@@ -40,7 +40,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import sqlalchemy as sa
 
@@ -116,6 +116,15 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def holder_died(row: Mapping[str, Any]) -> bool:
+    """Whether a lease row's holder was a process on this host that no longer exists.
+
+    Such a lease is free at once (:meth:`CoordinationStore.try_acquire` takes it over); a holder
+    on another host is only freed by its expiry.
+    """
+    return bool(row.get("pid")) and row.get("host") == socket.gethostname() and not _pid_alive(int(row["pid"]))
 
 
 def engine_for(url: str) -> sa.Engine:
@@ -342,8 +351,7 @@ class CoordinationStore:
             ).rowcount
         if n != 1:
             other = self.holder_of(purpose, name)
-            if not (other and other["host"] == socket.gethostname() and other["pid"]
-                    and other["pid"] != os.getpid() and not _pid_alive(int(other["pid"]))):
+            if not (other and other["pid"] != os.getpid() and holder_died(other)):
                 return None
             with self.engine.begin() as conn:  # its process is gone: compare-and-set on the token
                 n = conn.execute(

@@ -130,6 +130,7 @@ class Demo:
         self.progress = progress or Progress()
         self.events: list[dict[str, Any]] = []
         self.hours: list[HourRecord] = []
+        self.served_after_loop: dict[str, int] = {}
         self.traffic: list[pd.DataFrame] = []
         self.runtime: Runtime | None = None
         self.airflow: AirflowDeployment | None = None
@@ -660,7 +661,7 @@ class Demo:
             "unmatched_promotions": [lp for lp in loops if lp.get("seconds") is None],
             "scheduling_latency_s": latency,
             "canary_requests": int(sum(len(r) for r in self._canary.results)),
-            "served_after_loop": getattr(self, "served_after_loop", {}),
+            "served_after_loop": self.served_after_loop,
             "watch_error": self.watch_error,
             "wall_s": p.elapsed(),
         }

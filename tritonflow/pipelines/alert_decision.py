@@ -37,7 +37,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import socket
 from typing import Any, Mapping, Sequence
 
 from tritonflow.settings import Settings, get_settings
@@ -122,13 +121,11 @@ def promotion_holder(model: str, settings: Settings | None = None) -> str:
     Read only, never taken. An expired lease, or one whose holder process on this host has died,
     counts as free (as :meth:`repository_sync.coordination.CoordinationStore.try_acquire` would).
     """
-    from repository_sync.coordination import PROMOTION, _pid_alive, coordination_store
+    from repository_sync.coordination import PROMOTION, coordination_store, holder_died
 
     s = settings or get_settings()
     rec = coordination_store(s).holder_of(PROMOTION, model)
-    if not rec:
-        return ""
-    if rec.get("host") == socket.gethostname() and rec.get("pid") and not _pid_alive(int(rec["pid"])):
+    if not rec or holder_died(rec):
         return ""
     return str(rec.get("holder") or "?")
 
