@@ -186,7 +186,6 @@ def test_profiled_run_adopts_the_model_analyzer_choice(tmp_path, airflow_home, m
 
     reason = profiling_unavailable_reason(Settings.from_env({}))
     if reason:
-        print(f"Model Analyzer cannot run here: {reason}")
         pytest.skip(f"Model Analyzer cannot run here: {reason}")
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -208,3 +207,15 @@ def test_profiled_run_adopts_the_model_analyzer_choice(tmp_path, airflow_home, m
     assert profile["status"] == "profiled" and profile["throughput"] > 0
     assert profile["p99_latency_ms"] <= profile["p99_constraint_ms"]
     assert any(k.startswith("tritonflow.artifact.profile/results.csv") for k in tags)
+    # the config Triton serves is the one Model Analyzer's selection chose, not the generated one
+    from mlflow.artifacts import download_artifacts
+
+    from model_registry.triton_config import config_summary, read_config
+
+    chosen_uri = tags["tritonflow.artifact.profile/chosen_config.pbtxt"]
+    chosen = read_config(download_artifacts(artifact_uri=chosen_uri, dst_path=str(tmp_path / "chosen"),
+                                            tracking_uri=mlflow_server.tracking_uri))
+    served = read_config(repo / name / "config.pbtxt")
+    keys = ("max_batch_size", "instance_groups", "dynamic_batching")
+    assert {k: config_summary(served)[k] for k in keys} == {k: config_summary(chosen)[k] for k in keys}
+    assert profile["best"]  # the selection named a config, and that config is the one pushed

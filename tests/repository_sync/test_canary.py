@@ -338,18 +338,22 @@ def test_second_promotion_of_a_model_fails_naming_model_and_holder(tmp_path):
 def test_second_promotion_waits_for_the_lock_when_given_a_timeout(tmp_path):
     release = threading.Event()
     held = threading.Event()
+    order: list[str] = []
 
     def first():
         with promotion_lock(MODEL, home=tmp_path, holder="first"):
             held.set()
             release.wait(10)
+            order.append("first leaving")
 
     t = threading.Thread(target=first)
     t.start()
-    held.wait(10)
+    assert held.wait(10)
     threading.Timer(0.2, release.set).start()
     with promotion_lock(MODEL, home=tmp_path, holder="second", timeout_s=10):
-        pass
+        # the second holder got in by waiting for the first to let go, never beside it
+        order.append("second acquired")
+        assert order == ["first leaving", "second acquired"]
     t.join()
 
 
