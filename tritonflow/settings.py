@@ -20,6 +20,9 @@ from typing import Any, Mapping
 from tritonflow.exceptions import SettingsError
 
 ENV_PREFIX = "TRITONFLOW_"
+#: Set inside Airflow tasks: ``TRITONFLOW_X=conn_id,...``, the settings an Airflow connection gave
+#: (``tritonflow_plugin.connections``); read by :meth:`Settings.effective` to name the source.
+CONNECTION_SOURCES_ENV = "TRITONFLOW_FROM_CONNECTIONS"
 
 # ---------------------------------------------------------------------------- paths
 #: Project root (the folder holding ``requirements.txt``).
@@ -749,6 +752,22 @@ class Settings:
         "", "TRITON_METRICS_URL", "Triton metrics URL (empty: http://<host>:<triton_metrics_port>/metrics)."
     )
     gateway_url: str = _field("", "GATEWAY_URL", "Gateway base URL (empty: http://<host>:<gateway_port>).")
+
+    # Airflow connections (read by every tritonflow task when it starts; a defined one wins over
+    # the matching settings above; empty id: not looked up)
+    mlflow_conn_id: str = _field(
+        "mlflow_default", "MLFLOW_CONN_ID", "Airflow connection (type mlflow) giving the MLflow tracking URI.",
+    )
+    triton_conn_id: str = _field(
+        "triton_default", "TRITON_CONN_ID", "Airflow connection (type triton) giving Triton's HTTP and metrics URLs.",
+    )
+    gateway_conn_id: str = _field(
+        "tritonflow_gateway", "GATEWAY_CONN_ID", "Airflow connection (type http) giving the gateway URL.",
+    )
+    aws_conn_id: str = _field(
+        "aws_default", "AWS_CONN_ID",
+        "Airflow connection (type aws) giving the S3 endpoint (extra endpoint_url) and credentials.",
+    )
     gateway_conf_dir: str = _field(
         "", "GATEWAY_CONF_DIR", "Gateway config folder the router writes (empty: <home>/run/gateway)."
     )
@@ -859,7 +878,10 @@ class Settings:
 
     @classmethod
     def effective(cls, environ: Mapping[str, str] | None = None) -> list[tuple[str, str, str]]:
-        """Rows of (variable, value in effect, source) where source is ``default`` or ``environment``.
+        """Rows of (variable, value in effect, source).
+
+        The source is ``default``, ``environment`` or ``connection <id>`` (inside an Airflow task,
+        for the settings an Airflow connection gave: see ``tritonflow_plugin.connections``).
 
         Args:
             environ: Mapping to read (default ``os.environ``).
@@ -869,10 +891,15 @@ class Settings:
         """
         environ = os.environ if environ is None else environ
         settings = cls.from_env(environ)
+        from_connections = dict(
+            item.split("=", 1) for item in environ.get(CONNECTION_SOURCES_ENV, "").split(",") if "=" in item
+        )
         rows = []
         for f in dataclasses.fields(cls):
             name = ENV_PREFIX + f.metadata["env"]
-            rows.append((name, str(getattr(settings, f.name)), "environment" if name in environ else "default"))
+            source = ("connection " + from_connections[name] if name in from_connections
+                      else "environment" if name in environ else "default")
+            rows.append((name, str(getattr(settings, f.name)), source))
         return rows
 
     @classmethod

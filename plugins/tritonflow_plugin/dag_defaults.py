@@ -1,10 +1,12 @@
 """Defaults every tritonflow DAG shares: task arguments, assets and the DAG tag.
 
-Cheap to import (only ``datetime`` and ``airflow.sdk``), so DAG files can use it at parse time.
+Cheap to import (``datetime``, ``airflow.sdk`` and tritonflow's settings module, which reads nothing
+at import), so DAG files can use it at parse time.
 
 * :data:`DEFAULT_ARGS` -- every task has an ``execution_timeout`` (a hang becomes a failure within
   minutes), two retries for flaky systems (bad data fails at once through
-  ``fail_fast_on_bad_data``) and the failure notifier.
+  ``fail_fast_on_bad_data``), the failure notifier, and applies the Airflow connections of
+  MLflow, Triton, the gateway and S3 when it starts (:mod:`tritonflow_plugin.connections`).
 * :data:`DRIFT_ALERTS` -- the Asset the drift monitor emits an event on when a model's inputs
   drifted; the event's ``extra`` carries ``model``, ``version``, ``features``, ``scores`` and the
   window. ``shadow_evaluation`` is scheduled on it.
@@ -20,6 +22,7 @@ from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import Asset
 
+from tritonflow_plugin.connections import apply_connections
 from tritonflow_plugin.notifications import TritonflowFailureNotifier
 
 #: ``start_date`` of every tritonflow DAG. A run dated before it gets no tasks, so logical dates
@@ -36,6 +39,9 @@ DEFAULT_ARGS = {
     "retry_delay": timedelta(seconds=30),
     "execution_timeout": TASK_TIMEOUT,
     "on_failure_callback": TritonflowFailureNotifier(),
+    # Airflow connections (MLflow, Triton, gateway, S3) override the matching TRITONFLOW_* settings
+    # of the task's process when it starts; see tritonflow_plugin.connections
+    "on_execute_callback": apply_connections,
 }
 
 DRIFT_ALERTS = Asset(name="tritonflow_drift_alerts", uri="tritonflow://drift/alerts")

@@ -67,6 +67,24 @@ def tracking_uri_from_connection(conn: Any) -> str:
     return _base_url(conn, default_port=None, what="the MLflow tracking server's")
 
 
+def connection_extra(conn: Any, field: str) -> str:
+    """An extra field of a connection, under its name or the form's ``extra__<type>__<name>``."""
+    extra = conn.extra_dejson or {}
+    return str(extra.get(field) or extra.get(f"extra__{conn.conn_type}__{field}") or "")
+
+
+def gateway_url_from_connection(conn: Any) -> str:
+    """Build the gateway's base URL from an ``http`` connection (``tritonflow_gateway``).
+
+    Returns:
+        ``"http://host:port"`` (``host`` may carry a scheme and a path prefix).
+
+    Raises:
+        SettingsError: No host, or a scheme other than http/https.
+    """
+    return _base_url(conn, default_port=None, what="the gateway's")
+
+
 def triton_urls_from_connection(conn: Any) -> dict[str, str]:
     """Return Triton endpoints from a ``triton`` connection.
 
@@ -80,13 +98,12 @@ def triton_urls_from_connection(conn: Any) -> dict[str, str]:
     """
     base = _base_url(conn, default_port=8000, what="Triton's HTTP")
     parts = urlsplit(base)
-    extra = conn.extra_dejson or {}
     hostname = parts.hostname or ""
     return {
         "http_url": parts.netloc,
         "scheme": parts.scheme,
-        "metrics_url": extra.get("metrics_url") or f"{parts.scheme}://{hostname}:8002/metrics",
-        "grpc_url": extra.get("grpc_url") or f"{hostname}:8001",
+        "metrics_url": connection_extra(conn, "metrics_url") or f"{parts.scheme}://{hostname}:8002/metrics",
+        "grpc_url": connection_extra(conn, "grpc_url") or f"{hostname}:8001",
     }
 
 
@@ -106,14 +123,6 @@ class MlflowHook(BaseHook):
         super().__init__(**kwargs)
         self.mlflow_conn_id = mlflow_conn_id
 
-    @classmethod
-    def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        """Relabel the connection form fields for MLflow."""
-        return {
-            "hidden_fields": [],
-            "relabeling": {"schema": "Scheme (http/https)", "login": "Username"},
-            "placeholders": {"host": "127.0.0.1", "port": "5000", "extra": '{"token": "..."}'},
-        }
 
     def get_tracking_uri(self) -> str:
         """Return the tracking URI of the connection (reads the connection now)."""
@@ -131,7 +140,7 @@ class MlflowHook(BaseHook):
         if conn.login:
             os.environ["MLFLOW_TRACKING_USERNAME"] = conn.login
             os.environ["MLFLOW_TRACKING_PASSWORD"] = conn.password or ""
-        token = (conn.extra_dejson or {}).get("token")
+        token = connection_extra(conn, "token")
         if token:
             os.environ["MLFLOW_TRACKING_TOKEN"] = token
         from mlflow import MlflowClient
@@ -163,18 +172,6 @@ class TritonHook(BaseHook):
         super().__init__(**kwargs)
         self.triton_conn_id = triton_conn_id
 
-    @classmethod
-    def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        """Relabel the connection form fields for Triton."""
-        return {
-            "hidden_fields": ["login", "password"],
-            "relabeling": {"schema": "Scheme (http/https)"},
-            "placeholders": {
-                "host": "127.0.0.1",
-                "port": "8000",
-                "extra": '{"metrics_url": "http://127.0.0.1:8002/metrics", "grpc_url": "127.0.0.1:8001"}',
-            },
-        }
 
     def get_urls(self) -> dict[str, str]:
         """Return ``http_url``, ``metrics_url``, ``grpc_url`` (reads the connection now)."""

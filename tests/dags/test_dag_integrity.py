@@ -153,6 +153,19 @@ def test_every_task_has_an_execution_timeout(product_bag):
     assert check_execution_timeouts(product_bag.dags.values()) == []
 
 
+def test_every_task_applies_the_airflow_connections_when_it_starts(product_bag):
+    from tritonflow_plugin.connections import apply_connections
+
+    missing = []
+    for dag in product_bag.dags.values():
+        for task in dag.tasks:
+            callbacks = task.on_execute_callback
+            callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+            if apply_connections not in callbacks:
+                missing.append(f"{dag.dag_id}.{task.task_id}")
+    assert missing == []
+
+
 def test_task_without_execution_timeout_is_reported(tmp_path):
     path = tmp_path / "dag_hourly_histograms.py"
     path.write_text(H24_XCOM_DAG)
