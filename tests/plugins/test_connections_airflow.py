@@ -84,5 +84,5 @@ def test_the_connection_form_offers_the_mlflow_and_triton_types(deployment):
     meta = {m["connection_type"]: m for m in api._request("GET", "/ui/connections/hook_meta")}
     assert {"mlflow", "triton"} <= set(meta)
     assert meta["triton"]["hook_name"] == "NVIDIA Triton"
-    assert set(meta["triton"]["extra_fields"]) >= {"extra__triton__metrics_url", "extra__triton__grpc_url"}
+    assert set(meta["triton"]["extra_fields"]) >= {"metrics_url", "grpc_url"}
     assert meta["mlflow"]["standard_fields"]["login"]["title"] == "Username"
