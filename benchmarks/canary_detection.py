@@ -27,7 +27,7 @@ client's logger does); the canary reads Triton's metrics and that log
    machine affects both sides alike; the figure is the median over the ``--reps`` adjacent pairs
    of (p99 with - p99 without), the pooled p99s are reported beside it.
 
-Goals (issue 14): detection to switch <= 5 s with a 300 s bake; 0 failed requests that did not go
+Goals: detection to switch <= 5 s with a 300 s bake; 0 failed requests that did not go
 to the failing challenger; the mirror adds < 1 ms to the client p99. Reference: a comparable
 production setup switches back 4.7 s after detection.
 

@@ -1,6 +1,6 @@
 """Benchmark: parse time of each DAG file in dags/ and of the whole folder through DagBag.
 
-Goal (issue 7): under 0.5 s per file on this machine class (2 cores). Prints one line per file
+Goal: under 0.5 s per file on this machine class (2 cores). Prints one line per file
 and a folder total; exits 0 regardless (figures, not a test). Run:
 
     .venv/bin/python benchmarks/dag_parse.py [--repeat 3] [--dags dags/]

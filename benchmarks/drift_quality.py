@@ -25,7 +25,7 @@ Policies, side by side on the same windows:
 
 * ``tritonflow``: ``tritonflow drift backtest`` (:func:`drift_checks.backtest.run_backtest`) with
   the default settings; an alarm is a drift alert (the asset event the DAG emits).
-* ``today``: the policy before issue 12, re-implemented here on the same registry statistics:
+* ``today``: the product's earlier drift policy, re-implemented here on the same registry statistics:
   static thresholds (K-S p 0.05, PSI 0.1, Wasserstein 0.1, inclusive) until 48 windows of history,
   then the P95 (P5 for p-values) of every past value; a feature flagged when 2 of its 3 statistics
   cross; "drift" when flagged in 2 consecutive windows; an alarm when the uniform share of drift

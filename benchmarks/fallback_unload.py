@@ -11,9 +11,9 @@ with :func:`repository_sync.publish.publish_version` and loaded through
 A paced client (``--rps`` requests per second over ``--threads`` kept-alive connections, real
 inference requests of one row) runs for ``--warm`` seconds on the champion, then the champion is
 unloaded from Triton while traffic flows and the client runs ``--after`` more seconds; then the
-champion is loaded again and the client runs ``--recover`` seconds. Goal (issue 15): >= 100 rps,
-0 failed client requests. Baseline: the same run with ``--no-fallback`` (the gateway as before
-issue 15), where every request after the unload fails.
+champion is loaded again and the client runs ``--recover`` seconds. Goal: >= 100 rps,
+0 failed client requests. Baseline: the same run with ``--no-fallback`` (the gateway without
+the fallback route), where every request after the unload fails.
 
 Usage::
 

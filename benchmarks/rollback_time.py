@@ -1,4 +1,4 @@
-"""Rollback time and failed requests through the NGINX gateway (issue 6 benchmark).
+"""Rollback time and failed requests through the NGINX gateway (canary benchmark).
 
 While a bounded loopback client sends requests through the real NGINX gateway
 (:class:`tritonflow.runtime.services.NginxGateway`) to a loopback upstream, this script
@@ -14,7 +14,7 @@ By default the upstream is a small Python HTTP server that stands in for Triton 
 ``/v2/models/<m>/versions/<v>/infer`` with 200), so the figures measure the gateway and the
 router, not model inference. With ``--triton`` the upstream is a real Triton 2.51
 (``TritonServer``) serving versions 6 and 7 of :mod:`tritonflow.runtime.fault_injection`'s model,
-so every request is a real inference. Goal (issue 6): switch under 1 s, zero failed requests.
+so every request is a real inference. Goal: switch under 1 s, zero failed requests.
 Reference: a comparable production setup reports about 4.7 s from detection to switch.
 
 Usage::

@@ -17,7 +17,7 @@ starts answering NaN. On ``unhealthy`` the rollback runs through the ``canary_ro
 the first NaN answer to the send time of the last request version 2 served (after it, 100 % of
 the traffic is on version 1). Then everything is reset (aliases, loads, routing) for the next run.
 
-Goal (issue 15): ``<= failures x interval + 2 s`` (3 x 10 + 2 = 32 s with the defaults), p50 and
+Goal: ``<= failures x interval + 2 s`` (3 x 10 + 2 = 32 s with the defaults), p50 and
 max over ``--runs`` runs. Worst case by construction: the fault lands just after a probe, then
 ``failures`` probes ``interval`` apart decide.
 

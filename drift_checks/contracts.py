@@ -13,7 +13,7 @@
   ``mostly = 1 - category_tolerance``;
 * datetime columns: min/max bounds as ISO strings.
 
-**Severity** (issue 12: a failed contract is not drift, a shifted valid feature is not
+**Severity** (a failed contract is not drift, a shifted valid feature is not
 "invalid"): every expectation has a ``severity``. ``"critical"`` (the default, and every
 expectation a user declares) fails the contract: the window raises a data-quality alert, the
 column is invalid, the window raises no drift alert. ``"warning"`` is what :func:`derive_contract`

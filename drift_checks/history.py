@@ -3,7 +3,7 @@
 Three tables (names take an optional prefix, e.g. for tests or several deployments in one
 schema). Statistics and verdicts are keyed by the REFERENCE they were computed against
 (``reference_id``, e.g. ``v3:training:1f2e...``): a threshold learned against one model
-version's reference never judges statistics computed against another one (issue 12).
+version's reference never judges statistics computed against another one.
 
 * ``drift_statistics``: one row per (model, reference, feature, statistic, hour) with the finite
   value, the threshold it was judged by (value and source) and whether it may teach the dynamic

@@ -1,6 +1,6 @@
 """MLflow model-registry client of tritonflow, returning tritonflow's own frozen dataclasses.
 
-What it does (issue 3 parts 1 and 10, issue 6 part 4):
+What it does:
 
 * **Resolve** a model reference to one model version: ``models:/<name>@<alias>``,
   ``models:/<name>/<version>``, ``<name>@<alias>``, ``<name>/<version>`` and legacy stages
@@ -246,7 +246,7 @@ class ModelIO:
 
 @dataclasses.dataclass(frozen=True)
 class PublishRecord:
-    """What a publish delivered, recorded on the model version (issue 3 part 10).
+    """What a publish delivered, recorded on the model version.
 
     Attributes:
         repository_uri: Triton model repository (folder or ``s3://...``).
@@ -937,7 +937,7 @@ class RegistryClient:
         return self.set_version_tags(ref, tags)
 
     def record_rejection(self, ref: ModelVersionRef, reason: str, stage: str) -> dict[str, str]:
-        """Tag a model version as rejected by the publish pipeline (issue 3 part 9)."""
+        """Tag a model version as rejected by the publish pipeline."""
         return self.set_version_tags(ref, {
             "tritonflow.status": "rejected",
             "tritonflow.rejected_stage": stage,

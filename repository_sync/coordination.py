@@ -1,4 +1,4 @@
-"""Coordination across processes and hosts through the shared database (issue 11 item 4).
+"""Coordination across processes and hosts through the shared database.
 
 Everything that changes what serves (Triton model control, the champion alias, the gateway, the
 repository) and the long-running jobs that lead there (retraining) are serialised per model by

@@ -1,4 +1,4 @@
-"""Per-model promotion locks (issue 6 part 5, issue 11 item 4): one promotion per model at a time.
+"""Per-model promotion locks: one promotion per model at a time.
 
 A promotion lock is a lease of purpose ``promotion`` in the shared coordination database
 (:mod:`repository_sync.coordination`): PostgreSQL in production, so promotions are serialised

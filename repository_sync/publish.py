@@ -1,6 +1,6 @@
 """Publish one model version to a Triton repository: stage, sign, push atomically, verify, expose.
 
-Sequence of :func:`publish_version` (issue 3 parts 7 and 8; the "why" of each step is in
+Sequence of :func:`publish_version` (the "why" of each step is in
 :mod:`repository_sync.storage`):
 
 1. plan the layout (safe model name, positive-integer version);

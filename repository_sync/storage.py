@@ -1,6 +1,6 @@
 """Triton model repository storage: one small interface, a filesystem/NFS and an S3 backend.
 
-Guarantees of :meth:`RepositoryStorage.push_version` (issue 3 part 8):
+Guarantees of :meth:`RepositoryStorage.push_version`:
 
 * **Immutable versions.** A published ``<model>/<N>/`` is never overwritten. Pushing identical
   content again is a no-op (status ``"unchanged"``; the signature file is not compared because

@@ -3,7 +3,7 @@
 Built on ``tritonclient.http`` against a Triton started with ``--model-control-mode=explicit``
 (Triton "Model Management" and "Model Repository Extension" docs).
 
-Loading (issue 3 part 9):
+Loading:
 
 * Before every load the version folder is verified against its OpenSSF model-signing signature with
   the trusted keys (for S3 a temporary local copy is downloaded and verified). An unsigned or

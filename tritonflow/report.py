@@ -270,7 +270,7 @@ td,th{{border:1px solid #ccc;padding:2px 6px}} img{{max-width:100%}}</style></he
 <p>{html.escape(summary.get('mapping', ''))}. Wall time {summary.get('wall_s', 0):.0f} s.</p>
 <h2>Closed loop: drift alert &rarr; promoted challenger</h2>
 <ul>{loop_html}</ul>
-<p>Issue 8 benchmark: reference 23 minutes in a comparable production loop, goal under 5 minutes.</p>
+<p>Benchmark: reference 23 minutes in a comparable production loop, goal under 5 minutes.</p>
 <h2>Which version served when</h2>{f'<img src="{served}">' if served else '<p>no traffic</p>'}
 <h2>Quality of what was served vs a never-retrained champion</h2>{f'<img src="{perf_file}">' if perf_file else ''}
 <h2>Drift statistics against their dynamic P95 thresholds</h2>{imgs or '<p>no drift history</p>'}

@@ -68,7 +68,7 @@ DEFAULT_MAX_XCOM_BYTES = 48 * 1024
 
 
 # ---------------------------------------------------------------------------- repository_sync: canary
-#: Canary traffic steps for the challenger, percent of requests, comma-separated (issue 6).
+#: Canary traffic steps for the challenger, percent of requests, comma-separated.
 DEFAULT_CANARY_STEPS = "5,25,50,100"
 #: Seconds each canary step bakes before its analysis.
 DEFAULT_CANARY_BAKE_S = 300.0
@@ -225,7 +225,7 @@ DEFAULT_MLFLOW_UI_URL = ""
 
 
 # ---------------------------------------------------------------------------- model_registry: shadow/retrain
-#: Fewest labelled rows a shadow comparison needs; fewer is "inconclusive", never a win (issue 5).
+#: Fewest labelled rows a shadow comparison needs; fewer is "inconclusive", never a win.
 DEFAULT_SHADOW_MIN_LABELS = 200
 #: Two-sided confidence level (0-1) of the paired bootstrap intervals of the shadow comparison.
 DEFAULT_SHADOW_CONFIDENCE = 0.95

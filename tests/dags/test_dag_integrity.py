@@ -32,7 +32,7 @@ IMPORT_BUDGET_S = 2
 DAG_FILES = sorted(p for p in DAGS.glob("*.py") if not p.name.startswith("_"))
 PRODUCT_FILES = [p for p in DAG_FILES if p.name != "example_integrity.py"]
 
-H25_HEAVY_DAG = textwrap.dedent('''\
+HEAVY_TOP_LEVEL_DAG_SOURCE = textwrap.dedent('''\
     from __future__ import annotations
     import time
     import pendulum
@@ -50,7 +50,7 @@ H25_HEAVY_DAG = textwrap.dedent('''\
     drift_monitor_heavy()
 ''')
 
-H26_TRIGGER_DAG = textwrap.dedent('''\
+FIRE_AND_FORGET_TRIGGER_DAG_SOURCE = textwrap.dedent('''\
     from __future__ import annotations
     import pendulum
     from airflow.sdk import DAG
@@ -72,7 +72,7 @@ H26_TRIGGER_DAG = textwrap.dedent('''\
         EmptyOperator(task_id="train")
 ''')
 
-H24_XCOM_DAG = textwrap.dedent('''\
+BULKY_XCOM_DAG_SOURCE = textwrap.dedent('''\
     from __future__ import annotations
     import pendulum
     from airflow.sdk import dag, task
@@ -127,7 +127,7 @@ def test_dag_file_imports_without_network_within_budget(path, no_network):
 
 def test_heavy_top_level_code_fails_the_import_check(tmp_path, no_network):
     path = tmp_path / "dag_heavy_toplevel.py"
-    path.write_text(H25_HEAVY_DAG)
+    path.write_text(HEAVY_TOP_LEVEL_DAG_SOURCE)
     bag = parse(path)
     (error,) = bag.import_errors.values()
     assert "DagBag import timeout" in error and f"{IMPORT_BUDGET_S}" in error
@@ -136,7 +136,7 @@ def test_heavy_top_level_code_fails_the_import_check(tmp_path, no_network):
 
 def test_top_level_network_call_fails_the_import_check(tmp_path, no_network):
     path = tmp_path / "dag_registry_at_parse.py"
-    path.write_text(H26_TRIGGER_DAG + "\nimport urllib.request\nurllib.request.urlopen('http://127.0.0.1:5000/health')\n")
+    path.write_text(FIRE_AND_FORGET_TRIGGER_DAG_SOURCE + "\nimport urllib.request\nurllib.request.urlopen('http://127.0.0.1:5000/health')\n")
     bag = parse(path)
     (error,) = bag.import_errors.values()
     assert "network access at DAG parse time" in error
@@ -168,7 +168,7 @@ def test_every_task_applies_the_airflow_connections_when_it_starts(product_bag):
 
 def test_task_without_execution_timeout_is_reported(tmp_path):
     path = tmp_path / "dag_hourly_histograms.py"
-    path.write_text(H24_XCOM_DAG)
+    path.write_text(BULKY_XCOM_DAG_SOURCE)
     problems = check_execution_timeouts(parse(path).dags.values())
     assert problems == [
         "hourly_histograms_xcom.compute_histograms: execution_timeout is None: expected a timedelta"
@@ -181,7 +181,7 @@ def test_trigger_tasks_defer_only_when_waiting_for_completion(product_bag):
 
 def test_inherited_deferrable_on_fire_and_forget_trigger_is_reported(tmp_path):
     path = tmp_path / "dag_drift_trigger.py"
-    path.write_text(H26_TRIGGER_DAG)
+    path.write_text(FIRE_AND_FORGET_TRIGGER_DAG_SOURCE)
     (problem,) = check_trigger_deferrable(parse(path).dags.values())
     assert problem.startswith("drift_monitor_hourly_trigger.trigger_retrain: deferrable=True")
 
@@ -201,7 +201,7 @@ def test_fire_and_forget_trigger_completes_and_next_run_is_not_blocked(tmp_path,
     """
     dags = tmp_path / "dags"
     dags.mkdir()
-    (dags / "dag_drift_trigger.py").write_text(H26_TRIGGER_DAG)
+    (dags / "dag_drift_trigger.py").write_text(FIRE_AND_FORGET_TRIGGER_DAG_SOURCE)
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("fire_and_forget_run.py")), str(dags)],
         env=airflow_env.subprocess_env(AIRFLOW__CORE__DAGS_FOLDER=str(dags)),

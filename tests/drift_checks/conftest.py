@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 # All-null column and empty window inputs (reference.csv, current_promo_all_null.csv), rebuilt verbatim.
-H15_REFERENCE = """session_minutes,device,promo_code,pages_viewed
+REFERENCE_SESSIONS_CSV = """session_minutes,device,promo_code,pages_viewed
 10.11,ios,SPRING10,9
 8.21,android,,16
 18.66,ios,,16
@@ -37,7 +37,7 @@ H15_REFERENCE = """session_minutes,device,promo_code,pages_viewed
 5.49,desktop,SPRING10,25
 1.09,desktop,VIP5,17
 """
-H15_ALL_NULL = """session_minutes,device,promo_code,pages_viewed
+PROMO_CODE_ALL_NULL_CSV = """session_minutes,device,promo_code,pages_viewed
 37.49,ios,,3
 1.06,ios,,24
 19.86,android,,9
@@ -59,14 +59,14 @@ H15_ALL_NULL = """session_minutes,device,promo_code,pages_viewed
 10.8,android,,28
 39.21,ios,,25
 """
-H15_EMPTY = "session_minutes,device,promo_code,pages_viewed\n"
+EMPTY_WINDOW_CSV = "session_minutes,device,promo_code,pages_viewed\n"
 
 
 @pytest.fixture
-def h15_frames():
+def null_and_empty_windows():
     """(reference, all-null current, empty current) frames of this failure."""
     read = lambda s: pd.read_csv(io.StringIO(s))  # noqa: E731
-    return read(H15_REFERENCE), read(H15_ALL_NULL), read(H15_EMPTY)
+    return read(REFERENCE_SESSIONS_CSV), read(PROMO_CODE_ALL_NULL_CSV), read(EMPTY_WINDOW_CSV)
 
 
 def _free_port() -> int:

@@ -9,9 +9,9 @@ import pytest
 from drift_checks.contracts import Contract, ExpectationSpec, derive_contract, run_contract
 from drift_checks.inference_log import LogSchema
 
-H15_SCHEMA = LogSchema({"session_minutes": "float", "device": "category",
+SESSION_LOG_SCHEMA = LogSchema({"session_minutes": "float", "device": "category",
                         "promo_code": "category", "pages_viewed": "int"})
-H20_BATCH = """snapshot_date,store_id,units
+DATED_STORE_UNITS_CSV = """snapshot_date,store_id,units
 2025-03-01,11,4
 2025-03-01,17,9
 2025-03-02,11,3
@@ -23,7 +23,7 @@ DAYS = ["2025-03-01", "2025-03-02", "2025-03-03"]
 
 
 def test_datetime_column_and_iso_string_value_sets_agree_after_normalisation():
-    df = pd.read_csv(io.StringIO(H20_BATCH), parse_dates=["snapshot_date"])
+    df = pd.read_csv(io.StringIO(DATED_STORE_UNITS_CSV), parse_dates=["snapshot_date"])
     contract = Contract((
         ExpectationSpec("ExpectColumnDistinctValuesToEqualSet", {"column": "snapshot_date", "value_set": DAYS}),
         ExpectationSpec("ExpectColumnValuesToBeInSet", {"column": "snapshot_date", "value_set": DAYS}),
@@ -56,18 +56,18 @@ def test_an_expectation_that_raises_is_an_error_of_the_check_not_a_data_failure(
     assert res.check_errors[0].column == "units" and res.check_errors[0].message
 
 
-def test_all_null_column_fails_its_null_expectation_and_only_that_column_is_invalid(h15_frames):
-    ref, all_null, _ = h15_frames
-    res = run_contract(derive_contract(ref, H15_SCHEMA), all_null)
+def test_all_null_column_fails_its_null_expectation_and_only_that_column_is_invalid(null_and_empty_windows):
+    ref, all_null, _ = null_and_empty_windows
+    res = run_contract(derive_contract(ref, SESSION_LOG_SCHEMA), all_null)
     assert res.invalid_columns == ["promo_code"]
     nulls = [r for r in res.failures if r.expectation == "expect_column_values_to_not_be_null"]
     assert nulls[0].column == "promo_code" and nulls[0].observed["unexpected_percent"] == 100.0
 
 
-def test_scale_error_on_a_learned_range_warns_and_a_missing_column_fails(h15_frames):
-    ref, _, _ = h15_frames
+def test_scale_error_on_a_learned_range_warns_and_a_missing_column_fails(null_and_empty_windows):
+    ref, _, _ = null_and_empty_windows
     cur = ref.assign(session_minutes=ref.session_minutes * 1000).drop(columns=["device"])
-    res = run_contract(derive_contract(ref, H15_SCHEMA), cur)
+    res = run_contract(derive_contract(ref, SESSION_LOG_SCHEMA), cur)
     assert res.invalid_columns == ["device"] and res.status == "failed"
     assert ("device", "expect_column_to_exist") in {(r.column, r.expectation) for r in res.failures}
     warned = {(r.column, r.expectation): r for r in res.warnings}
@@ -75,10 +75,10 @@ def test_scale_error_on_a_learned_range_warns_and_a_missing_column_fails(h15_fra
     assert mx.observed == 41700.0 and mx.severity == "warning" and mx.meta["learned_from"] == "reference"
 
 
-def test_a_learned_range_only_warns_while_a_declared_range_fails_the_contract(h15_frames):
-    ref, _, _ = h15_frames
+def test_a_learned_range_only_warns_while_a_declared_range_fails_the_contract(null_and_empty_windows):
+    ref, _, _ = null_and_empty_windows
     cur = ref.assign(session_minutes=ref.session_minutes + 500)
-    learned = run_contract(derive_contract(ref, H15_SCHEMA), cur)
+    learned = run_contract(derive_contract(ref, SESSION_LOG_SCHEMA), cur)
     assert learned.status == "passed" and learned.invalid_columns == []
     assert [(r.column, r.expectation) for r in learned.warnings] == [
         ("session_minutes", "expect_column_max_to_be_between")]
@@ -107,40 +107,40 @@ def test_a_set_expectation_sees_every_row_of_a_large_window_so_a_rare_value_is_n
     assert res.results[0].observed == ["basic", "enterprise", "pro"]
 
 
-def test_a_dtype_failure_names_the_column_and_its_first_offending_values(h15_frames):
-    ref, _, _ = h15_frames
+def test_a_dtype_failure_names_the_column_and_its_first_offending_values(null_and_empty_windows):
+    ref, _, _ = null_and_empty_windows
     cur = ref.assign(pages_viewed=ref.pages_viewed.astype(object))
     cur.loc[[2, 5], "pages_viewed"] = ["n/a", "twelve"]
-    res = run_contract(derive_contract(ref, H15_SCHEMA), cur)
+    res = run_contract(derive_contract(ref, SESSION_LOG_SCHEMA), cur)
     (bad,) = [r for r in res.failures if r.expectation == "expect_column_values_to_be_in_type_list"]
     assert bad.column == "pages_viewed" and bad.observed["first_offending_values"] == ["n/a", "twelve"]
     assert "pages_viewed" in bad.message and "n/a" in bad.message
 
 
-def test_an_infinite_maximum_is_reported_as_infinite_not_as_null(h15_frames):
-    ref, _, _ = h15_frames
+def test_an_infinite_maximum_is_reported_as_infinite_not_as_null(null_and_empty_windows):
+    ref, _, _ = null_and_empty_windows
     cur = ref.assign(session_minutes=ref.session_minutes.where(ref.index != 3, np.inf))
-    res = run_contract(derive_contract(ref, H15_SCHEMA), cur)
+    res = run_contract(derive_contract(ref, SESSION_LOG_SCHEMA), cur)
     (mx,) = [r for r in res.warnings if r.expectation == "expect_column_max_to_be_between"]
     assert mx.observed == "inf"
 
 
-def test_the_null_expectation_carries_the_reference_missing_share(h15_frames):
-    ref, all_null, _ = h15_frames
-    res = run_contract(derive_contract(ref, H15_SCHEMA), all_null)
+def test_the_null_expectation_carries_the_reference_missing_share(null_and_empty_windows):
+    ref, all_null, _ = null_and_empty_windows
+    res = run_contract(derive_contract(ref, SESSION_LOG_SCHEMA), all_null)
     (nulls,) = [r for r in res.failures if r.expectation == "expect_column_values_to_not_be_null"]
     assert nulls.meta["reference_null_fraction"] == pytest.approx(0.45)
 
 
-def test_vectorised_checks_agree_with_great_expectations_on_the_same_window(h15_frames):
+def test_vectorised_checks_agree_with_great_expectations_on_the_same_window(null_and_empty_windows):
     """The exact fast path and GX give the same verdicts and observed values (small window)."""
     from drift_checks.contracts import _fast_result, _run_gx
 
-    ref, all_null, _ = h15_frames
+    ref, all_null, _ = null_and_empty_windows
     cur = all_null.assign(session_minutes=all_null.session_minutes * 3,
                           device=all_null.device.where(all_null.index % 3 > 0, "tv"))
     # (an all-null column passes the dtype check here, GX fails it: the null check reports it)
-    specs = [(i, s) for i, s in enumerate(derive_contract(ref, H15_SCHEMA).expectations)
+    specs = [(i, s) for i, s in enumerate(derive_contract(ref, SESSION_LOG_SCHEMA).expectations)
              if s.type != "ExpectColumnToExist"
              and not (s.type == "ExpectColumnValuesToBeInTypeList" and cur[s.column].isna().all())]
     from drift_checks.column_facts import ColumnFacts

@@ -198,8 +198,8 @@ def test_a_strongly_shifted_valid_feature_is_drift_not_invalid(history):
     assert any(a["kind"] == "data_quality_warning" and a["column"] == "x" for a in out["alerts"])
 
 
-def test_the_all_null_alert_gives_the_reference_missing_share_beside_the_window_s(history, h15_frames):
-    ref, all_null, _ = h15_frames
+def test_the_all_null_alert_gives_the_reference_missing_share_beside_the_window_s(history, null_and_empty_windows):
+    ref, all_null, _ = null_and_empty_windows
     schema = LogSchema({"session_minutes": "float", "device": "category", "promo_code": "category",
                         "pages_viewed": "int"})
     (out,) = _run(history, prepare_reference(ref, schema), [all_null])

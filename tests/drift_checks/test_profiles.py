@@ -13,14 +13,14 @@ H = dt.datetime(2024, 5, 1, 13, tzinfo=dt.timezone.utc)
 
 
 @pytest.fixture(scope="module")
-def h18_frames():
+def same_lognormal_latency_frames():
     ref = pd.DataFrame({"latency_ms": np.random.default_rng(42).lognormal(3.0, 0.6, 60_000)})
     cur = pd.DataFrame({"latency_ms": np.random.default_rng(7).lognormal(3.0, 0.6, 600_000)})
     return ref, cur
 
 
-def test_each_hour_is_profiled_once_and_rescoring_stored_profiles_is_identical(tmp_path, h18_frames):
-    ref, cur = h18_frames
+def test_each_hour_is_profiled_once_and_rescoring_stored_profiles_is_identical(tmp_path, same_lognormal_latency_frames):
+    ref, cur = same_lognormal_latency_frames
     uri, created = profiles.profile_hour(str(tmp_path), "lat", H, cur)
     again_uri, again_created = profiles.profile_hour(str(tmp_path), "lat", H, cur)
     assert created and not again_created and uri == again_uri
@@ -36,8 +36,8 @@ def test_each_hour_is_profiled_once_and_rescoring_stored_profiles_is_identical(t
     assert scores[0]["drift_category"] in ("NO_DRIFT", "POSSIBLE_DRIFT")
 
 
-def test_exact_statistics_decide_no_drift_identically_on_every_rerun(h18_frames):
-    ref, cur = h18_frames
+def test_exact_statistics_decide_no_drift_identically_on_every_rerun(same_lognormal_latency_frames):
+    ref, cur = same_lognormal_latency_frames
     runs = [score_numeric(prepare_numeric(ref.latency_ms), prepare_numeric(cur.latency_ms)) for _ in range(3)]
     assert all({k: v.to_dict() for k, v in r.items()} == {k: v.to_dict() for k, v in runs[0].items()}
                for r in runs)

@@ -60,13 +60,13 @@ def test_same_window_scored_twice_gives_identical_results():
 
 
 # ------------------------------------------------------------------ chi-square scaling
-H17_REF = {"approved": 240, "declined": 960}
+REFERENCE_APPROVAL_COUNTS = {"approved": 240, "declined": 960}
 
 
 @pytest.mark.parametrize("current,drift", [({"approved": 60, "declined": 240}, False),
                                            ({"approved": 90, "declined": 210}, True)])
 def test_chi_square_scales_expected_counts_to_the_window_size(current, drift):
-    r = st.chi_square_p_value(st.CategoricalPair(H17_REF, current))
+    r = st.chi_square_p_value(st.CategoricalPair(REFERENCE_APPROVAL_COUNTS, current))
     if drift:
         assert r.value < 1e-3
     else:
@@ -75,8 +75,8 @@ def test_chi_square_scales_expected_counts_to_the_window_size(current, drift):
 
 
 def test_every_categorical_score_ignores_window_size_for_the_same_mix():
-    small = st.score_categorical(H17_REF, {"approved": 6, "declined": 24})
-    large = st.score_categorical(H17_REF, {"approved": 2400, "declined": 9600})
+    small = st.score_categorical(REFERENCE_APPROVAL_COUNTS, {"approved": 6, "declined": 24})
+    large = st.score_categorical(REFERENCE_APPROVAL_COUNTS, {"approved": 2400, "declined": 9600})
     for scores in (small, large):
         assert scores["jensen_shannon"].value == pytest.approx(0.0, abs=1e-9)
         assert scores["chi_square_p_value"].value == pytest.approx(1.0)

@@ -14,7 +14,7 @@ from drift_checks.reference import load_reference, save_reference
 from drift_checks.thresholds import ThresholdPolicy
 from drift_checks.verdict import CheckConfig, check_window, evidently_report_for_window, prepare_reference
 
-H15_SCHEMA = LogSchema({"session_minutes": "float", "device": "category",
+SESSION_LOG_SCHEMA = LogSchema({"session_minutes": "float", "device": "category",
                         "promo_code": "category", "pages_viewed": "int"})
 T0 = dt.datetime(2024, 5, 1, 13, tzinfo=dt.timezone.utc)
 HOUR = dt.timedelta(hours=1)
@@ -28,9 +28,9 @@ def history(tmp_path):
 
 
 def test_all_null_column_is_a_data_quality_failure_and_other_columns_get_drift_results(
-        h15_frames, history, tmp_path):
-    ref, all_null, _ = h15_frames
-    prepared = prepare_reference(ref, H15_SCHEMA)
+        null_and_empty_windows, history, tmp_path):
+    ref, all_null, _ = null_and_empty_windows
+    prepared = prepare_reference(ref, SESSION_LOG_SCHEMA)
     out = check_window(model="shop", frame=all_null, start=T0, end=T0 + HOUR,
                        reference=prepared, history=history, artefact_dir=tmp_path / "art")
     assert out["features"]["promo_code"]["severity"] == "invalid"
@@ -51,10 +51,10 @@ def test_all_null_column_is_a_data_quality_failure_and_other_columns_get_drift_r
     assert len(json.dumps(out)) < 48 * 1024
 
 
-def test_empty_window_is_no_data_with_an_alert_and_leaves_the_baseline_alone(h15_frames, history, tmp_path):
-    ref, _, empty = h15_frames
+def test_empty_window_is_no_data_with_an_alert_and_leaves_the_baseline_alone(null_and_empty_windows, history, tmp_path):
+    ref, _, empty = null_and_empty_windows
     out = check_window(model="shop", frame=empty, start=T0, end=T0 + HOUR,
-                       reference=prepare_reference(ref, H15_SCHEMA), history=history,
+                       reference=prepare_reference(ref, SESSION_LOG_SCHEMA), history=history,
                        artefact_dir=tmp_path)
     assert out["status"] == "no_data" and out["drift"] is False
     assert out["alerts"][0]["kind"] == "data_availability"

@@ -34,7 +34,7 @@ CPU_HOST = HardwareInventory((), False, "NVML unavailable (no NVIDIA driver/GPU)
 GPU_HOST = HardwareInventory((GpuInfo(0, "Tesla T4", "GPU-x", 16 << 30, 15 << 30, (7, 5)),), True, "",
                              8 << 30, 4 << 30, 2)
 
-H10_CONFIG = """
+CPU_ONLY_MODEL_CONFIG = """
 name: "tabular_cpu"
 platform: "onnxruntime_onnx"
 max_batch_size: 32
@@ -42,14 +42,14 @@ input [ { name: "features" data_type: TYPE_FP32 dims: [ 24 ] } ]
 output [ { name: "probabilities" data_type: TYPE_FP32 dims: [ 2 ] } ]
 instance_group [ { kind: KIND_CPU count: 2 } ]
 """
-H10_AS_GENERATED = """
+NAIVE_CPU_ONLY_ANALYZER_YAML = """
 model_repository: /models
 triton_launch_mode: remote
 triton_grpc_endpoint: 127.0.0.1:8001
 profile_models:
   - tabular_cpu
 """
-H10_EXPECTED = """
+EXPECTED_CPU_ONLY_ANALYZER_YAML = """
 model_repository: /models
 triton_launch_mode: remote
 triton_grpc_endpoint: 127.0.0.1:8001
@@ -58,7 +58,7 @@ profile_models:
   tabular_cpu:
     cpu_only: true
 """
-H11_CONFIG = """
+VARIABLE_DIMS_COLON_NAME_CONFIG = """
 name: "ticket_classifier"
 platform: "onnxruntime_onnx"
 max_batch_size: 16
@@ -69,13 +69,13 @@ input [
 ]
 output [ { name: "logits" data_type: TYPE_FP32 dims: [ 5 ] } ]
 """
-H11_AS_GENERATED = """
+NAIVE_ONE_STRING_SHAPE_ANALYZER_YAML = """
 profile_models:
   ticket_classifier:
     perf_analyzer_flags:
       shape: "input_ids:128 attention_mask:128 onnx::Cast_2:128"
 """
-H11_EXPECTED = """
+EXPECTED_SHAPE_LIST_ANALYZER_YAML = """
 profile_models:
   ticket_classifier:
     perf_analyzer_flags:
@@ -84,7 +84,7 @@ profile_models:
         - attention_mask:128
         - token_type_ids:128
 """
-H12_PASSES = """config,concurrency,pass,throughput_infer_per_s,avg_latency_us,latency_std_us
+COLLAPSING_AND_STEADY_PASSES = """config,concurrency,pass,throughput_infer_per_s,avg_latency_us,latency_std_us
 tabular_cpu_config_2,4,1,1312.4,3021,2110
 tabular_cpu_config_2,4,2,1288.9,3102,2350
 tabular_cpu_config_2,4,3,1301.7,3066,9870
@@ -118,7 +118,7 @@ def _profile(tmp_path, config, **kw):
 
 # ------------------------------------------------------------------------------------ CPU-only hosts
 def test_cpu_only_host_gets_cpu_only_and_only_kind_cpu_configs(tmp_path, settings):
-    cfg = parse_config(H10_CONFIG)
+    cfg = parse_config(CPU_ONLY_MODEL_CONFIG)
     search = SearchSpace(max_batch_sizes=(8, 32), instance_counts=(1, 2), queue_delays_us=(100,), concurrency=(4,))
     profile = _profile(tmp_path, cfg, hardware=CPU_HOST, search=search, settings=settings,
                        triton_server_path="/x/tritonserver", perf_analyzer_path="/x/perf_analyzer")
@@ -137,7 +137,7 @@ def test_cpu_only_host_gets_cpu_only_and_only_kind_cpu_configs(tmp_path, setting
 
 
 def test_gpu_host_profile_searches_kind_gpu(tmp_path, settings):
-    profile = _profile(tmp_path, parse_config(H10_CONFIG), hardware=GPU_HOST, settings=settings)
+    profile = _profile(tmp_path, parse_config(CPU_ONLY_MODEL_CONFIG), hardware=GPU_HOST, settings=settings)
     entry = profile["profile_models"]["tabular_cpu"]
     assert entry["cpu_only"] is False
     assert entry["model_config_parameters"]["instance_group"][0]["kind"] == "KIND_GPU"
@@ -145,14 +145,14 @@ def test_gpu_host_profile_searches_kind_gpu(tmp_path, settings):
 
 def test_gpu_profiling_requested_on_a_cpu_only_host_is_refused(tmp_path, settings):
     with pytest.raises(ProfilingError, match="'tabular_cpu'.*no GPU"):
-        _profile(tmp_path, parse_config(H10_CONFIG), hardware=CPU_HOST, cpu_only=False, settings=settings)
+        _profile(tmp_path, parse_config(CPU_ONLY_MODEL_CONFIG), hardware=CPU_HOST, cpu_only=False, settings=settings)
 
 
-def test_naive_h10_profile_is_flagged_and_expected_one_passes():
-    naive = check_profile_config(yaml.safe_load(H10_AS_GENERATED), has_gpu=False)
+def test_naive_cpu_only_analyzer_config_is_flagged_and_expected_one_passes():
+    naive = check_profile_config(yaml.safe_load(NAIVE_CPU_ONLY_ANALYZER_YAML), has_gpu=False)
     assert any("collect_cpu_metrics" in p for p in naive)
     assert any("'tabular_cpu': cpu_only is not true" in p for p in naive)
-    assert check_profile_config(yaml.safe_load(H10_EXPECTED), has_gpu=False) == []
+    assert check_profile_config(yaml.safe_load(EXPECTED_CPU_ONLY_ANALYZER_YAML), has_gpu=False) == []
 
 
 def test_no_measured_candidate_fails_profiling_naming_the_model(settings):
@@ -163,35 +163,38 @@ def test_no_measured_candidate_fails_profiling_naming_the_model(settings):
 # ------------------------------------------------------------------------------------ tensor names and shapes
 def test_tensor_name_with_colon_stops_profiling_before_it_starts(tmp_path, settings):
     with pytest.raises(ProfilingError, match="'onnx::Cast_2'"):
-        _profile(tmp_path, parse_config(H11_CONFIG), hardware=CPU_HOST, shapes={"input_ids": 128}, settings=settings)
+        _profile(tmp_path, parse_config(VARIABLE_DIMS_COLON_NAME_CONFIG), hardware=CPU_HOST, shapes={"input_ids": 128},
+                 settings=settings)
 
 
 def test_variable_input_without_shape_is_refused_naming_it(settings):
-    cfg = parse_config(H11_CONFIG.replace("onnx::Cast_2", "token_type_ids"))
+    cfg = parse_config(VARIABLE_DIMS_COLON_NAME_CONFIG.replace("onnx::Cast_2", "token_type_ids"))
     with pytest.raises(ProfilingError, match="'attention_mask' has variable dims"):
         shape_flags(cfg, {"input_ids": [128]})
 
 
-def _renamed_h11(tmp_path, settings):
-    cfg = parse_config(H11_CONFIG.replace("onnx::Cast_2", "token_type_ids"))  # after the converter's rename
+def _renamed_inputs_profile(tmp_path, settings):
+    # after the converter's rename
+    cfg = parse_config(VARIABLE_DIMS_COLON_NAME_CONFIG.replace("onnx::Cast_2", "token_type_ids"))
     shapes = {"input_ids": [128], "attention_mask": [128], "token_type_ids": 128}
     return _profile(tmp_path, cfg, hardware=CPU_HOST, shapes=shapes, settings=settings), cfg
 
 
 def test_one_shape_entry_per_variable_input_as_a_yaml_list(tmp_path, settings):
-    profile, cfg = _renamed_h11(tmp_path, settings)
+    profile, cfg = _renamed_inputs_profile(tmp_path, settings)
     path = write_profile_config(profile, tmp_path / "profile.yaml")
     flags = yaml.safe_load(path.read_text())["profile_models"]["ticket_classifier"]["perf_analyzer_flags"]
-    expected = yaml.safe_load(H11_EXPECTED)["profile_models"]["ticket_classifier"]["perf_analyzer_flags"]
+    expected_profile = yaml.safe_load(EXPECTED_SHAPE_LIST_ANALYZER_YAML)
+    expected = expected_profile["profile_models"]["ticket_classifier"]["perf_analyzer_flags"]
     assert flags["shape"] == expected["shape"]
     argv = perf_analyzer_argv("ticket_classifier", flags)
     shapes = [a for a in argv if a.startswith("--shape")]
     assert shapes == ["--shape=input_ids:128", "--shape=attention_mask:128", "--shape=token_type_ids:128"]
 
 
-def test_naive_h11_profile_is_flagged_for_string_shape_and_colon_name():
-    problems = check_profile_config(yaml.safe_load(H11_AS_GENERATED), {"ticket_classifier": parse_config(H11_CONFIG)},
-                                    has_gpu=True)
+def test_naive_analyzer_config_is_flagged_for_string_shape_and_colon_name():
+    problems = check_profile_config(yaml.safe_load(NAIVE_ONE_STRING_SHAPE_ANALYZER_YAML),
+                                    {"ticket_classifier": parse_config(VARIABLE_DIMS_COLON_NAME_CONFIG)}, has_gpu=True)
     assert any("is one string" in p for p in problems)
     assert any("'onnx::Cast_2'" in p and "contains ':'" in p for p in problems)
     with pytest.raises(ProfilingError, match="one string"):
@@ -201,7 +204,7 @@ def test_naive_h11_profile_is_flagged_for_string_shape_and_colon_name():
 @pytest.mark.skipif(not (Path(sys.prefix).parent / ".venv-triton" / "bin" / "python").exists(),
                     reason="Triton tools environment (.venv-triton) not installed")
 def test_model_analyzers_own_perf_config_emits_exactly_three_shape_flags(tmp_path, settings):
-    profile, _ = _renamed_h11(tmp_path, settings)
+    profile, _ = _renamed_inputs_profile(tmp_path, settings)
     path = write_profile_config(profile, tmp_path / "profile.yaml")
     code = (
         "import json, sys, yaml\n"
@@ -222,7 +225,7 @@ def test_model_analyzers_own_perf_config_emits_exactly_three_shape_flags(tmp_pat
 
 # ------------------------------------------------------------------------------------ unstable measurements
 def test_unstable_config_is_dropped_and_the_stable_one_chosen(settings):
-    passes = read_perf_passes(H12_PASSES)
+    passes = read_perf_passes(COLLAPSING_AND_STEADY_PASSES)
     stab = stability(passes, settings=settings)
     assert stab["tabular_cpu_config_2"].cv == pytest.approx(1.25, abs=0.01)
     assert stab["tabular_cpu_config_2"].mean == pytest.approx(447.45, abs=0.01)
@@ -238,7 +241,8 @@ def test_unstable_config_is_dropped_and_the_stable_one_chosen(settings):
 
 
 def test_passes_alone_rank_only_stable_configs(settings):
-    sel = choose_best([], model_name="tabular_cpu", passes=read_perf_passes(H12_PASSES), settings=settings)
+    sel = choose_best([], model_name="tabular_cpu", passes=read_perf_passes(COLLAPSING_AND_STEADY_PASSES),
+                      settings=settings)
     assert sel.best == "tabular_cpu_config_3" and set(sel.dropped) == {"tabular_cpu_config_2"}
 
 
@@ -275,7 +279,7 @@ def test_confirmation_repository_names_each_tried_config_after_its_folder(tmp_pa
     for variant in ("tabular_cpu_config_default", "tabular_cpu_config_0"):
         (out / variant / "1").mkdir(parents=True)
         (out / variant / "1" / "model.onnx").write_bytes(b"onnx bytes")
-        (out / variant / "config.pbtxt").write_text(H10_CONFIG)  # name: "tabular_cpu"
+        (out / variant / "config.pbtxt").write_text(CPU_ONLY_MODEL_CONFIG)  # name: "tabular_cpu"
     repo = confirmation_repository(out, ["tabular_cpu_config_0", "tabular_cpu_config_default"], tmp_path / "confirm")
     for variant in ("tabular_cpu_config_0", "tabular_cpu_config_default"):
         assert parse_config((repo / variant / "config.pbtxt").read_text()).name == variant

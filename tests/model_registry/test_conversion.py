@@ -107,7 +107,7 @@ def test_target_opset_is_bounded_by_the_setting(churn_classifier, train_20, sett
 
 
 # ------------------------------------------------------------------------------------ PyTorch
-def _h08_net():
+def _dropout_batchnorm_net_in_train_mode():
     import torch
     from torch import nn
 
@@ -119,21 +119,21 @@ def _h08_net():
     return net
 
 
-H08_X = [[0.5, -1.0, 2.0, 0.0, 1.5, -0.3], [1.0, 1.0, 1.0, 1.0, 1.0, 1.0], [-2.0, 0.1, 0.4, 3.0, -1.2, 0.7]]
+FIXED_SAMPLE_ROWS = [[0.5, -1.0, 2.0, 0.0, 1.5, -0.3], [1.0, 1.0, 1.0, 1.0, 1.0, 1.0], [-2.0, 0.1, 0.4, 3.0, -1.2, 0.7]]
 SCHEMA_6 = {"x": {"dtype": "float32", "shape": [-1, 6]}}
 
 
 def test_pytorch_onnx_export_has_a_dynamic_batch_axis_and_eval_outputs(settings):
     import torch
 
-    net = _h08_net()
+    net = _dropout_batchnorm_net_in_train_mode()
     assert net.training
     converted = convert_pytorch(net, schema=SCHEMA_6, output_names=["score"], settings=settings)
     assert net.training, "the caller's module must not be switched to eval"
     (inp,), (out,) = model_io(converted.onnx_model)
     assert inp.batch_axis_dynamic and out.batch_axis_dynamic
     sess = make_session(converted.onnx_model)
-    ref_net = _h08_net().eval()
+    ref_net = _dropout_batchnorm_net_in_train_mode().eval()
     for batch in (1, 5):
         x = np.random.default_rng(batch).normal(size=(batch, 6)).astype(np.float32)
         got = sess.run(None, {"x": x})[0]
@@ -145,11 +145,11 @@ def test_pytorch_onnx_export_has_a_dynamic_batch_axis_and_eval_outputs(settings)
 def test_torchscript_is_traced_in_eval_under_no_grad(settings):
     import torch
 
-    net = _h08_net()
-    x = torch.tensor(H08_X)
+    net = _dropout_batchnorm_net_in_train_mode()
+    x = torch.tensor(FIXED_SAMPLE_ROWS)
     converted = convert_pytorch(net, schema=SCHEMA_6, example=[x], export_format="torchscript", settings=settings)
     with torch.no_grad():
-        want = _h08_net().eval()(x)
+        want = _dropout_batchnorm_net_in_train_mode().eval()(x)
         got = converted.torchscript(x)
     assert float((got - want).abs().max()) <= 1e-5
     assert converted.default_model_filename == "model.pt" and len(converted.serialized()) > 0
@@ -158,11 +158,11 @@ def test_torchscript_is_traced_in_eval_under_no_grad(settings):
 def test_train_mode_trace_fails_both_checks_and_is_not_accepted():
     import torch
 
-    net = _h08_net()
-    x = torch.tensor(H08_X)
+    net = _dropout_batchnorm_net_in_train_mode()
+    x = torch.tensor(FIXED_SAMPLE_ROWS)
     bad = torch.jit.trace(net, x, check_trace=False)  # still in train mode: the bug
     with pytest.raises(ModelValidationError) as err:
-        verify_torchscript(bad, _h08_net(), [x], atol=1e-5, model_name="h08")
+        verify_torchscript(bad, _dropout_batchnorm_net_in_train_mode(), [x], atol=1e-5, model_name="train_mode_trace")
     msg = str(err.value)
     assert "max abs diff" in msg and "> 1e-05" in msg
     assert "two TorchScript calls differ" in msg
@@ -171,11 +171,11 @@ def test_train_mode_trace_fails_both_checks_and_is_not_accepted():
 def test_eval_trace_passes_the_torchscript_check():
     import torch
 
-    net = _h08_net().eval()
-    x = torch.tensor(H08_X)
+    net = _dropout_batchnorm_net_in_train_mode().eval()
+    x = torch.tensor(FIXED_SAMPLE_ROWS)
     with torch.no_grad():
         good = torch.jit.trace(net, x)
-    result = verify_torchscript(good, _h08_net(), [x], atol=1e-5)
+    result = verify_torchscript(good, _dropout_batchnorm_net_in_train_mode(), [x], atol=1e-5)
     assert result["max_abs_diff"] <= 1e-5 and result["repeat_max_abs_diff"] == 0.0
 
 

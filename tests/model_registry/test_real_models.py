@@ -272,12 +272,12 @@ def test_ml_opset_refusal_names_the_target_image_and_the_exact_limit():
     onnx.checker.check_model(m)
     s = dataclasses.replace(Settings.from_env({}), max_onnx_ir_version=9, max_onnx_opset=20, max_onnx_ml_opset=4)
     with pytest.raises(ModelValidationError) as err:
-        make_compatible(m, s, model_name="h09")
+        make_compatible(m, s, model_name="too_new_onnx")
     msg = str(err.value)
     assert "opset ai.onnx.ml 5 > target max 4" in msg and "nvcr.io/nvidia/tritonserver:24.10-py3" in msg
     s5 = dataclasses.replace(s, max_onnx_ml_opset=5)  # then the IR is what blocks: named with its cause
     with pytest.raises(ModelValidationError, match="IR 10 > target max 9.*opset ai.onnx.ml 5 needs IR 10"):
-        make_compatible(m, s5, model_name="h09")
+        make_compatible(m, s5, model_name="too_new_onnx")
 
 
 # ------------------------------------------------------------------------------ multi-class shadow

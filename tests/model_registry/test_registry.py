@@ -1,4 +1,4 @@
-"""Registry client against a real MLflow tracking server (issue 3 parts 1, 10)."""
+"""Registry client against a real MLflow tracking server."""
 
 from __future__ import annotations
 

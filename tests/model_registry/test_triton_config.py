@@ -19,7 +19,7 @@ from model_registry.triton_config import (
 )
 from tritonflow.exceptions import ModelConfigError
 
-H01_AS_GENERATED = """
+BATCH_AXIS_IN_DIMS_CONFIG = """
 name: "churn_head"
 platform: "onnxruntime_onnx"
 max_batch_size: 64
@@ -31,7 +31,7 @@ output [
 ]
 dynamic_batching { max_queue_delay_microseconds: 500 }
 """
-H01_EXPECTED = """
+BATCH_AXIS_OUT_OF_DIMS_CONFIG = """
 name: "churn_head"
 platform: "onnxruntime_onnx"
 max_batch_size: 64
@@ -43,7 +43,7 @@ output [
 ]
 dynamic_batching { max_queue_delay_microseconds: 500 }
 """
-H02_AS_GENERATED = """
+BATCHING_ON_FIXED_BATCH_MODEL_CONFIG = """
 name: "tiny_cnn_head"
 platform: "onnxruntime_onnx"
 max_batch_size: 8
@@ -51,14 +51,14 @@ input [ { name: "images" data_type: TYPE_FP32 dims: [ 3, 32, 32 ] } ]
 output [ { name: "logits" data_type: TYPE_FP32 dims: [ 10 ] } ]
 dynamic_batching { }
 """
-H02_EXPECTED_FIXED = """
+FIXED_BATCH_WITHOUT_BATCHING_CONFIG = """
 name: "tiny_cnn_head"
 platform: "onnxruntime_onnx"
 max_batch_size: 0
 input [ { name: "images" data_type: TYPE_FP32 dims: [ 1, 3, 32, 32 ] } ]
 output [ { name: "logits" data_type: TYPE_FP32 dims: [ 1, 10 ] } ]
 """
-H06_AS_WRITTEN = """
+FP32_IDS_FOR_INT64_MODEL_CONFIG = """
 name: "reco_ranker"
 platform: "onnxruntime_onnx"
 max_batch_size: 32
@@ -77,7 +77,7 @@ def _io(cfg):
 def test_generator_leaves_batch_axis_out_of_dims_when_batching(churn_head_model):
     cfg = build_config("churn_head", churn_head_model, max_batch_size=64,
                        dynamic_batching=DynamicBatchingSpec(max_queue_delay_us=500))
-    expected = parse_config(H01_EXPECTED)
+    expected = parse_config(BATCH_AXIS_OUT_OF_DIMS_CONFIG)
     assert _io(cfg) == _io(expected) == {"features": ("TYPE_FP32", [12]), "probabilities": ("TYPE_FP32", [2])}
     assert cfg.max_batch_size == expected.max_batch_size
     assert cfg.dynamic_batching.max_queue_delay_microseconds == 500
@@ -87,7 +87,7 @@ def test_generator_leaves_batch_axis_out_of_dims_when_batching(churn_head_model)
 
 def test_batch_axis_in_dims_is_refused_with_rank_message_and_suggestion(churn_head_model):
     with pytest.raises(ModelConfigError) as err:
-        validate_config(parse_config(H01_AS_GENERATED), churn_head_model)
+        validate_config(parse_config(BATCH_AXIS_IN_DIMS_CONFIG), churn_head_model)
     msg = str(err.value)
     assert "'churn_head'" in msg and "'features'" in msg
     assert "rank 2" in msg and "implies rank 3" in msg
@@ -137,7 +137,7 @@ def test_int64_ids_become_type_int64(reco_ranker_model):
 
 
 def test_fp32_config_for_int64_model_reports_config_type_then_model_type(reco_ranker_model):
-    problems = check_config(parse_config(H06_AS_WRITTEN), reco_ranker_model)
+    problems = check_config(parse_config(FP32_IDS_FOR_INT64_MODEL_CONFIG), reco_ranker_model)
     dtype_problems = [p for p in problems if "data type mismatch" in p]
     assert len(dtype_problems) == 2
     for tensor, p in zip(["user_id", "item_id"], dtype_problems, strict=True):
@@ -146,7 +146,7 @@ def test_fp32_config_for_int64_model_reports_config_type_then_model_type(reco_ra
 
 
 def test_unknown_and_missing_tensor_names_are_reported(churn_head_model):
-    text = H01_EXPECTED.replace('"features"', '"feats"')
+    text = BATCH_AXIS_OUT_OF_DIMS_CONFIG.replace('"features"', '"feats"')
     problems = check_config(parse_config(text), churn_head_model)
     assert any("'feats' is not a model input" in p for p in problems)
     assert any("'features' is missing" in p for p in problems)
@@ -156,7 +156,7 @@ def test_fixed_batch_model_is_served_without_batching_and_warns(fixed_batch_mode
     with caplog.at_level(logging.WARNING):
         cfg = build_config("tiny_cnn_head", fixed_batch_model, max_batch_size=8,
                            dynamic_batching=DynamicBatchingSpec())
-    expected = parse_config(H02_EXPECTED_FIXED)
+    expected = parse_config(FIXED_BATCH_WITHOUT_BATCHING_CONFIG)
     assert cfg.max_batch_size == 0
     assert _io(cfg) == _io(expected)
     assert not cfg.HasField("dynamic_batching")
@@ -171,7 +171,7 @@ def test_fixed_batch_model_can_be_refused_instead(fixed_batch_model):
 
 def test_naive_batching_config_for_fixed_batch_model_is_refused(fixed_batch_model):
     with pytest.raises(ModelConfigError) as err:
-        validate_config(parse_config(H02_AS_GENERATED), fixed_batch_model)
+        validate_config(parse_config(BATCHING_ON_FIXED_BATCH_MODEL_CONFIG), fixed_batch_model)
     assert "'images'" in str(err.value) and "fixes axis 0 to 1" in str(err.value)
     assert "max_batch_size: 0" in str(err.value)
 

@@ -41,40 +41,40 @@ def _add_model(ir: int, opset: int, ml_opset: int | None = None):
 
 
 @pytest.fixture
-def h09_settings(settings):
+def pinned_runtime_onnx_limits(settings):
     """target_runtime.yaml: IR <= 9, opset <= 20, ai.onnx.ml <= 4 for the pinned image."""
     return dataclasses.replace(settings, max_onnx_ir_version=9, max_onnx_opset=20, max_onnx_ml_opset=4,
                                target_triton_release="tritonserver:<pinned-tag>-py3")
 
 
 # ------------------------------------------------------------------------------------ IR / opset limits
-def test_ir_and_opset_newer_than_target_are_refused_before_push(h09_settings):
+def test_ir_and_opset_newer_than_target_are_refused_before_push(pinned_runtime_onnx_limits):
     model = _add_model(10, 21, 5)  # model_meta.json
     with pytest.raises(ModelValidationError) as err:
-        ensure_onnx_compat(model, h09_settings, model_name="h09")
+        ensure_onnx_compat(model, pinned_runtime_onnx_limits, model_name="too_new_onnx")
     msg = str(err.value)
     assert "IR 10 > target max 9 (tritonserver:<pinned-tag>-py3)" in msg
     assert "opset ai.onnx 21 > target max 20" in msg and "opset ai.onnx.ml 5 > target max 4" in msg
     assert "version_converter" in msg and "target_opset" in msg
 
 
-def test_model_within_limits_passes_the_compat_check(h09_settings):
-    report = check_onnx_compat(_add_model(8, 17), h09_settings)
+def test_model_within_limits_passes_the_compat_check(pinned_runtime_onnx_limits):
+    report = check_onnx_compat(_add_model(8, 17), pinned_runtime_onnx_limits)
     assert report.ok and report.ir_version == 8 and report.opsets == {"": 17}
 
 
-def test_make_compatible_reexports_within_limits_and_keeps_outputs(h09_settings):
+def test_make_compatible_reexports_within_limits_and_keeps_outputs(pinned_runtime_onnx_limits):
     model = _add_model(10, 21)
-    fixed, notes = make_compatible(model, h09_settings, model_name="h09")
+    fixed, notes = make_compatible(model, pinned_runtime_onnx_limits, model_name="too_new_onnx")
     assert fixed.ir_version <= 9 and {o.domain: o.version for o in fixed.opset_import}[""] <= 20
-    assert notes and check_onnx_compat(fixed, h09_settings).ok
+    assert notes and check_onnx_compat(fixed, pinned_runtime_onnx_limits).ok
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     np.testing.assert_array_equal(make_session(fixed).run(None, {"x": x})[0], x + x)
 
 
 def test_ir_down_conversion_is_refused_when_the_opset_needs_the_newer_ir():
     with pytest.raises(ModelValidationError, match="need IR 10"):
-        downconvert_ir_version(_add_model(10, 21), 9, model_name="h09")
+        downconvert_ir_version(_add_model(10, 21), 9, model_name="too_new_onnx")
     assert downconvert_ir_version(_add_model(10, 17), 9).ir_version == 9
 
 

@@ -1,4 +1,4 @@
-"""Canary promotion and rollback end to end on real services (issue 6 parts 2-6).
+"""Canary promotion and rollback end to end on real services.
 
 One real Triton (explicit model control over a folder repository) and one real NGINX gateway in
 front of it are shared by the module (started with the same runtime classes the ``triton_factory``
@@ -518,7 +518,7 @@ def test_dangling_rollback_target_is_refused_naming_alias_and_version(stack, tmp
     and touches neither the gateway nor Triton."""
     from mlflow import MlflowClient
 
-    name = "canary_h22"
+    name = "canary_dangling_alias"
     client = MlflowClient(stack.tracking_uri)
     client.create_registered_model(name)
     for v in (1, 2):

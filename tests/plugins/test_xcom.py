@@ -21,13 +21,13 @@ from tritonflow_plugin.xcom import (
 LIMIT = 48 * 1024
 
 
-def _h24_histograms() -> list[list[int]]:
+def _hourly_histogram_matrix() -> list[list[int]]:
     """The return value of the case's ``compute_histograms`` task (1200 x 80 ints)."""
     return [[(f * 31 + b * 7) % 997 for b in range(80)] for f in range(1200)]
 
 
 def test_histogram_matrix_is_refused_naming_task_and_size():
-    hist = _h24_histograms()
+    hist = _hourly_histogram_matrix()
     size = serialized_xcom_size(hist)
     assert size > LIMIT
     with pytest.raises(XComTooLargeError) as err:
@@ -38,7 +38,7 @@ def test_histogram_matrix_is_refused_naming_task_and_size():
 
 
 def test_reference_to_stored_histograms_fits_and_verifies(tmp_path):
-    hist = _h24_histograms()
+    hist = _hourly_histogram_matrix()
     payload = json.dumps(hist).encode()
     path = tmp_path / "histograms.json"
     path.write_bytes(payload)
@@ -64,7 +64,7 @@ def test_default_limit_comes_from_settings(monkeypatch):
 def test_limit_xcom_size_decorator_refuses_a_bulky_return_value():
     @limit_xcom_size(limit=LIMIT)
     def compute_histograms():
-        return _h24_histograms()
+        return _hourly_histogram_matrix()
 
     @limit_xcom_size(limit=LIMIT)
     def small():

@@ -27,7 +27,7 @@ def _make_tree(root, files):
 
 
 def test_layout_a_model_file_directly_in_model_folder_is_rejected(tmp_path):
-    # variant A of inputs/H04_missing_version_dir/make_bad_layouts.sh
+    # variant A of make_bad_layouts.sh (no numeric version directory)
     repo = _make_tree(tmp_path / "tmp_repo_A", ["fraud_scorer/config.pbtxt", "fraud_scorer/model.onnx"])
     with pytest.raises(RepositoryLayoutError) as err:
         check_local_repository(repo)

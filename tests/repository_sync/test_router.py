@@ -39,7 +39,7 @@ pytestmark = pytest.mark.integration
 HEADER = "X-Tritonflow-Version"
 
 #: Traffic-split plans (shared/cases inputs, canary_plans.yaml), rebuilt here.
-H27_PLANS_YAML = """
+TRAFFIC_SPLIT_PLANS_YAML = """
 plans:
   - id: sums_to_95
     model: churn_model
@@ -62,7 +62,7 @@ plans:
 """
 
 #: The problem each invalid plan must be refused for (a phrase of the message).
-H27_PROBLEMS = {
+INVALID_PLAN_PROBLEMS = {
     "sums_to_95": "sum to 95",
     "sums_to_110": "sum to 110",
     "missing_weight": "weight is missing",
@@ -71,8 +71,8 @@ H27_PROBLEMS = {
 }
 
 
-def h27_plans() -> dict[str, dict]:
-    return {p["id"]: p for p in yaml.safe_load(H27_PLANS_YAML)["plans"]}
+def traffic_split_plans() -> dict[str, dict]:
+    return {p["id"]: p for p in yaml.safe_load(TRAFFIC_SPLIT_PLANS_YAML)["plans"]}
 
 
 # ------------------------------------------------------------------------------ echo upstream
@@ -140,15 +140,15 @@ def config_bytes(router: NginxRouter, model: str) -> tuple[bytes | None, bytes |
 
 
 # ------------------------------------------------------------------------------ plan validation
-@pytest.mark.parametrize("plan_id", sorted(H27_PROBLEMS))
-def test_invalid_h27_plan_is_refused_naming_plan_model_and_problem(plan_id):
-    raw = h27_plans()[plan_id]
+@pytest.mark.parametrize("plan_id", sorted(INVALID_PLAN_PROBLEMS))
+def test_invalid_traffic_split_plan_is_refused_naming_plan_model_and_problem(plan_id):
+    raw = traffic_split_plans()[plan_id]
     with pytest.raises(TrafficPlanError) as exc:
         TrafficPlan.from_mapping(raw)
     message = str(exc.value)
     assert repr(plan_id) in message
     assert "'churn_model'" in message
-    assert H27_PROBLEMS[plan_id] in message
+    assert INVALID_PLAN_PROBLEMS[plan_id] in message
 
 
 @pytest.mark.parametrize(
@@ -179,7 +179,7 @@ def test_duplicate_version_and_unknown_champion_are_refused():
 
 
 def test_valid_plan_round_trips_through_its_mapping():
-    plan = TrafficPlan.from_mapping(h27_plans()["ok"])
+    plan = TrafficPlan.from_mapping(traffic_split_plans()["ok"])
     assert plan.weights == {6: 95, 7: 5}
     assert plan.champion == 6
     again = TrafficPlan.from_mapping(json.loads(json.dumps(plan.to_dict())))
@@ -194,11 +194,11 @@ def test_canary_plan_with_fractional_step_is_refused():
 
 # ------------------------------------------------------------------------------ real NGINX
 def test_invalid_plans_leave_live_routing_byte_for_byte_unchanged_and_ok_is_applied(gateway, router):
-    plans = h27_plans()
+    plans = traffic_split_plans()
     router.apply(TrafficPlan.single("churn_model", 6))
     before = config_bytes(router, "churn_model")
     wait_live(gateway.url, router.current_plan("churn_model"))
-    for plan_id in H27_PROBLEMS:
+    for plan_id in INVALID_PLAN_PROBLEMS:
         with pytest.raises(TrafficPlanError, match=repr(plan_id)):
             router.apply(plans[plan_id])
         assert config_bytes(router, "churn_model") == before

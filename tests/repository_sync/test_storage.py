@@ -30,7 +30,7 @@ def _stage(folder, model=b"model-bytes", config=b'name: "fraud_scorer"\n'):
 
 
 # =========================================================================== S3 URLs
-# inputs/H05_s3_repo_url/settings_variants.yaml, rebuilt
+# Settings variants of an S3 model repository on a non-AWS endpoint (settings_variants.yaml), rebuilt
 ENDPOINT = "http://objstore.internal:9000"
 
 

@@ -20,7 +20,7 @@ from repository_sync.publish import publish_version
 from repository_sync.triton_client import InputSpec, TritonModelControl, exact_integer, frame_to_inputs
 from tritonflow.exceptions import DataError, ParityError, SignatureVerificationError
 
-# inputs/H06_dtype_mismatch/shadow_requests.csv, rebuilt
+# Shadow requests with a missing item_id and a user_id of 2^53+1 (shadow_requests.csv), rebuilt
 SHADOW_CSV = "user_id,item_id\n100234,55012\n100235,\n100236,55019\n9007199254740993,55020\n"
 RECO_SPECS = [InputSpec("user_id", "INT64", (1,)), InputSpec("item_id", "INT64", (1,))]
 

@@ -1,4 +1,4 @@
-"""Canary promotion and rollback, end to end (issue 6 parts 2-6), as plain functions.
+"""Canary promotion and rollback, end to end, as plain functions.
 
 The DAGs ``canary_promotion`` and ``canary_rollback`` call these functions; so can a test, a
 benchmark or a shell. Nothing here imports Airflow. Every public function returns a small

@@ -1127,7 +1127,7 @@ def reference_root(settings: Settings) -> str:
 
 
 def _reference_importance(model_uri: str, flavor: str, frame) -> tuple[dict[str, float], str]:
-    """Each input's permutation importance for the version, on its drift reference (issue 12).
+    """Each input's permutation importance for the version, on its drift reference.
 
     The source model predicts (scikit-learn classifiers: ``predict_proba``; else the pyfunc);
     see :func:`drift_checks.importance.permutation_importances`. A failure only costs the

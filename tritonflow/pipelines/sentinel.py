@@ -1,4 +1,4 @@
-"""Health sentinel of champions (issue 15), as plain functions; the ``champion_sentinel`` DAG calls them.
+"""Health sentinel of champions, as plain functions; the ``champion_sentinel`` DAG calls them.
 
 * :func:`golden_set` -- before a sentinel starts: the champion version, its Triton name, golden
   samples (evenly spread rows of its drift reference, turned into request tensors with the served
