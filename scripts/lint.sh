@@ -10,4 +10,7 @@ echo "ruff check ." >&2
 # mypy reads its files (the packages and the Airflow plugin) from [tool.mypy] in pyproject.toml.
 echo "mypy (packages: tritonflow model_registry drift_checks repository_sync plugins/tritonflow_plugin)" >&2
 .venv/bin/mypy || rc=1
+# tests/README.md maps the shared cases to tests: every test it cites must exist.
+echo "tests/README.md case map (scripts/check_test_map.py)" >&2
+.venv/bin/python scripts/check_test_map.py || rc=1
 exit "$rc"
