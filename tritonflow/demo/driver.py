@@ -426,13 +426,20 @@ class Demo:
 
     def trigger_drift(self, hour: int) -> str:
         """Create the ``drift_monitor`` run of logical hour ``hour`` (REST, data interval = the hour)."""
+        from tritonflow.runtime.airflow import AirflowApiError
+
         m = self.cfg.mapping
         start, end = m.hour_start(hour), m.hour_start(hour + 1)
         run_id = f"demo_hour_{hour:04d}__{start:%Y-%m-%dT%H:%M}"
-        self._api.post("/dags/drift_monitor/dagRuns", {
-            "dag_run_id": run_id, "logical_date": start.isoformat(),
-            "data_interval_start": start.isoformat(), "data_interval_end": end.isoformat(),
-            "conf": self.drift_conf(), "note": f"tritonflow demo: logical hour {hour}"})
+        try:
+            self._api.post("/dags/drift_monitor/dagRuns", {
+                "dag_run_id": run_id, "logical_date": start.isoformat(),
+                "data_interval_start": start.isoformat(), "data_interval_end": end.isoformat(),
+                "conf": self.drift_conf(), "note": f"tritonflow demo: logical hour {hour}"})
+        except AirflowApiError as exc:
+            # a retried request whose first attempt created the run (the answer was lost)
+            if exc.status != 409:
+                raise
         self.driver_runs[run_id] = hour
         return run_id
 
