@@ -112,6 +112,24 @@ def test_a_retrained_challenger_is_promoted_and_serves_afterwards(quick_run):
             or str(first["to"]) in quick_run["served_after_loop"])
 
 
+def test_each_promotion_arms_the_health_sentinel_in_the_triggerer(quick_run):
+    loops = quick_run["closed_loops"]
+    assert loops, f"no challenger was promoted:\n{quick_run['_progress'][-4000:]}"
+    sentinels = quick_run["sentinels"]
+    for i, loop in enumerate(loops):
+        started = [s for s in sentinels if f"dag:canary_promotion/{loop['canary_run']}" in s["promoted_by"]]
+        assert started, (loop, sentinels)
+        assert all(s["triggered_by"].startswith("asset:") for s in started)
+        states = {w["state"] for s in started for w in s["watch"]}
+        if i == len(loops) - 1:
+            # the last promoted champion is being watched: its sentinel is deferred in the triggerer
+            assert any(s["armed"] for s in started), started
+        else:
+            # an earlier champion's sentinel ended by itself once its version stopped being champion
+            assert states <= {"deferred", "success"}, started
+    assert "sentinel: champion_sentinel" in quick_run["_progress"]
+
+
 def test_the_last_line_is_the_benchmark_json(quick_run):
     last = quick_run["_last_line"]
     assert set(last) == {"closed_loop_s", "scheduling_latency_s", "wall_s", "alerts", "acted"}

@@ -49,6 +49,12 @@ def test_config_is_local_executor_on_sqlite_without_celery(tmp_path):
     assert cfg["core"]["executor"] == "LocalExecutor"
     assert int(cfg["core"]["parallelism"]) >= 4
     assert cfg["database"]["sql_alchemy_conn"] == f"sqlite:///{tmp_path / 'airflow' / 'airflow.db'}"
+    # writers wait for SQLite's lock for a minute, not the driver's 5 s (HTTP 500 under load)
+    import importlib
+
+    for key in ("sql_alchemy_connect_args", "sql_alchemy_connect_args_async"):
+        module, name = cfg["database"][key].rsplit(".", 1)
+        assert getattr(importlib.import_module(module), name)["timeout"] >= 30
     assert "celery" not in cfg
     assert config.api_port != 8080  # the gateway's port
     with pytest.raises(ValueError, match="parallelism"):
@@ -91,3 +97,44 @@ def test_a_driver_run_starts_the_chain_and_the_runs_say_what_triggered_them(depl
     assert [v for _, _, v in decisions] == [{"hour": 3, "features": ["f"], "decision": "act", "reason": "r"}]
     latency = rr.scheduling_latency_s(runs)
     assert latency["n"] == 2 and 0 <= latency["all"] < 120
+
+
+def test_rest_calls_answered_with_a_server_error_are_retried_and_client_errors_are_not(monkeypatch):
+    """A busy SQLite metadata DB makes the API server answer HTTP 500 for a moment; a client
+    error (409: the run exists) is an answer, never retried."""
+    import http.server
+    import json as _json
+    import threading
+
+    import tritonflow.runtime.airflow as af
+
+    monkeypatch.setattr(af, "API_RETRY_DELAY_S", 0.01)
+    answers = {"/api/v2/busy": [500, 500, 200], "/api/v2/exists": [409, 200]}
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's naming
+            seen.append(self.path)
+            status = answers[self.path].pop(0)
+            body = _json.dumps({"detail": "database is locked"} if status >= 400 else {"ok": True}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        api = AirflowApi(f"http://127.0.0.1:{server.server_address[1]}")
+        api._token = "test"
+        assert api.post("/busy", {}) == {"ok": True}
+        assert seen.count("/api/v2/busy") == 3
+        with pytest.raises(af.AirflowApiError) as exc:
+            api.post("/exists", {})
+        assert exc.value.status == 409 and seen.count("/api/v2/exists") == 1
+    finally:
+        server.shutdown()

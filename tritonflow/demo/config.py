@@ -26,6 +26,10 @@ DEFAULT_LOGICAL_START = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
 #: The loop DAGs the demo unpauses and reports on (registry_events stays paused: the driver's own
 #: registrations must not start runs; the initial champion is published without a DAG run).
 LOOP_DAGS = ("drift_monitor", "shadow_evaluation", "retrain", "model_publish", "canary_promotion")
+#: The health sentinel DAG, unpaused beside the loop: every promotion's ``CHAMPION_CHANGED`` event
+#: arms a sentinel on the new champion in the triggerer. Its runs stay deferred (they end at the
+#: 6-hourly renewal), so the demo waits for them to be armed, never for them to finish.
+SENTINEL_DAG = "champion_sentinel"
 
 
 @dataclasses.dataclass(frozen=True)

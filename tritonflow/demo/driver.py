@@ -25,6 +25,7 @@ import pandas as pd
 
 from tritonflow.demo.config import (
     LOOP_DAGS,
+    SENTINEL_DAG,
     DemoConfig,
     Progress,
     _port,
@@ -59,6 +60,8 @@ WATCH_S = 2.0
 DRIFT_RUN_TIMEOUT_S = 900.0
 #: Seconds the dag-processor may take to parse the loop DAGs.
 PARSE_TIMEOUT_S = 600.0
+#: Seconds the sentinel runs started by the last promotions may take to arm (golden set + defer).
+SENTINEL_ARM_TIMEOUT_S = 300.0
 #: DAG run states that are final.
 FINAL_STATES = ("success", "failed")
 #: Task instance states that are final.
@@ -226,11 +229,11 @@ class Demo:
                                f"metadata DB; scheduler, dag-processor, triggerer, api-server healthy at "
                                f"{config.api_url} ({time.monotonic() - t:.1f} s, logs {self.airflow.log_path})")
             self.api = AirflowApi(config.api_url)
-            for dag_id in LOOP_DAGS:
+            for dag_id in (*LOOP_DAGS, SENTINEL_DAG):
                 self.api.wait_for_dag(dag_id, PARSE_TIMEOUT_S)
                 self.api.unpause(dag_id)
-            self.progress.step(f"airflow: loop DAGs parsed and unpaused: {', '.join(LOOP_DAGS)} "
-                               f"({time.monotonic() - t:.1f} s)")
+            self.progress.step(f"airflow: loop DAGs parsed and unpaused: {', '.join(LOOP_DAGS)}, and "
+                               f"{SENTINEL_DAG} (armed by each promotion) ({time.monotonic() - t:.1f} s)")
         except BaseException as exc:  # noqa: BLE001 - re-raised by wait_for_airflow
             self._airflow_error = exc
 
@@ -423,13 +426,20 @@ class Demo:
 
     def trigger_drift(self, hour: int) -> str:
         """Create the ``drift_monitor`` run of logical hour ``hour`` (REST, data interval = the hour)."""
+        from tritonflow.runtime.airflow import AirflowApiError
+
         m = self.cfg.mapping
         start, end = m.hour_start(hour), m.hour_start(hour + 1)
         run_id = f"demo_hour_{hour:04d}__{start:%Y-%m-%dT%H:%M}"
-        self._api.post("/dags/drift_monitor/dagRuns", {
-            "dag_run_id": run_id, "logical_date": start.isoformat(),
-            "data_interval_start": start.isoformat(), "data_interval_end": end.isoformat(),
-            "conf": self.drift_conf(), "note": f"tritonflow demo: logical hour {hour}"})
+        try:
+            self._api.post("/dags/drift_monitor/dagRuns", {
+                "dag_run_id": run_id, "logical_date": start.isoformat(),
+                "data_interval_start": start.isoformat(), "data_interval_end": end.isoformat(),
+                "conf": self.drift_conf(), "note": f"tritonflow demo: logical hour {hour}"})
+        except AirflowApiError as exc:
+            # a retried request whose first attempt created the run (the answer was lost)
+            if exc.status != 409:
+                raise
         self.driver_runs[run_id] = hour
         return run_id
 
@@ -572,7 +582,30 @@ class Demo:
             self._finish_hour(*item)
         self.settle()
         self.served_after_loop = self.serving_check()
+        self.wait_sentinels_armed()
         return self.finish()
+
+    def wait_sentinels_armed(self) -> None:
+        """Wait until every sentinel run has started its watches (deferred in the triggerer) or ended.
+
+        A promotion's ``CHAMPION_CHANGED`` event starts a ``champion_sentinel`` run; its watch
+        builds the golden set on a worker and then defers, so the sentinel is armed a little
+        after the canary run ends. Gives up after ``SENTINEL_ARM_TIMEOUT_S`` and says so.
+        """
+        from tritonflow.demo import runs as rr
+
+        settled = {"deferred", "success", "skipped", "failed", "upstream_failed", "removed"}
+        deadline = time.monotonic() + SENTINEL_ARM_TIMEOUT_S
+        pending: list[str] = []
+        while time.monotonic() < deadline:
+            found = rr.sentinels(self._api, rr.dag_runs(self._api, (SENTINEL_DAG,), set()))
+            pending = [s["run_id"] for s in found
+                       if s["state"] in ("queued", "running") and not s["armed"]
+                       and not (s["watch"] and all(w["state"] in settled for w in s["watch"]))]
+            if not pending:
+                return
+            time.sleep(3.0)
+        self.progress.step(f"sentinel runs not armed after {SENTINEL_ARM_TIMEOUT_S:.0f} s: {pending}")
 
     def serving_check(self) -> dict[str, int]:
         """Versions that answer the gateway once every loop run has finished.
@@ -646,6 +679,7 @@ class Demo:
             root = loop.get("alert_run")
             loop["alert_hour"] = self.driver_runs.get(root) if root else None
         latency = rr.scheduling_latency_s(dag_runs)
+        sentinels = rr.sentinels(self._api, rr.dag_runs(self._api, (SENTINEL_DAG,), set()))
         traffic = pd.concat(self.traffic, ignore_index=True) if self.traffic else pd.DataFrame()
         summary: dict[str, Any] = {
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self.cfg).items()},
@@ -660,6 +694,7 @@ class Demo:
             "closed_loops": [lp for lp in loops if lp.get("seconds") is not None],
             "unmatched_promotions": [lp for lp in loops if lp.get("seconds") is None],
             "scheduling_latency_s": latency,
+            "sentinels": sentinels,
             "canary_requests": int(sum(len(r) for r in self._canary.results)),
             "served_after_loop": self.served_after_loop,
             "watch_error": self.watch_error,
@@ -678,6 +713,11 @@ class Demo:
         for loop in summary["closed_loops"]:
             p.step(f"closed loop (drift alert at hour {loop['alert_hour']} -> version {loop['to']} promoted): "
                    f"{loop['seconds']:.1f} s (goal <= 90 s on --quick)")
+        for sentinel in sentinels:
+            states = ", ".join(str(w["state"]) for w in sentinel["watch"]) or "no watch yet"
+            p.step(f"sentinel: {SENTINEL_DAG} {sentinel['run_id']} ({sentinel['triggered_by']}"
+                   + (f" from {', '.join(sentinel['promoted_by'])}" if sentinel["promoted_by"] else "")
+                   + f"): {'armed' if sentinel['armed'] else 'not armed'} (watch: {states})")
         p.step(f"scheduling latency (median s): {json.dumps(latency)}")
         p.step(f"report: {report}")
         return summary

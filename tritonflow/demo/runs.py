@@ -243,6 +243,33 @@ def closed_loops(runs: list[dict[str, Any]], promotions: list[dict[str, Any]]) -
     return out
 
 
+def sentinels(api: AirflowApi, runs: Iterable[Mapping[str, Any]],
+              watch_task_id: str = "watch_champion") -> list[dict[str, Any]]:
+    """One entry per ``champion_sentinel`` run: what started it and the state of its watches.
+
+    Args:
+        api: REST client.
+        runs: :func:`dag_runs` entries of the sentinel DAG.
+        watch_task_id: The deferrable task that holds one sentinel per model (mapped).
+
+    Returns:
+        ``[{"run_id", "triggered_by", "promoted_by": ["dag:canary_promotion/<run>", ...], "state",
+        "watch": [{"map_index", "state"}], "armed"}]``; ``armed`` is True when a watch is
+        deferred, i.e. its sentinel probes the champion in the triggerer.
+    """
+    out = []
+    for r in runs:
+        tis = [ti for ti in task_instances(api, r["dag_id"], r["run_id"]) if ti.get("task_id") == watch_task_id]
+        watch = [{"map_index": ti.get("map_index"), "state": ti.get("state")} for ti in tis]
+        events = (r.get("source") or {}).get("events") or []
+        out.append({"run_id": r["run_id"], "triggered_by": r["triggered_by"], "state": r["state"],
+                    "promoted_by": [e for e in events if e.startswith(("dag:canary_promotion/",
+                                                                      "dag:canary_rollback/"))],
+                    "queued": r.get("queued"), "watch": watch,
+                    "armed": any(w["state"] == "deferred" for w in watch)})
+    return out
+
+
 def scheduling_latency_s(runs: list[dict[str, Any]]) -> dict[str, float | None]:
     """Median seconds from a run's cause to its start, for the scheduler-made runs.
 

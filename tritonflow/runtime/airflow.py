@@ -89,6 +89,9 @@ EXECUTORS = ("CeleryExecutor", "LocalExecutor")
 MIGRATE_TIMEOUT_S = 600.0
 #: Seconds between two polls of the REST API while waiting for a state.
 POLL_S = 1.0
+#: Attempts of a REST call that the API server answers with HTTP 5xx, and the first delay (s).
+API_RETRIES = 4
+API_RETRY_DELAY_S = 2.0
 
 _AIRFLOW_ENV_PREFIXES = ("AIRFLOW__", "AIRFLOW_HOME", "AIRFLOW_CONFIG")
 
@@ -264,7 +267,10 @@ class AirflowConfig:
                 "dags_are_paused_at_creation": str(self.dags_paused_at_creation),
                 "unit_test_mode": "False",
             },
-            "database": {"sql_alchemy_conn": self.sql_alchemy_conn},
+            "database": {"sql_alchemy_conn": self.sql_alchemy_conn, **(
+                {"sql_alchemy_connect_args": "tritonflow.runtime.airflow_db.SQLITE_CONNECT_ARGS",
+                 "sql_alchemy_connect_args_async": "tritonflow.runtime.airflow_db.SQLITE_CONNECT_ARGS_ASYNC"}
+                if self.is_sqlite else {})},
             "celery": {
                 "broker_url": self.broker_url,
                 "result_backend": self.result_backend,
@@ -744,6 +750,21 @@ class AirflowApi:
         return self._token
 
     def _request(self, method: str, path: str, body: Any = None, *, auth: bool = True) -> Any:
+        """One REST call; a server error (HTTP 5xx: e.g. the metadata DB busy) is retried.
+
+        Raises:
+            AirflowApiError: A client error, or a server error after :data:`API_RETRIES` attempts.
+        """
+        for attempt in range(API_RETRIES):
+            try:
+                return self._request_once(method, path, body, auth=auth)
+            except AirflowApiError as exc:
+                if exc.status < 500 or attempt == API_RETRIES - 1:
+                    raise
+                time.sleep(API_RETRY_DELAY_S * (attempt + 1))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _request_once(self, method: str, path: str, body: Any = None, *, auth: bool = True) -> Any:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method)
         req.add_header("Accept", "application/json")
