@@ -2,9 +2,9 @@
 
 Usage::
 
-    tritonflow runtime start [--services triton,mlflow,s3,gateway,airflow] [--repository URI]
+    tritonflow runtime start [--services s3,mlflow,triton,gateway,airflow] [--repository URI]
     tritonflow runtime status [--json]
-    tritonflow runtime stop [--services ...]
+    tritonflow runtime stop [--services ...]     # default: all five, Airflow included
     tritonflow settings            # the settings in effect and their source (exit 1 on a bad value)
     tritonflow settings --reference  # the configuration reference (variables, defaults, meaning)
     tritonflow validate MODEL_URI --sample FILE [--out DIR] [--format onnx|torchscript] ...
@@ -20,6 +20,7 @@ conversion refusal) and 2 when it could not run (bad arguments, MLflow unreachab
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any, Mapping
@@ -27,11 +28,23 @@ from typing import Any, Mapping
 from tritonflow.exceptions import RuntimeStartError, TritonflowError
 from tritonflow.settings import Settings, get_settings
 
-ALL_SERVICES = ("s3", "mlflow", "triton", "gateway")
-#: Services ``--services`` may name: the default set plus the local Airflow deployment
-#: (LocalExecutor, SQLite; scheduler, dag-processor, triggerer, api-server on
-#: ``TRITONFLOW_AIRFLOW_API_PORT``).
-KNOWN_SERVICES = ALL_SERVICES + ("airflow",)
+#: Services ``--services`` may name, in start order (dependencies first); all of them by default.
+#: ``airflow`` is the local Airflow deployment (LocalExecutor, SQLite; scheduler, dag-processor,
+#: triggerer, api-server on ``TRITONFLOW_AIRFLOW_API_PORT``).
+KNOWN_SERVICES = ("s3", "mlflow", "triton", "gateway", "airflow")
+#: What ``runtime start`` starts and ``runtime stop`` stops when ``--services`` is not given.
+ALL_SERVICES = KNOWN_SERVICES
+#: One line per service for ``--help``: what it is and the setting of its port (default value).
+SERVICE_DESCRIPTIONS = {
+    "s3": "S3-compatible endpoint (moto), TRITONFLOW_S3_PORT ({s3_port})",
+    "mlflow": "MLflow tracking server and UI, TRITONFLOW_MLFLOW_PORT ({mlflow_port})",
+    "triton": "Triton Inference Server, TRITONFLOW_TRITON_HTTP_PORT/_GRPC_PORT/_METRICS_PORT "
+              "({triton_http_port}/{triton_grpc_port}/{triton_metrics_port})",
+    "gateway": "NGINX gateway in front of Triton, TRITONFLOW_GATEWAY_PORT ({gateway_port})",
+    "airflow": "Airflow 3 (LocalExecutor, SQLite), UI and REST API on TRITONFLOW_AIRFLOW_API_PORT "
+               "({airflow_api_port}), task and trigger logs on TRITONFLOW_AIRFLOW_WORKER_LOG_PORT/"
+               "_TRIGGERER_LOG_PORT ({airflow_worker_log_port}/{airflow_triggerer_log_port})",
+}
 
 
 def _services(settings: Settings, names: list[str], repository: str | None):
@@ -61,6 +74,30 @@ def _parse_services(raw: str) -> list[str]:
     return [n for n in KNOWN_SERVICES if n in names]  # start order: dependencies first
 
 
+def services_help(settings: Settings | None = None) -> str:
+    """The ``--help`` list of service names, one line each with its port setting and default."""
+    values = dataclasses.asdict(settings or Settings.from_env({}))
+    width = max(len(n) for n in KNOWN_SERVICES)
+    return "\n".join(f"  {name:<{width}}  {SERVICE_DESCRIPTIONS[name].format(**values)}" for name in KNOWN_SERVICES)
+
+
+def service_urls(name: str, service: Any) -> list[str]:
+    """Where a user reaches a started service: ``label: URL`` lines (and how to log in)."""
+    if name == "s3":
+        return [f"S3 endpoint: {service.endpoint_url}"]
+    if name == "mlflow":
+        return [f"MLflow UI and tracking URI: {service.tracking_uri}"]
+    if name == "triton":
+        return [f"Triton HTTP: http://{service.http_url}", f"Triton gRPC: {service.grpc_url}",
+                f"Triton metrics: {service.metrics_url}"]
+    if name == "gateway":
+        return [f"gateway (clients' entry point): {service.url}"]
+    if name == "airflow":
+        return [f"Airflow UI and REST API: {service.api_url} (no login: the simple auth manager lets every "
+                "local visitor in as admin; DAGs start paused)"]
+    return [f"health: {service.health_url()}"]
+
+
 def _runtime(args: argparse.Namespace) -> int:
     settings = get_settings()
     names = _parse_services(args.services)
@@ -69,17 +106,19 @@ def _runtime(args: argparse.Namespace) -> int:
         started: list[tuple[str, Any]] = []
         for name, service in services:
             if service.healthy():
-                print(f"{name}: already running at {service.health_url()}")
-                continue
-            try:
-                service.start()
-            except RuntimeStartError as exc:
-                for _, other in reversed(started):
-                    other.stop()
-                print(f"error: {exc}", file=sys.stderr)
-                return 1
-            started.append((name, service))
-            print(f"{name}: started at {service.health_url()}, log {service.log_path}")
+                print(f"{name}: already running, log {service.log_path}")
+            else:
+                try:
+                    service.start()
+                except RuntimeStartError as exc:
+                    for _, other in reversed(started):
+                        other.stop()
+                    print(f"error: {exc}", file=sys.stderr)
+                    return 1
+                started.append((name, service))
+                print(f"{name}: started, log {service.log_path}")
+            for line in service_urls(name, service):
+                print(f"  {line}")
         return 0
     if args.action == "stop":
         for name, service in reversed(services):
@@ -118,8 +157,15 @@ def effective_settings(environ: Mapping[str, str] | None = None) -> str:
     """The settings in effect: one ``VARIABLE=value  (source)`` line each, sources ``default``/``environment``.
 
     Raises:
-        SettingsError: A ``TRITONFLOW_*`` variable holds a value its setting cannot take.
+        SettingsError: A ``TRITONFLOW_*`` variable holds a value its setting cannot take (wrong type,
+            or a value the code refuses: :func:`tritonflow.settings_checks.settings_problems`).
     """
+    import os
+
+    from tritonflow.settings_checks import check_settings
+
+    environ = os.environ if environ is None else environ
+    check_settings(Settings.from_env(environ))
     rows = Settings.effective(environ)
     width = max(len(name) for name, _, _ in rows)
     return "\n".join(f"{name:<{width}} = {value}  ({source})" for name, value, source in rows)
@@ -246,10 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tritonflow`` command."""
     parser = argparse.ArgumentParser(prog="tritonflow")
     sub = parser.add_subparsers(dest="command", required=True)
-    rt = sub.add_parser("runtime", help="start, check or stop the local services")
+    rt = sub.add_parser("runtime", help=f"start, check or stop the local services ({', '.join(KNOWN_SERVICES)})",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        epilog="services (start order; ports from the settings, defaults shown):\n"
+                               + services_help())
     rt.add_argument("action", choices=["start", "status", "stop"])
     rt.add_argument("--services", default=",".join(ALL_SERVICES),
-                    help=f"comma-separated subset of: {', '.join(ALL_SERVICES)} (default: all)")
+                    help=f"comma-separated subset of: {', '.join(KNOWN_SERVICES)} (default: all of them)")
     rt.add_argument("--repository", default=None, help="Triton repository: folder or s3://http://host:port/bucket/prefix")
     rt.add_argument("--json", action="store_true", help="status as JSON")
     st = sub.add_parser("settings", help="print the settings in effect and where each comes from; "

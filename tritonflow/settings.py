@@ -336,6 +336,9 @@ DEFAULT_AIRFLOW_DATABASE_URL = ""
 DEFAULT_AIRFLOW_API_PORT = 8280
 #: LocalExecutor task slots of the local Airflow deployment.
 DEFAULT_AIRFLOW_PARALLELISM = 4
+#: Ports the local Airflow's scheduler (task logs) and triggerer (trigger logs) serve logs on.
+DEFAULT_AIRFLOW_WORKER_LOG_PORT = 8793
+DEFAULT_AIRFLOW_TRIGGERER_LOG_PORT = 8794
 
 # ---------------------------------------------------------------------------- tritonflow.demo (main job)
 #: Weighted share (0-1) of flagged features that makes a window's dataset verdict ``drift``
@@ -786,6 +789,12 @@ class Settings:
     )
     airflow_parallelism: int = _field(
         DEFAULT_AIRFLOW_PARALLELISM, "AIRFLOW_PARALLELISM", "Local Airflow LocalExecutor task slots (>= 4).",
+    )
+    airflow_worker_log_port: int = _field(
+        DEFAULT_AIRFLOW_WORKER_LOG_PORT, "AIRFLOW_WORKER_LOG_PORT", "Local Airflow port serving task logs.",
+    )
+    airflow_triggerer_log_port: int = _field(
+        DEFAULT_AIRFLOW_TRIGGERER_LOG_PORT, "AIRFLOW_TRIGGERER_LOG_PORT", "Local Airflow port serving trigger logs.",
     )
 
     # -------------------------------------------------------------- tritonflow.demo (main job)

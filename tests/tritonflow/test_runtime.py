@@ -176,19 +176,56 @@ def test_a_missing_binary_is_reported_with_the_set_up_command(tmp_path):
         TritonServer(settings, repository=str(tmp_path / "repo")).start()
 
 
+def _cli_env(tmp_path) -> dict[str, str]:
+    """The CLI's environment: its own home and a free port for every service it may touch."""
+    ports = ("S3_PORT", "MLFLOW_PORT", "TRITON_HTTP_PORT", "TRITON_GRPC_PORT", "TRITON_METRICS_PORT",
+             "GATEWAY_PORT", "AIRFLOW_API_PORT", "AIRFLOW_WORKER_LOG_PORT", "AIRFLOW_TRIGGERER_LOG_PORT")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRITONFLOW_")}
+    env.update({f"TRITONFLOW_{p}": str(_free()) for p in ports}, TRITONFLOW_HOME=str(tmp_path / "home"),
+               TRITONFLOW_START_TIMEOUT_S="600")
+    return env
+
+
+def _cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tritonflow.cli", "runtime", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
 def test_cli_starts_reports_and_stops_the_s3_endpoint(tmp_path):
-    env = dict(os.environ, TRITONFLOW_HOME=str(tmp_path / "home"), TRITONFLOW_S3_PORT=str(_free()))
-    run = lambda *a: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "tritonflow.cli", "runtime", *a], env=env, capture_output=True, text=True, timeout=120
-    )
-    started = run("start", "--services", "s3")
+    env = _cli_env(tmp_path)
+    started = _cli(env, "start", "--services", "s3")
     assert started.returncode == 0, started.stderr
-    status = json.loads(run("status", "--json").stdout)
-    assert status["s3"]["healthy"] is True
-    stopped = run("stop")
+    assert f"S3 endpoint: http://127.0.0.1:{env['TRITONFLOW_S3_PORT']}" in started.stdout
+    status = json.loads(_cli(env, "status", "--json").stdout)
+    assert set(status) == {"s3", "mlflow", "triton", "gateway", "airflow"}
+    assert status["s3"]["healthy"] is True and status["airflow"]["healthy"] is False
+    stopped = _cli(env, "stop")
     assert stopped.returncode == 0, stopped.stderr
-    status = json.loads(run("status", "--json").stdout)
+    status = json.loads(_cli(env, "status", "--json").stdout)
     assert status["s3"]["healthy"] is False
+
+
+@pytest.mark.slow
+def test_cli_starts_airflow_with_the_project_dags_and_a_plain_stop_stops_it(tmp_path):
+    from tritonflow.runtime.airflow import AirflowApi
+
+    env = _cli_env(tmp_path)
+    url = f"http://127.0.0.1:{env['TRITONFLOW_AIRFLOW_API_PORT']}"
+    try:
+        started = _cli(env, "start", "--services", "airflow", timeout=900)
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert f"Airflow UI and REST API: {url} (no login" in started.stdout
+        api = AirflowApi(url)
+        dag = api.wait_for_dag("model_publish", 600)  # the project's dags/, parsed by the dag-processor
+        assert dag["is_paused"] is True
+        assert json.loads(_cli(env, "status", "--json").stdout)["airflow"]["healthy"] is True
+    finally:
+        stopped = _cli(env, "stop", timeout=300)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "airflow: stopped" in stopped.stdout
+    assert json.loads(_cli(env, "status", "--json").stdout)["airflow"]["healthy"] is False
+    for port in ("AIRFLOW_API_PORT", "AIRFLOW_WORKER_LOG_PORT", "AIRFLOW_TRIGGERER_LOG_PORT"):
+        assert not port_in_use("127.0.0.1", int(env[f"TRITONFLOW_{port}"])), port
 
 
 def _free() -> int:

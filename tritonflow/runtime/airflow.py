@@ -201,13 +201,16 @@ class AirflowConfig:
 
         ``settings.airflow_database_url`` (``TRITONFLOW_AIRFLOW_DATABASE_URL``), when set, is the
         metadata DB instead (PostgreSQL for more than one host). The API server listens on
-        ``settings.airflow_api_port`` (8080 is the gateway's).
+        ``settings.airflow_api_port`` (8080 is the gateway's), task and trigger logs are served on
+        ``settings.airflow_worker_log_port`` and ``settings.airflow_triggerer_log_port``.
         """
         home = Path(overrides.get("home", settings.home / "airflow"))
         values: dict[str, Any] = {
             "executor": "LocalExecutor",
             "database_url": settings.airflow_database_url or f"sqlite:///{home / 'airflow.db'}",
             "api_port": settings.airflow_api_port,
+            "worker_log_port": settings.airflow_worker_log_port,
+            "triggerer_log_port": settings.airflow_triggerer_log_port,
             "parallelism": settings.airflow_parallelism,
             "dags_paused_at_creation": True,
         }

@@ -1,0 +1,102 @@
+"""The ``tritonflow`` command without services: the runtime's service set, its ports and help, and
+``tritonflow settings`` (sources and validation)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tritonflow import cli
+from tritonflow.exceptions import SettingsError
+from tritonflow.settings import Settings
+from tritonflow.settings_checks import settings_problems
+
+
+def _tritonflow(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "tritonflow.cli", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_the_default_service_set_includes_airflow():
+    assert cli.ALL_SERVICES == ("s3", "mlflow", "triton", "gateway", "airflow")
+    assert cli._parse_services(",".join(cli.ALL_SERVICES)) == list(cli.ALL_SERVICES)
+
+
+def test_the_default_ports_of_all_services_do_not_clash(tmp_path):
+    settings = Settings.from_env({}, home=tmp_path)
+    ports: list[tuple[str, int]] = []
+    for name, service in cli._services(settings, list(cli.ALL_SERVICES), str(tmp_path / "repo")):
+        parts = service.services if name == "airflow" else [service]
+        ports += [(f"{name}/{part.name}", port) for part in parts for port in part.ports()]
+    by_port: dict[int, list[str]] = {}
+    for owner, port in ports:
+        by_port.setdefault(port, []).append(owner)
+    assert {p: o for p, o in by_port.items() if len(o) > 1} == {}
+    assert {port for _, port in ports} >= {5555, 5000, 8000, 8001, 8002, 8080, 8280, 8793, 8794}
+
+
+def test_an_unknown_service_is_refused_naming_the_valid_ones():
+    with pytest.raises(SystemExit, match=r"unknown service\(s\) \['airflwo'\]; expected a subset of "
+                                         r"\['s3', 'mlflow', 'triton', 'gateway', 'airflow'\]"):
+        cli._parse_services("s3,airflwo")
+
+
+def test_runtime_help_lists_every_service_with_its_port_setting():
+    out = _tritonflow("runtime", "--help").stdout
+    for name in cli.KNOWN_SERVICES:
+        assert f"\n  {name} " in out, name
+    assert "TRITONFLOW_AIRFLOW_API_PORT (8280)" in out and "TRITONFLOW_GATEWAY_PORT (8080)" in out
+    assert "s3, mlflow, triton, gateway, airflow" in " ".join(_tritonflow("--help").stdout.split())
+
+
+def test_started_services_are_announced_with_their_urls(tmp_path):
+    settings = Settings.from_env({}, home=tmp_path, mlflow_port=5123, airflow_api_port=8299)
+    services = dict(cli._services(settings, list(cli.ALL_SERVICES), str(tmp_path / "repo")))
+    urls = {name: " ".join(cli.service_urls(name, service)) for name, service in services.items()}
+    assert "http://127.0.0.1:5555" in urls["s3"]
+    assert "MLflow UI" in urls["mlflow"] and "http://127.0.0.1:5123" in urls["mlflow"]
+    assert "http://127.0.0.1:8000" in urls["triton"] and "127.0.0.1:8001" in urls["triton"]
+    assert "http://127.0.0.1:8002/metrics" in urls["triton"]
+    assert "http://127.0.0.1:8080" in urls["gateway"]
+    assert "Airflow UI" in urls["airflow"] and "http://127.0.0.1:8299" in urls["airflow"]
+    assert "no login" in urls["airflow"]
+
+
+def test_settings_name_their_source():
+    out = cli.effective_settings({"TRITONFLOW_MLFLOW_PORT": "5001"})
+    assert "TRITONFLOW_MLFLOW_PORT" in out
+    line = next(row for row in out.splitlines() if row.startswith("TRITONFLOW_MLFLOW_PORT "))
+    assert line.split("=", 1)[1].split() == ["5001", "(environment)"]
+    line = next(row for row in out.splitlines() if row.startswith("TRITONFLOW_GATEWAY_PORT "))
+    assert line.split("=", 1)[1].split() == ["8080", "(default)"]
+
+
+@pytest.mark.parametrize("variable, value, expected", [
+    ("TRITONFLOW_DRIFT_ENGINE", "sparc", "expected one of local, spark"),
+    ("TRITONFLOW_GATEWAY_RELOAD", "signal", "expected one of local, watcher"),
+    ("TRITONFLOW_CANARY_STEPS", "5,50", "the last step must be 100"),
+    ("TRITONFLOW_DRIFT_QUANTILE", "95.0", "expected a fraction between 0 and 1"),
+    ("TRITONFLOW_ANALYZER_MAX_BATCH_SIZES", "8,x", "expected comma-separated whole numbers >= 1"),
+    ("TRITONFLOW_RETRAIN_ENTRY_POINTS", "model_registry.training:train_noaa", "expected a JSON object"),
+    ("TRITONFLOW_AIRFLOW_PARALLELISM", "2", "expected >= 4"),
+    ("TRITONFLOW_SHADOW_MIRROR_PERCENT", "150", "expected a percent between 0 and 100"),
+])
+def test_a_value_the_code_would_refuse_fails_the_settings_command(variable, value, expected):
+    with pytest.raises(SettingsError, match=rf"{variable}='?{re.escape(value)}'?: .*{expected}"):
+        cli.effective_settings({variable: value})
+
+
+def test_the_defaults_are_valid():
+    assert settings_problems(Settings.from_env({})) == []
+
+
+def test_the_settings_command_exits_1_on_a_bad_value_and_0_otherwise():
+    bad = _tritonflow("settings", env={"TRITONFLOW_DRIFT_WEIGHTING": "equal"})
+    assert bad.returncode == 1
+    assert "TRITONFLOW_DRIFT_WEIGHTING='equal': expected one of importance, uniform" in bad.stderr
+    assert _tritonflow("settings", env={"TRITONFLOW_DRIFT_WEIGHTING": "uniform"}).returncode == 0
