@@ -213,13 +213,16 @@ def test_promotion_dag_promotes_through_all_its_tasks(served, dag_runs):
 
     run = dag_runs["promoted"]
     assert run["state"] == "success", run
-    assert set(run["tis"]) == {"resolve_versions", "preflight", "load_side_by_side", "canary"}
+    assert set(run["tis"]) == {"resolve_versions", "preflight", "load_side_by_side", "canary", "traffic_steps",
+                               "canary_step"}
+    assert run["tis"]["canary_step"] == ["success", 1], run  # the 100 % step's box in the grid
     tags = RegistryClient(served["settings"].resolved_mlflow_tracking_uri).get_version(MODEL, 2).tags
     assert tags[f"tritonflow.canary.{tags['tritonflow.canary.latest']}.outcome"] == "promoted"
 
 
 def test_promotion_dag_run_for_the_serving_champion_is_a_noop(dag_runs):
     assert dag_runs["noop"]["state"] == "success", dag_runs["noop"]
+    assert dag_runs["noop"]["tis"]["canary_step"][0] == "skipped", dag_runs["noop"]  # no step was run
 
 
 def test_rollback_dag_routes_back_moves_the_alias_and_unloads(served, dag_runs):
