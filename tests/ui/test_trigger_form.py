@@ -12,9 +12,11 @@ assertion fails (and of the opened ``model_publish`` form always: ``trigger_form
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -206,8 +208,10 @@ def test_the_model_publish_form_opens_without_errors_and_with_readable_labels(st
     for title in ("Model", "Version or alias", "Absolute tolerance", "Largest batch", "Served format"):
         assert title in page, f"label {title!r} missing from the form"
     assert "empty only for runs started by a registry event" not in page
-    browser.save_screenshot(str(tmp_path / "trigger_form.png"))
-    print(f"screenshot: {tmp_path / 'trigger_form.png'}")
+    # TRITONFLOW_TRIGGER_FORM_SCREENSHOT=docs/trigger-form.png refreshes the README's picture
+    shot = Path(os.environ.get("TRITONFLOW_TRIGGER_FORM_SCREENSHOT") or tmp_path / "trigger_form.png")
+    browser.save_screenshot(str(shot))
+    print(f"screenshot: {shot}")
 
     # only the model typed: the run is created, the version left empty (champion, else latest)
     before = {r["dag_run_id"] for r in _runs(stack)}
