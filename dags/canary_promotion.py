@@ -44,8 +44,9 @@ touching traffic.
 * **A step failed**: all traffic goes back to the champion first, then the challenger is
   unloaded; the run fails and says why.
 
-The grid shows one **canary_step** box per traffic step (labelled with its percent): green when
-the step passed, red when it failed, pink (skipped) when the canary never reached it. Every
+The grid shows one **canary_step** box per traffic step, labelled with its percent: *success*
+when the step passed, *failed* when it failed (its log says why), *skipped* when the canary never
+reached it. The boxes get their state when the promotion ends. Every
 analysis is also kept in MLflow (experiment `tritonflow-canary`) and on the challenger's model
 version.
 
@@ -231,14 +232,12 @@ def canary_promotion():
                                            "canary_run")}
 
     @task(execution_timeout=SHORT_TASK_TIMEOUT, trigger_rule="all_done", retries=0, on_failure_callback=None,
-          map_index_template="{{ step_label }}")
+          map_index_template="{{ task.op_kwargs['percent'] }} %")
     def canary_step(percent: int) -> dict:
         """One box per traffic step in the grid: passed (success), failed, or never reached (skipped)."""
         from tritonflow_plugin.canary_grid import show_step, step_results
 
-        context = get_current_context()
-        context["step_label"] = f"{percent} %"  # type: ignore[typeddict-unknown-key]
-        return show_step(percent, step_results(context))
+        return show_step(percent, step_results(get_current_context()))
 
     @task(execution_timeout=SHORT_TASK_TIMEOUT)
     def traffic_steps(plan: dict) -> list[int]:

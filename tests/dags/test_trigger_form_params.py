@@ -154,7 +154,7 @@ def test_the_canary_shows_one_grid_box_per_traffic_step(bag):
     assert type(step).__name__.endswith("MappedOperator")
     assert step.trigger_rule == "all_done" and "canary" in step.upstream_task_ids
     assert "traffic_steps" in step.upstream_task_ids
-    assert step.partial_kwargs.get("map_index_template") == "{{ step_label }}"
+    assert step.partial_kwargs.get("map_index_template") == "{{ task.op_kwargs['percent'] }} %"  # e.g. "25 %"
 
 
 def test_rules_are_registered_in_every_process_that_loads_the_plugin():
