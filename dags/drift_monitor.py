@@ -89,7 +89,7 @@ def _schedule():
             "Compare with",
             "training: the data the version was trained on; trailing: the last days it served; "
             "seasonal: the same hour one period earlier. Empty: TRITONFLOW_DRIFT_REFERENCE_STRATEGY.",
-            ["training", "trailing", "seasonal"]),
+            form.REFERENCE_STRATEGIES),
         "profile": Param(True, type="boolean", title="whylogs profile",
                          description="Also store the hour's whylogs profile (merged into daily profiles)."),
     },

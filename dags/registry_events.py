@@ -68,7 +68,7 @@ PARAMS = {
                                rule=form.VERSION_NUMBER, max_length=16),
     "alias": form.text("Alias", "Replay: the alias set or removed.", rule=form.ALIAS_NAME, max_length=128),
     "stage": form.optional_choice("Stage", "Replay: the version's new legacy stage (stage changes only).",
-                                  ["Staging", "Production", "Archived", "None"]),
+                                  form.LEGACY_STAGES),
     "dry_run": Param(False, type="boolean", title="Dry run",
                      description="Only log the DAGs that would start."),
 }

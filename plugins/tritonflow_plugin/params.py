@@ -56,6 +56,11 @@ class TextRule:
         return not isinstance(value, str) or re.fullmatch(self.pattern, value) is not None
 
 
+def choice_rule(choices: Sequence[str]) -> TextRule:
+    """The rule of an optional choice: exactly one of ``choices`` (words: ``one of a, b, c``)."""
+    return TextRule("one of " + ", ".join(choices), "|".join(re.escape(c) for c in choices))
+
+
 MODEL_NAME = TextRule("model name (letters, digits, '_', '.', '-'; starting with a letter or digit)",
                       r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 VERSION_OR_ALIAS = TextRule("version number (e.g. 3) or alias (e.g. champion; letters, digits, '_', '-')",
@@ -63,8 +68,16 @@ VERSION_OR_ALIAS = TextRule("version number (e.g. 3) or alias (e.g. champion; le
 VERSION_NUMBER = TextRule("version number (digits, e.g. 3)", r"[1-9][0-9]*")
 ALIAS_NAME = TextRule("alias name (letters, digits, '_', '-')", r"[A-Za-z0-9_\-]+")
 
-#: Every rule registered as a JSON-Schema format (rules built by :func:`optional_choice` add theirs).
-RULES: dict[str, TextRule] = {r.words: r for r in (MODEL_NAME, VERSION_OR_ALIAS, VERSION_NUMBER, ALIAS_NAME)}
+#: Legacy MLflow stages a version can move to.
+LEGACY_STAGES = choice_rule(["Staging", "Production", "Archived", "None"])
+#: What a drift window is compared with (``drift_checks`` reference strategies).
+REFERENCE_STRATEGIES = choice_rule(["training", "trailing", "seasonal"])
+
+#: Every rule, registered as a JSON-Schema format when this module is imported. The API server
+#: validates a trigger request without importing DAG files, so a rule a DAG uses must be listed
+#: here (a rule only built inside a DAG file would be unknown to it, hence not checked there).
+RULES: dict[str, TextRule] = {r.words: r for r in (MODEL_NAME, VERSION_OR_ALIAS, VERSION_NUMBER, ALIAS_NAME,
+                                                   LEGACY_STAGES, REFERENCE_STRATEGIES)}
 
 
 def register_rules(rules: Sequence[TextRule] | None = None) -> None:
@@ -96,9 +109,14 @@ def text(title: str, description: str, *, rule: TextRule | None = None, default:
         default: Default value (``None``: empty).
         max_length: Longest accepted value, characters.
         **schema: Further JSON-Schema keywords.
+
+    Raises:
+        ValueError: ``rule`` is not listed in :data:`RULES` (the API server would not check it).
     """
     if rule is not None:
-        register_rules([rule])
+        if RULES.get(rule.words) != rule:
+            raise ValueError(f"rule {rule.words!r} is not listed in tritonflow_plugin.params.RULES: the API "
+                             "server would not know it")
         schema["format"] = rule.words
     if max_length is not None:
         schema["maxLength"] = max_length
@@ -118,14 +136,24 @@ def choice(title: str, description: str, choices: Sequence[str], *, default: str
     return Param(default, type="string", enum=list(choices), title=title, description=description, **extra)
 
 
-def optional_choice(title: str, description: str, choices: Sequence[str]) -> Param:
-    """An optional choice the user can clear: nullable text offering ``choices`` as suggestions.
+def optional_choice(title: str, description: str, rule: TextRule) -> Param:
+    """An optional choice the user can clear: nullable text offering the rule's choices as suggestions.
 
-    The value is null (empty) or exactly one of ``choices``; a refusal lists the choices in
-    words. No ``enum`` (see the module docstring).
+    The value is null (empty) or exactly one of the choices; a refusal lists them in words. No
+    ``enum`` (see the module docstring).
+
+    Args:
+        title: Form label.
+        description: One sentence for users.
+        rule: A :func:`choice_rule` listed in :data:`RULES` (e.g. :data:`LEGACY_STAGES`).
+
+    Raises:
+        ValueError: ``rule`` is not a choice rule listed in :data:`RULES`.
     """
-    rule = TextRule("one of " + ", ".join(choices), "|".join(re.escape(c) for c in choices))
-    return text(title, description, rule=rule, examples=list(choices))
+    if RULES.get(rule.words) != rule or not rule.words.startswith("one of "):
+        raise ValueError(f"rule {rule.words!r} is not a choice rule listed in tritonflow_plugin.params.RULES: "
+                         "the API server would not know it")
+    return text(title, description, rule=rule, examples=rule.words.removeprefix("one of ").split(", "))
 
 
 def loop_param() -> Param:
@@ -154,5 +182,6 @@ def refuse_unknown_conf_keys(context: Mapping[str, Any]) -> None:
 
 register_rules()
 
-__all__ = ["ALIAS_NAME", "MODEL_NAME", "RULES", "TextRule", "VERSION_NUMBER", "VERSION_OR_ALIAS", "choice",
-           "loop_param", "optional_choice", "refuse_unknown_conf_keys", "register_rules", "text"]
+__all__ = ["ALIAS_NAME", "LEGACY_STAGES", "MODEL_NAME", "REFERENCE_STRATEGIES", "RULES", "TextRule", "VERSION_NUMBER",
+           "VERSION_OR_ALIAS", "choice", "choice_rule", "loop_param", "optional_choice", "refuse_unknown_conf_keys",
+           "register_rules", "text"]

@@ -157,15 +157,30 @@ def test_the_canary_shows_one_grid_box_per_traffic_step(bag):
     assert step.partial_kwargs.get("map_index_template") == "{{ task.op_kwargs['percent'] }} %"  # e.g. "25 %"
 
 
-def test_rules_are_registered_in_every_process_that_loads_the_plugin():
-    """Importing the package (as the API server does through the plugin entry) registers the rules."""
+def test_every_rule_a_dag_uses_is_known_to_a_process_that_only_loads_the_plugin(bag):
+    """The API server validates triggers without importing DAG files: importing the plugin
+    package (as its plugin entry does) must register every format the DAGs' params use."""
     import subprocess
     import sys
 
-    code = ("import tritonflow_plugin, jsonschema\n"
+    formats = sorted({dag.params.get_param(name).schema["format"] for dag in bag.dags.values()
+                      for name in dag.params if "format" in dag.params.get_param(name).schema})
+    assert len(formats) >= 5, formats
+    code = ("import json, sys, jsonschema, tritonflow_plugin\n"
             "from tritonflow_plugin.params import VERSION_OR_ALIAS as R\n"
             "c = jsonschema.FormatChecker()\n"
-            "assert R.words in c.checkers and not c.conforms('3; drop', R.words) and c.conforms('3', R.words)\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=airflow_env.subprocess_env(),
+            "assert not c.conforms('3; drop', R.words) and c.conforms('3', R.words) and c.conforms(None, R.words)\n"
+            "print(json.dumps(sorted(set(json.loads(sys.argv[1])) - set(c.checkers))))\n")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(formats)], env=airflow_env.subprocess_env(),
                           cwd=str(Path(__file__).resolve().parents[2]), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [], "formats unknown to the API server"
+
+
+def test_a_rule_the_api_server_would_not_know_is_refused_when_the_dag_is_written():
+    from tritonflow_plugin.params import TextRule, choice_rule, optional_choice, text
+
+    with pytest.raises(ValueError, match="not listed in tritonflow_plugin.params.RULES"):
+        text("Colour", "A colour.", rule=TextRule("colour name", "[a-z]+"))
+    with pytest.raises(ValueError, match="not a choice rule listed"):
+        optional_choice("Colour", "A colour.", choice_rule(["red", "blue"]))

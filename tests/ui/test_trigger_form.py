@@ -234,3 +234,10 @@ def test_a_cleared_optional_choice_submits_null_and_creates_a_run(stack, browser
     new = _wait_new_run(stack, before, dag_id=dag_id)
     assert len(new) == 1, f"no run created by the form; runs: {_runs(stack, dag_id)}"
     assert new[0]["conf"]["stage"] is None, new[0]["conf"]
+
+    # A value that is none of the choices is refused by the API server, in words.
+    from tritonflow.runtime.airflow import AirflowApiError
+
+    with pytest.raises(AirflowApiError, match="is not a 'one of Staging, Production, Archived, None'") as err:
+        stack.api.post(f"/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": {"stage": "Prod"}})
+    assert err.value.status == 400
