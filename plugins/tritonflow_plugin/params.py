@@ -12,7 +12,8 @@ The helpers here keep that form usable by people:
 * **Rules in words.** A text rule (model name, version or alias...) is a :class:`TextRule`: its
   words are registered as a JSON-Schema ``format`` (:func:`register_rules`), so a refused value
   reads ``'3; drop' is not a 'version number (e.g. 3) or alias (e.g. champion)'`` instead of a
-  regular expression. The same rule is checked again in words by the task that uses the value.
+  regular expression. Some tasks check their value again (e.g. the publish pipeline's version
+  selector).
 * **Clearable optional choices.** JSON Schema's ``enum`` refuses null unless the enum holds it,
   and the Airflow 3.1 form does not render an enum holding ``None``; clearing a dropdown sends
   null. An optional choice is therefore a nullable text field offering its choices
@@ -25,8 +26,8 @@ The helpers here keep that form usable by people:
 Importing this module registers the rules (cheap: ``re`` and ``jsonschema``, which Airflow
 already imports); the package ``__init__`` imports it, so every process that loads the plugin
 (API server, scheduler, DAG processor, workers) validates the same way. A process without the
-registration ignores the unknown format (JSON Schema's rule for formats) and the task's own
-check refuses the value instead.
+registration would ignore the unknown format (JSON Schema's rule for formats), which is why
+every rule a DAG uses must be listed in :data:`RULES` (:func:`text` refuses any other).
 """
 
 from __future__ import annotations
