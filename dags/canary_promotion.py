@@ -10,6 +10,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
+from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.registry_watcher import registry_asset, registry_conf_from_context
@@ -21,68 +22,67 @@ SHORT_TASK_TIMEOUT = timedelta(minutes=15)
 #: Largest bake time a run may ask for (seconds).
 MAX_BAKE_S = 3600
 
+DESCRIPTION = "Move a model's traffic to a challenger version step by step, with automatic rollback."
+
 DOC_MD = """
 ### Canary promotion
 
-Moves a model's traffic from its **champion** to a **challenger** version through the NGINX
-gateway in steps (`steps`, empty: `TRITONFLOW_CANARY_STEPS` in effect, 5 → 25 → 50 → 100 % by
-default). Each step bakes `bake_s` seconds (empty: `TRITONFLOW_CANARY_BAKE_S`), analysed every
-`TRITONFLOW_CANARY_ANALYSIS_INTERVAL_S` (5 s): errors, non-finite or constant outputs and latency
-roll back at once. At the end of the bake the step is judged on a minimum number of requests
-(`min_requests`, empty: `TRITONFLOW_CANARY_MIN_REQUESTS`; too little traffic is *inconclusive*,
-never a pass), the challenger's predictions against its **own
-expected behaviour** (`expected_predictions`, from its shadow evaluation or mirrored live
-requests; never the champion's), its quality against the champion where labels arrived, and the
-coverage of the reference's feature space (not covered: the step is extended). Every analysis
-goes to an MLflow run (experiment `tritonflow-canary`, with a plot over time); every step's
-figures and verdict are recorded on the challenger's MLflow model version (tags
-`tritonflow.canary.<id>.*`).
+Moves a model's live traffic from its **champion** version to a **challenger** version in steps
+(for example 5 % -> 25 % -> 50 % -> 100 %), checking the challenger at every step.
 
-* **pass at 100 %**: alias `champion` moves to the challenger, the old champion keeps
-  `previous_champion` (with `use_stages`: Production/Archived); Triton keeps the new champion and
-  the rollback target loaded; old repository versions are garbage-collected.
-* **any failed step**: automatic rollback, gateway to 100 % champion first, then the challenger is
-  unloaded; the run fails with the reason.
+**To start one by hand**, fill in **Model** and **Challenger** (a version number such as `7`, or an
+alias such as `challenger`) and click *Trigger*. Tick **Dry run** to check everything without
+touching traffic.
 
-Runs also start from registry changes (asset `tritonflow_registry__canary_promotion`) and from
-`shadow_evaluation` with the loop context (`conf.loop`: model, challenger version, expected
-predictions, drift event; validated when the run starts, an unknown key fails naming the closest
-valid one). The settings used for empty params are read when the run starts and logged. A
-challenger tagged `rejected` is refused. A run for a version that already is champion and serves
-100 % is a no-op. One promotion per model at a time: a second one fails naming the holder. Bad
-input fails without retry.
+* Each step waits **Bake time** seconds while the challenger serves its share of requests, and is
+  checked all along: errors, invalid or constant outputs and slow answers **roll back at once**.
+  At the end of the bake the step needs at least **Fewest requests** challenger requests (fewer
+  is *inconclusive*, never a pass), predictions in line with the challenger's own shadow
+  evaluation, and no worse quality than the champion where labels arrived.
+* **All steps passed**: alias `champion` moves to the challenger; the old champion stays loaded
+  as the rollback target (alias `previous_champion`).
+* **A step failed**: all traffic goes back to the champion first, then the challenger is
+  unloaded; the run fails and says why.
+
+The grid shows one **canary_step** box per traffic step, labelled with its percent: *success*
+when the step passed, *failed* when it failed (its log says why), *skipped* when the canary never
+reached it. The boxes get their state when the promotion ends. Every
+analysis is also kept in MLflow (experiment `tritonflow-canary`) and on the challenger's model
+version.
+
+Only one promotion per model runs at a time: a second one fails at once and names the run that
+holds the model. Runs also start by themselves after a successful shadow evaluation and when
+alias `champion` is set in MLflow. Fields left empty use the deployment's settings.
 """
 
 PARAMS = {
-    "model": Param("", type="string", description="Registered model name (empty: taken from the registry event)."),
-    "challenger": Param(
-        "challenger", type="string",
-        description="Challenger: a version number (e.g. '7') or an alias of the model (e.g. 'challenger').",
-    ),
-    "champion": Param(
-        None, type=["null", "integer"], minimum=1,
-        description="Champion version override (default: the version the gateway serves, else alias 'champion').",
-    ),
+    "model": form.text("Model", "Registered MLflow model to promote (required for a run you start here).",
+                       max_length=256),
+    "challenger": form.text("Challenger", "Version number (e.g. 7) or alias (e.g. challenger) to promote. "
+                            "Empty: alias challenger.", max_length=256),
+    "champion": Param(None, type=["null", "integer"], minimum=1, title="Champion version",
+                      description="Version that serves now. Empty: the version the gateway serves, else alias "
+                                  "champion."),
     "steps": Param(
         None, type=["null", "array"], items={"type": "integer", "minimum": 1, "maximum": 100},
-        minItems=1, maxItems=10, contains={"const": 100},
-        description="Traffic percents for the challenger, strictly increasing integers 1-100, ending at 100 "
-                    "(empty: TRITONFLOW_CANARY_STEPS in effect).",
+        minItems=1, maxItems=10, contains={"const": 100}, title="Traffic steps (%)",
+        description="Challenger's share of traffic at each step, increasing whole percents ending at 100, "
+                    "e.g. 5, 25, 50, 100. Empty: TRITONFLOW_CANARY_STEPS.",
     ),
-    "bake_s": Param(None, type=["null", "number"], minimum=0, maximum=MAX_BAKE_S,
-                    description=f"Seconds each step bakes before its analysis (0-{MAX_BAKE_S}; empty: "
-                                "TRITONFLOW_CANARY_BAKE_S in effect)."),
-    "min_requests": Param(None, type=["null", "integer"], minimum=1, maximum=1_000_000,
-                          description="Fewest challenger requests a step needs; fewer is inconclusive "
-                                      "(empty: TRITONFLOW_CANARY_MIN_REQUESTS in effect)."),
-    "use_stages": Param(False, type="boolean",
-                        description="Also move legacy MLflow stages (Production/Archived) on promotion."),
-    "expected_predictions": Param(None, type=["null", "string"],
-                                  description="URI of the challenger's expected predictions (empty: its shadow tag)."),
-    "dry_run": Param(False, type="boolean",
-                     description="Resolve versions, check pre-flight and the schedule; touch nothing."),
-    "loop": Param(None, type=["null", "object"],
-                  description="Context handed on by the DAG that triggered this run (validated; leave empty)."),
+    "bake_s": Param(None, type=["null", "number"], minimum=0, maximum=MAX_BAKE_S, title="Bake time (s)",
+                    description=f"Seconds each step runs before it is judged, 0 to {MAX_BAKE_S}. "
+                                "Empty: TRITONFLOW_CANARY_BAKE_S."),
+    "min_requests": Param(None, type=["null", "integer"], minimum=1, maximum=1_000_000, title="Fewest requests",
+                          description="Challenger requests a step needs before it can pass. "
+                                      "Empty: TRITONFLOW_CANARY_MIN_REQUESTS."),
+    "use_stages": Param(False, type="boolean", title="Move MLflow stages too",
+                        description="Also set the legacy MLflow stages (Production / Archived) on promotion."),
+    "expected_predictions": form.text(
+        "Expected predictions", "Where the challenger's expected predictions are (URI). Empty: the ones its "
+        "shadow evaluation recorded."),
+    "dry_run": Param(False, type="boolean", title="Dry run",
+                     description="Check versions, memory and the steps; change nothing."),
+    "loop": form.loop_param(),
 }
 
 
@@ -99,6 +99,8 @@ def _request(params: dict, context) -> dict:
     loop = loop_context(context)  # validated first: a bad conf fails before any work
     settings = get_settings()
     req = {k: params.get(k) for k in PARAMS}
+    req["model"] = (req.get("model") or "").strip()
+    req["challenger"] = (req.get("challenger") or "").strip() or "challenger"
     req["steps"] = param_or_setting(params, "steps", "canary_steps", settings)
     req["bake_s"] = float(param_or_setting(params, "bake_s", "canary_bake_s", settings))
     req["min_requests"] = int(param_or_setting(params, "min_requests", "canary_min_requests", settings))
@@ -144,6 +146,7 @@ def _fail_on_lock(func):
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=[TAG, "canary"],
+    description=DESCRIPTION,
     doc_md=DOC_MD,
     params=PARAMS,
 )
@@ -200,8 +203,10 @@ def canary_promotion():
     def canary(plan: dict, loaded: dict) -> dict:
         """Steps with analysis under the promotion lock; promote at 100 % or roll back."""
         from tritonflow.pipelines.canary import run_promotion
+        from tritonflow_plugin.canary_grid import push_step_results
 
         if plan["noop"]:
+            push_step_results(get_current_context(), {"outcome": "noop", "reason": plan["reason"]})
             return {"outcome": "noop", "reason": plan["reason"]}
         result = run_promotion(
             plan["model"], plan["champion"], str(plan["challenger"]), steps=plan["steps"],
@@ -209,6 +214,7 @@ def canary_promotion():
             dry_run=plan["dry_run"], holder=_holder(get_current_context()),
             expected_predictions=plan.get("expected_predictions"),
         )
+        push_step_results(get_current_context(), result)  # before a rollback fails this task
         if result["outcome"] in ("rolled_back", "rollback_failed"):
             from airflow.sdk.exceptions import AirflowFailException
 
@@ -225,10 +231,23 @@ def canary_promotion():
                                            "canary_id", "steps", "promotion", "gc", "rollback_target",
                                            "canary_run")}
 
+    @task(execution_timeout=SHORT_TASK_TIMEOUT, trigger_rule="all_done", retries=0, on_failure_callback=None,
+          map_index_template="{{ task.op_kwargs['percent'] }} %")
+    def canary_step(percent: int) -> dict:
+        """One box per traffic step in the grid: passed (success), failed, or never reached (skipped)."""
+        from tritonflow_plugin.canary_grid import show_step, step_results
+
+        return show_step(percent, step_results(get_current_context()))
+
+    @task(execution_timeout=SHORT_TASK_TIMEOUT)
+    def traffic_steps(plan: dict) -> list[int]:
+        """The challenger's traffic percents, one ``canary_step`` box each."""
+        return [int(p) for p in plan["steps"]]
+
     plan = resolve_versions()
     memory = preflight(plan)
     loaded = load_side_by_side(plan, memory)
-    canary(plan, loaded)
+    canary(plan, loaded) >> canary_step.expand(percent=traffic_steps(plan))
 
 
 canary_promotion()

@@ -10,35 +10,38 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
+from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 
 #: Timeout of the rollback task (a verify, at most one load, one gateway reload, registry calls).
 ROLLBACK_TASK_TIMEOUT = timedelta(minutes=15)
 
+DESCRIPTION = "Put a model back on its previous champion version: traffic first, then the alias."
+
 DOC_MD = """
-### Canary rollback (manual)
+### Roll a model back
 
-Rolls a model back to the version its `previous_champion` alias names, in this order:
+Puts a model back on the version that served before its last promotion (the version with alias
+`previous_champion`). Fill in **Model** and a **Reason**, then click *Trigger*.
 
-1. resolve the rollback target (a missing or dangling alias stops the run, naming the alias and
-   the version it last named: never a fall-back to "latest");
-2. re-verify the target's signature and make sure it is loaded in Triton;
-3. route 100 % of the gateway's traffic to it (and wait until that routing is live);
-4. move alias `champion` back (`previous_champion` is cleared, so a second rollback stops);
-5. unload the version rolled back from.
+In order: the previous version's signature is checked and it is loaded in Triton; **all traffic**
+goes back to it (the run waits until the gateway really serves it); alias `champion` moves back
+to it; the version rolled back from is unloaded (untick **Unload the newer version** to keep it).
 
-The reason is recorded on both MLflow model versions and in the registry's audit trail. A
-promotion of the same model in progress makes this run fail naming the holder.
+The reason is written on both MLflow versions. A model without a previous champion is not
+rolled back (the run fails and says so; it never falls back to "the latest version"). When a
+promotion of the same model is running, the run fails at once and names it.
 """
 
 PARAMS = {
-    "model": Param("", type="string", minLength=1, description="Registered model name to roll back."),
-    "reason": Param("manual rollback from the Airflow UI", type="string", minLength=1,
-                    description="Why the model is rolled back (recorded on the MLflow versions)."),
-    "use_stages": Param(False, type="boolean",
-                        description="Also move legacy MLflow stages (target to Production, the other archived)."),
-    "unload_rolled_back": Param(True, type="boolean",
+    "model": form.text("Model", "Registered MLflow model to roll back.", max_length=256),
+    "reason": Param("manual rollback from the Airflow UI", type="string", minLength=1, title="Reason",
+                    description="Why the model is rolled back (recorded on its MLflow versions)."),
+    "use_stages": Param(False, type="boolean", title="Move MLflow stages too",
+                        description="Also set the legacy MLflow stages (Production for the target, "
+                                    "Archived for the other)."),
+    "unload_rolled_back": Param(True, type="boolean", title="Unload the newer version",
                                 description="Unload the version rolled back from once traffic has left it."),
 }
 
@@ -51,6 +54,7 @@ PARAMS = {
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=[TAG, "canary"],
+    description=DESCRIPTION,
     doc_md=DOC_MD,
     params=PARAMS,
 )
@@ -60,14 +64,20 @@ def canary_rollback():
     @fail_fast_on_bad_data
     def rollback() -> dict:
         """Gateway to the rollback target first, then the alias, then unload the old champion."""
-        from tritonflow.exceptions import ConcurrencyError
+        from tritonflow.exceptions import ConcurrencyError, SettingsError
         from tritonflow.pipelines.canary import manual_rollback
+        from tritonflow_plugin.registry_watcher import registry_conf_from_context
 
         context = get_current_context()
+        form.refuse_unknown_conf_keys(context)
         p = context["params"]
         ti = context["ti"]
+        model = (p.get("model") or registry_conf_from_context(context).get("model_name") or "").strip()
+        if not model:
+            raise SettingsError("model is empty; expected the name of the registered MLflow model to roll "
+                                "back (field 'Model')")
         try:
-            result = manual_rollback(p["model"], p["reason"], use_stages=bool(p["use_stages"]),
+            result = manual_rollback(model, p["reason"], use_stages=bool(p["use_stages"]),
                                      unload_rolled_back=bool(p["unload_rolled_back"]),
                                      holder=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}")
         except ConcurrencyError as exc:
@@ -76,7 +86,7 @@ def canary_rollback():
             raise AirflowFailException(f"ConcurrencyError: {exc}") from exc
         # champion_sentinel restarts the model's sentinel on the rolled-back-to champion
         context["outlet_events"][CHAMPION_CHANGED].extra = {
-            "model": p["model"], "champion": result.get("rolled_back_to"), "changed": True}
+            "model": model, "champion": result.get("rolled_back_to"), "changed": True}
         return result
 
     rollback()

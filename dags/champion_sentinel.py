@@ -11,6 +11,7 @@ from datetime import timedelta
 
 from airflow.sdk import Param, dag, get_current_context, task
 
+from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.sentinel import ChampionSentinelOperator
 
@@ -23,21 +24,21 @@ RENEW_CRON = "0 */6 * * *"
 WATCH_TIMEOUT = RENEW_PERIOD + timedelta(minutes=30)
 LIST_TIMEOUT = timedelta(minutes=5)
 
+DESCRIPTION = "Probe each champion model every few seconds and roll it back when it stops answering well."
+
 DOC_MD = """
 ### Champion sentinel
 
-Keeps one deferrable sentinel per champion in Airflow's **triggerer** (no worker slot held).
-Every `TRITONFLOW_SENTINEL_INTERVAL_S` seconds (default 10) it sends the champion's golden samples
-(rows of its drift reference) through the gateway and checks the answer: finite, not constant
-across the samples, within the range seen at validation, and within `TRITONFLOW_SENTINEL_LATENCY_S`.
-After `TRITONFLOW_SENTINEL_FAILURES` consecutive failed probes (default 3) it rolls the model back
-to `previous_champion` through the `canary_rollback` path (gateway first, then aliases) and
-records why on both MLflow model versions (`tritonflow.sentinel.*`).
+Watches every **champion** model while it serves. Every few seconds
+(`TRITONFLOW_SENTINEL_INTERVAL_S`, 10 by default) it sends a handful of known rows through the
+gateway and checks the answers: real numbers, not all the same, within the range seen when the
+version was published, and fast enough (`TRITONFLOW_SENTINEL_LATENCY_S`). After a few failed
+probes in a row (`TRITONFLOW_SENTINEL_FAILURES`, 3) it **rolls the model back** to its previous
+champion, exactly like `canary_rollback`, and writes why on both MLflow versions.
 
-Runs: on every `CHAMPION_CHANGED` event (canary_promotion, canary_rollback) for the models named
-in the events; every 6 h (UTC) for all models with a champion, when every running sentinel ends
-and restarts with a fresh golden set; manually with `models` (empty: all). A sentinel whose
-version stops being the champion ends by itself.
+It runs by itself: after every promotion or rollback, and every 6 hours (UTC) for every model
+with a champion. To start it by hand, list the **Models** to watch, or leave the list empty for
+all. The sentinels wait in Airflow's triggerer, so they hold no worker slot.
 """
 
 
@@ -56,10 +57,12 @@ def _schedule():
     max_active_runs=64,
     default_args=DEFAULT_ARGS,
     tags=[TAG, "canary", "sentinel"],
+    description=DESCRIPTION,
     doc_md=DOC_MD,
     params={
-        "models": Param([], type="array", items={"type": "string"},
-                        description="Registered models to watch (empty: every model with a champion)."),
+        "models": Param([], type="array", items={"type": "string"}, title="Models",
+                        description="Registered MLflow models to watch, one per line. Empty: every model with "
+                                    "a champion."),
     },
 )
 def champion_sentinel():
@@ -70,6 +73,7 @@ def champion_sentinel():
         from tritonflow.pipelines.sentinel import models_from_events, monitored_models
 
         context = get_current_context()
+        form.refuse_unknown_conf_keys(context)
         events = context.get("triggering_asset_events") or {}
         extras = [e.extra for evs in events.values() for e in evs]
         if extras:

@@ -10,43 +10,35 @@ from datetime import timedelta
 
 from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
 
+from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
+
+DESCRIPTION = "Every hour, check each served model's inputs for drift and raise an alert when they moved."
 
 DOC = """
 ### Hourly drift monitor
 
-One run checks **one hour**: the run's data interval `[data_interval_start, data_interval_end)`
-selects the inference-log window of every monitored model (registered models with a `champion`
-alias, or the `models` parameter / `TRITONFLOW_MONITORED_MODELS`), one mapped task per model.
+Every hour, compares the inputs each served model received during that hour with a
+**reference** and says whether they **drifted**. One box per model in the grid.
 
-Per model: **check** (data contract: exact vectorised checks + Great Expectations; KS / PSI /
-Wasserstein per feature against the reference chosen by `reference_strategy`; thresholds per
-reference: P95 of the last 30 days of taught history, else of the reference's own chunks, with
-a floor and a ceiling; per-feature vote; importance-weighted dataset verdict; alert policy:
-k consecutive drifted windows or one strong effect, per-model cooldown; statistics stored every
-hour) → **record** in MLflow (experiment `tritonflow-drift`, metrics with the hour as step,
-summary JSON and Evidently HTML as artifacts, verdict tags on the model version) → **alert**
-(log, webhook when configured) → **data-quality gate**: a broken data contract fails the run
-without retries; the window is kept for inspection → **drift event** (after the gates): an
-asset event on `tritonflow_drift_alerts` only when the alert policy fired and the window's
-contract held, with `extra = {model, version, features, scores, window_start, window_end,
-severity}` (`shadow_evaluation` is scheduled on it). **decide** records the hour's alert decision
-(`alert`, `cooldown` (logical time: the windows' hours), `no_alert`, `contract_failed`,
-`no_reference`) with its reason under the XCom key `alert_decision` (`model`, `hour`,
-`features`, `decision`, `reason`), and on the registered model in MLflow
-(`tritonflow.alert_decision.<hour>.drift`, every decision but `no_alert`).
+For each model:
 
-Parameters left empty take their values from the settings when the run starts
-(`TRITONFLOW_DRIFT_REFERENCE_STRATEGY`, `TRITONFLOW_DRIFT_EVIDENTLY_SAMPLE_ROWS`).
+* **check** - the hour's inputs must keep their data contract (columns, types, ranges); then
+  every feature is compared with the reference (KS, PSI, Wasserstein) against thresholds learnt
+  from the last 30 days;
+* **record** - figures and verdicts go to MLflow (experiment `tritonflow-drift`), with an
+  Evidently report and a whylogs profile when ticked;
+* **alert** - an alert fires after a few drifted hours in a row, or at once on a strong drift; a
+  cooldown keeps it from repeating every hour. An alert starts `shadow_evaluation`;
+* a **broken data contract** fails the run (the hour is kept for inspection) instead of raising
+  a drift alert.
 
-The **Evidently** sample report and the **whylogs** profile run beside the check (they decide
-nothing and cost a fixed 15-30 s).
-
-Idempotent per hour (a rerun replaces that hour's results) and backfill-friendly:
-`airflow backfill create --dag-id drift_monitor --from-date ... --to-date ...` builds the
-history the dynamic thresholds need. A model without a recorded reference gets status
-`no_reference` and an alert, not a crash.
+It runs by itself every hour. To check one hour by hand, trigger it and pick **Models** (empty:
+every model with a champion). A model without a reference yet gets the status `no_reference`
+and an alert, never a crash. Re-running an hour replaces that hour's results, and
+`airflow backfill create --dag-id drift_monitor --from-date ... --to-date ...` builds the history
+the thresholds learn from.
 """
 
 
@@ -82,26 +74,24 @@ def _schedule():
     max_active_tasks=8,
     default_args=DEFAULT_ARGS,
     tags=[TAG, "drift"],
+    description=DESCRIPTION,
     doc_md=DOC,
     params={
-        "models": Param([], type="array", items={"type": "string"},
-                        description="Only these registered models (empty: every model with a "
-                                    "'champion' alias, or TRITONFLOW_MONITORED_MODELS)."),
-        "evidently": Param(True, type="boolean",
-                           description="Also build the Evidently DataDriftPreset report on a sample "
-                                       "(its own task, off the critical path)."),
-        "evidently_sample_rows": Param(None, type=["null", "integer"], minimum=0,
-                                       description="Rows per side passed to Evidently (0: no report; "
-                                                   "empty: TRITONFLOW_DRIFT_EVIDENTLY_SAMPLE_ROWS)."),
-        "reference_strategy": Param(None, type=["null", "string"],
-                                    enum=[None, "training", "trailing", "seasonal"],
-                                    description="What each window is compared with: training (the "
-                                                "version's reference), trailing (the last N days served) "
-                                                "or seasonal (the same window one period earlier); empty: "
-                                                "TRITONFLOW_DRIFT_REFERENCE_STRATEGY."),
-        "profile": Param(True, type="boolean",
-                         description="Also store the hour's whylogs profile (mergeable into daily "
-                                     "profiles)."),
+        "models": Param([], type="array", items={"type": "string"}, title="Models",
+                        description="Registered MLflow models to check, one per line. Empty: every model with "
+                                    "a champion (or TRITONFLOW_MONITORED_MODELS)."),
+        "evidently": Param(True, type="boolean", title="Evidently report",
+                           description="Also build an Evidently drift report on a sample of the hour."),
+        "evidently_sample_rows": Param(None, type=["null", "integer"], minimum=0, title="Evidently sample rows",
+                                       description="Rows per side in the Evidently report (0: no report). "
+                                                   "Empty: TRITONFLOW_DRIFT_EVIDENTLY_SAMPLE_ROWS."),
+        "reference_strategy": form.optional_choice(
+            "Compare with",
+            "training: the data the version was trained on; trailing: the last days it served; "
+            "seasonal: the same hour one period earlier. Empty: TRITONFLOW_DRIFT_REFERENCE_STRATEGY.",
+            form.REFERENCE_STRATEGIES),
+        "profile": Param(True, type="boolean", title="whylogs profile",
+                         description="Also store the hour's whylogs profile (merged into daily profiles)."),
     },
 )
 def drift_monitor():
@@ -111,6 +101,7 @@ def drift_monitor():
     def models(params=None) -> list[dict]:
         from tritonflow.pipelines.drift import monitored_models
 
+        form.refuse_unknown_conf_keys(get_current_context())
         return monitored_models(only=list((params or {}).get("models") or []) or None)
 
     @task(execution_timeout=timedelta(minutes=15), map_index_template="{{ task.op_kwargs['target']['model'] }}")

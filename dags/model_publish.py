@@ -14,6 +14,7 @@ from datetime import timedelta
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
+from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, MODEL_PUBLISHED, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.registry_watcher import registry_asset
@@ -32,87 +33,74 @@ PUSH_TASK_TIMEOUT = timedelta(minutes=30)
 LOAD_TASK_TIMEOUT = timedelta(minutes=20)
 #: Largest max_batch_size accepted (the pipeline's limit).
 MAX_BATCH_SIZE = 4096
-#: Model names accepted by the form (Triton-safe: folder names and S3 key segments).
-MODEL_NAME_PATTERN = r"^$|^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
-#: A version number, an alias or a legacy stage.
-SELECTOR_PATTERN = r"^([1-9][0-9]*|[A-Za-z_][A-Za-z0-9_\-]*)$"
+DESCRIPTION = "Publish one MLflow model version to Triton: convert, check, sign, load and smoke-test it."
 
 DOC_MD = """
-### Model publish
+### Publish a model to Triton
 
-Delivers one MLflow model version to Triton safely:
+Takes one version of a registered MLflow model and makes it servable by Triton, safely. Nothing
+is served until every check has passed.
 
-1. **resolve**: `model` + `version_or_alias` (a version such as `3`, an alias such as `champion` or
-   `challenger`, or a legacy stage) to one READY model version; later tasks use the immutable
-   `models:/<name>/<version>`. A run started by a registry event takes the model and version from
-   the event (`registry_watcher.registry_conf_from_context`); a run triggered by another DAG (e.g.
-   `retrain`) from its loop context (`conf.loop`: model, version, drift event and window, training
-   window as `dataset_uri`), validated first: an unknown conf key fails naming the closest valid one;
-2. **convert_and_validate**: conversion to ONNX (scikit-learn without ZipMap, PyTorch with a dynamic
-   batch axis, ONNX passthrough), IR/opset check against the target Triton release, `config.pbtxt`
-   built with protobuf, batch 1 and >= 2, tensors only, finite outputs, and the **blocking parity
-   gate** against the MLflow pyfunc (`atol`, `rtol`); a failure tags the version `rejected`;
-3. **profile**: Model Analyzer with a bounded sweep (settings `TRITONFLOW_ANALYZER_*`) on the local
-   Triton tools; the best **stable** config under the p99 latency constraint is adopted (`profile`
-   off, or a host without the tools: the generated config is kept and the run says so);
-3b. **perf_gate**: before a challenger is pushed beside a champion, perf_analyzer measures both on
-   one local Triton at the champion's concurrency, in interleaved passes (>= 3 each); a median p99
-   worse by more than `TRITONFLOW_MAX_P99_REGRESSION` (10 %) beyond the noise band rejects it;
-4. **sign_and_push**: OpenSSF model-signing signature over the model and its config, atomic push to
-   `repository` (folder/NFS or `s3://http://host:port/bucket/prefix`), verified at the destination;
-   a version is never overwritten, re-runs are no-ops. A failure of the tools or services (Model
-   Analyzer's environment, a local Triton, S3) is an infrastructure error: the run fails, the
-   version is **not** tagged rejected;
-5. **load_and_smoke**: signature verified again, explicit load through Triton's repository API,
-   READY within `TRITONFLOW_LOAD_TIMEOUT_S`, validation sample served and compared with the source
-   model; any failure unloads and tags the version `rejected`;
-6. **record**: repository URI, Triton model/version, signature digest and key id, parity errors,
-   chosen config, timings per stage as `tritonflow.*` tags and artifacts on the MLflow version; the
-   drift reference sample is stored; an event is emitted on asset `tritonflow_model_published`;
-7. **trigger_then**: the DAGs named in the conf's `then` list (e.g. `shadow_evaluation`) are
-   triggered fire-and-forget (`wait_for_completion=False, deferrable=False`) with the loop
-   context handed on: `{"loop": {model, version: <published version>, drift_event, window_start,
-   window_end, dataset_uri, ...}}`.
+**To publish by hand**, fill in **Model** and click *Trigger*. Leave **Version or alias** empty to
+publish the version with alias `champion`, or the model's latest version when it has no alias
+yet (the run's log says which one it took); or type a version number (`3`) or an alias
+(`challenger`).
 
-Params left empty (`atol`, `rtol`) take the settings in effect when the run starts
-(`TRITONFLOW_PARITY_ATOL`, `TRITONFLOW_PARITY_RTOL`); the values used are logged.
+What a run does, one task each:
+
+1. **resolve** - finds the version to publish;
+2. **convert_and_validate** - converts it to ONNX (or TorchScript), builds Triton's
+   `config.pbtxt` and compares its outputs with the original model (**parity gate**: within
+   **Absolute tolerance** + **Relative tolerance**). A version that fails is tagged `rejected`;
+3. **profile** - optionally tries a few Triton configurations and keeps the fastest stable one;
+4. **perf_gate** - optionally refuses a version whose p99 latency is clearly worse than the
+   current champion's;
+5. **sign_and_push** - signs the model and copies it to the model repository (a version already
+   there is never overwritten; a re-run does nothing);
+6. **load_and_smoke** - loads it in Triton and checks a few real predictions;
+7. **record** - writes what happened (where, signature, parity, timings) on the MLflow version;
+8. **trigger_then** - starts the next DAGs, if any (for example `shadow_evaluation`).
+
+Fields left empty use the deployment's settings (named in each field's help). A failure of
+Triton, S3 or MLflow fails the run without marking the model as rejected: re-run it once the
+service is back. Runs also start by themselves when a version is registered or an alias is set
+in MLflow, and when `retrain` trains a new version.
 """
 
 PARAMS = {
-    "model": Param("", type="string", pattern=MODEL_NAME_PATTERN, maxLength=128,
-                   description="Registered model name (letters, digits, '_', '.', '-'); empty only for "
-                               "runs started by a registry event."),
-    "version_or_alias": Param("champion", type="string", pattern=SELECTOR_PATTERN,
-                              description="Model version (e.g. '3'), alias (e.g. 'champion', 'challenger') "
-                                          "or legacy stage ('Production')."),
-    "repository": Param(None, type=["null", "string"],
-                        description="Triton model repository: a folder or s3://http://host:port/bucket/prefix "
-                                    "(empty: TRITONFLOW_REPOSITORY_URI, else the local repository)."),
-    "atol": Param(None, type=["null", "number"], minimum=0,
-                  description="Parity gate absolute tolerance per output element "
-                              "(|onnx - source| <= atol + rtol*|source|); empty: TRITONFLOW_PARITY_ATOL in effect."),
-    "rtol": Param(None, type=["null", "number"], minimum=0,
-                  description="Parity gate relative tolerance per output element "
-                              "(empty: TRITONFLOW_PARITY_RTOL in effect)."),
-    "max_batch_size": Param(32, type="integer", minimum=0, maximum=MAX_BATCH_SIZE,
-                            description="Largest batch Triton may form (0: no batching); also the ceiling "
-                                        "of the profiling sweep."),
-    "profile": Param(None, type=["null", "boolean"],
-                     description="Profile with Model Analyzer (bounded sweep) and adopt the best stable config "
-                                 "(empty: TRITONFLOW_PUBLISH_PROFILE)."),
-    "perf_gate": Param(None, type=["null", "boolean"],
-                       description="p99 latency regression gate against the champion before the push "
-                                   "(TRITONFLOW_MAX_P99_REGRESSION beyond the measured noise band; empty: "
-                                   "TRITONFLOW_PUBLISH_PERF_GATE)."),
-    "export_format": Param("onnx", type="string", enum=["onnx", "torchscript"],
-                           description="Served format: ONNX (every flavour), or TorchScript for PyTorch models "
-                                       "(platform pytorch_libtorch, model.pt)."),
-    "dataset_uri": Param(None, type=["null", "string"],
-                         description="Validation dataset (CSV/Parquet path or MLflow artifact URI), also the drift "
-                                     "reference; empty: the loop context's training window, else the logged "
-                                     "input example plus seeded perturbations (then no drift reference is stored)."),
-    "loop": Param(None, type=["null", "object"],
-                  description="Context handed on by the DAG that triggered this run (validated; leave empty)."),
+    "model": form.text("Model", "Registered MLflow model to publish (required for a run you start here).",
+                         rule=form.MODEL_NAME, max_length=128),
+    "version_or_alias": form.text(
+        "Version or alias",
+        "Version number (e.g. 3) or alias (e.g. champion, challenger). Empty: the champion, or the "
+        "latest version when the model has no champion yet.",
+        rule=form.VERSION_OR_ALIAS, max_length=128),
+    "repository": form.text(
+        "Model repository",
+        "Where Triton reads models: a folder, or s3://http://host:port/bucket/prefix. Empty: the "
+        "deployment's repository (TRITONFLOW_REPOSITORY_URI)."),
+    "atol": Param(None, type=["null", "number"], minimum=0, title="Absolute tolerance",
+                  description="Parity gate: largest absolute difference allowed per output value "
+                              "(|onnx - source| <= atol + rtol * |source|). Empty: TRITONFLOW_PARITY_ATOL."),
+    "rtol": Param(None, type=["null", "number"], minimum=0, title="Relative tolerance",
+                  description="Parity gate: relative difference allowed per output value. "
+                              "Empty: TRITONFLOW_PARITY_RTOL."),
+    "max_batch_size": Param(32, type="integer", minimum=0, maximum=MAX_BATCH_SIZE, title="Largest batch",
+                            description=f"Largest batch Triton may form, 0 to {MAX_BATCH_SIZE} (0: no batching)."),
+    "profile": Param(None, type=["null", "boolean"], title="Profile configurations",
+                     description="Try a few Triton configurations and keep the fastest stable one. "
+                                 "Empty: TRITONFLOW_PUBLISH_PROFILE."),
+    "perf_gate": Param(None, type=["null", "boolean"], title="Latency gate",
+                       description="Refuse a version whose p99 latency is clearly worse than the champion's. "
+                                   "Empty: TRITONFLOW_PUBLISH_PERF_GATE."),
+    "export_format": form.choice(
+        "Served format", "ONNX works for every model; TorchScript only for PyTorch models.",
+        ["onnx", "torchscript"], default="onnx", labels={"onnx": "ONNX", "torchscript": "TorchScript"}),
+    "dataset_uri": form.text(
+        "Validation data",
+        "CSV or Parquet file (path or MLflow artifact URI) used for the checks and as the drift "
+        "reference. Empty: the model's logged input example (then no drift reference is stored)."),
+    "loop": form.loop_param(),
 }
 
 
@@ -135,6 +123,7 @@ def _settings():
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=[TAG, "publish"],
+    description=DESCRIPTION,
     doc_md=DOC_MD,
     params=PARAMS,
 )
@@ -166,8 +155,10 @@ def model_publish():
             model = (params.get("model") or "").strip()
             selector = str(params.get("version_or_alias") or "").strip()
         if not model:
-            raise SettingsError("model='' ; expected the registered model name (param 'model') or a run "
-                                "started by a registry event")
+            raise SettingsError("model is empty; expected the name of a registered MLflow model (field "
+                                "'Model'), or a run started by a registry event")
+        if not selector:
+            selector = pipeline.default_selector(model, settings=_settings())
         then = event.get("then") if event else conf.get("then")
         then = list(then or [])
         if not all(isinstance(d, str) and d.strip() for d in then):

@@ -12,6 +12,7 @@ from pathlib import Path
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
+from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.event_mapping import CHANGE_KINDS
@@ -30,60 +31,46 @@ MAP_TIMEOUT = timedelta(minutes=2)
 #: Timeout of one fire-and-forget trigger (creates a DAG run, never waits for it).
 FIRE_TIMEOUT = timedelta(minutes=5)
 
+DESCRIPTION = "Start the DAGs a change in the MLflow model registry calls for (new version, alias, stage)."
+
 DOC_MD = """
-### Registry events (MLflow registry -> tritonflow DAGs)
+### Registry events
 
-Starts the DAGs that a change in the MLflow model registry calls for, using **one mapping** for
-both ways a change can arrive:
+Turns changes in the MLflow model registry into runs of the other DAGs, following one mapping
+(`TRITONFLOW_EVENT_MAPPING_PATH`). By default:
 
-- **webhook** (`POST /tritonflow/webhooks/mlflow` on the API server).
-  *Used when* MLflow has a webhook with `TRITONFLOW_WEBHOOK_SECRET` (SQL-backed MLflow; new
-  versions, aliases, tags). *How the mapped DAG starts:* the receiver maps the change and emits an
-  asset event on `tritonflow_registry__<dag_id>`; the mapped DAG is scheduled on that asset and
-  reads the conf from the event's `extra`.
-- **watcher** (this DAG).
-  *Used when* there is no webhook, and always for **stage transitions** (MLflow sends no webhook
-  for them). *How the mapped DAG starts:* an `AssetWatcher` on
-  `tritonflow_registry__registry_events` runs `RegistryEventTrigger` in the triggerer; each change
-  becomes an asset event that runs this DAG, which maps it and **triggers** the mapped DAGs
-  fire-and-forget with the same conf in `dag_run.conf`.
+| Change in MLflow | Starts |
+|---|---|
+| new version, or alias `challenger` set | `model_publish`, then `shadow_evaluation` |
+| alias `champion` set, or stage `Production` | `canary_promotion` |
+| stage `Archived`, or an alias removed | `canary_rollback` |
 
-Both paths call `event_mapping.actions_for(change, load_mapping())`, so the mapping file
-(`TRITONFLOW_EVENT_MAPPING_PATH`, default: new version or alias `challenger` -> `model_publish`
-then `shadow_evaluation`; alias `champion` or stage `Production` -> `canary_promotion`; stage
-`Archived` or alias removed -> `canary_rollback`) and the conf
-(`model_name`, `model_version`, `alias`, `stage`, `registry_event`, `then`) are the same either
-way; a mapped DAG reads it with `registry_watcher.registry_conf_from_context`.
+It runs by itself: Airflow's triggerer polls the registry and each change runs this DAG once,
+even across restarts. When MLflow sends webhooks (`TRITONFLOW_WEBHOOK_SECRET` set) those changes
+start the DAGs directly and this DAG only handles stage transitions, so nothing starts twice.
+The DAGs it starts run on their own (it does not wait for them).
 
-**No double start.** When a webhook secret is configured the webhook owns the kinds it delivers
-(`version_created`, `alias_set`, `alias_deleted`, `tag_set`) and this DAG only acts on
-`stage_changed`; without a secret it acts on everything. The watcher records each transition
-before it fires (restart-safe, never twice), and the trigger run id is derived from the change,
-so a retried run does not start a DAG twice (`skip_when_already_exists`).
-
-**Fire-and-forget.** Triggers use `wait_for_completion=False` with `deferrable=False` (a
-deferrable fire-and-forget trigger can stay DEFERRED forever).
-
-**Manual replay.** Trigger this DAG with `model_name` set to replay one change by hand (for
-example a stage transition the watcher missed while the triggerer was down); `dry_run` only
-logs what would start.
+**To replay a change by hand** (for example one missed while the triggerer was down), fill in
+**Model**, the **Kind of change** and the version, alias or stage it concerns, then click
+*Trigger*. Tick **Dry run** to only log which DAGs would start.
 """
 
 PARAMS = {
-    "model_name": Param("", type="string", maxLength=256,
-                        description="Manual replay: registered model name. Empty: only act on the "
-                                    "registry events that triggered the run."),
-    "kind": Param("stage_changed", type="string", enum=list(CHANGE_KINDS),
-                  description="Manual replay: kind of registry change."),
-    "model_version": Param("", type="string", pattern=r"^[0-9]*$",
-                           description="Manual replay: model version number (digits; empty for an "
-                                       "alias deletion)."),
-    "alias": Param("", type="string", pattern=r"^[A-Za-z0-9_-]*$",
-                   description="Manual replay: alias set or deleted (alias_set / alias_deleted)."),
-    "stage": Param("", type="string", enum=["", "Staging", "Production", "Archived", "None"],
-                   description="Manual replay: new legacy stage (stage_changed)."),
-    "dry_run": Param(False, type="boolean",
-                     description="Map and log the DAGs that would start, without starting them."),
+    "model_name": form.text("Model", "Replay: registered MLflow model the change is about. Empty: only act "
+                            "on the registry changes that started this run.",
+                            max_length=256),
+    "kind": form.choice("Kind of change", "Replay: what changed in the registry.", list(CHANGE_KINDS),
+                        default="stage_changed",
+                        labels={"version_created": "New version", "alias_set": "Alias set",
+                                "alias_deleted": "Alias removed", "tag_set": "Tag set",
+                                "stage_changed": "Stage changed"}),
+    "model_version": form.text("Version", "Replay: the version number concerned (empty for an alias removal).",
+                               rule=form.VERSION_NUMBER, max_length=16),
+    "alias": form.text("Alias", "Replay: the alias set or removed.", rule=form.ALIAS_NAME, max_length=128),
+    "stage": form.optional_choice("Stage", "Replay: the version's new legacy stage (stage changes only).",
+                                  form.LEGACY_STAGES),
+    "dry_run": Param(False, type="boolean", title="Dry run",
+                     description="Only log the DAGs that would start."),
 }
 
 
@@ -105,6 +92,7 @@ def _run_id(dag_id: str, change: dict, stamp: str) -> str:
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=[TAG, "registry"],
+    description=DESCRIPTION,
     doc_md=DOC_MD,
     params=PARAMS,
 )
@@ -122,6 +110,7 @@ def registry_events():
 
         log = logging.getLogger("tritonflow.registry_events")
         context = get_current_context()
+        form.refuse_unknown_conf_keys(context)
         p = params or {}
         found: list[tuple[dict, str]] = []
         if p.get("model_name"):

@@ -13,6 +13,7 @@ from datetime import timedelta
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
+from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.xcom import limit_xcom_size
@@ -33,61 +34,55 @@ def _schedule() -> str | None:
 
     return os.environ.get(SCHEDULE_ENV, "").strip() or None
 
+DESCRIPTION = "Train a new challenger version of a model on its recent labelled traffic, then publish it."
+
 DOC_MD = """
 ### Retrain
 
-Trains a fresh **challenger** for one model on recent, labelled traffic and publishes it.
+Trains a new **challenger** version of one model on the traffic it served recently, using the
+answers (labels) that arrived since, then publishes it to Triton.
 
-Started by `shadow_evaluation` (champion degraded, no better challenger), manually, or on the
-optional schedule `TRITONFLOW_RETRAIN_SCHEDULE` (none by default).
+**To start it by hand**, fill in **Model** (empty: `TRITONFLOW_RETRAIN_DEFAULT_MODEL`) and
+optionally a **Reason**, then click *Trigger*.
 
-1. **training_window**: the inference log of the last `days` days before `window_end` (default: the
-   drift event's window end, else now), joined with the labels that arrived (by `request_id`),
-   optionally mixed with a share of the champion's reference data; stored as Parquet with its
-   lineage (bounds, row counts, SHA-256 data hash, drift event);
-2. **train**: the model's training entry point (`entry_point`, else
-   `TRITONFLOW_RETRAIN_ENTRY_POINTS[model]`, else `TRITONFLOW_RETRAIN_ENTRY_POINT`, default the
-   NOAA demo's `model_registry.training:train_noaa`) in an MLflow run; the model is registered as
-   a new version with alias `challenger`, the reason and the lineage as `tritonflow.*` tags. A
-   failing training leaves the registry unchanged. At most one retraining per model is in flight
-   (`max_active_runs=1` and a lock shared by all workers) and a cooldown
-   (`TRITONFLOW_RETRAIN_COOLDOWN_S`) follows each success: a refused run is **skipped** with the
-   reason (`ignore_cooldown` lifts the cooldown, never the lock);
-3. **trigger_publish**: fire-and-forget trigger of `model_publish` for the new version with the
-   loop context (`conf.loop`: model, version, reason, drift event and window, the training window
-   as `dataset_uri`, `then: ["shadow_evaluation"]`), which publishes it (validation sample and drift
-   reference from the training window) and starts the next shadow evaluation on the same window.
+1. **training_window** - the last **Days** of logged requests before **Window end**, joined with
+   their labels, optionally mixed with a share of the original training data;
+2. **train** - runs the model's training code (**Training entry point**, else the deployment's)
+   and registers the result in MLflow as a new version with alias `challenger`. A failed training
+   changes nothing in the registry;
+3. **trigger_publish** - starts `model_publish` for the new version, which then starts a shadow
+   evaluation against the champion.
 
-A run triggered by `shadow_evaluation` takes model, reason, drift event and window from its loop
-context (`conf.loop`, validated first: an unknown key fails naming the closest valid one).
+Only one retraining per model runs at a time, and a cooldown (`TRITONFLOW_RETRAIN_COOLDOWN_S`)
+follows each success: a run refused by either is **skipped** and says why (**Ignore cooldown**
+lifts the cooldown only). Runs also start by themselves when a shadow evaluation finds the
+champion degraded, and on `TRITONFLOW_RETRAIN_SCHEDULE` when set. Fields left empty use the
+deployment's settings.
 """
 
 PARAMS = {
-    "model": Param(None, type=["null", "string"],
-                   description="Registered model name to retrain (empty: the loop context's, else "
-                               "TRITONFLOW_RETRAIN_DEFAULT_MODEL in effect)."),
-    "reason": Param("manual", type="string", minLength=1,
-                    description="Why it runs: drift, champion_degraded, schedule, manual... (tagged on the version)."),
-    "drift_event": Param(None, type=["null", "string"],
-                         description="JSON of the drift event that caused it (empty: none)."),
-    "days": Param(None, type=["null", "number"], exclusiveMinimum=0, maximum=3650,
-                  description="Days of labelled log to train on (empty: TRITONFLOW_RETRAIN_WINDOW_DAYS)."),
-    "window_end": Param(None, type=["null", "string"],
-                        description="End of the training window, ISO 8601 (empty: the drift event's end, else now)."),
+    "model": form.text("Model", "Registered MLflow model to retrain. Empty: TRITONFLOW_RETRAIN_DEFAULT_MODEL.",
+                       max_length=256),
+    "reason": Param("manual", type="string", minLength=1, title="Reason",
+                    description="Why it runs (drift, champion_degraded, manual...); recorded on the new version."),
+    "drift_event": form.text("Drift event (JSON)", "The drift alert that called for this retraining, as JSON. "
+                             "Empty: none."),
+    "days": Param(None, type=["null", "number"], exclusiveMinimum=0, maximum=3650, title="Days",
+                  description="Days of labelled traffic to train on. Empty: TRITONFLOW_RETRAIN_WINDOW_DAYS."),
+    "window_end": form.text("Window end", "End of the training window, ISO 8601 (e.g. 2026-11-30T12:00:00Z). "
+                            "Empty: the drift alert's end, else now."),
     "mix_reference_fraction": Param(None, type=["null", "number"], minimum=0, exclusiveMaximum=1,
-                                    description="Share of reference rows in the window "
-                                                "(empty: TRITONFLOW_RETRAIN_MIX_REFERENCE_FRACTION)."),
-    "entry_point": Param(None, type=["null", "string"],
-                         description="Training entry point 'module:function' or 'project:<uri>[#entry]' "
-                                     "(empty: configured)."),
-    "training_params": Param({}, type="object",
-                             description="Parameters passed to the training entry point."),
-    "label_column": Param(None, type=["null", "string"],
-                          description="Label column of the inference-log labels (empty: their only one)."),
-    "ignore_cooldown": Param(False, type="boolean",
-                             description="Retrain within the cooldown (never bypasses a retraining in flight)."),
-    "loop": Param(None, type=["null", "object"],
-                  description="Context handed on by the DAG that triggered this run (validated; leave empty)."),
+                                    title="Share of original data",
+                                    description="Share of the original training rows mixed in, 0 to below 1. "
+                                                "Empty: TRITONFLOW_RETRAIN_MIX_REFERENCE_FRACTION."),
+    "entry_point": form.text("Training entry point", "Training code: 'module:function' or "
+                             "'project:<uri>[#entry]'. Empty: the one configured for the model."),
+    "training_params": Param({}, type="object", title="Training parameters",
+                             description="Parameters passed to the training code (JSON object)."),
+    "label_column": form.text("Label column", "Column of the labels to learn. Empty: the labels' only column."),
+    "ignore_cooldown": Param(False, type="boolean", title="Ignore cooldown",
+                             description="Retrain even within the cooldown (never beside a retraining in flight)."),
+    "loop": form.loop_param(),
 }
 
 
@@ -106,6 +101,7 @@ def _reason(params, context) -> str:
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=[TAG, "retrain"],
+    description=DESCRIPTION,
     doc_md=DOC_MD,
     params=PARAMS,
     render_template_as_native_obj=True,

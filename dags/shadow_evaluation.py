@@ -12,6 +12,7 @@ from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
+from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.xcom import limit_xcom_size
@@ -25,83 +26,66 @@ REPLAY_TASK_TIMEOUT = timedelta(minutes=30)
 #: Timeout of the comparison (bootstrap) and its recording in MLflow.
 COMPARE_TASK_TIMEOUT = timedelta(minutes=20)
 
+DESCRIPTION = "Compare a challenger with the champion on the same traffic, then promote, retrain or rest."
+
 DOC_MD = """
 ### Shadow evaluation
 
-Would the **challenger** serve better than the **champion** on the traffic that just drifted?
+Would the **challenger** version serve better than the **champion** on recent traffic? The
+challenger answers the same requests as the champion, **without its answers reaching anyone**,
+and the two are compared.
 
-Runs on every drift alert (asset `tritonflow_drift_alerts`, emitted by `drift_monitor`), after
-`model_publish` published a challenger, and on manual triggers. One model per run: the `model`
-param, else the model of the most recent alert that started the run (`drift_event` replays an
-alert by hand).
+**To start one by hand**, fill in **Model** (and a **Challenger** if it is not the version with
+alias `challenger`), then click *Trigger*.
 
-1. **resolve**: the champion (alias `champion`) and the challenger (alias `challenger`, or the
-   version/alias in `challenger`); without a challenger only the champion is assessed;
-2. **publish_challenger**: a challenger missing from the Triton repository is published through
-   the publish pipeline (converted, parity-gated, signed, verified, loaded);
-3. **replay**: the logged inputs of the window (by default the `shadow_window_hours` before the
-   drifted hour's end, covering that hour) are sent to both versions on Triton, batched and
-   concurrent; a challenger that fails to load or answer leaves the champion untouched and fails
-   the run with the reason. With `mode` = `live` the gateway instead mirrors
-   `TRITONFLOW_SHADOW_MIRROR_PERCENT` % of the champion's live requests to the challenger for
-   `live_duration_s` seconds (its answers never reach clients) and both outputs are paired by
-   request id on the same live inputs; replay stays for models without live traffic. Both modes
-   record the challenger's expected predictions, which the canary judges it against;
-4. **compare**: prediction agreement, output shift (KS, PSI) and, on rows whose labels arrived,
-   AUC/accuracy/F1 with a paired bootstrap; the challenger wins only when the lower confidence
-   bound of its improvement clears `margin` and no guardrail worsens; too few labels is
-   **inconclusive**, never a win. The decision, its evidence (JSON) and a readable report
-   (Markdown) are recorded on both model versions in MLflow (`tritonflow.shadow.*`).
-5. **choose**: the alert's decision (`tritonflow.pipelines.alert_decision`): `promote` triggers
-   `canary_promotion`; `retrain` (champion degraded, no better challenger) triggers `retrain`,
-   unless retraining was decided less than `TRITONFLOW_RETRAIN_COOLDOWN_S` before this alert's
-   hour (`retrain_cooldown`, logical time); `no_retrain` (nothing wrong found, or inconclusive)
-   ends the run.
+1. **resolve** - finds the champion and the challenger (without a challenger only the champion is
+   assessed);
+2. **publish_challenger** - publishes the challenger to Triton first if it is not there yet;
+3. **replay** - sends the requests logged in the window (by default the hours before the drift
+   alert) to both versions; with **Mode** = live, mirrors a share of live requests to the
+   challenger for **Live duration** seconds instead;
+4. **compare** - agreement of the predictions and, where labels arrived, accuracy / AUC / F1 with
+   confidence intervals. The challenger wins only when it is better by at least **Margin** with
+   the chosen **Confidence**; too few labels is *inconclusive*, never a win. The decision and a
+   readable report are written on both versions in MLflow;
+5. **choose** - a win starts `canary_promotion`; a degraded champion without a better challenger
+   starts `retrain` (unless one ran within the cooldown); otherwise the run ends.
 
-Before any work, **admit** skips the run when a retraining of the model is running
-(`skip_retrain_running`) or its promotion lock is held (`skip_promotion_locked`). Every decision,
-with its reason, is pushed to XCom under the key `alert_decision` (`hour`, `features`,
-`decision`, `reason`) and recorded on the registered model in MLflow
-(`tritonflow.alert_decision.<hour>.shadow`).
-
-A run triggered by another DAG (`model_publish` after a publish) takes the model, the challenger
-version, the drift event and its window from the loop context (`conf.loop`, validated when the run
-starts: an unknown key fails naming the closest valid one); the triggers it fires hand the context
-on (`conf.loop`: drift event, window, expected predictions). A challenger tagged `rejected` is
-never published or promoted here. Triggers are fire-and-forget (`wait_for_completion=False`,
-`deferrable=False`).
+The run is skipped when a retraining or a promotion of the model is in progress. Runs also start
+by themselves on every drift alert and after `model_publish` published a challenger. A
+challenger tagged `rejected` is never published or promoted. Fields left empty use the
+deployment's settings.
 """
 
 PARAMS = {
-    "model": Param("", type="string",
-                   description="Registered model name (empty: the model of the drift event)."),
-    "challenger": Param(None, type=["null", "string"],
-                        description="Challenger version (e.g. '7') or alias (empty: alias 'challenger')."),
-    "window_start": Param(None, type=["null", "string"],
-                          description="Replay window start, ISO 8601 (empty: window_end - window_hours)."),
-    "window_end": Param(None, type=["null", "string"],
-                        description="Replay window end, ISO 8601 (empty: the drift event's end, else now)."),
-    "window_hours": Param(None, type=["null", "number"], exclusiveMinimum=0, maximum=24 * 90,
-                          description="Hours replayed before window_end (empty: TRITONFLOW_SHADOW_WINDOW_HOURS)."),
-    "min_labels": Param(None, type=["null", "integer"], minimum=2,
-                        description="Fewest labelled rows to decide (empty: TRITONFLOW_SHADOW_MIN_LABELS)."),
-    "confidence": Param(None, type=["null", "number"], exclusiveMinimum=0, exclusiveMaximum=1,
-                        description="Two-sided confidence of the bootstrap (empty: TRITONFLOW_SHADOW_CONFIDENCE)."),
-    "margin": Param(None, type=["null", "number"], minimum=0,
-                    description="Improvement the challenger needs at the lower bound "
-                                "(empty: TRITONFLOW_SHADOW_MARGIN)."),
-    "label_column": Param(None, type=["null", "string"],
-                          description="Label column of the inference-log labels (empty: their only one)."),
-    "mode": Param("replay", type="string", enum=["replay", "live"],
-                  description="replay: logged inputs through both versions; "
-                              "live: mirror live requests to the challenger."),
+    "model": form.text("Model", "Registered MLflow model to evaluate. Empty: the model of the drift alert "
+                       "that started the run.", max_length=256),
+    "challenger": form.text("Challenger", "Version number (e.g. 7) or alias. Empty: alias challenger.",
+                            max_length=256),
+    "window_start": form.text("Window start", "Start of the traffic replayed, ISO 8601. Empty: window end minus "
+                              "Window hours."),
+    "window_end": form.text("Window end", "End of the traffic replayed, ISO 8601. Empty: the drift alert's end, "
+                            "else now."),
+    "window_hours": Param(None, type=["null", "number"], exclusiveMinimum=0, maximum=24 * 90, title="Window hours",
+                          description="Hours of traffic replayed. Empty: TRITONFLOW_SHADOW_WINDOW_HOURS."),
+    "min_labels": Param(None, type=["null", "integer"], minimum=2, title="Fewest labels",
+                        description="Labelled rows needed to decide. Empty: TRITONFLOW_SHADOW_MIN_LABELS."),
+    "confidence": Param(None, type=["null", "number"], exclusiveMinimum=0, exclusiveMaximum=1, title="Confidence",
+                        description="Confidence of the comparison, between 0 and 1 (e.g. 0.95). "
+                                    "Empty: TRITONFLOW_SHADOW_CONFIDENCE."),
+    "margin": Param(None, type=["null", "number"], minimum=0, title="Margin",
+                    description="How much better the challenger must be, at the low end of the confidence "
+                                "interval. Empty: TRITONFLOW_SHADOW_MARGIN."),
+    "label_column": form.text("Label column", "Column of the labels. Empty: the labels' only column."),
+    "mode": form.choice("Mode", "Replay logged requests through both versions, or mirror live requests to the "
+                        "challenger.", ["replay", "live"], default="replay",
+                        labels={"replay": "Replay logged traffic", "live": "Mirror live traffic"}),
     "live_duration_s": Param(None, type=["null", "number"], exclusiveMinimum=0, maximum=1500,
-                             description="Live mode: seconds of mirrored traffic "
-                                         "(empty: TRITONFLOW_SHADOW_LIVE_DURATION_S)."),
-    "drift_event": Param(None, type=["null", "string"],
-                         description="JSON of a drift event to evaluate (manual re-run of an alert; empty: none)."),
-    "loop": Param(None, type=["null", "object"],
-                  description="Context handed on by the DAG that triggered this run (validated; leave empty)."),
+                             title="Live duration (s)",
+                             description="Live mode: seconds of mirrored traffic. "
+                                         "Empty: TRITONFLOW_SHADOW_LIVE_DURATION_S."),
+    "drift_event": form.text("Drift event (JSON)", "A drift alert to evaluate again, as JSON. Empty: none."),
+    "loop": form.loop_param(),
 }
 
 
@@ -148,6 +132,7 @@ def _plan_request(context) -> dict:
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=[TAG, "shadow"],
+    description=DESCRIPTION,
     doc_md=DOC_MD,
     params=PARAMS,
     render_template_as_native_obj=True,

@@ -14,4 +14,8 @@ Modules:
     webhook: FastAPI app receiving MLflow's signed webhooks.
     registry_watcher: registry polling diff, restart-safe seen-state, ``RegistryEventTrigger``.
     dag_integrity: static DAG checks shared by the tests and the runtime expected-ids check.
+    params: trigger-form Params (titles, rules in words, clearable choices); importing the
+        package registers the rules with ``jsonschema`` so every Airflow process validates alike.
 """
+
+from tritonflow_plugin import params as _params  # noqa: F401  (registers the rules' formats)

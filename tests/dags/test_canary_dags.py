@@ -89,9 +89,11 @@ RUNNER = textwrap.dedent('''\
         if run.get("traffic"):
             thread.join(timeout=30)
         with create_session() as s:
-            tis = {t.task_id: [str(t.state), t.try_number] for t in s.query(TaskInstance).filter(
-                TaskInstance.dag_id == run["dag_id"], TaskInstance.run_id == dr.run_id)}
-        results.append({"dag_id": run["dag_id"], "state": str(dr.state), "tis": tis})
+            rows = s.query(TaskInstance).filter(
+                TaskInstance.dag_id == run["dag_id"], TaskInstance.run_id == dr.run_id).all()
+            tis = {t.task_id: [str(t.state), t.try_number] for t in rows}
+            labels = {f"{t.task_id}[{t.map_index}]": t.rendered_map_index for t in rows if t.map_index >= 0}
+        results.append({"dag_id": run["dag_id"], "state": str(dr.state), "tis": tis, "labels": labels})
     print("RESULT " + json.dumps(results))
 ''')
 
@@ -213,13 +215,17 @@ def test_promotion_dag_promotes_through_all_its_tasks(served, dag_runs):
 
     run = dag_runs["promoted"]
     assert run["state"] == "success", run
-    assert set(run["tis"]) == {"resolve_versions", "preflight", "load_side_by_side", "canary"}
+    assert set(run["tis"]) == {"resolve_versions", "preflight", "load_side_by_side", "canary", "traffic_steps",
+                               "canary_step"}
+    assert run["tis"]["canary_step"] == ["success", 1], run  # the 100 % step's box in the grid
+    assert run["labels"] == {"canary_step[0]": "100 %"}, run
     tags = RegistryClient(served["settings"].resolved_mlflow_tracking_uri).get_version(MODEL, 2).tags
     assert tags[f"tritonflow.canary.{tags['tritonflow.canary.latest']}.outcome"] == "promoted"
 
 
 def test_promotion_dag_run_for_the_serving_champion_is_a_noop(dag_runs):
     assert dag_runs["noop"]["state"] == "success", dag_runs["noop"]
+    assert dag_runs["noop"]["tis"]["canary_step"][0] == "skipped", dag_runs["noop"]  # no step was run
 
 
 def test_rollback_dag_routes_back_moves_the_alias_and_unloads(served, dag_runs):

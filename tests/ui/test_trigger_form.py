@@ -1,17 +1,22 @@
-"""The Airflow UI's trigger form for ``model_publish``, driven in a real headless Chromium.
+"""The Airflow UI's trigger forms, driven in a real headless Chromium.
 
 The form is rendered by the api-server of the real deployment (tests/deployment/airflow_stack.py)
-from the DAG's typed ``Param``s. The test fills it like a user, submits, and checks through the
+from the DAG's typed ``Param``s. The tests fill it like a user, submit, and check through the
 REST API that the run was created with exactly the values typed; values the Params forbid (a
 negative ``atol``, a version selector that is neither a number nor an alias name) never become a
-run. A screenshot of the page is saved under the test's tmp folder when an assertion fails.
+run, and the refusal says what is expected in words. The ``model_publish`` form opens without any
+field in an error state, with readable labels; an optional choice cleared by the user submits
+null and the run is created. A screenshot of the page is saved under the test's tmp folder when an
+assertion fails (and of the opened ``model_publish`` form always: ``trigger_form.png``).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -86,8 +91,8 @@ def _value(driver, param: str) -> str:
     return _wait(driver, f"input[name='element_{param}']").get_attribute("value")
 
 
-def _open_form(driver, stack: Stack) -> None:
-    driver.get(f"{stack.url}/dags/{DAG_ID}")
+def _open_form(driver, stack: Stack, dag_id: str = DAG_ID) -> None:
+    driver.get(f"{stack.url}/dags/{dag_id}")
     _wait(driver, "button[aria-label='Trigger Dag']", clickable=True).click()
     _wait(driver, "[data-testid='trigger-dag-submit']")
 
@@ -116,15 +121,15 @@ def _submit(driver) -> None:
                     "form: declare it type=['null', 'string'] with default None)")
 
 
-def _runs(stack: Stack) -> list[dict]:
-    return stack.api.dag_runs(DAG_ID)
+def _runs(stack: Stack, dag_id: str = DAG_ID) -> list[dict]:
+    return stack.api.dag_runs(dag_id)
 
 
-def _wait_new_run(stack: Stack, before: set[str], timeout_s: float = UI_WAIT_S) -> list[dict]:
+def _wait_new_run(stack: Stack, before: set[str], timeout_s: float = UI_WAIT_S, dag_id: str = DAG_ID) -> list[dict]:
     deadline = time.monotonic() + timeout_s
     new: list[dict] = []
     while time.monotonic() < deadline and not new:
-        new = [r for r in _runs(stack) if r["dag_run_id"] not in before]
+        new = [r for r in _runs(stack, dag_id) if r["dag_run_id"] not in before]
         time.sleep(1)
     return new
 
@@ -174,6 +179,10 @@ def test_trigger_form_never_submits_a_negative_atol_or_an_invalid_version(stack,
     WebDriverWait(browser, UI_WAIT_S).until(
         lambda d: "Invalid input for param version_or_alias" in d.find_element("tag name", "body").text
     )
+    page = browser.find_element("tag name", "body").text
+    # the refusal says what is expected in words, never as a regular expression
+    assert "version number (e.g. 3) or alias" in page, page[-2000:]
+    assert "does not match" not in page and "[0-9]" not in page, page[-2000:]
     time.sleep(3)  # a run created despite the error would be listed by now
     created = [r for r in _runs(stack) if r["dag_run_id"] not in before]
     assert created == [], f"the form created runs from invalid input: {created}"
@@ -184,4 +193,51 @@ def test_trigger_form_never_submits_a_negative_atol_or_an_invalid_version(stack,
     with pytest.raises(AirflowApiError, match="atol") as err:
         stack.api.post(f"/dags/{DAG_ID}/dagRuns",
                        {"logical_date": None, "conf": {"model": stack.model, "atol": -1}})
+    assert err.value.status == 400
+
+
+def test_the_model_publish_form_opens_without_errors_and_with_readable_labels(stack, browser, tmp_path):
+    stack.api.wait_for_dag(DAG_ID, timeout_s=120)
+    params = stack.api.get(f"/dags/{DAG_ID}/details")["params"]
+    assert params["version_or_alias"]["value"] is None and params["model"]["value"] is None
+    _open_form(browser, stack)
+    _wait(browser, "input[name='element_version_or_alias']")
+    time.sleep(1)  # let the form validate its initial values
+    assert _invalid_fields(browser) == [], "the trigger form opens with fields in an error state"
+    page = browser.find_element("tag name", "body").text
+    for title in ("Model", "Version or alias", "Absolute tolerance", "Largest batch", "Served format"):
+        assert title in page, f"label {title!r} missing from the form"
+    assert "empty only for runs started by a registry event" not in page
+    # TRITONFLOW_TRIGGER_FORM_SCREENSHOT=docs/trigger-form.png refreshes the README's picture
+    shot = Path(os.environ.get("TRITONFLOW_TRIGGER_FORM_SCREENSHOT") or tmp_path / "trigger_form.png")
+    browser.save_screenshot(str(shot))
+    print(f"screenshot: {shot}")
+
+    # only the model typed: the run is created, the version left empty (champion, else latest)
+    before = {r["dag_run_id"] for r in _runs(stack)}
+    _type(browser, "model", stack.model)
+    _submit(browser)
+    (run,) = _wait_new_run(stack, before)
+    assert run["conf"]["model"] == stack.model and run["conf"]["version_or_alias"] is None, run["conf"]
+
+
+def test_a_cleared_optional_choice_submits_null_and_creates_a_run(stack, browser):
+    dag_id = "registry_events"
+    stack.api.wait_for_dag(dag_id, timeout_s=120)
+    assert stack.api.get(f"/dags/{dag_id}/details")["params"]["stage"]["schema"].get("examples")
+    before = {r["dag_run_id"] for r in _runs(stack, dag_id)}
+    _open_form(browser, stack, dag_id)
+    _type(browser, "stage", "Production")
+    _type(browser, "stage", "")  # the user clears the choice again
+    _submit(browser)
+
+    new = _wait_new_run(stack, before, dag_id=dag_id)
+    assert len(new) == 1, f"no run created by the form; runs: {_runs(stack, dag_id)}"
+    assert new[0]["conf"]["stage"] is None, new[0]["conf"]
+
+    # A value that is none of the choices is refused by the API server, in words.
+    from tritonflow.runtime.airflow import AirflowApiError
+
+    with pytest.raises(AirflowApiError, match="is not a 'one of Staging, Production, Archived, None'") as err:
+        stack.api.post(f"/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": {"stage": "Prod"}})
     assert err.value.status == 400

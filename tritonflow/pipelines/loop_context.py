@@ -252,10 +252,13 @@ def check_conf_keys(conf: Mapping[str, Any], params: Iterable[str], dag_id: str)
     Raises:
         SettingsError: Names each unknown key, the closest valid key and the DAG.
     """
-    valid = set(params) | {LOOP_CONF_KEY} | set(REGISTRY_EVENT_KEYS)
+    names = set(params)
+    valid = names | {LOOP_CONF_KEY} | set(REGISTRY_EVENT_KEYS)
     unknown = sorted(set(conf) - valid)
     if unknown:
-        raise SettingsError("; ".join(f"conf key {k!r} is not a parameter of DAG {dag_id!r}{closest(k, valid)}"
+        # a person types param names: the closest param first, else the closest other key
+        raise SettingsError("; ".join(f"conf key {k!r} is not a parameter of DAG {dag_id!r}"
+                                      f"{closest(k, names) or closest(k, valid)}"
                                       for k in unknown) + f"; expected keys among {sorted(valid)}")
 
 

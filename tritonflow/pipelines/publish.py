@@ -126,6 +126,41 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
 # ---------------------------------------------------------------------------- small helpers
+def default_selector(model: str, *, settings: Settings | None = None) -> str:
+    """The version or alias published when a run names none: alias ``champion``, else the latest version.
+
+    A freshly registered model has no alias yet, so a fixed default of ``champion`` would fail
+    for it; the choice made is logged (it appears in the run's log).
+
+    Args:
+        model: Registered model name.
+        settings: Settings (default: from the environment); the MLflow tracking URI comes from them.
+
+    Returns:
+        ``"champion"`` when the alias is set, else the highest version number as a string.
+
+    Raises:
+        RegistryError: The model does not exist or has no version.
+        ServiceUnavailableError: MLflow did not answer.
+    """
+    from model_registry.registry import CHAMPION_ALIAS
+    from tritonflow.exceptions import RegistryError
+
+    reg = _registry(settings or get_settings())
+    aliases = reg.aliases(model)
+    if CHAMPION_ALIAS in aliases:
+        log.info("version_or_alias empty: model %r has alias %r (version %s); publishing it", model,
+                 CHAMPION_ALIAS, aliases[CHAMPION_ALIAS])
+        return CHAMPION_ALIAS
+    versions = reg.versions(model)
+    if not versions:
+        raise RegistryError(f"model {model!r} has no version; register one before publishing")
+    latest = max(v.version for v in versions)
+    log.info("version_or_alias empty: model %r has no alias %r (aliases: %s); publishing its latest "
+             "version %s", model, CHAMPION_ALIAS, sorted(aliases) or "none", latest)
+    return str(latest)
+
+
 def model_reference(model: str, version_or_alias: str | int) -> str:
     """Build the reference :func:`resolve` takes from a model name and a version or alias.
 

@@ -1,0 +1,85 @@
+"""One grid box per canary traffic step: the promotion's step verdicts shown as task states.
+
+The promotion itself stays one task (``canary``) because it holds the model's promotion lease
+from the first step to the promotion or rollback; splitting it would let another promotion in
+between steps. So the grid can still show each step, ``canary`` pushes its step verdicts to XCom
+(:func:`push_step_results`, also when it then fails on a rollback) and a mapped task with one
+instance per step percent (:func:`show_step`) turns each into a state:
+
+* **success** -- the step passed (its last attempt, after any extensions);
+* **failed** -- the step failed or stayed inconclusive (the reason is the task's error);
+* **skipped** -- the canary never reached the step (an earlier step failed, a no-op or dry run,
+  or the promotion stopped before recording steps).
+
+Nothing here touches traffic, the lease or the registry.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+#: XCom key of the step verdicts pushed by the ``canary`` task.
+STEP_RESULTS_KEY = "canary_steps"
+#: Task id of the promotion task whose verdicts are shown.
+CANARY_TASK_ID = "canary"
+
+
+def push_step_results(context: Mapping[str, Any], result: Mapping[str, Any]) -> None:
+    """Push ``{"outcome", "reason", "steps"}`` of a promotion result for the step boxes."""
+    context["ti"].xcom_push(key=STEP_RESULTS_KEY, value={
+        "outcome": result.get("outcome"), "reason": result.get("reason") or "",
+        "steps": list(result.get("steps") or [])})
+
+
+def step_results(context: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The step verdicts the ``canary`` task of this run pushed (``None`` when it pushed none)."""
+    return context["ti"].xcom_pull(task_ids=CANARY_TASK_ID, key=STEP_RESULTS_KEY)
+
+
+def step_verdict(percent: int, results: Mapping[str, Any] | None) -> tuple[str, str]:
+    """The state of the box of step ``percent`` and why.
+
+    Args:
+        percent: Challenger traffic share of the step, percent.
+        results: What :func:`push_step_results` pushed, or ``None``.
+
+    Returns:
+        ``("passed" | "failed" | "not_reached", reason)``; ``failed`` covers the verdicts ``fail``
+        and ``inconclusive`` of the step's last attempt.
+    """
+    if not results:
+        return "not_reached", "the canary recorded no step (it stopped before its first step)"
+    attempts = [s for s in results.get("steps") or [] if int(s.get("percent", -1)) == int(percent)]
+    if not attempts:
+        outcome, reason = results.get("outcome"), results.get("reason") or ""
+        return "not_reached", f"not reached: the canary ended with {outcome!r} before this step ({reason})"
+    last = max(attempts, key=lambda s: int(s.get("attempt") or 0))
+    verdict = str(last.get("verdict") or "")
+    detail = (f"{last.get('canary_requests')} challenger requests, attempt {last.get('attempt')}: "
+              f"{last.get('reason') or verdict}")
+    if verdict == "pass":
+        return "passed", detail
+    return "failed", f"{verdict}: {detail}"
+
+
+def show_step(percent: int, results: Mapping[str, Any] | None) -> dict[str, Any]:
+    """End the step's task in the state of its verdict (see the module docstring).
+
+    Returns:
+        ``{"percent", "state": "passed", "reason"}`` for a passed step.
+
+    Raises:
+        AirflowFailException: The step failed (no retry: the verdict is final).
+        AirflowSkipException: The canary never reached the step.
+    """
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+    state, reason = step_verdict(percent, results)
+    if state == "failed":
+        raise AirflowFailException(f"canary step {percent} %: {reason}")
+    if state == "not_reached":
+        raise AirflowSkipException(f"canary step {percent} %: {reason}")
+    return {"percent": int(percent), "state": state, "reason": reason}
+
+
+__all__ = ["CANARY_TASK_ID", "STEP_RESULTS_KEY", "push_step_results", "show_step", "step_results", "step_verdict"]

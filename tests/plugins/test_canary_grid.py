@@ -1,0 +1,74 @@
+"""Canary step boxes in the grid: each traffic step's verdict becomes its task's state.
+
+Guards: a failed step shown green, a step never reached shown as passed or failed, an extended
+step judged on its first attempt instead of its last, and a promotion that stopped before any
+step leaving the boxes without a state.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tritonflow_plugin.canary_grid import STEP_RESULTS_KEY, push_step_results, show_step, step_results, step_verdict
+
+
+def _step(percent, verdict, attempt=1, reason="", requests=120):
+    return {"step": 1, "percent": percent, "attempt": attempt, "verdict": verdict, "reason": reason,
+            "canary_requests": requests}
+
+
+ROLLED_BACK = {"outcome": "rolled_back", "reason": "step 25 %: error rate 4 % > 1 %",
+               "steps": [_step(5, "pass"), _step(25, "fail", reason="error rate 4 % > 1 %")]}
+
+
+def test_passed_failed_and_unreached_steps_get_their_own_state():
+    assert step_verdict(5, ROLLED_BACK)[0] == "passed"
+    state, reason = step_verdict(25, ROLLED_BACK)
+    assert state == "failed" and "error rate 4 % > 1 %" in reason and "120 challenger requests" in reason
+    state, reason = step_verdict(50, ROLLED_BACK)
+    assert state == "not_reached" and "'rolled_back'" in reason
+
+
+def test_an_extended_step_is_judged_on_its_last_attempt():
+    results = {"outcome": "promoted", "reason": "", "steps": [
+        _step(50, "inconclusive", attempt=1, requests=3), _step(50, "pass", attempt=2), _step(100, "pass")]}
+    assert step_verdict(50, results)[0] == "passed"
+    results["steps"][1]["verdict"] = "inconclusive"
+    state, reason = step_verdict(50, results)
+    assert state == "failed" and reason.startswith("inconclusive")
+
+
+@pytest.mark.parametrize("results", [None, {}, {"outcome": "noop", "reason": "already champion", "steps": []},
+                                     {"outcome": "dry_run", "reason": "dry run", "steps": []}])
+def test_without_recorded_steps_every_box_is_skipped(results):
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    assert step_verdict(100, results)[0] == "not_reached"
+    with pytest.raises(AirflowSkipException, match="canary step 100 %"):
+        show_step(100, results)
+
+
+def test_show_step_fails_a_failed_step_without_retry_and_returns_a_passed_one():
+    from airflow.sdk.exceptions import AirflowFailException
+
+    with pytest.raises(AirflowFailException, match=r"canary step 25 %: fail: .*error rate"):
+        show_step(25, ROLLED_BACK)
+    assert show_step(5, ROLLED_BACK) == {"percent": 5, "state": "passed", "reason": step_verdict(5, ROLLED_BACK)[1]}
+
+
+def test_the_promotion_result_round_trips_through_xcom():
+    class Ti:
+        def __init__(self):
+            self.store = {}
+
+        def xcom_push(self, key, value):
+            self.store[key] = value
+
+        def xcom_pull(self, task_ids, key):
+            assert task_ids == "canary"
+            return self.store.get(key)
+
+    ti = Ti()
+    push_step_results({"ti": ti}, {**ROLLED_BACK, "model": "m", "promotion": None})
+    assert set(ti.store[STEP_RESULTS_KEY]) == {"outcome", "reason", "steps"}
+    assert step_results({"ti": ti}) == ROLLED_BACK
