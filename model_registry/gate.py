@@ -427,7 +427,7 @@ def local_model(model_uri: str, download_dir: str | None = None) -> tuple[str, A
     import mlflow
     from mlflow.models import Model
 
-    from model_registry.registry import ModelIO, _schema_to_tensors
+    from model_registry.registry_entities import ModelIO, _schema_to_tensors
     from tritonflow.exceptions import ModelConversionError
 
     path = model_uri[len("file://"):] if model_uri.startswith("file://") else model_uri
