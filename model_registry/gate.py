@@ -274,7 +274,7 @@ def validate_model(
         ModelConversionError, ModelValidationError, ModelConfigError: Conversion or a pre-push
             check failed (nothing to publish).
     """
-    from model_registry.analyzer import parse_int_list
+    from model_registry.analyzer_config import parse_int_list
     from model_registry.conversion import convert_mlflow_model, converter_for
     from model_registry.hardware import inventory, plan_instances
     from model_registry.parity import parity_check
