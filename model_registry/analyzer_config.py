@@ -7,6 +7,7 @@ strings), :func:`check_profile_config` refuses a config that breaks those rules,
 :func:`perf_analyzer_argv` builds the same flags for a direct perf_analyzer run. Used by
 :mod:`model_registry.analyzer`.
 """
+
 from __future__ import annotations
 
 import dataclasses

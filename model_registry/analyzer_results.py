@@ -7,6 +7,7 @@ exceeds ``analyzer_stability_cv`` (or that perf_analyzer reported unstable,
 stable configurations within the p99 latency limit; :func:`chosen_config` reads its
 ``config.pbtxt``. Used by :mod:`model_registry.analyzer`.
 """
+
 from __future__ import annotations
 
 import csv

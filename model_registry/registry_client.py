@@ -42,11 +42,7 @@ from model_registry.registry_entities import (
     parse_model_reference,
 )
 from model_registry.registry_locks import DEFAULT_LOCK_TIMEOUT_S, DatabaseLock, PromotionLock
-from tritonflow.exceptions import (
-    ConcurrencyError,
-    DataError,
-    RegistryError,
-)
+from tritonflow.exceptions import ConcurrencyError, DataError, RegistryError
 
 
 class RegistryClientBase:

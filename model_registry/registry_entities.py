@@ -16,12 +16,7 @@ import datetime as _dt
 import re
 from typing import Any, Mapping
 
-from tritonflow.exceptions import (
-    ConcurrencyError,
-    DataError,
-    RegistryError,
-    ServiceUnavailableError,
-)
+from tritonflow.exceptions import ConcurrencyError, DataError, RegistryError, ServiceUnavailableError
 
 # ---------------------------------------------------------------------------- constants
 #: Alias of the serving model version.

@@ -24,10 +24,7 @@ from model_registry.registry_entities import (
     _translate,
     _Unchecked,
 )
-from tritonflow.exceptions import (
-    ConcurrencyError,
-    RegistryError,
-)
+from tritonflow.exceptions import ConcurrencyError, RegistryError
 
 
 class PromotionMixin(RegistryClientBase):

@@ -11,7 +11,7 @@ from sklearn.metrics import roc_auc_score
 
 from model_registry import datasets as ds
 from model_registry import shadow as sh
-from model_registry.training import train_noaa
+from model_registry.noaa_model import train_noaa
 from tritonflow.exceptions import DataError
 from tritonflow.settings import Settings
 
