@@ -155,7 +155,7 @@ def train_noaa(window: pd.DataFrame, *, params: Mapping[str, Any] | NoaaTraining
     from sklearn.pipeline import Pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from model_registry.shadow import task_metrics
+    from model_registry.shadow_metrics import task_metrics
 
     hp = NoaaTrainingParams.from_mapping(params)
     features = tuple(FEATURE_COLUMNS)

@@ -483,7 +483,7 @@ def quality_check(challenger_y: Any, challenger_s: Any, champion_y: Any, champio
     Raises:
         DataError: Unknown metric, or labels that are not 0/1.
     """
-    from model_registry.shadow import _boot_metric
+    from model_registry.shadow_metrics import _boot_metric
 
     if metric not in QUALITY_METRICS:
         raise DataError(f"canary quality metric {metric!r} is unknown; expected one of {QUALITY_METRICS}")
