@@ -19,14 +19,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from repository_sync.router import (
-    PLAN_HEADER,
-    NginxRouter,
-    Route,
-    TrafficPlan,
-    served_by,
-    wait_live,
-)
+from repository_sync.gateway_probe import PLAN_HEADER, served_by, wait_live
+from repository_sync.nginx_router import NginxRouter
+from repository_sync.traffic_plan import Route, TrafficPlan
 from tritonflow.exceptions import (
     DataError,
     GatewayConfigError,
