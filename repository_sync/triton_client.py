@@ -42,7 +42,8 @@ import numpy as np
 
 from repository_sync.layout import INTENDED_CONFIG_FILENAME, VersionLayout, plan_version
 from repository_sync.signing import SignatureInfo, load_public_keys, verify_version
-from repository_sync.storage import RepositoryStorage, open_repository
+from repository_sync.storage import open_repository
+from repository_sync.storage_base import RepositoryStorage
 from tritonflow.exceptions import (
     DataError,
     InferenceRequestError,

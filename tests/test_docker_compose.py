@@ -368,7 +368,7 @@ def test_triton_runs_nvidia_2_51_image_in_explicit_mode(services):
 
 
 def test_triton_repository_on_minio_matches_the_workers_s3_endpoint(services, worker_env):
-    from repository_sync.storage import parse_s3_repository_url
+    from repository_sync.s3_storage import parse_s3_repository_url
 
     repository = flag_value(triton_argv(services), "--model-repository")
     assert repository and repository.startswith("s3://http://"), repository
@@ -409,7 +409,7 @@ def test_triton_flags_exist_in_the_local_triton_2_51_server(services):
 
 def test_minio_init_creates_every_bucket_the_stack_uses(services, worker_env):
     from repository_sync.layout import find_layout_problems
-    from repository_sync.storage import parse_s3_repository_url
+    from repository_sync.s3_storage import parse_s3_repository_url
 
     buckets = minio_buckets(services)
     repository = parse_s3_repository_url(flag_value(triton_argv(services), "--model-repository"))

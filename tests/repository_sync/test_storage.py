@@ -9,13 +9,10 @@ import uuid
 
 import pytest
 
+from repository_sync.filesystem_storage import FileSystemStorage
 from repository_sync.layout import find_layout_problems, plan_version
-from repository_sync.storage import (
-    FileSystemStorage,
-    S3Storage,
-    open_repository,
-    parse_s3_repository_url,
-)
+from repository_sync.s3_storage import S3Storage, parse_s3_repository_url
+from repository_sync.storage import open_repository
 from tritonflow.exceptions import DataError, RepositoryConflictError, SettingsError
 
 LAYOUT = plan_version("fraud_scorer", 7)
