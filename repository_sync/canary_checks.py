@@ -345,7 +345,7 @@ def compare_with_expected(live: np.ndarray, expected: np.ndarray, *, column: str
     Raises:
         DataError: A side has no finite value.
     """
-    from drift_checks.statistics import NumericPair, ks_p_value, prepare_numeric, psi
+    from drift_checks.numeric_statistics import NumericPair, ks_p_value, prepare_numeric, psi
 
     a, b = prepare_numeric(expected), prepare_numeric(live)
     if a.values.size == 0 or b.values.size == 0:
