@@ -33,8 +33,8 @@ from repository_sync.storage_base import (
     VerifyCallback,
     _compare_digests,
     _source_files,
-    sha256_file,
 )
+from tritonflow.checksums import sha256_file
 from tritonflow.exceptions import DataError, RepositoryConflictError
 
 

@@ -37,8 +37,8 @@ from repository_sync.storage_base import (
     VerifyCallback,
     _compare_digests,
     _source_files,
-    sha256_file,
 )
+from tritonflow.checksums import sha256_file
 from tritonflow.exceptions import DataError, ServiceUnavailableError, SettingsError
 
 #: S3 object metadata key holding the SHA-256 hex of the object's bytes (for idempotency checks).

@@ -62,8 +62,8 @@ from repository_sync.storage_base import (
     PushOutcome,
     RepositoryStorage,
     VerifyCallback,
-    sha256_file,
 )
+from tritonflow.checksums import sha256_file
 from tritonflow.exceptions import SettingsError
 
 __all__ = [

@@ -12,7 +12,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,15 +44,6 @@ class PushOutcome:
     files: tuple[str, ...]
     bytes: int
     serving_config_written: bool
-
-
-def sha256_file(path: Path) -> str:
-    """SHA-256 hex of a file's bytes, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _source_files(layout: VersionLayout, source_dir: Path) -> list[Path]:
