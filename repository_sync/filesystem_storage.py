@@ -158,6 +158,20 @@ class FileSystemStorage(RepositoryStorage):
             raise
 
     @override
+    def delete_version(self, layout: VersionLayout) -> bool:
+        final = self.root / layout.version_dir
+        if not final.exists():
+            return False
+        if not final.is_dir():
+            raise DataError(f"{str(final)!r} is not a version folder (expected a folder to delete)")
+        model_dir = final.parent
+        doomed = model_dir / layout.staging_dir_name(uuid.uuid4().hex[:12])
+        os.rename(final, doomed)  # one step: Triton's next scan no longer sees the version
+        _fsync_dir(model_dir)
+        shutil.rmtree(doomed, ignore_errors=True)
+        return True
+
+    @override
     @contextlib.contextmanager
     def local_version(self, layout: VersionLayout) -> Iterator[Path]:
         path = self.root / layout.version_dir

@@ -278,6 +278,19 @@ class S3Storage(RepositoryStorage):
     def version_uri(self, layout: VersionLayout) -> str:
         return f"{self.uri.rstrip('/')}/{layout.model_name}/{layout.version}"
 
+    @override
+    def delete_version(self, layout: VersionLayout) -> bool:
+        prefix = self.location.key(layout.model_name, str(layout.version)) + "/"
+        with self._errors(f"deleting model '{layout.model_name}' version {layout.version}"):
+            keys = [o["Key"] for o in self._list(prefix)]
+            if not keys:
+                return False
+            model_key = prefix + layout.model_filename
+            if model_key in keys:  # first: without its model file the version cannot load
+                self._delete([model_key])
+            self._delete([k for k in keys if k != model_key])
+        return True
+
     # ------------------------------------------------------------------ push
     @override
     def push_version(self, layout: VersionLayout, source_dir: Path, *, serving_config: bytes | None = None,

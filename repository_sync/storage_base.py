@@ -152,6 +152,24 @@ class RepositoryStorage(abc.ABC):
     def version_uri(self, layout: VersionLayout) -> str:
         """URI of the version folder."""
 
+    @abc.abstractmethod
+    def delete_version(self, layout: VersionLayout) -> bool:
+        """Remove a published version (garbage collection, an operator's clean-up).
+
+        The version stops being loadable first (folder: one rename to a hidden staging name that
+        Triton ignores; S3: the model file goes first), then its files are removed; a process that
+        dies midway leaves nothing loadable, only what the next push of that version cleans up.
+        Whether anything still serves the version is the caller's decision (the registry's safe
+        delete, Triton's READY list): the storage does not check.
+
+        Returns:
+            True when the version was there and is gone, False when there was nothing to delete.
+
+        Raises:
+            DataError: The version path exists but is not a version folder.
+            ServiceUnavailableError: The store could not be reached (S3).
+        """
+
     def check_layout(self) -> None:
         """Validate the whole repository.
 
