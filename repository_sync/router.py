@@ -3,7 +3,8 @@
 Triton serves several versions of a model side by side but does not split traffic between them.
 A :class:`TrafficRouter` does, in front of Triton. :class:`NginxRouter` is the implementation for
 the NGINX gateway of the local runtime (and of any NGINX that includes our snippet folders); Kong,
-Envoy or Istio adapters can be added behind the same interface.
+Envoy or Istio adapters can be added behind the same interface. Which router a deployment uses
+is the setting ``TRITONFLOW_TRAFFIC_ROUTER``; :func:`make_router` builds it.
 
 A :class:`TrafficPlan` says, for one model, which percentage of requests each version gets. Plans
 are validated before anything is written: every weight is an integer percent 0-100 and
@@ -47,6 +48,8 @@ Their public names are re-exported here.
 
 from __future__ import annotations
 
+from typing import Any
+
 from repository_sync.gateway_probe import (
     FALLBACK_HEADER,
     FALLBACK_SUFFIX,
@@ -77,6 +80,7 @@ from repository_sync.traffic_plan import (
     TrafficRouter,
     coerce_plan,
 )
+from tritonflow.exceptions import SettingsError
 
 __all__ = [
     "ApplyRecord",
@@ -90,6 +94,7 @@ __all__ = [
     "MIRROR_LOCATION",
     "MIRROR_TARGET_RE",
     "MODEL_NAME_RE",
+    "ROUTERS",
     "Mirror",
     "NginxRouter",
     "PLAN_HEADER",
@@ -101,6 +106,33 @@ __all__ = [
     "answered_by",
     "coerce_plan",
     "fallback_model_name",
+    "make_router",
     "served_by",
     "wait_live",
 ]
+
+
+#: Traffic routers by the name ``TRITONFLOW_TRAFFIC_ROUTER`` (``settings.traffic_router``) gives.
+ROUTERS: dict[str, type[TrafficRouter]] = {"nginx": NginxRouter}
+
+
+def make_router(kind: str, **options: Any) -> TrafficRouter:
+    """The traffic router ``kind`` names, built with ``options``.
+
+    Args:
+        kind: A key of :data:`ROUTERS`, normally ``settings.traffic_router``.
+        **options: The router's own arguments (for ``nginx``: those of :class:`NginxRouter`).
+
+    Returns:
+        The router.
+
+    Raises:
+        SettingsError: ``kind`` names no router; the message names the setting, the value and the
+            routers there are.
+    """
+    router = ROUTERS.get(str(kind).strip().lower())
+    if router is None:
+        raise SettingsError(
+            f"TRITONFLOW_TRAFFIC_ROUTER={kind!r} names no traffic router; expected one of {sorted(ROUTERS)}"
+        )
+    return router(**options)

@@ -332,6 +332,18 @@ def test_router_works_with_the_gateway_handle_reload(gateway):
     assert r.models() == []
 
 
+def test_router_chosen_by_the_setting_routes_through_the_real_gateway(gateway):
+    from repository_sync.router import make_router
+    from tritonflow.settings import Settings
+
+    r = make_router(Settings.from_env({}).traffic_router, conf_dir=gateway.conf_dir, reload=gateway.reload)
+    plan = r.apply(TrafficPlan.single("churn_model", 4))
+    wait_live(gateway.url, plan)
+    assert request(f"{gateway.url}/v2/models/churn_model/ready")[1:] == (
+        "4", "/v2/models/churn_model/versions/4/ready")
+    r.remove("churn_model")
+
+
 def test_reapplying_the_live_plan_does_not_reload(router):
     plan = TrafficPlan.single("churn_model", 6)
     router.apply(plan)
