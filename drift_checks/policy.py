@@ -47,7 +47,8 @@ import datetime as dt
 import math
 from typing import Any, Mapping, Sequence
 
-from drift_checks.statistics import REGISTRY, StatisticResult
+from drift_checks.statistic_types import StatisticResult
+from drift_checks.statistics import REGISTRY
 from drift_checks.thresholds import Threshold
 from tritonflow.exceptions import SettingsError
 

@@ -40,7 +40,7 @@ import dataclasses
 
 import numpy as np
 
-from drift_checks.statistics import NumericSample
+from drift_checks.numeric_statistics import NumericSample
 
 #: Default KLL ``k``: stated rank error 9.6e-4, about 12,000 retained values and
 #: 97 KB serialised per feature, whatever the window size.

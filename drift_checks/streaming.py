@@ -40,7 +40,7 @@ from drift_checks.inference_log import (
     partition_prefix,
 )
 from drift_checks.sketches import DEFAULT_SKETCH_K
-from drift_checks.storage import Store
+from drift_checks.storage import S3Store, Store
 from drift_checks.summaries import WindowSummarizer, WindowSummary, bins_digest
 from tritonflow.exceptions import WindowError
 
@@ -56,7 +56,7 @@ def arrow_filesystem(store: Store):
     """
     import pyarrow.fs as pafs
 
-    if not store.is_s3:
+    if not isinstance(store, S3Store):
         return pafs.LocalFileSystem(), store.uri
     kw: dict[str, Any] = {}
     if store.endpoint_url:

@@ -41,13 +41,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 import pandas as pd
 
 from drift_checks import statistics as st
-from drift_checks.contracts import (
-    DEFAULT_GX_SAMPLE_ROWS,
-    Contract,
-    ContractResult,
-    derive_contract,
-    run_contract,
-)
+from drift_checks.contract_types import Contract, ContractResult
+from drift_checks.contracts import DEFAULT_GX_SAMPLE_ROWS, derive_contract, run_contract
 from drift_checks.history import HistoryStore, StatisticRow
 from drift_checks.inference_log import LogSchema, categorical_columns, numeric_columns
 from drift_checks.policy import AlertPolicy, decide_alert, feature_verdict, importance_weights

@@ -290,7 +290,7 @@ def publish_fallback(state: Mapping[str, Any], *, settings: Settings | None = No
         SignatureVerificationError: The pushed replica does not verify (never loaded).
         SigningKeyError: No signing key.
     """
-    from repository_sync.router import fallback_model_name
+    from repository_sync.gateway_probe import fallback_model_name
     from tritonflow.pipelines import publish as pipeline
 
     s = settings or get_settings()

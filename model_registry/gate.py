@@ -274,7 +274,7 @@ def validate_model(
         ModelConversionError, ModelValidationError, ModelConfigError: Conversion or a pre-push
             check failed (nothing to publish).
     """
-    from model_registry.analyzer import parse_int_list
+    from model_registry.analyzer_config import parse_int_list
     from model_registry.conversion import convert_mlflow_model, converter_for
     from model_registry.hardware import inventory, plan_instances
     from model_registry.parity import parity_check
@@ -427,7 +427,7 @@ def local_model(model_uri: str, download_dir: str | None = None) -> tuple[str, A
     import mlflow
     from mlflow.models import Model
 
-    from model_registry.registry import ModelIO, _schema_to_tensors
+    from model_registry.registry_entities import ModelIO, _schema_to_tensors
     from tritonflow.exceptions import ModelConversionError
 
     path = model_uri[len("file://"):] if model_uri.startswith("file://") else model_uri

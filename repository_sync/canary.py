@@ -76,7 +76,7 @@ from repository_sync.canary_analysis import (  # noqa: F401 -- re-exported, the 
     version_window,
 )
 from repository_sync.canary_checks import ExpectedBehaviour, Observations
-from repository_sync.router import TrafficPlan
+from repository_sync.traffic_plan import TrafficPlan
 from tritonflow.exceptions import PreflightError, SettingsError
 from tritonflow.settings import (
     DEFAULT_CANARY_ANALYSIS_INTERVAL_S,

@@ -345,7 +345,7 @@ def compare_with_expected(live: np.ndarray, expected: np.ndarray, *, column: str
     Raises:
         DataError: A side has no finite value.
     """
-    from drift_checks.statistics import NumericPair, ks_p_value, prepare_numeric, psi
+    from drift_checks.numeric_statistics import NumericPair, ks_p_value, prepare_numeric, psi
 
     a, b = prepare_numeric(expected), prepare_numeric(live)
     if a.values.size == 0 or b.values.size == 0:
@@ -483,7 +483,7 @@ def quality_check(challenger_y: Any, challenger_s: Any, champion_y: Any, champio
     Raises:
         DataError: Unknown metric, or labels that are not 0/1.
     """
-    from model_registry.shadow import _boot_metric
+    from model_registry.shadow_metrics import _boot_metric
 
     if metric not in QUALITY_METRICS:
         raise DataError(f"canary quality metric {metric!r} is unknown; expected one of {QUALITY_METRICS}")

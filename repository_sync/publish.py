@@ -34,7 +34,8 @@ from repository_sync.layout import (
     plan_version,
 )
 from repository_sync.signing import SignatureInfo, load_public_keys, sign_version, verify_version
-from repository_sync.storage import ProgressCallback, RepositoryStorage, open_repository
+from repository_sync.storage import open_repository
+from repository_sync.storage_base import ProgressCallback, RepositoryStorage
 from tritonflow.exceptions import DataError, ModelConfigError
 
 

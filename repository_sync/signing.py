@@ -32,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from repository_sync.layout import INTENDED_CONFIG_FILENAME, SIGNATURE_SUFFIX
+from tritonflow.checksums import sha256_file
 from tritonflow.exceptions import DataError, SignatureVerificationError
 
 _DEFAULT_MODEL_FILENAME = re.compile(r'^\s*default_model_filename\s*:\s*"([^"]+)"', re.MULTILINE)
@@ -194,14 +195,6 @@ def _hashing_config(signature_file: str):
     )
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _bundle_key_hint(bundle_text: str) -> str:
     try:
         data = json.loads(bundle_text)
@@ -311,7 +304,7 @@ def sign_version(
     text = sig_path.read_text()
     return SignatureInfo(
         signature_file=signature_file,
-        signature_digest=_sha256_file(sig_path),
+        signature_digest=sha256_file(sig_path),
         key_id=_bundle_key_hint(text),
         files=_signed_files(text),
     )
@@ -337,7 +330,7 @@ def _describe_mismatch(bundle_text: str, version_dir: Path, signature_file: str,
         if (p.is_file() or p.is_symlink()) and p.name != signature_file
     }
     parts = []
-    modified = sorted(n for n in expected if n in actual and _sha256_file(actual[n]) != expected[n])
+    modified = sorted(n for n in expected if n in actual and sha256_file(actual[n]) != expected[n])
     extra = sorted(set(actual) - set(expected))
     missing = sorted(set(expected) - set(actual))
     if modified:
@@ -419,7 +412,7 @@ def verify_version(
             )
         return SignatureInfo(
             signature_file=signature_file,
-            signature_digest=_sha256_file(sig_path),
+            signature_digest=sha256_file(sig_path),
             key_id=key_id_of(Path(key_path).read_bytes()),
             files=_signed_files(text),
         )

@@ -26,14 +26,14 @@ Loading:
 Inputs: integer inputs are built from object/int columns value by value, never through
 float, so ``9007199254740993`` (2**53 + 1) arrives exactly. A row with a missing or non-integer id
 is not sent; it is reported in :attr:`SmokeResult.invalid_rows` and counted as an invalid request.
+
+Input building (:func:`frame_to_inputs`, :func:`exact_integer`, :class:`InputSpec`) lives in
+:mod:`repository_sync.triton_inputs` and is re-exported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
-import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -42,7 +42,15 @@ import numpy as np
 
 from repository_sync.layout import INTENDED_CONFIG_FILENAME, VersionLayout, plan_version
 from repository_sync.signing import SignatureInfo, load_public_keys, verify_version
-from repository_sync.storage import RepositoryStorage, open_repository
+from repository_sync.storage import open_repository
+from repository_sync.storage_base import RepositoryStorage
+from repository_sync.triton_inputs import (
+    FLOAT64_EXACT_INT_LIMIT,
+    InputSpec,
+    _check_array,
+    exact_integer,
+    frame_to_inputs,
+)
 from tritonflow.exceptions import (
     DataError,
     InferenceRequestError,
@@ -54,28 +62,18 @@ from tritonflow.exceptions import (
 )
 from tritonflow.settings import DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S
 
+__all__ = [
+    "DEFAULT_POLL_INTERVAL_S",
+    "FLOAT64_EXACT_INT_LIMIT",
+    "InputSpec",
+    "SmokeResult",
+    "TritonModelControl",
+    "exact_integer",
+    "frame_to_inputs",
+]
+
 #: Seconds between two READY polls.
 DEFAULT_POLL_INTERVAL_S = 0.2
-#: Floats at or above this magnitude may be rounded integers (IEEE 754 binary64, 53-bit significand;
-#: the largest "safe" integer is 2**53 - 1).
-FLOAT64_EXACT_INT_LIMIT = 2**53
-_INT_TEXT_RE = re.compile(r"^[+-]?\d+$")
-_INT_DATATYPES = {"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"}
-
-
-@dataclasses.dataclass(frozen=True)
-class InputSpec:
-    """One model input as Triton serves it.
-
-    Attributes:
-        name: Tensor name.
-        datatype: Triton datatype string (``INT64``, ``FP32``...).
-        dims: Per-row dims (without the batch axis when the model batches).
-    """
-
-    name: str
-    datatype: str
-    dims: tuple[int, ...]
 
 
 @dataclasses.dataclass
@@ -107,150 +105,6 @@ class SmokeResult:
             "invalid_rows": [[i, r] for i, r in self.invalid_rows[:20]],
             "max_abs_error": self.max_abs_error,
         }
-
-
-# --------------------------------------------------------------------------- input building
-def _is_missing(value: Any) -> bool:
-    if value is None:
-        return True
-    try:
-        import pandas as pd
-
-        if value is pd.NA or value is pd.NaT:
-            return True
-    except ImportError:  # pragma: no cover
-        pass
-    return isinstance(value, float) and math.isnan(value) or (
-        isinstance(value, np.floating) and bool(np.isnan(value))
-    )
-
-
-def exact_integer(value: Any, datatype: str = "INT64") -> int:
-    """Convert one id value to a Python int without a float round trip.
-
-    Args:
-        value: int, numpy integer, decimal string, or an integral float below 2**53.
-        datatype: Target Triton integer type (range-checked).
-
-    Returns:
-        The exact integer.
-
-    Raises:
-        ValueError: Missing, not an integer, a float at or above 2**53 (its digits may already be lost,
-            read the column as strings or pandas ``Int64``), or out of the datatype's range. The
-            message says which.
-    """
-    if _is_missing(value):
-        raise ValueError("missing value")
-    if isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"boolean {value!r} is not an integer id")
-    if isinstance(value, numbers.Integral):
-        out = int(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        if not _INT_TEXT_RE.match(text):
-            raise ValueError(f"{value!r} is not an integer")
-        out = int(text)
-    elif isinstance(value, numbers.Real):
-        f = float(value)
-        if not f.is_integer():
-            raise ValueError(f"{value!r} is not an integer")
-        if abs(f) >= FLOAT64_EXACT_INT_LIMIT:  # 2**53 + 1 rounds to 2**53: ambiguous from here on
-            raise ValueError(
-                f"{value!r} arrived as a float at or above 2**53 and may have lost digits; read ids as "
-                "strings or pandas 'Int64', never float"
-            )
-        out = int(f)
-    else:
-        raise ValueError(f"{value!r} ({type(value).__name__}) is not an integer")
-    info = np.iinfo(datatype.lower())
-    if not info.min <= out <= info.max:
-        raise ValueError(f"{out} is outside the {datatype} range [{info.min}, {info.max}]")
-    return out
-
-
-def frame_to_inputs(
-    frame, specs: Sequence[InputSpec]
-) -> tuple[dict[str, np.ndarray], list[int], list[tuple[int, str]]]:
-    """Build request tensors from a pandas DataFrame, refusing bad rows instead of coercing them.
-
-    Each input is taken from the column of the same name (per-row dims ``[1]`` or ``[]``). With a
-    single input of dims ``[k]`` whose name is not a column, the frame's ``k`` columns are stacked.
-
-    Args:
-        frame: ``pandas.DataFrame`` of requests, one row per request.
-        specs: The model's inputs.
-
-    Returns:
-        ``(arrays, rows_sent, invalid_rows)``: arrays of shape ``(len(rows_sent), *dims)``;
-        ``invalid_rows`` lists ``(position, reason)`` for rows with a missing/invalid value.
-
-    Raises:
-        DataError: A needed column is absent (the message lists the columns).
-    """
-    from tritonclient.utils import triton_to_np_dtype
-
-    n = len(frame)
-    invalid: dict[int, str] = {}
-    columns: dict[str, list] = {}
-    for spec in specs:
-        if spec.name in frame.columns:
-            cols = [spec.name]
-        elif len(specs) == 1 and len(spec.dims) == 1 and spec.dims[0] in (-1, frame.shape[1]):
-            cols = list(frame.columns)
-        else:
-            raise DataError(
-                f"input {spec.name!r} ({spec.datatype}, dims {list(spec.dims)}) has no column in the "
-                f"sample; columns are {list(frame.columns)}"
-            )
-        for col in cols:
-            for pos, value in enumerate(frame[col].astype(object)):
-                if pos in invalid:
-                    continue
-                if spec.datatype in _INT_DATATYPES:
-                    try:
-                        exact_integer(value, spec.datatype)
-                    except ValueError as exc:
-                        invalid[pos] = f"{col}: {exc}"
-                elif spec.datatype == "BYTES":
-                    if _is_missing(value):
-                        invalid[pos] = f"{col}: missing value"
-                elif _is_missing(value):
-                    invalid[pos] = f"{col}: missing value"
-        columns[spec.name] = cols
-    rows = [i for i in range(n) if i not in invalid]
-    arrays: dict[str, np.ndarray] = {}
-    for spec in specs:
-        cols = columns[spec.name]
-        arr: np.ndarray
-        if spec.datatype in _INT_DATATYPES:
-            data = [[exact_integer(frame[c].iloc[i], spec.datatype) for c in cols] for i in rows]
-            arr = np.array(data, dtype=triton_to_np_dtype(spec.datatype)).reshape(len(rows), len(cols))
-        elif spec.datatype == "BYTES":
-            arr = np.array([[str(frame[c].iloc[i]).encode() for c in cols] for i in rows], dtype=object)
-            arr = arr.reshape(len(rows), len(cols))
-        else:
-            arr = frame[cols].iloc[rows].to_numpy(dtype=triton_to_np_dtype(spec.datatype))
-            arr = arr.reshape(len(rows), len(cols))
-        if spec.dims == ():
-            arr = arr.reshape(len(rows))
-        arrays[spec.name] = arr
-    return arrays, rows, sorted(invalid.items())
-
-
-def _check_array(spec: InputSpec, array: np.ndarray) -> np.ndarray:
-    from tritonclient.utils import triton_to_np_dtype
-
-    target = np.dtype(triton_to_np_dtype(spec.datatype)) if spec.datatype != "BYTES" else np.dtype(object)
-    array = np.asarray(array)
-    if spec.datatype in _INT_DATATYPES and array.dtype.kind == "f":
-        raise DataError(
-            f"input {spec.name!r} is {spec.datatype} but the sample array is {array.dtype}: ids above "
-            "2**53 lose digits through float; pass an integer array or a DataFrame with object/int columns"
-        )
-    if array.dtype != target:
-        array = array.astype(target)
-    return array
 
 
 def _config_message(config: Any, name: str):

@@ -368,7 +368,7 @@ def test_triton_runs_nvidia_2_51_image_in_explicit_mode(services):
 
 
 def test_triton_repository_on_minio_matches_the_workers_s3_endpoint(services, worker_env):
-    from repository_sync.storage import parse_s3_repository_url
+    from repository_sync.s3_storage import parse_s3_repository_url
 
     repository = flag_value(triton_argv(services), "--model-repository")
     assert repository and repository.startswith("s3://http://"), repository
@@ -409,7 +409,7 @@ def test_triton_flags_exist_in_the_local_triton_2_51_server(services):
 
 def test_minio_init_creates_every_bucket_the_stack_uses(services, worker_env):
     from repository_sync.layout import find_layout_problems
-    from repository_sync.storage import parse_s3_repository_url
+    from repository_sync.s3_storage import parse_s3_repository_url
 
     buckets = minio_buckets(services)
     repository = parse_s3_repository_url(flag_value(triton_argv(services), "--model-repository"))
@@ -701,7 +701,7 @@ def nginx_blocks(text: str) -> list[tuple[tuple[str, ...], str]]:
 
 
 def test_gateway_shares_its_snippet_folders_with_the_workers(services):
-    from repository_sync.router import NginxRouter
+    from repository_sync.nginx_router import NginxRouter
 
     gateway, worker = services["gateway"], services["airflow-worker"]
     gateway_dir = env_of(gateway)["TRITONFLOW_GATEWAY_CONF_DIR"]
@@ -757,7 +757,7 @@ class LocalGateway:
 
 def request_reload(conf_dir: Path, timeout_s: float = 30.0) -> str:
     """Client side of the reload-watcher protocol, as the canary router uses it."""
-    from repository_sync.router import WatcherReload
+    from repository_sync.nginx_router import WatcherReload
 
     return WatcherReload(conf_dir, timeout_s=timeout_s)()
 
@@ -843,7 +843,8 @@ def _get(url: str, data: bytes | None = None) -> tuple[int, dict, dict]:
 
 
 def test_workers_canary_plan_reaches_the_gateway_through_the_reload_watcher(local_gateway):
-    from repository_sync.router import NginxRouter, TrafficPlan
+    from repository_sync.nginx_router import NginxRouter
+    from repository_sync.traffic_plan import TrafficPlan
 
     gw = local_gateway
     router = NginxRouter(gw.conf_dir, reload=lambda: request_reload(gw.conf_dir), test=None)
@@ -861,7 +862,8 @@ def test_workers_canary_plan_reaches_the_gateway_through_the_reload_watcher(loca
 
 
 def test_reload_watcher_reports_a_refused_config_and_nginx_keeps_serving(local_gateway):
-    from repository_sync.router import NginxRouter, TrafficPlan
+    from repository_sync.nginx_router import NginxRouter
+    from repository_sync.traffic_plan import TrafficPlan
 
     gw = local_gateway
     from tritonflow.exceptions import GatewayConfigError

@@ -62,6 +62,8 @@ DEFAULT_LOAD_TIMEOUT_S = 120.0
 #: Gateway reload mechanism: "local" signals NGINX on this host; "watcher" asks the gateway
 #: container's reload watcher through ``<conf_dir>/reload.request`` (docker-compose).
 DEFAULT_GATEWAY_RELOAD = "local"
+#: Traffic router in front of Triton (``repository_sync.router.ROUTERS`` names the choices).
+DEFAULT_TRAFFIC_ROUTER = "nginx"
 
 #: Largest serialised return value (bytes) a tritonflow task may push to XCom.
 DEFAULT_MAX_XCOM_BYTES = 48 * 1024
@@ -777,6 +779,10 @@ class Settings:
     gateway_reload: str = _field(
         DEFAULT_GATEWAY_RELOAD, "GATEWAY_RELOAD",
         "How the router reloads NGINX: 'local' (nginx -s reload) or 'watcher' (reload.request file).",
+    )
+    traffic_router: str = _field(
+        DEFAULT_TRAFFIC_ROUTER, "TRAFFIC_ROUTER",
+        "Traffic router that splits a model's requests between versions: 'nginx' (the only one so far).",
     )
 
     # -------------------------------------------------------------- tritonflow.runtime.airflow (local)

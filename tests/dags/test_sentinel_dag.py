@@ -61,9 +61,10 @@ def served(tmp_path_factory, mlflow_server):
     from model_registry.conversion import convert_sklearn
     from model_registry.registry import RegistryClient
     from model_registry.triton_config import InstanceGroupSpec, build_config, to_pbtxt
+    from repository_sync.gateway_probe import wait_live
     from repository_sync.publish import publish_version
-    from repository_sync.router import TrafficPlan, wait_live
     from repository_sync.signing import generate_key_pair
+    from repository_sync.traffic_plan import TrafficPlan
     from tritonflow.pipelines.canary import CanaryEnvironment, ensure_loaded
     from tritonflow.pipelines.publish import reference_root
     from tritonflow.pipelines.sentinel import OUTPUT_RANGE_TAG
@@ -115,7 +116,7 @@ def served(tmp_path_factory, mlflow_server):
 
 
 def test_sentinel_dag_defers_detects_and_rolls_back_to_the_previous_champion(served, tmp_path, airflow_home):
-    from repository_sync.router import served_by
+    from repository_sync.gateway_probe import served_by
 
     folder = tmp_path / "dags"
     folder.mkdir()

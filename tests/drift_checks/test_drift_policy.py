@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from drift_checks import statistics as st
-from drift_checks.contracts import Contract, ExpectationSpec
+from drift_checks.contract_types import Contract, ExpectationSpec
 from drift_checks.history import HistoryStore
 from drift_checks.inference_log import LogSchema
 from drift_checks.policy import AlertPolicy, decide_alert, feature_verdict

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from drift_checks import profiles
-from drift_checks.statistics import prepare_numeric, score_numeric
+from drift_checks.numeric_statistics import prepare_numeric
+from drift_checks.statistics import score_numeric
 
 H = dt.datetime(2024, 5, 1, 13, tzinfo=dt.timezone.utc)
 

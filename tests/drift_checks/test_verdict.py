@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from drift_checks.contracts import Contract
+from drift_checks.contract_types import Contract
 from drift_checks.history import HistoryStore
 from drift_checks.inference_log import LogSchema
 from drift_checks.reference import load_reference, save_reference

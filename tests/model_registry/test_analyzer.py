@@ -11,20 +11,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from model_registry.analyzer import (
-    ProfileRow,
+from model_registry.analyzer import confirmation_repository
+from model_registry.analyzer_config import (
     SearchSpace,
     build_profile_config,
     check_profile_config,
-    choose_best,
-    confirmation_repository,
     perf_analyzer_argv,
+    shape_flags,
+    write_profile_config,
+)
+from model_registry.analyzer_results import (
+    ProfileRow,
+    choose_best,
     read_perf_passes,
     read_results_csv,
-    shape_flags,
     stability,
     unstable_configs_from_log,
-    write_profile_config,
 )
 from model_registry.hardware import GpuInfo, HardwareInventory
 from model_registry.triton_config import parse_config

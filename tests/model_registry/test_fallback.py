@@ -27,14 +27,9 @@ import pandas as pd
 import pytest
 
 from model_registry.fallback import QuantizationUnsupported, gate, quantize
-from repository_sync.router import (
-    FALLBACK_HEADER,
-    NginxRouter,
-    TrafficPlan,
-    answered_by,
-    fallback_model_name,
-    wait_live,
-)
+from repository_sync.gateway_probe import FALLBACK_HEADER, answered_by, fallback_model_name, wait_live
+from repository_sync.nginx_router import NginxRouter
+from repository_sync.traffic_plan import TrafficPlan
 from tritonflow.exceptions import DataError, WindowError
 
 HEADER = "X-Tritonflow-Version"

@@ -18,6 +18,7 @@ from sklearn.metrics import roc_auc_score
 
 from model_registry import datasets as ds
 from model_registry import training as tr
+from model_registry import training_registration
 from tritonflow.exceptions import (
     ConcurrencyError,
     DataError,
@@ -174,7 +175,7 @@ def test_registered_challenger_loads_with_signature_and_predicts_like_the_traine
         mlflow_server, registered, recent_window):
     name, result = registered
     uri = f"models:/{name}@challenger"
-    with tr._tracking(mlflow_server.tracking_uri):
+    with training_registration._tracking(mlflow_server.tracking_uri):
         info = mlflow.models.get_model_info(uri)
         loaded = mlflow.sklearn.load_model(uri)
     assert [c.name for c in info.signature.inputs] == list(ds.FEATURE_COLUMNS)
@@ -249,7 +250,7 @@ def test_mlflow_project_entry_point_trains_and_registers(mlflow_server, tmp_path
     assert mv.tags["tritonflow.data_sha256"] == tr.data_sha256(recent_window)
     run = client.get_run(result.run_id)
     assert run.data.params["C"] == "0.5" and run.data.params["retrain_reason"] == "schedule"
-    with tr._tracking(mlflow_server.tracking_uri):
+    with training_registration._tracking(mlflow_server.tracking_uri):
         loaded = mlflow.sklearn.load_model(f"models:/{name}@challenger")
     assert loaded.named_steps["classify"].C == 0.5
     with pytest.raises(TrainingError, match="entry point 'nope' failed"):

@@ -34,8 +34,9 @@ import pytest
 import requests
 
 from repository_sync.coordination import PROMOTION
+from repository_sync.gateway_probe import served_by, wait_live
 from repository_sync.locks import store_for
-from repository_sync.router import TrafficPlan, served_by, wait_live
+from repository_sync.traffic_plan import TrafficPlan
 from tests.conftest import make_settings
 from tritonflow.exceptions import ConcurrencyError, PreflightError, RegistryError
 from tritonflow.pipelines.canary import (

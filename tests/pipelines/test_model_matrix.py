@@ -174,8 +174,9 @@ def _files(repo: Path) -> list[str]:
 def test_string_model_is_served_through_the_gateway_logged_and_drift_checked(stack, tmp_path):
     import tritonclient.http as httpclient
 
+    from drift_checks.categorical_statistics import category_counts
     from drift_checks.inference_log import InferenceLogWriter, LogSchema, categorical_columns, read_window
-    from drift_checks.statistics import category_counts, score_categorical
+    from drift_checks.statistics import score_categorical
 
     X, y = _penguins()
     from tests.model_registry.test_real_models import penguin_pipeline

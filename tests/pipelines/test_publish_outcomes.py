@@ -163,7 +163,8 @@ def test_profiling_runs_from_a_worker_with_a_minimal_environment(settings, class
            "TRITONFLOW_ANALYZER_TIMEOUT_S": "500"}
     proc = subprocess.run([sys.executable, "-c", script, str(state_path)], env=env, capture_output=True,
                           text=True, timeout=900, cwd=str(tmp_path))
-    from model_registry.analyzer import read_results_csv, results_path
+    from model_registry.analyzer import results_path
+    from model_registry.analyzer_results import read_results_csv
 
     # the environment is what is under test: Model Analyzer's Triton loaded the model through the
     # Python backend stub (numpy, onnxruntime imported) and perf_analyzer measured it

@@ -35,8 +35,10 @@ from repository_sync.canary import (
     run_canary,
     version_window,
 )
+from repository_sync.gateway_probe import wait_live
 from repository_sync.locks import promotion_lock
-from repository_sync.router import NginxRouter, TrafficPlan, wait_live
+from repository_sync.nginx_router import NginxRouter
+from repository_sync.traffic_plan import TrafficPlan
 from tritonflow.exceptions import (
     ConcurrencyError,
     MetricsUnavailableError,

@@ -39,7 +39,7 @@ def noaa():
 
 @pytest.fixture(scope="module")
 def champion(noaa):
-    from model_registry.training import train_noaa
+    from model_registry.noaa_model import train_noaa
 
     return train_noaa(noaa.iloc[: 12_000 - 14 * DAYS_PER_HOUR])
 
@@ -125,7 +125,7 @@ def canary(noaa, champion_model, challenger_model, canary_start: int, *, expecte
 
 @pytest.mark.parametrize("hours_after_drift", [2, 5, 8, 12])
 def test_good_challenger_after_the_concept_drift_passes_with_default_thresholds(noaa, champion, hours_after_drift):
-    from model_registry.training import train_noaa
+    from model_registry.noaa_model import train_noaa
 
     start = 12_000 + hours_after_drift * DAYS_PER_HOUR
     good = train_noaa(noaa.iloc[start - SHADOW_DAYS:start])
@@ -143,7 +143,7 @@ def test_flipped_label_challenger_is_rolled_back_against_a_good_champion(noaa):
     """As in the demo: after a promotion, a challenger trained on flipped labels is offered
     (without a shadow evaluation, so without expected predictions): the labels that arrive
     during its first step roll it back."""
-    from model_registry.training import train_noaa
+    from model_registry.noaa_model import train_noaa
 
     start = 12_000 + 6 * DAYS_PER_HOUR
     window = noaa.iloc[start - SHADOW_DAYS:start]

@@ -19,7 +19,9 @@ import pytest
 
 from repository_sync.canary import CanaryPolicy, metrics_scraper, run_canary
 from repository_sync.canary_checks import Observations
-from repository_sync.router import NginxRouter, TrafficPlan, wait_live
+from repository_sync.gateway_probe import wait_live
+from repository_sync.nginx_router import NginxRouter
+from repository_sync.traffic_plan import TrafficPlan
 from tritonflow.runtime.fault_injection import set_mode, write_fault_model
 
 pytestmark = pytest.mark.integration

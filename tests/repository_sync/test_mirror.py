@@ -16,8 +16,10 @@ import uuid
 import numpy as np
 import pytest
 
+from repository_sync.gateway_probe import wait_live
 from repository_sync.mirror import MirrorRecorder, output_columns
-from repository_sync.router import Mirror, NginxRouter, TrafficPlan, wait_live
+from repository_sync.nginx_router import NginxRouter
+from repository_sync.traffic_plan import Mirror, TrafficPlan
 from tests.repository_sync.test_canary import served  # noqa: F401 -- the fixture
 from tritonflow.exceptions import TrafficPlanError
 

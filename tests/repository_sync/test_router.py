@@ -19,14 +19,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from repository_sync.router import (
-    PLAN_HEADER,
-    NginxRouter,
-    Route,
-    TrafficPlan,
-    served_by,
-    wait_live,
-)
+from repository_sync.gateway_probe import PLAN_HEADER, served_by, wait_live
+from repository_sync.nginx_router import NginxRouter
+from repository_sync.traffic_plan import Route, TrafficPlan
 from tritonflow.exceptions import (
     DataError,
     GatewayConfigError,
@@ -335,6 +330,18 @@ def test_router_works_with_the_gateway_handle_reload(gateway):
     r.remove("churn_model")
     assert r.current_plan("churn_model") is None
     assert r.models() == []
+
+
+def test_router_chosen_by_the_setting_routes_through_the_real_gateway(gateway):
+    from repository_sync.router import make_router
+    from tritonflow.settings import Settings
+
+    r = make_router(Settings.from_env({}).traffic_router, conf_dir=gateway.conf_dir, reload=gateway.reload)
+    plan = r.apply(TrafficPlan.single("churn_model", 4))
+    wait_live(gateway.url, plan)
+    assert request(f"{gateway.url}/v2/models/churn_model/ready")[1:] == (
+        "4", "/v2/models/churn_model/versions/4/ready")
+    r.remove("churn_model")
 
 
 def test_reapplying_the_live_plan_does_not_reload(router):

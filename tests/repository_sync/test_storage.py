@@ -9,13 +9,10 @@ import uuid
 
 import pytest
 
+from repository_sync.filesystem_storage import FileSystemStorage
 from repository_sync.layout import find_layout_problems, plan_version
-from repository_sync.storage import (
-    FileSystemStorage,
-    S3Storage,
-    open_repository,
-    parse_s3_repository_url,
-)
+from repository_sync.s3_storage import S3Storage, parse_s3_repository_url
+from repository_sync.storage import open_repository
 from tritonflow.exceptions import DataError, RepositoryConflictError, SettingsError
 
 LAYOUT = plan_version("fraud_scorer", 7)
@@ -169,6 +166,29 @@ def test_crash_between_files_never_exposes_the_version_and_a_retry_succeeds(tmp_
     assert (model_dir / "7" / "model.onnx").read_bytes() == b"model-bytes"
 
 
+def test_deleting_a_version_removes_only_that_version_and_leaves_nothing_hidden(tmp_path):
+    storage = FileSystemStorage(tmp_path / "repo")
+    storage.push_version(LAYOUT, _stage(tmp_path / "a"), serving_config=b'name: "fraud_scorer"\n')
+    storage.push_version(plan_version("fraud_scorer", 8), _stage(tmp_path / "b", model=b"v8"))
+    assert storage.delete_version(LAYOUT) is True
+    model_dir = tmp_path / "repo" / "fraud_scorer"
+    assert sorted(p.name for p in model_dir.iterdir()) == ["8", "config.pbtxt"]
+    assert find_layout_problems(storage.list_paths()) == []
+    assert storage.delete_version(LAYOUT) is False  # nothing left to delete
+    with pytest.raises(DataError, match="version 7 is not in repository"):
+        with storage.local_version(LAYOUT):
+            pass
+
+
+def test_deleting_a_path_that_is_not_a_version_folder_is_refused(tmp_path):
+    storage = FileSystemStorage(tmp_path / "repo")
+    (tmp_path / "repo" / "fraud_scorer").mkdir(parents=True)
+    (tmp_path / "repo" / "fraud_scorer" / "7").write_bytes(b"not a folder")
+    with pytest.raises(DataError, match="not a version folder"):
+        storage.delete_version(LAYOUT)
+    assert (tmp_path / "repo" / "fraud_scorer" / "7").read_bytes() == b"not a folder"
+
+
 def test_staged_folder_without_model_file_is_refused(tmp_path):
     src = _stage(tmp_path / "src")
     (src / "model.onnx").unlink()
@@ -237,6 +257,22 @@ def test_s3_failed_push_removes_what_it_uploaded(s3_repo, tmp_path):
     with pytest.raises(DataError):
         storage.push_version(LAYOUT, _stage(tmp_path / "a"), serving_config=b"cfg", verify=refuse)
     assert _keys(client, bucket) == []
+
+
+@pytest.mark.integration
+def test_s3_deleting_a_version_removes_its_objects_only(s3_repo, tmp_path):
+    storage, client, bucket = s3_repo
+    storage.push_version(LAYOUT, _stage(tmp_path / "a"), serving_config=b"cfg")
+    storage.push_version(plan_version("fraud_scorer", 8), _stage(tmp_path / "b", model=b"v8"))
+    assert storage.delete_version(LAYOUT) is True
+    assert _keys(client, bucket) == [
+        "triton/fraud_scorer/8/config.pbtxt.intended",
+        "triton/fraud_scorer/8/model.onnx",
+        "triton/fraud_scorer/8/model.onnx.sig",
+        "triton/fraud_scorer/config.pbtxt",
+    ]
+    assert storage.delete_version(LAYOUT) is False
+    assert storage.push_version(LAYOUT, _stage(tmp_path / "c"), serving_config=b"cfg").status == "published"
 
 
 @pytest.mark.integration

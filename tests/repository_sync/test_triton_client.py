@@ -17,7 +17,8 @@ import pandas as pd
 import pytest
 
 from repository_sync.publish import publish_version
-from repository_sync.triton_client import InputSpec, TritonModelControl, exact_integer, frame_to_inputs
+from repository_sync.triton_client import TritonModelControl
+from repository_sync.triton_inputs import InputSpec, exact_integer, frame_to_inputs
 from tritonflow.exceptions import DataError, ParityError, SignatureVerificationError
 
 # Shadow requests with a missing item_id and a user_id of 2^53+1 (shadow_requests.csv), rebuilt

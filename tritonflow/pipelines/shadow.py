@@ -34,7 +34,6 @@ the challenger against its own behaviour here rather than against the champion.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import importlib
 import json
 import math
@@ -47,6 +46,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from tritonflow.checksums import sha256_file
 from tritonflow.exceptions import (
     ChallengerUnavailableError,
     DataError,
@@ -125,15 +125,6 @@ def utc(value: Any, field: str):
     if ts is pd.NaT:
         raise WindowError(f"{field}={value!r} is not a timestamp (expected ISO 8601)")
     return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
-
-
-def sha256_file(path: str | Path) -> str:
-    """Lower-case hex SHA-256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def trusted_keys_dir(settings: Settings) -> Path:

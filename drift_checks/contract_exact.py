@@ -1,0 +1,197 @@
+"""Exact, vectorised evaluation of the standard column expectations on the full window.
+
+Presence, dtype, null fraction, min/max range and allowed/distinct value sets (every expectation
+:func:`drift_checks.contracts.derive_contract` writes) are judged from the window's
+:class:`~drift_checks.column_facts.ColumnFacts` with GX 1.x semantics, so they stay exact and fast
+on large windows; anything else goes to Great Expectations (:mod:`drift_checks.contract_gx`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from drift_checks.column_facts import ColumnFacts
+from drift_checks.contract_types import (
+    _FLOAT_TYPES,
+    ExpectationResult,
+    ExpectationSpec,
+    _jsonable,
+    _snake,
+    canonical_datetime,
+)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _between(observed: Any, kw: Mapping[str, Any]) -> bool:
+    lo, hi = kw.get("min_value"), kw.get("max_value")
+    if lo is not None and (observed <= lo if kw.get("strict_min") else observed < lo):
+        return False
+    if hi is not None and (observed >= hi if kw.get("strict_max") else observed > hi):
+        return False
+    return True
+
+
+def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> ExpectationResult | None:
+    """Exact evaluation of the standard column expectations on the FULL window.
+
+    Computed from the window's :class:`~drift_checks.column_facts.ColumnFacts` (the whole column, or a
+    streamed window's merged batches).
+
+    Returns ``None`` when the expectation (type, kwargs or column dtype) is not one handled here;
+    it then goes to Great Expectations. Semantics follow GX 1.x: nulls are ignored by range and
+    set checks, ``mostly`` is a share of the non-null rows for sets and of all rows for nulls.
+    """
+    kw = spec.kwargs
+    name = _snake(spec.type)
+    allowed = _FAST_KWARGS.get(spec.type)
+    if allowed is None or not set(kw) <= allowed:
+        return None
+    col = spec.column
+    n = facts.n
+    if spec.type == "ExpectColumnValuesToBeInTypeList":
+        if is_dt or not isinstance(kw.get("type_list"), (list, tuple)):
+            return None
+        dtype = str(facts.dtype)
+        ok = dtype in {str(t) for t in kw["type_list"]}
+        if ok or (n > 0 and facts.n_null == n):  # no value to judge: the null check reports it
+            return ExpectationResult(col, name, dtype, True)
+        bad = offending_values(facts.values_for_messages, kw["type_list"])
+        return ExpectationResult(col, name, {"dtype": dtype, "first_offending_values": bad}, False,
+                                 message=f"column {col!r} has dtype {dtype}, not one of "
+                                         f"{list(kw['type_list'])}; first offending values: {bad}")
+    if spec.type == "ExpectColumnValuesToNotBeNull":
+        mostly = kw.get("mostly", 1.0)
+        if not _is_number(mostly):
+            return None
+        nulls = facts.n_null
+        pct = 100.0 * nulls / n if n else None
+        ok = n == 0 or (n - nulls) / n >= float(mostly)
+        return ExpectationResult(col, name, {"unexpected_percent": pct, "partial_unexpected_list": []},
+                                 ok, message="" if ok else f"{pct:.2f} % null (mostly={mostly})")
+    if spec.type in ("ExpectColumnMinToBeBetween", "ExpectColumnMaxToBeBetween"):
+        bounds = [kw.get("min_value"), kw.get("max_value")]
+        if all(b is None for b in bounds):
+            return None
+        if facts.n_null == n:
+            return None
+        numeric = pd.api.types.is_numeric_dtype(facts.dtype) and not pd.api.types.is_bool_dtype(facts.dtype)
+        if not is_dt and not numeric:
+            return None
+        v = facts.vmin if spec.type == "ExpectColumnMinToBeBetween" else facts.vmax
+        if v is None:
+            return None
+        if is_dt:  # bounds were normalised to the canonical string form
+            if not all(b is None or isinstance(b, str) for b in bounds):
+                return None
+            observed: Any = canonical_datetime(v)
+        elif numeric and all(b is None or _is_number(b) for b in bounds):
+            observed = float(v)
+            if math.isnan(observed):
+                return None
+        else:
+            return None
+        ok = _between(observed, kw)
+        return ExpectationResult(col, name, _jsonable(observed), ok, message="" if ok else
+                                 f"observed {_jsonable(observed)!r} outside [{bounds[0]!r}, {bounds[1]!r}]")
+    if spec.type in _DISTINCT_SET_CHECKS:
+        value_set = kw.get("value_set")
+        if not isinstance(value_set, (list, tuple, set)):
+            return None
+        if facts.counts is None:
+            return None
+        keys = [canonical_datetime(k) if is_dt else (k.item() if hasattr(k, "item") else k)
+                for k, c in facts.counts.items() if c > 0]
+        try:
+            have, want = set(keys), set(value_set)
+        except TypeError:  # unhashable values: leave it to GX
+            return None
+        ok = _DISTINCT_SET_CHECKS[spec.type](have, want)
+        observed = _jsonable(sorted(have, key=str))
+        missing, extra = sorted(want - have, key=str), sorted(have - want, key=str)
+        return ExpectationResult(col, name, observed, ok, message="" if ok else
+                                 f"distinct values {observed[:20]}; missing {_jsonable(missing[:10])}, "
+                                 f"not in the set {_jsonable(extra[:10])}")
+    if spec.type == "ExpectColumnValuesToBeInSet":
+        value_set, mostly = kw.get("value_set"), kw.get("mostly", 1.0)
+        if not isinstance(value_set, (list, tuple, set)) or not _is_number(mostly):
+            return None
+        if facts.counts is None:
+            return None
+        vc = facts.value_counts()
+        keys = list(vc.index)
+        if is_dt:
+            keys = [canonical_datetime(k) for k in keys]
+        elif pd.api.types.is_bool_dtype(facts.dtype) and all(isinstance(x, str) for x in value_set):
+            keys = [str(k) for k in keys]  # derive_contract writes booleans as "True"/"False"
+        allowed_values = set(value_set)
+        try:
+            bad = [(k, int(c)) for k, c in zip(keys, vc.to_numpy(), strict=True) if k not in allowed_values]
+        except TypeError:  # unhashable values: leave it to GX
+            return None
+        nonnull = int(vc.sum())
+        unexpected = sum(c for _, c in bad)
+        pct = 100.0 * unexpected / nonnull if nonnull else None  # GX: undefined
+        ok = nonnull == 0 or (nonnull - unexpected) / nonnull >= float(mostly)
+        return ExpectationResult(col, name, {"unexpected_percent": pct,
+                                             "partial_unexpected_list": _jsonable([k for k, _ in bad[:10]])},
+                                 ok, message="" if ok else f"{pct:.2f} % of values outside the set")
+    return None
+
+
+#: Distinct-value-set expectations (GX 1.x semantics on the non-null distinct values).
+_DISTINCT_SET_CHECKS = {
+    "ExpectColumnDistinctValuesToEqualSet": lambda have, want: have == want,
+    "ExpectColumnDistinctValuesToContainSet": lambda have, want: want <= have,
+    "ExpectColumnDistinctValuesToBeInSet": lambda have, want: have <= want,
+}
+
+
+def offending_values(s: pd.Series, type_list: Any = (), limit: int = 5) -> list[Any]:
+    """The first distinct values of ``s`` that do not fit the expected types (JSON-safe).
+
+    Numeric types expected: values that are not numbers; boolean: values that are not booleans;
+    otherwise the first non-null values (the column's dtype itself is wrong).
+    """
+    wanted = {str(t) for t in type_list}
+    values = s.dropna()
+    if wanted & set(_FLOAT_TYPES):
+        bad = values[pd.to_numeric(values, errors="coerce").isna()]
+    elif wanted & {"bool", "boolean"}:
+        bad = values[~values.map(lambda v: isinstance(v, (bool, np.bool_)))]
+    else:
+        bad = values
+    return _jsonable(list(pd.unique(bad.to_numpy(dtype=object))[:limit]))
+
+
+#: Expectations evaluated exactly by :func:`_fast_result`, with the kwargs it understands.
+_FAST_KWARGS: dict[str, set[str]] = {
+    **{t: {"column", "value_set"} for t in _DISTINCT_SET_CHECKS},
+    "ExpectColumnValuesToBeInTypeList": {"column", "type_list"},
+    "ExpectColumnValuesToNotBeNull": {"column", "mostly"},
+    "ExpectColumnMinToBeBetween": {"column", "min_value", "max_value", "strict_min", "strict_max"},
+    "ExpectColumnMaxToBeBetween": {"column", "min_value", "max_value", "strict_min", "strict_max"},
+    "ExpectColumnValuesToBeInSet": {"column", "value_set", "mostly"},
+}
+
+
+class _LazyFacts(dict):
+    """Column facts of an in-memory window, taken when first needed."""
+
+    def __init__(self, frame: pd.DataFrame, counted: set):
+        super().__init__()
+        self.frame, self.counted = frame, counted
+
+    def __missing__(self, col: str) -> ColumnFacts:
+        self[col] = f = ColumnFacts.of_series(self.frame[col], counts=col in self.counted)
+        return f
+
+
+#: Expectations whose exact check needs the column's value counts.
+_COUNTED = {"ExpectColumnValuesToBeInSet", *_DISTINCT_SET_CHECKS}

@@ -1,0 +1,217 @@
+"""Data-contract types and the one datetime representation used while validating.
+
+:class:`ExpectationSpec` (a GX 1.x expectation class name, its kwargs, a severity), :class:`Contract`,
+:class:`ExpectationResult` and :class:`ContractResult`; :func:`canonical_datetime` turns every
+date/datetime value into one fixed-width ISO-8601 string in UTC whose lexical order is
+chronological. The contract itself (derivation and evaluation) is :mod:`drift_checks.contracts`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+#: The one datetime representation used during validation.
+DATETIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%f"
+
+_FLOAT_TYPES = ["float64", "float32", "float16", "Float64", "Float32", "int64", "int32", "int16",
+                "int8", "uint64", "uint32", "uint16", "uint8", "Int64", "Int32"]
+_INT_TYPES = ["int64", "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8", "Int64",
+              "Int32"]
+_STR_TYPES = ["object", "str", "string", "category", "StringDtype"]
+_TYPE_LISTS = {"float": _FLOAT_TYPES, "int": _INT_TYPES, "category": _STR_TYPES,
+               "string": _STR_TYPES, "bool": ["bool", "boolean"]}
+
+
+#: Severities of an expectation: ``critical`` fails the contract, ``warning`` only reports.
+SEVERITIES = ("critical", "warning")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpectationSpec:
+    """One expectation.
+
+    Attributes:
+        type: GX class name (e.g. ``"ExpectColumnMaxToBeBetween"``).
+        kwargs: Its GX keyword arguments.
+        severity: ``"critical"`` (default; fails the contract) or ``"warning"`` (reported only).
+        meta: Extra facts kept with the result (e.g. ``reference_null_fraction``); never passed
+            to GX.
+    """
+
+    type: str
+    kwargs: Mapping[str, Any]
+    severity: str = "critical"
+    meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"expectation {self.type} severity={self.severity!r}; expected one of {SEVERITIES}")
+
+    @property
+    def column(self) -> str | None:
+        """The column the expectation checks (``kwargs['column']``); ``None`` for table-level ones."""
+        return self.kwargs.get("column")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (``type``, ``kwargs``, ``severity``, ``meta``), read back by :meth:`Contract.from_dict`."""
+        return {"type": self.type, "kwargs": _jsonable(dict(self.kwargs)), "severity": self.severity,
+                "meta": _jsonable(dict(self.meta))}
+
+
+@dataclasses.dataclass(frozen=True)
+class Contract:
+    """An ordered list of expectations (JSON-serialisable through :meth:`to_dict`)."""
+
+    expectations: tuple[ExpectationSpec, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form: ``{"expectations": [...]}`` (see :meth:`ExpectationSpec.to_dict`)."""
+        return {"expectations": [e.to_dict() for e in self.expectations]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Contract":
+        """Read a contract written by :meth:`to_dict`; ``severity`` defaults to ``critical``."""
+        return cls(tuple(ExpectationSpec(e["type"], dict(e["kwargs"]), e.get("severity", "critical"),
+                                         dict(e.get("meta") or {})) for e in d["expectations"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpectationResult:
+    """Outcome of one expectation on one window.
+
+    Attributes:
+        column: Column checked (``None`` for table-level expectations).
+        expectation: GX expectation type in snake case (``expect_column_max_to_be_between``).
+        observed: Observed value (JSON-safe: number, string, list or ``None``).
+        success: Whether the data met the expectation (``False`` also when it raised).
+        raised: The expectation itself raised: an error of the check, not a data failure.
+        message: Exception message when raised, else a short description of the failure.
+        sample_rows: Rows GX evaluated when it ran on a seeded sample of a large window
+            (``None``: the full window was evaluated).
+        severity: The expectation's severity (``critical`` failures fail the contract).
+        meta: The expectation's ``meta`` (e.g. the reference's null fraction).
+    """
+
+    column: str | None
+    expectation: str
+    observed: Any
+    success: bool
+    raised: bool = False
+    message: str = ""
+    sample_rows: int | None = None
+    severity: str = "critical"
+    meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form of the result (every field)."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class ContractResult:
+    """All expectation results of one window.
+
+    Attributes:
+        results: One :class:`ExpectationResult` per expectation.
+    """
+
+    results: tuple[ExpectationResult, ...]
+
+    @property
+    def failures(self) -> list[ExpectationResult]:
+        """Critical data failures: the expectation ran and the data broke it.
+
+        They fail the contract.
+        """
+        return [r for r in self.results if not r.success and not r.raised and r.severity == "critical"]
+
+    @property
+    def warnings(self) -> list[ExpectationResult]:
+        """Warning-level failures (learned ranges and sets): reported, the contract still passes."""
+        return [r for r in self.results if not r.success and not r.raised and r.severity == "warning"]
+
+    @property
+    def check_errors(self) -> list[ExpectationResult]:
+        """Expectations that raised (errors of the check itself)."""
+        return [r for r in self.results if r.raised]
+
+    @property
+    def invalid_columns(self) -> list[str]:
+        """Columns with at least one data failure, sorted."""
+        return sorted({r.column for r in self.failures if r.column})
+
+    @property
+    def status(self) -> str:
+        """``"passed"``, ``"failed"`` (data failures) or ``"error"`` (a check raised)."""
+        if self.check_errors:
+            return "error"
+        return "failed" if self.failures else "passed"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary: status, invalid columns, failures, warnings and errors of the check."""
+        return {"status": self.status, "invalid_columns": self.invalid_columns,
+                "failures": [r.to_dict() for r in self.failures],
+                "warnings": [r.to_dict() for r in self.warnings],
+                "check_errors": [r.to_dict() for r in self.check_errors]}
+
+
+# ------------------------------------------------------------------------------ normalisation
+def canonical_datetime(value: Any) -> str:
+    """A date/datetime/ISO string as the one representation (UTC, ``DATETIME_FORMAT``).
+
+    Raises:
+        ValueError: ``value`` is not a date or time.
+    """
+    t = pd.Timestamp(value)
+    if t.tzinfo is not None:
+        t = t.tz_convert("UTC").tz_localize(None)
+    return t.strftime(DATETIME_FORMAT)
+
+
+def _canonical_series(s: pd.Series) -> pd.Series:
+    if getattr(s.dt, "tz", None) is not None:
+        s = s.dt.tz_convert("UTC").dt.tz_localize(None)
+    out = s.dt.strftime(DATETIME_FORMAT)
+    return out.where(s.notna(), None).astype(object)
+
+
+def _normalise_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(kwargs)
+    for k in ("min_value", "max_value", "value"):
+        if out.get(k) is not None:
+            out[k] = canonical_datetime(out[k])
+    for k in ("value_set",):
+        if out.get(k) is not None:
+            out[k] = sorted({canonical_datetime(v) for v in out[k]})
+    return out
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (np.bool_, bool)):
+        return bool(v)
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        f = float(v)
+        if math.isinf(f):
+            return "inf" if f > 0 else "-inf"  # infinite is reported as infinite, never as null
+        return f if math.isfinite(f) else None
+    if isinstance(v, (pd.Timestamp,)):
+        return canonical_datetime(v)
+    if v is None or isinstance(v, (int, str)):
+        return v
+    return str(v)

@@ -1,0 +1,32 @@
+"""The one file checksum: SHA-256 of the bytes, whatever the file size."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from tritonflow.checksums import CHUNK_BYTES, sha256_file
+
+
+@pytest.mark.parametrize("size", [0, 1, CHUNK_BYTES, 2 * CHUNK_BYTES + 17])
+def test_file_digest_is_the_sha256_of_its_bytes_across_block_boundaries(tmp_path, size):
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    path = tmp_path / "blob.bin"
+    path.write_bytes(data)
+    assert sha256_file(path) == hashlib.sha256(data).hexdigest()
+    assert sha256_file(str(path)) == sha256_file(path)
+
+
+def test_a_missing_file_raises_instead_of_hashing_nothing(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        sha256_file(tmp_path / "absent.bin")
+
+
+def test_storage_and_signing_use_the_same_helper():
+    from repository_sync import filesystem_storage, s3_storage, signing, storage
+
+    assert storage.sha256_file is sha256_file
+    assert filesystem_storage.sha256_file is sha256_file
+    assert s3_storage.sha256_file is sha256_file
+    assert signing.sha256_file is sha256_file
