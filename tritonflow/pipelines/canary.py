@@ -158,11 +158,12 @@ class CanaryEnvironment:
 
     # ------------------------------------------------------------------ clients
     def router(self):
-        """The :class:`repository_sync.router.NginxRouter` on the gateway's conf dir."""
+        """The traffic router ``TRITONFLOW_TRAFFIC_ROUTER`` names (default: NGINX on the gateway's conf dir)."""
         from repository_sync.coordination import coordination_store
-        from repository_sync.router import NginxRouter
+        from repository_sync.router import make_router
 
-        return NginxRouter(self.gateway_conf_dir, reload=self.gateway_reload, test=self.gateway_test,
+        return make_router(self.settings.traffic_router, conf_dir=self.gateway_conf_dir,
+                           reload=self.gateway_reload, test=self.gateway_test,
                            response_header=self.settings.gateway_response_header,
                            fallback=self.settings.fallback_enabled, fallback_timeout_s=self.settings.fallback_timeout_s,
                            coordination=coordination_store(self.settings))
