@@ -1177,7 +1177,8 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
     Returns:
         A small summary: ``model``, ``version``, ``triton_model_name``, ``triton_model_version``,
         ``repository_uri``, ``version_uri``, ``signature_digest``, ``key_id``, ``status``,
-        ``already_published``, ``profile``, ``reference_uri``, ``timings_s``.
+        ``already_published``, ``profile``, ``reference_uri``, ``timings_s``, and the MLflow
+        run holding the publish artifacts: ``publish_run_id``, ``publish_experiment_id``.
 
     Raises:
         RegistryError: A field of the record is empty, or MLflow refused a tag.
@@ -1237,6 +1238,7 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         # the health sentinel judges served answers against the range seen at validation
         extra[OUTPUT_RANGE_TAG] = json.dumps(output_ranges(_read_npz(loaded["expected_path"])), sort_keys=True)
     written.update(reg.set_version_tags(ref, extra))
+    run_id = reg.publish_run_id(ref)  # holds the artifacts above; the Airflow UI links to it
     summary = {
         "model": loaded["model"], "version": int(loaded["version"]),
         "triton_model_name": loaded["triton_model_name"], "triton_model_version": int(loaded["version"]),
@@ -1248,6 +1250,8 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         "reference_uri": reference["uri"], "timings_s": timings, "tags_written": len(written),
         "fallback": (loaded.get("fallback") or {}).get("status", "disabled"),
         "stale_tags_cleared": cleared,
+        "publish_run_id": run_id,
+        "publish_experiment_id": reg.client.get_run(run_id).info.experiment_id,
     }
     log.info("model %s version %s published and recorded: %s", ref.name, ref.version,
              json.dumps(summary, sort_keys=True))
