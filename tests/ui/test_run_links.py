@@ -129,7 +129,14 @@ def test_default_model_publish_succeeds_and_its_links_render_and_point_to_the_ri
     assert status == 200, f"{name} v{version} is not READY on Triton"
     tags = dict(MlflowClient(tracking_uri).get_model_version(name, str(version)).tags)
     assert tags["tritonflow.status"] == "published"
-    assert json.loads(tags["tritonflow.profile"])["status"] == "profiled", tags["tritonflow.profile"]
+    profile = json.loads(tags["tritonflow.profile"])
+    # Model Analyzer ran in the worker and measured: "profiled", or on a host too busy for a stable
+    # measurement "inconclusive" (the generated config kept, the version not judged by the noise)
+    assert profile["status"] in ("profiled", "inconclusive"), profile
+    if profile["status"] == "profiled":
+        assert profile["configs_measured"] >= 1 and profile["throughput"] > 0, profile
+    else:
+        assert "could be measured stably" in profile["reason"], profile
     assert not [k for k in tags if k.startswith("tritonflow.rejected")], tags
 
     # What the api-server serves for the record task: four links, and no Evidently report.

@@ -70,6 +70,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from tritonflow.exceptions import (
     DataError,
+    MeasurementUnstableError,
     ParityError,
     ProfilingError,
     RepositoryConflictError,
@@ -622,7 +623,10 @@ def profile(
 
     When ``enabled`` is false, or Model Analyzer cannot run on this host
     (:func:`profiling_unavailable_reason`), the generated config is kept and
-    ``state["profile"]["status"]`` says ``skipped``/``unavailable`` with the reason.
+    ``state["profile"]["status"]`` says ``skipped``/``unavailable`` with the reason. When Model
+    Analyzer ran but no configuration could be measured stably (a busy host:
+    :class:`~tritonflow.exceptions.MeasurementUnstableError`), the generated config is kept too,
+    status ``inconclusive``: noise is no verdict on the model and no config is chosen from it.
 
     Args:
         staged: State from :func:`convert_and_validate`.
@@ -639,8 +643,8 @@ def profile(
 
     Raises:
         SettingsError: Unknown or invalid bounds.
-        ProfilingError: No stable config met the constraint (names the model and each reason;
-            tagged rejected).
+        ProfilingError: Configs were measured stably and none met the p99 constraint (names the
+            model and each reason; tagged rejected).
         ToolingError: Model Analyzer or its Triton failed, or its Python environment is broken
             (an infrastructure error: not tagged, retried).
         TransientError: Model Analyzer ran past its timeout.
@@ -669,6 +673,11 @@ def profile(
     ref = _version_ref(reg, staged)
     try:
         updates = _profile(staged, search, s_run, reg, ref, b.get("timeout_s"), pass_runner)
+    except MeasurementUnstableError as exc:  # the host's noise: keep the generated config, no verdict
+        reason = f"{exc}; the generated config.pbtxt is kept"[:1000]
+        log.warning("model %s: profile inconclusive: %s", name, reason)
+        return _timed(staged, "profile", t0, profile=_json_safe(
+            {"status": "inconclusive", "reason": reason, "search": dataclasses.asdict(search)}))
     except (ProfilingError, DataError) as exc:  # ToolingError (the environment) is never a verdict
         _reject(reg, ref, exc, "profile")
         raise
