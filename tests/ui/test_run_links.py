@@ -102,11 +102,15 @@ def _get(url: str) -> tuple[int, bytes]:
 
 
 def _link_buttons(driver) -> dict[str, str]:
-    """``{button text: href}`` of the extra link buttons on the task instance page."""
+    """``{button text: href}`` of the extra link buttons on the task instance page (``{}`` while it re-renders)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    return {a.text.strip(): a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "a[href]")
-            if a.text.strip() in LINK_NAMES}
+    try:
+        return {a.text.strip(): a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, "a[href]")
+                if a.text.strip() in LINK_NAMES}
+    except StaleElementReferenceException:  # the page refreshed its data under us: ask again
+        return {}
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 600)
@@ -130,6 +134,7 @@ def test_default_model_publish_succeeds_and_its_links_render_and_point_to_the_ri
     tags = dict(MlflowClient(tracking_uri).get_model_version(name, str(version)).tags)
     assert tags["tritonflow.status"] == "published"
     profile = json.loads(tags["tritonflow.profile"])
+    print(f"profile of {name} v{version} in the worker: {profile['status']}")
     # Model Analyzer ran in the worker and measured: "profiled", or on a host too busy for a stable
     # measurement "inconclusive" (the generated config kept, the version not judged by the noise)
     assert profile["status"] in ("profiled", "inconclusive"), profile
@@ -159,6 +164,8 @@ def test_default_model_publish_succeeds_and_its_links_render_and_point_to_the_ri
             WebDriverWait(driver, UI_WAIT_S).until(lambda d: len(_link_buttons(d)) >= len(expected))
         except Exception:
             pytest.fail(f"the link buttons did not render; found {_link_buttons(driver)} on {driver.current_url}")
+        time.sleep(2)  # the details refresh once more after the first render
+        WebDriverWait(driver, UI_WAIT_S).until(lambda d: len(_link_buttons(d)) >= len(expected))
         buttons = _link_buttons(driver)
         assert buttons == expected  # no "Evidently report" button: nothing was recorded for it
         if docs_screenshots_wanted():
@@ -179,4 +186,9 @@ def test_default_model_publish_succeeds_and_its_links_render_and_point_to_the_ri
         body_text = driver.find_element("tag name", "body").text
         assert name in body_text and f"Version {version}" in body_text, body_text[:1000]
         if docs_screenshots_wanted():
+            from selenium.webdriver.common.by import By
+
+            for close in driver.find_elements(By.CSS_SELECTOR, "button[aria-label='Close']"):
+                close.click()  # MLflow's assistant side panel, open by default, hides half the page
+            time.sleep(1)
             save_docs_screenshot(driver, "mlflow-version.png")
