@@ -13,6 +13,7 @@ from airflow.sdk import Param, dag, get_current_context, task
 from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
+from tritonflow_plugin.links import record_link_info, task_with_links
 from tritonflow_plugin.registry_watcher import registry_asset, registry_conf_from_context
 
 #: The promotion task's timeout: the longest canary the params allow (checked by ``resolve``).
@@ -197,7 +198,7 @@ def canary_promotion():
         return ensure_loaded(plan["model"], [plan["champion"], plan["challenger"]],
                              triton_model=plan["triton_model"])
 
-    @task(execution_timeout=CANARY_TASK_TIMEOUT, retries=0, outlets=[CHAMPION_CHANGED])
+    @task_with_links(execution_timeout=CANARY_TASK_TIMEOUT, retries=0, outlets=[CHAMPION_CHANGED])
     @fail_fast_on_bad_data
     @_fail_on_lock
     def canary(plan: dict, loaded: dict) -> dict:
@@ -208,6 +209,8 @@ def canary_promotion():
         if plan["noop"]:
             push_step_results(get_current_context(), {"outcome": "noop", "reason": plan["reason"]})
             return {"outcome": "noop", "reason": plan["reason"]}
+        record_link_info(model_name=plan["model"], model_version=str(plan["challenger"]),
+                         triton_model=plan["triton_model"], triton_version=str(plan["challenger"]))
         result = run_promotion(
             plan["model"], plan["champion"], str(plan["challenger"]), steps=plan["steps"],
             bake_s=plan["bake_s"], min_requests=plan["min_requests"], use_stages=plan["use_stages"],
@@ -215,6 +218,7 @@ def canary_promotion():
             expected_predictions=plan.get("expected_predictions"),
         )
         push_step_results(get_current_context(), result)  # before a rollback fails this task
+        record_link_info(mlflow_run_id=(result.get("canary_run") or {}).get("run_id"))  # analyses and plot
         if result["outcome"] in ("rolled_back", "rollback_failed"):
             from airflow.sdk.exceptions import AirflowFailException
 

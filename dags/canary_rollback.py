@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Param, dag, get_current_context
 
 from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
+from tritonflow_plugin.links import record_link_info, task_with_links
 
 #: Timeout of the rollback task (a verify, at most one load, one gateway reload, registry calls).
 ROLLBACK_TASK_TIMEOUT = timedelta(minutes=15)
@@ -60,7 +61,7 @@ PARAMS = {
 )
 def canary_rollback():
     """Roll a model back to its previous champion (gateway first, then the alias)."""
-    @task(execution_timeout=ROLLBACK_TASK_TIMEOUT, retries=1, outlets=[CHAMPION_CHANGED])
+    @task_with_links(execution_timeout=ROLLBACK_TASK_TIMEOUT, retries=1, outlets=[CHAMPION_CHANGED])
     @fail_fast_on_bad_data
     def rollback() -> dict:
         """Gateway to the rollback target first, then the alias, then unload the old champion."""
@@ -84,6 +85,9 @@ def canary_rollback():
             from airflow.sdk.exceptions import AirflowFailException
 
             raise AirflowFailException(f"ConcurrencyError: {exc}") from exc
+        target = None if result.get("rolled_back_to") is None else str(result["rolled_back_to"])
+        record_link_info(model_name=p["model"], model_version=target, triton_model=result.get("triton_model"),
+                         triton_version=target)
         # champion_sentinel restarts the model's sentinel on the rolled-back-to champion
         context["outlet_events"][CHAMPION_CHANGED].extra = {
             "model": model, "champion": result.get("rolled_back_to"), "changed": True}

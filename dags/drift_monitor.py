@@ -13,6 +13,7 @@ from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_conte
 from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
+from tritonflow_plugin.links import record_version_links, task_with_links
 
 DESCRIPTION = "Every hour, check each served model's inputs for drift and raise an alert when they moved."
 
@@ -104,11 +105,13 @@ def drift_monitor():
         form.refuse_unknown_conf_keys(get_current_context())
         return monitored_models(only=list((params or {}).get("models") or []) or None)
 
-    @task(execution_timeout=timedelta(minutes=15), map_index_template="{{ task.op_kwargs['target']['model'] }}")
+    @task_with_links(execution_timeout=timedelta(minutes=15),
+                     map_index_template="{{ task.op_kwargs['target']['model'] }}")
     @fail_fast_on_bad_data
     def check(target: dict, params=None) -> dict:
         from tritonflow.pipelines.drift import check_model_hour
 
+        record_version_links(target["model"], target["version"])
         start, end = _window(get_current_context())
         return check_model_hour(target["model"], target["version"], start, end,
                                 reference_strategy=(params or {}).get("reference_strategy") or None)
@@ -133,14 +136,19 @@ def drift_monitor():
         start, end = _window(get_current_context())
         return profile_for_hour(target["model"], target["version"], start, end)
 
-    @task(execution_timeout=timedelta(minutes=10), trigger_rule="all_done")
+    @task_with_links(execution_timeout=timedelta(minutes=10), trigger_rule="all_done")
     @fail_fast_on_bad_data
     def record(summary: dict, evidently_results: list | None = None) -> dict:
         from tritonflow.pipelines.drift import record_in_mlflow
 
         ev = next((e for e in (evidently_results or []) if isinstance(e, dict)
                    and e.get("model") == summary.get("model")), None)
-        return record_in_mlflow(summary, evidently=ev)
+        recorded = record_in_mlflow(summary, evidently=ev)
+        html = [a for a in recorded.get("artifacts") or [] if str(a).endswith(".html")]
+        record_version_links(summary.get("model") or "", summary.get("model_version"),
+                             mlflow_run_id=recorded.get("run_id"), mlflow_experiment_id=recorded.get("experiment_id"),
+                             evidently_report_path=html[0] if html else None)
+        return recorded
 
     @task(execution_timeout=timedelta(minutes=5))
     def notify(summary: dict) -> dict:

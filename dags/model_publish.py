@@ -17,6 +17,7 @@ from airflow.sdk import Param, dag, get_current_context, task
 from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, MODEL_PUBLISHED, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
+from tritonflow_plugin.links import record_link_info, task_with_links
 from tritonflow_plugin.registry_watcher import registry_asset
 from tritonflow_plugin.xcom import limit_xcom_size
 
@@ -129,14 +130,13 @@ def _settings():
 )
 def model_publish():
     """Convert, validate, sign and publish a registered model version to Triton."""
-    @task(execution_timeout=SHORT_TASK_TIMEOUT)
+    @task_with_links(execution_timeout=SHORT_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def resolve() -> dict:
         """Model + version/alias (params, or the registry event) -> one model version."""
         from tritonflow.exceptions import SettingsError
         from tritonflow.pipelines import publish as pipeline
-        from tritonflow_plugin.links import record_link_info
         from tritonflow_plugin.loop import loop_context
         from tritonflow_plugin.registry_watcher import registry_conf_from_context
 
@@ -164,12 +164,11 @@ def model_publish():
         if not all(isinstance(d, str) and d.strip() for d in then):
             raise SettingsError(f"then={then!r} is invalid; expected a list of DAG ids")
         state = pipeline.resolve(pipeline.model_reference(model, selector), settings=_settings())
-        record_link_info(model_name=state["model"], model_version=str(state["version"]),
-                         triton_model=state["triton_model_name"], triton_version=str(state["version"]))
+        record_link_info(model_name=state["model"], model_version=str(state["version"]))
         return {**state, "then": then,
                 "loop": loop.model_dump(mode="json", exclude_none=True) if loop is not None else None}
 
-    @task(execution_timeout=CONVERT_TASK_TIMEOUT)
+    @task_with_links(execution_timeout=CONVERT_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def convert_and_validate(state: dict) -> dict:
@@ -177,6 +176,7 @@ def model_publish():
         from tritonflow.pipelines import publish as pipeline
         from tritonflow_plugin.loop import param_or_setting
 
+        record_link_info(model_name=state["model"], model_version=str(state["version"]))
         params = get_current_context()["params"]
         settings = _settings()
         dataset_uri = params.get("dataset_uri") or (state.get("loop") or {}).get("dataset_uri") or None
@@ -187,13 +187,14 @@ def model_publish():
             export_format=params.get("export_format") or "onnx", settings=settings,
         )
 
-    @task(execution_timeout=PROFILE_TASK_TIMEOUT)
+    @task_with_links(execution_timeout=PROFILE_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def profile(state: dict) -> dict:
         """Model Analyzer bounded sweep; keeps the generated config when off or unavailable."""
         from tritonflow.pipelines import publish as pipeline
 
+        record_link_info(model_name=state["model"], model_version=str(state["version"]))
         params = get_current_context()["params"]
         return pipeline.profile(state, enabled=_flag(params.get("profile"), _settings().publish_profile),
                                 settings=_settings())
@@ -219,20 +220,20 @@ def model_publish():
         params = get_current_context()["params"]
         return pipeline.sign_and_push(state, repository_uri=params.get("repository") or None, settings=_settings())
 
-    @task(execution_timeout=LOAD_TASK_TIMEOUT)
+    @task_with_links(execution_timeout=LOAD_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def load_and_smoke(state: dict) -> dict:
         """Verify, load (explicit mode), wait READY, smoke inference vs the source model."""
         from tritonflow.pipelines import publish as pipeline
-        from tritonflow_plugin.links import record_link_info
 
+        record_link_info(model_name=state["model"], model_version=str(state["version"]))
         out = pipeline.load_and_smoke(state, settings=_settings())
         record_link_info(triton_model=out["triton_model_name"], triton_version=str(out["version"]),
                          triton_http_url=out["triton_url"])
         return out
 
-    @task(execution_timeout=SHORT_TASK_TIMEOUT, outlets=[MODEL_PUBLISHED])
+    @task_with_links(execution_timeout=SHORT_TASK_TIMEOUT, outlets=[MODEL_PUBLISHED])
     @fail_fast_on_bad_data
     @limit_xcom_size
     def record(state: dict) -> dict:
@@ -240,7 +241,12 @@ def model_publish():
         from tritonflow.pipelines import publish as pipeline
 
         context = get_current_context()
+        record_link_info(model_name=state["model"], model_version=str(state["version"]),
+                         triton_model=state["triton_model_name"], triton_version=str(state["version"]),
+                         triton_http_url=state.get("triton_url"))
         summary = pipeline.record(state, settings=_settings())
+        record_link_info(mlflow_run_id=summary["publish_run_id"],
+                         mlflow_experiment_id=summary["publish_experiment_id"])
         context["outlet_events"][MODEL_PUBLISHED].extra = {
             k: summary[k] for k in ("model", "version", "triton_model_name", "repository_uri",
                                     "signature_digest", "key_id")

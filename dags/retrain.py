@@ -16,6 +16,7 @@ from airflow.sdk import Param, dag, get_current_context, task
 from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
+from tritonflow_plugin.links import record_version_links, task_with_links
 from tritonflow_plugin.xcom import limit_xcom_size
 
 #: Timeout of building the training window (reading the log and the labels).
@@ -133,7 +134,7 @@ def retrain():
                        label_column=params.get("label_column") or None)
         return {**window, "loop": loop.model_dump(mode="json", exclude_none=True) if loop else None}
 
-    @task(execution_timeout=TRAIN_TASK_TIMEOUT)
+    @task_with_links(execution_timeout=TRAIN_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def train(window: dict) -> dict:
@@ -163,6 +164,7 @@ def retrain():
         except ConcurrencyError as exc:  # in flight elsewhere, or within the cooldown
             raise AirflowSkipException(f"{type(exc).__name__}: {exc}") from exc
         out = {k: result[k] for k in ("name", "version", "run_id", "model_uri", "alias", "entry_point")}
+        record_version_links(out["name"], out["version"], served=False, mlflow_run_id=out["run_id"])
         out["publish_conf"] = retrain_handoff(
             window["model"], result["version"], reason=reason, drift_event=drift_event,
             window_start=loop.get("window_start"), window_end=params.get("window_end") or loop.get("window_end"),

@@ -15,6 +15,7 @@ from airflow.sdk import Param, dag, get_current_context, task
 from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, START_DATE, TAG
 from tritonflow_plugin.errors import fail_fast_on_bad_data
+from tritonflow_plugin.links import record_link_info, task_with_links
 from tritonflow_plugin.xcom import limit_xcom_size
 
 #: Timeout of the short tasks (planning, registry reads, the branch, the triggers).
@@ -168,14 +169,18 @@ def shadow_evaluation():
 
         return resolve_versions(request["model"], request["challenger"] or None)
 
-    @task(execution_timeout=PUBLISH_TASK_TIMEOUT)
+    @task_with_links(execution_timeout=PUBLISH_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def publish_challenger(resolved: dict) -> dict:
         """Publish the challenger through the publish pipeline unless it is in the repository."""
         from tritonflow.pipelines.shadow import ensure_challenger_published
 
-        return ensure_challenger_published(resolved)
+        out = ensure_challenger_published(resolved)
+        if out.get("version") is not None:
+            record_link_info(model_name=out["model"], model_version=str(out["version"]),
+                             triton_model=out["triton_model_name"], triton_version=str(out["triton_model_version"]))
+        return out
 
     @task(execution_timeout=REPLAY_TASK_TIMEOUT)
     @fail_fast_on_bad_data
@@ -195,7 +200,7 @@ def shadow_evaluation():
         return run_replay(resolved["model"], resolved["champion"], resolved["challenger"],
                           request["window_start"], request["window_end"])
 
-    @task(execution_timeout=COMPARE_TASK_TIMEOUT)
+    @task_with_links(execution_timeout=COMPARE_TASK_TIMEOUT)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def compare(request: dict, replayed: dict) -> dict:
@@ -209,6 +214,9 @@ def shadow_evaluation():
         out = run_compare(replayed, label_column=params.get("label_column") or None,
                           rule_overrides=overrides, drift_event=request["drift_event"])
         out["canary_conf"], out["retrain_conf"] = shadow_handoffs(request, out, run_id=context["run_id"])
+        role = "challenger" if out.get("challenger") is not None else "champion"  # whose record holds the report
+        record_link_info(model_name=out["model"], model_version=str(out[role]),
+                         mlflow_run_id=(out.get("recorded") or {}).get(role, {}).get("run_id"))
         return out
 
     @task.branch(execution_timeout=SHORT_TASK_TIMEOUT)

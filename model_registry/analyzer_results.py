@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from tritonflow.exceptions import ProfilingError
+from tritonflow.exceptions import MeasurementUnstableError, ProfilingError
 from tritonflow.settings import Settings, get_settings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -264,6 +264,9 @@ def choose_best(
     Raises:
         ProfilingError: No candidate survived; the message names the model and each reason. An
             empty or all-dropped table never yields a "best config".
+        MeasurementUnstableError: Every candidate was dropped for instability alone (none for its
+            latency): the measurements say nothing about the model (a busy host), so this is an
+            infrastructure error, not a :class:`ProfilingError`.
     """
     s = settings or get_settings()
     limit = s.analyzer_p99_latency_ms if p99_latency_ms is None else p99_latency_ms
@@ -275,14 +278,17 @@ def choose_best(
     for c in list(passes or {}) + list(flagged):
         by_config.setdefault(c, [])
     dropped: dict[str, str] = {}
+    unstable_only: set[str] = set()  # dropped for how they were measured, not for what was measured
     eligible: list[tuple[str, float, ProfileRow]] = []
     for config, measured in by_config.items():
         st = stab.get(config)
         if config in flagged:
             dropped[config] = "perf_analyzer could not obtain a stable measurement"
+            unstable_only.add(config)
             continue
         if st is not None and not st.stable:
             dropped[config] = st.reason
+            unstable_only.add(config)
             continue
         finite = [r for r in measured if math.isfinite(r.throughput) and math.isfinite(r.p99_latency_ms)]
         if not finite:
@@ -292,6 +298,7 @@ def choose_best(
                 eligible.append((config, st.mean, row))
             else:
                 dropped[config] = "no finite measurement"
+                unstable_only.add(config)
             continue
         ok = [r for r in finite if r.p99_latency_ms <= limit]
         if not ok:
@@ -303,6 +310,11 @@ def choose_best(
         eligible.append((config, score, best_row))
     if not eligible:
         reasons = "; ".join(f"{c}: {r}" for c, r in sorted(dropped.items())) or "no configuration was measured"
+        if dropped and set(dropped) == unstable_only:
+            raise MeasurementUnstableError(
+                f"profiling model {model_name!r}: no configuration could be measured stably ({reasons}); "
+                "the host is too busy for a stable measurement, which says nothing about the model"
+            )
         raise ProfilingError(
             f"profiling model {model_name!r} produced no usable configuration ({reasons}); "
             "nothing is published as best config"

@@ -77,6 +77,21 @@ def _parity_sentence(parity: Mapping[str, Any]) -> str:
     return f"Parity with the MLflow model: max abs difference {worst:.2g} over `{worst_name}`."
 
 
+def _profile_sentence(profile: Mapping[str, Any]) -> str:
+    """How the served config was chosen (tag ``tritonflow.profile``), ``""`` when unknown."""
+    status = profile.get("status")
+    if status == "profiled" and profile.get("best"):
+        return (f"Config chosen by Model Analyzer ({profile['best']}): "
+                f"{float(profile.get('throughput') or 0):.0f} inferences/s, p99 "
+                f"{float(profile.get('p99_latency_ms') or 0):.1f} ms.")
+    if status == "inconclusive":
+        return ("Profiling inconclusive: no config could be measured stably (a busy host), so the "
+                "generated config is served.")
+    if status in ("skipped", "unavailable"):
+        return f"Not profiled ({status}); the generated config is served."
+    return ""
+
+
 def version_description(tags: Mapping[str, str], aliases: Sequence[str] = ()) -> str:
     """The Markdown description of a model version, rebuilt from its tags and aliases.
 
@@ -118,6 +133,9 @@ def version_description(tags: Mapping[str, str], aliases: Sequence[str] = ()) ->
         config = _config_sentence(_mapping(_load(t.get("config_summary"))))
         if config:
             lines.append("- " + config)
+        profiled = _profile_sentence(_mapping(_load(t.get("profile"))))
+        if profiled:
+            lines.append("- " + profiled)
         if t.get("signature_key_id"):
             lines.append(f"- Signed by key `{t['signature_key_id'][:12]}`; digest "
                          f"`{str(t.get('signature_digest', ''))[:12]}`.")

@@ -122,6 +122,15 @@ class ToolingError(TransientError):
     """
 
 
+class MeasurementUnstableError(ToolingError):
+    """No profiled configuration could be measured stably (a busy host); no verdict on the model.
+
+    Raised when every candidate was dropped for instability (perf_analyzer could not stabilise,
+    throughput CV above the threshold, no finite measurement), none for its latency. The publish
+    pipeline then keeps the generated config and records the profile as inconclusive.
+    """
+
+
 class ModelLoadError(TransientError):
     """Triton did not bring a model version to READY within the timeout."""
 

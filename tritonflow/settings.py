@@ -224,6 +224,12 @@ DEFAULT_EVENT_MAPPING_PATH = ""
 DEFAULT_REGISTRY_POLL_INTERVAL_S = 60.0
 #: Base URL of the MLflow UI for extra links (empty: the resolved tracking URI).
 DEFAULT_MLFLOW_UI_URL = ""
+#: Triton HTTP base URL a browser reaches, for the "Triton model" extra link (empty: the URL the
+#: task used, e.g. ``http://127.0.0.1:8000``; docker-compose sets ``http://localhost:8000``).
+DEFAULT_TRITON_PUBLIC_URL = ""
+#: URL of the Grafana serving dashboard for the "Grafana panel" extra link (empty: no such link);
+#: the compose stack's is ``http://localhost:3000/d/tritonflow-triton``.
+DEFAULT_GRAFANA_DASHBOARD_URL = ""
 
 
 # ---------------------------------------------------------------------------- model_registry: shadow/retrain
@@ -595,6 +601,14 @@ class Settings:
     mlflow_ui_url: str = _field(
         DEFAULT_MLFLOW_UI_URL, "MLFLOW_UI_URL", "MLflow UI base URL for links (empty: tracking URI)."
     )
+    triton_public_url: str = _field(
+        DEFAULT_TRITON_PUBLIC_URL, "TRITON_PUBLIC_URL",
+        "Triton HTTP base URL for links (empty: the URL the task used).",
+    )
+    grafana_dashboard_url: str = _field(
+        DEFAULT_GRAFANA_DASHBOARD_URL, "GRAFANA_DASHBOARD_URL",
+        "Grafana serving dashboard URL for links (empty: no Grafana link).",
+    )
 
     # -------------------------------------------------------------- model_registry: shadow/retrain
     shadow_min_labels: int = _field(
@@ -890,6 +904,7 @@ class Settings:
                     f"{ENV_PREFIX + f.metadata['env']}={value!r} is not a TCP port "
                     "(expected 0-65535; 0 picks a free port where a service allows it)"
                 )
+        _check_link_urls(self)
 
     @classmethod
     def effective(cls, environ: Mapping[str, str] | None = None) -> list[tuple[str, str, str]]:
@@ -924,6 +939,21 @@ class Settings:
             (ENV_PREFIX + f.metadata["env"], str(f.default), f.metadata["doc"])
             for f in dataclasses.fields(cls)
         ]
+
+
+#: Settings holding a base URL a browser opens from the Airflow UI's extra links.
+LINK_URL_FIELDS = ("mlflow_ui_url", "triton_public_url", "grafana_dashboard_url")
+
+
+def _check_link_urls(settings: Settings) -> None:
+    """Refuse a link base URL that is neither empty nor ``http(s)://...`` (a browser could not open it)."""
+    for field in dataclasses.fields(settings):
+        value = getattr(settings, field.name)
+        if field.name in LINK_URL_FIELDS and value and not value.startswith(("http://", "https://")):
+            raise SettingsError(
+                f"{ENV_PREFIX + field.metadata['env']}={value!r} is not a URL a browser can open "
+                "(expected empty or http(s)://host[:port][/path])"
+            )
 
 
 def _convert(name: str, raw: str, default: Any) -> Any:

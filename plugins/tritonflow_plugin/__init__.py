@@ -6,7 +6,8 @@ keeps heavy imports (MLflow, tritonclient, FastAPI) inside functions so DAG pars
 
 Modules:
     hooks: ``MlflowHook`` (conn type ``mlflow``) and ``TritonHook`` (conn type ``triton``).
-    links: operator extra links (MLflow model version, Evidently report, Triton model).
+    links: operator extra links (MLflow model version and run, Evidently report, Triton model,
+        Grafana panel) and the ``@task_with_links`` decorator.
     notifications: ``TritonflowFailureNotifier`` for ``on_failure_callback``.
     xcom: artefact references ``{uri, sha256, bytes}`` and the XCom size check.
     errors: ``fail_fast_on_bad_data`` (``DataError`` -> ``AirflowFailException``).

@@ -2,8 +2,9 @@
 
 :func:`get_stack` starts :class:`tritonflow.runtime.airflow.AirflowDeployment` once (PostgreSQL
 database ``tritonflow_af_<random>``, Redis broker, CeleryExecutor, api-server, scheduler,
-dag-processor, triggerer, Celery worker, all on free loopback ports) and registers its teardown
-with the pytest session, so both test folders use the same processes.
+dag-processor, triggerer, Celery worker, all on free loopback ports), beside a Triton server in
+explicit mode over the stack's model repository (folder), which the workers' settings name, and
+registers the teardown with the pytest session, so both test folders use the same processes.
 
 The DAG folder is ``<repo>/dags`` when every DAG the tests drive is there; a DAG still being
 written is replaced by a stand-in with the same id, schedule and kind of Params in a temporary
@@ -23,10 +24,12 @@ from typing import Any
 import pytest
 
 from tritonflow.runtime.airflow import AirflowApi, AirflowConfig, AirflowDeployment
-from tritonflow.runtime.services import free_port
+from tritonflow.runtime.services import TritonServer, free_port
 from tritonflow.settings import PROJECT_ROOT, Settings
 
 REPO_DAGS = PROJECT_ROOT / "dags"
+#: The compose stack's Grafana dashboard (deploy/grafana/dashboards/triton.json, uid tritonflow-triton).
+GRAFANA_DASHBOARD_URL = "http://localhost:3000/d/tritonflow-triton"
 #: DAG files the tests need, and the stand-in used while a file is missing.
 STAND_INS = {
     "model_publish.py": textwrap.dedent('''\
@@ -74,6 +77,8 @@ class Stack:
     env: dict[str, str]
     stand_ins: list[str]
     home: Path
+    triton: TritonServer
+    repository: Path
 
     @property
     def url(self) -> str:
@@ -112,6 +117,13 @@ def get_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     dags, stand_ins = _dags_folder(home)
     model = f"deploy-{secrets.token_hex(4)}"
     secret = secrets.token_urlsafe(24)
+    repository = home / "repository"
+    repository.mkdir()
+    triton_settings = Settings.from_env({}, home=home / "triton", triton_http_port=free_port(),
+                                        triton_grpc_port=free_port(), triton_metrics_port=free_port())
+    triton = TritonServer(triton_settings, repository=str(repository))
+    request.config.add_cleanup(triton.stop)
+    triton.start()
     env = {
         "TRITONFLOW_HOME": str(home / "tf_home"),
         "TRITONFLOW_MLFLOW_TRACKING_URI": mlflow.tracking_uri,
@@ -121,6 +133,13 @@ def get_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         "TRITONFLOW_WEBHOOK_SECRET": secret,
         "TRITONFLOW_REGISTRY_POLL_INTERVAL_S": "5",
         "TRITONFLOW_EVENT_MAPPING_PATH": "",
+        "TRITONFLOW_HOST": triton_settings.host,
+        "TRITONFLOW_TRITON_HTTP_PORT": str(triton_settings.triton_http_port),
+        "TRITONFLOW_TRITON_GRPC_PORT": str(triton_settings.triton_grpc_port),
+        "TRITONFLOW_TRITON_METRICS_PORT": str(triton_settings.triton_metrics_port),
+        "TRITONFLOW_REPOSITORY_URI": str(repository),
+        # no Grafana runs here: the link only has to name the compose stack's dashboard
+        "TRITONFLOW_GRAFANA_DASHBOARD_URL": GRAFANA_DASHBOARD_URL,
     }
     settings = Settings.from_env({}, home=home / "tf_home")
     config = AirflowConfig.from_settings(
@@ -137,6 +156,6 @@ def get_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         _STACK["error"] = str(exc)[-3000:]
         raise
     stack = Stack(deployment=deployment, api=AirflowApi(deployment.api_url), webhook_secret=secret,
-                  model=model, env=env, stand_ins=stand_ins, home=home)
+                  model=model, env=env, stand_ins=stand_ins, home=home, triton=triton, repository=repository)
     _STACK["stack"] = stack
     return stack

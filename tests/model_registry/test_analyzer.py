@@ -30,7 +30,7 @@ from model_registry.analyzer_results import (
 )
 from model_registry.hardware import GpuInfo, HardwareInventory
 from model_registry.triton_config import parse_config
-from tritonflow.exceptions import ProfilingError
+from tritonflow.exceptions import MeasurementUnstableError, ProfilingError, ToolingError
 
 CPU_HOST = HardwareInventory((), False, "NVML unavailable (no NVIDIA driver/GPU)", 8 << 30, 4 << 30, 2)
 GPU_HOST = HardwareInventory((GpuInfo(0, "Tesla T4", "GPU-x", 16 << 30, 15 << 30, (7, 5)),), True, "",
@@ -240,6 +240,17 @@ def test_unstable_config_is_dropped_and_the_stable_one_chosen(settings):
     assert "coefficient of variation 1.25 > 0.1" in sel.dropped["tabular_cpu_config_2"]
     assert "dropped tabular_cpu_config_2: unstable" in sel.report()
     assert [c for c, _ in sel.ranking] == ["tabular_cpu_config_3"]
+
+
+def test_every_config_unstable_is_a_measurement_failure_not_a_verdict_on_the_model(settings):
+    rows = read_results_csv(MA_RESULTS)
+    configs = sorted({r.config for r in rows})
+    with pytest.raises(MeasurementUnstableError, match="'tabular_cpu'.*measured stably") as err:
+        choose_best(rows, model_name="tabular_cpu", unstable=configs, settings=settings)
+    assert isinstance(err.value, ToolingError) and not isinstance(err.value, ProfilingError)
+    # one config measured stably and too slow: that is a verdict (the model misses the constraint)
+    with pytest.raises(ProfilingError, match="p99 latency"):
+        choose_best(rows, model_name="tabular_cpu", unstable=configs[1:], p99_latency_ms=1.0, settings=settings)
 
 
 def test_passes_alone_rank_only_stable_configs(settings):

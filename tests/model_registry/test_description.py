@@ -26,6 +26,17 @@ def test_a_champion_is_described_with_its_publish_parity_config_signature_and_la
     assert "Signed by key `51c6a2ffee00`" in text
 
 
+def test_how_the_served_config_was_chosen_is_said_in_words():
+    def described(profile):
+        return version_description(_tags(status="published", profile=profile), [])
+
+    assert ("- Config chosen by Model Analyzer (m_config_1): 812 inferences/s, p99 3.4 ms."
+            in described({"status": "profiled", "best": "m_config_1", "throughput": 812.4, "p99_latency_ms": 3.42}))
+    assert "- Profiling inconclusive: no config could be measured stably" in described(
+        {"status": "inconclusive", "reason": "..."})
+    assert "- Not profiled (skipped); the generated config is served." in described({"status": "skipped"})
+
+
 def test_a_version_without_tritonflow_tags_says_so_and_ignores_other_tags():
     text = version_description({"owner": "ml-team"}, [])
     assert text.startswith("**Not published by tritonflow yet**.")

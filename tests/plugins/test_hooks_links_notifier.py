@@ -13,8 +13,10 @@ from tritonflow.exceptions import SettingsError
 from tritonflow_plugin.hooks import MlflowHook, TritonHook
 from tritonflow_plugin.links import (
     evidently_link_from_info,
+    grafana_link_from_info,
     mlflow_link_from_info,
     mlflow_model_version_url,
+    mlflow_run_link_from_info,
     triton_link_from_info,
 )
 from tritonflow_plugin.notifications import TritonflowFailureNotifier
@@ -62,6 +64,29 @@ def test_extra_link_urls_from_recorded_info():
     assert evidently_link_from_info({"evidently_report_url": "https://r/x.html"}, "http://m") == "https://r/x.html"
     assert triton_link_from_info(info, "127.0.0.1:8000") == "http://127.0.0.1:8000/v2/models/churn/versions/7"
     assert mlflow_link_from_info({}, "http://m") == "" and triton_link_from_info({}, "h:1") == ""
+    assert mlflow_run_link_from_info(info, "http://m/") == "http://m/#/experiments/3/runs/abc"
+    # without an experiment id: MLflow's direct run route, which finds the experiment itself
+    assert mlflow_run_link_from_info({"mlflow_run_id": "abc"}, "http://m") == "http://m/#/runs/abc"
+    assert mlflow_run_link_from_info({}, "http://m") == ""
+    # docker-compose: the tasks reach triton:8000, a browser reaches the public URL
+    inside = {**info, "triton_http_url": "triton:8000"}
+    assert triton_link_from_info(inside, "h:1", "http://localhost:8000") == "http://localhost:8000/v2/models/churn/versions/7"
+    assert triton_link_from_info(inside, "h:1") == "http://triton:8000/v2/models/churn/versions/7"
+    dashboard = "http://localhost:3000/d/tritonflow-triton"
+    assert grafana_link_from_info(info, dashboard) == f"{dashboard}?var-model=churn&viewPanel=1"
+    assert grafana_link_from_info(info, dashboard + "?orgId=1") == f"{dashboard}?orgId=1&var-model=churn&viewPanel=1"
+    assert grafana_link_from_info(info, "") == "" and grafana_link_from_info({}, dashboard) == ""
+
+
+def test_a_link_base_url_a_browser_cannot_open_is_refused_naming_the_variable():
+    from tritonflow.settings import Settings
+
+    with pytest.raises(SettingsError, match=r"TRITONFLOW_GRAFANA_DASHBOARD_URL='grafana:3000/d/x'.*http\(s\)://"):
+        Settings.from_env({"TRITONFLOW_GRAFANA_DASHBOARD_URL": "grafana:3000/d/x"})
+    with pytest.raises(SettingsError, match="TRITONFLOW_TRITON_PUBLIC_URL"):
+        Settings.from_env({"TRITONFLOW_TRITON_PUBLIC_URL": "localhost:8000"})
+    ok = Settings.from_env({"TRITONFLOW_GRAFANA_DASHBOARD_URL": "https://g.example/d/x"})
+    assert ok.grafana_dashboard_url == "https://g.example/d/x" and ok.triton_public_url == ""
 
 
 class _Receiver(BaseHTTPRequestHandler):

@@ -70,6 +70,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from tritonflow.exceptions import (
     DataError,
+    MeasurementUnstableError,
     ParityError,
     ProfilingError,
     RepositoryConflictError,
@@ -657,7 +658,10 @@ def profile(
 
     When ``enabled`` is false, or Model Analyzer cannot run on this host
     (:func:`profiling_unavailable_reason`), the generated config is kept and
-    ``state["profile"]["status"]`` says ``skipped``/``unavailable`` with the reason.
+    ``state["profile"]["status"]`` says ``skipped``/``unavailable`` with the reason. When Model
+    Analyzer ran but no configuration could be measured stably (a busy host:
+    :class:`~tritonflow.exceptions.MeasurementUnstableError`), the generated config is kept too,
+    status ``inconclusive``: noise is no verdict on the model and no config is chosen from it.
 
     Args:
         staged: State from :func:`convert_and_validate`.
@@ -674,8 +678,8 @@ def profile(
 
     Raises:
         SettingsError: Unknown or invalid bounds.
-        ProfilingError: No stable config met the constraint (names the model and each reason;
-            tagged rejected).
+        ProfilingError: Configs were measured stably and none met the p99 constraint (names the
+            model and each reason; tagged rejected).
         ToolingError: Model Analyzer or its Triton failed, or its Python environment is broken
             (an infrastructure error: not tagged, retried).
         TransientError: Model Analyzer ran past its timeout.
@@ -704,6 +708,11 @@ def profile(
     ref = _version_ref(reg, staged)
     try:
         updates = _profile(staged, search, s_run, reg, ref, b.get("timeout_s"), pass_runner)
+    except MeasurementUnstableError as exc:  # the host's noise: keep the generated config, no verdict
+        reason = f"{exc}; the generated config.pbtxt is kept"[:1000]
+        log.warning("model %s: profile inconclusive: %s", name, reason)
+        return _timed(staged, "profile", t0, profile=_json_safe(
+            {"status": "inconclusive", "reason": reason, "search": dataclasses.asdict(search)}))
     except (ProfilingError, DataError) as exc:  # ToolingError (the environment) is never a verdict
         _reject(reg, ref, exc, "profile")
         raise
@@ -1212,7 +1221,8 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
     Returns:
         A small summary: ``model``, ``version``, ``triton_model_name``, ``triton_model_version``,
         ``repository_uri``, ``version_uri``, ``signature_digest``, ``key_id``, ``status``,
-        ``already_published``, ``profile``, ``reference_uri``, ``timings_s``.
+        ``already_published``, ``profile``, ``reference_uri``, ``timings_s``, and the MLflow
+        run holding the publish artifacts: ``publish_run_id``, ``publish_experiment_id``.
 
     Raises:
         RegistryError: A field of the record is empty, or MLflow refused a tag.
@@ -1272,6 +1282,7 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         # the health sentinel judges served answers against the range seen at validation
         extra[OUTPUT_RANGE_TAG] = json.dumps(output_ranges(_read_npz(loaded["expected_path"])), sort_keys=True)
     written.update(reg.set_version_tags(ref, extra))
+    run_id = reg.publish_run_id(ref)  # holds the artifacts above; the Airflow UI links to it
     summary = {
         "model": loaded["model"], "version": int(loaded["version"]),
         "triton_model_name": loaded["triton_model_name"], "triton_model_version": int(loaded["version"]),
@@ -1283,6 +1294,8 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         "reference_uri": reference["uri"], "timings_s": timings, "tags_written": len(written),
         "fallback": (loaded.get("fallback") or {}).get("status", "disabled"),
         "stale_tags_cleared": cleared,
+        "publish_run_id": run_id,
+        "publish_experiment_id": reg.client.get_run(run_id).info.experiment_id,
     }
     log.info("model %s version %s published and recorded: %s", ref.name, ref.version,
              json.dumps(summary, sort_keys=True))

@@ -994,7 +994,8 @@ def _record(settings: Settings, model: str, evidence: Mapping[str, Any], evidenc
             SHADOW_TAG_PREFIX + "evidence_uri": evidence_uri,
             SHADOW_TAG_PREFIX + "report_uri": report_uri,
         }
-        out[role] = {"version": version, "evidence_uri": evidence_uri, "report_uri": report_uri}
+        out[role] = {"version": version, "evidence_uri": evidence_uri, "report_uri": report_uri,
+                     "run_id": registry.publish_run_id(ref)}  # the run holding the files above
         if role == "challenger" and expected_path:
             expected_uri = registry.log_version_artifact(ref, expected_path, artifact_path)
             tags[EXPECTED_TAG] = expected_uri
