@@ -6,20 +6,15 @@ file parses fast and without network).
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from airflow.sdk import Param, dag, get_current_context, task
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG
-from tritonflow_plugin.errors import fail_fast_on_bad_data
+from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG, TIMEOUTS
+from tritonflow_plugin.errors import fail_fast_on_bad_data, when_lock_held
 from tritonflow_plugin.links import record_link_info, task_with_links
 from tritonflow_plugin.registry_watcher import registry_asset, registry_conf_from_context
+from tritonflow_plugin.xcom import limit_xcom_size
 
-#: The promotion task's timeout: the longest canary the params allow (checked by ``resolve``).
-CANARY_TASK_TIMEOUT = timedelta(hours=4)
-#: Timeout of the short tasks (resolution, pre-flight, loading both versions).
-SHORT_TASK_TIMEOUT = timedelta(minutes=15)
 #: Largest bake time a run may ask for (seconds).
 MAX_BAKE_S = 3600
 
@@ -121,24 +116,6 @@ def _request(params: dict, context) -> dict:
     return req
 
 
-def _fail_on_lock(func):
-    """A promotion refused by the lock fails at once (no retry) with the holder named."""
-    import functools
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        from tritonflow.exceptions import ConcurrencyError
-
-        try:
-            return func(*args, **kwargs)
-        except ConcurrencyError as exc:
-            from airflow.sdk.exceptions import AirflowFailException
-
-            raise AirflowFailException(f"ConcurrencyError: {exc}") from exc
-
-    return wrapper
-
-
 @dag(
     dag_id="canary_promotion",
     schedule=[registry_asset("canary_promotion")],
@@ -153,8 +130,9 @@ def _fail_on_lock(func):
 )
 def canary_promotion():
     """Canary-promote a challenger through the gateway, with automatic rollback."""
-    @task(execution_timeout=SHORT_TASK_TIMEOUT)
+    @task(execution_timeout=TIMEOUTS.promotion_step)
     @fail_fast_on_bad_data
+    @limit_xcom_size
     def resolve_versions() -> dict:
         """Resolve challenger/champion; refuse a schedule the promotion task cannot hold."""
         from repository_sync.canary import parse_steps
@@ -166,10 +144,10 @@ def canary_promotion():
         req = _request(context["params"], context)
         steps = list(parse_steps(req["steps"], "steps"))
         budget = canary_time_budget_s(steps, req["bake_s"], get_settings().canary_max_extensions)
-        if budget > CANARY_TASK_TIMEOUT.total_seconds():
+        if budget > TIMEOUTS.canary.total_seconds():
             raise SettingsError(
                 f"steps={steps} with bake_s={req['bake_s']} may take {budget:.0f} s, more than the "
-                f"promotion task's execution_timeout of {CANARY_TASK_TIMEOUT.total_seconds():.0f} s; "
+                f"promotion task's execution_timeout of {TIMEOUTS.canary.total_seconds():.0f} s; "
                 "use fewer steps or a shorter bake"
             )
         res = resolve(req["model"], req["challenger"], req["champion"])
@@ -177,8 +155,9 @@ def canary_promotion():
                 "use_stages": bool(req["use_stages"]), "dry_run": bool(req["dry_run"]),
                 "expected_predictions": req.get("expected_predictions") or None}
 
-    @task(execution_timeout=SHORT_TASK_TIMEOUT)
+    @task(execution_timeout=TIMEOUTS.promotion_step)
     @fail_fast_on_bad_data
+    @limit_xcom_size
     def preflight(plan: dict) -> dict:
         """Enough GPU/host memory for the challenger beside the champion; traffic untouched."""
         if plan["noop"] or plan["champion"] == plan["challenger"]:
@@ -187,8 +166,9 @@ def canary_promotion():
 
         return check(plan["model"], plan["champion"], plan["challenger"], triton_model=plan["triton_model"])
 
-    @task(execution_timeout=SHORT_TASK_TIMEOUT)
+    @task(execution_timeout=TIMEOUTS.promotion_step)
     @fail_fast_on_bad_data
+    @limit_xcom_size
     def load_side_by_side(plan: dict, memory: dict) -> dict:
         """Signatures re-verified, champion and challenger loaded side by side."""
         if plan["noop"] or plan["dry_run"] or plan["champion"] == plan["challenger"]:
@@ -198,9 +178,10 @@ def canary_promotion():
         return ensure_loaded(plan["model"], [plan["champion"], plan["challenger"]],
                              triton_model=plan["triton_model"])
 
-    @task_with_links(execution_timeout=CANARY_TASK_TIMEOUT, retries=0, outlets=[CHAMPION_CHANGED])
+    @task_with_links(execution_timeout=TIMEOUTS.canary, retries=0, outlets=[CHAMPION_CHANGED])
     @fail_fast_on_bad_data
-    @_fail_on_lock
+    @when_lock_held("fail")
+    @limit_xcom_size
     def canary(plan: dict, loaded: dict) -> dict:
         """Steps with analysis under the promotion lock; promote at 100 % or roll back."""
         from tritonflow.pipelines.canary import run_promotion
@@ -235,15 +216,17 @@ def canary_promotion():
                                            "canary_id", "steps", "promotion", "gc", "rollback_target",
                                            "canary_run")}
 
-    @task(execution_timeout=SHORT_TASK_TIMEOUT, trigger_rule="all_done", retries=0, on_failure_callback=None,
+    @task(execution_timeout=TIMEOUTS.promotion_step, trigger_rule="all_done", retries=0, on_failure_callback=None,
           map_index_template="{{ task.op_kwargs['percent'] }} %")
+    @limit_xcom_size
     def canary_step(percent: int) -> dict:
         """One box per traffic step in the grid: passed (success), failed, or never reached (skipped)."""
         from tritonflow_plugin.canary_grid import show_step, step_results
 
         return show_step(percent, step_results(get_current_context()))
 
-    @task(execution_timeout=SHORT_TASK_TIMEOUT)
+    @task(execution_timeout=TIMEOUTS.promotion_step)
+    @limit_xcom_size
     def traffic_steps(plan: dict) -> list[int]:
         """The challenger's traffic percents, one ``canary_step`` box each."""
         return [int(p) for p in plan["steps"]]

@@ -6,17 +6,13 @@ task so the file parses fast and without network).
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from airflow.sdk import Param, dag, get_current_context
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG
-from tritonflow_plugin.errors import fail_fast_on_bad_data
+from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG, TIMEOUTS
+from tritonflow_plugin.errors import fail_fast_on_bad_data, when_lock_held
 from tritonflow_plugin.links import record_link_info, task_with_links
-
-#: Timeout of the rollback task (a verify, at most one load, one gateway reload, registry calls).
-ROLLBACK_TASK_TIMEOUT = timedelta(minutes=15)
+from tritonflow_plugin.xcom import limit_xcom_size
 
 DESCRIPTION = "Put a model back on its previous champion version: traffic first, then the alias."
 
@@ -61,11 +57,13 @@ PARAMS = {
 )
 def canary_rollback():
     """Roll a model back to its previous champion (gateway first, then the alias)."""
-    @task_with_links(execution_timeout=ROLLBACK_TASK_TIMEOUT, retries=1, outlets=[CHAMPION_CHANGED])
+    @task_with_links(execution_timeout=TIMEOUTS.rollback, retries=1, outlets=[CHAMPION_CHANGED])
     @fail_fast_on_bad_data
+    @when_lock_held("fail")
+    @limit_xcom_size
     def rollback() -> dict:
         """Gateway to the rollback target first, then the alias, then unload the old champion."""
-        from tritonflow.exceptions import ConcurrencyError, SettingsError
+        from tritonflow.exceptions import SettingsError
         from tritonflow.pipelines.canary import manual_rollback
         from tritonflow_plugin.registry_watcher import registry_conf_from_context
 
@@ -77,14 +75,9 @@ def canary_rollback():
         if not model:
             raise SettingsError("model is empty; expected the name of the registered MLflow model to roll "
                                 "back (field 'Model')")
-        try:
-            result = manual_rollback(model, p["reason"], use_stages=bool(p["use_stages"]),
-                                     unload_rolled_back=bool(p["unload_rolled_back"]),
-                                     holder=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}")
-        except ConcurrencyError as exc:
-            from airflow.sdk.exceptions import AirflowFailException
-
-            raise AirflowFailException(f"ConcurrencyError: {exc}") from exc
+        result = manual_rollback(model, p["reason"], use_stages=bool(p["use_stages"]),
+                                 unload_rolled_back=bool(p["unload_rolled_back"]),
+                                 holder=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}")
         target = None if result.get("rolled_back_to") is None else str(result["rolled_back_to"])
         record_link_info(model_name=p["model"], model_version=target, triton_model=result.get("triton_model"),
                          triton_version=target)

@@ -12,8 +12,9 @@ from datetime import timedelta
 from airflow.sdk import Param, dag, get_current_context, task
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG
+from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG, TIMEOUTS
 from tritonflow_plugin.sentinel import ChampionSentinelOperator
+from tritonflow_plugin.xcom import limit_xcom_size
 
 #: Sentinels end at each multiple of this period (UTC) and the scheduled run restarts them with
 #: fresh golden sets; the cron below fires at the same boundaries.
@@ -22,7 +23,6 @@ RENEW_CRON = "0 */6 * * *"
 #: The watch task spends nearly all of it deferred (no worker slot); building the golden set and
 #: a rollback take minutes at most.
 WATCH_TIMEOUT = RENEW_PERIOD + timedelta(minutes=30)
-LIST_TIMEOUT = timedelta(minutes=5)
 
 DESCRIPTION = "Probe each champion model every few seconds and roll it back when it stops answering well."
 
@@ -67,7 +67,8 @@ def _schedule():
 )
 def champion_sentinel():
     """Watch the champions' health after a change and roll back an unhealthy one."""
-    @task(execution_timeout=LIST_TIMEOUT)
+    @task(execution_timeout=TIMEOUTS.listing)
+    @limit_xcom_size
     def models_to_watch() -> list[str]:
         """Models named by the triggering CHAMPION_CHANGED events, else the param, else all."""
         from tritonflow.pipelines.sentinel import models_from_events, monitored_models

@@ -11,9 +11,10 @@ from datetime import timedelta
 from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, START_DATE, TAG
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, START_DATE, TAG, TIMEOUTS
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.links import record_version_links, task_with_links
+from tritonflow_plugin.xcom import limit_xcom_size
 
 DESCRIPTION = "Every hour, check each served model's inputs for drift and raise an alert when they moved."
 
@@ -97,17 +98,19 @@ def _schedule():
 )
 def drift_monitor():
     """Check every monitored model's hour of inference log for drift."""
-    @task(execution_timeout=timedelta(minutes=5))
+    @task(execution_timeout=TIMEOUTS.listing)
     @fail_fast_on_bad_data
+    @limit_xcom_size
     def models(params=None) -> list[dict]:
         from tritonflow.pipelines.drift import monitored_models
 
         form.refuse_unknown_conf_keys(get_current_context())
         return monitored_models(only=list((params or {}).get("models") or []) or None)
 
-    @task_with_links(execution_timeout=timedelta(minutes=15),
+    @task_with_links(execution_timeout=TIMEOUTS.check,
                      map_index_template="{{ task.op_kwargs['target']['model'] }}")
     @fail_fast_on_bad_data
+    @limit_xcom_size
     def check(target: dict, params=None) -> dict:
         from tritonflow.pipelines.drift import check_model_hour
 
@@ -116,8 +119,9 @@ def drift_monitor():
         return check_model_hour(target["model"], target["version"], start, end,
                                 reference_strategy=(params or {}).get("reference_strategy") or None)
 
-    @task(execution_timeout=timedelta(minutes=15))
+    @task(execution_timeout=TIMEOUTS.check)
     @fail_fast_on_bad_data
+    @limit_xcom_size
     def evidently(target: dict, params=None) -> dict:
         from tritonflow.pipelines.drift import evidently_for_hour
 
@@ -126,8 +130,9 @@ def drift_monitor():
         return evidently_for_hour(target["model"], target["version"], start, end,
                                   sample_rows=None if rows is None else int(rows))
 
-    @task(execution_timeout=timedelta(minutes=15))
+    @task(execution_timeout=TIMEOUTS.check)
     @fail_fast_on_bad_data
+    @limit_xcom_size
     def profile(target: dict, params=None) -> dict:
         from tritonflow.pipelines.drift import profile_for_hour
 
@@ -136,8 +141,9 @@ def drift_monitor():
         start, end = _window(get_current_context())
         return profile_for_hour(target["model"], target["version"], start, end)
 
-    @task_with_links(execution_timeout=timedelta(minutes=10), trigger_rule="all_done")
+    @task_with_links(execution_timeout=TIMEOUTS.short, trigger_rule="all_done")
     @fail_fast_on_bad_data
+    @limit_xcom_size
     def record(summary: dict, evidently_results: list | None = None) -> dict:
         from tritonflow.pipelines.drift import record_in_mlflow
 
@@ -150,14 +156,16 @@ def drift_monitor():
                              evidently_report_path=html[0] if html else None)
         return recorded
 
-    @task(execution_timeout=timedelta(minutes=5))
+    @task(execution_timeout=TIMEOUTS.decision)
+    @limit_xcom_size
     def notify(summary: dict) -> dict:
         from tritonflow.pipelines.drift import alert
 
         return alert(summary)
 
-    @task(execution_timeout=timedelta(minutes=5), outlets=[DRIFT_ALERTS], retries=0,
+    @task(execution_timeout=TIMEOUTS.decision, outlets=[DRIFT_ALERTS], retries=0,
           trigger_rule="all_done")
+    @limit_xcom_size
     def drift_event(summary: dict) -> dict:
         from airflow.sdk.exceptions import AirflowSkipException
 
@@ -170,9 +178,10 @@ def drift_monitor():
         get_current_context()["outlet_events"][DRIFT_ALERTS].extra = extra
         return extra
 
-    @task(execution_timeout=timedelta(minutes=5), trigger_rule="all_done",
+    @task(execution_timeout=TIMEOUTS.decision, trigger_rule="all_done",
           map_index_template="{{ task.op_kwargs['summary']['model'] }}")
     @fail_fast_on_bad_data
+    @limit_xcom_size
     def decide(summary: dict) -> dict:
         from tritonflow.pipelines.alert_decision import XCOM_KEY, drift_hour_decision, record_decision
 
@@ -182,8 +191,9 @@ def drift_monitor():
             record_decision(made)
         return made
 
-    @task(execution_timeout=timedelta(minutes=5), retries=0)
+    @task(execution_timeout=TIMEOUTS.decision, retries=0)
     @fail_fast_on_bad_data
+    @limit_xcom_size
     def data_quality_gate(summary: dict) -> dict:
         from tritonflow.pipelines.drift import data_quality_gate as gate
 

@@ -9,29 +9,17 @@ receiver or the registry watcher). No settings are read at parse time.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, MODEL_PUBLISHED, START_DATE, TAG
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, MODEL_PUBLISHED, START_DATE, TAG, TIMEOUTS
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.links import record_link_info, task_with_links
 from tritonflow_plugin.registry_watcher import registry_asset
+from tritonflow_plugin.wiring import fire_and_forget_mapped
 from tritonflow_plugin.xcom import limit_xcom_size
 
 DAG_ID = "model_publish"
-#: Timeout of registry reads and of the fire-and-forget triggers.
-SHORT_TASK_TIMEOUT = timedelta(minutes=10)
-#: Timeout of conversion, validation and the parity gate (loads the source model).
-CONVERT_TASK_TIMEOUT = timedelta(minutes=30)
-#: Timeout of Model Analyzer profiling (its own run timeout is TRITONFLOW_ANALYZER_TIMEOUT_S).
-PROFILE_TASK_TIMEOUT = timedelta(minutes=45)
-#: Timeout of signing and pushing to the repository (large models on S3).
-PUSH_TASK_TIMEOUT = timedelta(minutes=30)
-#: Timeout of load + READY wait + smoke inference (READY wait: TRITONFLOW_LOAD_TIMEOUT_S).
-LOAD_TASK_TIMEOUT = timedelta(minutes=20)
 #: Largest max_batch_size accepted (the pipeline's limit).
 MAX_BATCH_SIZE = 4096
 DESCRIPTION = "Publish one MLflow model version to Triton: convert, check, sign, load and smoke-test it."
@@ -130,7 +118,7 @@ def _settings():
 )
 def model_publish():
     """Convert, validate, sign and publish a registered model version to Triton."""
-    @task_with_links(execution_timeout=SHORT_TASK_TIMEOUT)
+    @task_with_links(execution_timeout=TIMEOUTS.short)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def resolve() -> dict:
@@ -168,7 +156,7 @@ def model_publish():
         return {**state, "then": then,
                 "loop": loop.model_dump(mode="json", exclude_none=True) if loop is not None else None}
 
-    @task_with_links(execution_timeout=CONVERT_TASK_TIMEOUT)
+    @task_with_links(execution_timeout=TIMEOUTS.convert)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def convert_and_validate(state: dict) -> dict:
@@ -187,7 +175,7 @@ def model_publish():
             export_format=params.get("export_format") or "onnx", settings=settings,
         )
 
-    @task_with_links(execution_timeout=PROFILE_TASK_TIMEOUT)
+    @task_with_links(execution_timeout=TIMEOUTS.profile)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def profile(state: dict) -> dict:
@@ -199,7 +187,7 @@ def model_publish():
         return pipeline.profile(state, enabled=_flag(params.get("profile"), _settings().publish_profile),
                                 settings=_settings())
 
-    @task(execution_timeout=PROFILE_TASK_TIMEOUT)
+    @task(execution_timeout=TIMEOUTS.profile)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def perf_gate(state: dict) -> dict:
@@ -210,7 +198,7 @@ def model_publish():
         return pipeline.perf_gate(state, enabled=_flag(params.get("perf_gate"), _settings().publish_perf_gate),
                                   repository_uri=params.get("repository") or None, settings=_settings())
 
-    @task(execution_timeout=PUSH_TASK_TIMEOUT)
+    @task(execution_timeout=TIMEOUTS.push)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def sign_and_push(state: dict) -> dict:
@@ -220,7 +208,7 @@ def model_publish():
         params = get_current_context()["params"]
         return pipeline.sign_and_push(state, repository_uri=params.get("repository") or None, settings=_settings())
 
-    @task_with_links(execution_timeout=LOAD_TASK_TIMEOUT)
+    @task_with_links(execution_timeout=TIMEOUTS.load)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def load_and_smoke(state: dict) -> dict:
@@ -233,7 +221,7 @@ def model_publish():
                          triton_http_url=out["triton_url"])
         return out
 
-    @task_with_links(execution_timeout=SHORT_TASK_TIMEOUT, outlets=[MODEL_PUBLISHED])
+    @task_with_links(execution_timeout=TIMEOUTS.short, outlets=[MODEL_PUBLISHED])
     @fail_fast_on_bad_data
     @limit_xcom_size
     def record(state: dict) -> dict:
@@ -253,7 +241,7 @@ def model_publish():
         }
         return {**summary, "then": state.get("then") or [], "loop": state.get("loop")}
 
-    @task(execution_timeout=SHORT_TASK_TIMEOUT)
+    @task(execution_timeout=TIMEOUTS.short)
     @limit_xcom_size
     def then_triggers(summary: dict) -> list[dict]:
         """One trigger per DAG in the ``then`` list; conf: the loop context handed on."""
@@ -264,12 +252,7 @@ def model_publish():
         return [{"trigger_dag_id": dag_id, "conf": conf} for dag_id in summary.get("then") or []]
 
     summary = record(load_and_smoke(sign_and_push(perf_gate(profile(convert_and_validate(resolve()))))))
-    TriggerDagRunOperator.partial(
-        task_id="trigger_then",
-        wait_for_completion=False,
-        deferrable=False,
-        execution_timeout=SHORT_TASK_TIMEOUT,
-    ).expand_kwargs(then_triggers(summary))
+    fire_and_forget_mapped("trigger_then").expand_kwargs(then_triggers(summary))
 
 
 model_publish()

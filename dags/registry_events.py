@@ -6,17 +6,17 @@ Wiring only. The registry diff, restart-safe dedup and the trigger are
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
 
-from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, START_DATE, TAG
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, START_DATE, TAG, TIMEOUTS
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.event_mapping import CHANGE_KINDS
 from tritonflow_plugin.registry_watcher import registry_asset
+from tritonflow_plugin.wiring import fire_and_forget_mapped
+from tritonflow_plugin.xcom import limit_xcom_size
 
 DAG_ID = "registry_events"
 #: Watcher mapping that routes *every* registry change to this DAG, so the watcher's seen-state
@@ -26,10 +26,6 @@ WATCH_ALL_MAPPING = Path(__file__).with_name("registry_events_watch_all.json")
 #: Change kinds the MLflow webhook delivers; with a webhook secret configured the webhook path
 #: handles them and this DAG only acts on the rest (stage transitions).
 WEBHOOK_KINDS = ("version_created", "alias_set", "alias_deleted", "tag_set")
-#: Timeout of the mapping task (reads the mapping file, no network).
-MAP_TIMEOUT = timedelta(minutes=2)
-#: Timeout of one fire-and-forget trigger (creates a DAG run, never waits for it).
-FIRE_TIMEOUT = timedelta(minutes=5)
 
 DESCRIPTION = "Start the DAGs a change in the MLflow model registry calls for (new version, alias, stage)."
 
@@ -98,8 +94,9 @@ def _run_id(dag_id: str, change: dict, stamp: str) -> str:
 )
 def registry_events():
     """Map MLflow registry changes to the DAGs they call for and trigger them."""
-    @task(execution_timeout=MAP_TIMEOUT, retries=0)
+    @task(execution_timeout=TIMEOUTS.event_mapping, retries=0)
     @fail_fast_on_bad_data
+    @limit_xcom_size
     def map_changes(params=None) -> list[dict]:
         """Registry changes of this run -> ``[{trigger_dag_id, trigger_run_id, conf}]``."""
         import logging
@@ -145,14 +142,9 @@ def registry_events():
                  [(f["trigger_dag_id"], f["trigger_run_id"]) for f in fired])
         return [] if p.get("dry_run") else fired
 
-    TriggerDagRunOperator.partial(
-        task_id="fire",
-        wait_for_completion=False,
-        deferrable=False,
-        skip_when_already_exists=True,
-        openlineage_inject_parent_info=False,
-        execution_timeout=FIRE_TIMEOUT,
-        retries=1,
+    fire_and_forget_mapped(
+        "fire", skip_when_already_exists=True, openlineage_inject_parent_info=False,
+        execution_timeout=TIMEOUTS.event_fire, retries=1,
     ).expand_kwargs(map_changes())
 
 

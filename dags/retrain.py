@@ -8,23 +8,14 @@ setting in effect when the run starts.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, START_DATE, TAG
-from tritonflow_plugin.errors import fail_fast_on_bad_data
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, START_DATE, TAG, TIMEOUTS
+from tritonflow_plugin.errors import fail_fast_on_bad_data, when_lock_held
 from tritonflow_plugin.links import record_version_links, task_with_links
+from tritonflow_plugin.wiring import fire_and_forget
 from tritonflow_plugin.xcom import limit_xcom_size
-
-#: Timeout of building the training window (reading the log and the labels).
-WINDOW_TASK_TIMEOUT = timedelta(minutes=30)
-#: Timeout of one training run (the user's entry point) and its registration.
-TRAIN_TASK_TIMEOUT = timedelta(hours=3)
-#: Timeout of the fire-and-forget trigger.
-SHORT_TASK_TIMEOUT = timedelta(minutes=10)
 
 #: Environment variable of the optional schedule (read at parse time: Airflow schedules from it).
 SCHEDULE_ENV = "TRITONFLOW_RETRAIN_SCHEDULE"
@@ -109,7 +100,7 @@ def _reason(params, context) -> str:
 )
 def retrain():
     """Retrain a model on its recent labelled inference log and register the new version."""
-    @task(execution_timeout=WINDOW_TASK_TIMEOUT)
+    @task(execution_timeout=TIMEOUTS.training_window)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def training_window() -> dict:
@@ -134,14 +125,12 @@ def retrain():
                        label_column=params.get("label_column") or None)
         return {**window, "loop": loop.model_dump(mode="json", exclude_none=True) if loop else None}
 
-    @task_with_links(execution_timeout=TRAIN_TASK_TIMEOUT)
+    @task_with_links(execution_timeout=TIMEOUTS.train)
     @fail_fast_on_bad_data
+    @when_lock_held("skip")  # a retraining in flight elsewhere, or within the cooldown
     @limit_xcom_size
     def train(window: dict) -> dict:
         """Run the entry point under the single-flight lock and cooldown; register a challenger."""
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from tritonflow.exceptions import ConcurrencyError
         from tritonflow.pipelines.loop_context import retrain_handoff
         from tritonflow.pipelines.retrain import run_training
 
@@ -153,16 +142,13 @@ def retrain():
         else:
             reason = _reason(params, context)
         drift_event = params.get("drift_event") or loop.get("drift_event")
-        try:
-            result = run_training(
-                window["model"], window, entry_point=params.get("entry_point") or None,
-                reason=reason, drift_event=drift_event,
-                params=params.get("training_params") or None,
-                ignore_cooldown=bool(params.get("ignore_cooldown")),
-                holder=f"{ti.dag_id}/{ti.run_id}",
-            )
-        except ConcurrencyError as exc:  # in flight elsewhere, or within the cooldown
-            raise AirflowSkipException(f"{type(exc).__name__}: {exc}") from exc
+        result = run_training(
+            window["model"], window, entry_point=params.get("entry_point") or None,
+            reason=reason, drift_event=drift_event,
+            params=params.get("training_params") or None,
+            ignore_cooldown=bool(params.get("ignore_cooldown")),
+            holder=f"{ti.dag_id}/{ti.run_id}",
+        )
         out = {k: result[k] for k in ("name", "version", "run_id", "model_uri", "alias", "entry_point")}
         record_version_links(out["name"], out["version"], served=False, mlflow_run_id=out["run_id"])
         out["publish_conf"] = retrain_handoff(
@@ -172,13 +158,9 @@ def retrain():
             then=tuple(result["publish_conf"].get("then") or ("shadow_evaluation",)))
         return out
 
-    trigger_publish = TriggerDagRunOperator(
-        task_id="trigger_publish",
-        trigger_dag_id="model_publish",
+    trigger_publish = fire_and_forget(
+        "trigger_publish", trigger_dag_id="model_publish",
         conf="{{ ti.xcom_pull(task_ids='train')['publish_conf'] }}",
-        wait_for_completion=False,
-        deferrable=False,
-        execution_timeout=SHORT_TASK_TIMEOUT,
     )
 
     train(training_window()) >> trigger_publish

@@ -6,26 +6,15 @@ file parses fast and without network).
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import Param, dag, get_current_context, task
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, START_DATE, TAG
+from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, START_DATE, TAG, TIMEOUTS
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 from tritonflow_plugin.links import record_link_info, task_with_links
+from tritonflow_plugin.wiring import fire_and_forget
 from tritonflow_plugin.xcom import limit_xcom_size
-
-#: Timeout of the short tasks (planning, registry reads, the branch, the triggers).
-SHORT_TASK_TIMEOUT = timedelta(minutes=10)
-#: Timeout of publishing a challenger (conversion, parity gate, signing, verified load).
-PUBLISH_TASK_TIMEOUT = timedelta(minutes=45)
-#: Timeout of the replay through both versions.
-REPLAY_TASK_TIMEOUT = timedelta(minutes=30)
-#: Timeout of the comparison (bootstrap) and its recording in MLflow.
-COMPARE_TASK_TIMEOUT = timedelta(minutes=20)
 
 DESCRIPTION = "Compare a challenger with the champion on the same traffic, then promote, retrain or rest."
 
@@ -140,15 +129,16 @@ def _plan_request(context) -> dict:
 )
 def shadow_evaluation():
     """Compare the challenger with the champion on the same inputs and decide what follows."""
-    @task(execution_timeout=SHORT_TASK_TIMEOUT)
+    @task(execution_timeout=TIMEOUTS.short)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def plan() -> dict:
         """Model, challenger and replay window from the params and the drift event."""
         return _plan_request(get_current_context())
 
-    @task.short_circuit(execution_timeout=SHORT_TASK_TIMEOUT)
+    @task.short_circuit(execution_timeout=TIMEOUTS.short)
     @fail_fast_on_bad_data
+    @limit_xcom_size
     def admit(request: dict) -> bool:
         """Skip the run (decision recorded) when a retraining runs or the promotion lock is held."""
         from tritonflow.pipelines.alert_decision import XCOM_KEY, admission, record_decision
@@ -160,7 +150,7 @@ def shadow_evaluation():
         record_decision(skip)
         return False
 
-    @task(execution_timeout=SHORT_TASK_TIMEOUT)
+    @task(execution_timeout=TIMEOUTS.short)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def resolve(request: dict) -> dict:
@@ -169,7 +159,7 @@ def shadow_evaluation():
 
         return resolve_versions(request["model"], request["challenger"] or None)
 
-    @task_with_links(execution_timeout=PUBLISH_TASK_TIMEOUT)
+    @task_with_links(execution_timeout=TIMEOUTS.publish)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def publish_challenger(resolved: dict) -> dict:
@@ -182,7 +172,7 @@ def shadow_evaluation():
                              triton_model=out["triton_model_name"], triton_version=str(out["triton_model_version"]))
         return out
 
-    @task(execution_timeout=REPLAY_TASK_TIMEOUT)
+    @task(execution_timeout=TIMEOUTS.replay)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def replay(request: dict, resolved: dict, published: dict) -> dict:
@@ -200,7 +190,7 @@ def shadow_evaluation():
         return run_replay(resolved["model"], resolved["champion"], resolved["challenger"],
                           request["window_start"], request["window_end"])
 
-    @task_with_links(execution_timeout=COMPARE_TASK_TIMEOUT)
+    @task_with_links(execution_timeout=TIMEOUTS.compare)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def compare(request: dict, replayed: dict) -> dict:
@@ -219,7 +209,8 @@ def shadow_evaluation():
                          mlflow_run_id=(out.get("recorded") or {}).get(role, {}).get("run_id"))
         return out
 
-    @task.branch(execution_timeout=SHORT_TASK_TIMEOUT)
+    @task.branch(execution_timeout=TIMEOUTS.short)
+    @limit_xcom_size
     def choose(request: dict, decision: dict) -> str:
         """The alert's decision (recorded under XCom key ``alert_decision``): canary, retraining, or nothing."""
         from tritonflow.pipelines.alert_decision import XCOM_KEY, record_decision, shadow_decision
@@ -230,23 +221,15 @@ def shadow_evaluation():
         record_decision(made)
         return {"promote": "trigger_canary", "retrain": "trigger_retrain"}.get(made["decision"], "no_action")
 
-    trigger_canary = TriggerDagRunOperator(
-        task_id="trigger_canary",
-        trigger_dag_id="canary_promotion",
+    trigger_canary = fire_and_forget(
+        "trigger_canary", trigger_dag_id="canary_promotion",
         conf="{{ ti.xcom_pull(task_ids='compare')['canary_conf'] }}",
-        wait_for_completion=False,
-        deferrable=False,
-        execution_timeout=SHORT_TASK_TIMEOUT,
     )
-    trigger_retrain = TriggerDagRunOperator(
-        task_id="trigger_retrain",
-        trigger_dag_id="retrain",
+    trigger_retrain = fire_and_forget(
+        "trigger_retrain", trigger_dag_id="retrain",
         conf="{{ ti.xcom_pull(task_ids='compare')['retrain_conf'] }}",
-        wait_for_completion=False,
-        deferrable=False,
-        execution_timeout=SHORT_TASK_TIMEOUT,
     )
-    no_action = EmptyOperator(task_id="no_action", execution_timeout=SHORT_TASK_TIMEOUT)
+    no_action = EmptyOperator(task_id="no_action", execution_timeout=TIMEOUTS.short)
 
     request = plan()
     resolved = resolve(request)

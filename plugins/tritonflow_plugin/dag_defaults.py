@@ -33,6 +33,52 @@ TAG = "tritonflow"
 #: Default per-task timeout; tasks that profile or train set a longer one explicitly.
 TASK_TIMEOUT = timedelta(minutes=15)
 
+
+class TIMEOUTS:  # noqa: N801 - a constant table, read as TIMEOUTS.short
+    """Every task timeout of the tritonflow DAGs, in one table (``execution_timeout`` values).
+
+    A hang becomes a failure within the task's budget; a task's own external timeout (Model
+    Analyzer's ``TRITONFLOW_ANALYZER_TIMEOUT_S``, the READY wait ``TRITONFLOW_LOAD_TIMEOUT_S``)
+    is shorter than its row here.
+    """
+
+    #: Registry reads, decisions, fire-and-forget triggers.
+    short = timedelta(minutes=10)
+    #: Listing models (a registry search).
+    listing = timedelta(minutes=5)
+    #: Small decisions on a summary (notify, gate, alert decision, asset event).
+    decision = timedelta(minutes=5)
+    #: One model-hour's drift check, Evidently report or whylogs profile.
+    check = timedelta(minutes=15)
+    #: Mapping a registry event to the DAG runs it starts.
+    event_mapping = timedelta(minutes=2)
+    #: Starting the mapped runs of a registry event.
+    event_fire = timedelta(minutes=5)
+    #: One promotion's bookkeeping tasks (plan, pre-flight, side-by-side load).
+    promotion_step = TASK_TIMEOUT
+    #: Conversion, validation and the parity gate (loads the source model).
+    convert = timedelta(minutes=30)
+    #: Model Analyzer profiling.
+    profile = timedelta(minutes=45)
+    #: Signing and pushing to the repository (large models on S3).
+    push = timedelta(minutes=30)
+    #: Load + READY wait + smoke inference.
+    load = timedelta(minutes=20)
+    #: Publishing a challenger from shadow evaluation (the whole publish pipeline).
+    publish = timedelta(minutes=45)
+    #: Replaying a window through champion and challenger.
+    replay = timedelta(minutes=30)
+    #: Comparing champion and challenger (bootstrap intervals, report).
+    compare = timedelta(minutes=20)
+    #: Building the training window (reading the log and the labels).
+    training_window = timedelta(minutes=30)
+    #: Training a challenger.
+    train = timedelta(hours=3)
+    #: The longest canary the params allow (steps x bake x extensions; checked when it starts).
+    canary = timedelta(hours=4)
+    #: A rollback (gateway first, then aliases).
+    rollback = timedelta(minutes=15)
+
 DEFAULT_ARGS = {
     "owner": "tritonflow",
     "retries": 2,

@@ -47,6 +47,25 @@ def check_execution_timeouts(dags: Iterable[Any]) -> list[str]:
     ]
 
 
+def check_xcom_limits(dags: Iterable[Any]) -> list[str]:
+    """Python tasks whose return value is not checked against the XCom size limit.
+
+    Every task that returns data passes it through XCom; a bulky value can hang the consumer
+    (apache/airflow#48852), so each task callable must be wrapped by
+    :func:`tritonflow_plugin.xcom.limit_xcom_size` (found through any other decorator).
+    """
+    from tritonflow_plugin.xcom import XCOM_LIMITED_ATTR
+
+    return [
+        f"{dag.dag_id}.{task.task_id}: return value not checked against the XCom size limit: "
+        "expected @limit_xcom_size under @task"
+        for dag in dags
+        for task in dag.tasks
+        if getattr(task, "python_callable", None) is not None
+        and not getattr(task.python_callable, XCOM_LIMITED_ATTR, False)
+    ]
+
+
 def check_trigger_deferrable(dags: Iterable[Any]) -> list[str]:
     """TriggerDagRunOperators with ``deferrable=True`` but ``wait_for_completion=False``."""
     problems = []

@@ -71,3 +71,43 @@ def fail_fast_on_bad_data(func: F) -> F:
             raise to_airflow_exception(exc) from exc
 
     return wrapper  # type: ignore[return-value]
+
+
+def when_lock_held(then: str = "fail") -> Callable[[F], F]:
+    """The one policy for "the lock is held by another run" (a ``ConcurrencyError``).
+
+    Another run holds the model's promotion, alias, model-control or retrain lock (or a cooldown
+    is in force): retrying would only wait on it, so the task ends at once, naming the holder.
+
+    * ``then="fail"``: for work a person or a DAG asked for that did not happen (a promotion, a
+      rollback): the task fails without retry (``AirflowFailException``).
+    * ``then="skip"``: for work another run is already doing (a retraining in flight, or one
+      within its cooldown): the task is skipped (``AirflowSkipException``), the run succeeds.
+
+    Put it under ``@task`` (above or below :func:`fail_fast_on_bad_data`).
+
+    Args:
+        then: ``"fail"`` or ``"skip"``.
+
+    Raises:
+        ValueError: ``then`` is neither (at decoration, i.e. DAG parse time).
+    """
+    if then not in ("fail", "skip"):
+        raise ValueError(f"when_lock_held(then={then!r}): expected 'fail' or 'skip'")
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from tritonflow.exceptions import ConcurrencyError
+
+            try:
+                return func(*args, **kwargs)
+            except ConcurrencyError as exc:
+                from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+                stop = AirflowFailException if then == "fail" else AirflowSkipException
+                raise stop(f"{type(exc).__name__}: {exc}") from exc
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

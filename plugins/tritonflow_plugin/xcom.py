@@ -33,6 +33,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 HASH_CHUNK_BYTES = 1024 * 1024
 #: Keys every artefact reference carries.
 REF_KEYS = ("uri", "sha256", "bytes")
+#: Attribute :func:`limit_xcom_size` sets on the callables it guards (found through other decorators).
+XCOM_LIMITED_ATTR = "__tritonflow_xcom_limited__"
 
 
 class XComTooLargeError(DataError):
@@ -200,6 +202,7 @@ def limit_xcom_size(func: F | None = None, *, limit: int | None = None) -> Any:
                 check_xcom_size(result, task_id=_task_id(), limit=limit)
                 return result
 
+            setattr(async_wrapper, XCOM_LIMITED_ATTR, True)
             return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(fn)
@@ -208,6 +211,8 @@ def limit_xcom_size(func: F | None = None, *, limit: int | None = None) -> Any:
             check_xcom_size(result, task_id=_task_id(), limit=limit)
             return result
 
+        # functools.wraps copies it onto every decorator above, so the DAG check finds it
+        setattr(wrapper, XCOM_LIMITED_ATTR, True)
         return wrapper  # type: ignore[return-value]
 
     return decorate(func) if func is not None else decorate

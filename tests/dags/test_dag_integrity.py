@@ -153,6 +153,49 @@ def test_every_task_has_an_execution_timeout(product_bag):
     assert check_execution_timeouts(product_bag.dags.values()) == []
 
 
+def test_every_task_that_returns_data_is_checked_against_the_xcom_size_limit(product_bag):
+    from tritonflow_plugin.dag_integrity import check_xcom_limits
+
+    assert check_xcom_limits(product_bag.dags.values()) == []
+
+
+def test_a_task_returning_data_without_the_size_guard_is_reported(tmp_path):
+    from tritonflow_plugin.dag_integrity import check_xcom_limits
+
+    path = tmp_path / "dag_hourly_histograms.py"
+    path.write_text(BULKY_XCOM_DAG_SOURCE)
+    problems = check_xcom_limits(parse(path).dags.values())
+    assert problems and all("XCom size limit" in p for p in problems)
+    assert any(p.startswith("hourly_histograms_xcom.compute_histograms") for p in problems)
+
+
+def test_lock_held_policy_fails_a_requested_change_and_skips_redundant_work():
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+    from tritonflow.exceptions import ConcurrencyError
+    from tritonflow_plugin.errors import when_lock_held
+
+    def held():
+        raise ConcurrencyError("promotion of 'churn' is held by canary_promotion/run-1")
+
+    with pytest.raises(AirflowFailException, match="ConcurrencyError: .*canary_promotion/run-1"):
+        when_lock_held("fail")(held)()
+    with pytest.raises(AirflowSkipException, match="held by canary_promotion/run-1"):
+        when_lock_held("skip")(held)()
+    assert when_lock_held("skip")(lambda: 3)() == 3
+    with pytest.raises(ValueError, match="'fail' or 'skip'"):
+        when_lock_held("retry")
+
+
+def test_fire_and_forget_triggers_never_defer_and_have_the_short_timeout():
+    from tritonflow_plugin.dag_defaults import TIMEOUTS
+    from tritonflow_plugin.wiring import fire_and_forget
+
+    op = fire_and_forget("trigger_x", trigger_dag_id="retrain")
+    assert op.wait_for_completion is False and op.deferrable is False
+    assert op.execution_timeout == TIMEOUTS.short
+
+
 def test_every_task_applies_the_airflow_connections_when_it_starts(product_bag):
     from tritonflow_plugin.connections import apply_connections
 
