@@ -204,7 +204,7 @@ def test_retrain_registers_a_challenger_and_triggers_its_publish(loop):
 def test_winning_challenger_is_published_and_triggers_the_canary(loop):
     assert len(loop["steps"]) == 3, loop["log"]
     shadow = loop["steps"][2]
-    assert shadow["state"] == "success", loop["log"]
+    assert shadow["state"] == "success", (shadow["tasks"], loop["log"])
     assert shadow["tasks"]["publish_challenger"] == "success"
     assert shadow["tasks"]["trigger_canary"] == "success"
     assert shadow["tasks"]["trigger_retrain"] == shadow["tasks"]["no_action"] == "skipped"
