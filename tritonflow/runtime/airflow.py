@@ -270,10 +270,7 @@ class AirflowConfig:
                 "dags_are_paused_at_creation": str(self.dags_paused_at_creation),
                 "unit_test_mode": "False",
             },
-            "database": {"sql_alchemy_conn": self.sql_alchemy_conn, **(
-                {"sql_alchemy_connect_args": "tritonflow.runtime.airflow_db.SQLITE_CONNECT_ARGS",
-                 "sql_alchemy_connect_args_async": "tritonflow.runtime.airflow_db.SQLITE_CONNECT_ARGS_ASYNC"}
-                if self.is_sqlite else {})},
+            "database": {"sql_alchemy_conn": self.sql_alchemy_conn},
             "celery": {
                 "broker_url": self.broker_url,
                 "result_backend": self.result_backend,
@@ -753,10 +750,14 @@ class AirflowApi:
         return self._token
 
     def _request(self, method: str, path: str, body: Any = None, *, auth: bool = True) -> Any:
-        """One REST call; a server error (HTTP 5xx: e.g. the metadata DB busy) is retried.
+        """One REST call, retried on a server error or on no answer in time.
+
+        A server error is HTTP 5xx (e.g. SQLite's ``database is locked``). Requests that create
+        something carry their own id, so a retry of one that did succeed answers 409.
 
         Raises:
             AirflowApiError: A client error, or a server error after :data:`API_RETRIES` attempts.
+            TimeoutError / URLError: No answer after :data:`API_RETRIES` attempts.
         """
         for attempt in range(API_RETRIES):
             try:
@@ -764,7 +765,10 @@ class AirflowApi:
             except AirflowApiError as exc:
                 if exc.status < 500 or attempt == API_RETRIES - 1:
                     raise
-                time.sleep(API_RETRY_DELAY_S * (attempt + 1))
+            except (TimeoutError, urllib.error.URLError):  # no answer in time (URLError: refused)
+                if attempt == API_RETRIES - 1:
+                    raise
+            time.sleep(API_RETRY_DELAY_S * (attempt + 1))
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _request_once(self, method: str, path: str, body: Any = None, *, auth: bool = True) -> Any:
