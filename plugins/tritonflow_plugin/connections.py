@@ -31,7 +31,7 @@ import os
 from typing import Any, Callable, Mapping
 
 from tritonflow.exceptions import SettingsError
-from tritonflow.settings import CONNECTION_SOURCES_ENV, ENV_PREFIX, get_settings
+from tritonflow.settings import CONNECTION_SOURCES_ENV, ENV_PREFIX, Settings
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def connection_settings(get_connection: Callable[[str], Any | None] = _get_conne
         SettingsError: A connection exists but cannot give what it is for (no host, a scheme
             other than http/https); the message names the connection and the field.
     """
-    settings = get_settings() if environ is None else type(get_settings()).from_env(environ)
+    settings = Settings.from_env(environ)
     values: dict[str, str] = {}
     sources: dict[str, str] = {}
     for field, extract in CONNECTION_KINDS:
