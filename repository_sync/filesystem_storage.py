@@ -32,7 +32,7 @@ from repository_sync.storage_base import (
     RepositoryStorage,
     VerifyCallback,
     _compare_digests,
-    _source_files,
+    _staged_version,
 )
 from tritonflow.checksums import sha256_file
 from tritonflow.exceptions import DataError, RepositoryConflictError
@@ -114,10 +114,7 @@ class FileSystemStorage(RepositoryStorage):
                      verify: VerifyCallback | None = None,
                      on_progress: ProgressCallback | None = None) -> PushOutcome:
         source_dir = Path(source_dir)
-        files = _source_files(layout, source_dir)
-        staged_digests = {p.name: sha256_file(p) for p in files}
-        names = tuple(sorted(staged_digests))
-        total = sum(p.stat().st_size for p in files)
+        files, staged_digests, names, total = _staged_version(layout, source_dir)
         self.root.mkdir(parents=True, exist_ok=True)
         model_dir = self.root / layout.model_dir
         final = self.root / layout.version_dir

@@ -36,9 +36,8 @@ from repository_sync.storage_base import (
     RepositoryStorage,
     VerifyCallback,
     _compare_digests,
-    _source_files,
+    _staged_version,
 )
-from tritonflow.checksums import sha256_file
 from tritonflow.exceptions import DataError, ServiceUnavailableError, SettingsError
 
 #: S3 object metadata key holding the SHA-256 hex of the object's bytes (for idempotency checks).
@@ -297,10 +296,7 @@ class S3Storage(RepositoryStorage):
                      verify: VerifyCallback | None = None,
                      on_progress: ProgressCallback | None = None) -> PushOutcome:
         source_dir = Path(source_dir)
-        files = _source_files(layout, source_dir)
-        staged = {p.name: sha256_file(p) for p in files}
-        names = tuple(sorted(staged))
-        total = sum(p.stat().st_size for p in files)
+        files, staged, names, total = _staged_version(layout, source_dir)
         bucket = self.location.bucket
         final_prefix = self.location.key(layout.model_name, str(layout.version)) + "/"
         staging_prefix = (

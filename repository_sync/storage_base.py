@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from repository_sync.layout import VersionLayout, check_layout
+from tritonflow.checksums import sha256_file
 from tritonflow.exceptions import DataError, RepositoryConflictError
 
 #: Age (seconds) after which a staging folder/prefix left by a crashed push is removed by the next
@@ -67,6 +68,21 @@ def _source_files(layout: VersionLayout, source_dir: Path) -> list[Path]:
     files.sort(key=lambda p: p.name == layout.model_filename)
     return files
 
+
+
+def _staged_version(layout: VersionLayout,
+                    source_dir: Path) -> tuple[list[Path], dict[str, str], tuple[str, ...], int]:
+    """What a push uploads, from a staged version folder.
+
+    Returns:
+        The files (model last), their SHA-256 by name, the sorted names and the total size in bytes.
+
+    Raises:
+        DataError: See :func:`_source_files`.
+    """
+    files = _source_files(layout, source_dir)
+    digests = {p.name: sha256_file(p) for p in files}
+    return files, digests, tuple(sorted(digests)), sum(p.stat().st_size for p in files)
 
 def _compare_digests(
     layout: VersionLayout, where: str, existing: dict[str, str], staged: dict[str, str]
