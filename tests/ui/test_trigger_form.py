@@ -13,24 +13,16 @@ assertion fails (and of the opened ``model_publish`` form always: ``trigger_form
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.deployment.airflow_stack import Stack, get_stack
+from tests.ui.browser import UI_WAIT_S, chromium
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1400,1000")
-#: Seconds the UI may take to render an element on a loaded machine.
-UI_WAIT_S = 90
 DAG_ID = "model_publish"
 
 
@@ -42,29 +34,16 @@ def stack(request, tmp_path_factory) -> Stack:
 @pytest.fixture
 def browser(request, tmp_path):
     """Headless Chromium through chromedriver; a PNG of the page is kept when the test fails."""
-    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        pytest.fail("chromium / chromedriver missing: run scripts/setup.sh (Debian chromium, chromium-driver)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    profile = tempfile.mkdtemp(prefix="tf_chromium_")
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    driver.set_page_load_timeout(UI_WAIT_S)
-    yield driver
-    report = getattr(request.node, "rep_call", None)
-    if report is None or report.failed:
-        shot = tmp_path / "trigger_form_failure.png"
-        try:
-            driver.save_screenshot(str(shot))
-            print(f"screenshot: {shot}")
-        except Exception:  # noqa: BLE001 - the browser itself may be gone
-            pass
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+    with chromium() as driver:
+        yield driver
+        report = getattr(request.node, "rep_call", None)
+        if report is None or report.failed:
+            shot = tmp_path / "trigger_form_failure.png"
+            try:
+                driver.save_screenshot(str(shot))
+                print(f"screenshot: {shot}")
+            except Exception:  # noqa: BLE001 - the browser itself may be gone
+                pass
 
 
 def _wait(driver, css: str, *, clickable: bool = False):
