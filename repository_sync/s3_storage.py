@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import re
 import tempfile
 import time
@@ -38,6 +37,7 @@ from repository_sync.storage_base import (
     _compare_digests,
     _staged_version,
 )
+from tritonflow.checksums import sha256_stream
 from tritonflow.exceptions import DataError, ServiceUnavailableError, SettingsError
 
 #: S3 object metadata key holding the SHA-256 hex of the object's bytes (for idempotency checks).
@@ -248,10 +248,7 @@ class S3Storage(RepositoryStorage):
         if digest:
             return digest
         body = self.client.get_object(Bucket=self.location.bucket, Key=key)["Body"]
-        h = hashlib.sha256()
-        for block in iter(lambda: body.read(1 << 20), b""):
-            h.update(block)
-        return h.hexdigest()
+        return sha256_stream(body)
 
     def _exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import BinaryIO
 
 #: Bytes read per block (1 MiB: constant memory on multi-GB model files).
 CHUNK_BYTES = 1 << 20
@@ -26,8 +27,23 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     Raises:
         OSError: The file cannot be read (e.g. ``FileNotFoundError``).
     """
-    digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        while block := fh.read(CHUNK_BYTES):
-            digest.update(block)
+        return sha256_stream(fh)
+
+
+def sha256_stream(stream: BinaryIO) -> str:
+    """SHA-256 of what is left to read in a binary stream (a file, an S3 object body).
+
+    Args:
+        stream: Anything with ``read(n) -> bytes``; read to its end in ``CHUNK_BYTES`` blocks.
+
+    Returns:
+        64 lower-case hex digits.
+
+    Raises:
+        OSError: The stream cannot be read.
+    """
+    digest = hashlib.sha256()
+    while block := stream.read(CHUNK_BYTES):
+        digest.update(block)
     return digest.hexdigest()

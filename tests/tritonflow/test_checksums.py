@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from tritonflow.checksums import CHUNK_BYTES, sha256_file
+from tritonflow.checksums import CHUNK_BYTES, sha256_file, sha256_stream
 
 
 @pytest.mark.parametrize("size", [0, 1, CHUNK_BYTES, 2 * CHUNK_BYTES + 17])
@@ -23,10 +23,19 @@ def test_a_missing_file_raises_instead_of_hashing_nothing(tmp_path):
         sha256_file(tmp_path / "absent.bin")
 
 
+@pytest.mark.parametrize("size", [0, CHUNK_BYTES + 3])
+def test_stream_digest_matches_the_file_digest(tmp_path, size):
+    path = tmp_path / "blob.bin"
+    path.write_bytes(b"x" * size)
+    with open(path, "rb") as fh:
+        assert sha256_stream(fh) == sha256_file(path)
+
+
 def test_storage_and_signing_use_the_same_helper():
-    from repository_sync import filesystem_storage, s3_storage, signing, storage
+    from repository_sync import filesystem_storage, s3_storage, signing, storage, storage_base
 
     assert storage.sha256_file is sha256_file
+    assert storage_base.sha256_file is sha256_file
     assert filesystem_storage.sha256_file is sha256_file
-    assert s3_storage.sha256_file is sha256_file
+    assert s3_storage.sha256_stream is sha256_stream
     assert signing.sha256_file is sha256_file
