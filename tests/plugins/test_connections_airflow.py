@@ -19,7 +19,8 @@ import pytest
 from tritonflow.demo import runs as rr
 from tritonflow.runtime.airflow import AirflowApi, AirflowConfig, AirflowDeployment
 from tritonflow.runtime.services import free_port
-from tritonflow.settings import PROJECT_ROOT, Settings
+from tritonflow.settings import Settings
+from tritonflow.settings_defaults import PROJECT_ROOT
 
 pytestmark = [pytest.mark.integration]
 

@@ -35,7 +35,7 @@ from tritonflow.demo.config import (
 )
 from tritonflow.demo.traffic import BackgroundTraffic, GatewayClient
 from tritonflow.exceptions import RuntimeStartError
-from tritonflow.settings import PROJECT_ROOT
+from tritonflow.settings_defaults import PROJECT_ROOT
 
 if TYPE_CHECKING:
     from model_registry.training import TrainedModel
@@ -186,7 +186,7 @@ class Demo:
         if cfg.home.exists():
             shutil.rmtree(cfg.home)
         cfg.home.mkdir(parents=True)
-        from tritonflow import settings as st
+        from tritonflow import settings_defaults as st
         from tritonflow.runtime import airflow as af
 
         taken: set[int] = set()

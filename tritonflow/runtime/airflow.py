@@ -57,7 +57,8 @@ from typing import Any, Mapping, Sequence
 
 from tritonflow.exceptions import RuntimeStartError
 from tritonflow.runtime.services import Service, http_ok, log_tail, port_in_use
-from tritonflow.settings import PROJECT_ROOT, Settings
+from tritonflow.settings import Settings
+from tritonflow.settings_defaults import PROJECT_ROOT
 
 #: PostgreSQL server (no database part) holding the metadata DB; trust authentication.
 DEFAULT_POSTGRES_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432"
