@@ -61,7 +61,8 @@ def _services(settings: Settings, names: list[str], repository: str | None):
 
 
 def _local_airflow(settings: Settings):
-    from tritonflow.runtime.airflow import AirflowConfig, AirflowDeployment
+    from tritonflow.runtime.airflow import AirflowDeployment
+    from tritonflow.runtime.airflow_config import AirflowConfig
 
     return AirflowDeployment(AirflowConfig.local(settings))
 

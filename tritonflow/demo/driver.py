@@ -39,7 +39,8 @@ from tritonflow.settings_defaults import PROJECT_ROOT
 
 if TYPE_CHECKING:
     from model_registry.training import TrainedModel
-    from tritonflow.runtime.airflow import AirflowApi, AirflowDeployment
+    from tritonflow.runtime.airflow import AirflowDeployment
+    from tritonflow.runtime.airflow_api import AirflowApi
 
 _T = TypeVar("_T")
 
@@ -187,7 +188,7 @@ class Demo:
             shutil.rmtree(cfg.home)
         cfg.home.mkdir(parents=True)
         from tritonflow import settings_defaults as st
-        from tritonflow.runtime import airflow as af
+        from tritonflow.runtime import airflow_config as af
 
         taken: set[int] = set()
         self.ports = {
@@ -214,7 +215,9 @@ class Demo:
         self.runtime.start()
 
     def _start_airflow(self) -> None:
-        from tritonflow.runtime.airflow import AirflowApi, AirflowConfig, AirflowDeployment
+        from tritonflow.runtime.airflow import AirflowDeployment
+        from tritonflow.runtime.airflow_api import AirflowApi
+        from tritonflow.runtime.airflow_config import AirflowConfig
 
         try:
             t = time.monotonic()
@@ -426,7 +429,7 @@ class Demo:
 
     def trigger_drift(self, hour: int) -> str:
         """Create the ``drift_monitor`` run of logical hour ``hour`` (REST, data interval = the hour)."""
-        from tritonflow.runtime.airflow import AirflowApiError
+        from tritonflow.runtime.airflow_api import AirflowApiError
 
         m = self.cfg.mapping
         start, end = m.hour_start(hour), m.hour_start(hour + 1)

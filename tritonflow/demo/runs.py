@@ -20,7 +20,7 @@ import statistics
 import urllib.parse
 from typing import Any, Iterable, Mapping
 
-from tritonflow.runtime.airflow import AirflowApi, AirflowApiError
+from tritonflow.runtime.airflow_api import AirflowApi, AirflowApiError
 
 #: XCom key a ``TriggerDagRunOperator`` task pushes with the run id it created.
 TRIGGER_RUN_ID_KEY = "trigger_run_id"
