@@ -2,8 +2,8 @@
 
 ``bash scripts/demo.sh`` (the README's first command) runs ``python -m tritonflow.demo``, which:
 
-1. starts the serving services (MLflow on SQLite, Triton over a local folder repository, the NGINX
-   gateway) and, beside them, a real Airflow 3 deployment from :mod:`tritonflow.runtime.airflow`
+1. starts the serving services (:mod:`tritonflow.demo.serving`: MLflow on SQLite, Triton over a
+   local folder repository, the NGINX gateway) and, beside them, a real Airflow 3 deployment from :mod:`tritonflow.runtime.airflow`
    (scheduler, dag-processor, triggerer, api-server; LocalExecutor with 4 slots; SQLite metadata
    DB in WAL mode, PostgreSQL with ``--airflow-db``), all under the demo's state folder
    (``TRITONFLOW_HOME=.tritonflow/demo``) on the default ports or free ones;
