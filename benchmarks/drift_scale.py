@@ -233,7 +233,9 @@ def many_models(n: int, tmp: Path) -> dict:
 
     from drift_checks.inference_log import InferenceLogWriter, LogSchema
     from drift_checks.reference import save_reference
-    from tritonflow.runtime.airflow import AirflowApi, AirflowConfig, AirflowDeployment
+    from tritonflow.runtime.airflow import AirflowDeployment
+    from tritonflow.runtime.airflow_api import AirflowApi
+    from tritonflow.runtime.airflow_config import AirflowConfig
     from tritonflow.runtime.services import MlflowServer, free_port
     from tritonflow.settings import Settings
 

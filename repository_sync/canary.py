@@ -78,7 +78,8 @@ from repository_sync.canary_analysis import (  # noqa: F401 -- re-exported, the 
 from repository_sync.canary_checks import ExpectedBehaviour, Observations
 from repository_sync.traffic_plan import TrafficPlan
 from tritonflow.exceptions import PreflightError, SettingsError
-from tritonflow.settings import (
+from tritonflow.settings import Settings
+from tritonflow.settings_defaults import (
     DEFAULT_CANARY_ANALYSIS_INTERVAL_S,
     DEFAULT_CANARY_BAKE_S,
     DEFAULT_CANARY_CONFIDENCE,
@@ -98,7 +99,6 @@ from tritonflow.settings import (
     DEFAULT_CANARY_STEPS,
     DEFAULT_PREFLIGHT_MEMORY_FACTOR,
     DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB,
-    Settings,
 )
 
 

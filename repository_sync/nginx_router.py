@@ -38,7 +38,7 @@ from tritonflow.exceptions import (
     ServiceUnavailableError,
     TrafficPlanError,
 )
-from tritonflow.settings import DEFAULT_GATEWAY_RESPONSE_HEADER
+from tritonflow.settings_defaults import DEFAULT_GATEWAY_RESPONSE_HEADER
 
 #: First-line marker of a generated file; the rest of the line is the plan as JSON.
 PLAN_MARKER = "# tritonflow-plan: "

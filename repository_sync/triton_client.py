@@ -60,7 +60,7 @@ from tritonflow.exceptions import (
     ServiceUnavailableError,
     SignatureVerificationError,
 )
-from tritonflow.settings import DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S
+from tritonflow.settings_defaults import DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL_S",

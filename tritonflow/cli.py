@@ -61,7 +61,8 @@ def _services(settings: Settings, names: list[str], repository: str | None):
 
 
 def _local_airflow(settings: Settings):
-    from tritonflow.runtime.airflow import AirflowConfig, AirflowDeployment
+    from tritonflow.runtime.airflow import AirflowDeployment
+    from tritonflow.runtime.airflow_config import AirflowConfig
 
     return AirflowDeployment(AirflowConfig.local(settings))
 
@@ -139,7 +140,7 @@ def _runtime(args: argparse.Namespace) -> int:
 
 def settings_reference(markdown: bool = False) -> str:
     """The configuration reference: every ``TRITONFLOW_*`` variable, its default and meaning."""
-    from tritonflow.settings import PROJECT_ROOT
+    from tritonflow.settings_defaults import PROJECT_ROOT
 
     rows = []
     for name, default, doc in Settings.describe():

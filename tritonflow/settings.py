@@ -1,7 +1,9 @@
 """Typed settings of tritonflow, read from ``TRITONFLOW_*`` environment variables.
 
-Every default is a named module constant, documented with its unit. Nothing is read at import
-time: call :func:`get_settings` (or :meth:`Settings.from_env` with an explicit mapping in tests).
+One frozen dataclass field per variable, with its variable name and a one-line description; every
+default is a named constant of :mod:`tritonflow.settings_defaults`, documented there with its unit.
+Nothing is read at import time: call :func:`get_settings` (or :meth:`Settings.from_env` with an
+explicit mapping in tests). Value checks beyond types are :mod:`tritonflow.settings_checks`.
 
 Example::
 
@@ -17,342 +19,13 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from tritonflow import settings_defaults as defaults
 from tritonflow.exceptions import SettingsError
 
 ENV_PREFIX = "TRITONFLOW_"
 #: Set inside Airflow tasks: ``TRITONFLOW_X=conn_id,...``, the settings an Airflow connection gave
 #: (``tritonflow_plugin.connections``); read by :meth:`Settings.effective` to name the source.
 CONNECTION_SOURCES_ENV = "TRITONFLOW_FROM_CONNECTIONS"
-
-# ---------------------------------------------------------------------------- paths
-#: Project root (the folder holding ``requirements.txt``).
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-#: State folder for logs, pid files, the local repository and stores (``TRITONFLOW_HOME``).
-DEFAULT_HOME = PROJECT_ROOT / ".tritonflow"
-#: Virtual environment holding the Triton tools (server, perf_analyzer, Model Analyzer).
-DEFAULT_TRITON_VENV = PROJECT_ROOT / ".venv-triton"
-
-# ---------------------------------------------------------------------------- local runtime ports
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_TRITON_HTTP_PORT = 8000
-DEFAULT_TRITON_GRPC_PORT = 8001
-DEFAULT_TRITON_METRICS_PORT = 8002
-DEFAULT_MLFLOW_PORT = 5000
-DEFAULT_S3_PORT = 5555
-DEFAULT_GATEWAY_PORT = 8080
-#: Seconds to wait for a started service to report healthy.
-DEFAULT_START_TIMEOUT_S = 180.0
-
-# ---------------------------------------------------------------------------- MLflow
-#: MLflow tracking server backend; empty means SQLite under ``<home>/mlflow/mlflow.db``.
-DEFAULT_MLFLOW_BACKEND_URI = ""
-#: Tracking URI the clients use; empty means ``http://<host>:<mlflow_port>``.
-DEFAULT_MLFLOW_TRACKING_URI = ""
-
-# ---------------------------------------------------------------------------- Triton target
-#: Highest ONNX IR version the target Triton release's ONNX Runtime loads (Triton 2.51 ships
-#: ONNX Runtime 1.19, which supports IR 10; see ONNX Runtime's compatibility table).
-DEFAULT_MAX_ONNX_IR_VERSION = 10
-#: Highest default-domain opset the target ONNX Runtime implements (ORT 1.19: opset 21).
-DEFAULT_MAX_ONNX_OPSET = 21
-#: Seconds to wait for a model version to become READY after a load request.
-DEFAULT_LOAD_TIMEOUT_S = 120.0
-
-# ---------------------------------------------------------------------------- XCom discipline
-#: Gateway reload mechanism: "local" signals NGINX on this host; "watcher" asks the gateway
-#: container's reload watcher through ``<conf_dir>/reload.request`` (docker-compose).
-DEFAULT_GATEWAY_RELOAD = "local"
-#: Traffic router in front of Triton (``repository_sync.router.ROUTERS`` names the choices).
-DEFAULT_TRAFFIC_ROUTER = "nginx"
-
-#: Largest serialised return value (bytes) a tritonflow task may push to XCom.
-DEFAULT_MAX_XCOM_BYTES = 48 * 1024
-
-
-# ---------------------------------------------------------------------------- repository_sync: canary
-#: Canary traffic steps for the challenger, percent of requests, comma-separated.
-DEFAULT_CANARY_STEPS = "5,25,50,100"
-#: Seconds each canary step bakes before its analysis.
-DEFAULT_CANARY_BAKE_S = 300.0
-#: Fewest canary requests a step needs; fewer makes the step inconclusive, never a pass.
-DEFAULT_CANARY_MIN_REQUESTS = 100
-#: How many times an inconclusive step is extended (one more bake each) before the canary fails.
-DEFAULT_CANARY_MAX_EXTENSIONS = 2
-#: Highest canary error rate (failed / all requests, 0-1) a step may show.
-DEFAULT_CANARY_MAX_ERROR_RATE = 0.01
-#: Highest canary mean request latency (milliseconds, Triton's nv_inference_request_duration_us).
-DEFAULT_CANARY_MAX_MEAN_LATENCY_MS = 1000.0
-#: Highest ratio of canary to champion mean latency over the same step (dimensionless).
-DEFAULT_CANARY_MAX_LATENCY_RATIO = 1.5
-#: Highest two-sample KS statistic between the challenger's live predictions and its own expected
-#: predictions (shadow replay or mirrored live requests) on comparable inputs (0-1).
-DEFAULT_CANARY_MAX_PREDICTION_KS = 0.2
-#: Highest PSI between the challenger's live and expected predictions (0.25 = "significant
-#: shift", Siddiqi 2006).
-DEFAULT_CANARY_MAX_PREDICTION_PSI = 0.25
-#: Seconds between two analyses during a step's bake; hard failures roll back at the first
-#: analysis that sees them (the reference setup switches back 4.7 s after detection).
-DEFAULT_CANARY_ANALYSIS_INTERVAL_S = 5.0
-#: Seconds between two probes of a champion by the health sentinel (``champion_sentinel``).
-DEFAULT_SENTINEL_INTERVAL_S = 10.0
-#: Consecutive failed probes after which the sentinel rolls a champion back to previous_champion.
-DEFAULT_SENTINEL_FAILURES = 3
-#: Seconds a sentinel probe (one request with every golden sample) may take before it fails.
-DEFAULT_SENTINEL_LATENCY_S = 2.0
-#: Golden samples (rows of the champion's drift reference) sent in each sentinel probe.
-DEFAULT_SENTINEL_SAMPLES = 8
-#: Fewest challenger requests (or logged predictions) before an error rate, non-finite or constant
-#: outputs roll back in the middle of a bake.
-DEFAULT_CANARY_HARD_MIN_REQUESTS = 10
-#: Confidence (0-1) of the canary's bounds: error-rate lower bound (Clopper-Pearson), KS/PSI
-#: sampling margins and the quality interval.
-DEFAULT_CANARY_CONFIDENCE = 0.95
-#: Fewest labelled requests per version before the canary compares quality.
-DEFAULT_CANARY_MIN_LABELS = 30
-#: Quality metric compared when labels arrive during a canary (``auc`` or ``accuracy``).
-DEFAULT_CANARY_QUALITY_METRIC = "auc"
-#: Largest quality drop (metric units) of the challenger vs the champion tolerated at the upper
-#: confidence bound; a bigger drop with confidence fails the step.
-DEFAULT_CANARY_MAX_QUALITY_DROP = 0.02
-#: Feature-space coverage: fewest challenger requests in every reference decile bin that live
-#: traffic reaches, per important feature; fewer makes a step inconclusive (extended).
-DEFAULT_CANARY_COVERAGE_MIN_REQUESTS = 5
-#: Feature-space coverage: most important features checked (by the reference's importances;
-#: all features when the reference has none; 0 = all features).
-DEFAULT_CANARY_COVERAGE_FEATURES = 5
-#: Live shadow: percent (1-100) of the champion's requests the gateway mirrors to the challenger.
-DEFAULT_SHADOW_MIRROR_PERCENT = 10
-#: Live shadow: seconds the mirror collects the challenger's outputs on live requests.
-DEFAULT_SHADOW_LIVE_DURATION_S = 600.0
-#: Live shadow: address the gateway reaches the mirror recorder at (the worker's host).
-DEFAULT_SHADOW_MIRROR_HOST = "127.0.0.1"
-#: Response header the gateway adds to name the model version that served a request.
-DEFAULT_GATEWAY_RESPONSE_HEADER = "X-Tritonflow-Version"
-#: Seconds a second promotion of the same model waits for the lock (0: fail at once).
-DEFAULT_PROMOTION_LOCK_TIMEOUT_S = 0.0
-#: SQLAlchemy URL of the coordination database (leases, watcher and retrain state, the versions each
-#: model keeps loaded); empty means the drift history database (``TRITONFLOW_DRIFT_HISTORY_DB_URL``).
-DEFAULT_COORDINATION_DB_URL = ""
-#: Seconds a lease lives without a heartbeat; its holder renews it every third of that.
-DEFAULT_LEASE_TTL_S = 60.0
-#: Seconds a model-control operation (a Triton load/unload) waits for another one of the same model.
-DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S = 600.0
-#: Memory a challenger needs, as a multiple of its model files' size (pre-flight estimate).
-DEFAULT_PREFLIGHT_MEMORY_FACTOR = 2.0
-#: Extra memory (MiB) the pre-flight keeps free beside the challenger estimate.
-DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB = 512
-
-
-# ---------------------------------------------------------------------------- model_registry
-#: Highest ``ai.onnx.ml`` opset the target ONNX Runtime implements (ORT 1.19: ai.onnx.ml 4).
-DEFAULT_MAX_ONNX_ML_OPSET = 4
-#: The serving image the ONNX limits describe, quoted in every IR/opset refusal.
-DEFAULT_TARGET_TRITON_RELEASE = "nvcr.io/nvidia/tritonserver:24.10-py3 (Triton 2.51, ONNX Runtime 1.19)"
-#: Parity gate: absolute tolerance per output element (|onnx - source| <= atol + rtol * |source|).
-DEFAULT_PARITY_ATOL = 1e-5
-#: Parity gate: relative tolerance per output element (same formula as ``numpy.isclose``).
-DEFAULT_PARITY_RTOL = 1e-4
-#: Parity gate: smallest fraction (0-1) of rows whose classifier label must agree.
-DEFAULT_PARITY_MIN_LABEL_AGREEMENT = 1.0
-#: Fallback replica: build, gate and serve an INT8 ``<model>__fallback`` beside each published version.
-DEFAULT_FALLBACK_ENABLED = True
-#: Fallback parity gate: absolute tolerance per output element (looser: INT8 weights, dynamic
-#: activations; same formula as the main gate). Recorded on the MLflow model version.
-DEFAULT_FALLBACK_ATOL = 0.05
-#: Fallback parity gate: relative tolerance per output element.
-DEFAULT_FALLBACK_RTOL = 0.05
-#: Fallback parity gate: smallest fraction (0-1) of rows whose classifier label must agree.
-DEFAULT_FALLBACK_MIN_LABEL_AGREEMENT = 0.95
-#: Seconds the gateway waits for the serving version's answer before retrying on the fallback.
-DEFAULT_FALLBACK_TIMEOUT_S = 10.0
-#: Rows in a validation sample built from an input example (example rows + seeded perturbations).
-DEFAULT_VALIDATION_SAMPLE_ROWS = 64
-#: Std of the seeded Gaussian perturbation, relative to each float column's scale (unitless).
-DEFAULT_VALIDATION_PERTURBATION = 0.05
-#: Max abs difference allowed between TorchScript and eager-eval outputs.
-DEFAULT_TORCHSCRIPT_ATOL = 1e-5
-#: Model Analyzer bounded search: candidate max_batch_size values (comma-separated ints).
-DEFAULT_ANALYZER_MAX_BATCH_SIZES = "8,32"
-#: Model Analyzer bounded search: candidate instance counts per group (comma-separated ints).
-DEFAULT_ANALYZER_INSTANCE_COUNTS = "1"
-#: Model Analyzer bounded search: dynamic batching max queue delays (microseconds, comma-separated).
-DEFAULT_ANALYZER_QUEUE_DELAYS_US = "500"
-#: Model Analyzer bounded search: client concurrencies (comma-separated ints).
-DEFAULT_ANALYZER_CONCURRENCY = "4"
-#: perf_analyzer measurement window (milliseconds, time_windows mode).
-DEFAULT_ANALYZER_MEASUREMENT_MS = 1000
-#: Latency constraint of the profiling objective: p99 latency at most this many milliseconds.
-DEFAULT_ANALYZER_P99_LATENCY_MS = 100.0
-#: A config whose throughput coefficient of variation across passes exceeds this is unstable.
-DEFAULT_ANALYZER_STABILITY_CV = 0.1
-#: Seconds a Model Analyzer ``profile`` run may take before it is stopped.
-DEFAULT_ANALYZER_TIMEOUT_S = 600.0
-#: Passes per top-ranked config that confirm Model Analyzer's ranking before a config is adopted
-#: (perf_analyzer, interleaved; a config whose throughput CV exceeds analyzer_stability_cv or that
-#: perf_analyzer could not stabilise is dropped).
-DEFAULT_ANALYZER_CONFIRM_PASSES = 3
-#: How many of Model Analyzer's best configs are confirmed with repeated passes.
-DEFAULT_ANALYZER_CONFIRM_TOP = 2
-#: Largest p99 latency regression (fraction, 0.10 = 10 %) a challenger may show against the champion,
-#: on top of the measured noise band, before it is rejected (the practitioners' latency gate).
-DEFAULT_MAX_P99_REGRESSION = 0.10
-#: perf_analyzer passes per model of the p99 regression gate (interleaved, >= 3).
-DEFAULT_PERF_GATE_PASSES = 3
-#: perf_analyzer measurement window of the p99 regression gate (milliseconds).
-DEFAULT_PERF_GATE_MEASUREMENT_MS = 1000
-#: Fraction (0-1) of a GPU's free memory the instances of one model may plan to use.
-DEFAULT_GPU_MEMORY_BUDGET_FRACTION = 0.8
-#: Fraction (0-1) of available host memory the CPU instances of one model may plan to use.
-DEFAULT_HOST_MEMORY_BUDGET_FRACTION = 0.5
-#: Planned memory per model instance, as a multiple of the model file size (weights + arenas).
-DEFAULT_INSTANCE_MEMORY_FACTOR = 2.0
-#: Upper bound on instances of one model per device (or on the host for KIND_CPU).
-DEFAULT_MAX_INSTANCE_COUNT = 4
-
-# ---------------------------------------------------------------------------- plugins (Airflow)
-#: HMAC secret shared with the MLflow webhook (empty: the receiver refuses every delivery).
-DEFAULT_WEBHOOK_SECRET = ""
-#: Seconds a webhook's X-MLflow-Timestamp may differ from now (Standard Webhooks uses 5 minutes).
-DEFAULT_WEBHOOK_TOLERANCE_S = 300
-#: URL that failure notifications are POSTed to as JSON (empty: log only).
-DEFAULT_ALERT_WEBHOOK_URL = ""
-#: Seconds to wait for the alert webhook to answer.
-DEFAULT_ALERT_TIMEOUT_S = 10.0
-#: YAML/JSON file mapping registry changes to DAG ids (empty: the built-in default mapping).
-DEFAULT_EVENT_MAPPING_PATH = ""
-#: Seconds between two polls of the MLflow registry by the registry watcher.
-DEFAULT_REGISTRY_POLL_INTERVAL_S = 60.0
-#: Base URL of the MLflow UI for extra links (empty: the resolved tracking URI).
-DEFAULT_MLFLOW_UI_URL = ""
-#: Triton HTTP base URL a browser reaches, for the "Triton model" extra link (empty: the URL the
-#: task used, e.g. ``http://127.0.0.1:8000``; docker-compose sets ``http://localhost:8000``).
-DEFAULT_TRITON_PUBLIC_URL = ""
-#: URL of the Grafana serving dashboard for the "Grafana panel" extra link (empty: no such link);
-#: the compose stack's is ``http://localhost:3000/d/tritonflow-triton``.
-DEFAULT_GRAFANA_DASHBOARD_URL = ""
-
-
-# ---------------------------------------------------------------------------- model_registry: shadow/retrain
-#: Fewest labelled rows a shadow comparison needs; fewer is "inconclusive", never a win.
-DEFAULT_SHADOW_MIN_LABELS = 200
-#: Two-sided confidence level (0-1) of the paired bootstrap intervals of the shadow comparison.
-DEFAULT_SHADOW_CONFIDENCE = 0.95
-#: Improvement (primary-metric units, e.g. AUC points) the challenger must show at the lower bound.
-DEFAULT_SHADOW_MARGIN = 0.01
-#: Largest worsening (metric units) tolerated on a guardrail metric.
-DEFAULT_SHADOW_GUARDRAIL_TOLERANCE = 0.02
-#: Bootstrap resamples of the shadow comparison.
-DEFAULT_SHADOW_N_BOOT = 1000
-#: Champion counts as degraded when worse than its reference metric by more (metric units).
-DEFAULT_SHADOW_DEGRADATION_TOLERANCE = 0.05
-#: Champion counts as degraded below this primary metric value (NaN: check off).
-DEFAULT_SHADOW_CHAMPION_FLOOR = float("nan")
-#: Seconds after a successful retraining of a model before another one may start.
-DEFAULT_RETRAIN_COOLDOWN_S = 6 * 3600.0
-#: Seconds after which an unfinished retraining lock is treated as abandoned (crashed worker).
-DEFAULT_RETRAIN_STALE_AFTER_S = 12 * 3600.0
-
-
-# ---------------------------------------------------------------------------- drift_checks
-#: Look-back of the dynamic drift threshold (days of hourly windows).
-DEFAULT_DRIFT_HISTORY_WINDOW_DAYS = 30.0
-#: Quantile of a distance statistic's history used as threshold (P95; p-values use 1 - q).
-DEFAULT_DRIFT_QUANTILE = 0.95
-#: Hourly windows needed before the dynamic threshold replaces the static one (windows).
-DEFAULT_DRIFT_MIN_HISTORY_WINDOWS = 48
-#: Rows of each side passed to Evidently's DataDriftPreset (rows).
-DEFAULT_DRIFT_EVIDENTLY_SAMPLE_ROWS = 5000
-#: SQLAlchemy URL of the drift history store; empty means SQLite at ``<home>/drift/history.db``.
-DEFAULT_DRIFT_HISTORY_DB_URL = ""
-#: What a window is compared with: ``training`` (the version's reference), ``trailing`` (the last
-#: N days of served traffic) or ``seasonal`` (the same window one period earlier).
-DEFAULT_DRIFT_REFERENCE_STRATEGY = "training"
-#: Span of the ``trailing`` reference (days of served traffic).
-DEFAULT_DRIFT_TRAILING_DAYS = 7.0
-#: Period of the ``seasonal`` reference (hours; 168 = "the same hour last week").
-DEFAULT_DRIFT_SEASONAL_PERIOD_HOURS = 168.0
-#: How features weigh in the dataset verdict: ``importance`` (the model version's permutation
-#: importance, stored with its reference at publish time) or ``uniform``.
-DEFAULT_DRIFT_WEIGHTING = "importance"
-#: Consecutive dataset-drift windows before a drift alert (windows).
-DEFAULT_DRIFT_CONSECUTIVE_WINDOWS = 2
-#: Quiet time after a drift alert of a model for alerts naming no new feature (hours of logical
-#: time: window starts, so replays and backfills behave like live runs).
-DEFAULT_DRIFT_ALERT_COOLDOWN_HOURS = 24.0
-#: A learned threshold never exceeds this multiple of the reference's own threshold (nor the
-#: statistic's strong effect); a value above that ceiling is a strong effect that alerts at once.
-DEFAULT_DRIFT_CEILING_FACTOR = 2.0
-#: Largest window (rows) read whole and scored exactly; larger windows are streamed in record
-#: batches into exact bin counts and KLL sketches (constant memory; ``drift_checks.summaries``).
-DEFAULT_DRIFT_EXACT_MAX_ROWS = 200_000
-#: KLL sketch size ``k`` of streamed windows (4096: stated rank error 9.6e-4, ~97 KB per feature).
-DEFAULT_DRIFT_SKETCH_K = 4096
-#: Rows per record batch when a window is streamed (memory per batch: rows x columns x 8 bytes).
-DEFAULT_DRIFT_STREAM_BATCH_ROWS = 131_072
-#: Processes summarising a streamed window's files in parallel (0: one per CPU core).
-DEFAULT_DRIFT_STREAM_WORKERS = 0
-#: Who summarises a streamed window: ``local`` (this process and its workers) or ``spark``
-#: (per-partition summaries computed by Spark, merged on the driver; ``drift_checks.spark``).
-DEFAULT_DRIFT_ENGINE = "local"
-#: Spark master URL of the ``spark`` drift engine (``local[N]`` runs Spark inside the task).
-DEFAULT_SPARK_MASTER = "local[2]"
-#: Inference-log root (folder or s3://bucket/prefix); empty means ``<home>/inference_logs``.
-DEFAULT_INFERENCE_LOG_ROOT = ""
-
-
-# ---------------------------------------------------------------------------- repository_sync: publish
-#: PEM ECDSA private key used to sign model versions (OpenSSF model-signing); never logged.
-DEFAULT_SIGNING_KEY_PATH = DEFAULT_HOME / "keys" / "model_signing.pem"
-#: Folder of trusted PEM public keys (``*.pub``/``*.pem``); several allow key rotation.
-DEFAULT_SIGNING_TRUSTED_KEYS_DIR = DEFAULT_HOME / "keys" / "trusted"
-#: boto3 ``endpoint_url`` for an S3 repository; empty: the endpoint written in the s3:// URL.
-DEFAULT_S3_ENDPOINT_URL = ""
-
-
-# ---------------------------------------------------------------------------- tritonflow/pipelines: shadow/retrain
-#: Hours of inference log a shadow evaluation replays when no drift window is given (hours).
-DEFAULT_SHADOW_WINDOW_HOURS = 24.0
-#: Hours after a window's end during which its labels may still arrive (labels read window).
-DEFAULT_SHADOW_LABEL_LAG_HOURS = 72.0
-#: Concurrent inference requests of a shadow replay (threads, one HTTP client each).
-DEFAULT_SHADOW_REPLAY_CONCURRENCY = 4
-#: Most logged rows a shadow replay sends (the most recent are kept; rows).
-DEFAULT_SHADOW_MAX_REPLAY_ROWS = 100_000
-#: Days of inference log (joined with labels) a retraining trains on (days).
-DEFAULT_RETRAIN_WINDOW_DAYS = 30.0
-#: Share (0-1) of the training window taken from the version's reference data.
-DEFAULT_RETRAIN_MIX_REFERENCE_FRACTION = 0.0
-#: Training entry point of models without their own (``module:function`` or ``project:<uri>``).
-DEFAULT_RETRAIN_ENTRY_POINT = "model_registry.training:train_noaa"
-#: Per-model entry points, a JSON object ``{"model": "module:function"}`` (empty: none).
-DEFAULT_RETRAIN_ENTRY_POINTS = ""
-#: Schedule of the ``retrain`` DAG (cron or preset such as ``@daily``; empty: none).
-DEFAULT_RETRAIN_SCHEDULE = ""
-#: Model the scheduled ``retrain`` runs retrain (empty: the model must be given as a param).
-DEFAULT_RETRAIN_DEFAULT_MODEL = ""
-
-# ---------------------------------------------------------------------------- tritonflow/pipelines: drift monitor
-#: Registered models the hourly drift monitor checks, comma-separated; empty means every model
-#: with a ``champion`` alias.
-DEFAULT_MONITORED_MODELS = ""
-
-
-# ---------------------------------------------------------------------------- tritonflow.runtime.airflow (local)
-#: Metadata DB of the local Airflow deployment; empty: SQLite (WAL) under ``<home>/airflow``.
-DEFAULT_AIRFLOW_DATABASE_URL = ""
-#: API server / UI port of the local Airflow deployment (8080 is the gateway's).
-DEFAULT_AIRFLOW_API_PORT = 8280
-#: LocalExecutor task slots of the local Airflow deployment.
-DEFAULT_AIRFLOW_PARALLELISM = 4
-#: Ports the local Airflow's scheduler (task logs) and triggerer (trigger logs) serve logs on.
-DEFAULT_AIRFLOW_WORKER_LOG_PORT = 8793
-DEFAULT_AIRFLOW_TRIGGERER_LOG_PORT = 8794
-
-# ---------------------------------------------------------------------------- tritonflow.demo (main job)
-#: Weighted share (0-1) of flagged features that makes a window's dataset verdict ``drift``
-#: (Evidently's default share 0.5; weights per ``TRITONFLOW_DRIFT_WEIGHTING``). A drift alert
-#: needs it in ``TRITONFLOW_DRIFT_CONSECUTIVE_WINDOWS`` windows in a row, or one strong effect.
-DEFAULT_DRIFT_DATASET_SHARE = 0.5
 
 
 def _field(default: Any, env: str, doc: str) -> Any:
@@ -363,195 +36,205 @@ def _field(default: Any, env: str, doc: str) -> Any:
 class Settings:
     """All tritonflow settings. Build with :meth:`from_env`; fields are immutable."""
 
-    home: Path = _field(DEFAULT_HOME, "HOME", "State folder: logs, pids, local repository, stores.")
-    triton_venv: Path = _field(DEFAULT_TRITON_VENV, "TRITON_VENV", "Triton tools virtualenv.")
-    host: str = _field(DEFAULT_HOST, "HOST", "Loopback address the local services bind to.")
-    triton_http_port: int = _field(DEFAULT_TRITON_HTTP_PORT, "TRITON_HTTP_PORT", "Triton HTTP port.")
-    triton_grpc_port: int = _field(DEFAULT_TRITON_GRPC_PORT, "TRITON_GRPC_PORT", "Triton gRPC port.")
+    home: Path = _field(defaults.DEFAULT_HOME, "HOME", "State folder: logs, pids, local repository, stores.")
+    triton_venv: Path = _field(defaults.DEFAULT_TRITON_VENV, "TRITON_VENV", "Triton tools virtualenv.")
+    host: str = _field(defaults.DEFAULT_HOST, "HOST", "Loopback address the local services bind to.")
+    triton_http_port: int = _field(defaults.DEFAULT_TRITON_HTTP_PORT, "TRITON_HTTP_PORT", "Triton HTTP port.")
+    triton_grpc_port: int = _field(defaults.DEFAULT_TRITON_GRPC_PORT, "TRITON_GRPC_PORT", "Triton gRPC port.")
     triton_metrics_port: int = _field(
-        DEFAULT_TRITON_METRICS_PORT, "TRITON_METRICS_PORT", "Triton Prometheus metrics port."
+        defaults.DEFAULT_TRITON_METRICS_PORT, "TRITON_METRICS_PORT", "Triton Prometheus metrics port."
     )
-    mlflow_port: int = _field(DEFAULT_MLFLOW_PORT, "MLFLOW_PORT", "MLflow tracking server port.")
-    s3_port: int = _field(DEFAULT_S3_PORT, "S3_PORT", "Local S3-compatible endpoint (moto) port.")
-    gateway_port: int = _field(DEFAULT_GATEWAY_PORT, "GATEWAY_PORT", "NGINX gateway port.")
+    mlflow_port: int = _field(defaults.DEFAULT_MLFLOW_PORT, "MLFLOW_PORT", "MLflow tracking server port.")
+    s3_port: int = _field(defaults.DEFAULT_S3_PORT, "S3_PORT", "Local S3-compatible endpoint (moto) port.")
+    gateway_port: int = _field(defaults.DEFAULT_GATEWAY_PORT, "GATEWAY_PORT", "NGINX gateway port.")
     start_timeout_s: float = _field(
-        DEFAULT_START_TIMEOUT_S, "START_TIMEOUT_S", "Seconds to wait for a service to be healthy."
+        defaults.DEFAULT_START_TIMEOUT_S, "START_TIMEOUT_S", "Seconds to wait for a service to be healthy."
     )
     mlflow_backend_uri: str = _field(
-        DEFAULT_MLFLOW_BACKEND_URI, "MLFLOW_BACKEND_URI", "MLflow server store URI (empty: SQLite)."
+        defaults.DEFAULT_MLFLOW_BACKEND_URI, "MLFLOW_BACKEND_URI", "MLflow server store URI (empty: SQLite)."
     )
     mlflow_tracking_uri: str = _field(
-        DEFAULT_MLFLOW_TRACKING_URI, "MLFLOW_TRACKING_URI", "Tracking URI (empty: local server)."
+        defaults.DEFAULT_MLFLOW_TRACKING_URI, "MLFLOW_TRACKING_URI", "Tracking URI (empty: local server)."
     )
     repository_uri: str = _field(
         "", "REPOSITORY_URI", "Triton model repository: a folder or s3://http://host:port/bucket/prefix."
     )
     max_onnx_ir_version: int = _field(
-        DEFAULT_MAX_ONNX_IR_VERSION, "MAX_ONNX_IR_VERSION", "Highest ONNX IR version Triton loads."
+        defaults.DEFAULT_MAX_ONNX_IR_VERSION, "MAX_ONNX_IR_VERSION", "Highest ONNX IR version Triton loads."
     )
-    max_onnx_opset: int = _field(DEFAULT_MAX_ONNX_OPSET, "MAX_ONNX_OPSET", "Highest ONNX opset.")
+    max_onnx_opset: int = _field(defaults.DEFAULT_MAX_ONNX_OPSET, "MAX_ONNX_OPSET", "Highest ONNX opset.")
     load_timeout_s: float = _field(
-        DEFAULT_LOAD_TIMEOUT_S, "LOAD_TIMEOUT_S", "Seconds to wait for a model version to be READY."
+        defaults.DEFAULT_LOAD_TIMEOUT_S, "LOAD_TIMEOUT_S", "Seconds to wait for a model version to be READY."
     )
     max_xcom_bytes: int = _field(
-        DEFAULT_MAX_XCOM_BYTES, "MAX_XCOM_BYTES", "Largest XCom a task may return (bytes)."
+        defaults.DEFAULT_MAX_XCOM_BYTES, "MAX_XCOM_BYTES", "Largest XCom a task may return (bytes)."
     )
 
     # ------------------------------------------------------------------ repository_sync: canary
     canary_steps: str = _field(
-        DEFAULT_CANARY_STEPS, "CANARY_STEPS", "Canary steps, percent of traffic, comma-separated."
+        defaults.DEFAULT_CANARY_STEPS, "CANARY_STEPS", "Canary steps, percent of traffic, comma-separated."
     )
-    canary_bake_s: float = _field(DEFAULT_CANARY_BAKE_S, "CANARY_BAKE_S", "Seconds each step bakes.")
+    canary_bake_s: float = _field(defaults.DEFAULT_CANARY_BAKE_S, "CANARY_BAKE_S", "Seconds each step bakes.")
     canary_min_requests: int = _field(
-        DEFAULT_CANARY_MIN_REQUESTS, "CANARY_MIN_REQUESTS", "Fewest canary requests per step."
+        defaults.DEFAULT_CANARY_MIN_REQUESTS, "CANARY_MIN_REQUESTS", "Fewest canary requests per step."
     )
     canary_max_extensions: int = _field(
-        DEFAULT_CANARY_MAX_EXTENSIONS, "CANARY_MAX_EXTENSIONS", "Extensions of an inconclusive step."
+        defaults.DEFAULT_CANARY_MAX_EXTENSIONS, "CANARY_MAX_EXTENSIONS", "Extensions of an inconclusive step."
     )
     canary_max_error_rate: float = _field(
-        DEFAULT_CANARY_MAX_ERROR_RATE, "CANARY_MAX_ERROR_RATE", "Highest canary error rate (0-1)."
+        defaults.DEFAULT_CANARY_MAX_ERROR_RATE, "CANARY_MAX_ERROR_RATE", "Highest canary error rate (0-1)."
     )
     canary_max_mean_latency_ms: float = _field(
-        DEFAULT_CANARY_MAX_MEAN_LATENCY_MS, "CANARY_MAX_MEAN_LATENCY_MS", "Highest canary mean latency (ms)."
+        defaults.DEFAULT_CANARY_MAX_MEAN_LATENCY_MS, "CANARY_MAX_MEAN_LATENCY_MS", "Highest canary mean latency (ms)."
     )
     canary_max_latency_ratio: float = _field(
-        DEFAULT_CANARY_MAX_LATENCY_RATIO, "CANARY_MAX_LATENCY_RATIO", "Highest canary/champion latency ratio."
+        defaults.DEFAULT_CANARY_MAX_LATENCY_RATIO, "CANARY_MAX_LATENCY_RATIO", "Highest canary/champion latency ratio."
     )
     canary_max_prediction_ks: float = _field(
-        DEFAULT_CANARY_MAX_PREDICTION_KS, "CANARY_MAX_PREDICTION_KS", "Highest prediction KS statistic."
+        defaults.DEFAULT_CANARY_MAX_PREDICTION_KS, "CANARY_MAX_PREDICTION_KS", "Highest prediction KS statistic."
     )
     canary_max_prediction_psi: float = _field(
-        DEFAULT_CANARY_MAX_PREDICTION_PSI, "CANARY_MAX_PREDICTION_PSI", "Highest prediction PSI."
+        defaults.DEFAULT_CANARY_MAX_PREDICTION_PSI, "CANARY_MAX_PREDICTION_PSI", "Highest prediction PSI."
     )
     canary_analysis_interval_s: float = _field(
-        DEFAULT_CANARY_ANALYSIS_INTERVAL_S, "CANARY_ANALYSIS_INTERVAL_S",
+        defaults.DEFAULT_CANARY_ANALYSIS_INTERVAL_S, "CANARY_ANALYSIS_INTERVAL_S",
         "Seconds between analyses during a bake (hard failures roll back at once).",
     )
     sentinel_interval_s: float = _field(
-        DEFAULT_SENTINEL_INTERVAL_S, "SENTINEL_INTERVAL_S", "Seconds between two sentinel probes of a champion.",
+        defaults.DEFAULT_SENTINEL_INTERVAL_S, "SENTINEL_INTERVAL_S",
+        "Seconds between two sentinel probes of a champion.",
     )
     sentinel_failures: int = _field(
-        DEFAULT_SENTINEL_FAILURES, "SENTINEL_FAILURES",
+        defaults.DEFAULT_SENTINEL_FAILURES, "SENTINEL_FAILURES",
         "Consecutive failed sentinel probes that roll a champion back.",
     )
     sentinel_latency_s: float = _field(
-        DEFAULT_SENTINEL_LATENCY_S, "SENTINEL_LATENCY_S", "Latency limit of one sentinel probe (s).",
+        defaults.DEFAULT_SENTINEL_LATENCY_S, "SENTINEL_LATENCY_S", "Latency limit of one sentinel probe (s).",
     )
     sentinel_samples: int = _field(
-        DEFAULT_SENTINEL_SAMPLES, "SENTINEL_SAMPLES", "Golden samples sent in each sentinel probe.",
+        defaults.DEFAULT_SENTINEL_SAMPLES, "SENTINEL_SAMPLES", "Golden samples sent in each sentinel probe.",
     )
     canary_hard_min_requests: int = _field(
-        DEFAULT_CANARY_HARD_MIN_REQUESTS, "CANARY_HARD_MIN_REQUESTS",
+        defaults.DEFAULT_CANARY_HARD_MIN_REQUESTS, "CANARY_HARD_MIN_REQUESTS",
         "Fewest challenger requests before a mid-bake rollback on errors or bad outputs.",
     )
     canary_confidence: float = _field(
-        DEFAULT_CANARY_CONFIDENCE, "CANARY_CONFIDENCE", "Confidence (0-1) of the canary's bounds."
+        defaults.DEFAULT_CANARY_CONFIDENCE, "CANARY_CONFIDENCE", "Confidence (0-1) of the canary's bounds."
     )
     canary_min_labels: int = _field(
-        DEFAULT_CANARY_MIN_LABELS, "CANARY_MIN_LABELS", "Fewest labelled requests per version to compare quality."
+        defaults.DEFAULT_CANARY_MIN_LABELS, "CANARY_MIN_LABELS",
+        "Fewest labelled requests per version to compare quality."
     )
     canary_quality_metric: str = _field(
-        DEFAULT_CANARY_QUALITY_METRIC, "CANARY_QUALITY_METRIC", "Quality metric with labels (auc, accuracy)."
+        defaults.DEFAULT_CANARY_QUALITY_METRIC, "CANARY_QUALITY_METRIC", "Quality metric with labels (auc, accuracy)."
     )
     canary_max_quality_drop: float = _field(
-        DEFAULT_CANARY_MAX_QUALITY_DROP, "CANARY_MAX_QUALITY_DROP",
+        defaults.DEFAULT_CANARY_MAX_QUALITY_DROP, "CANARY_MAX_QUALITY_DROP",
         "Largest quality drop vs the champion at the upper confidence bound (metric units).",
     )
     canary_coverage_min_requests: int = _field(
-        DEFAULT_CANARY_COVERAGE_MIN_REQUESTS, "CANARY_COVERAGE_MIN_REQUESTS",
+        defaults.DEFAULT_CANARY_COVERAGE_MIN_REQUESTS, "CANARY_COVERAGE_MIN_REQUESTS",
         "Fewest challenger requests per reached reference decile bin.",
     )
     canary_coverage_features: int = _field(
-        DEFAULT_CANARY_COVERAGE_FEATURES, "CANARY_COVERAGE_FEATURES",
+        defaults.DEFAULT_CANARY_COVERAGE_FEATURES, "CANARY_COVERAGE_FEATURES",
         "Most important features checked for coverage (0 = all).",
     )
     gateway_response_header: str = _field(
-        DEFAULT_GATEWAY_RESPONSE_HEADER, "GATEWAY_RESPONSE_HEADER", "Header naming the serving version."
+        defaults.DEFAULT_GATEWAY_RESPONSE_HEADER, "GATEWAY_RESPONSE_HEADER", "Header naming the serving version."
     )
     promotion_lock_timeout_s: float = _field(
-        DEFAULT_PROMOTION_LOCK_TIMEOUT_S, "PROMOTION_LOCK_TIMEOUT_S", "Seconds to wait for a promotion lock."
+        defaults.DEFAULT_PROMOTION_LOCK_TIMEOUT_S, "PROMOTION_LOCK_TIMEOUT_S", "Seconds to wait for a promotion lock."
     )
     coordination_db_url: str = _field(
-        DEFAULT_COORDINATION_DB_URL, "COORDINATION_DB_URL",
+        defaults.DEFAULT_COORDINATION_DB_URL, "COORDINATION_DB_URL",
         "Shared DB of leases and coordination state (empty: the drift history DB).",
     )
-    lease_ttl_s: float = _field(DEFAULT_LEASE_TTL_S, "LEASE_TTL_S", "Seconds a lease lives without a heartbeat.")
+    lease_ttl_s: float = _field(
+        defaults.DEFAULT_LEASE_TTL_S, "LEASE_TTL_S", "Seconds a lease lives without a heartbeat."
+    )
     model_control_lock_timeout_s: float = _field(
-        DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S, "MODEL_CONTROL_LOCK_TIMEOUT_S",
+        defaults.DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S, "MODEL_CONTROL_LOCK_TIMEOUT_S",
         "Seconds a Triton load/unload waits for another one of the same model.",
     )
     preflight_memory_factor: float = _field(
-        DEFAULT_PREFLIGHT_MEMORY_FACTOR, "PREFLIGHT_MEMORY_FACTOR", "Challenger memory / model file size."
+        defaults.DEFAULT_PREFLIGHT_MEMORY_FACTOR, "PREFLIGHT_MEMORY_FACTOR", "Challenger memory / model file size."
     )
     preflight_memory_margin_mib: int = _field(
-        DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB, "PREFLIGHT_MEMORY_MARGIN_MIB", "Memory kept free (MiB)."
+        defaults.DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB, "PREFLIGHT_MEMORY_MARGIN_MIB", "Memory kept free (MiB)."
     )
 
     # -------------------------------------------------------------- model_registry (conversion,
     # validation, parity gate, Model Analyzer, hardware)
     max_onnx_ml_opset: int = _field(
-        DEFAULT_MAX_ONNX_ML_OPSET, "MAX_ONNX_ML_OPSET", "Highest ai.onnx.ml opset Triton's ORT runs."
+        defaults.DEFAULT_MAX_ONNX_ML_OPSET, "MAX_ONNX_ML_OPSET", "Highest ai.onnx.ml opset Triton's ORT runs."
     )
     target_triton_release: str = _field(
-        DEFAULT_TARGET_TRITON_RELEASE, "TARGET_TRITON_RELEASE", "Serving release the limits describe."
+        defaults.DEFAULT_TARGET_TRITON_RELEASE, "TARGET_TRITON_RELEASE", "Serving release the limits describe."
     )
-    parity_atol: float = _field(DEFAULT_PARITY_ATOL, "PARITY_ATOL", "Parity gate absolute tolerance.")
-    parity_rtol: float = _field(DEFAULT_PARITY_RTOL, "PARITY_RTOL", "Parity gate relative tolerance.")
+    parity_atol: float = _field(defaults.DEFAULT_PARITY_ATOL, "PARITY_ATOL", "Parity gate absolute tolerance.")
+    parity_rtol: float = _field(defaults.DEFAULT_PARITY_RTOL, "PARITY_RTOL", "Parity gate relative tolerance.")
     parity_min_label_agreement: float = _field(
-        DEFAULT_PARITY_MIN_LABEL_AGREEMENT, "PARITY_MIN_LABEL_AGREEMENT", "Min label agreement (0-1)."
+        defaults.DEFAULT_PARITY_MIN_LABEL_AGREEMENT, "PARITY_MIN_LABEL_AGREEMENT", "Min label agreement (0-1)."
     )
     validation_sample_rows: int = _field(
-        DEFAULT_VALIDATION_SAMPLE_ROWS, "VALIDATION_SAMPLE_ROWS", "Rows of a perturbed validation sample."
+        defaults.DEFAULT_VALIDATION_SAMPLE_ROWS, "VALIDATION_SAMPLE_ROWS", "Rows of a perturbed validation sample."
     )
     validation_perturbation: float = _field(
-        DEFAULT_VALIDATION_PERTURBATION, "VALIDATION_PERTURBATION", "Relative std of perturbations."
+        defaults.DEFAULT_VALIDATION_PERTURBATION, "VALIDATION_PERTURBATION", "Relative std of perturbations."
     )
     fallback_enabled: bool = _field(
-        DEFAULT_FALLBACK_ENABLED, "FALLBACK_ENABLED", "Publish + route to an INT8 <model>__fallback."
+        defaults.DEFAULT_FALLBACK_ENABLED, "FALLBACK_ENABLED", "Publish + route to an INT8 <model>__fallback."
     )
-    fallback_atol: float = _field(DEFAULT_FALLBACK_ATOL, "FALLBACK_ATOL", "Fallback parity absolute tolerance.")
-    fallback_rtol: float = _field(DEFAULT_FALLBACK_RTOL, "FALLBACK_RTOL", "Fallback parity relative tolerance.")
+    fallback_atol: float = _field(
+        defaults.DEFAULT_FALLBACK_ATOL, "FALLBACK_ATOL", "Fallback parity absolute tolerance."
+    )
+    fallback_rtol: float = _field(
+        defaults.DEFAULT_FALLBACK_RTOL, "FALLBACK_RTOL", "Fallback parity relative tolerance."
+    )
     fallback_min_label_agreement: float = _field(
-        DEFAULT_FALLBACK_MIN_LABEL_AGREEMENT, "FALLBACK_MIN_LABEL_AGREEMENT", "Fallback min label agreement (0-1)."
+        defaults.DEFAULT_FALLBACK_MIN_LABEL_AGREEMENT, "FALLBACK_MIN_LABEL_AGREEMENT",
+        "Fallback min label agreement (0-1)."
     )
     fallback_timeout_s: float = _field(
-        DEFAULT_FALLBACK_TIMEOUT_S, "FALLBACK_TIMEOUT_S", "Gateway wait before retrying on the fallback."
+        defaults.DEFAULT_FALLBACK_TIMEOUT_S, "FALLBACK_TIMEOUT_S", "Gateway wait before retrying on the fallback."
     )
     torchscript_atol: float = _field(
-        DEFAULT_TORCHSCRIPT_ATOL, "TORCHSCRIPT_ATOL", "TorchScript vs eager-eval max abs diff."
+        defaults.DEFAULT_TORCHSCRIPT_ATOL, "TORCHSCRIPT_ATOL", "TorchScript vs eager-eval max abs diff."
     )
     analyzer_max_batch_sizes: str = _field(
-        DEFAULT_ANALYZER_MAX_BATCH_SIZES, "ANALYZER_MAX_BATCH_SIZES", "Searched max_batch_size values."
+        defaults.DEFAULT_ANALYZER_MAX_BATCH_SIZES, "ANALYZER_MAX_BATCH_SIZES", "Searched max_batch_size values."
     )
     analyzer_instance_counts: str = _field(
-        DEFAULT_ANALYZER_INSTANCE_COUNTS, "ANALYZER_INSTANCE_COUNTS", "Searched instance counts."
+        defaults.DEFAULT_ANALYZER_INSTANCE_COUNTS, "ANALYZER_INSTANCE_COUNTS", "Searched instance counts."
     )
     analyzer_queue_delays_us: str = _field(
-        DEFAULT_ANALYZER_QUEUE_DELAYS_US, "ANALYZER_QUEUE_DELAYS_US", "Searched queue delays (us)."
+        defaults.DEFAULT_ANALYZER_QUEUE_DELAYS_US, "ANALYZER_QUEUE_DELAYS_US", "Searched queue delays (us)."
     )
     analyzer_concurrency: str = _field(
-        DEFAULT_ANALYZER_CONCURRENCY, "ANALYZER_CONCURRENCY", "Searched client concurrencies."
+        defaults.DEFAULT_ANALYZER_CONCURRENCY, "ANALYZER_CONCURRENCY", "Searched client concurrencies."
     )
     analyzer_measurement_ms: int = _field(
-        DEFAULT_ANALYZER_MEASUREMENT_MS, "ANALYZER_MEASUREMENT_MS", "perf_analyzer window (ms)."
+        defaults.DEFAULT_ANALYZER_MEASUREMENT_MS, "ANALYZER_MEASUREMENT_MS", "perf_analyzer window (ms)."
     )
     analyzer_p99_latency_ms: float = _field(
-        DEFAULT_ANALYZER_P99_LATENCY_MS, "ANALYZER_P99_LATENCY_MS", "p99 latency constraint (ms)."
+        defaults.DEFAULT_ANALYZER_P99_LATENCY_MS, "ANALYZER_P99_LATENCY_MS", "p99 latency constraint (ms)."
     )
     analyzer_stability_cv: float = _field(
-        DEFAULT_ANALYZER_STABILITY_CV, "ANALYZER_STABILITY_CV", "Max throughput CV of a stable config."
+        defaults.DEFAULT_ANALYZER_STABILITY_CV, "ANALYZER_STABILITY_CV", "Max throughput CV of a stable config."
     )
     analyzer_timeout_s: float = _field(
-        DEFAULT_ANALYZER_TIMEOUT_S, "ANALYZER_TIMEOUT_S", "Model Analyzer run timeout (s)."
+        defaults.DEFAULT_ANALYZER_TIMEOUT_S, "ANALYZER_TIMEOUT_S", "Model Analyzer run timeout (s)."
     )
     analyzer_confirm_passes: int = _field(
-        DEFAULT_ANALYZER_CONFIRM_PASSES, "ANALYZER_CONFIRM_PASSES", "Passes confirming the top configs (>= 3)."
+        defaults.DEFAULT_ANALYZER_CONFIRM_PASSES, "ANALYZER_CONFIRM_PASSES", "Passes confirming the top configs (>= 3)."
     )
     analyzer_confirm_top: int = _field(
-        DEFAULT_ANALYZER_CONFIRM_TOP, "ANALYZER_CONFIRM_TOP", "Top configs confirmed with repeated passes."
+        defaults.DEFAULT_ANALYZER_CONFIRM_TOP, "ANALYZER_CONFIRM_TOP", "Top configs confirmed with repeated passes."
     )
     max_p99_regression: float = _field(
-        DEFAULT_MAX_P99_REGRESSION, "MAX_P99_REGRESSION", "Allowed challenger p99 regression beyond noise (0.1 = 10 %)."
+        defaults.DEFAULT_MAX_P99_REGRESSION, "MAX_P99_REGRESSION",
+        "Allowed challenger p99 regression beyond noise (0.1 = 10 %)."
     )
     publish_profile: bool = _field(
         True, "PUBLISH_PROFILE",
@@ -561,206 +244,210 @@ class Settings:
         True, "PUBLISH_PERF_GATE", "model_publish runs the p99 gate unless its 'perf_gate' param says otherwise.",
     )
     perf_gate_passes: int = _field(
-        DEFAULT_PERF_GATE_PASSES, "PERF_GATE_PASSES", "perf_analyzer passes per model of the p99 gate (>= 3)."
+        defaults.DEFAULT_PERF_GATE_PASSES, "PERF_GATE_PASSES", "perf_analyzer passes per model of the p99 gate (>= 3)."
     )
     perf_gate_measurement_ms: int = _field(
-        DEFAULT_PERF_GATE_MEASUREMENT_MS, "PERF_GATE_MEASUREMENT_MS", "p99 gate measurement window (ms)."
+        defaults.DEFAULT_PERF_GATE_MEASUREMENT_MS, "PERF_GATE_MEASUREMENT_MS", "p99 gate measurement window (ms)."
     )
     gpu_memory_budget_fraction: float = _field(
-        DEFAULT_GPU_MEMORY_BUDGET_FRACTION, "GPU_MEMORY_BUDGET_FRACTION", "Share of free GPU memory."
+        defaults.DEFAULT_GPU_MEMORY_BUDGET_FRACTION, "GPU_MEMORY_BUDGET_FRACTION", "Share of free GPU memory."
     )
     host_memory_budget_fraction: float = _field(
-        DEFAULT_HOST_MEMORY_BUDGET_FRACTION, "HOST_MEMORY_BUDGET_FRACTION", "Share of free host memory."
+        defaults.DEFAULT_HOST_MEMORY_BUDGET_FRACTION, "HOST_MEMORY_BUDGET_FRACTION", "Share of free host memory."
     )
     instance_memory_factor: float = _field(
-        DEFAULT_INSTANCE_MEMORY_FACTOR, "INSTANCE_MEMORY_FACTOR", "Instance memory / model file size."
+        defaults.DEFAULT_INSTANCE_MEMORY_FACTOR, "INSTANCE_MEMORY_FACTOR", "Instance memory / model file size."
     )
     max_instance_count: int = _field(
-        DEFAULT_MAX_INSTANCE_COUNT, "MAX_INSTANCE_COUNT", "Most instances of a model per device."
+        defaults.DEFAULT_MAX_INSTANCE_COUNT, "MAX_INSTANCE_COUNT", "Most instances of a model per device."
     )
 
     # -------------------------------------------------------------- plugins (Airflow)
     webhook_secret: str = _field(
-        DEFAULT_WEBHOOK_SECRET, "WEBHOOK_SECRET", "HMAC secret of the MLflow webhook."
+        defaults.DEFAULT_WEBHOOK_SECRET, "WEBHOOK_SECRET", "HMAC secret of the MLflow webhook."
     )
     webhook_tolerance_s: int = _field(
-        DEFAULT_WEBHOOK_TOLERANCE_S, "WEBHOOK_TOLERANCE_S", "Accepted webhook clock skew (s)."
+        defaults.DEFAULT_WEBHOOK_TOLERANCE_S, "WEBHOOK_TOLERANCE_S", "Accepted webhook clock skew (s)."
     )
     alert_webhook_url: str = _field(
-        DEFAULT_ALERT_WEBHOOK_URL, "ALERT_WEBHOOK_URL", "Failure notifications POST URL (empty: log)."
+        defaults.DEFAULT_ALERT_WEBHOOK_URL, "ALERT_WEBHOOK_URL", "Failure notifications POST URL (empty: log)."
     )
     alert_timeout_s: float = _field(
-        DEFAULT_ALERT_TIMEOUT_S, "ALERT_TIMEOUT_S", "Alert webhook timeout (s)."
+        defaults.DEFAULT_ALERT_TIMEOUT_S, "ALERT_TIMEOUT_S", "Alert webhook timeout (s)."
     )
     event_mapping_path: str = _field(
-        DEFAULT_EVENT_MAPPING_PATH, "EVENT_MAPPING_PATH", "Registry-event-to-DAG mapping file."
+        defaults.DEFAULT_EVENT_MAPPING_PATH, "EVENT_MAPPING_PATH", "Registry-event-to-DAG mapping file."
     )
     registry_poll_interval_s: float = _field(
-        DEFAULT_REGISTRY_POLL_INTERVAL_S, "REGISTRY_POLL_INTERVAL_S", "Registry watcher poll (s)."
+        defaults.DEFAULT_REGISTRY_POLL_INTERVAL_S, "REGISTRY_POLL_INTERVAL_S", "Registry watcher poll (s)."
     )
     mlflow_ui_url: str = _field(
-        DEFAULT_MLFLOW_UI_URL, "MLFLOW_UI_URL", "MLflow UI base URL for links (empty: tracking URI)."
+        defaults.DEFAULT_MLFLOW_UI_URL, "MLFLOW_UI_URL", "MLflow UI base URL for links (empty: tracking URI)."
     )
     triton_public_url: str = _field(
-        DEFAULT_TRITON_PUBLIC_URL, "TRITON_PUBLIC_URL",
+        defaults.DEFAULT_TRITON_PUBLIC_URL, "TRITON_PUBLIC_URL",
         "Triton HTTP base URL for links (empty: the URL the task used).",
     )
     grafana_dashboard_url: str = _field(
-        DEFAULT_GRAFANA_DASHBOARD_URL, "GRAFANA_DASHBOARD_URL",
+        defaults.DEFAULT_GRAFANA_DASHBOARD_URL, "GRAFANA_DASHBOARD_URL",
         "Grafana serving dashboard URL for links (empty: no Grafana link).",
     )
 
     # -------------------------------------------------------------- model_registry: shadow/retrain
     shadow_min_labels: int = _field(
-        DEFAULT_SHADOW_MIN_LABELS, "SHADOW_MIN_LABELS", "Fewest labelled rows to decide (else inconclusive)."
+        defaults.DEFAULT_SHADOW_MIN_LABELS, "SHADOW_MIN_LABELS", "Fewest labelled rows to decide (else inconclusive)."
     )
     shadow_confidence: float = _field(
-        DEFAULT_SHADOW_CONFIDENCE, "SHADOW_CONFIDENCE", "Bootstrap interval confidence (0-1)."
+        defaults.DEFAULT_SHADOW_CONFIDENCE, "SHADOW_CONFIDENCE", "Bootstrap interval confidence (0-1)."
     )
     shadow_margin: float = _field(
-        DEFAULT_SHADOW_MARGIN, "SHADOW_MARGIN", "Required primary-metric gain at the lower bound."
+        defaults.DEFAULT_SHADOW_MARGIN, "SHADOW_MARGIN", "Required primary-metric gain at the lower bound."
     )
     shadow_guardrail_tolerance: float = _field(
-        DEFAULT_SHADOW_GUARDRAIL_TOLERANCE, "SHADOW_GUARDRAIL_TOLERANCE", "Tolerated guardrail loss."
+        defaults.DEFAULT_SHADOW_GUARDRAIL_TOLERANCE, "SHADOW_GUARDRAIL_TOLERANCE", "Tolerated guardrail loss."
     )
-    shadow_n_boot: int = _field(DEFAULT_SHADOW_N_BOOT, "SHADOW_N_BOOT", "Bootstrap resamples.")
+    shadow_n_boot: int = _field(defaults.DEFAULT_SHADOW_N_BOOT, "SHADOW_N_BOOT", "Bootstrap resamples.")
     shadow_degradation_tolerance: float = _field(
-        DEFAULT_SHADOW_DEGRADATION_TOLERANCE, "SHADOW_DEGRADATION_TOLERANCE",
+        defaults.DEFAULT_SHADOW_DEGRADATION_TOLERANCE, "SHADOW_DEGRADATION_TOLERANCE",
         "Champion drop below its reference that counts as degraded.",
     )
     shadow_champion_floor: float = _field(
-        DEFAULT_SHADOW_CHAMPION_FLOOR, "SHADOW_CHAMPION_FLOOR", "Champion metric floor (nan: off)."
+        defaults.DEFAULT_SHADOW_CHAMPION_FLOOR, "SHADOW_CHAMPION_FLOOR", "Champion metric floor (nan: off)."
     )
     retrain_cooldown_s: float = _field(
-        DEFAULT_RETRAIN_COOLDOWN_S, "RETRAIN_COOLDOWN_S", "Seconds between retrainings of a model."
+        defaults.DEFAULT_RETRAIN_COOLDOWN_S, "RETRAIN_COOLDOWN_S", "Seconds between retrainings of a model."
     )
     retrain_stale_after_s: float = _field(
-        DEFAULT_RETRAIN_STALE_AFTER_S, "RETRAIN_STALE_AFTER_S", "Age (s) of an abandoned retrain lock."
+        defaults.DEFAULT_RETRAIN_STALE_AFTER_S, "RETRAIN_STALE_AFTER_S", "Age (s) of an abandoned retrain lock."
     )
 
     # -------------------------------------------------------------- drift_checks
     drift_history_window_days: float = _field(
-        DEFAULT_DRIFT_HISTORY_WINDOW_DAYS, "DRIFT_HISTORY_WINDOW_DAYS", "Dynamic threshold look-back (days)."
+        defaults.DEFAULT_DRIFT_HISTORY_WINDOW_DAYS, "DRIFT_HISTORY_WINDOW_DAYS", "Dynamic threshold look-back (days)."
     )
     drift_quantile: float = _field(
-        DEFAULT_DRIFT_QUANTILE, "DRIFT_QUANTILE", "Threshold quantile of distances (p-values: 1 - q)."
+        defaults.DEFAULT_DRIFT_QUANTILE, "DRIFT_QUANTILE", "Threshold quantile of distances (p-values: 1 - q)."
     )
     drift_min_history_windows: int = _field(
-        DEFAULT_DRIFT_MIN_HISTORY_WINDOWS, "DRIFT_MIN_HISTORY_WINDOWS", "Windows before dynamic thresholds."
+        defaults.DEFAULT_DRIFT_MIN_HISTORY_WINDOWS, "DRIFT_MIN_HISTORY_WINDOWS", "Windows before dynamic thresholds."
     )
     drift_evidently_sample_rows: int = _field(
-        DEFAULT_DRIFT_EVIDENTLY_SAMPLE_ROWS, "DRIFT_EVIDENTLY_SAMPLE_ROWS", "Rows per side sent to Evidently."
+        defaults.DEFAULT_DRIFT_EVIDENTLY_SAMPLE_ROWS, "DRIFT_EVIDENTLY_SAMPLE_ROWS", "Rows per side sent to Evidently."
     )
     drift_history_db_url: str = _field(
-        DEFAULT_DRIFT_HISTORY_DB_URL, "DRIFT_HISTORY_DB_URL", "Drift history DB URL (empty: SQLite)."
+        defaults.DEFAULT_DRIFT_HISTORY_DB_URL, "DRIFT_HISTORY_DB_URL", "Drift history DB URL (empty: SQLite)."
     )
     drift_reference_strategy: str = _field(
-        DEFAULT_DRIFT_REFERENCE_STRATEGY, "DRIFT_REFERENCE_STRATEGY",
+        defaults.DEFAULT_DRIFT_REFERENCE_STRATEGY, "DRIFT_REFERENCE_STRATEGY",
         "Drift reference: training, trailing (last N days served) or seasonal (one period earlier).",
     )
     drift_trailing_days: float = _field(
-        DEFAULT_DRIFT_TRAILING_DAYS, "DRIFT_TRAILING_DAYS", "Span of the trailing reference (days)."
+        defaults.DEFAULT_DRIFT_TRAILING_DAYS, "DRIFT_TRAILING_DAYS", "Span of the trailing reference (days)."
     )
     drift_seasonal_period_hours: float = _field(
-        DEFAULT_DRIFT_SEASONAL_PERIOD_HOURS, "DRIFT_SEASONAL_PERIOD_HOURS",
+        defaults.DEFAULT_DRIFT_SEASONAL_PERIOD_HOURS, "DRIFT_SEASONAL_PERIOD_HOURS",
         "Period of the seasonal reference (hours; 168 = same hour last week).",
     )
     drift_weighting: str = _field(
-        DEFAULT_DRIFT_WEIGHTING, "DRIFT_WEIGHTING", "Dataset verdict weights: importance or uniform."
+        defaults.DEFAULT_DRIFT_WEIGHTING, "DRIFT_WEIGHTING", "Dataset verdict weights: importance or uniform."
     )
     drift_consecutive_windows: int = _field(
-        DEFAULT_DRIFT_CONSECUTIVE_WINDOWS, "DRIFT_CONSECUTIVE_WINDOWS",
+        defaults.DEFAULT_DRIFT_CONSECUTIVE_WINDOWS, "DRIFT_CONSECUTIVE_WINDOWS",
         "Dataset-drift windows in a row before a drift alert.",
     )
     drift_alert_cooldown_hours: float = _field(
-        DEFAULT_DRIFT_ALERT_COOLDOWN_HOURS, "DRIFT_ALERT_COOLDOWN_HOURS",
+        defaults.DEFAULT_DRIFT_ALERT_COOLDOWN_HOURS, "DRIFT_ALERT_COOLDOWN_HOURS",
         "Hours (logical time) after a drift alert before one naming no new feature.",
     )
     drift_ceiling_factor: float = _field(
-        DEFAULT_DRIFT_CEILING_FACTOR, "DRIFT_CEILING_FACTOR",
+        defaults.DEFAULT_DRIFT_CEILING_FACTOR, "DRIFT_CEILING_FACTOR",
         "Learned thresholds stop at this multiple of the reference's (strong effect above).",
     )
     drift_exact_max_rows: int = _field(
-        DEFAULT_DRIFT_EXACT_MAX_ROWS, "DRIFT_EXACT_MAX_ROWS",
+        defaults.DEFAULT_DRIFT_EXACT_MAX_ROWS, "DRIFT_EXACT_MAX_ROWS",
         "Largest window (rows) scored exactly in memory; larger ones are streamed (bins + sketches).",
     )
     drift_sketch_k: int = _field(
-        DEFAULT_DRIFT_SKETCH_K, "DRIFT_SKETCH_K", "KLL sketch k of streamed windows (4096: rank error 9.6e-4).",
+        defaults.DEFAULT_DRIFT_SKETCH_K, "DRIFT_SKETCH_K",
+        "KLL sketch k of streamed windows (4096: rank error 9.6e-4).",
     )
     drift_stream_batch_rows: int = _field(
-        DEFAULT_DRIFT_STREAM_BATCH_ROWS, "DRIFT_STREAM_BATCH_ROWS", "Rows per record batch of a streamed window.",
+        defaults.DEFAULT_DRIFT_STREAM_BATCH_ROWS, "DRIFT_STREAM_BATCH_ROWS",
+        "Rows per record batch of a streamed window.",
     )
     drift_stream_workers: int = _field(
-        DEFAULT_DRIFT_STREAM_WORKERS, "DRIFT_STREAM_WORKERS",
+        defaults.DEFAULT_DRIFT_STREAM_WORKERS, "DRIFT_STREAM_WORKERS",
         "Processes summarising a streamed window's files (0: one per CPU core).",
     )
     drift_engine: str = _field(
-        DEFAULT_DRIFT_ENGINE, "DRIFT_ENGINE", "Summaries of streamed windows: local or spark.",
+        defaults.DEFAULT_DRIFT_ENGINE, "DRIFT_ENGINE", "Summaries of streamed windows: local or spark.",
     )
     spark_master: str = _field(
-        DEFAULT_SPARK_MASTER, "SPARK_MASTER", "Spark master URL of the spark drift engine.",
+        defaults.DEFAULT_SPARK_MASTER, "SPARK_MASTER", "Spark master URL of the spark drift engine.",
     )
     inference_log_root: str = _field(
-        DEFAULT_INFERENCE_LOG_ROOT, "INFERENCE_LOG_ROOT", "Inference-log root: folder or s3://bucket/prefix."
+        defaults.DEFAULT_INFERENCE_LOG_ROOT, "INFERENCE_LOG_ROOT", "Inference-log root: folder or s3://bucket/prefix."
     )
 
     # -------------------------------------------------------------- repository_sync: publish
     signing_key_path: Path = _field(
-        DEFAULT_SIGNING_KEY_PATH, "SIGNING_KEY_PATH", "Private key (PEM) that signs model versions."
+        defaults.DEFAULT_SIGNING_KEY_PATH, "SIGNING_KEY_PATH", "Private key (PEM) that signs model versions."
     )
     signing_trusted_keys_dir: Path = _field(
-        DEFAULT_SIGNING_TRUSTED_KEYS_DIR, "SIGNING_TRUSTED_KEYS_DIR", "Trusted public keys (PEM) folder."
+        defaults.DEFAULT_SIGNING_TRUSTED_KEYS_DIR, "SIGNING_TRUSTED_KEYS_DIR", "Trusted public keys (PEM) folder."
     )
     s3_endpoint_url: str = _field(
-        DEFAULT_S3_ENDPOINT_URL, "S3_ENDPOINT_URL", "boto3 S3 endpoint (empty: from the s3:// URL)."
+        defaults.DEFAULT_S3_ENDPOINT_URL, "S3_ENDPOINT_URL", "boto3 S3 endpoint (empty: from the s3:// URL)."
     )
 
     # -------------------------------------------------------------- tritonflow/pipelines: shadow/retrain
     shadow_window_hours: float = _field(
-        DEFAULT_SHADOW_WINDOW_HOURS, "SHADOW_WINDOW_HOURS", "Hours replayed without a drift window."
+        defaults.DEFAULT_SHADOW_WINDOW_HOURS, "SHADOW_WINDOW_HOURS", "Hours replayed without a drift window."
     )
     shadow_label_lag_hours: float = _field(
-        DEFAULT_SHADOW_LABEL_LAG_HOURS, "SHADOW_LABEL_LAG_HOURS", "Hours labels may arrive after a window."
+        defaults.DEFAULT_SHADOW_LABEL_LAG_HOURS, "SHADOW_LABEL_LAG_HOURS", "Hours labels may arrive after a window."
     )
     shadow_replay_concurrency: int = _field(
-        DEFAULT_SHADOW_REPLAY_CONCURRENCY, "SHADOW_REPLAY_CONCURRENCY", "Concurrent replay requests."
+        defaults.DEFAULT_SHADOW_REPLAY_CONCURRENCY, "SHADOW_REPLAY_CONCURRENCY", "Concurrent replay requests."
     )
     shadow_max_replay_rows: int = _field(
-        DEFAULT_SHADOW_MAX_REPLAY_ROWS, "SHADOW_MAX_REPLAY_ROWS", "Most rows a shadow replay sends."
+        defaults.DEFAULT_SHADOW_MAX_REPLAY_ROWS, "SHADOW_MAX_REPLAY_ROWS", "Most rows a shadow replay sends."
     )
     shadow_mirror_percent: int = _field(
-        DEFAULT_SHADOW_MIRROR_PERCENT, "SHADOW_MIRROR_PERCENT",
+        defaults.DEFAULT_SHADOW_MIRROR_PERCENT, "SHADOW_MIRROR_PERCENT",
         "Live shadow: percent of champion requests mirrored to the challenger.",
     )
     shadow_live_duration_s: float = _field(
-        DEFAULT_SHADOW_LIVE_DURATION_S, "SHADOW_LIVE_DURATION_S", "Live shadow: seconds of mirrored traffic."
+        defaults.DEFAULT_SHADOW_LIVE_DURATION_S, "SHADOW_LIVE_DURATION_S", "Live shadow: seconds of mirrored traffic."
     )
     shadow_mirror_host: str = _field(
-        DEFAULT_SHADOW_MIRROR_HOST, "SHADOW_MIRROR_HOST", "Live shadow: host the gateway reaches the recorder at."
+        defaults.DEFAULT_SHADOW_MIRROR_HOST, "SHADOW_MIRROR_HOST",
+        "Live shadow: host the gateway reaches the recorder at."
     )
     retrain_window_days: float = _field(
-        DEFAULT_RETRAIN_WINDOW_DAYS, "RETRAIN_WINDOW_DAYS", "Days of labelled log a retraining uses."
+        defaults.DEFAULT_RETRAIN_WINDOW_DAYS, "RETRAIN_WINDOW_DAYS", "Days of labelled log a retraining uses."
     )
     retrain_mix_reference_fraction: float = _field(
-        DEFAULT_RETRAIN_MIX_REFERENCE_FRACTION, "RETRAIN_MIX_REFERENCE_FRACTION",
+        defaults.DEFAULT_RETRAIN_MIX_REFERENCE_FRACTION, "RETRAIN_MIX_REFERENCE_FRACTION",
         "Share (0-1) of reference rows in a training window.",
     )
     retrain_entry_point: str = _field(
-        DEFAULT_RETRAIN_ENTRY_POINT, "RETRAIN_ENTRY_POINT", "Default training entry point."
+        defaults.DEFAULT_RETRAIN_ENTRY_POINT, "RETRAIN_ENTRY_POINT", "Default training entry point."
     )
     retrain_entry_points: str = _field(
-        DEFAULT_RETRAIN_ENTRY_POINTS, "RETRAIN_ENTRY_POINTS", "Per-model entry points (JSON object)."
+        defaults.DEFAULT_RETRAIN_ENTRY_POINTS, "RETRAIN_ENTRY_POINTS", "Per-model entry points (JSON object)."
     )
     retrain_schedule: str = _field(
-        DEFAULT_RETRAIN_SCHEDULE, "RETRAIN_SCHEDULE", "Schedule of the retrain DAG (empty: none)."
+        defaults.DEFAULT_RETRAIN_SCHEDULE, "RETRAIN_SCHEDULE", "Schedule of the retrain DAG (empty: none)."
     )
     retrain_default_model: str = _field(
-        DEFAULT_RETRAIN_DEFAULT_MODEL, "RETRAIN_DEFAULT_MODEL", "Model a scheduled retrain retrains."
+        defaults.DEFAULT_RETRAIN_DEFAULT_MODEL, "RETRAIN_DEFAULT_MODEL", "Model a scheduled retrain retrains."
     )
 
     # -------------------------------------------------------------- tritonflow/pipelines: drift monitor
     monitored_models: str = _field(
-        DEFAULT_MONITORED_MODELS, "MONITORED_MODELS", "Models the drift monitor checks, comma-separated (empty: all)."
+        defaults.DEFAULT_MONITORED_MODELS, "MONITORED_MODELS",
+        "Models the drift monitor checks, comma-separated (empty: all)."
     )
 
     # remote deployment (docker-compose): services addressed by name instead of host + port
@@ -791,35 +478,36 @@ class Settings:
         "", "GATEWAY_CONF_DIR", "Gateway config folder the router writes (empty: <home>/run/gateway)."
     )
     gateway_reload: str = _field(
-        DEFAULT_GATEWAY_RELOAD, "GATEWAY_RELOAD",
+        defaults.DEFAULT_GATEWAY_RELOAD, "GATEWAY_RELOAD",
         "How the router reloads NGINX: 'local' (nginx -s reload) or 'watcher' (reload.request file).",
     )
     traffic_router: str = _field(
-        DEFAULT_TRAFFIC_ROUTER, "TRAFFIC_ROUTER",
+        defaults.DEFAULT_TRAFFIC_ROUTER, "TRAFFIC_ROUTER",
         "Traffic router that splits a model's requests between versions: 'nginx' (the only one so far).",
     )
 
     # -------------------------------------------------------------- tritonflow.runtime.airflow (local)
     airflow_database_url: str = _field(
-        DEFAULT_AIRFLOW_DATABASE_URL, "AIRFLOW_DATABASE_URL",
+        defaults.DEFAULT_AIRFLOW_DATABASE_URL, "AIRFLOW_DATABASE_URL",
         "Metadata DB of the local Airflow (SQLAlchemy URL, e.g. PostgreSQL); empty: SQLite under <home>/airflow.",
     )
     airflow_api_port: int = _field(
-        DEFAULT_AIRFLOW_API_PORT, "AIRFLOW_API_PORT", "Local Airflow API server and UI port.",
+        defaults.DEFAULT_AIRFLOW_API_PORT, "AIRFLOW_API_PORT", "Local Airflow API server and UI port.",
     )
     airflow_parallelism: int = _field(
-        DEFAULT_AIRFLOW_PARALLELISM, "AIRFLOW_PARALLELISM", "Local Airflow LocalExecutor task slots (>= 4).",
+        defaults.DEFAULT_AIRFLOW_PARALLELISM, "AIRFLOW_PARALLELISM", "Local Airflow LocalExecutor task slots (>= 4).",
     )
     airflow_worker_log_port: int = _field(
-        DEFAULT_AIRFLOW_WORKER_LOG_PORT, "AIRFLOW_WORKER_LOG_PORT", "Local Airflow port serving task logs.",
+        defaults.DEFAULT_AIRFLOW_WORKER_LOG_PORT, "AIRFLOW_WORKER_LOG_PORT", "Local Airflow port serving task logs.",
     )
     airflow_triggerer_log_port: int = _field(
-        DEFAULT_AIRFLOW_TRIGGERER_LOG_PORT, "AIRFLOW_TRIGGERER_LOG_PORT", "Local Airflow port serving trigger logs.",
+        defaults.DEFAULT_AIRFLOW_TRIGGERER_LOG_PORT, "AIRFLOW_TRIGGERER_LOG_PORT",
+        "Local Airflow port serving trigger logs.",
     )
 
     # -------------------------------------------------------------- tritonflow.demo (main job)
     drift_dataset_share: float = _field(
-        DEFAULT_DRIFT_DATASET_SHARE, "DRIFT_DATASET_SHARE",
+        defaults.DEFAULT_DRIFT_DATASET_SHARE, "DRIFT_DATASET_SHARE",
         "Weighted share of flagged features for a dataset-drift window (0-1).",
     )
 

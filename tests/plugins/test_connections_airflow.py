@@ -17,9 +17,12 @@ import uuid
 import pytest
 
 from tritonflow.demo import runs as rr
-from tritonflow.runtime.airflow import AirflowApi, AirflowConfig, AirflowDeployment
+from tritonflow.runtime.airflow import AirflowDeployment
+from tritonflow.runtime.airflow_api import AirflowApi
+from tritonflow.runtime.airflow_config import AirflowConfig
 from tritonflow.runtime.services import free_port
-from tritonflow.settings import PROJECT_ROOT, Settings
+from tritonflow.settings import Settings
+from tritonflow.settings_defaults import PROJECT_ROOT
 
 pytestmark = [pytest.mark.integration]
 

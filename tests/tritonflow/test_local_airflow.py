@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from tritonflow.demo import runs as rr
-from tritonflow.runtime.airflow import AirflowApi, AirflowConfig, AirflowDeployment
+from tritonflow.runtime.airflow import AirflowDeployment
+from tritonflow.runtime.airflow_api import AirflowApi
+from tritonflow.runtime.airflow_config import AirflowConfig
 from tritonflow.runtime.services import free_port
 from tritonflow.settings import Settings
 
@@ -100,7 +102,7 @@ def test_rest_calls_answered_with_a_server_error_are_retried_and_client_errors_a
     import json as _json
     import threading
 
-    import tritonflow.runtime.airflow as af
+    import tritonflow.runtime.airflow_api as af
 
     monkeypatch.setattr(af, "API_RETRY_DELAY_S", 0.01)
     answers = {"/api/v2/busy": [500, 500, 200], "/api/v2/exists": [409, 200], "/api/v2/slow": [-1, 200]}

@@ -207,7 +207,7 @@ def test_cli_starts_reports_and_stops_the_s3_endpoint(tmp_path):
 
 @pytest.mark.slow
 def test_cli_starts_airflow_with_the_project_dags_and_a_plain_stop_stops_it(tmp_path):
-    from tritonflow.runtime.airflow import AirflowApi
+    from tritonflow.runtime.airflow_api import AirflowApi
 
     env = _cli_env(tmp_path)
     url = f"http://127.0.0.1:{env['TRITONFLOW_AIRFLOW_API_PORT']}"

@@ -6,7 +6,8 @@ import pytest
 
 from tritonflow import settings as settings_module
 from tritonflow.exceptions import SettingsError
-from tritonflow.settings import DEFAULT_TRITON_HTTP_PORT, Settings
+from tritonflow.settings import Settings
+from tritonflow.settings_defaults import DEFAULT_TRITON_HTTP_PORT
 
 
 def test_defaults_apply_when_no_variable_is_set():

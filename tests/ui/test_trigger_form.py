@@ -168,7 +168,7 @@ def test_trigger_form_never_submits_a_negative_atol_or_an_invalid_version(stack,
     assert created == [], f"the form created runs from invalid input: {created}"
 
     # The same refusal through the REST API for the negative atol the form would not send.
-    from tritonflow.runtime.airflow import AirflowApiError
+    from tritonflow.runtime.airflow_api import AirflowApiError
 
     with pytest.raises(AirflowApiError, match="atol") as err:
         stack.api.post(f"/dags/{DAG_ID}/dagRuns",
@@ -216,7 +216,7 @@ def test_a_cleared_optional_choice_submits_null_and_creates_a_run(stack, browser
     assert new[0]["conf"]["stage"] is None, new[0]["conf"]
 
     # A value that is none of the choices is refused by the API server, in words.
-    from tritonflow.runtime.airflow import AirflowApiError
+    from tritonflow.runtime.airflow_api import AirflowApiError
 
     with pytest.raises(AirflowApiError, match="is not a 'one of Staging, Production, Archived, None'") as err:
         stack.api.post(f"/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": {"stage": "Prod"}})

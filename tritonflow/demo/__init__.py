@@ -2,11 +2,12 @@
 
 ``bash scripts/demo.sh`` (the README's first command) runs ``python -m tritonflow.demo``, which:
 
-1. starts the serving services (MLflow on SQLite, Triton over a local folder repository, the NGINX
-   gateway) and, beside them, a real Airflow 3 deployment from :mod:`tritonflow.runtime.airflow`
-   (scheduler, dag-processor, triggerer, api-server; LocalExecutor with 4 slots; SQLite metadata
-   DB in WAL mode, PostgreSQL with ``--airflow-db``), all under the demo's state folder
-   (``TRITONFLOW_HOME=.tritonflow/demo``) on the default ports or free ones;
+1. starts the serving services (:mod:`tritonflow.demo.serving`: MLflow on SQLite, Triton over a
+   local folder repository, the NGINX gateway) and, beside them, a real Airflow 3 deployment from
+   :mod:`tritonflow.runtime.airflow` (scheduler, dag-processor, triggerer, api-server;
+   LocalExecutor with 4 slots; SQLite metadata DB in WAL mode, PostgreSQL with ``--airflow-db``),
+   all under the demo's state folder (``TRITONFLOW_HOME=.tritonflow/demo``) on the default ports
+   or free ones;
 2. trains a champion on the early years of the NOAA series, registers it in MLflow with the alias
    ``champion`` and publishes it with the publish pipeline (serving has to start somewhere; this
    is the only publish that is not a DAG run);

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from tritonflow.exceptions import DataError
-from tritonflow.settings import PROJECT_ROOT
+from tritonflow.settings_defaults import PROJECT_ROOT
 
 #: State folder of the demo (wiped at the start of every run).
 DEFAULT_DEMO_HOME = PROJECT_ROOT / ".tritonflow" / "demo"

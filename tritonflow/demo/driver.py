@@ -33,13 +33,16 @@ from tritonflow.demo.config import (
     environment,
     stop_leftovers,
 )
+from tritonflow.demo.runs import HourRecord
+from tritonflow.demo.serving import Runtime, inference_log_writer, inference_records
 from tritonflow.demo.traffic import BackgroundTraffic, GatewayClient
 from tritonflow.exceptions import RuntimeStartError
-from tritonflow.settings import PROJECT_ROOT
+from tritonflow.settings_defaults import PROJECT_ROOT
 
 if TYPE_CHECKING:
     from model_registry.training import TrainedModel
-    from tritonflow.runtime.airflow import AirflowApi, AirflowDeployment
+    from tritonflow.runtime.airflow import AirflowDeployment
+    from tritonflow.runtime.airflow_api import AirflowApi
 
 _T = TypeVar("_T")
 
@@ -50,10 +53,7 @@ def _started(value: _T | None, what: str) -> _T:
         raise RuntimeStartError(f"demo: {what} is not started yet")
     return value
 
-#: Prediction column of the inference log: probability of rain (0-1).
-SCORE_COLUMN = "probability_rain"
-#: Prediction column of the inference log: predicted class (0/1) at 0.5.
-PREDICTION_COLUMN = "rain_predicted"
+
 #: Seconds between two looks of the watcher thread at the deployment and the registry.
 WATCH_S = 2.0
 #: Seconds a drift_monitor run may take before the driver gives up on it.
@@ -66,63 +66,6 @@ SENTINEL_ARM_TIMEOUT_S = 300.0
 FINAL_STATES = ("success", "failed")
 #: Task instance states that are final.
 TI_FINAL_STATES = ("success", "failed", "skipped", "upstream_failed", "removed")
-
-
-class Runtime:
-    """The serving services (MLflow, Triton, NGINX gateway), started in order and stopped together."""
-
-    def __init__(self, progress: Progress):
-        from tritonflow.runtime.services import MlflowServer, NginxGateway, TritonServer
-        from tritonflow.settings import get_settings
-
-        self.settings = get_settings()
-        self.progress = progress
-        self.mlflow = MlflowServer(self.settings)
-        self.triton = TritonServer(self.settings)
-        self.gateway = NginxGateway(self.settings)
-        self.services = [self.mlflow, self.triton, self.gateway]
-
-    def start(self) -> None:
-        """Start every service (raises :class:`RuntimeStartError` and stops the others)."""
-        started = []
-        try:
-            for svc in self.services:
-                t = time.monotonic()
-                svc.start()
-                started.append(svc)
-                self.progress.step(f"runtime: {svc.name} healthy at {svc.health_url()} "
-                                   f"({time.monotonic() - t:.1f} s, log {svc.log_path})")
-        except RuntimeStartError:
-            for svc in reversed(started):
-                svc.stop()
-            raise
-
-    def stop(self) -> None:
-        """Stop the started services, last started first."""
-        for svc in reversed(self.services):
-            svc.stop()
-
-
-@dataclasses.dataclass
-class HourRecord:
-    """One replayed logical hour (kept for the report)."""
-
-    hour: int
-    start: str
-    first_day: int
-    last_day: int
-    rows: int
-    failed_requests: int
-    versions: dict[str, int]
-    run_id: str | None = None
-    run_state: str | None = None
-    drift: bool | None = None
-    drift_features: list[str] = dataclasses.field(default_factory=list)
-    threshold_source: str | None = None
-    dag_seconds: float | None = None
-    acted: bool = False
-    status: str | None = None
-    invalid_features: list[str] = dataclasses.field(default_factory=list)
 
 
 class Demo:
@@ -186,8 +129,8 @@ class Demo:
         if cfg.home.exists():
             shutil.rmtree(cfg.home)
         cfg.home.mkdir(parents=True)
-        from tritonflow import settings as st
-        from tritonflow.runtime import airflow as af
+        from tritonflow import settings_defaults as st
+        from tritonflow.runtime import airflow_config as af
 
         taken: set[int] = set()
         self.ports = {
@@ -214,7 +157,9 @@ class Demo:
         self.runtime.start()
 
     def _start_airflow(self) -> None:
-        from tritonflow.runtime.airflow import AirflowApi, AirflowConfig, AirflowDeployment
+        from tritonflow.runtime.airflow import AirflowDeployment
+        from tritonflow.runtime.airflow_api import AirflowApi
+        from tritonflow.runtime.airflow_config import AirflowConfig
 
         try:
             t = time.monotonic()
@@ -346,28 +291,6 @@ class Demo:
         self.progress.step(f"gateway: 100 % of {self.cfg.model} -> version {version}")
 
     # ------------------------------------------------------------------ traffic
-    def _writer(self):
-        from drift_checks.inference_log import InferenceLogWriter, LogSchema
-        from model_registry.datasets import FEATURE_COLUMNS
-
-        schema = LogSchema({c: "float" for c in FEATURE_COLUMNS},
-                           {SCORE_COLUMN: "float", PREDICTION_COLUMN: "int"})
-        return InferenceLogWriter(self.settings.inference_log_root, self.cfg.model, schema)
-
-    def _records(self, rows: pd.DataFrame, res: pd.DataFrame, stamps: pd.DatetimeIndex) -> pd.DataFrame:
-        from model_registry.datasets import FEATURE_COLUMNS
-
-        rec = pd.DataFrame({
-            "request_id": res["request_id"].astype(str).to_numpy(),
-            "timestamp": pd.DatetimeIndex(stamps).tz_convert("UTC"),
-            "model_version": res["version"].fillna(-1).astype("int64").to_numpy(),
-        })
-        for c in FEATURE_COLUMNS:
-            rec[c] = rows[c].to_numpy(dtype="float64")
-        rec[SCORE_COLUMN] = res["score"].astype("float64").to_numpy()
-        rec[PREDICTION_COLUMN] = res["prediction"].astype("int64").to_numpy()
-        return rec
-
     def _canary_rows(self) -> pd.DataFrame:
         """Rows the canary traffic cycles through: the days of the next logical hours."""
         m = self.cfg.mapping
@@ -384,8 +307,8 @@ class Demo:
         ok = (res["status"] == 200).to_numpy()
         if not ok.any():
             return
-        writer = self._writer()
-        rec = self._records(rows[ok], res[ok], pd.DatetimeIndex(res.loc[ok, "wall_time"]))
+        writer = inference_log_writer(self.settings.inference_log_root, self.cfg.model)
+        rec = inference_records(rows[ok], res[ok], pd.DatetimeIndex(res.loc[ok, "wall_time"]))
         writer.write(rec)
         writer.write_labels(pd.DataFrame({
             "request_id": rec["request_id"], "timestamp": rec["timestamp"],
@@ -402,8 +325,8 @@ class Demo:
         rids = [f"noaa-day-{d:05d}-{uuid.uuid4().hex[:8]}" for d in days]
         res = self._gw.replay(rows, rids)
         ok = (res["status"] == 200).to_numpy()
-        rec = self._records(rows[ok], res[ok], stamps[ok])
-        writer = self._writer()
+        rec = inference_records(rows[ok], res[ok], stamps[ok])
+        writer = inference_log_writer(self.settings.inference_log_root, self.cfg.model)
         writer.write(rec)
         labels = pd.DataFrame({"request_id": rec["request_id"], "timestamp": rec["timestamp"],
                                LABEL_COLUMN: rows.loc[ok, LABEL_COLUMN].astype("int64").to_numpy()})
@@ -426,7 +349,7 @@ class Demo:
 
     def trigger_drift(self, hour: int) -> str:
         """Create the ``drift_monitor`` run of logical hour ``hour`` (REST, data interval = the hour)."""
-        from tritonflow.runtime.airflow import AirflowApiError
+        from tritonflow.runtime.airflow_api import AirflowApiError
 
         m = self.cfg.mapping
         start, end = m.hour_start(hour), m.hour_start(hour + 1)

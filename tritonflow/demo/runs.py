@@ -10,17 +10,21 @@ scheduler (asset events, ``TriggerDagRunOperator``). This module rebuilds, after
   from the ``alert_decision`` XCom of the ``drift_monitor`` runs, or, when a run has none, from
   its task states (``source`` says which);
 * :func:`closed_loops` and :func:`scheduling_latency_s` -- the benchmarks.
+
+:class:`HourRecord` is the report's entry of one replayed logical hour: the driver fills in the
+traffic it sent, then its ``drift_monitor`` run as read back here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import statistics
 import urllib.parse
 from typing import Any, Iterable, Mapping
 
-from tritonflow.runtime.airflow import AirflowApi, AirflowApiError
+from tritonflow.runtime.airflow_api import AirflowApi, AirflowApiError
 
 #: XCom key a ``TriggerDagRunOperator`` task pushes with the run id it created.
 TRIGGER_RUN_ID_KEY = "trigger_run_id"
@@ -29,6 +33,28 @@ ALERT_DECISION_KEY = "alert_decision"
 #: Alert decisions that mean nothing was started for the alert.
 NOT_ACTED = frozenset({"ignore", "ignored", "suppress", "suppressed", "skip", "skipped", "none",
                        "no_action", "cooldown", "in_flight", "deferred", "not_acted"})
+
+
+@dataclasses.dataclass
+class HourRecord:
+    """One replayed logical hour (kept for the report)."""
+
+    hour: int
+    start: str
+    first_day: int
+    last_day: int
+    rows: int
+    failed_requests: int
+    versions: dict[str, int]
+    run_id: str | None = None
+    run_state: str | None = None
+    drift: bool | None = None
+    drift_features: list[str] = dataclasses.field(default_factory=list)
+    threshold_source: str | None = None
+    dag_seconds: float | None = None
+    acted: bool = False
+    status: str | None = None
+    invalid_features: list[str] = dataclasses.field(default_factory=list)
 
 
 def parse_time(value: Any) -> dt.datetime | None:

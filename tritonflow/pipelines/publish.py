@@ -78,12 +78,8 @@ from tritonflow.exceptions import (
     SettingsError,
     SignatureVerificationError,
 )
-from tritonflow.settings import (
-    DEFAULT_SIGNING_KEY_PATH,
-    DEFAULT_SIGNING_TRUSTED_KEYS_DIR,
-    Settings,
-    get_settings,
-)
+from tritonflow.settings import Settings, get_settings
+from tritonflow.settings_defaults import DEFAULT_SIGNING_KEY_PATH, DEFAULT_SIGNING_TRUSTED_KEYS_DIR
 
 log = logging.getLogger(__name__)
 

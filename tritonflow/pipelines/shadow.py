@@ -133,7 +133,7 @@ def trusted_keys_dir(settings: Settings) -> Path:
     ``settings.signing_trusted_keys_dir`` when configured (not the default), else
     ``<settings.home>/keys/trusted``, where a publish generates the pair on first use.
     """
-    from tritonflow.settings import DEFAULT_SIGNING_TRUSTED_KEYS_DIR
+    from tritonflow.settings_defaults import DEFAULT_SIGNING_TRUSTED_KEYS_DIR
 
     configured = Path(settings.signing_trusted_keys_dir)
     return configured if configured != DEFAULT_SIGNING_TRUSTED_KEYS_DIR else (

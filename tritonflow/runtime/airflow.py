@@ -26,9 +26,14 @@ and the Celery result backend is the same PostgreSQL database. The simple auth m
 visitor an admin (``[core] simple_auth_manager_all_admins``), so the UI needs no login and the
 REST API hands out tokens at ``GET /auth/token``: loopback use only.
 
+This module starts and stops the processes; the deployment's configuration and ``airflow.cfg``
+are :mod:`tritonflow.runtime.airflow_config`, the REST client the callers drive it with is
+:mod:`tritonflow.runtime.airflow_api`.
+
 Usage::
 
-    from tritonflow.runtime.airflow import AirflowConfig, AirflowDeployment
+    from tritonflow.runtime.airflow import AirflowDeployment
+    from tritonflow.runtime.airflow_config import AirflowConfig
     deployment = AirflowDeployment(AirflowConfig.from_settings(settings))
     deployment.start()          # db create + migrate, five processes, waits until all healthy
     deployment.api_url          # "http://127.0.0.1:8280"
@@ -42,13 +47,9 @@ cannot start, and a failed :meth:`AirflowDeployment.start` leaves nothing runnin
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
-import secrets
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -56,284 +57,17 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tritonflow.exceptions import RuntimeStartError
+from tritonflow.runtime.airflow_config import AirflowConfig
 from tritonflow.runtime.services import Service, http_ok, log_tail, port_in_use
-from tritonflow.settings import PROJECT_ROOT, Settings
+from tritonflow.settings import Settings
 
-#: PostgreSQL server (no database part) holding the metadata DB; trust authentication.
-DEFAULT_POSTGRES_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432"
-#: Redis server (no database part) used as the Celery broker.
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
-#: Redis logical database of the broker.
-DEFAULT_REDIS_DB = 0
-#: Metadata database name of the CLI deployment (tests use ``tritonflow_af_<random>``).
-DEFAULT_DATABASE = "tritonflow_airflow"
-#: API server port of the CLI deployment (8080, Airflow's default, is the gateway's).
-DEFAULT_API_PORT = 8280
-#: Port the Celery worker serves task logs on (Airflow's default).
-DEFAULT_WORKER_LOG_PORT = 8793
-#: Port the triggerer serves trigger logs on (Airflow's default).
-DEFAULT_TRIGGERER_LOG_PORT = 8794
-#: Celery queue the scheduler sends tasks to and the worker consumes.
-DEFAULT_QUEUE = "tritonflow"
-#: Celery worker processes (task slots).
-DEFAULT_WORKER_CONCURRENCY = 2
-#: Seconds between two scans of the DAG folder for new or changed files.
-DEFAULT_DAG_REFRESH_INTERVAL_S = 5
-#: Seconds after which an unchanged DAG file is parsed again.
-DEFAULT_MIN_FILE_PROCESS_INTERVAL_S = 10
-#: Task slots of the LocalExecutor (``[core] parallelism``).
-DEFAULT_LOCAL_PARALLELISM = 4
-#: Executors :class:`AirflowConfig` knows how to deploy.
-EXECUTORS = ("CeleryExecutor", "LocalExecutor")
 #: Seconds ``airflow db migrate`` may take.
 MIGRATE_TIMEOUT_S = 600.0
-#: Seconds between two polls of the REST API while waiting for a state.
-POLL_S = 1.0
-#: Attempts of a REST call that the API server answers with HTTP 5xx, and the first delay (s).
-API_RETRIES = 4
-API_RETRY_DELAY_S = 2.0
-
-_AIRFLOW_ENV_PREFIXES = ("AIRFLOW__", "AIRFLOW_HOME", "AIRFLOW_CONFIG")
 
 
 def _venv_bin(tool: str) -> str:
     candidate = Path(sys.executable).parent / tool
     return str(candidate)
-
-
-@dataclasses.dataclass(frozen=True)
-class AirflowConfig:
-    """Everything that distinguishes one Airflow deployment from another.
-
-    Attributes:
-        home: ``AIRFLOW_HOME`` (``airflow.cfg``, logs, pid files).
-        api_port: API server port (UI, REST, execution API) on ``host``.
-        worker_log_port: Port the Celery worker serves task logs on.
-        triggerer_log_port: Port the triggerer serves trigger logs on.
-        database: PostgreSQL database name of the metadata DB (created if missing).
-        host: Loopback address every process binds to.
-        postgres_url: SQLAlchemy URL of the PostgreSQL server, without the database.
-        redis_url: Redis server URL, without the database number.
-        redis_db: Redis logical database of the broker.
-        queue: Celery queue name (a unique one isolates deployments sharing a Redis).
-        dags_folder: Folder the dag-processor parses.
-        plugins_folder: Airflow plugins folder (tritonflow's plugin).
-        jwt_secret: ``[api_auth] jwt_secret`` (signs API and execution-API tokens).
-        api_secret_key: ``[api] secret_key`` (signs log-server requests and sessions).
-        worker_concurrency: Celery worker processes.
-        dags_paused_at_creation: ``[core] dags_are_paused_at_creation``.
-        dag_refresh_interval_s: ``[dag_processor] refresh_interval`` (seconds).
-        min_file_process_interval_s: ``[dag_processor] min_file_process_interval`` (seconds).
-        extra_env: Environment added to every Airflow process (``TRITONFLOW_*`` for the tasks).
-        executor: ``CeleryExecutor`` (with a worker process) or ``LocalExecutor`` (tasks run by
-            the scheduler, no broker).
-        database_url: Full SQLAlchemy URL of the metadata DB (``sqlite:////abs/path.db`` or a
-            PostgreSQL URL); empty: ``postgres_url/database``.
-        parallelism: ``[core] parallelism``: task slots of the LocalExecutor (>= 4).
-    """
-
-    home: Path
-    api_port: int = DEFAULT_API_PORT
-    worker_log_port: int = DEFAULT_WORKER_LOG_PORT
-    triggerer_log_port: int = DEFAULT_TRIGGERER_LOG_PORT
-    database: str = DEFAULT_DATABASE
-    host: str = "127.0.0.1"
-    postgres_url: str = DEFAULT_POSTGRES_URL
-    redis_url: str = DEFAULT_REDIS_URL
-    redis_db: int = DEFAULT_REDIS_DB
-    queue: str = DEFAULT_QUEUE
-    dags_folder: Path = PROJECT_ROOT / "dags"
-    plugins_folder: Path = PROJECT_ROOT / "plugins"
-    jwt_secret: str = ""
-    api_secret_key: str = ""
-    worker_concurrency: int = DEFAULT_WORKER_CONCURRENCY
-    dags_paused_at_creation: bool = True
-    dag_refresh_interval_s: int = DEFAULT_DAG_REFRESH_INTERVAL_S
-    min_file_process_interval_s: int = DEFAULT_MIN_FILE_PROCESS_INTERVAL_S
-    extra_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    executor: str = "CeleryExecutor"
-    database_url: str = ""
-    parallelism: int = DEFAULT_LOCAL_PARALLELISM
-
-    def __post_init__(self) -> None:
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor={self.executor!r}; expected one of {EXECUTORS}")
-        if self.executor == "LocalExecutor" and self.parallelism < 4:
-            raise ValueError(f"parallelism={self.parallelism}; expected >= 4 (runs of different DAGs "
-                             "overlap: the drift monitor, a canary and a retraining at once)")
-        if self.executor == "CeleryExecutor" and self.is_sqlite:
-            raise ValueError(f"database_url={self.database_url!r}: the CeleryExecutor needs PostgreSQL")
-        if not self.database.replace("_", "").isalnum() or not self.database[0].isalpha():
-            raise ValueError(
-                f"database={self.database!r} is invalid: expected letters, digits and '_' "
-                "starting with a letter"
-            )
-
-    @classmethod
-    def from_settings(cls, settings: Settings, **overrides: Any) -> "AirflowConfig":
-        """Config rooted at ``<settings.home>/airflow`` whose tasks see ``settings``.
-
-        Secrets are kept in ``<home>/run/airflow_secrets.json`` so that a restarted deployment
-        validates the tokens it issued before.
-        """
-        home = Path(overrides.pop("home", settings.home / "airflow"))
-        secrets_file = settings.run_dir / "airflow_secrets.json"
-        try:
-            stored = json.loads(secrets_file.read_text())
-        except (FileNotFoundError, ValueError):
-            stored = {"jwt_secret": secrets.token_urlsafe(32), "api_secret_key": secrets.token_urlsafe(32)}
-            secrets_file.parent.mkdir(parents=True, exist_ok=True)
-            secrets_file.write_text(json.dumps(stored))
-            secrets_file.chmod(0o600)
-        env = {
-            "TRITONFLOW_HOME": str(settings.home),
-            "TRITONFLOW_MLFLOW_TRACKING_URI": settings.resolved_mlflow_tracking_uri,
-        }
-        env.update(overrides.pop("extra_env", {}))
-        values = dict(host=settings.host, jwt_secret=stored["jwt_secret"],
-                      api_secret_key=stored["api_secret_key"], extra_env=env)
-        values.update(overrides)
-        return cls(home=home, **values)
-
-    @classmethod
-    def local(cls, settings: Settings, **overrides: Any) -> "AirflowConfig":
-        """The embedded local deployment: ``LocalExecutor`` and SQLite (WAL) under ``AIRFLOW_HOME``.
-
-        ``settings.airflow_database_url`` (``TRITONFLOW_AIRFLOW_DATABASE_URL``), when set, is the
-        metadata DB instead (PostgreSQL for more than one host). The API server listens on
-        ``settings.airflow_api_port`` (8080 is the gateway's), task and trigger logs are served on
-        ``settings.airflow_worker_log_port`` and ``settings.airflow_triggerer_log_port``.
-        """
-        home = Path(overrides.get("home", settings.home / "airflow"))
-        values: dict[str, Any] = {
-            "executor": "LocalExecutor",
-            "database_url": settings.airflow_database_url or f"sqlite:///{home / 'airflow.db'}",
-            "api_port": settings.airflow_api_port,
-            "worker_log_port": settings.airflow_worker_log_port,
-            "triggerer_log_port": settings.airflow_triggerer_log_port,
-            "parallelism": settings.airflow_parallelism,
-            "dags_paused_at_creation": True,
-        }
-        values.update(overrides)
-        return cls.from_settings(settings, **values)
-
-    # ------------------------------------------------------------------ derived
-    @property
-    def api_url(self) -> str:
-        """Base URL of the API server (``http://host:port``)."""
-        return f"http://{self.host}:{self.api_port}"
-
-    @property
-    def is_sqlite(self) -> bool:
-        """The metadata DB is a SQLite file."""
-        return self.database_url.startswith("sqlite")
-
-    @property
-    def is_celery(self) -> bool:
-        """Tasks go through Celery (Redis broker, a worker process)."""
-        return self.executor == "CeleryExecutor"
-
-    @property
-    def sql_alchemy_conn(self) -> str:
-        """SQLAlchemy URL of the metadata DB."""
-        return self.database_url or f"{self.postgres_url}/{self.database}"
-
-    @property
-    def broker_url(self) -> str:
-        """Celery broker URL."""
-        return f"{self.redis_url}/{self.redis_db}"
-
-    @property
-    def result_backend(self) -> str:
-        """Celery result backend (the metadata DB through SQLAlchemy)."""
-        url = self.sql_alchemy_conn.replace("postgresql+psycopg2://", "postgresql://", 1)
-        return f"db+{url}"
-
-    @property
-    def config_path(self) -> Path:
-        """``airflow.cfg`` of this deployment."""
-        return self.home / "airflow.cfg"
-
-    def airflow_cfg(self) -> dict[str, dict[str, str]]:
-        """The ``airflow.cfg`` sections this deployment sets (names checked against Airflow 3.3)."""
-        cfg = {
-            "core": {
-                "dags_folder": str(self.dags_folder),
-                "plugins_folder": str(self.plugins_folder),
-                "executor": self.executor,
-                "parallelism": str(self.parallelism),
-                "load_examples": "False",
-                "auth_manager": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-                "simple_auth_manager_all_admins": "True",
-                "simple_auth_manager_passwords_file": str(self.home / "simple_auth_manager_passwords.json"),
-                "execution_api_server_url": f"{self.api_url}/execution/",
-                "dags_are_paused_at_creation": str(self.dags_paused_at_creation),
-                "unit_test_mode": "False",
-            },
-            "database": {"sql_alchemy_conn": self.sql_alchemy_conn},
-            "celery": {
-                "broker_url": self.broker_url,
-                "result_backend": self.result_backend,
-                "worker_concurrency": str(self.worker_concurrency),
-            },
-            "operators": {"default_queue": self.queue},
-            "api": {
-                "host": self.host,
-                "port": str(self.api_port),
-                "base_url": self.api_url,
-                "workers": "1",
-                "secret_key": self.api_secret_key,
-                "expose_config": "False",
-            },
-            "api_auth": {"jwt_secret": self.jwt_secret},
-            "dag_processor": {
-                "refresh_interval": str(self.dag_refresh_interval_s),
-                "min_file_process_interval": str(self.min_file_process_interval_s),
-                "parsing_processes": "1",
-                "bundle_refresh_check_interval": str(self.dag_refresh_interval_s),
-            },
-            "scheduler": {"enable_health_check": "False"},
-            "logging": {
-                "base_log_folder": str(self.home / "logs"),
-                "dag_processor_child_process_log_directory": str(self.home / "logs" / "dag_processor"),
-                "worker_log_server_port": str(self.worker_log_port),
-                "trigger_log_server_port": str(self.triggerer_log_port),
-                "colored_console_log": "False",
-            },
-        }
-        if not self.is_celery:
-            del cfg["celery"]
-        return cfg
-
-    def write_airflow_cfg(self) -> Path:
-        """Write ``airflow.cfg`` (mode 0600: it holds secrets) and return its path."""
-        self.home.mkdir(parents=True, exist_ok=True)
-        lines = ["# Written by tritonflow.runtime.airflow; edits are overwritten on start.", ""]
-        for section, options in self.airflow_cfg().items():
-            lines.append(f"[{section}]")
-            # ``%`` would start configparser interpolation.
-            lines.extend(f"{key} = {value.replace('%', '%%')}" for key, value in options.items())
-            lines.append("")
-        self.config_path.write_text("\n".join(lines))
-        self.config_path.chmod(0o600)
-        return self.config_path
-
-    def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        """Environment of every Airflow process: ours minus inherited ``AIRFLOW_*`` variables.
-
-        Inherited ``AIRFLOW__SECTION__KEY`` variables would override ``airflow.cfg`` (a test
-        session that imported Airflow has some), so they are dropped.
-        """
-        env = {k: v for k, v in dict(os.environ if base is None else base).items()
-               if not k.startswith(_AIRFLOW_ENV_PREFIXES)}
-        env["AIRFLOW_HOME"] = str(self.home)
-        env["AIRFLOW_CONFIG"] = str(self.config_path)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(PROJECT_ROOT), str(self.plugins_folder), env.get("PYTHONPATH", "")) if p
-        )
-        env["PYTHONUNBUFFERED"] = "1"
-        env.update(self.extra_env)
-        return env
 
 
 def _airflow_settings(config: AirflowConfig) -> Settings:
@@ -727,108 +461,3 @@ class AirflowDeployment:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-class AirflowApi:
-    """Small client of the deployment's REST API (``/api/v2``) with a simple-auth-manager token.
-
-    Args:
-        base_url: API server base URL.
-        timeout: Seconds per request.
-    """
-
-    def __init__(self, base_url: str, timeout: float = 60.0):
-        self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
-        self._token: str | None = None
-
-    def token(self) -> str:
-        """JWT from ``GET /auth/token`` (all-admins mode hands one out without credentials)."""
-        if self._token is None:
-            doc = self._request("GET", "/auth/token", auth=False)
-            self._token = doc["access_token"]
-        return self._token
-
-    def _request(self, method: str, path: str, body: Any = None, *, auth: bool = True) -> Any:
-        """One REST call, retried on a server error or on no answer in time.
-
-        A server error is HTTP 5xx (e.g. SQLite's ``database is locked``). Requests that create
-        something carry their own id, so a retry of one that did succeed answers 409.
-
-        Raises:
-            AirflowApiError: A client error, or a server error after :data:`API_RETRIES` attempts.
-            TimeoutError / URLError: No answer after :data:`API_RETRIES` attempts.
-        """
-        for attempt in range(API_RETRIES):
-            try:
-                return self._request_once(method, path, body, auth=auth)
-            except AirflowApiError as exc:
-                if exc.status < 500 or attempt == API_RETRIES - 1:
-                    raise
-            except (TimeoutError, urllib.error.URLError):  # no answer in time (URLError: refused)
-                if attempt == API_RETRIES - 1:
-                    raise
-            time.sleep(API_RETRY_DELAY_S * (attempt + 1))
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _request_once(self, method: str, path: str, body: Any = None, *, auth: bool = True) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method)
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        if auth:
-            req.add_header("Authorization", f"Bearer {self.token()}")
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310 (loopback)
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:2000]
-            raise AirflowApiError(exc.code, f"{method} {path}: HTTP {exc.code}: {detail}") from None
-        return json.loads(raw) if raw else None
-
-    def get(self, path: str) -> Any:
-        """``GET /api/v2<path>``."""
-        return self._request("GET", f"/api/v2{path}")
-
-    def post(self, path: str, body: Any) -> Any:
-        """``POST /api/v2<path>`` with a JSON body."""
-        return self._request("POST", f"/api/v2{path}", body)
-
-    def patch(self, path: str, body: Any) -> Any:
-        """``PATCH /api/v2<path>`` with a JSON body."""
-        return self._request("PATCH", f"/api/v2{path}", body)
-
-    def dag_runs(self, dag_id: str) -> list[dict[str, Any]]:
-        """DAG runs of ``dag_id`` (up to 100, oldest logical date first)."""
-        doc = self.get(f"/dags/{dag_id}/dagRuns?limit=100&order_by=id")
-        return doc["dag_runs"]
-
-    def wait_for_dag(self, dag_id: str, timeout_s: float) -> dict[str, Any]:
-        """Wait until the dag-processor has parsed ``dag_id``; return the DAG.
-
-        Raises:
-            TimeoutError: naming the DAG and any import errors the API reports.
-        """
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                return self.get(f"/dags/{dag_id}")
-            except AirflowApiError as exc:
-                if exc.status != 404:
-                    raise
-            time.sleep(POLL_S)
-        errors = self.get("/importErrors").get("import_errors", [])
-        raise TimeoutError(f"DAG {dag_id!r} not parsed within {timeout_s:.0f} s; import errors: {errors}")
-
-    def unpause(self, dag_id: str) -> None:
-        """Unpause ``dag_id``."""
-        self.patch(f"/dags/{dag_id}", {"is_paused": False})
-
-
-class AirflowApiError(RuntimeError):
-    """The Airflow REST API answered with an error status."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
