@@ -28,7 +28,6 @@ import dataclasses
 import datetime as dt
 import html
 import json
-import math
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -39,7 +38,7 @@ import pandas as pd
 from drift_checks.history import HistoryStore
 from drift_checks.inference_log import LogSchema, arrow_to_pandas
 from drift_checks.strategies import ReferenceStrategy, served_reference
-from drift_checks.verdict import CheckConfig, check_window, prepare_reference
+from drift_checks.verdict import CheckConfig, check_window, json_default, prepare_reference
 from tritonflow.exceptions import DataError
 
 #: Logical start of window 0 (each window is one hourly run).
@@ -289,18 +288,10 @@ def run_backtest(
                     "reference_strategy": strategy.describe(), "engine": engine,
                     "weighting": windows[0]["weighting"] if windows else None},
            "policy": _policy_doc(cfg), "summary": summarise(windows), "windows": windows}
-    (out / "backtest.json").write_text(json.dumps(doc, indent=1, default=_json_default))
+    (out / "backtest.json").write_text(json.dumps(doc, indent=1, default=json_default))
     if html_report:
         write_html(out, doc, series)
     return doc
-
-
-def _json_default(o):
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    if hasattr(o, "item"):
-        return o.item()
-    return str(o)
 
 
 def _policy_doc(cfg: CheckConfig) -> dict[str, Any]:

@@ -405,7 +405,7 @@ def check_window(
                "threshold_sources": sources, "features": features, "contract": cres.to_dict(),
                "evidently": None, "alerts": alerts, "alert_features": list(decision.features),
                "alert_reason": decision.reason, "artefacts": artefacts}
-    summary = json.loads(json.dumps(summary, default=_default))
+    summary = json.loads(json.dumps(summary, default=json_default))
 
     # ---------------------------------------------------------------- history
     teach_window = status == "ok" and not dataset_drift and not decision.fire
@@ -460,7 +460,16 @@ def evidently_report_for_window(reference: PreparedReference, frame: pd.DataFram
             "html_path": ev.html_path, "sample_rows": list(ev.sample_rows)}
 
 
-def _default(o):
+def json_default(o: Any) -> Any:
+    """``json.dumps``' ``default`` for drift documents (summaries, backtests).
+
+    Args:
+        o: A value ``json`` cannot encode itself.
+
+    Returns:
+        ``None`` for a non-finite float, the Python scalar of a numpy scalar (``.item()``), else
+        ``str(o)`` (timestamps, paths).
+    """
     if isinstance(o, float) and not math.isfinite(o):
         return None
     if hasattr(o, "item"):

@@ -319,39 +319,16 @@ def measure_config_passes(output_model_repository: str | os.PathLike, configs: S
     Raises:
         TransientError: Triton or perf_analyzer failed.
     """
-    import dataclasses as dc
-
-    from model_registry.perf import measure_interleaved
-    from tritonflow.exceptions import RuntimeStartError
-    from tritonflow.runtime.services import TritonServer, free_port
+    from model_registry.perf import measure_interleaved, scratch_triton
 
     s = settings or get_settings()
     home = Path(output_model_repository).parent / "confirm_home"
     repository = confirmation_repository(output_model_repository, configs,
                                          Path(output_model_repository).parent / "confirm_repository")
-    ts = dc.replace(s, home=home, triton_http_port=free_port(), triton_grpc_port=free_port(),
-                    triton_metrics_port=free_port())
-    server = TritonServer(ts, repository=str(repository))
-    try:
-        server.start()
-    except RuntimeStartError as exc:
-        raise TransientError(f"Triton for the confirmation passes did not start: {exc}") from exc
-    try:
-        import tritonclient.http as httpclient
-
-        client = httpclient.InferenceServerClient(server.http_url, network_timeout=300.0)
-        try:
-            for c in configs:
-                client.load_model(c)
-        except Exception as exc:  # noqa: BLE001 - the tool failed, not the model
-            raise TransientError(f"could not load configs {list(configs)} for confirmation passes: {exc}") from exc
-        finally:
-            client.close()
-        return measure_interleaved(list(configs), server.http_url, concurrency, passes=passes, settings=s,
+    with scratch_triton(s, repository, configs, home=home, purpose="the confirmation passes") as url:
+        return measure_interleaved(list(configs), url, concurrency, passes=passes, settings=s,
                                    measurement_ms=measurement_ms or s.analyzer_measurement_ms,
                                    stability_percentage=int(round(s.analyzer_stability_cv * 100)))
-    finally:
-        server.stop()
 
 
 def confirm_selection(

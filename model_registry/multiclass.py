@@ -115,34 +115,18 @@ def paired_bootstrap_multiclass(labels: Any, champion: Any, challenger: Any, *, 
         ``{metric: model_registry.shadow_metrics.MetricComparison}`` (improvement sign-adjusted: positive
         favours the challenger; log-loss improves when it drops).
     """
-    from model_registry.shadow_metrics import MetricComparison
+    from model_registry.shadow_metrics import bootstrap_comparisons
 
     a = as_probabilities(champion, "champion outputs")
     b = as_probabilities(challenger, "challenger outputs", n_classes=a.shape[1])
     y = as_class_labels(labels, a.shape[1])
     if not (y.size == a.shape[0] == b.shape[0]):
         raise DataError(f"labels have {y.size} rows, champion {a.shape[0]}, challenger {b.shape[0]}; expected equal")
-    rng = np.random.default_rng(seed)
-    diffs: dict[str, list[np.ndarray]] = {m: [] for m in metrics}
-    done = 0
-    while done < n_boot:
-        size = min(block, n_boot - done)
-        idx = rng.integers(0, y.size, size=(size, y.size))
-        for m in metrics:
-            ma, mb = multiclass_metric(m, y, a, idx), multiclass_metric(m, y, b, idx)
-            diffs[m].append(mb - ma if MULTICLASS_METRICS[m] else ma - mb)
-        done += size
-    alpha = 1.0 - confidence
-    out = {}
-    for m in metrics:
-        d = np.concatenate(diffs[m])
-        d = d[np.isfinite(d)]
-        lo, hi = ((float(np.quantile(d, alpha / 2)), float(np.quantile(d, 1 - alpha / 2)))
-                  if d.size else (float("nan"), float("nan")))
-        pa, pb = float(multiclass_metric(m, y, a)[0]), float(multiclass_metric(m, y, b)[0])
-        out[m] = MetricComparison(m, MULTICLASS_METRICS[m], pa, pb, (pb - pa) if MULTICLASS_METRICS[m] else (pa - pb),
-                                  lo, hi, int(d.size))
-    return out
+    return bootstrap_comparisons(
+        metrics, MULTICLASS_METRICS, lambda m, idx: (multiclass_metric(m, y, a, idx), multiclass_metric(m, y, b, idx)),
+        {m: float(multiclass_metric(m, y, a)[0]) for m in metrics},
+        {m: float(multiclass_metric(m, y, b)[0]) for m in metrics},
+        n_rows=y.size, n_boot=n_boot, confidence=confidence, seed=seed, block=block)
 
 
 def per_class_prediction_shift(champion: Any, canary: Any, *, bins: int = 10) -> dict[str, Any]:

@@ -10,6 +10,8 @@
   noise band. The noise band is the larger relative spread (max - min) / median of either model's
   p99 passes (what repeating the same measurement moves). The practitioners' pipeline this comes
   from blocks a release whose p99 latency regresses (``shared/references``).
+* :func:`scratch_triton` starts a throwaway local Triton on free ports with some models loaded
+  (the perf gate and Model Analyzer's confirmation passes measure on one).
 * :func:`perf_regression_gate` starts a local Triton (the Triton tools environment, explicit
   model control) over a temporary repository holding the champion and the challenger side by
   side, measures both at the champion's concurrency, and returns :class:`PerfGateResult`.
@@ -20,6 +22,7 @@ A failure of the tools (perf_analyzer missing, Triton not starting, a pass that 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
@@ -30,7 +33,7 @@ import statistics
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -158,6 +161,57 @@ def measure_interleaved(models: Sequence[str], url: str, concurrency: int, *, pa
     return out
 
 
+@contextlib.contextmanager
+def scratch_triton(settings: Settings, repository: str | Path, models: Sequence[str], *, home: str | Path,
+                   purpose: str) -> Iterator[str]:
+    """A throwaway local Triton over ``repository`` with ``models`` loaded, stopped on exit.
+
+    The server runs from a copy of ``settings`` with its own ``home`` and free HTTP, gRPC and
+    metrics ports (explicit model control, the Triton tools environment), so it never collides
+    with the serving Triton or another scratch one. Used by the perf gate
+    (:func:`perf_regression_gate`) and Model Analyzer's confirmation passes
+    (:func:`model_registry.analyzer.measure_config_passes`).
+
+    Args:
+        settings: Settings the scratch server's are copied from.
+        repository: Model repository folder; each of ``models`` is a folder in it.
+        models: Model names to load before yielding.
+        home: Folder for the server's state and logs.
+        purpose: What the server is for, named in error messages (e.g. ``"the perf gate"``).
+
+    Yields:
+        The server's HTTP URL (``http://127.0.0.1:<port>``).
+
+    Raises:
+        TransientError: Triton did not start or a model did not load: the tool failed, which is
+            never a verdict on the model.
+    """
+    from tritonflow.exceptions import RuntimeStartError
+    from tritonflow.runtime.services import TritonServer, free_port
+
+    ts = dataclasses.replace(settings, home=Path(home), triton_http_port=free_port(),
+                             triton_grpc_port=free_port(), triton_metrics_port=free_port())
+    server = TritonServer(ts, repository=str(repository))
+    try:
+        server.start()
+    except RuntimeStartError as exc:
+        raise TransientError(f"Triton for {purpose} did not start: {exc}") from exc
+    try:
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=300.0)
+        try:
+            for model in models:
+                client.load_model(model)
+        except Exception as exc:  # noqa: BLE001 - a load failure here is the tool's, not a verdict
+            raise TransientError(f"could not load {list(models)} for {purpose}: {exc}") from exc
+        finally:
+            client.close()
+        yield server.http_url
+    finally:
+        server.stop()
+
+
 @dataclasses.dataclass(frozen=True)
 class P99Verdict:
     """The p99 regression decision (:func:`p99_regression`).
@@ -251,8 +305,6 @@ def perf_regression_gate(champion_dir: str | Path, challenger_dir: str | Path, *
             stable (never a verdict on the model).
     """
     from model_registry.triton_config import read_config, to_pbtxt
-    from tritonflow.exceptions import RuntimeStartError
-    from tritonflow.runtime.services import TritonServer, free_port
 
     s = settings or get_settings()
     limit = s.max_p99_regression if max_regression is None else max_regression
@@ -270,30 +322,11 @@ def perf_regression_gate(champion_dir: str | Path, challenger_dir: str | Path, *
             (dest / "config.pbtxt").write_text(to_pbtxt(cfg))
             sample = (samples or {}).get(role)
             data[role] = input_data_json(cfg, sample, work / f"{role}.json") if sample is not None else None
-        ts = dataclasses.replace(s, home=work / "home", triton_http_port=free_port(),
-                                 triton_grpc_port=free_port(), triton_metrics_port=free_port())
-        server = TritonServer(ts, repository=str(repo))
-        try:
-            server.start()
-        except RuntimeStartError as exc:
-            raise TransientError(f"the perf gate's Triton did not start: {exc}") from exc
-        try:
-            import tritonclient.http as httpclient
-
-            client = httpclient.InferenceServerClient(server.http_url, network_timeout=300.0)
-            try:
-                for role in ("champion", "challenger"):
-                    client.load_model(role)
-            except Exception as exc:  # noqa: BLE001 - a load failure here is the tool's, not a verdict
-                raise TransientError(f"the perf gate could not load the models: {exc}") from exc
-            finally:
-                client.close()
-            measured = measure_interleaved(["champion", "challenger"], server.http_url, concurrency,
+        with scratch_triton(s, repo, ["champion", "challenger"], home=work / "home", purpose="the perf gate") as url:
+            measured = measure_interleaved(["champion", "challenger"], url, concurrency,
                                            passes=passes, settings=s, measurement_ms=measurement_ms,
                                            input_data=data, stability_percentage=stability_percentage,
                                            max_trials=10)
-        finally:
-            server.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     try:

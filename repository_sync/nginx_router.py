@@ -447,27 +447,17 @@ class NginxRouter(TrafficRouter):
                 return
             for i, p in enumerate(paths):
                 _replace_atomically(p, new[i])
+            which = f"model {model!r} (plan {plan.name if plan else 'remove'!r})"
             t0 = time.monotonic()
-            try:
-                if self._test is not None:
-                    _run(self._test, "nginx -t")
-            except Exception as exc:
-                self._restore(paths, old)
-                raise GatewayConfigError(
-                    f"gateway refused the config for model {model!r} "
-                    f"(plan {plan.name if plan else 'remove'!r}): {exc}. The previous config was "
-                    "restored byte for byte and NGINX was not reloaded; live routing is unchanged"
-                ) from exc
+            self._run_or_restore(
+                self._test, "nginx -t", paths, old, GatewayConfigError, f"gateway refused the config for {which}",
+                "The previous config was restored byte for byte and NGINX was not reloaded; live routing is unchanged",
+            )
             t1 = time.monotonic()
-            try:
-                _run(self._reload, "nginx reload")
-            except Exception as exc:
-                self._restore(paths, old)
-                raise GatewayReloadError(
-                    f"gateway reload failed for model {model!r} "
-                    f"(plan {plan.name if plan else 'remove'!r}): {exc}. The previous config files "
-                    "were restored byte for byte"
-                ) from exc
+            self._run_or_restore(
+                self._reload, "nginx reload", paths, old, GatewayReloadError, f"gateway reload failed for {which}",
+                "The previous config files were restored byte for byte",
+            )
             t2 = time.monotonic()
             self._keep_previous(model, old)
             self.last_apply = ApplyRecord(plan, True, t1 - t0, t2 - t1) if plan else None
@@ -476,6 +466,19 @@ class NginxRouter(TrafficRouter):
     def _restore(paths: Iterable[Path], old: dict[int, bytes | None]) -> None:
         for i, p in enumerate(paths):
             _replace_atomically(p, old[i])
+
+    def _run_or_restore(self, command: Command, what: str, paths: Iterable[Path], old: dict[int, bytes | None],
+                        error: type[Exception], failed: str, restored: str) -> None:
+        """Run one NGINX step (``nginx -t``, reload); if it fails, put ``old`` back and raise ``error``.
+
+        The message is ``"<failed>: <the step's error>. <restored>"``; nothing is run for a ``None``
+        command (see :func:`_run`).
+        """
+        try:
+            _run(command, what)
+        except Exception as exc:
+            self._restore(paths, old)
+            raise error(f"{failed}: {exc}. {restored}") from exc
 
     def _keep_previous(self, model: str, old: dict[int, bytes | None]) -> None:
         prev = self._previous_dir(model)

@@ -28,7 +28,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from repository_sync.layout import INTENDED_CONFIG_FILENAME, SIGNATURE_SUFFIX
@@ -246,6 +246,19 @@ def _read_intended(version_dir: Path) -> str | None:
     return path.read_text(errors="replace") if path.is_file() else None
 
 
+def _refuse_unless_covered(files: set[str], version_dir: Path, signature_file: str,
+                           refusal: Callable[[str, list[str]], Exception]) -> None:
+    """Raise ``refusal(missing, sorted(files))`` unless ``files`` hold every required file.
+
+    The required files are :func:`required_files` of ``version_dir`` (its intended config read
+    from the folder); ``missing`` names the absent ones, comma-separated. Signing checks the
+    folder's files, verifying the signed manifest.
+    """
+    missing = _missing_required(files, signature_file, _read_intended(version_dir))
+    if missing:
+        raise refusal(", ".join(missing), sorted(files))
+
+
 # --------------------------------------------------------------------------- sign / verify
 def sign_version(
     version_dir: str | os.PathLike[str],
@@ -281,13 +294,11 @@ def sign_version(
         for p in version_dir.rglob("*")
         if p.is_file() and p.name != signature_file
     }
-    missing = _missing_required(present, signature_file, _read_intended(version_dir))
-    if missing:
-        raise DataError(
-            f"version folder {str(version_dir)!r} cannot be signed: missing {', '.join(missing)} "
-            f"(it holds {sorted(present) or 'no files'}); a signature must cover the model file "
-            f"and {INTENDED_CONFIG_FILENAME}"
-        )
+    _refuse_unless_covered(present, version_dir, signature_file, lambda missing, held: DataError(
+        f"version folder {str(version_dir)!r} cannot be signed: missing {missing} "
+        f"(it holds {held or 'no files'}); a signature must cover the model file "
+        f"and {INTENDED_CONFIG_FILENAME}"
+    ))
     sig_path = version_dir / signature_file
     sig_path.unlink(missing_ok=True)
     with _private_key_file(private_key) as key_path:
@@ -403,13 +414,11 @@ def verify_version(
             continue
         # the bundle is authentic and the folder matches it; now the manifest must be complete
         signed = set(_signed_digests(text))
-        missing = _missing_required(signed, signature_file, _read_intended(version_dir))
-        if missing:
-            raise SignatureVerificationError(
-                f"signature file {str(sig_path)!r} does not cover {', '.join(missing)} (signed "
-                f"files: {sorted(signed) or 'none'}): a manifest without the model file and "
-                f"{INTENDED_CONFIG_FILENAME} is refused and the folder will not be loaded"
-            )
+        _refuse_unless_covered(signed, version_dir, signature_file, lambda missing, held: SignatureVerificationError(
+            f"signature file {str(sig_path)!r} does not cover {missing} (signed "
+            f"files: {held or 'none'}): a manifest without the model file and "
+            f"{INTENDED_CONFIG_FILENAME} is refused and the folder will not be loaded"
+        ))
         return SignatureInfo(
             signature_file=signature_file,
             signature_digest=sha256_file(sig_path),

@@ -345,3 +345,47 @@ def test_model_analyzer_profiles_a_cpu_model_and_the_chosen_config_fits_it(tmp_p
     assert outcome.selection.best in {r.config for r in outcome.rows}
     assert outcome.config.name == "tabular"
     assert check_config(outcome.config, model) == []
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.skipif(not (TRITON_VENV / "bin" / "perf_analyzer").exists(), reason="Triton tools env missing")
+def test_confirmation_passes_measure_each_tried_config_on_a_scratch_triton(tmp_path):
+    """Real local Triton + perf_analyzer: two configs of Model Analyzer's output repository (named
+    after the base model, as Model Analyzer leaves them) load side by side and are each measured in
+    interleaved passes; a config that does not load is a tool failure, not a verdict."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from model_registry.analyzer import measure_config_passes
+    from model_registry.triton_config import build_config, to_pbtxt
+    from tritonflow.exceptions import TransientError
+    from tritonflow.settings import Settings
+
+    s = Settings.from_env({}, home=tmp_path / "home", triton_venv=TRITON_VENV, analyzer_stability_cv=0.5)
+    w = numpy_helper.from_array(np.random.default_rng(3).normal(size=(4, 2)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["features", "w"], ["scores"])], "g",
+                          [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 4])],
+                          [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 2])], initializer=[w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    out = tmp_path / "run" / "output_model_repository"
+    for c in ("tabular_config_0", "tabular_config_default"):
+        (out / c / "1").mkdir(parents=True)
+        onnx.save(model, str(out / c / "1" / "model.onnx"))
+        (out / c / "config.pbtxt").write_text(to_pbtxt(build_config("tabular", model, max_batch_size=8)))
+    (out / "tabular_config_broken" / "1").mkdir(parents=True)
+    (out / "tabular_config_broken" / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    (out / "tabular_config_broken" / "config.pbtxt").write_text(to_pbtxt(build_config("tabular", model,
+                                                                                      max_batch_size=8)))
+
+    configs = ["tabular_config_0", "tabular_config_default"]
+    measured = measure_config_passes(out, configs, 1, passes=1, settings=s, measurement_ms=500)
+    assert set(measured) == set(configs)
+    assert all(measured[c] and all(p.model == c for p in measured[c]) for c in configs)
+    # perf_analyzer reached each config (a model it cannot reach fails the pass); on a loaded
+    # machine a pass may be unstable (NaN figures), a stable one has real figures
+    assert all(p.throughput > 0 and p.p99_ms > 0 for c in configs for p in measured[c] if p.stable)
+    with pytest.raises(TransientError, match="tabular_config_broken"):
+        measure_config_passes(out, ["tabular_config_broken"], 1, passes=1, settings=s, measurement_ms=500)
