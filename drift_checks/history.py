@@ -67,6 +67,18 @@ def _utc_hour(hour: dt.datetime) -> dt.datetime:
     return t.tz_convert("UTC").floor("h").tz_localize(None).to_pydatetime()
 
 
+def _series_key() -> list[Any]:
+    """The primary-key columns naming one statistic series: model, reference, feature, statistic."""
+    import sqlalchemy as sa
+
+    return [
+        sa.Column("model", sa.String(200), primary_key=True),
+        sa.Column("reference_id", sa.String(200), primary_key=True),
+        sa.Column("feature", sa.String(200), primary_key=True),
+        sa.Column("statistic", sa.String(64), primary_key=True),
+    ]
+
+
 @dataclasses.dataclass(frozen=True)
 class StatisticRow:
     """One hourly value.
@@ -118,10 +130,7 @@ class HistoryStore:
         p = table_prefix
         self.stats = sa.Table(
             f"{p}drift_statistics", md,
-            sa.Column("model", sa.String(200), primary_key=True),
-            sa.Column("reference_id", sa.String(200), primary_key=True),
-            sa.Column("feature", sa.String(200), primary_key=True),
-            sa.Column("statistic", sa.String(64), primary_key=True),
+            *_series_key(),
             sa.Column("hour", sa.DateTime(), primary_key=True),
             sa.Column("value", sa.Float(), nullable=False),
             sa.Column("model_version", sa.Integer(), nullable=True),
@@ -156,10 +165,7 @@ class HistoryStore:
         )
         self.series = sa.Table(
             f"{p}drift_series_cache", md,
-            sa.Column("model", sa.String(200), primary_key=True),
-            sa.Column("reference_id", sa.String(200), primary_key=True),
-            sa.Column("feature", sa.String(200), primary_key=True),
-            sa.Column("statistic", sa.String(64), primary_key=True),
+            *_series_key(),
             sa.Column("since", sa.Integer(), nullable=False),  # hours since the epoch (UTC)
             sa.Column("hours", sa.LargeBinary(), nullable=False),  # int64 hours, ascending
             sa.Column("vals", sa.LargeBinary(), nullable=False),  # float64 values, same order
