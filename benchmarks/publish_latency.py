@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.WARNING)
     from tritonflow.pipelines import publish as pipeline
+    from tritonflow.pipelines import publish_profile
     from tritonflow.runtime.services import MlflowServer, TritonServer, free_port
     from tritonflow.settings import Settings
 
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"stack up in {time.perf_counter() - t_start:.1f} s (MLflow {mlflow_server.tracking_uri}, "
           f"Triton {triton.http_url}); home {home}")
     profiling = not args.no_profile
-    reason = pipeline.profiling_unavailable_reason(settings) if profiling else ""
+    reason = publish_profile.profiling_unavailable_reason(settings) if profiling else ""
     if reason:
         print(f"profiling unavailable: {reason}")
     name = f"bench_tabular_{uuid.uuid4().hex[:6]}"

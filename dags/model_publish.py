@@ -161,14 +161,14 @@ def model_publish():
     @limit_xcom_size
     def convert_and_validate(state: dict) -> dict:
         """Convert, check, build config.pbtxt, parity gate (rejects the version on failure)."""
-        from tritonflow.pipelines import publish as pipeline
+        from tritonflow.pipelines import publish_validate
         from tritonflow_plugin.loop import param_or_setting
 
         record_link_info(model_name=state["model"], model_version=str(state["version"]))
         params = get_current_context()["params"]
         settings = _settings()
         dataset_uri = params.get("dataset_uri") or (state.get("loop") or {}).get("dataset_uri") or None
-        return pipeline.convert_and_validate(
+        return publish_validate.convert_and_validate(
             state, atol=param_or_setting(params, "atol", "parity_atol", settings),
             rtol=param_or_setting(params, "rtol", "parity_rtol", settings),
             max_batch_size=params["max_batch_size"], dataset_uri=dataset_uri,
@@ -180,33 +180,35 @@ def model_publish():
     @limit_xcom_size
     def profile(state: dict) -> dict:
         """Model Analyzer bounded sweep; keeps the generated config when off or unavailable."""
-        from tritonflow.pipelines import publish as pipeline
+        from tritonflow.pipelines import publish_profile
 
         record_link_info(model_name=state["model"], model_version=str(state["version"]))
         params = get_current_context()["params"]
-        return pipeline.profile(state, enabled=_flag(params.get("profile"), _settings().publish_profile),
-                                settings=_settings())
+        return publish_profile.profile(state, enabled=_flag(params.get("profile"), _settings().publish_profile),
+                                       settings=_settings())
 
     @task(execution_timeout=TIMEOUTS.profile)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def perf_gate(state: dict) -> dict:
         """p99 regression gate: challenger vs champion on one Triton, interleaved perf_analyzer passes."""
-        from tritonflow.pipelines import publish as pipeline
+        from tritonflow.pipelines import publish_profile
 
         params = get_current_context()["params"]
-        return pipeline.perf_gate(state, enabled=_flag(params.get("perf_gate"), _settings().publish_perf_gate),
-                                  repository_uri=params.get("repository") or None, settings=_settings())
+        return publish_profile.perf_gate(
+            state, enabled=_flag(params.get("perf_gate"), _settings().publish_perf_gate),
+            repository_uri=params.get("repository") or None, settings=_settings())
 
     @task(execution_timeout=TIMEOUTS.push)
     @fail_fast_on_bad_data
     @limit_xcom_size
     def sign_and_push(state: dict) -> dict:
         """Sign (model-signing) and push atomically; verified at the destination."""
-        from tritonflow.pipelines import publish as pipeline
+        from tritonflow.pipelines import publish_signing
 
         params = get_current_context()["params"]
-        return pipeline.sign_and_push(state, repository_uri=params.get("repository") or None, settings=_settings())
+        return publish_signing.sign_and_push(state, repository_uri=params.get("repository") or None,
+                                             settings=_settings())
 
     @task_with_links(execution_timeout=TIMEOUTS.load)
     @fail_fast_on_bad_data
@@ -226,13 +228,13 @@ def model_publish():
     @limit_xcom_size
     def record(state: dict) -> dict:
         """Publish record on the MLflow version, drift reference; event on MODEL_PUBLISHED."""
-        from tritonflow.pipelines import publish as pipeline
+        from tritonflow.pipelines import publish_record
 
         context = get_current_context()
         record_link_info(model_name=state["model"], model_version=str(state["version"]),
                          triton_model=state["triton_model_name"], triton_version=str(state["version"]),
                          triton_http_url=state.get("triton_url"))
-        summary = pipeline.record(state, settings=_settings())
+        summary = publish_record.record(state, settings=_settings())
         record_link_info(mlflow_run_id=summary["publish_run_id"],
                          mlflow_experiment_id=summary["publish_experiment_id"])
         context["outlet_events"][MODEL_PUBLISHED].extra = {

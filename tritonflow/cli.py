@@ -187,7 +187,8 @@ def validate(model_uri: str, sample: str, *, out: str | None = None, name: str |
     from pathlib import Path
 
     from tritonflow.exceptions import DataError
-    from tritonflow.pipelines.publish import _json_safe, load_dataset
+    from tritonflow.pipelines.publish_common import _json_safe
+    from tritonflow.pipelines.publish_validate import load_dataset
 
     s = settings or get_settings()
     uri = model_uri.strip()

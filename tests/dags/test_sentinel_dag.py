@@ -66,7 +66,7 @@ def served(tmp_path_factory, mlflow_server):
     from repository_sync.signing import generate_key_pair
     from repository_sync.traffic_plan import TrafficPlan
     from tritonflow.pipelines.canary import CanaryEnvironment, ensure_loaded
-    from tritonflow.pipelines.publish import reference_root
+    from tritonflow.pipelines.publish_record import reference_root
     from tritonflow.pipelines.sentinel import OUTPUT_RANGE_TAG
 
     home = tmp_path_factory.mktemp("sentinel-dag-home")

@@ -26,6 +26,7 @@ import pytest
 
 from tests.conftest import make_settings
 from tritonflow.pipelines import publish as pipeline
+from tritonflow.pipelines import publish_common, publish_profile, publish_signing, publish_validate
 
 pytestmark = pytest.mark.integration
 
@@ -156,7 +157,7 @@ def test_every_flavour_is_converted_parity_gated_loaded_served_and_recorded(stac
         parity = json.loads(tags["tritonflow.parity_errors"])
         assert tags["tritonflow.provenance.onnxruntime"] and tags["tritonflow.provenance.export_format"]
         assert any(k.startswith("tritonflow.artifact.publish/parity_report.json") for k in tags)
-        keys = pipeline.ensure_signing_keys(s, create=False)
+        keys = publish_signing.ensure_signing_keys(s, create=False)
         with TritonModelControl(stack["triton"].http_url, repository=str(stack["repo"]),
                                 trusted_keys=str(keys.trusted_dir)) as ctl:
             assert ctl.is_ready(row["name"], summary["version"]), row
@@ -263,15 +264,15 @@ def test_a_much_slower_challenger_is_rejected_by_the_p99_gate_and_never_pushed(s
     version = log_and_register(stack["uri"], "onnx", big, x, out(big), name, alias="challenger",
                                pip_requirements=["onnxruntime"])
     state = pipeline.resolve(f"{name}@challenger", settings=s)
-    state = pipeline.convert_and_validate(state, max_batch_size=8, settings=s)
+    state = publish_validate.convert_and_validate(state, max_batch_size=8, settings=s)
     with pytest.raises(PerformanceRegressionError, match="p99 latency regression against champion version"):
-        pipeline.perf_gate(state, settings=s)
+        publish_profile.perf_gate(state, settings=s)
     tags = tags_of(stack["uri"], name, version)
     assert tags["tritonflow.status"] == "rejected" and tags["tritonflow.rejected_stage"] == "perf_gate"
     gate = json.loads(tags["tritonflow.perf_gate"])
     assert gate["status"] == "rejected" and gate["challenger_p99_ms"] > gate["champion_p99_ms"]
     assert gate["regression"] > gate["limit"] and gate["noise_band"] >= 0 and gate["max_regression"] == 0.1
-    report = json.loads((Path(state["staging_dir"]) / pipeline.PERF_GATE_FILENAME).read_text())
+    report = json.loads((Path(state["staging_dir"]) / publish_common.PERF_GATE_FILENAME).read_text())
     assert all(len(report["passes"][m]) >= 3 for m in ("champion", "challenger"))
     print("PERF_GATE", json.dumps({k: report[k] for k in ("champion_p99_ms", "challenger_p99_ms", "regression",
                                                            "noise_band", "limit")}))
@@ -296,7 +297,7 @@ def test_profile_stage_drops_the_unstable_config_of_the_case_and_adopts_the_stea
     expected = ort.InferenceSession(m.SerializeToString()).run(None, {"features": x})[0]
     log_and_register(stack["uri"], "onnx", m, x, expected, name, pip_requirements=["onnxruntime"])
     resolved = pipeline.resolve(f"{name}@champion", settings=s)
-    state = pipeline.convert_and_validate(resolved, max_batch_size=8, settings=s)
+    state = publish_validate.convert_and_validate(resolved, max_batch_size=8, settings=s)
     passes: dict[str, list[float]] = {}
     with open(CASES / "H12_unstable_measurement" / "perf_passes.csv") as fh:
         for r in csv.DictReader(fh):
@@ -321,7 +322,7 @@ def test_profile_stage_drops_the_unstable_config_of_the_case_and_adopts_the_stea
         return {c: [PerfPass(c, concurrency, t, 4.0, True) for t in passes[c]] for c in cands}
 
     monkeypatch.setattr(analyzer, "profile_model", fake_profile_model)
-    state = pipeline.profile(state, enabled=True, settings=s, pass_runner=replay)
+    state = publish_profile.profile(state, enabled=True, settings=s, pass_runner=replay)
     prof = state["profile"]
     assert prof["status"] == "profiled" and prof["best"] == "tabular_cpu_config_3"
     assert "coefficient of variation 1.2" in prof["dropped"]["tabular_cpu_config_2"]

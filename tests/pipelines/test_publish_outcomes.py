@@ -23,6 +23,7 @@ from tests.conftest import make_settings
 from tests.pipelines.test_publish_pipeline import register, unique, version_tags
 from tritonflow.exceptions import DataError, RegistryError, ToolingError
 from tritonflow.pipelines import publish as pipeline
+from tritonflow.pipelines import publish_common, publish_profile, publish_record, publish_validate
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -74,16 +75,16 @@ def test_model_analyzer_failure_is_an_infrastructure_error_and_never_rejects(set
     name = unique("outcome_tool")
     version = register(settings.resolved_mlflow_tracking_uri, name, model, X, alias="challenger")
     state = pipeline.resolve(f"{name}/{version}", settings=settings)
-    state = pipeline.convert_and_validate(state, max_batch_size=8, settings=settings)
+    state = publish_validate.convert_and_validate(state, max_batch_size=8, settings=settings)
 
     def broken_environment(*args, **kwargs):  # what profile_model raises when its Triton measured nothing
         raise ToolingError("model 'x': Model Analyzer measured no config (its Triton or perf_analyzer failed); "
                            "ModuleNotFoundError: No module named 'numpy'")
 
-    monkeypatch.setattr(pipeline, "profiling_unavailable_reason", lambda s=None: "")
+    monkeypatch.setattr(publish_profile, "profiling_unavailable_reason", lambda s=None: "")
     monkeypatch.setattr(analyzer, "profile_model", broken_environment)
     with pytest.raises(ToolingError):
-        pipeline.profile(state, enabled=True, settings=settings)
+        publish_profile.profile(state, enabled=True, settings=settings)
     tags = version_tags(settings.resolved_mlflow_tracking_uri, name, version)
     assert tags.get("tritonflow.status") != "rejected" and "tritonflow.rejected_stage" not in tags
 
@@ -131,7 +132,7 @@ def test_a_new_publish_replaces_the_rejection_and_stores_no_reference_without_re
     tags = version_tags(settings.resolved_mlflow_tracking_uri, name, version)
     assert tags["tritonflow.status"] == "published"
     assert not [k for k in tags if k.startswith("tritonflow.rejected") or k == "tritonflow.rejection_reason"]
-    assert sorted(summary["stale_tags_cleared"]) == sorted(pipeline.REJECTION_TAGS)
+    assert sorted(summary["stale_tags_cleared"]) == sorted(publish_record.REJECTION_TAGS)
     # published from the input example: no drift reference, and the tag says why
     assert tags["tritonflow.reference_uri"] == "" and "without real data" in tags["tritonflow.reference_source"]
 
@@ -140,20 +141,20 @@ def test_a_new_publish_replaces_the_rejection_and_stores_no_reference_without_re
 def test_profiling_runs_from_a_worker_with_a_minimal_environment(settings, classifier, tmp_path):
     """The profile stage in a process started with ``env -i PATH=/usr/bin:/bin``: only tritonflow's own
     settings are passed; the Triton tools' Python environment comes from the settings, not the worker."""
-    reason = pipeline.profiling_unavailable_reason(settings)
+    reason = publish_profile.profiling_unavailable_reason(settings)
     if reason:
         pytest.skip(f"Model Analyzer cannot run here: {reason}")
     model, X = classifier
     name = unique("outcome_envi")
     version = register(settings.resolved_mlflow_tracking_uri, name, model, X, alias="challenger")
     state = pipeline.resolve(f"{name}/{version}", settings=settings)
-    state = pipeline.convert_and_validate(state, max_batch_size=8, settings=settings)
+    state = publish_validate.convert_and_validate(state, max_batch_size=8, settings=settings)
     state_path = tmp_path / "state.json"
     state_path.write_text(json.dumps(state))
     script = ("import json, sys\n"
-              "from tritonflow.pipelines import publish\n"
+              "from tritonflow.pipelines import publish_profile\n"
               "state = json.load(open(sys.argv[1]))\n"
-              "out = publish.profile(state, enabled=True)\n"
+              "out = publish_profile.profile(state, enabled=True)\n"
               "print('PROFILE ' + json.dumps(out['profile']))\n")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO),
            "TRITONFLOW_HOME": str(settings.home),
@@ -192,25 +193,25 @@ def test_a_host_too_busy_to_measure_keeps_the_generated_config_and_rejects_nothi
     the model version is not judged by them: the generated config is kept, the profile says why."""
     from model_registry.perf import PerfPass
 
-    reason = pipeline.profiling_unavailable_reason(settings)
+    reason = publish_profile.profiling_unavailable_reason(settings)
     if reason:
         pytest.skip(f"Model Analyzer cannot run here: {reason}")
     model, X = classifier
     name = unique("outcome_busy")
     version = register(settings.resolved_mlflow_tracking_uri, name, model, X, alias="challenger")
     state = pipeline.resolve(f"{name}/{version}", settings=settings)
-    state = pipeline.convert_and_validate(state, max_batch_size=8, settings=settings)
-    generated = (Path(state["staging_dir"]) / pipeline.CONFIG_FILENAME).read_text()
+    state = publish_validate.convert_and_validate(state, max_batch_size=8, settings=settings)
+    generated = (Path(state["staging_dir"]) / publish_common.CONFIG_FILENAME).read_text()
 
     def busy_host_passes(configs, concurrency):
         return {c: [PerfPass(c, concurrency, 100.0 * (i + 1), 5.0, stable=False) for i in range(3)]
                 for c in configs}
 
-    out = pipeline.profile(state, enabled=True, settings=settings, pass_runner=busy_host_passes,
+    out = publish_profile.profile(state, enabled=True, settings=settings, pass_runner=busy_host_passes,
                            bounds={"max_batch_sizes": "8", "instance_counts": "1", "queue_delays_us": "100",
                                    "concurrency": "1", "stability_cv": 0.5, "timeout_s": 500})
     assert out["profile"]["status"] == "inconclusive"
     assert "could not obtain a stable measurement" in out["profile"]["reason"]
-    assert (Path(state["staging_dir"]) / pipeline.CONFIG_FILENAME).read_text() == generated
+    assert (Path(state["staging_dir"]) / publish_common.CONFIG_FILENAME).read_text() == generated
     tags = version_tags(settings.resolved_mlflow_tracking_uri, name, version)
     assert tags.get("tritonflow.status") != "rejected" and "tritonflow.rejected_stage" not in tags

@@ -28,6 +28,7 @@ import pytest
 from tests.conftest import make_settings
 from tritonflow.exceptions import ParityError, RegistryError, SignatureVerificationError
 from tritonflow.pipelines import publish as pipeline
+from tritonflow.pipelines import publish_common, publish_profile, publish_record, publish_signing, publish_validate
 
 pytestmark = pytest.mark.integration
 
@@ -145,7 +146,7 @@ def published(stack, classifier):
 def control(stack):
     from repository_sync.triton_client import TritonModelControl
 
-    keys = pipeline.ensure_signing_keys(stack.settings, create=False)
+    keys = publish_signing.ensure_signing_keys(stack.settings, create=False)
     return TritonModelControl(stack.triton.http_url, repository=str(stack.repo),
                               trusted_keys=str(keys.trusted_dir), load_timeout_s=60)
 
@@ -194,14 +195,14 @@ def test_classifier_resolved_by_alias_is_published_served_and_recorded(stack, cl
     parity = json.loads(tags["tritonflow.parity_errors"])
     assert parity["label"]["label_agreement"] == 1.0 and parity["probabilities"]["max_abs"] <= 1e-5
     assert json.loads(tags["tritonflow.config_summary"])["max_batch_size"] == 16
-    assert set(json.loads(tags["tritonflow.timings_s"])) >= set(pipeline.STAGES) | {"total"}
+    assert set(json.loads(tags["tritonflow.timings_s"])) >= set(publish_common.STAGES) | {"total"}
     assert json.loads(tags["tritonflow.profile"])["status"] == "skipped"
     assert any(k.startswith("tritonflow.artifact.publish/parity_report.json") for k in tags)
 
     # the drift reference sample of this version is stored
     from drift_checks.reference import load_reference
 
-    ref = load_reference(pipeline.reference_root(stack.settings), name, version, with_profile=False)
+    ref = load_reference(publish_record.reference_root(stack.settings), name, version, with_profile=False)
     assert list(ref.frame.columns) == FEATURES and len(ref.frame) > 0
     assert tags["tritonflow.reference_uri"] == ref.uri
     # with each input's importance for this version (the drift check's dataset weights)
@@ -211,14 +212,14 @@ def test_classifier_resolved_by_alias_is_published_served_and_recorded(stack, cl
 
 
 def test_signing_key_is_generated_on_first_use_and_never_logged(stack, published, caplog):
-    keys = pipeline.ensure_signing_keys(stack.settings, create=False)
+    keys = publish_signing.ensure_signing_keys(stack.settings, create=False)
     assert keys.private_key == Path(stack.settings.home) / "keys" / "model_signing.pem"
     assert list(keys.trusted_dir.glob("tritonflow-generated-*.pub"))
     secret = keys.private_key.read_text()
     body = "".join(secret.splitlines()[1:-1])
     with caplog.at_level(logging.DEBUG):
         fresh = make_settings(Path(stack.settings.home).parent / "fresh_home")
-        generated = pipeline.ensure_signing_keys(fresh)
+        generated = publish_signing.ensure_signing_keys(fresh)
     assert generated.generated and "generated an ECDSA P-256 key pair" in caplog.text
     new_secret = "".join(generated.private_key.read_text().splitlines()[1:-1])
     assert body[:40] not in caplog.text and new_secret[:40] not in caplog.text
@@ -247,9 +248,9 @@ def test_tampered_artifact_at_the_destination_refuses_the_load_and_rejects_the_v
     version = register(stack.tracking_uri, name, model, X, alias="challenger")
     s = stack.settings
     state = pipeline.resolve(f"{name}@challenger", settings=s)
-    state = pipeline.convert_and_validate(state, max_batch_size=8, settings=s)
-    state = pipeline.profile(state, enabled=False, settings=s)
-    state = pipeline.sign_and_push(state, settings=s)
+    state = publish_validate.convert_and_validate(state, max_batch_size=8, settings=s)
+    state = publish_profile.profile(state, enabled=False, settings=s)
+    state = publish_signing.sign_and_push(state, settings=s)
     loaded = pipeline.load_and_smoke(state, triton_url=stack.triton.http_url, settings=s)
     assert loaded["load"]["versions"] == [version]
 
@@ -285,12 +286,12 @@ def test_converted_outputs_that_differ_fail_the_parity_gate_and_nothing_is_pushe
 
     state = pipeline.resolve(f"{name}@champion", settings=stack.settings)
     with pytest.raises(ParityError) as err:
-        pipeline.convert_and_validate(state, dataset_uri=str(dataset), settings=stack.settings)
+        publish_validate.convert_and_validate(state, dataset_uri=str(dataset), settings=stack.settings)
     message = str(err.value)
     assert f"model {name!r}" in message and "output 'probabilities'" in message
     assert "max abs error" in message and "worst rows" in message
     assert not (stack.repo / name).exists()  # nothing pushed
-    report = json.loads((Path(state["staging_dir"]) / pipeline.PARITY_REPORT_FILENAME).read_text())
+    report = json.loads((Path(state["staging_dir"]) / publish_common.PARITY_REPORT_FILENAME).read_text())
     assert report["passed"] is False and report["outputs"]["probabilities"]["max_abs_error"] > 1e-3
     tags = version_tags(stack.tracking_uri, name, version)
     assert tags["tritonflow.status"] == "rejected" and tags["tritonflow.rejected_stage"] == "convert_and_validate"
@@ -303,7 +304,7 @@ def test_model_logged_without_signature_is_refused_with_a_clear_error_and_nothin
     version = register(stack.tracking_uri, name, model, X, signature=False)
     state = pipeline.resolve(f"{name}/{version}", settings=stack.settings)
     with pytest.raises(RegistryError, match="logged without a signature"):
-        pipeline.convert_and_validate(state, settings=stack.settings)
+        publish_validate.convert_and_validate(state, settings=stack.settings)
     assert not (stack.repo / name).exists()
     assert version_tags(stack.tracking_uri, name, version)["tritonflow.status"] == "rejected"
 
@@ -314,9 +315,9 @@ def test_bad_parameters_are_refused_before_anything_runs(stack, published):
     name, version, _ = published
     state = pipeline.resolve(f"{name}/{version}", settings=stack.settings)
     with pytest.raises(SettingsError, match="atol=-1"):
-        pipeline.convert_and_validate(state, atol=-1, settings=stack.settings)
+        publish_validate.convert_and_validate(state, atol=-1, settings=stack.settings)
     with pytest.raises(SettingsError, match="max_batch_size=5000"):
-        pipeline.convert_and_validate(state, max_batch_size=5000, settings=stack.settings)
+        publish_validate.convert_and_validate(state, max_batch_size=5000, settings=stack.settings)
     assert version_tags(stack.tracking_uri, name, version)["tritonflow.status"] == "published"
 
 
@@ -332,9 +333,9 @@ def test_publish_to_an_s3_repository_is_served_from_s3(tmp_path, mlflow_server, 
     version = register(mlflow_server.tracking_uri, name, model, X)
 
     state = pipeline.resolve(f"{name}@champion", settings=settings)
-    state = pipeline.convert_and_validate(state, max_batch_size=8, settings=settings)
-    state = pipeline.profile(state, enabled=False, settings=settings)
-    state = pipeline.sign_and_push(state, settings=settings)
+    state = publish_validate.convert_and_validate(state, max_batch_size=8, settings=settings)
+    state = publish_profile.profile(state, enabled=False, settings=settings)
+    state = publish_signing.sign_and_push(state, settings=settings)
     keys = {o["Key"] for o in boto3.client("s3", endpoint_url=s3_server.endpoint_url)
             .list_objects_v2(Bucket=bucket)["Contents"]}
     assert {f"triton/{name}/{version}/model.onnx", f"triton/{name}/{version}/model.onnx.sig",
@@ -342,7 +343,7 @@ def test_publish_to_an_s3_repository_is_served_from_s3(tmp_path, mlflow_server, 
 
     triton = triton_factory(url)  # Triton refuses an empty S3 prefix: start it after the first push
     state = pipeline.load_and_smoke(state, triton_url=triton.http_url, settings=settings)
-    summary = pipeline.record(state, settings=settings)
+    summary = publish_record.record(state, settings=settings)
     assert state["smoke"]["rows_sent"] > 0 and state["load"]["versions"] == [version]
     tags = version_tags(mlflow_server.tracking_uri, name, version)
     assert tags["tritonflow.status"] == "published" and tags["tritonflow.repository_uri"] == summary["repository_uri"]

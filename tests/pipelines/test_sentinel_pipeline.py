@@ -31,7 +31,7 @@ def champion_with_previous(stack, models, name: str, ranges: dict | None) -> Non
     """``name`` v1 (good) and v2 (good2); champion 2, previous_champion 1, both loaded, 100 % on 2;
     v2's drift reference stored and, when given, its validation ranges tagged."""
     from drift_checks.reference import save_reference
-    from tritonflow.pipelines.publish import reference_root
+    from tritonflow.pipelines.publish_record import reference_root
 
     deploy(stack, models, name, {1: "good", 2: "good2"}, champion=1)
     reg = registry(stack)

@@ -224,7 +224,7 @@ def test_a_default_param_model_publish_run_succeeds_there(own_airflow, mlflow_se
         assert ctl.ready_versions(name) == [version]
     profile = json.loads(tags["tritonflow.profile"])
     print(f"profile: {profile.get('status')} {profile.get('reason', '')}")
-    from tritonflow.pipelines.publish import profiling_unavailable_reason
+    from tritonflow.pipelines.publish_profile import profiling_unavailable_reason
     from tritonflow.settings import Settings
 
     if profiling_unavailable_reason(Settings.from_env({})) is None:

@@ -151,7 +151,7 @@ def publish_handoff(summary: Mapping[str, Any], *, triggered_by: str = "model_pu
     context it arrived with (drift event, window, training window, reason).
 
     Args:
-        summary: :func:`tritonflow.pipelines.publish.record`'s summary plus ``loop`` (the run's
+        summary: :func:`tritonflow.pipelines.publish_record.record`'s summary plus ``loop`` (the run's
             validated context, or ``None``).
         triggered_by: The DAG handing over (``triggered_by`` of the new context).
         run_id: The handing-over DAG run's id (``triggered_by_run``).

@@ -71,7 +71,7 @@ def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> di
     from repository_sync.sentinel import GoldenSet
     from repository_sync.triton_client import frame_to_inputs
     from tritonflow.pipelines.canary import _env, _triton_name
-    from tritonflow.pipelines.publish import reference_root
+    from tritonflow.pipelines.publish_record import reference_root
 
     env = _env(env)
     n = int(samples or env.settings.sentinel_samples)
