@@ -5,8 +5,9 @@
   partitions and reads only the files it has not read yet.
 * :func:`load_expected` / :func:`expected_for`: the challenger's expected behaviour, the
   expected-predictions file a shadow evaluation wrote (replay or live mirror, see
-  :mod:`tritonflow.pipelines.shadow`), from the canary conf's ``expected_predictions`` or, when the
-  conf has none, from the challenger version's tag ``tritonflow.shadow.expected_uri``.
+  :func:`tritonflow.pipelines.shadow_replay.write_expected`), from the canary conf's
+  ``expected_predictions`` or, when the conf has none, from the challenger version's tag
+  ``tritonflow.shadow.expected_uri``.
 * :func:`coverage_reference_for`: the challenger's drift reference sample and its most important
   features for the feature-space coverage.
 * :class:`CanaryRecord`: one MLflow run per canary (experiment ``tritonflow-canary``) holding every
@@ -27,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 
 from tritonflow.exceptions import DataError, WindowError
-from tritonflow.pipelines.shadow import EXPECTED_TAG
+from tritonflow.pipelines.shadow_compare import EXPECTED_TAG
 
 log = logging.getLogger(__name__)
 
