@@ -10,9 +10,9 @@ reconciliation (:func:`repository_sync.model_control.reconcile`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
-from tritonflow.exceptions import DataError, ModelLoadRefusedError
+from tritonflow.exceptions import DataError
 from tritonflow.pipelines.canary import CanaryEnvironment, _env
 
 
@@ -90,55 +90,6 @@ def preflight(model: str, champion: int, challenger: int, *, triton_model: str |
 
 
 # ----------------------------------------------------------------------------------- loading
-def _set_loaded(tc: Any, name: str, versions: Iterable[int], config_version: int) -> dict[str, Any]:
-    """Make exactly ``versions`` of ``name`` loaded, with ``config_version``'s signed config.
-
-    Every version's signature is verified first (nothing reaches Triton otherwise). An empty set
-    unloads the model.
-    """
-    from google.protobuf import json_format
-    from tritonclient.utils import InferenceServerException
-
-    from repository_sync.model_control import reconcile
-
-    wanted = sorted({int(v) for v in versions})
-    if not wanted:
-        tc.unload(name)
-        return {"versions": [], "signatures": {}}
-    if getattr(tc, "coordination", None) is not None:  # desired state, under the model-control lease
-        done = reconcile(tc, name, exactly=wanted, config_version=int(config_version))
-        return {"versions": done["versions"], "signatures": done["signatures"]}
-    signatures: dict[str, str] = {}
-    config_bytes = b""
-    for v in wanted:
-        info, intended = tc.verify(name, v)  # raises SignatureVerificationError: nothing loaded
-        signatures[str(v)] = info.signature_digest
-        if v == int(config_version):
-            config_bytes = intended
-    if not config_bytes:
-        _, config_bytes = tc.verify(name, int(config_version))
-    msg = _config_message(config_bytes, name)
-    msg.version_policy.Clear()
-    msg.version_policy.specific.versions.extend(wanted)
-    previous = tc.ready_versions(name)
-    previous_config = tc.model_config(name) if previous else None
-    try:
-        try:
-            tc.client.load_model(name, config=json_format.MessageToJson(msg, preserving_proto_field_name=True,
-                                                                        indent=None))
-        except InferenceServerException as exc:
-            raise ModelLoadRefusedError(
-                f"Triton refused to load model {name!r} versions {wanted}: {exc.message()}"
-            ) from None
-        for v in wanted:
-            tc.wait_ready(name, v)
-    except BaseException:
-        # a failed reload puts back what was loaded before (versions and their config)
-        tc._restore(name, previous, previous_config)
-        raise
-    return {"versions": wanted, "signatures": signatures}
-
-
 def ensure_loaded(model: str, versions: Sequence[int], *, triton_model: str | None = None,
                   env: CanaryEnvironment | None = None) -> dict[str, Any]:
     """Load ``versions`` side by side (keeping what is already READY), signatures re-verified.
