@@ -50,18 +50,14 @@ import socket
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from model_registry.registry_entities import CHAMPION_ALIAS
 from tritonflow.exceptions import DataError, SettingsError
 from tritonflow.settings import Settings, get_settings
 
-#: Registry aliases (same values as :mod:`model_registry.registry`).
-CHAMPION_ALIAS = "champion"
-PREVIOUS_CHAMPION_ALIAS = "previous_champion"
 #: Model-version tag naming the Triton model a version was published as (written by publish).
 TRITON_NAME_TAG = "tritonflow.triton_model_name"
 #: Prefix of the canary tags on the challenger's model version.
 CANARY_TAG_PREFIX = "tritonflow.canary."
-#: Inference-log columns taken as predictions when none are named: names starting with these.
-DEFAULT_PREDICTION_PREFIXES = ("prediction", "probabilit", "score")
 #: Seconds to wait for a new gateway plan to be live (every probe sees its digest).
 DEFAULT_LIVE_TIMEOUT_S = 15.0
 

@@ -29,6 +29,7 @@ import pandas as pd
 
 from tritonflow.exceptions import DataError, WindowError
 from tritonflow.pipelines.shadow_compare import EXPECTED_TAG
+from tritonflow.pipelines.shadow_replay import OUTPUT_PREFIXES
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def _utc(seconds: float) -> pd.Timestamp:
 
 
 def observer(root: str, log_model: str, *, prediction_columns: Sequence[str] | None = None,
-             prefixes: Sequence[str] = ("prediction", "probabilit", "score"),
+             prefixes: Sequence[str] = OUTPUT_PREFIXES,
              label_column: str | None = None, endpoint_url: str | None = None
              ) -> Callable[[float, float], Any]:
     """``observe(start, end)`` for :func:`repository_sync.canary.run_canary`.

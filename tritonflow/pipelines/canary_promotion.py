@@ -20,11 +20,10 @@ import time
 import uuid
 from typing import Any, Callable, Mapping, Sequence
 
+from model_registry.registry_entities import CHAMPION_ALIAS, PREVIOUS_CHAMPION_ALIAS
 from tritonflow.pipelines.canary import (
     CANARY_TAG_PREFIX,
-    CHAMPION_ALIAS,
     DEFAULT_LIVE_TIMEOUT_S,
-    PREVIOUS_CHAMPION_ALIAS,
     CanaryEnvironment,
     _apply_live,
     _env,

@@ -13,9 +13,9 @@ import contextlib
 import time
 from typing import Any
 
+from model_registry.registry_entities import CHAMPION_ALIAS
 from tritonflow.exceptions import DataError, RegistryError
 from tritonflow.pipelines.canary import (
-    CHAMPION_ALIAS,
     DEFAULT_LIVE_TIMEOUT_S,
     CanaryEnvironment,
     _apply_live,

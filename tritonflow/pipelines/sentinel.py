@@ -109,7 +109,8 @@ def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> di
 
 def monitored_models(env: Any = None) -> list[str]:
     """Registered models holding a ``champion`` alias, sorted."""
-    from tritonflow.pipelines.canary import CHAMPION_ALIAS, _env
+    from model_registry.registry_entities import CHAMPION_ALIAS
+    from tritonflow.pipelines.canary import _env
 
     env = _env(env)
     client = env.registry().client
