@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import shutil
 import time
 import uuid
 from typing import Any, Callable, Mapping, Sequence
@@ -56,31 +54,6 @@ def _repository_versions(storage: Any, name: str) -> list[int]:
     return sorted(out)
 
 
-def _delete_repository_version(storage: Any, name: str, version: int) -> None:
-    """Remove one model version from the repository.
-
-    Remove ``<name>/<version>/`` from the repository (filesystem: renamed to a dot-folder Triton
-    ignores, then deleted, so a half-deleted version is never visible; S3: every object).
-    """
-    from repository_sync.storage import FileSystemStorage
-
-    if isinstance(storage, FileSystemStorage):
-        folder = storage.root / name / str(int(version))
-        if not folder.is_dir():
-            return
-        trash = storage.root / name / f".deleting-{int(version)}-{uuid.uuid4().hex[:8]}"
-        os.rename(folder, trash)
-        shutil.rmtree(trash, ignore_errors=True)
-        return
-    prefix = storage.location.key(name, str(int(version))) + "/"
-    paginator = storage.client.get_paginator("list_objects_v2")
-    keys = [o["Key"] for page in paginator.paginate(Bucket=storage.location.bucket, Prefix=prefix)
-            for o in page.get("Contents", [])]
-    for i in range(0, len(keys), 1000):
-        storage.client.delete_objects(Bucket=storage.location.bucket,
-                                      Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
-
-
 def garbage_collect_repository(model: str, *, champion: int, rollback_target: int | None,
                                triton_model: str | None = None, env: CanaryEnvironment | None = None,
                                registry: Any = None) -> dict[str, Any]:
@@ -97,6 +70,7 @@ def garbage_collect_repository(model: str, *, champion: int, rollback_target: in
     name = triton_model or model
     registry = registry or env.registry()
     storage = env.storage()
+    from repository_sync.layout import plan_version
     from repository_sync.model_control import desired_versions
 
     with env.triton() as tc:  # READY or meant to be loaded (e.g. by an evaluation starting now)
@@ -118,7 +92,7 @@ def garbage_collect_repository(model: str, *, champion: int, rollback_target: in
         elif v in plan.keep:
             kept[str(v)] = plan.keep[v]
         elif v in plan.delete or v not in registered:
-            _delete_repository_version(storage, name, v)
+            storage.delete_version(plan_version(name, v))
             deleted.append(v)
     return {"deleted": deleted, "kept": kept}
 
