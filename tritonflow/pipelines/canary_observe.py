@@ -255,7 +255,7 @@ class CanaryRecord:
 
     Recording an intermediate analysis never stops a canary: an MLflow error there is logged
     and counted (``errors``); the step-ending analyses stay on the model version's tags, as
-    :func:`tritonflow.pipelines.canary.run_promotion` writes them.
+    :func:`tritonflow.pipelines.canary_promotion.run_promotion` writes them.
     """
 
     def __init__(self, tracking_uri: str, *, model: str, triton_model: str, champion: int,
