@@ -1,7 +1,8 @@
 """DAG ``canary_promotion``: promote a challenger step by step through the gateway, or roll back.
 
-Wiring only; the work is in :mod:`tritonflow.pipelines.canary` (imported inside the tasks so the
-file parses fast and without network).
+Wiring only; the work is in :mod:`tritonflow.pipelines.canary`, :mod:`~tritonflow.pipelines.canary_loading`
+and :mod:`~tritonflow.pipelines.canary_promotion` (imported inside the tasks so the file parses fast
+and without network).
 """
 
 from __future__ import annotations
@@ -137,7 +138,8 @@ def canary_promotion():
         """Resolve challenger/champion; refuse a schedule the promotion task cannot hold."""
         from repository_sync.canary import parse_steps
         from tritonflow.exceptions import SettingsError
-        from tritonflow.pipelines.canary import canary_time_budget_s, resolve
+        from tritonflow.pipelines.canary import resolve
+        from tritonflow.pipelines.canary_promotion import canary_time_budget_s
         from tritonflow.settings import get_settings
 
         context = get_current_context()
@@ -162,7 +164,7 @@ def canary_promotion():
         """Enough GPU/host memory for the challenger beside the champion; traffic untouched."""
         if plan["noop"] or plan["champion"] == plan["challenger"]:
             return {"skipped": plan["reason"]}
-        from tritonflow.pipelines.canary import preflight as check
+        from tritonflow.pipelines.canary_loading import preflight as check
 
         return check(plan["model"], plan["champion"], plan["challenger"], triton_model=plan["triton_model"])
 
@@ -173,7 +175,7 @@ def canary_promotion():
         """Signatures re-verified, champion and challenger loaded side by side."""
         if plan["noop"] or plan["dry_run"] or plan["champion"] == plan["challenger"]:
             return {"skipped": "no-op or dry run"}
-        from tritonflow.pipelines.canary import ensure_loaded
+        from tritonflow.pipelines.canary_loading import ensure_loaded
 
         return ensure_loaded(plan["model"], [plan["champion"], plan["challenger"]],
                              triton_model=plan["triton_model"])
@@ -184,7 +186,7 @@ def canary_promotion():
     @limit_xcom_size
     def canary(plan: dict, loaded: dict) -> dict:
         """Steps with analysis under the promotion lock; promote at 100 % or roll back."""
-        from tritonflow.pipelines.canary import run_promotion
+        from tritonflow.pipelines.canary_promotion import run_promotion
         from tritonflow_plugin.canary_grid import push_step_results
 
         if plan["noop"]:

@@ -1,6 +1,6 @@
 """DAG ``canary_rollback``: manual rollback of a model to its previous champion (Airflow UI).
 
-Wiring only; the work is :func:`tritonflow.pipelines.canary.manual_rollback` (imported inside the
+Wiring only; the work is :func:`tritonflow.pipelines.canary_rollback.manual_rollback` (imported inside the
 task so the file parses fast and without network).
 """
 
@@ -64,7 +64,7 @@ def canary_rollback():
     def rollback() -> dict:
         """Gateway to the rollback target first, then the alias, then unload the old champion."""
         from tritonflow.exceptions import SettingsError
-        from tritonflow.pipelines.canary import manual_rollback
+        from tritonflow.pipelines.canary_rollback import manual_rollback
         from tritonflow_plugin.registry_watcher import registry_conf_from_context
 
         context = get_current_context()

@@ -1,7 +1,8 @@
 """DAG ``shadow_evaluation``: champion vs challenger on replayed traffic, then promote, retrain or rest.
 
-Wiring only; the work is in :mod:`tritonflow.pipelines.shadow` (imported inside the tasks so the
-file parses fast and without network).
+Wiring only; the work is in :mod:`tritonflow.pipelines.shadow`, :mod:`~tritonflow.pipelines.shadow_replay`
+and :mod:`~tritonflow.pipelines.shadow_compare` (imported inside the tasks so the file parses fast
+and without network).
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ def shadow_evaluation():
             return live(resolved["model"], resolved["champion"], resolved["challenger"],
                         duration_s=context["params"].get("live_duration_s"),
                         holder=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}")
-        from tritonflow.pipelines.shadow import replay as run_replay
+        from tritonflow.pipelines.shadow_replay import replay as run_replay
 
         return run_replay(resolved["model"], resolved["champion"], resolved["challenger"],
                           request["window_start"], request["window_end"])
@@ -196,7 +197,7 @@ def shadow_evaluation():
     def compare(request: dict, replayed: dict) -> dict:
         """Decide with confidence and record the decision on both model versions."""
         from tritonflow.pipelines.loop_context import shadow_handoffs
-        from tritonflow.pipelines.shadow import compare as run_compare
+        from tritonflow.pipelines.shadow_compare import compare as run_compare
 
         context = get_current_context()
         params = context["params"]

@@ -182,7 +182,7 @@ def scores_of(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray | None:
     """One score per row from the logged prediction columns, by the shadow evaluation's rule.
 
     One column: that column; two columns (binary class probabilities): the second (positive
-    class), as :func:`tritonflow.pipelines.shadow.replay` scores. More columns: ``None`` (no single
+    class), as :func:`tritonflow.pipelines.shadow_replay.replay` scores. More columns: ``None`` (no single
     score; compare per output column instead).
     """
     cols = [c for c in columns if c in frame.columns]

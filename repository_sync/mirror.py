@@ -11,7 +11,7 @@ JSON and binary-tensor requests alike). Each answer is decoded with tritonclient
 (``X-Request-Id``: the client's own, else NGINX's ``$request_id``, the one the gateway also returns
 to the client), the version that served the client (``X-Tritonflow-Served-Version``), the status
 and the latency. Champion and challenger outputs are then paired by request id on the same live
-inputs (:func:`tritonflow.pipelines.shadow.live`).
+inputs (:func:`tritonflow.pipelines.shadow_live.live`).
 
 The recorder is an aiohttp server on its own event loop in a background thread, started and
 stopped by the live shadow evaluation around its window. A full queue drops the mirrored request

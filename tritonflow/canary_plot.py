@@ -4,7 +4,7 @@ A canary over time, in one picture: error rate, latency and the prediction stati
 analysis, with their thresholds and the step boundaries (matplotlib, Agg backend).
 
 :func:`plot_canary` takes the analyses a canary recorded (``StepAnalysis.to_dict()`` of every
-analysis, intermediate ones included, as :func:`tritonflow.pipelines.canary.run_promotion` logs
+analysis, intermediate ones included, as :func:`tritonflow.pipelines.canary_promotion.run_promotion` logs
 them to MLflow as ``canary/analyses.json``) and writes a PNG with three panels sharing the time
 axis (seconds since the canary's first step started):
 

@@ -65,7 +65,8 @@ def served(tmp_path_factory, mlflow_server):
     from repository_sync.publish import publish_version
     from repository_sync.signing import generate_key_pair
     from repository_sync.traffic_plan import TrafficPlan
-    from tritonflow.pipelines.canary import CanaryEnvironment, ensure_loaded
+    from tritonflow.pipelines.canary import CanaryEnvironment
+    from tritonflow.pipelines.canary_loading import ensure_loaded
     from tritonflow.pipelines.publish_record import reference_root
     from tritonflow.pipelines.sentinel import OUTPUT_RANGE_TAG
 

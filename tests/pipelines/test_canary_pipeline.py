@@ -39,12 +39,10 @@ from repository_sync.locks import store_for
 from repository_sync.traffic_plan import TrafficPlan
 from tests.conftest import make_settings
 from tritonflow.exceptions import ConcurrencyError, PreflightError, RegistryError
-from tritonflow.pipelines.canary import (
-    CanaryEnvironment,
-    ensure_loaded,
-    manual_rollback,
-    run_promotion,
-)
+from tritonflow.pipelines.canary import CanaryEnvironment
+from tritonflow.pipelines.canary_loading import ensure_loaded
+from tritonflow.pipelines.canary_promotion import run_promotion
+from tritonflow.pipelines.canary_rollback import manual_rollback
 from tritonflow.runtime.services import NginxGateway, TritonServer, free_port
 
 pytestmark = pytest.mark.integration
@@ -543,7 +541,7 @@ def test_live_shadow_pairs_mirrored_answers_by_request_id_and_feeds_the_canary(s
     """``shadow_evaluation``'s live mode: the gateway mirrors the champion's requests to the
     challenger, clients only get the champion's answers, the pairs become the challenger's
     expected predictions, and the canary judges the challenger against them."""
-    from tritonflow.pipelines.shadow import compare
+    from tritonflow.pipelines.shadow_compare import compare
     from tritonflow.pipelines.shadow_live import live
 
     name = "canary_live"

@@ -21,7 +21,7 @@ from repository_sync.sentinel import SentinelPolicy
 from repository_sync.traffic_plan import TrafficPlan
 from tests.pipelines.test_canary_pipeline import FEATURES, deploy, models, registry, stack  # noqa: F401
 from tests.plugins import airflow_env  # noqa: F401  (plugins/ on sys.path for the trigger)
-from tritonflow.pipelines.canary import ensure_loaded
+from tritonflow.pipelines.canary_loading import ensure_loaded
 from tritonflow.pipelines.sentinel import OUTPUT_RANGE_TAG, golden_set, sentinel_rollback
 
 pytestmark = pytest.mark.integration

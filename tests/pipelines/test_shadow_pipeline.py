@@ -25,6 +25,8 @@ from tests.conftest import make_settings
 from tests.pipelines.test_retrain_pipeline import INTERVAL, ts, write_noaa_log
 from tritonflow.exceptions import ChallengerUnavailableError, DataError, WindowError
 from tritonflow.pipelines import shadow as sp
+from tritonflow.pipelines.shadow_compare import EXPECTED_TAG, compare
+from tritonflow.pipelines.shadow_replay import replay
 from tritonflow.runtime.services import TritonServer
 
 #: Replayed window (days) with labels, and one without labels.
@@ -120,7 +122,7 @@ def test_challenger_trained_after_the_shift_wins_with_the_stated_confidence(serv
     published = sp.ensure_challenger_published(resolved, settings=s)
     assert published["action"] == "already_in_repository"
 
-    replayed = sp.replay(model, resolved["champion"], resolved["challenger"],
+    replayed = replay(model, resolved["champion"], resolved["challenger"],
                          ts(LABELLED[0]), ts(LABELLED[1]), settings=s, concurrency=3)
     assert replayed["rows"] == LABELLED[1] - LABELLED[0] and replayed["invalid_rows"] == 0
     assert replayed["challenger_loaded"] and replayed["challenger_unloaded"]
@@ -133,7 +135,7 @@ def test_challenger_trained_after_the_shift_wins_with_the_stated_confidence(serv
         np.testing.assert_allclose(preds[column], serving["trained"][version].predict_scores(rows),
                                    atol=1e-4)
 
-    decision = sp.compare(replayed, settings=s, rule_overrides={"confidence": 0.99})
+    decision = compare(replayed, settings=s, rule_overrides={"confidence": 0.99})
     assert decision["verdict"] == "challenger_wins"
     assert decision["outcome"] == "promote_challenger"
     # the challenger's expected predictions: its replay scores and inputs, recorded on its
@@ -143,7 +145,7 @@ def test_challenger_trained_after_the_shift_wins_with_the_stated_confidence(serv
     assert list(expected.columns[4:]) == list(ds.FEATURE_COLUMNS) and set(expected["source"]) == {"shadow_replay"}
     conf = decision["canary_conf"]
     assert {k: conf[k] for k in ("model", "challenger")} == {"model": model, "challenger": "2"}
-    assert conf["expected_predictions"] == _version_tags(serving, 2)[sp.EXPECTED_TAG]
+    assert conf["expected_predictions"] == _version_tags(serving, 2)[EXPECTED_TAG]
     assert conf["expected_predictions"] == decision["recorded"]["challenger"]["expected_uri"]
     n_labelled = int((rows[ds.DAY_COLUMN] % 7 != 0).sum())
     assert decision["n_labelled"] == n_labelled
@@ -168,9 +170,9 @@ def test_champion_trained_after_the_shift_beats_an_older_challenger(serving):
     """The reverse: the recent model as champion, the early model as challenger -> it loses."""
     s, model = serving["settings"], serving["model"]
     resolved = sp.resolve_versions(model, settings=s)
-    replayed = sp.replay(model, resolved["challenger"], resolved["champion"],
+    replayed = replay(model, resolved["challenger"], resolved["champion"],
                          ts(LABELLED[0]), ts(LABELLED[1]), settings=s)
-    decision = sp.compare(replayed, settings=s, record=False)
+    decision = compare(replayed, settings=s, record=False)
     assert decision["verdict"] == "challenger_loses"
     assert decision["outcome"] in ("nothing", "retrain")
     assert decision["primary"]["ci_high"] < 0
@@ -179,10 +181,10 @@ def test_champion_trained_after_the_shift_beats_an_older_challenger(serving):
 def test_window_without_labels_is_inconclusive(serving):
     s, model = serving["settings"], serving["model"]
     resolved = sp.resolve_versions(model, "challenger", settings=s)
-    replayed = sp.replay(model, resolved["champion"], resolved["challenger"],
+    replayed = replay(model, resolved["champion"], resolved["challenger"],
                          ts(UNLABELLED[0]), ts(UNLABELLED[1]), settings=s)
     assert replayed["rows"] == UNLABELLED[1] - UNLABELLED[0]
-    decision = sp.compare(replayed, settings=s)
+    decision = compare(replayed, settings=s)
     assert (decision["verdict"], decision["outcome"]) == ("inconclusive", "inconclusive")
     assert decision["n_labelled"] == 0 and decision["champion_degraded"] is None
     assert any("min_labels=200" in r for r in decision["reasons"])
@@ -201,7 +203,7 @@ def test_challenger_that_cannot_be_loaded_leaves_the_champion_serving(serving, n
     resolved = sp.resolve_versions(model, "3", settings=s)
 
     with pytest.raises(ChallengerUnavailableError, match="v3 .*could not be loaded: .*refused"):
-        sp.replay(model, resolved["champion"], resolved["challenger"],
+        replay(model, resolved["champion"], resolved["challenger"],
                   ts(LABELLED[0]), ts(LABELLED[1]), settings=s)
     with _control(serving) as control:
         assert 1 in control.ready_versions(model) and 3 not in control.ready_versions(model)
@@ -226,7 +228,7 @@ def test_missing_challenger_without_the_publish_pipeline_fails_clearly(serving, 
 def test_replaying_an_empty_window_is_refused(serving):
     s, model = serving["settings"], serving["model"]
     with pytest.raises(WindowError, match="has no record in .*nothing to replay"):
-        sp.replay(model, 1, None, ts(10), ts(20), settings=s)
+        replay(model, 1, None, ts(10), ts(20), settings=s)
 
 
 # ------------------------------------------------------------------ planning (no services needed)

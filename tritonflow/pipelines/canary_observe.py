@@ -5,8 +5,9 @@
   partitions and reads only the files it has not read yet.
 * :func:`load_expected` / :func:`expected_for`: the challenger's expected behaviour, the
   expected-predictions file a shadow evaluation wrote (replay or live mirror, see
-  :mod:`tritonflow.pipelines.shadow`), from the canary conf's ``expected_predictions`` or, when the
-  conf has none, from the challenger version's tag ``tritonflow.shadow.expected_uri``.
+  :func:`tritonflow.pipelines.shadow_replay.write_expected`), from the canary conf's
+  ``expected_predictions`` or, when the conf has none, from the challenger version's tag
+  ``tritonflow.shadow.expected_uri``.
 * :func:`coverage_reference_for`: the challenger's drift reference sample and its most important
   features for the feature-space coverage.
 * :class:`CanaryRecord`: one MLflow run per canary (experiment ``tritonflow-canary``) holding every
@@ -27,7 +28,8 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 
 from tritonflow.exceptions import DataError, WindowError
-from tritonflow.pipelines.shadow import EXPECTED_TAG
+from tritonflow.pipelines.shadow_compare import EXPECTED_TAG
+from tritonflow.pipelines.shadow_replay import OUTPUT_PREFIXES
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +110,7 @@ def _utc(seconds: float) -> pd.Timestamp:
 
 
 def observer(root: str, log_model: str, *, prediction_columns: Sequence[str] | None = None,
-             prefixes: Sequence[str] = ("prediction", "probabilit", "score"),
+             prefixes: Sequence[str] = OUTPUT_PREFIXES,
              label_column: str | None = None, endpoint_url: str | None = None
              ) -> Callable[[float, float], Any]:
     """``observe(start, end)`` for :func:`repository_sync.canary.run_canary`.
@@ -253,7 +255,7 @@ class CanaryRecord:
 
     Recording an intermediate analysis never stops a canary: an MLflow error there is logged
     and counted (``errors``); the step-ending analyses stay on the model version's tags, as
-    :func:`tritonflow.pipelines.canary.run_promotion` writes them.
+    :func:`tritonflow.pipelines.canary_promotion.run_promotion` writes them.
     """
 
     def __init__(self, tracking_uri: str, *, model: str, triton_model: str, champion: int,

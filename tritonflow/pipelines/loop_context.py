@@ -189,7 +189,7 @@ def shadow_handoffs(request: Mapping[str, Any], decision: Mapping[str, Any], *,
     Args:
         request: The run's plan (``model``, ``window_start``, ``window_end``, ``drift_event``,
             ``loop``: the context it arrived with).
-        decision: :func:`tritonflow.pipelines.shadow.compare`'s result (``challenger``,
+        decision: :func:`tritonflow.pipelines.shadow_compare.compare`'s result (``challenger``,
             ``canary_conf.expected_predictions``, ``retrain_conf.reason``).
         run_id: The shadow evaluation run's id (``triggered_by_run``).
     """

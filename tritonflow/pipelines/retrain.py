@@ -28,8 +28,9 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from tritonflow.checksums import sha256_file
 from tritonflow.exceptions import DataError, RegistryError, SettingsError, WindowError
-from tritonflow.pipelines.shadow import drift_event_json, log_root, sha256_file, utc
+from tritonflow.pipelines.shadow import drift_event_json, log_root, utc
 from tritonflow.settings import Settings, get_settings
 
 #: Folder under ``settings.home`` holding training windows (``<model>/windows/<hash>.parquet``).

@@ -7,7 +7,7 @@
   before that tag existed gets the ranges of its own answers to the golden samples when the
   sentinel starts (noted in ``source``; finite and non-constant answers only).
 * :func:`sentinel_rollback` -- after ``unhealthy``: the same path as the ``canary_rollback`` DAG
-  (:func:`tritonflow.pipelines.canary.manual_rollback`: gateway 100 % to ``previous_champion``
+  (:func:`tritonflow.pipelines.canary_rollback.manual_rollback`: gateway 100 % to ``previous_champion``
   first, then aliases), only while the judged version is still the champion, and records why on
   the MLflow model versions (``tritonflow.sentinel.*``).
 * :func:`monitored_models` -- registered models holding a ``champion`` alias.
@@ -109,7 +109,8 @@ def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> di
 
 def monitored_models(env: Any = None) -> list[str]:
     """Registered models holding a ``champion`` alias, sorted."""
-    from tritonflow.pipelines.canary import CHAMPION_ALIAS, _env
+    from model_registry.registry_entities import CHAMPION_ALIAS
+    from tritonflow.pipelines.canary import _env
 
     env = _env(env)
     client = env.registry().client
@@ -123,7 +124,7 @@ def monitored_models(env: Any = None) -> list[str]:
 def sentinel_rollback(outcome: Mapping[str, Any], *, holder: str = "", env: Any = None) -> dict[str, Any]:
     """Roll the judged champion back to ``previous_champion`` after an ``unhealthy`` outcome.
 
-    The path is the ``canary_rollback`` DAG's (:func:`~tritonflow.pipelines.canary.manual_rollback`)
+    The path is the ``canary_rollback`` DAG's (:func:`~tritonflow.pipelines.canary_rollback.manual_rollback`)
     with ``expected_champion`` = the judged version: when a promotion or a rollback already moved
     ``champion``, nothing changes (``skipped``). The outcome (reason, failed probes) is recorded
     on both MLflow model versions.
@@ -140,7 +141,8 @@ def sentinel_rollback(outcome: Mapping[str, Any], *, holder: str = "", env: Any 
         DataError: ``outcome`` is not an unhealthy outcome.
         RegistryError: No rollback target (``previous_champion`` missing or dangling).
     """
-    from tritonflow.pipelines.canary import _env, _record, manual_rollback
+    from tritonflow.pipelines.canary import _env, _record
+    from tritonflow.pipelines.canary_rollback import manual_rollback
 
     if outcome.get("status") != "unhealthy":
         raise DataError(f"sentinel outcome status={outcome.get('status')!r}: expected 'unhealthy'")

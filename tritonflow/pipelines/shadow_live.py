@@ -3,9 +3,9 @@
 Shadow evaluation, live mode: the challenger answers a mirrored share of the champion's live
 requests; champion and challenger outputs are paired by request id on the same live inputs.
 
-:func:`live` replaces :func:`tritonflow.pipelines.shadow.replay` when a model has live traffic
+:func:`live` replaces :func:`tritonflow.pipelines.shadow_replay.replay` when a model has live traffic
 (``shadow_evaluation`` with ``mode="live"``); replay stays for models without it. It returns the
-same dict, so :func:`tritonflow.pipelines.shadow.compare` decides and records as for a replay:
+same dict, so :func:`tritonflow.pipelines.shadow_compare.compare` decides and records as for a replay:
 
 1. the champion and challenger are resolved as for a replay; the challenger is loaded if needed
    (and unloaded again at the end, only that version);
@@ -18,7 +18,7 @@ same dict, so :func:`tritonflow.pipelines.shadow.compare` decides and records as
 3. the mirrored answers are paired with the champion's logged records (inference log) by
    ``request_id``: clients must log the request id the gateway returns (``X-Request-Id``: their
    own when they send one). The pairs become the predictions file and the challenger's expected
-   predictions (:func:`tritonflow.pipelines.shadow.write_expected`, source ``"live_mirror"``).
+   predictions (:func:`tritonflow.pipelines.shadow_replay.write_expected`, source ``"live_mirror"``).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
         sleep: Waits the window (injected by tests).
 
     Returns:
-        :func:`~tritonflow.pipelines.shadow.replay`'s dict with ``"mode": "live"``, plus
+        :func:`~tritonflow.pipelines.shadow_replay.replay`'s dict with ``"mode": "live"``, plus
         ``"mirror"`` (received/forwarded/failed/dropped counts) and ``"paired"``.
 
     Raises:
@@ -86,18 +86,14 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
     from repository_sync.mirror import MirrorRecorder
     from repository_sync.router import Mirror, TrafficPlan, wait_live
     from repository_sync.triton_client import TritonModelControl
+    from tritonflow.checksums import sha256_file
     from tritonflow.pipelines.canary import DEFAULT_LIVE_TIMEOUT_S, CanaryEnvironment, default_holder
-    from tritonflow.pipelines.shadow import (
+    from tritonflow.pipelines.shadow import _as_info, _endpoint, _settings, log_root, trusted_keys_dir
+    from tritonflow.pipelines.shadow_replay import (
         OUTPUT_PREFIXES,
         PREDICTIONS_FILE,
-        _as_info,
-        _endpoint,
         _run_dir,
         _Served,
-        _settings,
-        log_root,
-        sha256_file,
-        trusted_keys_dir,
         write_expected,
     )
 

@@ -1,0 +1,100 @@
+"""Manual rollback of a model to its ``previous_champion`` (the ``canary_rollback`` DAG).
+
+:func:`manual_rollback` resolves the rollback target from the ``previous_champion`` alias
+(refusing, with the alias and the version named, when it dangles), re-verifies its signature,
+makes sure it is loaded, routes 100 % to it, then moves the alias back and unloads the
+rolled-back version. The health sentinel (:mod:`tritonflow.pipelines.sentinel`) takes the same
+path. The automatic rollback of a failed canary step is :func:`repository_sync.canary.rollback`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from model_registry.registry_entities import CHAMPION_ALIAS
+from tritonflow.exceptions import DataError, RegistryError
+from tritonflow.pipelines.canary import (
+    DEFAULT_LIVE_TIMEOUT_S,
+    CanaryEnvironment,
+    _apply_live,
+    _env,
+    _record,
+    _triton_name,
+    default_holder,
+)
+from tritonflow.pipelines.canary_loading import _unload_version
+
+
+def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder: str = "",
+                    unload_rolled_back: bool = True, expected_champion: int | None = None,
+                    env: CanaryEnvironment | None = None) -> dict[str, Any]:
+    """Roll ``model`` back to its ``previous_champion`` (the Airflow UI's manual rollback).
+
+    Order: resolve the rollback target (never "latest"; a dangling or missing alias stops here
+    with the alias and the version named) -> re-verify its signature and make sure it is
+    loaded -> gateway 100 % to it (and live) -> alias ``champion`` moves back (``previous_champion``
+    is cleared so a second rollback stops) -> the rolled-back version is unloaded.
+
+    Args:
+        model: Registered model name.
+        reason: Why (recorded in the audit trail and on both versions); must not be empty.
+        use_stages: Also move the legacy stages.
+        holder: Who rolls back, written in the promotion lock.
+        unload_rolled_back: Unload the version rolled back from once traffic left it.
+        expected_champion: Roll back only while ``champion`` still names this version (the
+            health sentinel passes the version it judged; read under the promotion lock, so a
+            promotion that finished meanwhile is never undone). Otherwise nothing changes and the
+            result holds ``skipped``.
+        env: Where the systems are (default: from settings).
+
+    Returns:
+        ``{"model", "triton_model", "rolled_back_from", "rolled_back_to", "signature", "weights",
+        "unloaded"}``.
+
+    Raises:
+        RegistryError: No resolvable rollback target (names alias and version).
+        ConcurrencyError: A promotion of the model is in progress (names the holder).
+        SignatureVerificationError: The target's files fail verification; nothing changed.
+    """
+    from repository_sync.locks import promotion_lock
+    from repository_sync.router import TrafficPlan
+
+    if not reason or not str(reason).strip():
+        raise DataError("reason='' is empty: expected why the model is rolled back")
+    env = _env(env)
+    registry = env.registry()
+    with promotion_lock(model, settings=env.settings, holder=holder or default_holder(),
+                        timeout_s=env.settings.promotion_lock_timeout_s):
+        current = registry.aliases(model).get(CHAMPION_ALIAS)
+        if expected_champion is not None and current != int(expected_champion):
+            return {"model": model, "skipped": f"champion is version {current}, not {int(expected_champion)}: "
+                    "nothing rolled back", "rolled_back_from": None, "rolled_back_to": None}
+        target = registry.rollback_target(model)  # refuses, naming alias and version
+        name = _triton_name(target)
+        with env.triton() as tc:
+            info, _ = tc.verify(name, target.version)  # re-verified before any load
+            from repository_sync.model_control import reconcile
+
+            reconcile(tc, name, add=[target.version], config_version=target.version)
+        plan = TrafficPlan.single(name, target.version, name=f"{name}:manual-rollback")
+        _apply_live(env.router(), env.gateway_url, DEFAULT_LIVE_TIMEOUT_S)(plan)
+        registry.rollback(model, use_stages=use_stages, reason=reason)
+        unloaded = False
+        if unload_rolled_back and current is not None and current != target.version:
+            _unload_version(env, name, current, keep_config_of=target.version)
+            unloaded = True
+        record = {"tritonflow.rollback.at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  "tritonflow.rollback.reason": reason,
+                  "tritonflow.rollback.from": str(current), "tritonflow.rollback.to": str(target.version)}
+        _record(registry, model, target.version, record)
+        if current is not None and current != target.version:
+            with contextlib.suppress(RegistryError):
+                _record(registry, model, current, record)
+    return {"model": model, "triton_model": name, "rolled_back_from": current,
+            "rolled_back_to": target.version, "signature": info.signature_digest,
+            "weights": {str(target.version): 100}, "unloaded": unloaded}
+
+
+__all__ = ["manual_rollback"]

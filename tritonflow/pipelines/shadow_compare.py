@@ -1,0 +1,254 @@
+"""Shadow decision: labels joined to the replayed scores, decided and recorded on both versions.
+
+Stage 4 of the shadow evaluation (:mod:`tritonflow.pipelines.shadow` describes the sequence).
+:func:`compare` joins the labels that arrived (inference-log labels joined by ``request_id``) to
+both score vectors of :func:`tritonflow.pipelines.shadow_replay.replay` (or of the live mode) and
+hands them to :func:`model_registry.shadow.evaluate` (paired bootstrap, decision rule from the
+``shadow_*`` settings plus overrides, the champion's reference metric from its
+``tritonflow.reference_<metric>`` version tag). The evidence JSON and the Markdown report are
+written beside the predictions and recorded on BOTH model versions in MLflow (tags
+``tritonflow.shadow.*`` and artifacts). The outcome (``promote_challenger``, ``retrain``,
+``nothing``, ``inconclusive``) drives the DAG's branch.
+
+The challenger's expected predictions are recorded on its model version (artifact and tag
+:data:`EXPECTED_TAG`) and their URI passed in ``canary_conf``, so the canary judges the challenger
+against its own behaviour here rather than against the champion.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from tritonflow.checksums import sha256_file
+from tritonflow.exceptions import DataError, WindowError
+from tritonflow.pipelines.shadow import (
+    SHADOW_TAG_PREFIX,
+    _endpoint,
+    _registry,
+    _settings,
+    drift_event_json,
+    log_root,
+    utc,
+)
+from tritonflow.settings import Settings
+
+#: Decision files written beside the predictions of a shadow run.
+EVIDENCE_FILE = "shadow_evidence.json"
+REPORT_FILE = "shadow_report.md"
+#: Version tag (on the challenger) naming its expected-predictions artifact.
+EXPECTED_TAG = SHADOW_TAG_PREFIX + "expected_uri"
+
+
+def _label_column(labels: Any, label_column: str | None) -> str | None:
+    candidates = [c for c in labels.columns if c not in ("request_id", "timestamp")]
+    if label_column:
+        if label_column not in candidates and len(labels):
+            raise DataError(f"label_column={label_column!r} is not in the labels' columns "
+                            f"{candidates}; expected one of them")
+        return label_column
+    if not candidates:
+        return None
+    if len(candidates) > 1:
+        raise DataError(f"labels have several columns {candidates}; pass label_column= to pick "
+                        "the one the metrics use")
+    return candidates[0]
+
+
+def _read_predictions(replayed: Mapping[str, Any]):
+    import pandas as pd
+
+    for key in ("model", "uri", "window_start", "window_end", "champion"):
+        if key not in replayed:
+            raise DataError(f"replayed lacks key {key!r}; expected the dict replay() returns")
+    path = Path(replayed["uri"])
+    if not path.is_file():
+        raise DataError(f"predictions file {str(path)!r} does not exist (expected replay()'s output; "
+                        "is settings.home shared by the workers?)")
+    if replayed.get("sha256") and sha256_file(path) != replayed["sha256"]:
+        raise DataError(f"predictions file {path} has changed since replay (sha256 differs); "
+                        "expected the file replay() wrote")
+    return pd.read_parquet(path)
+
+
+def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
+            label_column: str | None = None, labels_until: Any = None,
+            rule_overrides: Mapping[str, Any] | None = None,
+            drift_event: Any = None, record: bool = True) -> dict[str, Any]:
+    """Join the labels, decide with :func:`model_registry.shadow.evaluate`, record on both versions.
+
+    Labels are read from the inference log's label partitions for arrivals in
+    ``[window_start, labels_until)`` (default ``window_end + shadow_label_lag_hours``) and joined
+    by ``request_id``; rows without a label count as unlabelled (fewer than ``min_labels`` is
+    ``inconclusive``, never a win).
+
+    Args:
+        replayed: The return value of :func:`replay`.
+        settings: Settings (``shadow_*`` rule fields, MLflow URI, inference-log root).
+        label_column: The label column (default: the labels' only non-key column).
+        labels_until: End of the label arrival window (ISO 8601/datetime).
+        rule_overrides: :class:`model_registry.shadow.DecisionRule` fields that win over the
+            settings (e.g. ``{"min_labels": 50, "confidence": 0.99, "margin": 0.02}``); None values
+            are ignored.
+        drift_event: The drift event that caused the evaluation (mapping or JSON string),
+            passed on in ``retrain_conf``.
+        record: Record the decision on the model versions in MLflow (tags and artifacts).
+
+    Returns:
+        ``{"model", "outcome", "verdict", "champion_degraded", "reasons", "n_rows", "n_labelled",
+        "champion", "challenger", "primary", "evidence_uri", "report_uri", "recorded",
+        "canary_conf", "retrain_conf"}``: ``champion``/``challenger`` are version numbers,
+        ``primary`` the primary metric's comparison (None without one), ``canary_conf`` and
+        ``retrain_conf`` the confs of the DAGs the outcome triggers.
+
+    Raises:
+        DataError: The predictions file is missing or changed, labels are ambiguous or invalid,
+            or a rule override is out of range.
+        WindowError: A label file is malformed.
+    """
+    import pandas as pd
+
+    from drift_checks.inference_log import join_labels, read_labels
+    from model_registry.shadow import DecisionRule, evaluate
+
+    s = _settings(settings)
+    model = replayed["model"]
+    preds = _read_predictions(replayed)
+    champ = replayed["champion"]
+    chal = replayed.get("challenger")
+    start = utc(replayed["window_start"], "window_start")
+    end = utc(replayed["window_end"], "window_end")
+    until = (end + pd.Timedelta(hours=float(s.shadow_label_lag_hours)) if labels_until in (None, "")
+             else utc(labels_until, "labels_until"))
+    if until <= start:
+        raise WindowError(f"labels_until={until.isoformat()} is not after window_start="
+                          f"{start.isoformat()}")
+    labels = read_labels(log_root(s), model, start.to_pydatetime(), until.to_pydatetime(),
+                         endpoint_url=_endpoint(s))
+    column = _label_column(labels, label_column)
+    if column is not None and column in labels.columns:
+        joined = join_labels(preds, labels[["request_id", "timestamp", column]])
+        y = pd.to_numeric(joined[column], errors="coerce").to_numpy(dtype=np.float64)
+    else:
+        joined, y = preds, None
+    overrides = {k: v for k, v in dict(rule_overrides or {}).items() if v is not None}
+    rule = DecisionRule.from_settings(s, **overrides)
+    reference = (champ.get("reference_metrics") or {}).get(rule.primary_metric)
+    challenger_scores = None if chal is None else joined["challenger_score"].to_numpy(np.float64)
+    decision = evaluate(y, joined["champion_score"].to_numpy(np.float64), challenger_scores,
+                        rule=rule, champion_reference=reference)
+
+    champ_v = int(champ["version"])
+    chal_v = None if chal is None else int(chal["version"])
+    evidence = {
+        **decision.evidence(),
+        "model": model,
+        "champion_version": champ_v,
+        "challenger_version": chal_v,
+        "window_start": start.isoformat(),
+        "window_end": end.isoformat(),
+        "labels_until": until.isoformat(),
+        "label_column": column,
+        "predictions_uri": replayed["uri"],
+        "predictions_sha256": replayed.get("sha256"),
+        "evaluated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    run_dir = Path(replayed["uri"]).parent
+    evidence_path = run_dir / EVIDENCE_FILE
+    report_path = run_dir / REPORT_FILE
+    evidence_path.write_text(json.dumps(evidence, sort_keys=True, indent=2, allow_nan=False))
+    report = decision.report_markdown(
+        champion_label=f"{model} v{champ_v} (champion)",
+        challenger_label=(f"{model} v{chal_v} (challenger)" if chal_v is not None else "no challenger"),
+    )
+    report += (f"\nWindow: {start.isoformat()} .. {end.isoformat()} (labels arrived until "
+               f"{until.isoformat()}); predictions: `{replayed['uri']}`.\n")
+    report_path.write_text(report)
+
+    recorded: dict[str, Any] = {}
+    expected_path = replayed.get("expected_uri") if chal_v is not None else None
+    if expected_path and replayed.get("expected_sha256") and Path(expected_path).is_file() \
+            and sha256_file(expected_path) != replayed["expected_sha256"]:
+        raise DataError(f"expected predictions {expected_path} changed since they were written "
+                        "(sha256 differs)")
+    if record:
+        recorded = _record(s, model, evidence, evidence_path, report_path, champ_v, chal_v,
+                           run_dir.name, expected_path)
+    expected_ref = (recorded.get("challenger") or {}).get("expected_uri") or expected_path
+    primary = decision.comparisons.get(rule.primary_metric)
+    primary_dict = None
+    if primary is not None:
+        primary_dict = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                        for k, v in primary.__dict__.items()}
+    outcome = decision.outcome.value
+    return {
+        "model": model,
+        "outcome": outcome,
+        "verdict": decision.verdict.value,
+        "champion_degraded": decision.champion_degraded,
+        "reasons": list(decision.reasons),
+        "n_rows": decision.n_rows,
+        "n_labelled": decision.n_labelled,
+        "champion": champ_v,
+        "challenger": chal_v,
+        "primary": primary_dict,
+        "evidence_uri": str(evidence_path),
+        "report_uri": str(report_path),
+        "recorded": recorded,
+        "canary_conf": {"model": model, "challenger": None if chal_v is None else str(chal_v),
+                        **({"expected_predictions": expected_ref} if expected_ref else {})},
+        "retrain_conf": {
+            "model": model,
+            "reason": "champion_degraded" if decision.champion_degraded else "shadow_" + outcome,
+            "drift_event": drift_event_json(drift_event),
+        },
+    }
+
+
+def _record(settings: Settings, model: str, evidence: Mapping[str, Any], evidence_path: Path,
+            report_path: Path, champion: int, challenger: int | None, run_name: str,
+            expected_path: str | None = None) -> dict[str, Any]:
+    """Record the shadow decision on the champion and challenger versions.
+
+    Tags and artifacts of the decision on the champion and the challenger versions (and the
+    challenger's expected predictions on the challenger, tag :data:`EXPECTED_TAG`).
+    """
+    registry = _registry(settings)
+    compact = json.dumps(evidence, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    out: dict[str, Any] = {}
+    roles = [("champion", champion, challenger)]
+    if challenger is not None:
+        roles.append(("challenger", challenger, champion))
+    for role, version, other in roles:
+        ref = registry.get_version(model, version)
+        artifact_path = f"shadow/{run_name}"
+        evidence_uri = registry.log_version_artifact(ref, evidence_path, artifact_path)
+        report_uri = registry.log_version_artifact(ref, report_path, artifact_path)
+        tags = {
+            SHADOW_TAG_PREFIX + "outcome": evidence["outcome"],
+            SHADOW_TAG_PREFIX + "verdict": evidence["verdict"],
+            SHADOW_TAG_PREFIX + "role": role,
+            SHADOW_TAG_PREFIX + "compared_with": "" if other is None else str(other),
+            SHADOW_TAG_PREFIX + "window": f"{evidence['window_start']}/{evidence['window_end']}",
+            SHADOW_TAG_PREFIX + "n_labelled": str(evidence["n_labelled"]),
+            SHADOW_TAG_PREFIX + "evaluated_at": evidence["evaluated_at"],
+            SHADOW_TAG_PREFIX + "evidence": compact,
+            SHADOW_TAG_PREFIX + "evidence_uri": evidence_uri,
+            SHADOW_TAG_PREFIX + "report_uri": report_uri,
+        }
+        out[role] = {"version": version, "evidence_uri": evidence_uri, "report_uri": report_uri,
+                     "run_id": registry.publish_run_id(ref)}  # the run holding the files above
+        if role == "challenger" and expected_path:
+            expected_uri = registry.log_version_artifact(ref, expected_path, artifact_path)
+            tags[EXPECTED_TAG] = expected_uri
+            out[role]["expected_uri"] = expected_uri
+        registry.set_version_tags(ref, tags)
+    return out
+
+
+__all__ = ["EXPECTED_TAG", "compare"]

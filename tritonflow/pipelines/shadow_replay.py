@@ -1,0 +1,403 @@
+"""Shadow replay: a window of logged inputs sent to the champion and the challenger on Triton.
+
+Stage 3 of the shadow evaluation (:mod:`tritonflow.pipelines.shadow` describes the sequence).
+:func:`replay` sends the logged inputs of a window of the inference log to BOTH versions on
+Triton, in chunks of ``max_batch_size`` rows on a small thread pool (one HTTP client per thread:
+tritonclient's clients are not thread-safe). The champion is never unloaded; a challenger this
+stage loaded is unloaded again afterwards (only that version: the model is reloaded with the
+versions READY before). A challenger that fails to load or to answer raises
+:class:`~tritonflow.exceptions.ChallengerUnavailableError` with the reason. Both versions' scores
+are stored as Parquet (:data:`PREDICTION_COLUMNS`) under ``<settings.home>/shadow/<model>/<run>/``.
+
+Both :func:`replay` and the live mode (:func:`tritonflow.pipelines.shadow_live.live`) also write
+the challenger's *expected predictions* (:func:`write_expected`, :data:`EXPECTED_FILE`: its score
+and the inputs of every row), which :func:`tritonflow.pipelines.shadow_compare.compare` records on
+the challenger's model version for the canary.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from tritonflow.checksums import sha256_file
+from tritonflow.exceptions import (
+    ChallengerUnavailableError,
+    DataError,
+    InferenceRequestError,
+    ServiceUnavailableError,
+    TransientError,
+    WindowError,
+)
+from tritonflow.pipelines.shadow import _as_info, _endpoint, _settings, log_root, trusted_keys_dir, utc
+from tritonflow.settings import Settings
+
+#: Folder under ``settings.home`` holding one sub-folder per shadow run.
+SHADOW_DIR = "shadow"
+#: Predictions file inside a shadow run folder.
+PREDICTIONS_FILE = "predictions.parquet"
+#: Output preferred as the score (skl2onnx classifiers without ZipMap expose it, shape [N, C]).
+PREFERRED_OUTPUT = "probabilities"
+#: Columns of the predictions file (scores are positive-class probabilities or predictions).
+PREDICTION_COLUMNS = ("request_id", "timestamp", "model_version", "champion_score",
+                      "challenger_score")
+#: The challenger's expected predictions (score and inputs per row), read by the canary.
+EXPECTED_FILE = "challenger_expected.parquet"
+#: Logged columns that are outputs, not inputs (names starting with these).
+OUTPUT_PREFIXES = ("prediction", "probabilit", "score")
+#: Triton datatypes the score output may have.
+_FLOAT_TYPES = {"FP16", "FP32", "FP64"}
+
+
+# ----------------------------------------------------------------------------- 3. replay
+class _Served:
+    """What one version looks like on Triton: inputs, score output, batch size."""
+
+    def __init__(self, control: Any, name: str, version: int) -> None:
+        self.name, self.version = name, int(version)
+        self.specs = control.input_specs(name, self.version)
+        meta = control.client.get_model_metadata(name, str(self.version))
+        outputs = [(o["name"], o["datatype"]) for o in meta["outputs"]]
+        names = [n for n, _ in outputs]
+        if PREFERRED_OUTPUT in names:
+            self.output = PREFERRED_OUTPUT
+        else:
+            floats = [n for n, t in outputs if t in _FLOAT_TYPES]
+            if not floats:
+                raise DataError(f"model '{name}' version {version} has no floating-point output "
+                                f"to score (outputs {outputs}); expected e.g. {PREFERRED_OUTPUT!r}")
+            self.output = floats[0]
+        self.max_batch = int(control.model_config(name).get("max_batch_size", 0))
+
+
+def _scores(array: np.ndarray, where: str) -> np.ndarray:
+    a = np.asarray(array, dtype=np.float64)
+    if a.ndim == 2 and a.shape[1] == 2:
+        return a[:, 1]
+    if a.ndim == 2 and a.shape[1] == 1:
+        return a[:, 0]
+    if a.ndim == 1:
+        return a
+    raise DataError(f"{where}: output shape {a.shape}; expected (n,), (n, 1) or (n, 2) scores")
+
+
+class _ClientPool:
+    """One ``tritonclient.http.InferenceServerClient`` per worker thread."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.url, self.timeout_s = url, timeout_s
+        self._local = threading.local()
+        self._all: list[Any] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            import tritonclient.http as httpclient
+
+            client = httpclient.InferenceServerClient(
+                url=self.url, connection_timeout=30.0, network_timeout=self.timeout_s)
+            self._local.client = client
+            with self._lock:
+                self._all.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self._all:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - best-effort cleanup
+                pass
+
+
+def _infer_chunk(pool: _ClientPool, served: _Served, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+    req = []
+    for spec in served.specs:
+        arr = arrays[spec.name]
+        dtype = spec.datatype if spec.datatype == "BYTES" else np_to_triton_dtype(arr.dtype)
+        item = httpclient.InferInput(spec.name, list(arr.shape), dtype)
+        item.set_data_from_numpy(arr, binary_data=True)
+        req.append(item)
+    out = [httpclient.InferRequestedOutput(served.output, binary_data=True)]
+    try:
+        result = pool.get().infer(served.name, req, model_version=str(served.version), outputs=out)
+    except InferenceServerException as exc:
+        raise InferenceRequestError(
+            f"inference on model '{served.name}' version {served.version} failed: {exc.message()}"
+        ) from None
+    except (ConnectionError, OSError) as exc:
+        raise ServiceUnavailableError(f"Triton at {pool.url} unreachable: {exc}") from exc
+    return result.as_numpy(served.output)
+
+
+def _replay_one(executor: ThreadPoolExecutor, pool: _ClientPool, served: _Served,
+                arrays: Mapping[str, np.ndarray], n_rows: int) -> list[Any]:
+    step = served.max_batch if served.max_batch > 0 else max(n_rows, 1)
+    futures = []
+    for start in range(0, n_rows, step):
+        chunk = {k: v[start:start + step] for k, v in arrays.items()}
+        futures.append(executor.submit(_infer_chunk, pool, served, chunk))
+    return futures
+
+
+def _gather(futures: list[Any], where: str) -> np.ndarray:
+    parts = [_scores(f.result(), where) for f in futures]
+    return np.concatenate(parts) if parts else np.empty(0)
+
+
+def _inputs(frame: Any, info: Mapping[str, Any], served: _Served, role: str):
+    """Request arrays for ``served`` from the logged rows (signature columns, in order)."""
+    from repository_sync.triton_client import frame_to_inputs
+
+    columns = list(info.get("input_columns") or [])
+    if columns:
+        missing = [c for c in columns if c not in frame.columns]
+        if missing:
+            raise WindowError(f"{role} v{info['version']} needs input columns {missing} that the "
+                              f"inference log lacks; it has {list(frame.columns)}")
+        source = frame.loc[:, columns]
+    else:
+        names = [s.name for s in served.specs]
+        missing = [n for n in names if n not in frame.columns]
+        if missing:
+            raise WindowError(f"{role} v{info['version']} has a tensor signature with inputs "
+                              f"{names}; the inference log lacks columns {missing}")
+        source = frame.loc[:, names]
+    return frame_to_inputs(source.reset_index(drop=True), served.specs)
+
+
+def _run_dir(settings: Settings, model: str) -> Path:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = Path(settings.home) / SHADOW_DIR / model / f"{stamp}-{uuid.uuid4().hex[:8]}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_expected(run_dir: Path, rows: Any, scores: np.ndarray, info: Mapping[str, Any],
+                   source: str) -> dict[str, Any]:
+    """Write the challenger's expected predictions.
+
+    Write the challenger's expected predictions: ``request_id``, ``timestamp``,
+    ``expected_score``, ``source`` and the inputs of each row (the signature's columns, else the
+    log's numeric columns that are not outputs).
+
+    Returns:
+        ``{"expected_uri", "expected_sha256", "expected_rows"}``.
+    """
+    import pandas as pd
+
+    from repository_sync.canary_checks import EXPECTED_SCORE_COLUMN
+
+    columns = [c for c in (info.get("input_columns") or []) if c in rows.columns]
+    if not columns:
+        columns = [c for c in rows.columns
+                   if c not in ("request_id", "timestamp", "model_version")
+                   and not str(c).lower().startswith(OUTPUT_PREFIXES)
+                   and pd.api.types.is_numeric_dtype(rows[c])]
+    frame = pd.DataFrame({
+        "request_id": rows["request_id"].astype(str).to_numpy(),
+        "timestamp": pd.to_datetime(rows["timestamp"], utc=True).to_numpy(),
+        EXPECTED_SCORE_COLUMN: np.asarray(scores, dtype=np.float64),
+        "source": source,
+    })
+    for c in columns:
+        frame[c] = pd.to_numeric(rows[c], errors="coerce").to_numpy(dtype=np.float64)
+    path = Path(run_dir) / EXPECTED_FILE
+    frame.to_parquet(path, index=False)
+    return {"expected_uri": str(path), "expected_sha256": sha256_file(path), "expected_rows": len(frame)}
+
+
+def replay(model: str, champion: Any, challenger: Any, window_start: Any, window_end: Any, *,
+           settings: Settings | None = None, max_rows: int | None = None,
+           concurrency: int | None = None) -> dict[str, Any]:
+    """Replay a window of logged inputs through the champion and the challenger on Triton.
+
+    Args:
+        model: Registered model name (also the inference log's model folder).
+        champion: The champion's info from :func:`resolve_versions`, or its version number.
+        challenger: The challenger's info, its version/alias, or None (champion alone).
+        window_start: Start of the window, inclusive (ISO 8601 or datetime; naive = UTC).
+        window_end: End of the window, exclusive.
+        settings: Settings: Triton HTTP URL, repository and trusted keys (for verified loads),
+            inference-log root, ``shadow_replay_concurrency``, ``shadow_max_replay_rows``.
+        max_rows: Most rows replayed, the most recent kept (default ``shadow_max_replay_rows``).
+        concurrency: Concurrent requests (default ``shadow_replay_concurrency``).
+
+    Returns:
+        ``{"model", "uri", "sha256", "bytes", "rows", "invalid_rows", "window_start",
+        "window_end", "champion", "challenger", "outputs", "champion_loaded",
+        "challenger_loaded", "challenger_unloaded", "seconds", "mode"}``; ``uri`` is the Parquet
+        file of :data:`PREDICTION_COLUMNS` (``challenger_score`` NaN without a challenger); with a
+        challenger also ``"expected_uri"``, ``"expected_sha256"``, ``"expected_rows"``
+        (:func:`write_expected`).
+
+    Raises:
+        WindowError: Bad bounds, no logged row in the window, or the log lacks input columns.
+        ChallengerUnavailableError: The challenger failed to load or to answer; the champion was
+            left loaded and the challenger unloaded if this call loaded it.
+        InferenceRequestError: The champion refused a request.
+        TransientError: Triton did not answer or a load timed out (retry later).
+    """
+    import pandas as pd
+
+    from drift_checks.inference_log import read_window
+    from repository_sync.triton_client import TritonModelControl
+
+    s = _settings(settings)
+    t0 = time.monotonic()
+    start, end = utc(window_start, "window_start"), utc(window_end, "window_end")
+    if end <= start:
+        raise WindowError(f"window_end={end.isoformat()} is not after window_start="
+                          f"{start.isoformat()}; expected start < end")
+    champ = _as_info(model, champion, s, "champion")
+    chal = None if challenger in (None, "") else _as_info(model, challenger, s, "challenger")
+    # read only where a challenger exists (loaded, replayed): never the empty default
+    chal_info: dict[str, Any] = chal if chal is not None else {}
+    max_rows = int(s.shadow_max_replay_rows if max_rows is None else max_rows)
+    workers = int(s.shadow_replay_concurrency if concurrency is None else concurrency)
+    if max_rows < 1 or workers < 1:
+        raise DataError(f"max_rows={max_rows}, concurrency={workers}; expected both >= 1")
+
+    root = log_root(s)
+    window = read_window(root, model, start.to_pydatetime(), end.to_pydatetime(),
+                         endpoint_url=_endpoint(s))
+    if window.empty:
+        raise WindowError(f"inference log of model {model!r} under {root} has no record in "
+                          f"[{start.isoformat()}, {end.isoformat()}); nothing to replay")
+    frame = window.frame
+    if len(frame) > max_rows:
+        frame = frame.iloc[-max_rows:]
+    frame = frame.reset_index(drop=True)
+
+    from repository_sync.coordination import coordination_store
+
+    control = TritonModelControl(s.triton_http_url, repository=s.resolved_repository_uri,
+                                 trusted_keys=str(trusted_keys_dir(s)),
+                                 endpoint_url=_endpoint(s), load_timeout_s=s.load_timeout_s,
+                                 coordination=coordination_store(s), holder=f"shadow_evaluation/{model}")
+    cname, cver = champ["triton_model_name"], int(champ["triton_model_version"])
+    champion_loaded = challenger_loaded = challenger_unloaded = False
+    pool = _ClientPool(s.triton_http_url, max(60.0, s.load_timeout_s))
+    try:
+        if cver not in control.ready_versions(cname):
+            control.load(cname, cver, keep_loaded=True)  # the champion must serve anyway
+            champion_loaded = True
+        before: list[int] = []
+        if chal is not None:
+            xname, xver = chal["triton_model_name"], int(chal["triton_model_version"])
+            before = control.ready_versions(xname)
+            if xver not in before:
+                try:
+                    control.load(xname, xver, keep_loaded=True, purpose="evaluation")
+                except TransientError:
+                    raise
+                except DataError as exc:
+                    raise ChallengerUnavailableError(
+                        f"challenger {model!r} v{chal['version']} (Triton '{xname}' version {xver}) "
+                        f"could not be loaded: {exc}; the champion v{champ['version']} is untouched"
+                    ) from exc
+                challenger_loaded = True
+        try:
+            served_c = _Served(control, cname, cver)
+            served_x = None
+            if chal is not None:
+                try:
+                    served_x = _Served(control, chal["triton_model_name"],
+                                       int(chal["triton_model_version"]))
+                except Exception as exc:  # noqa: BLE001
+                    raise ChallengerUnavailableError(
+                        f"challenger {model!r} v{chal['version']} did not describe itself: {exc}"
+                    ) from exc
+            arrays_c, rows_c, bad_c = _inputs(frame, champ, served_c, "champion")
+            rows = rows_c
+            bad = dict(bad_c)
+            if served_x is not None:
+                arrays_x, rows_x, bad_x = _inputs(frame, chal_info, served_x, "challenger")
+                bad.update(dict(bad_x))
+                rows = sorted(set(rows_c) & set(rows_x))
+                arrays_x = {k: v[np.searchsorted(rows_x, rows)] for k, v in arrays_x.items()}
+            arrays_c = {k: v[np.searchsorted(rows_c, rows)] for k, v in arrays_c.items()}
+            if not rows:
+                raise WindowError(f"none of the {len(frame)} logged rows of {model!r} is valid "
+                                  f"input (first problems: {sorted(bad.items())[:5]})")
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shadow-replay") as ex:
+                fut_c = _replay_one(ex, pool, served_c, arrays_c, len(rows))
+                fut_x = (_replay_one(ex, pool, served_x, arrays_x, len(rows))
+                         if served_x is not None else [])
+                scores_c = _gather(fut_c, f"champion v{champ['version']}")
+                try:
+                    scores_x = (_gather(fut_x, f"challenger v{chal_info['version']}")
+                                if served_x is not None else None)
+                except TransientError:
+                    raise
+                except Exception as exc:  # noqa: BLE001
+                    raise ChallengerUnavailableError(
+                        f"challenger {model!r} v{chal_info['version']} did not answer: {exc}; the "
+                        f"champion v{champ['version']} is untouched"
+                    ) from exc
+        except BaseException as exc:
+            if challenger_loaded:
+                try:
+                    control.unload_versions(chal_info["triton_model_name"], [int(chal_info["triton_model_version"])])
+                    challenger_unloaded = True
+                except Exception as cleanup:  # noqa: BLE001 - keep the original error
+                    exc.add_note(f"unloading the challenger failed too: {cleanup}")
+            raise
+        if challenger_loaded:
+            control.unload_versions(chal_info["triton_model_name"], [int(chal_info["triton_model_version"])])
+            challenger_unloaded = True
+        control.wait_ready(cname, cver)  # the champion still serves
+    finally:
+        pool.close()
+        control.close()
+
+    out = frame.iloc[rows]
+    predictions = pd.DataFrame({
+        "request_id": out["request_id"].astype(str).to_numpy(),
+        "timestamp": out["timestamp"].to_numpy(),
+        "model_version": out["model_version"].to_numpy() if "model_version" in out else -1,
+        "champion_score": scores_c,
+        "challenger_score": scores_x if scores_x is not None else np.full(len(rows), np.nan),
+    })
+    predictions["timestamp"] = pd.to_datetime(predictions["timestamp"], utc=True)
+    run_dir = _run_dir(s, model)
+    path = run_dir / PREDICTIONS_FILE
+    predictions.to_parquet(path, index=False)
+    expected = (write_expected(run_dir, out, scores_x, chal_info, "shadow_replay")
+                if scores_x is not None else {})
+    return {
+        **expected,
+        "mode": "replay",
+        "model": model,
+        "uri": str(path),
+        "sha256": sha256_file(path),
+        "bytes": path.stat().st_size,
+        "rows": len(rows),
+        "invalid_rows": len(frame) - len(rows),
+        "window_start": start.isoformat(),
+        "window_end": end.isoformat(),
+        "champion": champ,
+        "challenger": chal,
+        "outputs": {"champion": served_c.output,
+                    "challenger": served_x.output if served_x is not None else None},
+        "champion_loaded": champion_loaded,
+        "challenger_loaded": challenger_loaded,
+        "challenger_unloaded": challenger_unloaded,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+
+
+__all__ = [
+    "EXPECTED_FILE", "OUTPUT_PREFIXES", "PREDICTIONS_FILE", "PREDICTION_COLUMNS", "replay",
+    "write_expected",
+]
