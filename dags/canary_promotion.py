@@ -7,13 +7,13 @@ and without network).
 
 from __future__ import annotations
 
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Param, get_current_context, task
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG, TIMEOUTS
-from tritonflow_plugin.errors import fail_fast_on_bad_data, when_lock_held
-from tritonflow_plugin.links import record_link_info, task_with_links
+from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, TIMEOUTS
+from tritonflow_plugin.links import record_link_info
 from tritonflow_plugin.registry_watcher import registry_asset, registry_conf_from_context
+from tritonflow_plugin.wiring import data_task, tritonflow_dag
 from tritonflow_plugin.xcom import limit_xcom_size
 
 #: Largest bake time a run may ask for (seconds).
@@ -117,23 +117,11 @@ def _request(params: dict, context) -> dict:
     return req
 
 
-@dag(
-    dag_id="canary_promotion",
-    schedule=[registry_asset("canary_promotion")],
-    start_date=START_DATE,
-    catchup=False,
-    max_active_runs=1,
-    default_args=DEFAULT_ARGS,
-    tags=[TAG, "canary"],
-    description=DESCRIPTION,
-    doc_md=DOC_MD,
-    params=PARAMS,
-)
+@tritonflow_dag("canary_promotion", schedule=[registry_asset("canary_promotion")], topics=["canary"],
+                description=DESCRIPTION, doc_md=DOC_MD, params=PARAMS)
 def canary_promotion():
     """Canary-promote a challenger through the gateway, with automatic rollback."""
-    @task(execution_timeout=TIMEOUTS.promotion_step)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(execution_timeout=TIMEOUTS.promotion_step)
     def resolve_versions() -> dict:
         """Resolve challenger/champion; refuse a schedule the promotion task cannot hold."""
         from repository_sync.canary import parse_steps
@@ -157,9 +145,7 @@ def canary_promotion():
                 "use_stages": bool(req["use_stages"]), "dry_run": bool(req["dry_run"]),
                 "expected_predictions": req.get("expected_predictions") or None}
 
-    @task(execution_timeout=TIMEOUTS.promotion_step)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(execution_timeout=TIMEOUTS.promotion_step)
     def preflight(plan: dict) -> dict:
         """Enough GPU/host memory for the challenger beside the champion; traffic untouched."""
         if plan["noop"] or plan["champion"] == plan["challenger"]:
@@ -168,9 +154,7 @@ def canary_promotion():
 
         return check(plan["model"], plan["champion"], plan["challenger"], triton_model=plan["triton_model"])
 
-    @task(execution_timeout=TIMEOUTS.promotion_step)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(execution_timeout=TIMEOUTS.promotion_step)
     def load_side_by_side(plan: dict, memory: dict) -> dict:
         """Signatures re-verified, champion and challenger loaded side by side."""
         if plan["noop"] or plan["dry_run"] or plan["champion"] == plan["challenger"]:
@@ -180,10 +164,7 @@ def canary_promotion():
         return ensure_loaded(plan["model"], [plan["champion"], plan["challenger"]],
                              triton_model=plan["triton_model"])
 
-    @task_with_links(execution_timeout=TIMEOUTS.canary, retries=0, outlets=[CHAMPION_CHANGED])
-    @fail_fast_on_bad_data
-    @when_lock_held("fail")
-    @limit_xcom_size
+    @data_task(links=True, when_locked="fail", execution_timeout=TIMEOUTS.canary, retries=0, outlets=[CHAMPION_CHANGED])
     def canary(plan: dict, loaded: dict) -> dict:
         """Steps with analysis under the promotion lock; promote at 100 % or roll back."""
         from tritonflow.pipelines.canary_promotion import run_promotion

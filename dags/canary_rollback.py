@@ -6,13 +6,12 @@ task so the file parses fast and without network).
 
 from __future__ import annotations
 
-from airflow.sdk import Param, dag, get_current_context
+from airflow.sdk import Param, get_current_context
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG, TIMEOUTS
-from tritonflow_plugin.errors import fail_fast_on_bad_data, when_lock_held
-from tritonflow_plugin.links import record_link_info, task_with_links
-from tritonflow_plugin.xcom import limit_xcom_size
+from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, TIMEOUTS
+from tritonflow_plugin.links import record_link_info
+from tritonflow_plugin.wiring import data_task, tritonflow_dag
 
 DESCRIPTION = "Put a model back on its previous champion version: traffic first, then the alias."
 
@@ -43,24 +42,12 @@ PARAMS = {
 }
 
 
-@dag(
-    dag_id="canary_rollback",
-    schedule=None,
-    start_date=START_DATE,
-    catchup=False,
-    max_active_runs=1,
-    default_args=DEFAULT_ARGS,
-    tags=[TAG, "canary"],
-    description=DESCRIPTION,
-    doc_md=DOC_MD,
-    params=PARAMS,
-)
+@tritonflow_dag("canary_rollback", schedule=None, topics=["canary"], description=DESCRIPTION, doc_md=DOC_MD,
+                params=PARAMS)
 def canary_rollback():
     """Roll a model back to its previous champion (gateway first, then the alias)."""
-    @task_with_links(execution_timeout=TIMEOUTS.rollback, retries=1, outlets=[CHAMPION_CHANGED])
-    @fail_fast_on_bad_data
-    @when_lock_held("fail")
-    @limit_xcom_size
+    @data_task(links=True, when_locked="fail", execution_timeout=TIMEOUTS.rollback, retries=1,
+               outlets=[CHAMPION_CHANGED])
     def rollback() -> dict:
         """Gateway to the rollback target first, then the alias, then unload the old champion."""
         from tritonflow.exceptions import SettingsError

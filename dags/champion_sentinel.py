@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Param, get_current_context, task
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, DEFAULT_ARGS, START_DATE, TAG, TIMEOUTS
+from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, TIMEOUTS
 from tritonflow_plugin.sentinel import ChampionSentinelOperator
+from tritonflow_plugin.wiring import tritonflow_dag
 from tritonflow_plugin.xcom import limit_xcom_size
 
 #: Sentinels end at each multiple of this period (UTC) and the scheduled run restarts them with
@@ -42,6 +43,13 @@ all. The sentinels wait in Airflow's triggerer, so they hold no worker slot.
 """
 
 
+PARAMS = {
+    "models": Param([], type="array", items={"type": "string"}, title="Models",
+                    description="Registered MLflow models to watch, one per line. Empty: every model with "
+                                "a champion."),
+}
+
+
 def _schedule():
     from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable
 
@@ -49,22 +57,8 @@ def _schedule():
                                assets=CHAMPION_CHANGED)
 
 
-@dag(
-    dag_id="champion_sentinel",
-    schedule=_schedule(),
-    start_date=START_DATE,
-    catchup=False,
-    max_active_runs=64,
-    default_args=DEFAULT_ARGS,
-    tags=[TAG, "canary", "sentinel"],
-    description=DESCRIPTION,
-    doc_md=DOC_MD,
-    params={
-        "models": Param([], type="array", items={"type": "string"}, title="Models",
-                        description="Registered MLflow models to watch, one per line. Empty: every model with "
-                                    "a champion."),
-    },
-)
+@tritonflow_dag("champion_sentinel", schedule=_schedule(), topics=["canary", "sentinel"],
+                description=DESCRIPTION, doc_md=DOC_MD, params=PARAMS, max_active_runs=64)
 def champion_sentinel():
     """Watch the champions' health after a change and roll back an unhealthy one."""
     @task(execution_timeout=TIMEOUTS.listing)

@@ -9,14 +9,13 @@ receiver or the registry watcher). No settings are read at parse time.
 
 from __future__ import annotations
 
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Param, get_current_context, task
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, MODEL_PUBLISHED, START_DATE, TAG, TIMEOUTS
-from tritonflow_plugin.errors import fail_fast_on_bad_data
-from tritonflow_plugin.links import record_link_info, task_with_links
+from tritonflow_plugin.dag_defaults import MODEL_PUBLISHED, TIMEOUTS
+from tritonflow_plugin.links import record_link_info
 from tritonflow_plugin.registry_watcher import registry_asset
-from tritonflow_plugin.wiring import fire_and_forget_mapped
+from tritonflow_plugin.wiring import data_task, fire_and_forget_mapped, tritonflow_dag
 from tritonflow_plugin.xcom import limit_xcom_size
 
 DAG_ID = "model_publish"
@@ -104,23 +103,11 @@ def _settings():
     return get_settings()
 
 
-@dag(
-    dag_id=DAG_ID,
-    schedule=registry_asset(DAG_ID),
-    start_date=START_DATE,
-    catchup=False,
-    max_active_runs=1,
-    default_args=DEFAULT_ARGS,
-    tags=[TAG, "publish"],
-    description=DESCRIPTION,
-    doc_md=DOC_MD,
-    params=PARAMS,
-)
+@tritonflow_dag(DAG_ID, schedule=registry_asset(DAG_ID), topics=["publish"], description=DESCRIPTION,
+                doc_md=DOC_MD, params=PARAMS)
 def model_publish():
     """Convert, validate, sign and publish a registered model version to Triton."""
-    @task_with_links(execution_timeout=TIMEOUTS.short)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(links=True, execution_timeout=TIMEOUTS.short)
     def resolve() -> dict:
         """Model + version/alias (params, or the registry event) -> one model version."""
         from tritonflow.exceptions import SettingsError
@@ -156,9 +143,7 @@ def model_publish():
         return {**state, "then": then,
                 "loop": loop.model_dump(mode="json", exclude_none=True) if loop is not None else None}
 
-    @task_with_links(execution_timeout=TIMEOUTS.convert)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(links=True, execution_timeout=TIMEOUTS.convert)
     def convert_and_validate(state: dict) -> dict:
         """Convert, check, build config.pbtxt, parity gate (rejects the version on failure)."""
         from tritonflow.pipelines import publish_validate
@@ -175,9 +160,7 @@ def model_publish():
             export_format=params.get("export_format") or "onnx", settings=settings,
         )
 
-    @task_with_links(execution_timeout=TIMEOUTS.profile)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(links=True, execution_timeout=TIMEOUTS.profile)
     def profile(state: dict) -> dict:
         """Model Analyzer bounded sweep; keeps the generated config when off or unavailable."""
         from tritonflow.pipelines import publish_profile
@@ -187,9 +170,7 @@ def model_publish():
         return publish_profile.profile(state, enabled=_flag(params.get("profile"), _settings().publish_profile),
                                        settings=_settings())
 
-    @task(execution_timeout=TIMEOUTS.profile)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(execution_timeout=TIMEOUTS.profile)
     def perf_gate(state: dict) -> dict:
         """p99 regression gate: challenger vs champion on one Triton, interleaved perf_analyzer passes."""
         from tritonflow.pipelines import publish_profile
@@ -199,9 +180,7 @@ def model_publish():
             state, enabled=_flag(params.get("perf_gate"), _settings().publish_perf_gate),
             repository_uri=params.get("repository") or None, settings=_settings())
 
-    @task(execution_timeout=TIMEOUTS.push)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(execution_timeout=TIMEOUTS.push)
     def sign_and_push(state: dict) -> dict:
         """Sign (model-signing) and push atomically; verified at the destination."""
         from tritonflow.pipelines import publish_signing
@@ -210,9 +189,7 @@ def model_publish():
         return publish_signing.sign_and_push(state, repository_uri=params.get("repository") or None,
                                              settings=_settings())
 
-    @task_with_links(execution_timeout=TIMEOUTS.load)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(links=True, execution_timeout=TIMEOUTS.load)
     def load_and_smoke(state: dict) -> dict:
         """Verify, load (explicit mode), wait READY, smoke inference vs the source model."""
         from tritonflow.pipelines import publish as pipeline
@@ -223,9 +200,7 @@ def model_publish():
                          triton_http_url=out["triton_url"])
         return out
 
-    @task_with_links(execution_timeout=TIMEOUTS.short, outlets=[MODEL_PUBLISHED])
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(links=True, execution_timeout=TIMEOUTS.short, outlets=[MODEL_PUBLISHED])
     def record(state: dict) -> dict:
         """Publish record on the MLflow version, drift reference; event on MODEL_PUBLISHED."""
         from tritonflow.pipelines import publish_record

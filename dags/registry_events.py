@@ -8,15 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Param, get_current_context
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, START_DATE, TAG, TIMEOUTS
-from tritonflow_plugin.errors import fail_fast_on_bad_data
+from tritonflow_plugin.dag_defaults import TIMEOUTS
 from tritonflow_plugin.event_mapping import CHANGE_KINDS
 from tritonflow_plugin.registry_watcher import registry_asset
-from tritonflow_plugin.wiring import fire_and_forget_mapped
-from tritonflow_plugin.xcom import limit_xcom_size
+from tritonflow_plugin.wiring import data_task, fire_and_forget_mapped, tritonflow_dag
 
 DAG_ID = "registry_events"
 #: Watcher mapping that routes *every* registry change to this DAG, so the watcher's seen-state
@@ -80,23 +78,11 @@ def _run_id(dag_id: str, change: dict, stamp: str) -> str:
     return f"registry__{change.get('kind', 'change')}__{digest}"
 
 
-@dag(
-    dag_id=DAG_ID,
-    schedule=registry_asset(DAG_ID, watch=True, mapping_path=str(WATCH_ALL_MAPPING)),
-    start_date=START_DATE,
-    catchup=False,
-    max_active_runs=1,
-    default_args=DEFAULT_ARGS,
-    tags=[TAG, "registry"],
-    description=DESCRIPTION,
-    doc_md=DOC_MD,
-    params=PARAMS,
-)
+@tritonflow_dag(DAG_ID, schedule=registry_asset(DAG_ID, watch=True, mapping_path=str(WATCH_ALL_MAPPING)),
+                topics=["registry"], description=DESCRIPTION, doc_md=DOC_MD, params=PARAMS)
 def registry_events():
     """Map MLflow registry changes to the DAGs they call for and trigger them."""
-    @task(execution_timeout=TIMEOUTS.event_mapping, retries=0)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(execution_timeout=TIMEOUTS.event_mapping, retries=0)
     def map_changes(params=None) -> list[dict]:
         """Registry changes of this run -> ``[{trigger_dag_id, trigger_run_id, conf}]``."""
         import logging

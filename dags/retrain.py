@@ -8,13 +8,13 @@ setting in effect when the run starts.
 
 from __future__ import annotations
 
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Param, get_current_context
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, START_DATE, TAG, TIMEOUTS
+from tritonflow_plugin.dag_defaults import TIMEOUTS
 from tritonflow_plugin.errors import fail_fast_on_bad_data, when_lock_held
 from tritonflow_plugin.links import record_version_links, task_with_links
-from tritonflow_plugin.wiring import fire_and_forget
+from tritonflow_plugin.wiring import data_task, fire_and_forget, tritonflow_dag
 from tritonflow_plugin.xcom import limit_xcom_size
 
 #: Environment variable of the optional schedule (read at parse time: Airflow schedules from it).
@@ -85,24 +85,11 @@ def _reason(params, context) -> str:
     return "schedule" if reason == "manual" and run_type.endswith("scheduled") else reason
 
 
-@dag(
-    dag_id="retrain",
-    schedule=_schedule(),
-    start_date=START_DATE,
-    catchup=False,
-    max_active_runs=1,
-    default_args=DEFAULT_ARGS,
-    tags=[TAG, "retrain"],
-    description=DESCRIPTION,
-    doc_md=DOC_MD,
-    params=PARAMS,
-    render_template_as_native_obj=True,
-)
+@tritonflow_dag("retrain", schedule=_schedule(), topics=["retrain"], description=DESCRIPTION, doc_md=DOC_MD,
+                render_template_as_native_obj=True, params=PARAMS)
 def retrain():
     """Retrain a model on its recent labelled inference log and register the new version."""
-    @task(execution_timeout=TIMEOUTS.training_window)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(execution_timeout=TIMEOUTS.training_window)
     def training_window() -> dict:
         """Inference log joined with labels (+ reference mix), stored with its lineage."""
         from tritonflow.exceptions import DataError

@@ -8,13 +8,13 @@ and without network).
 from __future__ import annotations
 
 from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Param, get_current_context, task
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, START_DATE, TAG, TIMEOUTS
+from tritonflow_plugin.dag_defaults import DRIFT_ALERTS, TIMEOUTS
 from tritonflow_plugin.errors import fail_fast_on_bad_data
-from tritonflow_plugin.links import record_link_info, task_with_links
-from tritonflow_plugin.wiring import fire_and_forget
+from tritonflow_plugin.links import record_link_info
+from tritonflow_plugin.wiring import data_task, fire_and_forget, tritonflow_dag
 from tritonflow_plugin.xcom import limit_xcom_size
 
 DESCRIPTION = "Compare a challenger with the champion on the same traffic, then promote, retrain or rest."
@@ -115,24 +115,11 @@ def _plan_request(context) -> dict:
             "loop": loop.model_dump(mode="json", exclude_none=True) if loop else None}
 
 
-@dag(
-    dag_id="shadow_evaluation",
-    schedule=DRIFT_ALERTS,
-    start_date=START_DATE,
-    catchup=False,
-    max_active_runs=1,
-    default_args=DEFAULT_ARGS,
-    tags=[TAG, "shadow"],
-    description=DESCRIPTION,
-    doc_md=DOC_MD,
-    params=PARAMS,
-    render_template_as_native_obj=True,
-)
+@tritonflow_dag("shadow_evaluation", schedule=DRIFT_ALERTS, topics=["shadow"], description=DESCRIPTION,
+                doc_md=DOC_MD, render_template_as_native_obj=True, params=PARAMS)
 def shadow_evaluation():
     """Compare the challenger with the champion on the same inputs and decide what follows."""
-    @task(execution_timeout=TIMEOUTS.short)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(execution_timeout=TIMEOUTS.short)
     def plan() -> dict:
         """Model, challenger and replay window from the params and the drift event."""
         return _plan_request(get_current_context())
@@ -151,18 +138,14 @@ def shadow_evaluation():
         record_decision(skip)
         return False
 
-    @task(execution_timeout=TIMEOUTS.short)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(execution_timeout=TIMEOUTS.short)
     def resolve(request: dict) -> dict:
         """Champion and challenger versions in the MLflow registry."""
         from tritonflow.pipelines.shadow import resolve_versions
 
         return resolve_versions(request["model"], request["challenger"] or None)
 
-    @task_with_links(execution_timeout=TIMEOUTS.publish)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(links=True, execution_timeout=TIMEOUTS.publish)
     def publish_challenger(resolved: dict) -> dict:
         """Publish the challenger through the publish pipeline unless it is in the repository."""
         from tritonflow.pipelines.shadow import ensure_challenger_published
@@ -173,9 +156,7 @@ def shadow_evaluation():
                              triton_model=out["triton_model_name"], triton_version=str(out["triton_model_version"]))
         return out
 
-    @task(execution_timeout=TIMEOUTS.replay)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(execution_timeout=TIMEOUTS.replay)
     def replay(request: dict, resolved: dict, published: dict) -> dict:
         """Replay the window's logged inputs through both versions, or mirror live traffic."""
         context = get_current_context()
@@ -191,9 +172,7 @@ def shadow_evaluation():
         return run_replay(resolved["model"], resolved["champion"], resolved["challenger"],
                           request["window_start"], request["window_end"])
 
-    @task_with_links(execution_timeout=TIMEOUTS.compare)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(links=True, execution_timeout=TIMEOUTS.compare)
     def compare(request: dict, replayed: dict) -> dict:
         """Decide with confidence and record the decision on both model versions."""
         from tritonflow.pipelines.loop_context import shadow_handoffs
