@@ -27,12 +27,10 @@ from repository_sync.layout import (
 )
 from repository_sync.storage_base import (
     STALE_STAGING_AGE_S,
-    ProgressCallback,
     PushOutcome,
     RepositoryStorage,
-    VerifyCallback,
+    StagedPush,
     _compare_digests,
-    _staged_version,
 )
 from tritonflow.checksums import sha256_file
 from tritonflow.exceptions import DataError, RepositoryConflictError
@@ -110,11 +108,8 @@ class FileSystemStorage(RepositoryStorage):
         return True
 
     @override
-    def push_version(self, layout: VersionLayout, source_dir: Path, *, serving_config: bytes | None = None,
-                     verify: VerifyCallback | None = None,
-                     on_progress: ProgressCallback | None = None) -> PushOutcome:
-        source_dir = Path(source_dir)
-        files, staged_digests, names, total = _staged_version(layout, source_dir)
+    def _push_staged(self, push: StagedPush) -> PushOutcome:
+        layout, files, staged_digests = push.layout, push.files, push.digests
         self.root.mkdir(parents=True, exist_ok=True)
         model_dir = self.root / layout.model_dir
         final = self.root / layout.version_dir
@@ -124,16 +119,15 @@ class FileSystemStorage(RepositoryStorage):
         try:
             self._remove_stale_staging(model_dir, layout)
             if self._existing(layout, final, staged_digests):
-                written = self._write_serving_config_if_absent(model_dir, serving_config)
-                return PushOutcome(str(final), "unchanged", names, total, written)
+                written = self._write_serving_config_if_absent(model_dir, push.serving_config)
+                return push.outcome(str(final), "unchanged", written)
             staging.mkdir()
             for p in files:
                 _copy_fsync(p, staging / p.name)
-                if on_progress:
-                    on_progress(p.name)
+                push.progress(p.name)
             _fsync_dir(staging)
-            if verify is not None:
-                verify(staging)
+            if push.verify is not None:
+                push.verify(staging)
             try:
                 os.rename(staging, final)
             except OSError as exc:
@@ -142,11 +136,11 @@ class FileSystemStorage(RepositoryStorage):
                 # a concurrent push of the same version won the rename
                 self._existing(layout, final, staged_digests)
                 shutil.rmtree(staging, ignore_errors=True)
-                written = self._write_serving_config_if_absent(model_dir, serving_config)
-                return PushOutcome(str(final), "unchanged", names, total, written)
+                written = self._write_serving_config_if_absent(model_dir, push.serving_config)
+                return push.outcome(str(final), "unchanged", written)
             _fsync_dir(model_dir)
-            written = self._write_serving_config_if_absent(model_dir, serving_config)
-            return PushOutcome(str(final), "published", names, total, written)
+            written = self._write_serving_config_if_absent(model_dir, push.serving_config)
+            return push.outcome(str(final), "published", written)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             if created_model_dir:

@@ -30,12 +30,10 @@ from repository_sync.layout import (
 )
 from repository_sync.storage_base import (
     STALE_STAGING_AGE_S,
-    ProgressCallback,
     PushOutcome,
     RepositoryStorage,
-    VerifyCallback,
+    StagedPush,
     _compare_digests,
-    _staged_version,
 )
 from tritonflow.checksums import sha256_stream
 from tritonflow.exceptions import DataError, ServiceUnavailableError, SettingsError
@@ -289,11 +287,8 @@ class S3Storage(RepositoryStorage):
 
     # ------------------------------------------------------------------ push
     @override
-    def push_version(self, layout: VersionLayout, source_dir: Path, *, serving_config: bytes | None = None,
-                     verify: VerifyCallback | None = None,
-                     on_progress: ProgressCallback | None = None) -> PushOutcome:
-        source_dir = Path(source_dir)
-        files, staged, names, total = _staged_version(layout, source_dir)
+    def _push_staged(self, push: StagedPush) -> PushOutcome:
+        layout, files, staged = push.layout, push.files, push.digests
         bucket = self.location.bucket
         final_prefix = self.location.key(layout.model_name, str(layout.version)) + "/"
         staging_prefix = (
@@ -306,9 +301,9 @@ class S3Storage(RepositoryStorage):
                 if layout.model_filename in existing:
                     digests = {n: self._object_sha256(final_prefix + n) for n in existing if "/" not in n}
                     _compare_digests(layout, self.version_uri(layout), digests, staged)
-                    written = self._write_serving_config_if_absent(layout, serving_config)
+                    written = self._write_serving_config_if_absent(layout, push.serving_config)
                     self._check_listing(layout, final_prefix)
-                    return PushOutcome(self.version_uri(layout), "unchanged", names, total, written)
+                    return push.outcome(self.version_uri(layout), "unchanged", written)
                 # objects without the model file: a crashed push, never loadable -> clean up
                 self._delete([final_prefix + n for n in existing])
                 self._remove_stale_staging(layout)
@@ -319,27 +314,25 @@ class S3Storage(RepositoryStorage):
                         str(p), bucket, key, ExtraArgs={"Metadata": {SHA256_METADATA_KEY: staged[p.name]}}
                     )
                     created.append(key)
-                    if on_progress:
-                        on_progress(p.name)
-                if verify is not None:
+                    push.progress(p.name)
+                if push.verify is not None:
                     with tempfile.TemporaryDirectory(prefix="tritonflow-s3-verify-") as tmp:
                         local = Path(tmp) / str(layout.version)
                         local.mkdir()
                         for p in files:
                             self.client.download_file(bucket, staging_prefix + p.name, str(local / p.name))
-                        verify(local)
+                        push.verify(local)
                 for p in files:  # model file last: the commit point
                     key = final_prefix + p.name
                     self.client.copy(
                         {"Bucket": bucket, "Key": staging_prefix + p.name}, bucket, key
                     )
                     created.append(key)
-                    if on_progress:
-                        on_progress(p.name)
+                    push.progress(p.name)
                 self._delete([staging_prefix + p.name for p in files])
-                written = self._write_serving_config_if_absent(layout, serving_config)
+                written = self._write_serving_config_if_absent(layout, push.serving_config)
                 self._check_listing(layout, final_prefix)
-                return PushOutcome(self.version_uri(layout), "published", names, total, written)
+                return push.outcome(self.version_uri(layout), "published", written)
             except BaseException:
                 with contextlib.suppress(Exception):
                     self._delete(created)

@@ -70,19 +70,36 @@ def _source_files(layout: VersionLayout, source_dir: Path) -> list[Path]:
 
 
 
-def _staged_version(layout: VersionLayout,
-                    source_dir: Path) -> tuple[list[Path], dict[str, str], tuple[str, ...], int]:
-    """What a push uploads, from a staged version folder.
+@dataclasses.dataclass(frozen=True)
+class StagedPush:
+    """One push, its staged folder read and hashed: what every backend uploads.
 
-    Returns:
-        The files (model last), their SHA-256 by name, the sorted names and the total size in bytes.
-
-    Raises:
-        DataError: See :func:`_source_files`.
+    Attributes:
+        layout: Model name, version and model file name.
+        files: The staged files, the model file last (it makes the version loadable).
+        digests: SHA-256 hex of each file, by file name.
+        serving_config: Bytes for ``<model>/config.pbtxt`` when the model has none yet.
+        verify: Called with a local path of the staged copy before it is made visible.
+        on_progress: Called with each file name once written.
     """
-    files = _source_files(layout, source_dir)
-    digests = {p.name: sha256_file(p) for p in files}
-    return files, digests, tuple(sorted(digests)), sum(p.stat().st_size for p in files)
+
+    layout: VersionLayout
+    files: list[Path]
+    digests: dict[str, str]
+    serving_config: bytes | None = None
+    verify: VerifyCallback | None = None
+    on_progress: ProgressCallback | None = None
+
+    def outcome(self, uri: str, status: str, config_written: bool) -> PushOutcome:
+        """The :class:`PushOutcome` of this push (sorted file names, total bytes)."""
+        return PushOutcome(uri, status, tuple(sorted(self.digests)),
+                           sum(p.stat().st_size for p in self.files), config_written)
+
+    def progress(self, name: str) -> None:
+        """Report one file written (no-op without ``on_progress``)."""
+        if self.on_progress is not None:
+            self.on_progress(name)
+
 
 def _compare_digests(
     layout: VersionLayout, where: str, existing: dict[str, str], staged: dict[str, str]
@@ -113,7 +130,6 @@ class RepositoryStorage(abc.ABC):
     #: The repository URI as Triton is given it (folder path or normalised ``s3://`` URL).
     uri: str
 
-    @abc.abstractmethod
     def push_version(
         self,
         layout: VersionLayout,
@@ -143,6 +159,14 @@ class RepositoryStorage(abc.ABC):
             DataError: Bad staged folder, or ``verify`` refused it.
             ServiceUnavailableError: The store could not be reached (S3).
         """
+        source_dir = Path(source_dir)
+        files = _source_files(layout, source_dir)
+        return self._push_staged(StagedPush(layout, files, {p.name: sha256_file(p) for p in files},
+                                            serving_config, verify, on_progress))
+
+    @abc.abstractmethod
+    def _push_staged(self, push: StagedPush) -> PushOutcome:
+        """The backend's part of :meth:`push_version`: make the staged files a version, atomically."""
 
     @abc.abstractmethod
     def local_version(self, layout: VersionLayout) -> contextlib.AbstractContextManager[Path]:
