@@ -35,11 +35,29 @@ class Store:
 
     #: True for an S3 root.
     is_s3: bool = False
+    #: Backends by the URI scheme of their roots (``""``: a local folder); a subclass registers
+    #: itself with ``class MyStore(Store, scheme="gs")``.
+    BACKENDS: dict[str, type[Store]] = {}
+
+    def __init_subclass__(cls, scheme: str | None = None, **kwargs: Any) -> None:
+        """Register a backend for the roots of ``scheme`` (``None``: not a backend of its own)."""
+        super().__init_subclass__(**kwargs)
+        if scheme is not None:
+            Store.BACKENDS[scheme] = cls
 
     def __new__(cls, root: str | os.PathLike[str] | None = None, endpoint_url: str | None = None) -> "Store":
-        """Pick the backend of ``root`` when ``Store`` itself is called (a subclass is kept)."""
+        """Pick the backend of ``root``'s scheme when ``Store`` itself is called (a subclass is kept).
+
+        Raises:
+            WindowError: No backend is registered for the root's scheme.
+        """
         if cls is Store:
-            cls = S3Store if str(root or "").startswith("s3://") else FolderStore
+            text = str(root or "")
+            scheme = text.split("://", 1)[0] if "://" in text else ""
+            if scheme not in Store.BACKENDS:
+                raise WindowError(f"storage root {text!r} has the scheme {scheme!r}; expected a folder or one of "
+                                  f"{sorted(k + '://' for k in Store.BACKENDS if k)}")
+            cls = Store.BACKENDS[scheme]
         return super().__new__(cls)
 
     def __init__(self, root: str | os.PathLike[str], endpoint_url: str | None = None):
@@ -78,7 +96,7 @@ class Store:
         raise NotImplementedError
 
 
-class FolderStore(Store):
+class FolderStore(Store, scheme=""):
     """A :class:`Store` in a filesystem folder: atomic writes by temporary file + ``os.replace``."""
 
     def uri(self, key: str) -> str:
@@ -120,7 +138,7 @@ class FolderStore(Store):
                 yield p.relative_to(self.root).as_posix()
 
 
-class S3Store(Store):
+class S3Store(Store, scheme="s3"):
     """A :class:`Store` under an S3 prefix (boto3); a single ``put_object`` is atomic."""
 
     is_s3 = True

@@ -56,7 +56,7 @@ def _local_digests(folder: Path) -> dict[str, str]:
     return {p.name: sha256_file(p) for p in folder.iterdir() if p.is_file()}
 
 
-class FileSystemStorage(RepositoryStorage):
+class FileSystemStorage(RepositoryStorage, scheme=""):
     """Repository in a local or NFS-mounted folder (atomic by ``os.rename``).
 
     Args:

@@ -179,7 +179,7 @@ def parse_s3_repository_url(url: str, endpoint_url: str | None = None) -> S3Repo
     return S3RepositoryURL(bucket=bucket, prefix=prefix, scheme=scheme, host=parsed_host, port=port)
 
 
-class S3Storage(RepositoryStorage):
+class S3Storage(RepositoryStorage, scheme="s3"):
     """Repository in an S3 bucket (AWS or any S3-compatible endpoint) via boto3.
 
     Credentials come from the usual boto3 sources (``AWS_ACCESS_KEY_ID``...), which Triton reads

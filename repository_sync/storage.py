@@ -83,23 +83,30 @@ __all__ = [
 
 
 def open_repository(uri: str | os.PathLike[str], *, endpoint_url: str | None = None) -> RepositoryStorage:
-    """Storage backend for a repository URI: ``s3://...`` -> :class:`S3Storage`, else a folder.
+    """Storage backend for a repository URI, by its scheme (``s3://...`` -> :class:`S3Storage`).
+
+    A folder path (``file://`` accepted) is a :class:`FileSystemStorage`. Backends register
+    themselves by scheme (:class:`RepositoryStorage`'s ``BACKENDS``); a new one is a module
+    defining ``class X(RepositoryStorage, scheme="...")``, imported here.
 
     Args:
-        uri: Folder path (``file://`` accepted) or Triton S3 URL.
-        endpoint_url: boto3 endpoint for S3 (must match the URL's host:port); empty
+        uri: Folder path (``file://`` accepted) or a URL of a registered scheme.
+        endpoint_url: Endpoint of an object store (S3: must match the URL's host:port); empty
             means the URL's own endpoint.
 
     Raises:
-        SettingsError: Empty URI or an invalid S3 URL.
+        SettingsError: Empty URI, an unregistered scheme, or an invalid URL for its backend.
     """
     uri = str(uri)
     if not uri:
         raise SettingsError("repository URI is empty: expected a folder or an s3:// URL (TRITONFLOW_REPOSITORY_URI)")
-    if uri.startswith("s3://"):
-        return S3Storage(uri, endpoint_url=endpoint_url or None)
     if uri.startswith("file://"):
         uri = uri[len("file://"):]
-    if "://" in uri:
-        raise SettingsError(f"repository URI {uri!r} has an unsupported scheme: expected a folder or s3://")
-    return FileSystemStorage(uri)
+    scheme = uri.split("://", 1)[0] if "://" in uri else ""
+    backend = RepositoryStorage.BACKENDS.get(scheme)
+    if backend is None:
+        expected = sorted(k + "://" for k in RepositoryStorage.BACKENDS if k)
+        raise SettingsError(f"repository URI {uri!r} has an unsupported scheme: expected a folder or one of {expected}")
+    if scheme:
+        return backend(uri, endpoint_url=endpoint_url or None)  # type: ignore[call-arg]
+    return backend(uri)  # type: ignore[call-arg]

@@ -125,10 +125,23 @@ def _compare_digests(
 
 
 class RepositoryStorage(abc.ABC):
-    """A Triton model repository that versions can be pushed to and read from."""
+    """A Triton model repository that versions can be pushed to and read from.
+
+    A backend registers itself for the URIs of one scheme with
+    ``class MyStorage(RepositoryStorage, scheme="gs")`` (``""``: a local folder); its constructor
+    takes ``(uri, endpoint_url=None)``. :func:`repository_sync.storage.open_repository` picks it.
+    """
 
     #: The repository URI as Triton is given it (folder path or normalised ``s3://`` URL).
     uri: str
+    #: Backends by URI scheme, filled by ``__init_subclass__``.
+    BACKENDS: dict[str, type[RepositoryStorage]] = {}
+
+    def __init_subclass__(cls, scheme: str | None = None, **kwargs: object) -> None:
+        """Register a backend for the repository URIs of ``scheme`` (``None``: no registration)."""
+        super().__init_subclass__(**kwargs)
+        if scheme is not None:
+            RepositoryStorage.BACKENDS[scheme] = cls
 
     def push_version(
         self,

@@ -48,3 +48,19 @@ def test_temporary_files_of_an_interrupted_write_are_not_listed(tmp_path):
     store.put_bytes("m/a.parquet", b"a")
     (tmp_path / "m" / ".a.parquet.123.tmp").write_bytes(b"partial")
     assert store.list("m") == ["m/a.parquet"]
+
+
+def test_a_new_store_backend_registers_by_scheme_and_an_unknown_scheme_is_refused(tmp_path):
+    class ScratchStore(FolderStore, scheme="scratchtest"):
+        def __init__(self, root, endpoint_url=None):
+            super().__init__(tmp_path / str(root).split("://", 1)[1], endpoint_url)
+
+    try:
+        store = Store("scratchtest://logs")
+        assert isinstance(store, ScratchStore)
+        store.put_bytes("a/b.bin", b"x")
+        assert store.get_bytes("a/b.bin") == b"x" and (tmp_path / "logs" / "a" / "b.bin").read_bytes() == b"x"
+    finally:
+        del Store.BACKENDS["scratchtest"]
+    with pytest.raises(WindowError, match=r"scheme 'scratchtest'; expected a folder or one of \['s3://'\]"):
+        Store("scratchtest://logs")

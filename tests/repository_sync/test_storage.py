@@ -295,3 +295,22 @@ def test_s3_crash_between_files_leaves_no_loadable_version_and_a_retry_succeeds(
     assert keys and all("/.staging-7-" in k for k in keys)  # nothing under fraud_scorer/7/
     assert storage.push_version(LAYOUT, src, serving_config=b"cfg").status == "published"
     assert "triton/fraud_scorer/7/model.onnx" in _keys(client, bucket)
+
+
+def test_a_new_backend_registers_by_scheme_and_open_repository_picks_it(tmp_path):
+    from repository_sync.storage import FileSystemStorage, RepositoryStorage, open_repository
+    from tritonflow.exceptions import SettingsError
+
+    class MemoryStorage(FileSystemStorage, scheme="memtest"):
+        def __init__(self, uri, endpoint_url=None):
+            super().__init__(tmp_path / uri.split("://", 1)[1])
+            self.endpoint_url = endpoint_url
+
+    try:
+        opened = open_repository("memtest://models", endpoint_url="http://127.0.0.1:1")
+        assert isinstance(opened, MemoryStorage) and opened.endpoint_url == "http://127.0.0.1:1"
+        assert isinstance(open_repository(f"file://{tmp_path}"), FileSystemStorage)
+    finally:
+        del RepositoryStorage.BACKENDS["memtest"]
+    with pytest.raises(SettingsError, match=r"'memtest://models' has an unsupported scheme.*s3://"):
+        open_repository("memtest://models")
