@@ -1,0 +1,232 @@
+"""The compose stack's gateway: ``deploy/nginx/nginx.conf`` and its reload watcher run under the local NGINX
+binary, with a small HTTP server standing in for Triton behind it (no Docker engine here)."""
+
+from __future__ import annotations
+
+import dataclasses
+import http.server
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.compose.stack import (
+    ROOT,
+    bind_mounts,
+    container_ports,
+    env_of,
+    flag_value,
+    named_volumes,
+    triton_argv,
+)
+from tritonflow.runtime.services import NGINX_BINARY, free_port
+
+
+# ============================================================================ gateway
+def nginx_blocks(text: str) -> list[tuple[tuple[str, ...], str]]:
+    """``(enclosing block names, directive)`` for every directive of an NGINX config."""
+    text = re.sub(r"#[^\n]*", "", re.sub(r'"[^"]*"', '""', text))
+    out, stack, current = [], [], ""
+    for ch in text:
+        if ch == "{":
+            stack.append(current.split()[0] if current.split() else "")
+            current = ""
+        elif ch == "}":
+            stack.pop()
+            current = ""
+        elif ch == ";":
+            out.append((tuple(stack), " ".join(current.split())))
+            current = ""
+        else:
+            current += ch
+    return out
+
+
+def test_gateway_shares_its_snippet_folders_with_the_workers(services):
+    from repository_sync.nginx_router import NginxRouter
+
+    gateway, worker = services["gateway"], services["airflow-worker"]
+    gateway_dir = env_of(gateway)["TRITONFLOW_GATEWAY_CONF_DIR"]
+    worker_dir = env_of(worker)["TRITONFLOW_GATEWAY_CONF_DIR"]
+    volume = next(v for v, path in named_volumes(gateway).items() if path == gateway_dir)
+    assert named_volumes(worker).get(volume) == worker_dir, "the workers write snippets the gateway never reads"
+    conf = (ROOT / bind_mounts(gateway)["/etc/nginx/nginx.conf"]).read_text()
+    directives = nginx_blocks(conf)
+    assert (("http",), f"include {gateway_dir}/http.d/*.conf") in directives
+    assert (("http", "server"), f"include {gateway_dir}/locations.d/*.conf") in directives
+    upstream = NginxRouter(Path("/unused"), reload=["true"]).upstream
+    assert (("http", "upstream"), f"server triton:{flag_value(triton_argv(services), '--http-port')}") in directives
+    assert f"upstream {upstream}" in " ".join(conf.split())
+    listen = [d for blocks, d in directives if blocks == ("http", "server") and d.startswith("listen")]
+    assert f"listen {env_of(worker)['TRITONFLOW_GATEWAY_PORT']}" in listen
+    assert int(env_of(worker)["TRITONFLOW_GATEWAY_PORT"]) in container_ports(gateway)
+    assert urlsplit(env_of(worker)["TRITONFLOW_GATEWAY_URL"]).hostname == "gateway"
+    assert services["gateway"]["depends_on"]["triton"]["condition"] == "service_healthy"
+    probe = urlsplit(env_of(gateway)["TRITONFLOW_GATEWAY_PROBE_URL"])
+    assert probe.hostname == "127.0.0.1" and f"listen {probe.port}" in listen, "the watcher probes another server"
+    assert f"location = {probe.path}" in " ".join(conf.split())
+
+
+class _FakeTriton(http.server.BaseHTTPRequestHandler):
+    """Stands in for Triton behind the gateway: answers 200 with the path it was asked for."""
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        body = json.dumps({"path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args) -> None:  # keep pytest output clean
+        pass
+
+
+@dataclasses.dataclass
+class LocalGateway:
+    """deploy/nginx/nginx.conf and reload-watcher.sh running under the local NGINX binary."""
+
+    conf_dir: Path
+    url: str
+    nginx: subprocess.Popen
+    watcher: subprocess.Popen
+
+
+def request_reload(conf_dir: Path, timeout_s: float = 30.0) -> str:
+    """Client side of the reload-watcher protocol, as the canary router uses it."""
+    from repository_sync.nginx_router import WatcherReload
+
+    return WatcherReload(conf_dir, timeout_s=timeout_s)()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture
+def local_gateway(tmp_path, services) -> Iterator[LocalGateway]:
+    """The stack's gateway config with container paths and host names mapped into ``tmp_path``."""
+    if not Path(NGINX_BINARY).exists():
+        pytest.skip(f"NGINX not installed at {NGINX_BINARY} (scripts/setup.sh installs nginx-light)")
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeTriton)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    gateway_dir = env_of(services["gateway"])["TRITONFLOW_GATEWAY_CONF_DIR"]
+    conf_dir, state = tmp_path / "gateway-conf", tmp_path / "nginx"
+    for d in (conf_dir / "http.d", conf_dir / "locations.d", state / "logs", state / "temp"):
+        d.mkdir(parents=True)
+    (state / "mime.types").write_text("types { application/json json; text/plain txt; }\n")
+    port, status_port = free_port(), free_port()
+    temp = "".join(f" {kind}_temp_path {state / 'temp' / kind};"
+                   for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    mapping = {
+        "user nginx;": "user root;" if os.geteuid() == 0 else "",
+        "/var/run/nginx.pid": str(state / "nginx.pid"),
+        "/var/log/nginx": str(state / "logs"),
+        "/etc/nginx/mime.types": str(state / "mime.types"),
+        gateway_dir: str(conf_dir),
+        "server triton:8000;": f"server 127.0.0.1:{upstream.server_address[1]};",
+        "listen 8080;": f"listen 127.0.0.1:{port};",
+        "listen 8081;": f"listen 127.0.0.1:{status_port};",
+        "client_max_body_size 64m;": "client_max_body_size 64m;" + temp,
+    }
+    conf = (ROOT / bind_mounts(services["gateway"])["/etc/nginx/nginx.conf"]).read_text()
+    for old, new in mapping.items():
+        assert old in conf, f"deploy/nginx/nginx.conf no longer contains {old!r}; update this fixture"
+        conf = conf.replace(old, new)
+    conf_path = state / "nginx.conf"
+    conf_path.write_text(conf)
+    nginx_argv = [NGINX_BINARY, "-p", str(state), "-c", str(conf_path), "-e", str(state / "logs" / "error.log")]
+    nginx = subprocess.Popen([*nginx_argv, "-g", "daemon off;"], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    watcher = subprocess.Popen(
+        ["sh", str(ROOT / "deploy/nginx/reload-watcher.sh")],
+        env=dict(os.environ, TRITONFLOW_GATEWAY_CONF_DIR=str(conf_dir), TRITONFLOW_GATEWAY_RELOAD_POLL_S="0.1",
+                 TRITONFLOW_GATEWAY_PROBE_URL=f"http://127.0.0.1:{port}/gateway/reload-token",
+                 NGINX_CMD=shlex.join(nginx_argv)),
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    gw = LocalGateway(conf_dir, f"http://127.0.0.1:{port}", nginx, watcher)
+    try:
+        deadline = time.monotonic() + 30
+        while not _get(gw.url + "/gateway/health")[0] == 200:
+            if nginx.poll() is not None:
+                pytest.fail(f"nginx exited: {nginx.stderr.read().decode()[-2000:]}")
+            assert time.monotonic() < deadline, "gateway not healthy within 30 s"
+            time.sleep(0.1)
+        yield gw
+    finally:
+        _stop(watcher)
+        _stop(nginx)
+        upstream.shutdown()
+        upstream.server_close()
+
+
+def _get(url: str, data: bytes | None = None) -> tuple[int, dict, dict]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=5) as resp:
+            raw = resp.read()
+            is_json = resp.headers.get("Content-Type", "").startswith("application/json")
+            return resp.status, dict(resp.headers), json.loads(raw) if is_json else {"text": raw.decode()}
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), {}
+    except (urllib.error.URLError, OSError):
+        return 0, {}, {}
+
+
+def test_workers_canary_plan_reaches_the_gateway_through_the_reload_watcher(local_gateway):
+    from repository_sync.nginx_router import NginxRouter
+    from repository_sync.traffic_plan import TrafficPlan
+
+    gw = local_gateway
+    router = NginxRouter(gw.conf_dir, reload=lambda: request_reload(gw.conf_dir), test=None)
+    status, _, body = _get(gw.url + "/v2/models/churn/infer", data=b"{}")
+    assert (status, body["path"]) == (200, "/v2/models/churn/infer"), "no route before any plan"
+
+    router.apply(TrafficPlan.single("churn", 7))
+    status, headers, body = _get(gw.url + "/v2/models/churn/infer", data=b"{}")
+    assert status == 200 and body["path"] == "/v2/models/churn/versions/7/infer"
+    assert headers.get("X-Tritonflow-Version") == "7"
+
+    router.apply(TrafficPlan.canary("churn", champion=7, challenger=8, percent=50))
+    served = {_get(gw.url + "/v2/models/churn/infer", data=b"{}")[2]["path"] for _ in range(40)}
+    assert served == {"/v2/models/churn/versions/7/infer", "/v2/models/churn/versions/8/infer"}
+
+
+def test_reload_watcher_reports_a_refused_config_and_nginx_keeps_serving(local_gateway):
+    from repository_sync.nginx_router import NginxRouter
+    from repository_sync.traffic_plan import TrafficPlan
+
+    gw = local_gateway
+    from tritonflow.exceptions import GatewayConfigError
+
+    router = NginxRouter(gw.conf_dir, reload=lambda: request_reload(gw.conf_dir), test=None)
+    router.apply(TrafficPlan.single("churn", 3))
+    (gw.conf_dir / "http.d" / "broken.conf").write_text("this is not nginx;\n")
+    with pytest.raises(GatewayConfigError, match="unknown directive"):
+        request_reload(gw.conf_dir)
+    status, _, body = _get(gw.url + "/v2/models/churn/infer", data=b"{}")
+    assert status == 200 and body["path"] == "/v2/models/churn/versions/3/infer"
+    (gw.conf_dir / "http.d" / "broken.conf").unlink()
+    assert request_reload(gw.conf_dir) is not None
