@@ -32,6 +32,9 @@ from tests.compose.stack import (
 )
 from tritonflow.runtime.services import NGINX_BINARY, free_port
 
+#: The gateway runs under the local NGINX, a real service.
+pytestmark = pytest.mark.integration
+
 
 # ============================================================================ gateway
 def nginx_blocks(text: str) -> list[tuple[tuple[str, ...], str]]:
