@@ -45,11 +45,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from drift_checks.statistic_types import StatisticResult
 from drift_checks.statistics import REGISTRY
-from drift_checks.thresholds import Threshold
+from drift_checks.thresholds import SettingsPolicy, Threshold
 from tritonflow.exceptions import SettingsError
 
 #: Default dataset share (Evidently's ``drift_share``).
@@ -206,7 +206,7 @@ def importance_weights(features: Sequence[str], importance: Mapping[str, float] 
 
 
 @dataclasses.dataclass(frozen=True)
-class AlertPolicy:
+class AlertPolicy(SettingsPolicy):
     """When a drifted window becomes an alert.
 
     Attributes:
@@ -221,34 +221,18 @@ class AlertPolicy:
     dataset_share: float = DEFAULT_DATASET_SHARE
     weighting: str = "importance"
 
-    def __post_init__(self) -> None:
-        if self.consecutive_windows < 1:
-            raise SettingsError(f"consecutive_windows={self.consecutive_windows!r}; expected >= 1, e.g. 2")
-        if self.cooldown < dt.timedelta(0):
-            raise SettingsError(f"cooldown={self.cooldown!r}; expected >= 0 hours, e.g. 24")
-        if not 0 < self.dataset_share <= 1:
-            raise SettingsError(f"dataset_share={self.dataset_share!r}; expected a share in (0, 1], e.g. 0.5")
-        if self.weighting not in WEIGHTINGS:
-            raise SettingsError(f"weighting={self.weighting!r}; expected one of {WEIGHTINGS}")
-
-    @classmethod
-    def from_settings(cls, settings=None, **overrides) -> "AlertPolicy":
-        """Alert policy from the settings.
-
-        Reads ``drift_consecutive_windows``, ``drift_alert_cooldown_hours``, ``drift_dataset_share`` and
-        ``drift_weighting``.
-        """
-        from tritonflow.settings import get_settings
-
-        s = settings or get_settings()
-        kw: dict[str, Any] = dict(
-            consecutive_windows=getattr(s, "drift_consecutive_windows", DEFAULT_CONSECUTIVE_WINDOWS),
-            cooldown=dt.timedelta(hours=getattr(s, "drift_alert_cooldown_hours", DEFAULT_COOLDOWN_HOURS)),
-            dataset_share=getattr(s, "drift_dataset_share", DEFAULT_DATASET_SHARE),
-            weighting=getattr(s, "drift_weighting", "importance"),
-        )
-        kw.update(overrides)
-        return cls(**kw)
+    SETTINGS: ClassVar[dict[str, tuple]] = {
+        "consecutive_windows": ("drift_consecutive_windows", DEFAULT_CONSECUTIVE_WINDOWS),
+        "cooldown": ("drift_alert_cooldown_hours", DEFAULT_COOLDOWN_HOURS, lambda h: dt.timedelta(hours=h)),
+        "dataset_share": ("drift_dataset_share", DEFAULT_DATASET_SHARE),
+        "weighting": ("drift_weighting", "importance"),
+    }
+    CHECKS: ClassVar[dict[str, tuple[Callable[[Any], bool], str]]] = {
+        "consecutive_windows": (lambda k: k >= 1, ">= 1, e.g. 2"),
+        "cooldown": (lambda c: c >= dt.timedelta(0), ">= 0 hours, e.g. 24"),
+        "dataset_share": (lambda x: 0 < x <= 1, "a share in (0, 1], e.g. 0.5"),
+        "weighting": (lambda w: w in WEIGHTINGS, f"one of {WEIGHTINGS}"),
+    }
 
 
 @dataclasses.dataclass(frozen=True)

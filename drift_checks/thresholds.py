@@ -47,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 import numpy as np
 
@@ -73,8 +73,64 @@ MAX_REFERENCE_CHUNKS = 200
 MIN_CHUNK_ROWS = 5
 
 
+def settings_fields(settings: Any, overrides: dict[str, Any], **fields: tuple) -> dict[str, Any]:
+    """Keyword arguments of a drift policy object, from the settings in effect.
+
+    Args:
+        settings: A :class:`tritonflow.settings.Settings` (``None``: :func:`get_settings`); an
+            object without one of the attributes gives that field its default.
+        overrides: Field values that replace the settings' ones (taken as given).
+        **fields: ``field=(settings attribute, default)`` or ``(attribute, default, convert)``,
+            where ``convert`` maps the setting's value to the field's (e.g. hours to a timedelta).
+
+    Returns:
+        ``{field: value}``.
+    """
+    from tritonflow.settings import get_settings
+
+    s = settings or get_settings()
+    kw: dict[str, Any] = {}
+    for field, (attr, default, *convert) in fields.items():
+        value = getattr(s, attr, default)
+        kw[field] = convert[0](value) if convert else value
+    kw.update(overrides)
+    return kw
+
+
+class SettingsPolicy:
+    """A frozen policy dataclass read from the settings and checked field by field.
+
+    Subclasses declare two tables: ``SETTINGS`` (``field -> (settings attribute, default[,
+    convert])``, see :func:`settings_fields`) and ``CHECKS`` (``field -> (predicate, what is
+    expected)``); a value failing its predicate raises ``SettingsError`` naming the field, the
+    value and what was expected.
+    """
+
+    SETTINGS: ClassVar[dict[str, tuple]] = {}
+    CHECKS: ClassVar[dict[str, tuple[Callable[[Any], bool], str]]] = {}
+
+    def __post_init__(self) -> None:
+        """Check every field against ``CHECKS``.
+
+        Raises:
+            SettingsError: A field's value fails its check.
+        """
+        for field, (ok, expected) in self.CHECKS.items():
+            value = getattr(self, field)
+            if not ok(value):
+                raise SettingsError(f"{field}={value!r}; expected {expected}")
+
+    @classmethod
+    def from_settings(cls, settings: Any = None, **overrides: Any) -> Any:
+        """The policy from the settings in effect (``SETTINGS``), then ``overrides``.
+
+        Raises:
+            SettingsError: A value fails its check.
+        """
+        return cls(**settings_fields(settings, overrides, **cls.SETTINGS))
+
 @dataclasses.dataclass(frozen=True)
-class ThresholdPolicy:
+class ThresholdPolicy(SettingsPolicy):
     """How thresholds are chosen.
 
     Attributes:
@@ -91,34 +147,18 @@ class ThresholdPolicy:
     static: Mapping[str, float] = dataclasses.field(default_factory=dict)
     ceiling_factor: float = DEFAULT_CEILING_FACTOR
 
-    def __post_init__(self) -> None:
-        if not 0.5 < self.quantile < 1:
-            raise SettingsError(f"quantile={self.quantile!r}; expected a number in (0.5, 1), e.g. 0.95")
-        if self.window_days <= 0:
-            raise SettingsError(f"window_days={self.window_days!r}; expected > 0 days, e.g. 30")
-        if self.min_history < 1:
-            raise SettingsError(f"min_history={self.min_history!r}; expected >= 1 windows, e.g. 48")
-        if not (self.ceiling_factor >= 1 and math.isfinite(self.ceiling_factor)):
-            raise SettingsError(f"ceiling_factor={self.ceiling_factor!r}; expected a number >= 1, e.g. 2")
-
-    @classmethod
-    def from_settings(cls, settings=None, **overrides) -> "ThresholdPolicy":
-        """Threshold policy from the settings.
-
-        Reads ``drift_history_window_days``, ``drift_quantile``, ``drift_min_history_windows`` and
-        ``drift_ceiling_factor``.
-        """
-        from tritonflow.settings import get_settings
-
-        s = settings or get_settings()
-        kw: dict[str, Any] = dict(
-            window_days=getattr(s, "drift_history_window_days", DEFAULT_WINDOW_DAYS),
-            quantile=getattr(s, "drift_quantile", DEFAULT_QUANTILE),
-            min_history=getattr(s, "drift_min_history_windows", DEFAULT_MIN_HISTORY),
-            ceiling_factor=getattr(s, "drift_ceiling_factor", DEFAULT_CEILING_FACTOR),
-        )
-        kw.update(overrides)
-        return cls(**kw)
+    SETTINGS: ClassVar[dict[str, tuple]] = {
+        "window_days": ("drift_history_window_days", DEFAULT_WINDOW_DAYS),
+        "quantile": ("drift_quantile", DEFAULT_QUANTILE),
+        "min_history": ("drift_min_history_windows", DEFAULT_MIN_HISTORY),
+        "ceiling_factor": ("drift_ceiling_factor", DEFAULT_CEILING_FACTOR),
+    }
+    CHECKS: ClassVar[dict[str, tuple[Callable[[Any], bool], str]]] = {
+        "quantile": (lambda q: 0.5 < q < 1, "a number in (0.5, 1), e.g. 0.95"),
+        "window_days": (lambda d: d > 0, "> 0 days, e.g. 30"),
+        "min_history": (lambda n: n >= 1, ">= 1 windows, e.g. 48"),
+        "ceiling_factor": (lambda f: f >= 1 and math.isfinite(f), "a number >= 1, e.g. 2"),
+    }
 
     def tail_quantile(self, statistic: str) -> float:
         """The quantile used for ``statistic``: ``quantile`` or ``1 - quantile`` for p-values."""

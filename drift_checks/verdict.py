@@ -52,6 +52,7 @@ from drift_checks.thresholds import (
     calibrate_from_reference,
     chunk_rows_for,
     resolve_thresholds,
+    settings_fields,
     weighted_score,
 )
 
@@ -100,11 +101,10 @@ class CheckConfig:
         from tritonflow.settings import get_settings
 
         s = settings or get_settings()
-        kw: dict[str, Any] = dict(policy=ThresholdPolicy.from_settings(s), alerts=AlertPolicy.from_settings(s),
-                                  evidently_sample_rows=getattr(s, "drift_evidently_sample_rows", 5000),
-                                  max_summary_bytes=getattr(s, "max_xcom_bytes", DEFAULT_MAX_SUMMARY_BYTES))
-        kw.update(overrides)
-        return cls(**kw)
+        return cls(**settings_fields(s, {"policy": ThresholdPolicy.from_settings(s),
+                                         "alerts": AlertPolicy.from_settings(s), **overrides},
+                                     evidently_sample_rows=("drift_evidently_sample_rows", 5000),
+                                     max_summary_bytes=("max_xcom_bytes", DEFAULT_MAX_SUMMARY_BYTES)))
 
 
 @dataclasses.dataclass
