@@ -335,6 +335,9 @@ DEFAULT_RETRAIN_DEFAULT_MODEL = ""
 #: Registered models the hourly drift monitor checks, comma-separated; empty means every model
 #: with a ``champion`` alias.
 DEFAULT_MONITORED_MODELS = ""
+#: Models one drift_monitor task instance checks (and records, decides) in turn (models): fewer,
+#: larger task instances, since each costs seconds of process start-up on a small deployment.
+DEFAULT_DRIFT_MODELS_PER_TASK = 10
 
 
 # ---------------------------------------------------------------------------- tritonflow.runtime.airflow (local)
@@ -761,6 +764,10 @@ class Settings:
     # -------------------------------------------------------------- tritonflow/pipelines: drift monitor
     monitored_models: str = _field(
         DEFAULT_MONITORED_MODELS, "MONITORED_MODELS", "Models the drift monitor checks, comma-separated (empty: all)."
+    )
+    drift_models_per_task: int = _field(
+        DEFAULT_DRIFT_MODELS_PER_TASK, "DRIFT_MODELS_PER_TASK",
+        "Models one drift_monitor task instance checks, records and decides (>= 1).",
     )
 
     # remote deployment (docker-compose): services addressed by name instead of host + port
