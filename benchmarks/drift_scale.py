@@ -6,6 +6,7 @@ Usage::
     .venv/bin/python benchmarks/drift_scale.py --with-50m            # also 50M rows (~8 GB of Parquet)
     .venv/bin/python benchmarks/drift_scale.py --airflow-models 200  # + one drift_monitor run, 200 models
     .venv/bin/python benchmarks/drift_scale.py --sizes 200000 --no-spark   # quick
+    .venv/bin/python benchmarks/drift_scale.py --sizes "" --no-spark --airflow-models 200  # only the models
 
 Measures, side by side in one run:
 
@@ -266,7 +267,8 @@ def many_models(n: int, tmp: Path) -> dict:
         env = {"TRITONFLOW_HOME": str(home / "tf_home"), "TRITONFLOW_MLFLOW_TRACKING_URI": mlflow.tracking_uri,
                "TRITONFLOW_INFERENCE_LOG_ROOT": str(logs),
                "TRITONFLOW_DRIFT_HISTORY_DB_URL": f"sqlite:///{tmp / 'many_history.db'}",
-               "TRITONFLOW_MONITORED_MODELS": ""}
+               "TRITONFLOW_MONITORED_MODELS": "",
+               "TRITONFLOW_DRIFT_MODELS_PER_TASK": str(Settings.from_env().drift_models_per_task)}
         config = AirflowConfig.from_settings(
             settings, api_port=free_port(), worker_log_port=free_port(), triggerer_log_port=free_port(),
             database=f"tritonflow_af_{secrets.token_hex(4)}", queue=f"tritonflow_{secrets.token_hex(4)}",
@@ -291,6 +293,8 @@ def many_models(n: int, tmp: Path) -> dict:
         wall = (pd.Timestamp(run["end_date"]) - pd.Timestamp(run["start_date"])).total_seconds()
         tis = api.get(f"/dags/drift_monitor/dagRuns/{run['dag_run_id']}/taskInstances?limit=1")
         return {"models": n, "state": run["state"], "run_wall_s": round(wall, 1),
+                "models_per_task": int(env["TRITONFLOW_DRIFT_MODELS_PER_TASK"]),
+                "load_average_1m_at_end": round(os.getloadavg()[0], 1),
                 "task_instances": tis.get("total_entries"), "seed_s": round(t_seed, 1),
                 "executor": deployment.config.airflow_cfg()["core"].get("executor")}
     finally:
@@ -333,8 +337,8 @@ def main() -> None:
             b["rows_per_s"] = round(rows / b["seconds"])
             results["exact_baseline_1m"] = b
             print(f"exact path (window read whole) {rows:,} rows: {b}", flush=True)
-    spark_rows = 10_000_000 if 10_000_000 in sizes else max(sizes)
-    if not args.no_spark:
+    if not args.no_spark and sizes:
+        spark_rows = 10_000_000 if 10_000_000 in sizes else max(sizes)
         results["spark_vs_single_process"] = _run_child("spark", f"scale-{spark_rows}",
                                                         _env(root, tmp / "home-spark"))
         print(f"spark vs single process: {results['spark_vs_single_process']}", flush=True)

@@ -176,7 +176,7 @@ def profile_batch(targets: Sequence[Mapping[str, Any]], start: Any, end: Any,
 
 def summaries(checked: Iterable[Any]) -> list[dict[str, Any]]:
     """The check results of a batch or of several (lists of entries), flattened, failures left out."""
-    return [e for e in flatten(checked) if isinstance(e, Mapping) and not is_failure(e)]
+    return [dict(e) for e in flatten(checked) if isinstance(e, Mapping) and not is_failure(e)]
 
 
 def flatten(values: Iterable[Any]) -> list[Any]:
@@ -276,7 +276,7 @@ def problems(batches: Iterable[Sequence[Mapping[str, Any]]], checked: Iterable[A
         ``[{"model", "version", "problems": [str], "data_error": bool}]`` by model name;
         ``data_error`` is true when every problem is bad data (a failed contract counts).
     """
-    models = {t["model"]: t.get("version") for b in batches for t in b}
+    models = {str(t["model"]): t.get("version") for b in batches for t in b}
     found: dict[str, list[tuple[str, bool]]] = {}
     by_check = {e.get("model"): e for e in flatten(checked) if isinstance(e, Mapping)}
     for model in models:
@@ -288,7 +288,7 @@ def problems(batches: Iterable[Sequence[Mapping[str, Any]]], checked: Iterable[A
             found.setdefault(model, []).append((f"check: {entry.get('error')}", bool(entry.get("data_error"))))
         elif (why := _contract_problem(entry)) is not None:
             found.setdefault(model, []).append((why, True))
-    checked_ok = [m for m, e in by_check.items() if m in models and not is_failure(e)]
+    checked_ok = [str(m) for m, e in by_check.items() if m in models and not is_failure(e)]
     for stage, results in stages.items():
         by_model = {e.get("model"): e for e in flatten(results) if isinstance(e, Mapping)}
         expected = checked_ok if stage in ("record", "decide") else list(models)
