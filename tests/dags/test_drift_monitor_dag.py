@@ -193,6 +193,17 @@ def test_a_broken_contract_in_a_batch_fails_the_run_after_the_drifting_model_ale
     assert "temperature: expect_column_values_to_not_be_null" in failed[0]
 
 
+def test_an_hour_without_monitored_models_maps_nothing_and_succeeds(tmp_path, airflow_home):
+    # an empty MLflow registry (its own SQLite store): no champion, no batch, no event
+    env = {"TRITONFLOW_HOME": str(tmp_path / "home"), "TRITONFLOW_INFERENCE_LOG_ROOT": str(tmp_path / "logs"),
+           "TRITONFLOW_DRIFT_HISTORY_DB_URL": f"sqlite:///{tmp_path / 'history.db'}",
+           "TRITONFLOW_MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    (run,), _ = _run(tmp_path, env, [T0 + HOUR], {"evidently": False, "profile": False})
+    assert run["state"] == "success" and run["events"] == [] and run["decisions"] == []
+    assert run["tis"]["models[-1]"] == "success" and run["tis"]["check[-1]"] == "skipped"
+    assert run["tis"]["drift_event[-1]"] == "skipped" and run["tis"]["data_quality_gate[-1]"] == "success"
+
+
 if __name__ == "__main__":
     spec = json.loads(sys.argv[1])
     sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
