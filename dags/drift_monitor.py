@@ -22,7 +22,9 @@ DOC = """
 ### Hourly drift monitor
 
 Every hour, compares the inputs each served model received during that hour with a
-**reference** and says whether they **drifted**. One box per model in the grid.
+**reference** and says whether they **drifted**. Models are checked in **batches**: one box
+holds up to `TRITONFLOW_DRIFT_MODELS_PER_TASK` models (10 by default; its label lists them), so
+a few hundred models fit in the hour.
 
 For each model:
 
@@ -31,10 +33,14 @@ For each model:
   from the last 30 days;
 * **record** - figures and verdicts go to MLflow (experiment `tritonflow-drift`), with an
   Evidently report and a whylogs profile when ticked;
-* **alert** - an alert fires after a few drifted hours in a row, or at once on a strong drift; a
-  cooldown keeps it from repeating every hour. An alert starts `shadow_evaluation`;
-* a **broken data contract** fails the run (the hour is kept for inspection) instead of raising
-  a drift alert.
+* **decide** - the alerts are logged (and posted to the webhook); an alert fires after a few
+  drifted hours in a row, or at once on a strong drift; a cooldown keeps it from repeating every
+  hour. Each alerting model gets its own **drift_event** box, whose asset event starts
+  `shadow_evaluation`; a quiet hour has none;
+* **data_quality_gate** - last: fails the run naming every model that failed and why (a
+  **broken data contract** - the hour is kept for inspection -, unreadable data, a step that
+  failed). One model's failure never stops the other models of its batch: they are checked,
+  recorded and alerted first.
 
 It runs by itself every hour. To check one hour by hand, trigger it and pick **Models** (empty:
 every model with a champion). A model without a reference yet gets the status `no_reference`
@@ -50,6 +56,30 @@ def _window(context) -> tuple[str, str]:
         end = context["logical_date"]
         start = end - timedelta(hours=1)
     return start.isoformat(), end.isoformat()
+
+
+def _last_try(context) -> bool:
+    """Whether this is the task instance's last try (no retry left)."""
+    ti = context["ti"]
+    return int(ti.try_number or 1) > int(getattr(ti, "max_tries", 0) or 0)
+
+
+#: Label of a batch's box in the grid: the models it holds (at most 200 characters; Airflow keeps 250).
+BATCH_LABEL = "{{{{ task.op_kwargs['{arg}'] | map(attribute='model') | join(', ') | truncate(200, True, ' ...', 0) }}}}"
+
+
+def _models_per_task() -> int:
+    """``TRITONFLOW_DRIFT_MODELS_PER_TASK`` at parse time (only the batch timeout depends on it)."""
+    import os
+
+    try:
+        return max(1, int(os.environ.get("TRITONFLOW_DRIFT_MODELS_PER_TASK", "10")))
+    except ValueError:
+        return 10
+
+
+#: Timeout of a batch task: one model's budget per model, at most an hour (the next hour's run).
+BATCH_TIMEOUT = min(TIMEOUTS.check * _models_per_task(), timedelta(hours=1))
 
 
 #: Environment variable of the schedule (read at parse time: Airflow schedules from it). A cron
@@ -97,117 +127,131 @@ def _schedule():
     },
 )
 def drift_monitor():
-    """Check every monitored model's hour of inference log for drift."""
+    """Check every monitored model's hour of inference log for drift, a batch of models per task."""
     @task(execution_timeout=TIMEOUTS.listing)
     @fail_fast_on_bad_data
     @limit_xcom_size
-    def models(params=None) -> list[dict]:
+    def models(params=None) -> list[list[dict]]:
         from tritonflow.pipelines.drift import monitored_models
+        from tritonflow.pipelines.drift_batches import batch_models
 
         form.refuse_unknown_conf_keys(get_current_context())
-        return monitored_models(only=list((params or {}).get("models") or []) or None)
+        return batch_models(monitored_models(only=list((params or {}).get("models") or []) or None))
 
-    @task_with_links(execution_timeout=TIMEOUTS.check,
-                     map_index_template="{{ task.op_kwargs['target']['model'] }}")
+    @task_with_links(execution_timeout=BATCH_TIMEOUT, map_index_template=BATCH_LABEL.format(arg="batch"))
     @fail_fast_on_bad_data
     @limit_xcom_size
-    def check(target: dict, params=None) -> dict:
-        from tritonflow.pipelines.drift import check_model_hour
+    def check(batch: list, params=None) -> list[dict]:
+        from tritonflow.pipelines.drift_batches import check_batch, retry_if_transient
 
-        record_version_links(target["model"], target["version"])
-        start, end = _window(get_current_context())
-        return check_model_hour(target["model"], target["version"], start, end,
-                                reference_strategy=(params or {}).get("reference_strategy") or None)
+        if len(batch) == 1:
+            record_version_links(batch[0]["model"], batch[0]["version"])
+        context = get_current_context()
+        start, end = _window(context)
+        out = check_batch(batch, start, end, reference_strategy=(params or {}).get("reference_strategy") or None)
+        retry_if_transient(out, "check", _last_try(context))
+        return out
 
-    @task(execution_timeout=TIMEOUTS.check)
+    @task(execution_timeout=BATCH_TIMEOUT, map_index_template=BATCH_LABEL.format(arg="batch"))
     @fail_fast_on_bad_data
     @limit_xcom_size
-    def evidently(target: dict, params=None) -> dict:
-        from tritonflow.pipelines.drift import evidently_for_hour
+    def evidently(batch: list, params=None) -> list[dict]:
+        from tritonflow.pipelines.drift_batches import evidently_batch, retry_if_transient
 
-        start, end = _window(get_current_context())
+        context = get_current_context()
+        start, end = _window(context)
         rows = params.get("evidently_sample_rows") if params.get("evidently", True) else 0
-        return evidently_for_hour(target["model"], target["version"], start, end,
-                                  sample_rows=None if rows is None else int(rows))
+        out = evidently_batch(batch, start, end, sample_rows=None if rows is None else int(rows))
+        retry_if_transient(out, "evidently", _last_try(context))
+        return out
 
-    @task(execution_timeout=TIMEOUTS.check)
+    @task(execution_timeout=BATCH_TIMEOUT, map_index_template=BATCH_LABEL.format(arg="batch"))
     @fail_fast_on_bad_data
     @limit_xcom_size
-    def profile(target: dict, params=None) -> dict:
-        from tritonflow.pipelines.drift import profile_for_hour
+    def profile(batch: list, params=None) -> list[dict]:
+        from tritonflow.pipelines.drift_batches import profile_batch, retry_if_transient
 
         if not params.get("profile", True):
-            return {"model": target["model"], "skipped": "profile parameter is false"}
-        start, end = _window(get_current_context())
-        return profile_for_hour(target["model"], target["version"], start, end)
+            return [{"model": t["model"], "skipped": "profile parameter is false"} for t in batch]
+        context = get_current_context()
+        start, end = _window(context)
+        out = profile_batch(batch, start, end)
+        retry_if_transient(out, "profile", _last_try(context))
+        return out
 
-    @task_with_links(execution_timeout=TIMEOUTS.short, trigger_rule="all_done")
+    @task_with_links(execution_timeout=BATCH_TIMEOUT, trigger_rule="all_done",
+                     map_index_template=BATCH_LABEL.format(arg="checked"))
     @fail_fast_on_bad_data
     @limit_xcom_size
-    def record(summary: dict, evidently_results: list | None = None) -> dict:
-        from tritonflow.pipelines.drift import record_in_mlflow
+    def record(checked: list, evidently_results: list | None = None) -> list[dict]:
+        from tritonflow.pipelines.drift_batches import is_failure, record_batch, retry_if_transient
 
-        ev = next((e for e in (evidently_results or []) if isinstance(e, dict)
-                   and e.get("model") == summary.get("model")), None)
-        recorded = record_in_mlflow(summary, evidently=ev)
-        html = [a for a in recorded.get("artifacts") or [] if str(a).endswith(".html")]
-        record_version_links(summary.get("model") or "", summary.get("model_version"),
-                             mlflow_run_id=recorded.get("run_id"), mlflow_experiment_id=recorded.get("experiment_id"),
-                             evidently_report_path=html[0] if html else None)
-        return recorded
+        context = get_current_context()
+        out = record_batch(checked, evidently_results or [])
+        if len(out) == 1 and not is_failure(out[0]):
+            summary, recorded = next(s for s in checked if not is_failure(s)), out[0]
+            html = [a for a in recorded.get("artifacts") or [] if str(a).endswith(".html")]
+            record_version_links(summary.get("model") or "", summary.get("model_version"),
+                                 mlflow_run_id=recorded.get("run_id"),
+                                 mlflow_experiment_id=recorded.get("experiment_id"),
+                                 evidently_report_path=html[0] if html else None)
+        retry_if_transient(out, "record", _last_try(context))
+        return out
 
-    @task(execution_timeout=TIMEOUTS.decision)
+    @task(execution_timeout=BATCH_TIMEOUT, trigger_rule="all_done",
+          map_index_template=BATCH_LABEL.format(arg="checked"))
+    @fail_fast_on_bad_data
     @limit_xcom_size
-    def notify(summary: dict) -> dict:
-        from tritonflow.pipelines.drift import alert
+    def decide(checked: list) -> list[dict]:
+        from tritonflow.pipelines.alert_decision import XCOM_KEY
+        from tritonflow.pipelines.drift_batches import decide_batch, is_failure, retry_if_transient
 
-        return alert(summary)
+        context = get_current_context()
+        out = decide_batch(checked)
+        context["ti"].xcom_push(key=XCOM_KEY, value=[e["decision"] for e in out if not is_failure(e)])
+        retry_if_transient(out, "decide", _last_try(context))
+        return out
+
+    @task(execution_timeout=TIMEOUTS.decision, trigger_rule="all_done")
+    @limit_xcom_size
+    def alerts(checked: list) -> list[dict]:
+        """The asset-event extras of the models whose drift alert fired (one drift_event each)."""
+        from tritonflow.pipelines.drift_batches import alert_events
+
+        return alert_events(checked)
 
     @task(execution_timeout=TIMEOUTS.decision, outlets=[DRIFT_ALERTS], retries=0,
-          trigger_rule="all_done")
+          map_index_template="{{ task.op_kwargs['extra']['model'] }}")
     @limit_xcom_size
-    def drift_event(summary: dict) -> dict:
-        from airflow.sdk.exceptions import AirflowSkipException
-
-        from tritonflow.pipelines.drift import drift_event as event_of
-
-        extra = event_of(summary)  # None when no alert fired or the contract failed
-        if extra is None:
-            raise AirflowSkipException(f"{summary.get('model')}: no drift alert in this hour "
-                                       f"(status {summary.get('status')}); no asset event")
+    def drift_event(extra: dict) -> dict:
         get_current_context()["outlet_events"][DRIFT_ALERTS].extra = extra
         return extra
 
-    @task(execution_timeout=TIMEOUTS.decision, trigger_rule="all_done",
-          map_index_template="{{ task.op_kwargs['summary']['model'] }}")
+    @task(execution_timeout=TIMEOUTS.decision, retries=0, trigger_rule="all_done")
     @fail_fast_on_bad_data
     @limit_xcom_size
-    def decide(summary: dict) -> dict:
-        from tritonflow.pipelines.alert_decision import XCOM_KEY, drift_hour_decision, record_decision
+    def data_quality_gate(batches: list, checked: list, recorded: list, decided: list, evidently_results: list,
+                          profiles: list, events: list, params=None) -> dict:
+        from tritonflow.pipelines.drift_batches import problems, raise_problems
 
-        made = drift_hour_decision(summary)
-        get_current_context()["ti"].xcom_push(key=XCOM_KEY, value=made)
-        if made["decision"] != "no_alert":
-            record_decision(made)
-        return made
+        stages = {"record": recorded, "decide": decided}
+        if params.get("evidently", True):
+            stages["evidently"] = evidently_results
+        if params.get("profile", True):
+            stages["profile"] = profiles
+        batches = list(batches or [])
+        found = problems(batches, checked, stages, events=events)
+        return raise_problems(found, sum(len(b) for b in batches), *_window(get_current_context()))
 
-    @task(execution_timeout=TIMEOUTS.decision, retries=0)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
-    def data_quality_gate(summary: dict) -> dict:
-        from tritonflow.pipelines.drift import data_quality_gate as gate
-
-        return gate(summary)
-
-    targets = models()
-    summaries = check.expand(target=targets)
-    ev = evidently.expand(target=targets)
-    profile.expand(target=targets)
-    recorded = record.partial(evidently_results=ev).expand(summary=summaries)
-    notified = notify.expand(summary=summaries)
-    gate = data_quality_gate.expand(summary=summaries)
-    decide.expand(summary=summaries)
-    [recorded, notified] >> gate >> drift_event.expand(summary=summaries)
-
+    batches = models()
+    checked = check.expand(batch=batches)
+    ev = evidently.expand(batch=batches)
+    profiled = profile.expand(batch=batches)
+    recorded = record.partial(evidently_results=ev).expand(checked=checked)
+    decided = decide.expand(checked=checked)
+    alerting = alerts(checked)
+    [recorded, decided] >> alerting
+    events = drift_event.expand(extra=alerting)
+    data_quality_gate(batches, checked, recorded, decided, ev, profiled, events)
 
 drift_monitor()

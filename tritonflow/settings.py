@@ -449,6 +449,10 @@ class Settings:
         defaults.DEFAULT_MONITORED_MODELS, "MONITORED_MODELS",
         "Models the drift monitor checks, comma-separated (empty: all)."
     )
+    drift_models_per_task: int = _field(
+        defaults.DEFAULT_DRIFT_MODELS_PER_TASK, "DRIFT_MODELS_PER_TASK",
+        "Models one drift_monitor task instance checks, records and decides (>= 1).",
+    )
 
     # remote deployment (docker-compose): services addressed by name instead of host + port
     triton_url: str = _field(

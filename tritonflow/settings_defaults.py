@@ -321,6 +321,9 @@ DEFAULT_RETRAIN_DEFAULT_MODEL = ""
 #: Registered models the hourly drift monitor checks, comma-separated; empty means every model
 #: with a ``champion`` alias.
 DEFAULT_MONITORED_MODELS = ""
+#: Models one drift_monitor task instance checks (and records, decides) in turn (models): fewer,
+#: larger task instances, since each costs seconds of process start-up on a small deployment.
+DEFAULT_DRIFT_MODELS_PER_TASK = 10
 
 
 # ---------------------------------------------------------------------------- tritonflow.runtime.airflow (local)

@@ -1,5 +1,5 @@
-"""drift_monitor wiring: params read the settings when a run starts; the drift event waits for
-the data-quality gate."""
+"""drift_monitor wiring: params read the settings when a run starts; models are checked in batches;
+the data-quality gate runs last and decides the run's state."""
 
 from pathlib import Path
 
@@ -29,6 +29,28 @@ def test_reference_strategy_and_evidently_rows_default_to_the_settings_at_run_ti
         spec.resolve("weekly")
 
 
-def test_the_drift_event_is_emitted_only_after_the_data_quality_gate(drift_dag):
+def test_the_data_quality_gate_runs_last_after_every_stage_so_a_failure_fails_the_run(drift_dag):
+    # the gate is the run's only leaf and runs whatever happened upstream (all_done): the run's
+    # state is the gate's, and it fails when any model failed anywhere
+    gate = drift_dag.get_task("data_quality_gate")
+    assert gate.trigger_rule == "all_done" and gate.retries == 0
+    assert {"check", "record", "decide", "evidently", "profile", "drift_event"} <= gate.upstream_task_ids
+    assert [t.task_id for t in drift_dag.tasks if not t.downstream_task_ids] == ["data_quality_gate"]
+    # the asset events go out after the hour was recorded and decided, one per alerting model
     event = drift_dag.get_task("drift_event")
-    assert "data_quality_gate" in event.upstream_task_ids and event.trigger_rule == "all_done"
+    assert event.upstream_task_ids == {"alerts"}
+    assert {"record", "decide"} <= drift_dag.get_task("alerts").upstream_task_ids
+
+
+def test_models_are_batched_per_task_from_the_setting():
+    from tritonflow.pipelines.drift_batches import batch_models
+    from tritonflow.settings import Settings
+
+    targets = [{"model": f"m{i:02d}", "version": 1} for i in range(23)]
+    batches = batch_models(targets, settings=Settings.from_env({"TRITONFLOW_DRIFT_MODELS_PER_TASK": "10"}))
+    assert [len(b) for b in batches] == [10, 10, 3] and sum(batches, []) == targets
+    assert batch_models([], per_task=10) == []
+    from tritonflow.exceptions import SettingsError
+
+    with pytest.raises(SettingsError, match="TRITONFLOW_DRIFT_MODELS_PER_TASK=0"):
+        batch_models(targets, per_task=0)

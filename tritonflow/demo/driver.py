@@ -396,7 +396,8 @@ class Demo:
         s, e = parse_time(run.get("start_date")), parse_time(run.get("end_date"))
         record.dag_seconds = (e - s).total_seconds() if s and e else None
         checks = xcom_values(self._api, "drift_monitor", run["dag_run_id"], "return_value", ["check"])
-        summary = next((v for _t, _mi, v in checks if isinstance(v, Mapping)), {}) or {}
+        summary = next((v for _t, _mi, val in checks for v in (val if isinstance(val, list) else [val])
+                        if isinstance(v, Mapping) and v.get("model") == self.cfg.model), {}) or {}
         events = xcom_values(self._api, "drift_monitor", run["dag_run_id"], "return_value", ["drift_event"])
         event = next((v for _t, _mi, v in events if isinstance(v, Mapping)), None)
         record.status = summary.get("status")

@@ -10,6 +10,9 @@ One DAG run checks one hour (the run's data interval) for every monitored model:
                       ├─> evidently_for_hour (sample report, beside the check)
                       └─> profile_for_hour   (whylogs profile, beside the check)
 
+The DAG runs each stage for a batch of models per task instance
+(:mod:`tritonflow.pipelines.drift_batches`, ``TRITONFLOW_DRIFT_MODELS_PER_TASK``).
+
 Every stage returns a small JSON-serialisable dict (under ``Settings.max_xcom_bytes``); bulky
 artefacts (the full summary JSON, the Evidently HTML, the whylogs profile) are written under
 :func:`artefact_dir` and referenced by path.
