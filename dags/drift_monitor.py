@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import CronDataIntervalTimetable, Param, dag, get_current_context, task
+from airflow.sdk import CronDataIntervalTimetable, Param, get_current_context, task
 
 from tritonflow_plugin import params as form
-from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, DRIFT_ALERTS, START_DATE, TAG, TIMEOUTS
-from tritonflow_plugin.errors import fail_fast_on_bad_data
-from tritonflow_plugin.links import record_version_links, task_with_links
+from tritonflow_plugin.dag_defaults import DRIFT_ALERTS, TIMEOUTS
+from tritonflow_plugin.links import record_version_links
+from tritonflow_plugin.wiring import data_task, tritonflow_dag
 from tritonflow_plugin.xcom import limit_xcom_size
 
 DESCRIPTION = "Every hour, check each served model's inputs for drift and raise an alert when they moved."
@@ -97,40 +97,30 @@ def _schedule():
     return CronDataIntervalTimetable(raw, timezone="UTC")
 
 
-@dag(
-    dag_id="drift_monitor",
-    schedule=_schedule(),
-    start_date=START_DATE,
-    catchup=False,
-    max_active_runs=4,
-    max_active_tasks=8,
-    default_args=DEFAULT_ARGS,
-    tags=[TAG, "drift"],
-    description=DESCRIPTION,
-    doc_md=DOC,
-    params={
-        "models": Param([], type="array", items={"type": "string"}, title="Models",
-                        description="Registered MLflow models to check, one per line. Empty: every model with "
-                                    "a champion (or TRITONFLOW_MONITORED_MODELS)."),
-        "evidently": Param(True, type="boolean", title="Evidently report",
-                           description="Also build an Evidently drift report on a sample of the hour."),
-        "evidently_sample_rows": Param(None, type=["null", "integer"], minimum=0, title="Evidently sample rows",
-                                       description="Rows per side in the Evidently report (0: no report). "
-                                                   "Empty: TRITONFLOW_DRIFT_EVIDENTLY_SAMPLE_ROWS."),
-        "reference_strategy": form.optional_choice(
-            "Compare with",
-            "training: the data the version was trained on; trailing: the last days it served; "
-            "seasonal: the same hour one period earlier. Empty: TRITONFLOW_DRIFT_REFERENCE_STRATEGY.",
-            form.REFERENCE_STRATEGIES),
-        "profile": Param(True, type="boolean", title="whylogs profile",
-                         description="Also store the hour's whylogs profile (merged into daily profiles)."),
-    },
-)
+PARAMS = {
+    "models": Param([], type="array", items={"type": "string"}, title="Models",
+                    description="Registered MLflow models to check, one per line. Empty: every model with "
+                                "a champion (or TRITONFLOW_MONITORED_MODELS)."),
+    "evidently": Param(True, type="boolean", title="Evidently report",
+                       description="Also build an Evidently drift report on a sample of the hour."),
+    "evidently_sample_rows": Param(None, type=["null", "integer"], minimum=0, title="Evidently sample rows",
+                                   description="Rows per side in the Evidently report (0: no report). "
+                                               "Empty: TRITONFLOW_DRIFT_EVIDENTLY_SAMPLE_ROWS."),
+    "reference_strategy": form.optional_choice(
+        "Compare with",
+        "training: the data the version was trained on; trailing: the last days it served; "
+        "seasonal: the same hour one period earlier. Empty: TRITONFLOW_DRIFT_REFERENCE_STRATEGY.",
+        form.REFERENCE_STRATEGIES),
+    "profile": Param(True, type="boolean", title="whylogs profile",
+                     description="Also store the hour's whylogs profile (merged into daily profiles)."),
+}
+
+
+@tritonflow_dag("drift_monitor", schedule=_schedule(), topics=["drift"], description=DESCRIPTION, doc_md=DOC,
+                params=PARAMS, max_active_runs=4, max_active_tasks=8)
 def drift_monitor():
     """Check every monitored model's hour of inference log for drift, a batch of models per task."""
-    @task(execution_timeout=TIMEOUTS.listing)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(execution_timeout=TIMEOUTS.listing)
     def models(params=None) -> list[list[dict]]:
         from tritonflow.pipelines.drift import monitored_models
         from tritonflow.pipelines.drift_batches import batch_models
@@ -138,9 +128,7 @@ def drift_monitor():
         form.refuse_unknown_conf_keys(get_current_context())
         return batch_models(monitored_models(only=list((params or {}).get("models") or []) or None))
 
-    @task_with_links(execution_timeout=BATCH_TIMEOUT, map_index_template=BATCH_LABEL.format(arg="batch"))
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(links=True, execution_timeout=BATCH_TIMEOUT, map_index_template=BATCH_LABEL.format(arg="batch"))
     def check(batch: list, params=None) -> list[dict]:
         from tritonflow.pipelines.drift_batches import check_batch, retry_if_transient
 
@@ -152,9 +140,7 @@ def drift_monitor():
         retry_if_transient(out, "check", _last_try(context))
         return out
 
-    @task(execution_timeout=BATCH_TIMEOUT, map_index_template=BATCH_LABEL.format(arg="batch"))
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(execution_timeout=BATCH_TIMEOUT, map_index_template=BATCH_LABEL.format(arg="batch"))
     def evidently(batch: list, params=None) -> list[dict]:
         from tritonflow.pipelines.drift_batches import evidently_batch, retry_if_transient
 
@@ -165,9 +151,7 @@ def drift_monitor():
         retry_if_transient(out, "evidently", _last_try(context))
         return out
 
-    @task(execution_timeout=BATCH_TIMEOUT, map_index_template=BATCH_LABEL.format(arg="batch"))
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(execution_timeout=BATCH_TIMEOUT, map_index_template=BATCH_LABEL.format(arg="batch"))
     def profile(batch: list, params=None) -> list[dict]:
         from tritonflow.pipelines.drift_batches import profile_batch, retry_if_transient
 
@@ -179,10 +163,8 @@ def drift_monitor():
         retry_if_transient(out, "profile", _last_try(context))
         return out
 
-    @task_with_links(execution_timeout=BATCH_TIMEOUT, trigger_rule="all_done",
+    @data_task(links=True, execution_timeout=BATCH_TIMEOUT, trigger_rule="all_done",
                      map_index_template=BATCH_LABEL.format(arg="checked"))
-    @fail_fast_on_bad_data
-    @limit_xcom_size
     def record(checked: list, evidently_results: list | None = None) -> list[dict]:
         from tritonflow.pipelines.drift_batches import is_failure, record_batch, retry_if_transient
 
@@ -198,10 +180,8 @@ def drift_monitor():
         retry_if_transient(out, "record", _last_try(context))
         return out
 
-    @task(execution_timeout=BATCH_TIMEOUT, trigger_rule="all_done",
+    @data_task(execution_timeout=BATCH_TIMEOUT, trigger_rule="all_done",
           map_index_template=BATCH_LABEL.format(arg="checked"))
-    @fail_fast_on_bad_data
-    @limit_xcom_size
     def decide(checked: list) -> list[dict]:
         from tritonflow.pipelines.alert_decision import XCOM_KEY
         from tritonflow.pipelines.drift_batches import decide_batch, is_failure, retry_if_transient
@@ -227,9 +207,7 @@ def drift_monitor():
         get_current_context()["outlet_events"][DRIFT_ALERTS].extra = extra
         return extra
 
-    @task(execution_timeout=TIMEOUTS.decision, retries=0, trigger_rule="all_done")
-    @fail_fast_on_bad_data
-    @limit_xcom_size
+    @data_task(execution_timeout=TIMEOUTS.decision, retries=0, trigger_rule="all_done")
     def data_quality_gate(batches: list, checked: list, recorded: list, decided: list, evidently_results: list,
                           profiles: list, events: list, params=None) -> dict:
         from tritonflow.pipelines.drift_batches import problems, raise_problems

@@ -36,6 +36,8 @@ INT_LISTS = {
     "analyzer_queue_delays_us": 0,
     "analyzer_concurrency": 1,
 }
+#: Whole-number settings and their least value.
+AT_LEAST = {"drift_models_per_task": 1}
 #: Fewest task slots of the local Airflow (runs of different DAGs overlap).
 MIN_AIRFLOW_PARALLELISM = 4
 
@@ -68,6 +70,9 @@ def settings_problems(settings: Settings) -> list[str]:
         items = [item.strip() for item in value.split(",")]
         if not all(item.isdigit() and int(item) >= least for item in items):
             problems.append(f"{_variable(field)}={value!r}: expected comma-separated whole numbers >= {least}")
+    for field, least in AT_LEAST.items():
+        if getattr(settings, field) < least:
+            problems.append(f"{_variable(field)}={getattr(settings, field)!r}: expected a whole number >= {least}")
     try:
         parse_steps(settings.canary_steps, field=_variable("canary_steps"))
     except SettingsError as exc:

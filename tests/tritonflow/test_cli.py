@@ -85,6 +85,7 @@ def test_settings_name_their_source():
     ("TRITONFLOW_RETRAIN_ENTRY_POINTS", "model_registry.training:train_noaa", "expected a JSON object"),
     ("TRITONFLOW_AIRFLOW_PARALLELISM", "2", "expected >= 4"),
     ("TRITONFLOW_SHADOW_MIRROR_PERCENT", "150", "expected a percent between 0 and 100"),
+    ("TRITONFLOW_DRIFT_MODELS_PER_TASK", "0", "expected a whole number >= 1"),
 ])
 def test_a_value_the_code_would_refuse_fails_the_settings_command(variable, value, expected):
     with pytest.raises(SettingsError, match=rf"{variable}='?{re.escape(value)}'?: .*{expected}"):
