@@ -12,6 +12,9 @@ version the split routed the request to (empty when a request was not routed), `
 status the client got and ``upstream_status`` Triton's answer(s) (``"500, 200"`` when the fallback
 answered after the routed version failed; ``"-"``/empty when Triton was not reached) and ``uri`` the
 rewritten URI: only inference requests (``.../infer``) are counted, not readiness or metadata calls.
+NGINX writes the line (unbuffered) in its log phase, just after the client got the answer, so a
+request answered in the last milliseconds before a read may be counted only at the next read:
+a window read again later (the canary's step window grows) counts it.
 
 **Failure rule** (:func:`is_failure`): a request counts as failed for the version it was routed to
 when the client got a status >= 500, or when Triton's answer of the routed version (the first entry

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from repository_sync.canary import CanaryPolicy, analyse_step, metrics_scraper, run_canary
-from repository_sync.gateway_status import GatewayStatusLog, StatusCounts, is_failure
 from repository_sync.gateway_probe import wait_live
+from repository_sync.gateway_status import GatewayStatusLog, StatusCounts, is_failure
 from repository_sync.nginx_router import NginxRouter
 from repository_sync.traffic_plan import TrafficPlan
 from tests.repository_sync.test_canary import triton_metrics_text
@@ -178,6 +178,7 @@ def test_returned_errors_and_unknown_versions_are_counted_at_the_gateway(served)
     assert all(s == 200 for s, v, _d in got if v == "1")
     returned = {s for s, v, _d in got if v == "2"}
     assert returned == {500}  # Triton's answer to an error response a Python backend returned
+    time.sleep(0.2)  # NGINX logs a request just after the client got its answer
     counts = GatewayStatusLog(served["status_log"]).counts(MODEL, start, time.time() + 1)
     n2 = sum(1 for _s, v, _d in got if v == "2")
     assert counts[1] == StatusCounts(40 - n2, 0) and counts[2] == StatusCounts(n2, n2)
@@ -191,6 +192,7 @@ def test_returned_errors_and_unknown_versions_are_counted_at_the_gateway(served)
     start = time.time() - 0.05  # NGINX's $msec is its cached clock, at ms resolution
     statuses = [_post(url, f"/v2/models/{MODEL}/infer")[0] for _ in range(5)]
     assert statuses == [404] * 5  # Triton: unknown version
+    time.sleep(0.2)  # NGINX logs a request just after the client got its answer
     counts = GatewayStatusLog(served["status_log"]).counts(MODEL, start, time.time() + 1)
     assert counts == {7: StatusCounts(5, 5)}
 
@@ -229,3 +231,27 @@ def test_challenger_returning_errors_is_rolled_back_on_its_gateway_error_rate(se
     assert last.triton_failures == 0 and last.gateway_failures and last.gateway_failures > 0
     assert last.error_counts_source == "max(triton, gateway)"
     assert unloaded and any(r["status"] >= 400 for r in traffic.rows if r["model_version"] == 2)
+
+
+@pytest.mark.integration
+def test_fallback_and_mirror_locations_log_too_and_formats_do_not_clash(served, tmp_path):
+    from repository_sync.traffic_plan import Mirror
+    from tritonflow.runtime.fault_injection import set_mode
+
+    gateway, url = served["gateway"], served["gateway"].url
+    router = NginxRouter.from_nginx_cmd(gateway.conf_dir, gateway.nginx_cmd(), fallback=True,
+                                        status_log=served["status_log"])
+    # a second routed model with a mirror: its own log_format, accepted by nginx -t
+    router.apply(TrafficPlan.single("other_model", 1, mirror=Mirror(2, 100, "127.0.0.1:9")))
+    set_mode(served["mode_dir"], 2, "error")  # raises: 500, retried on faulty_model__fallback
+    wait_live(url, router.apply(TrafficPlan.single(MODEL, 2)))
+    start = time.time() - 0.05
+    got = [_post(url, f"/v2/models/{MODEL}/infer")[0] for _ in range(3)]
+    assert all(s >= 400 for s in got)  # no fallback model is served: the retry fails too
+    time.sleep(0.2)
+    lines = [json.loads(x) for x in served["status_log"].read_text().splitlines()]
+    infer = [x for x in lines if x["uri"].endswith("/infer") and x["t"] >= start]
+    assert infer and all(x["upstream_status"].startswith("500") for x in infer)
+    time.sleep(0.2)  # NGINX logs a request just after the client got its answer
+    counts = GatewayStatusLog(served["status_log"]).counts(MODEL, start, time.time() + 1)
+    assert counts == {2: StatusCounts(3, 3)}

@@ -2,14 +2,14 @@
 
 Used by the canary tests and ``benchmarks/canary_detection.py`` to make a challenger start
 failing in the middle of a step, on a real Triton, without reloading anything: every request
-reads the mode file of its version (``<mode_dir>/v<version>``: ``ok``, ``error`` or ``nan``;
-missing means ``ok``). Version ``v`` answers ``Y = x * v`` (so whose answer is whose is visible),
-``error`` raises from ``execute`` (Triton counts failed requests), ``returned`` returns an error
-response per request (``pb_utils.InferenceResponse(error=...)``: the client gets an error, Triton
-counts a success), ``nan`` answers NaN (a success for Triton). Note: a Python-backend model that *returns* an error response instead of raising is
-counted as a success by Triton 2.51's ``nv_inference_request_success``/``_failure`` (checked on
-this server), so such errors are invisible to a canary that reads only Triton's metrics; the
-gateway's status log (:mod:`repository_sync.gateway_status`) sees them.
+reads the mode file of its version (``<mode_dir>/v<version>``: ``ok``, ``error``, ``returned`` or
+``nan``; missing means ``ok``). Version ``v`` answers ``Y = x * v`` (so whose answer is whose is
+visible), ``error`` raises from ``execute`` (Triton counts failed requests), ``returned`` returns
+an error response per request (``pb_utils.InferenceResponse(error=...)``: the client gets HTTP 500,
+Triton 2.51 counts a *successful* request in ``nv_inference_request_success``/``_failure``, checked
+on this server), ``nan`` answers NaN (a success for Triton). Errors Triton counts as successes are
+invisible to a canary that reads only Triton's metrics; the gateway's status log
+(:mod:`repository_sync.gateway_status`) sees them.
 """
 
 from __future__ import annotations
