@@ -255,3 +255,27 @@ def test_fallback_and_mirror_locations_log_too_and_formats_do_not_clash(served, 
     time.sleep(0.2)  # NGINX logs a request just after the client got its answer
     counts = GatewayStatusLog(served["status_log"]).counts(MODEL, start, time.time() + 1)
     assert counts == {2: StatusCounts(3, 3)}
+
+
+# ------------------------------------------------------------------------------- where the canary reads it
+@pytest.mark.parametrize("env,expected", [
+    ({}, "conf/tritonflow-router/gateway_access.jsonl"),
+    ({"TRITONFLOW_GATEWAY_ACCESS_LOG": "off"}, None),
+    ({"TRITONFLOW_GATEWAY_RELOAD": "watcher"}, None),
+    ({"TRITONFLOW_GATEWAY_RELOAD": "watcher", "TRITONFLOW_GATEWAY_ACCESS_LOG": "/shared/gw.jsonl"},
+     "/shared/gw.jsonl"),
+])
+def test_canary_environment_status_log_follows_the_settings(tmp_path, env, expected):
+    from tritonflow.pipelines.canary import _status_log
+    from tritonflow.pipelines.canary_promotion import gateway_statuses
+    from tritonflow.settings import Settings
+
+    settings = Settings.from_env(env, home=tmp_path)
+    path, note = _status_log(settings, tmp_path / "conf")
+    assert path == (None if expected is None else
+                    str(tmp_path / expected) if not expected.startswith("/") else expected)
+    if path is None:
+        assert note
+        statuses = gateway_statuses(type("Env", (), {"gateway_status_log": None, "gateway_status_note": note}), "m")
+        with pytest.raises(MetricsUnavailableError, match="not counted at the gateway"):
+            statuses(0.0, 1.0)
