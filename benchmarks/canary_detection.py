@@ -6,20 +6,21 @@ switched at run time to raise errors or answer NaN), and NGINX (``NginxGateway``
 routed by :class:`repository_sync.router.NginxRouter`. A steady client (``--threads`` keep-alive
 HTTP/1.1 connections, paced to ``--rps`` requests per second in total) sends requests through the
 gateway and writes what it got to the inference log (flushed every ``--flush`` s, as a serving
-client's logger does); the canary reads Triton's metrics and that log
+client's logger does); the canary reads Triton's metrics, the gateway's status log and that log
 (:func:`tritonflow.pipelines.canary_observe.observer`), exactly as ``canary_promotion`` does.
 
 1. **Detection to switch.** For each failure mode (``error``: the challenger fails its requests;
-   ``nan``: it answers NaN) a canary starts with the default policy (steps 5/25/50/100 %, a 300 s
-   bake, analyses every 5 s; ``--percent`` sets the first step) and the challenger breaks in the
-   first step, ``--offsets`` seconds after its second analysis (10 s into the step: early in an
-   analysis interval is the worst case, the fault then waits almost a whole interval). Measured
-   from the client's records: from the
-   first bad response (a failure naming the challenger, or a NaN) to the send time of the last
-   request the challenger served (after it, 100 % of the traffic is on the champion), and the
-   failed requests that did not go to the challenger (failures not naming it, and connection
-   errors after one resend on a fresh connection: what HTTP client pools do for a request a
-   closing keep-alive connection never read).
+   ``nan``: it answers NaN; ``returned``: it returns error responses, which Triton counts as
+   successes and only the gateway's status log shows, :mod:`repository_sync.gateway_status`) a
+   canary starts with the default policy (steps 5/25/50/100 %, a 300 s bake, analyses every 5 s;
+   ``--percent`` sets the first step) and the challenger breaks in the first step, ``--offsets``
+   seconds after its second analysis (10 s into the step: early in an analysis interval is the
+   worst case, the fault then waits almost a whole interval). Measured from the client's records:
+   from the first bad response (a failure naming the challenger, or a NaN) to the send time of the
+   last request the challenger served (after it, 100 % of the traffic is on the champion), and the
+   failed requests that did not go to the challenger (failures not naming it, and connection errors
+   after one resend on a fresh connection: what HTTP client pools do for a request a closing
+   keep-alive connection never read).
 2. **Mirror cost.** The client's p99 latency with the champion alone, and with a
    :class:`~repository_sync.router.Mirror` of ``settings.shadow_mirror_percent`` % (and of 100 %)
    of its requests to the challenger through a :class:`~repository_sync.mirror.MirrorRecorder`,
@@ -60,6 +61,7 @@ import pandas as pd  # noqa: E402
 from drift_checks.inference_log import InferenceLogWriter, LogSchema  # noqa: E402
 from repository_sync.canary import CanaryPolicy, metrics_scraper, run_canary  # noqa: E402
 from repository_sync.gateway_probe import wait_live  # noqa: E402
+from repository_sync.gateway_status import STATUS_LOG_NAME, GatewayStatusLog  # noqa: E402
 from repository_sync.mirror import MirrorRecorder  # noqa: E402
 from repository_sync.nginx_router import NginxRouter  # noqa: E402
 from repository_sync.traffic_plan import Mirror, TrafficPlan  # noqa: E402
@@ -195,6 +197,7 @@ def detection_run(mode: str, args, router, gateway, triton, client_log: str, mod
             time.sleep(min(0.05, max(0.0, end - time.monotonic())))
 
     analyses: list = []
+    statuses = GatewayStatusLog(router.status_log)
     started = time.time()
     try:
         result = run_canary(model=MODEL, champion=CHAMPION, challenger=CHALLENGER, policy=policy,
@@ -202,7 +205,8 @@ def detection_run(mode: str, args, router, gateway, triton, client_log: str, mod
                             unload_challenger=lambda: tc.load_model(
                                 MODEL, config=json.dumps(_only((CHAMPION,), mode_dir))),
                             observe=observer(client_log, MODEL, prediction_columns=["prediction"]),
-                            sleep=sleep, on_analysis=analyses.append)
+                            sleep=sleep, on_analysis=analyses.append,
+                            gateway_statuses=lambda a, b: statuses.counts(MODEL, a, b))
         time.sleep(2.0)
     finally:
         client.stop()
@@ -294,6 +298,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=8, help="mirror on/off phase pairs")
     ap.add_argument("--skip-mirror", action="store_true", help="only the detection runs")
     ap.add_argument("--skip-detection", action="store_true", help="only the mirror cost")
+    ap.add_argument("--modes", default="error,nan,returned", help="failure modes of the detection runs")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="tritonflow-canary-bench-") as tmp:
@@ -309,9 +314,10 @@ def main() -> int:
             tc = httpclient.InferenceServerClient(triton.http_url)
             tc.load_model(MODEL)
             gateway = NginxGateway(settings, triton_http=triton.http_url).start()
-            router = NginxRouter.from_nginx_cmd(gateway.conf_dir, gateway.nginx_cmd(), response_header=HEADER)
+            router = NginxRouter.from_nginx_cmd(gateway.conf_dir, gateway.nginx_cmd(), response_header=HEADER,
+                                                status_log=home / STATUS_LOG_NAME)
             detection: dict[str, list[dict]] = {}
-            for mode in () if args.skip_detection else ("error", "nan"):
+            for mode in () if args.skip_detection else args.modes.split(","):
                 for k, offset in enumerate(float(x) for x in args.offsets.split(",")):
                     args.break_after = 10.0 + offset
                     run = detection_run(mode, args, router, gateway, triton,

@@ -50,7 +50,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from repository_sync.canary_analysis import (  # noqa: F401 -- re-exported, the canary's public API
     CONTINUE,
@@ -348,6 +348,7 @@ def run_canary(
     on_step: Callable[[StepAnalysis], Any] | None = None,
     on_analysis: Callable[[StepAnalysis], Any] | None = None,
     sticky_header: str | None = None,
+    gateway_statuses: Callable[[float, float], Mapping[int, Any]] | None = None,
 ) -> CanaryResult:
     """Drive a canary through ``policy.steps`` with continuous analysis; roll back on a failure.
 
@@ -375,6 +376,11 @@ def run_canary(
         on_step: Called with each step-ending analysis (pass, fail, inconclusive) as it is made.
         on_analysis: Called with every analysis, intermediate ones included (record to MLflow).
         sticky_header: Passed to every plan (same key, same version).
+        gateway_statuses: ``(start, end) -> {version: StatusCounts}``: the statuses the gateway
+            answered per version in that unix-time window (e.g.
+            ``GatewayStatusLog(path).counts`` bound to the model); its failures count when they
+            exceed Triton's. ``None``, or raising, leaves Triton's counters alone (noted in the
+            analysis).
 
     Returns:
         :class:`CanaryResult`; at ``"promoted"`` the gateway sends 100 % to the challenger.
@@ -409,7 +415,7 @@ def run_canary(
             before_text = scrape_metrics()
         except Exception as exc:  # noqa: BLE001
             metrics_error = str(exc)
-        recent_text = before_text
+        recent_text, recent_start = before_text, start
         attempt = 1
         baked = 0.0
         bake_until = float(policy.bake_s)
@@ -425,6 +431,15 @@ def run_canary(
                     metrics_error = str(exc)
             final = baked >= bake_until - 1e-9
             end = clock()
+            gateway_counts = gateway_recent = None
+            gateway_error = None if gateway_statuses is not None else "no gateway status log given"
+            if gateway_statuses is not None and metrics_error is None:
+                try:
+                    gateway_counts = gateway_statuses(start, end)
+                    gateway_recent = gateway_statuses(recent_start, end)
+                except Exception as exc:  # noqa: BLE001 -- Triton's counters still judge
+                    gateway_counts = gateway_recent = None
+                    gateway_error = f"gateway status log unavailable: {exc}"
             observations = observations_error = None
             if observe is not None and metrics_error is None:
                 try:
@@ -437,9 +452,10 @@ def run_canary(
                 before_text=before_text, after_text=after_text, metrics_error=metrics_error,
                 recent_before_text=recent_text, final=final, observations=observations,
                 observations_error=observations_error, expected=expected,
-                coverage_reference=coverage_reference,
+                coverage_reference=coverage_reference, gateway_counts=gateway_counts,
+                gateway_recent=gateway_recent, gateway_error=gateway_error,
             )
-            recent_text = after_text
+            recent_text, recent_start = after_text, end
             analysis.index = len(analyses) + 1
             if analysis.verdict == INCONCLUSIVE and attempt > policy.max_extensions:
                 analysis.verdict = FAIL

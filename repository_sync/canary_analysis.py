@@ -209,6 +209,10 @@ class StepAnalysis:
     and ``"continue"`` or ``"fail"`` during it; ``reasons`` says why (every failed check, or what
     was not evaluated); ``hard`` marks a failure found by the hard checks. Figures are ``None``
     when not measurable. ``index`` numbers the analyses of the whole canary from 1.
+    ``canary_requests``/``canary_failures`` are the larger of Triton's counts
+    (``triton_requests``/``triton_failures``) and the gateway's (``gateway_requests``/
+    ``gateway_failures``, ``None`` when its status log was not read); ``error_counts_source`` says
+    which were used and, when the gateway's were not, why.
     """
 
     model: str
@@ -231,6 +235,11 @@ class StepAnalysis:
     recent_requests: float | None = None
     recent_error_rate: float | None = None
     canary_mean_latency_ms: float | None = None
+    triton_requests: float | None = None
+    triton_failures: float | None = None
+    gateway_requests: float | None = None
+    gateway_failures: float | None = None
+    error_counts_source: str | None = None
     champion_requests: float | None = None
     champion_mean_latency_ms: float | None = None
     latency_ratio: float | None = None
@@ -271,6 +280,25 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _with_gateway(w: VersionWindow, counts: Mapping[int, Any] | None, version: int) -> VersionWindow:
+    """``w`` with requests and failures the larger of Triton's and the gateway's for ``version``.
+
+    The gateway counts what clients got (:mod:`repository_sync.gateway_status`): error responses
+    a model returned, which Triton 2.51 counts as successes, and requests for a version Triton does
+    not serve, which are in no version's counters. Taking the larger of each never hides a failure
+    either source saw.
+    """
+    if counts is None:
+        return w
+    g = counts.get(int(version))
+    if g is None:
+        return w
+    requests = max(w.requests, float(g.requests))
+    failures = max(w.failures, float(g.failures))
+    return dataclasses.replace(w, requests=requests, failures=failures,
+                               error_rate=(failures / requests) if requests > 0 else None)
+
+
 def _error_rate_failure(policy: CanaryPolicy, failures: float, requests: float, what: str) -> str | None:
     """A hard error-rate failure: enough requests and the rate's lower bound above the limit."""
     if requests < policy.hard_min_requests or failures <= 0:
@@ -303,8 +331,17 @@ def analyse_step(
     observations_error: str | None = None,
     expected: ExpectedBehaviour | None = None,
     coverage_reference: CoverageReference | None = None,
+    gateway_counts: Mapping[int, Any] | None = None,
+    gateway_recent: Mapping[int, Any] | None = None,
+    gateway_error: str | None = None,
 ) -> StepAnalysis:
-    """Judge a step's window from two metrics scrapes and the logged requests.
+    """Judge a step's window from two metrics scrapes, the gateway's statuses and the logged requests.
+
+    Requests and failures of a version are the larger of Triton's counter deltas and the
+    gateway's counts (``gateway_counts`` for the step's window, ``gateway_recent`` for the last
+    interval: ``{version: StatusCounts}`` from
+    :meth:`repository_sync.gateway_status.GatewayStatusLog.counts`); without them (``None``, with
+    ``gateway_error`` saying why) Triton's alone are used, and the record says so.
 
     Hard rules, at every analysis (any one fails the step at once):
 
@@ -363,6 +400,16 @@ def analyse_step(
         assert before is not None and after is not None  # else metrics_error is set above
         cw = version_window(before, after, model, challenger)
         hw = version_window(before, after, model, champion)
+        a.triton_requests, a.triton_failures = cw.requests, cw.failures
+        if gateway_counts is not None:
+            g = gateway_counts.get(int(challenger))
+            a.gateway_requests = float(g.requests) if g is not None else 0.0
+            a.gateway_failures = float(g.failures) if g is not None else 0.0
+            a.error_counts_source = "max(triton, gateway)"
+        else:
+            a.error_counts_source = "triton only" + (f": {gateway_error}" if gateway_error else "")
+        cw = _with_gateway(cw, gateway_counts, challenger)
+        hw = _with_gateway(hw, gateway_counts, champion)
         a.canary_requests, a.canary_failures = cw.requests, cw.failures
         a.canary_error_rate, a.canary_mean_latency_ms = cw.error_rate, cw.mean_latency_ms
         a.canary_error_rate_lower = binomial_lower_bound(cw.failures, cw.requests, policy.hard_confidence)
@@ -382,7 +429,7 @@ def analyse_step(
             if msg:
                 hard.append(msg)
             if recent is not None:
-                rw = version_window(recent, after, model, challenger)
+                rw = _with_gateway(version_window(recent, after, model, challenger), gateway_recent, challenger)
                 a.recent_requests, a.recent_error_rate = rw.requests, rw.error_rate
                 msg = None if rw.reset else _error_rate_failure(
                     policy, rw.failures, rw.requests, "challenger error rate over the last interval")

@@ -144,6 +144,11 @@ class NginxRouter(TrafficRouter):
             ``gateway`` lease there (named by the conf dir: ``nginx -t`` checks the whole config).
             Default: SQLite in ``state_dir`` (only for a gateway whose writers share one host).
         lock_timeout_s: Seconds an update waits for another update of this gateway.
+        status_log: File NGINX appends one JSON line per request of a routed model to (the path as
+            NGINX sees it; :mod:`repository_sync.gateway_status` reads it), so the canary counts
+            the statuses clients got per version. ``None``: not written. Routed requests then go
+            to this file instead of the regular access log (a ``location``'s ``access_log``
+            replaces the inherited one).
 
     Example::
 
@@ -165,6 +170,7 @@ class NginxRouter(TrafficRouter):
         fallback_timeout_s: float = 10.0,
         coordination: CoordinationStore | str | None = None,
         lock_timeout_s: float = 60.0,
+        status_log: Path | str | None = None,
     ) -> None:
         if not re.match(r"^[A-Za-z0-9_.-]+$", upstream):
             raise DataError(f"NginxRouter: upstream={upstream!r} is not an NGINX upstream name")
@@ -189,6 +195,10 @@ class NginxRouter(TrafficRouter):
             raise DataError(f"NginxRouter: fallback_timeout_s={fallback_timeout_s!r}; expected seconds in (0, 3600]")
         self.fallback = bool(fallback)
         self.fallback_timeout_s = float(fallback_timeout_s)
+        if status_log is not None and not re.match(r"^[^\s;{}'\"$#]+$", str(status_log)):
+            raise DataError(f"NginxRouter: status_log={str(status_log)!r} cannot be written into an NGINX "
+                            "config (no spaces, quotes, ';', braces, '$' or '#')")
+        self.status_log = str(status_log) if status_log is not None else None
 
     @classmethod
     def from_nginx_cmd(cls, conf_dir: Path | str, nginx_cmd: Sequence[str], **kwargs: Any) -> "NginxRouter":
@@ -241,6 +251,7 @@ class NginxRouter(TrafficRouter):
         lines.append(f"    * {int(nonzero[-1].version)};\n")
         lines.append("}\n")
         http.append("".join(lines))
+        http.append(self._render_log_format(plan, ident, version_var))
 
         escaped = re.escape(plan.model)
         retry, fallback = self._render_fallback(plan, ident, escaped)
@@ -251,6 +262,7 @@ class NginxRouter(TrafficRouter):
                 f"    proxy_pass http://{self.upstream};\n"
                 f"    add_header {self.response_header} {version_var} always;\n"
                 f"    add_header {PLAN_HEADER} {plan.digest} always;\n"
+                + self._access_log(ident)
                 + retry
                 + "}\n"
             )
@@ -259,6 +271,27 @@ class NginxRouter(TrafficRouter):
             http.append(mirror_http)
             locations = header + locations
         return "".join(http).encode(), (locations + fallback).encode()
+
+    def _render_log_format(self, plan: TrafficPlan, ident: str, version_var: str) -> str:
+        """The ``log_format`` of the status log (:data:`repository_sync.gateway_status.LOG_FIELDS`).
+
+        The model name is written literally (``MODEL_NAME_RE`` allows no quote nor backslash);
+        ``escape=json`` escapes the variables.
+        """
+        if self.status_log is None:
+            return ""
+        return (
+            f"log_format tritonflow_status_{ident} escape=json\n"
+            f"    '{{\"t\":$msec,\"model\":\"{plan.model}\",\"version\":\"{version_var}\",'\n"
+            f"    '\"status\":$status,\"upstream_status\":\"$upstream_status\",'\n"
+            f"    '\"request_time\":$request_time,\"uri\":\"$uri\"}}';\n"
+        )
+
+    def _access_log(self, ident: str) -> str:
+        """The ``access_log`` directive of a routed location (empty without a status log)."""
+        if self.status_log is None:
+            return ""
+        return f"    access_log {self.status_log} tritonflow_status_{ident};\n"
 
     def _render_fallback(self, plan: TrafficPlan, ident: str, escaped: str) -> tuple[str, str]:
         """(directives added to a routed location, the named fallback location); empty when off.
@@ -284,7 +317,8 @@ class NginxRouter(TrafficRouter):
             f"    proxy_read_timeout {timeout};\n"
             f"    add_header {FALLBACK_HEADER} {target} always;\n"
             f"    add_header {PLAN_HEADER} {plan.digest} always;\n"
-            f"}}\n"
+            + self._access_log(ident)
+            + "}\n"
         )
         return retry, location
 
@@ -326,6 +360,7 @@ class NginxRouter(TrafficRouter):
             f"    proxy_pass http://{self.upstream};\n"
             f"    add_header {self.response_header} {version_var} always;\n"
             f"    add_header {PLAN_HEADER} {plan.digest} always;\n"
+            + self._access_log(ident)
             + retry
         )
         locations = (

@@ -485,6 +485,12 @@ class Settings:
         defaults.DEFAULT_GATEWAY_RELOAD, "GATEWAY_RELOAD",
         "How the router reloads NGINX: 'local' (nginx -s reload) or 'watcher' (reload.request file).",
     )
+    gateway_access_log: str = _field(
+        "", "GATEWAY_ACCESS_LOG",
+        "Gateway status log (one JSON line per routed request) the canary counts per-version errors "
+        "from (empty: <gateway conf dir>/tritonflow-router/gateway_access.jsonl, written only where "
+        "NGINX runs on the worker's host; 'off': not used).",
+    )
     traffic_router: str = _field(
         defaults.DEFAULT_TRAFFIC_ROUTER, "TRAFFIC_ROUTER",
         "Traffic router that splits a model's requests between versions: 'nginx' (the only one so far).",

@@ -343,6 +343,9 @@ def test_every_step_is_recorded_on_the_challengers_model_version(stack, promoted
         assert step["challenger_version"] == 3 and step["champion_version"] == 2
         assert step["verdict"] in ("pass", "inconclusive") and step["canary_requests"] is not None
         assert step["thresholds"]["max_prediction_ks"] == 0.2  # the default
+        # the gateway's status log counted the challenger's requests beside Triton's counters
+        assert step["error_counts_source"] == "max(triton, gateway)", step["error_counts_source"]
+        assert step["gateway_requests"] > 0 and step["gateway_failures"] == 0
     judged = [s for s in steps.values() if s["percent"] == 50 and s["verdict"] == "pass"]
     assert judged and judged[0]["prediction_ks"] is not None  # the distribution was compared
     # against the challenger's own expected predictions, column by column, matched on inputs

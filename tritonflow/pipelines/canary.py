@@ -63,6 +63,26 @@ DEFAULT_LIVE_TIMEOUT_S = 15.0
 
 
 # ----------------------------------------------------------------------------------- environment
+def _status_log(s: Settings, conf_dir: Path) -> tuple[str | None, str]:
+    """(the gateway status log path or ``None``, why ``None``) from ``TRITONFLOW_GATEWAY_ACCESS_LOG``.
+
+    Empty: ``<conf_dir>/tritonflow-router/gateway_access.jsonl`` where NGINX runs on this host;
+    with the reload watcher (NGINX in another container, which sees the conf dir at another path)
+    none unless the setting names a path both see.
+    """
+    from repository_sync.gateway_status import STATUS_LOG_NAME
+
+    value = (s.gateway_access_log or "").strip()
+    if value.lower() == "off":
+        return None, "TRITONFLOW_GATEWAY_ACCESS_LOG=off"
+    if value:
+        return value, ""
+    if s.gateway_reload == "watcher":
+        return None, ("the gateway runs in another container (TRITONFLOW_GATEWAY_RELOAD=watcher) and "
+                      "TRITONFLOW_GATEWAY_ACCESS_LOG names no status log both see")
+    return str(Path(conf_dir) / "tritonflow-router" / STATUS_LOG_NAME), ""
+
+
 @dataclasses.dataclass
 class CanaryEnvironment:
     """Where the canary's systems are.
@@ -83,6 +103,10 @@ class CanaryEnvironment:
         endpoint_url: S3 endpoint for the repository and the log (``None``: from the URL).
         gpu_free_bytes: Callable giving free GPU memory in bytes (``None`` result: no GPU);
             default: pynvml through :mod:`model_registry.hardware`.
+        gateway_status_log: The gateway's status log (:mod:`repository_sync.gateway_status`), the
+            path as NGINX and this host both see it: the router makes NGINX write it and the canary
+            counts per-version failures from it. ``None``: not used (``gateway_status_note`` says
+            why), and the canary's error rate comes from Triton's metrics alone.
     """
 
     settings: Settings
@@ -98,6 +122,8 @@ class CanaryEnvironment:
     inference_log_root: str
     endpoint_url: str | None = None
     gpu_free_bytes: Callable[[], int | None] | None = None
+    gateway_status_log: str | None = None
+    gateway_status_note: str = ""
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, *, gateway: Any = None,
@@ -123,6 +149,7 @@ class CanaryEnvironment:
 
                 gateway = NginxGateway(s)
             gateway_url, conf_dir, reload = gateway.url, Path(gateway.conf_dir), gateway.reload
+        status_log, status_note = _status_log(s, conf_dir)
         values: dict[str, Any] = dict(
             settings=s,
             triton_url=s.triton_http_url,
@@ -136,6 +163,8 @@ class CanaryEnvironment:
             tracking_uri=s.resolved_mlflow_tracking_uri,
             inference_log_root=s.inference_log_root or str(s.home / "inference_logs"),
             endpoint_url=s.s3_endpoint_url or None,
+            gateway_status_log=status_log,
+            gateway_status_note=status_note,
         )
         unknown = set(overrides) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
@@ -153,7 +182,8 @@ class CanaryEnvironment:
                            reload=self.gateway_reload, test=self.gateway_test,
                            response_header=self.settings.gateway_response_header,
                            fallback=self.settings.fallback_enabled, fallback_timeout_s=self.settings.fallback_timeout_s,
-                           coordination=coordination_store(self.settings))
+                           coordination=coordination_store(self.settings),
+                           status_log=self.gateway_status_log)
 
     def triton(self):
         """A :class:`repository_sync.triton_client.TritonModelControl` (verifies before loads)."""

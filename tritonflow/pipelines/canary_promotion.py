@@ -97,6 +97,30 @@ def garbage_collect_repository(model: str, *, champion: int, rollback_target: in
     return {"deleted": deleted, "kept": kept}
 
 
+# ----------------------------------------------------------------------------------- gateway statuses
+def gateway_statuses(env: Any, triton_model: str) -> Callable[[float, float], Mapping[int, Any]]:
+    """``(start, end) -> {version: StatusCounts}`` of ``triton_model`` from the gateway's status log.
+
+    Without a status log (``env.gateway_status_log`` is ``None``) the callable raises, naming why,
+    so every analysis records that its error rate came from Triton's metrics alone.
+
+    Raises:
+        MetricsUnavailableError: (from the returned callable) no status log, or not readable here.
+    """
+    from repository_sync.gateway_status import GatewayStatusLog
+    from tritonflow.exceptions import MetricsUnavailableError
+
+    path = getattr(env, "gateway_status_log", None)
+    if not path:
+        note = getattr(env, "gateway_status_note", "") or "no gateway status log configured"
+
+        def unavailable(start: float, end: float) -> Mapping[int, Any]:
+            raise MetricsUnavailableError(f"not counted at the gateway: {note}")
+        return unavailable
+    log = GatewayStatusLog(path)
+    return lambda start, end: log.counts(triton_model, start, end)
+
+
 # ----------------------------------------------------------------------------------- promotion
 def _now_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:4]
@@ -255,6 +279,7 @@ def run_promotion(
                 scrape_metrics=metrics_scraper(env.metrics_url), unload_challenger=unload_challenger,
                 observe=observe, expected=expected, coverage_reference=coverage_ref, sleep=sleep,
                 clock=clock, on_step=on_step, on_analysis=record.add,
+                gateway_statuses=gateway_statuses(env, name),
             )
         except BaseException as exc:
             # Anything unexpected (MLflow down while recording a step, interrupt): traffic back to

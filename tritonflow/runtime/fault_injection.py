@@ -2,12 +2,14 @@
 
 Used by the canary tests and ``benchmarks/canary_detection.py`` to make a challenger start
 failing in the middle of a step, on a real Triton, without reloading anything: every request
-reads the mode file of its version (``<mode_dir>/v<version>``: ``ok``, ``error`` or ``nan``;
-missing means ``ok``). Version ``v`` answers ``Y = x * v`` (so whose answer is whose is visible),
-``error`` raises from ``execute`` (Triton counts failed requests), ``nan`` answers NaN (a success
-for Triton). Note: a Python-backend model that *returns* an error response instead of raising is
-counted as a success by Triton 2.51's ``nv_inference_request_success``/``_failure`` (checked on
-this server), so such errors are invisible to a canary that reads Triton's metrics.
+reads the mode file of its version (``<mode_dir>/v<version>``: ``ok``, ``error``, ``returned`` or
+``nan``; missing means ``ok``). Version ``v`` answers ``Y = x * v`` (so whose answer is whose is
+visible), ``error`` raises from ``execute`` (Triton counts failed requests), ``returned`` returns
+an error response per request (``pb_utils.InferenceResponse(error=...)``: the client gets HTTP 500,
+Triton 2.51 counts a *successful* request in ``nv_inference_request_success``/``_failure``, checked
+on this server), ``nan`` answers NaN (a success for Triton). Errors Triton counts as successes are
+invisible to a canary that reads only Triton's metrics; the gateway's status log
+(:mod:`repository_sync.gateway_status`) sees them.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ class TritonPythonModel:
             # carrying an error as a *successful* request in nv_inference_request_*
             raise pb_utils.TritonModelException(f"version {self.version} injected failure")
         out = []
+        if mode == "returned":
+            err = pb_utils.TritonError(f"version {self.version} injected returned error")
+            return [pb_utils.InferenceResponse(error=err) for _ in requests]
         for r in requests:
             x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy().astype(np.float32)
             y = np.full_like(x, np.nan) if mode == "nan" else x * self.version
@@ -61,6 +66,10 @@ parameters: {{ key: "mode_dir" value: {{ string_value: "{mode_dir}" }} }}
 '''
 
 
+#: Modes a version can be switched to (see the module doc).
+MODES = ("ok", "error", "returned", "nan")
+
+
 def write_fault_model(repository: str | Path, name: str, versions=(1, 2), *, instances: int = 1) -> Path:
     """Write ``name`` with ``versions`` into a filesystem ``repository``; returns the mode folder.
 
@@ -78,13 +87,13 @@ def write_fault_model(repository: str | Path, name: str, versions=(1, 2), *, ins
 
 
 def set_mode(mode_dir: str | Path, version: int, mode: str) -> None:
-    """Make ``version`` answer ``ok``, ``error`` or ``nan`` from its next request on."""
-    if mode not in ("ok", "error", "nan"):
-        raise ValueError(f"mode={mode!r}; expected 'ok', 'error' or 'nan'")
+    """Make ``version`` answer ``ok``, ``error``, ``returned`` or ``nan`` from its next request on."""
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r}; expected one of {MODES}")
     path = Path(mode_dir) / f"v{int(version)}"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(mode)
     tmp.replace(path)
 
 
-__all__ = ["MODEL_PY", "set_mode", "write_fault_model"]
+__all__ = ["MODES", "MODEL_PY", "set_mode", "write_fault_model"]
