@@ -68,20 +68,6 @@ def _last_try(context) -> bool:
 BATCH_LABEL = "{{{{ task.op_kwargs['{arg}'] | map(attribute='model') | join(', ') | truncate(200, True, ' ...', 0) }}}}"
 
 
-def _models_per_task() -> int:
-    """``TRITONFLOW_DRIFT_MODELS_PER_TASK`` at parse time (only the batch timeout depends on it)."""
-    import os
-
-    try:
-        return max(1, int(os.environ.get("TRITONFLOW_DRIFT_MODELS_PER_TASK", "10")))
-    except ValueError:
-        return 10
-
-
-#: Timeout of a batch task: one model's budget per model, at most an hour (the next hour's run).
-BATCH_TIMEOUT = min(TIMEOUTS.check * _models_per_task(), timedelta(hours=1))
-
-
 #: Environment variable of the schedule (read at parse time: Airflow schedules from it). A cron
 #: expression (default ``@hourly``), or ``none`` for runs created only through the API/UI (the main
 #: job creates each logical hour's run itself).
@@ -128,7 +114,7 @@ def drift_monitor():
         form.refuse_unknown_conf_keys(get_current_context())
         return batch_models(monitored_models(only=list((params or {}).get("models") or []) or None))
 
-    @data_task(links=True, execution_timeout=BATCH_TIMEOUT, map_index_template=BATCH_LABEL.format(arg="batch"))
+    @data_task(links=True, execution_timeout=TIMEOUTS.drift_batch, map_index_template=BATCH_LABEL.format(arg="batch"))
     def check(batch: list, params=None) -> list[dict]:
         from tritonflow.pipelines.drift_batches import check_batch, retry_if_transient
 
@@ -140,7 +126,7 @@ def drift_monitor():
         retry_if_transient(out, "check", _last_try(context))
         return out
 
-    @data_task(execution_timeout=BATCH_TIMEOUT, map_index_template=BATCH_LABEL.format(arg="batch"))
+    @data_task(execution_timeout=TIMEOUTS.drift_batch, map_index_template=BATCH_LABEL.format(arg="batch"))
     def evidently(batch: list, params=None) -> list[dict]:
         from tritonflow.pipelines.drift_batches import evidently_batch, retry_if_transient
 
@@ -151,7 +137,7 @@ def drift_monitor():
         retry_if_transient(out, "evidently", _last_try(context))
         return out
 
-    @data_task(execution_timeout=BATCH_TIMEOUT, map_index_template=BATCH_LABEL.format(arg="batch"))
+    @data_task(execution_timeout=TIMEOUTS.drift_batch, map_index_template=BATCH_LABEL.format(arg="batch"))
     def profile(batch: list, params=None) -> list[dict]:
         from tritonflow.pipelines.drift_batches import profile_batch, retry_if_transient
 
@@ -163,7 +149,7 @@ def drift_monitor():
         retry_if_transient(out, "profile", _last_try(context))
         return out
 
-    @data_task(links=True, execution_timeout=BATCH_TIMEOUT, trigger_rule="all_done",
+    @data_task(links=True, execution_timeout=TIMEOUTS.drift_batch, trigger_rule="all_done",
                      map_index_template=BATCH_LABEL.format(arg="checked"))
     def record(checked: list, evidently_results: list | None = None) -> list[dict]:
         from tritonflow.pipelines.drift_batches import is_failure, record_batch, retry_if_transient
@@ -180,7 +166,7 @@ def drift_monitor():
         retry_if_transient(out, "record", _last_try(context))
         return out
 
-    @data_task(execution_timeout=BATCH_TIMEOUT, trigger_rule="all_done",
+    @data_task(execution_timeout=TIMEOUTS.drift_batch, trigger_rule="all_done",
           map_index_template=BATCH_LABEL.format(arg="checked"))
     def decide(checked: list) -> list[dict]:
         from tritonflow.pipelines.alert_decision import XCOM_KEY

@@ -50,6 +50,9 @@ class TIMEOUTS:  # noqa: N801 - a constant table, read as TIMEOUTS.short
     decision = timedelta(minutes=5)
     #: One model-hour's drift check, Evidently report or whylogs profile.
     check = timedelta(minutes=15)
+    #: One drift stage over a batch of models (``TRITONFLOW_DRIFT_MODELS_PER_TASK``): at most the
+    #: hour until the next hourly run.
+    drift_batch = timedelta(hours=1)
     #: Mapping a registry event to the DAG runs it starts.
     event_mapping = timedelta(minutes=2)
     #: Starting the mapped runs of a registry event.
