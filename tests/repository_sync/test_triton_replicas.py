@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from repository_sync.coordination import CoordinationStore
@@ -19,7 +20,7 @@ from repository_sync.triton_client import TritonModelControl
 from repository_sync.triton_replicas import TritonReplicaSet, parse_replica_urls, triton_control
 from tests.conftest import make_settings
 from tests.repository_sync.test_model_control import CONFIG, _fraud_onnx
-from tritonflow.exceptions import DataError, ModelLoadError, ModelLoadRefusedError
+from tritonflow.exceptions import DataError, ModelLoadError, ModelLoadRefusedError, ParityError
 from tritonflow.runtime.services import NginxGateway
 
 NAME = "fraud_model"
@@ -87,6 +88,18 @@ def test_replicas_on_one_s3_repository_load_unload_and_roll_back_together(
         assert set(info["replicas"]) == {a.http_url, b.http_url}
         assert all(r["versions"] == [1] and r["signatures"]["1"] == info["signature_digest"]
                    for r in info["replicas"].values())
+        assert replicas.ready_by_replica(NAME) == {a.http_url: [1], b.http_url: [1]}
+
+        # publish's load and smoke test: every replica answers; a parity failure on one removes it again
+        x = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+        logits = x @ np.random.default_rng(2).normal(size=(4, 2)).astype(np.float32)
+        want = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+        with pytest.raises(ParityError, match=f"replica {a.http_url} .1 of 2."):
+            replicas.load_and_smoke_test(NAME, 2, {"features": x}, {"probabilities": want + 0.5})
+        assert replicas.ready_by_replica(NAME) == {a.http_url: [1], b.http_url: [1]}
+        info, _ = replicas.load_and_smoke_test(NAME, 2, {"features": x}, {"probabilities": want}, atol=1e-5)
+        assert {u: r["smoke"]["rows_sent"] for u, r in info["replicas"].items()} == {a.http_url: 6, b.http_url: 6}
+        replicas.unload_versions(NAME, [2])
         assert replicas.ready_by_replica(NAME) == {a.http_url: [1], b.http_url: [1]}
 
         # canary: champion 1 and challenger 2 side by side on every replica (the canary's own path)
