@@ -162,6 +162,7 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
             try:
                 lease.check()  # fencing: never send a load after losing the lease
                 _send_load(server, name, body, sorted(target))
+                _check_listed(server, name, sorted(target))
                 for v in sorted(target):
                     server.wait_ready(name, v, timeout_s)
             except BaseException as exc:
@@ -184,6 +185,34 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
         if len(servers) > 1:
             result["replicas"] = per_replica
         return result
+
+
+#: Seconds a version may stay absent from Triton's repository index after its load returned.
+LISTED_GRACE_S = 5.0
+
+
+def _check_listed(server: Any, name: str, versions: list[int]) -> None:
+    """Fail fast when Triton does not list a version after the (synchronous) load returned.
+
+    A server that cannot read a version folder (a replica on another or a stale copy of the
+    repository) accepts the load and simply never lists it; waiting for READY would only time out.
+
+    Raises:
+        ModelLoadError: A version still absent from the index after :data:`LISTED_GRACE_S` seconds.
+    """
+    from tritonflow.exceptions import ModelLoadError
+
+    deadline = time.monotonic() + LISTED_GRACE_S
+    while True:
+        listed = {str(e.get("version", "")) for e in server.index() if e.get("name") == name}
+        missing = [v for v in versions if str(v) not in listed]
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise ModelLoadError(f"Triton at {server.url} does not list model '{name}' versions {missing} "
+                                 f"after loading them (lists {sorted(listed - {''})}): it cannot read them "
+                                 "from its repository")
+        time.sleep(0.2)
 
 
 def replicas_of(control: Any) -> list[Any]:

@@ -326,7 +326,8 @@ def triton_control(settings: Any, url: str | None = None, **kwargs: Any) -> Trit
 
     Args:
         settings: :class:`tritonflow.settings.Settings` (``triton_replica_http_urls``).
-        url: An explicit ``host:port`` (a caller's override): then that server alone.
+        url: An explicit ``host:port`` (a caller's override): then that server alone, unless it is
+            the first replica or ``settings.triton_http_url`` (the default, not an override).
         **kwargs: Passed to the client (repository, trusted_keys, coordination, holder...).
 
     Returns:
@@ -334,7 +335,7 @@ def triton_control(settings: Any, url: str | None = None, **kwargs: Any) -> Trit
         :class:`TritonReplicaSet` over ``TRITONFLOW_TRITON_REPLICA_URLS``.
     """
     urls = settings.triton_replica_http_urls
-    if url is not None and url not in urls[:1]:
+    if url is not None and url not in urls[:1] and url != settings.triton_http_url:
         urls = [url]
     if len(urls) == 1:
         return TritonModelControl(urls[0], **kwargs)

@@ -43,6 +43,9 @@ def test_settings_default_to_the_single_triton_url(tmp_path):
     assert isinstance(both, TritonReplicaSet) and both.urls == ["t1:8000", "t2:8000"]
     assert isinstance(triton_control(two, "t9:8000"), TritonModelControl)  # an explicit URL wins
     both.close()
+    # replicas named without TRITONFLOW_TRITON_URL: the default URL passed along is no override
+    three = make_settings(tmp_path / "three", triton_replica_urls="t1:8000,t2:8000")
+    assert isinstance(triton_control(three, three.triton_http_url), TritonReplicaSet)
 
 
 def test_gateway_upstream_lists_every_replica(tmp_path):
