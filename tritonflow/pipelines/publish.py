@@ -313,7 +313,7 @@ def _preflight(state: Mapping[str, Any], s: Settings) -> dict[str, int]:
 def _unload_version_if_ready(ctl: Any, name: str, version: int) -> None:
     """Unload ``version`` if it is READY (e.g. loaded by an earlier run), keeping other versions."""
     try:
-        if version not in ctl.ready_versions(name):
+        if version not in getattr(ctl, "ready_versions_any", ctl.ready_versions)(name):  # on any replica
             return
         ctl.unload_versions(name, [version])  # the desired set minus it, under the model's lease
         log.warning("model %s version %s was READY and failed the checks: unloaded", name, version)
