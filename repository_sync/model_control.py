@@ -20,7 +20,11 @@ Here the set of versions a model keeps loaded is **desired state** in the coordi
 
 A model tritonflow has never controlled (no record) starts from what Triton has READY, read once
 under the lease. The desired set is per model name: every Triton serving the repository (replicas
-behind the gateway) is meant to serve the same set.
+behind the gateway) is meant to serve the same set. With a
+:class:`repository_sync.triton_replicas.TritonReplicaSet` one lease covers every replica: the load
+request goes to the replicas in order, each READY before the next; when one fails, the replicas
+already changed and the failing one are brought back to the desired set, which is unchanged, and
+the error names the replica.
 """
 
 from __future__ import annotations
@@ -80,7 +84,8 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
     """Change the versions ``name`` keeps loaded in one Triton request, under its model-control lease.
 
     Args:
-        control: A :class:`repository_sync.triton_client.TritonModelControl`.
+        control: A :class:`repository_sync.triton_client.TritonModelControl` or a
+            :class:`repository_sync.triton_replicas.TritonReplicaSet` (every replica, one lease).
         name: Triton model name.
         add: Versions to load beside the desired ones.
         remove: Versions to unload (a version the registry still needs stays).
@@ -93,7 +98,8 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
         timeout_s: Seconds to wait for READY per version (default ``control.load_timeout_s``).
 
     Returns:
-        ``{"model_name", "versions", "before", "signatures": {version: digest}, "key_ids"}``.
+        ``{"model_name", "versions", "before", "signatures": {version: digest}, "key_ids"}``; for a
+        replica set also ``replicas: {url: {"versions", "load_s", "signatures"}}``.
 
     Raises:
         LeaseBusyError: Another model-control change of ``name`` held the lease too long.
@@ -112,7 +118,8 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
         recorded_config = store.get_state(CONFIG_SCOPE, key)
         before = desired_versions(store, key)
         if not before and recorded_config is None:  # never controlled: adopt what Triton serves
-            before = {v: "adopted" for v in control.ready_versions(name)}
+            ready = getattr(control, "ready_versions_any", control.ready_versions)  # any replica
+            before = {v: "adopted" for v in ready(name)}
         added = {int(v) for v in add}
         if exactly is not None:
             target = {int(v): before.get(int(v), purpose) for v in exactly}
@@ -124,10 +131,14 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
                 target.setdefault(int(v), "registry")
         result: dict[str, Any] = {"model_name": name, "versions": sorted(target), "before": sorted(before),
                   "signatures": {}, "key_ids": {}}
+        servers = replicas_of(control)
         if not target:
             lease.check()
-            control._call(f"unloading '{name}'", control.client.unload_model, name)
+            for server in servers:
+                server._call(f"unloading '{name}'", server.client.unload_model, name)
             _write_desired(store, key, {}, holder, recorded_config or {})
+            if len(servers) > 1:
+                result["replicas"] = {s.url: {"versions": []} for s in servers}
             return result
         intended: dict[int, bytes] = {}
         for v in sorted(target):
@@ -145,17 +156,83 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
         msg.version_policy.Clear()
         msg.version_policy.specific.versions.extend(sorted(target))
         body = _config_json(msg)
-        try:
-            lease.check()  # fencing: never send a load after losing the lease
-            _send_load(control, name, body, sorted(target))
-            for v in sorted(target):
-                control.wait_ready(name, v, timeout_s)
-        except BaseException:
-            if set(before) != set(target):
-                _bring_back(control, name, sorted(before), recorded_config, body)
-            raise
+        per_replica: dict[str, dict[str, Any]] = {}
+        for i, server in enumerate(servers):  # in order: each READY before the next is touched
+            started = time.monotonic()
+            try:
+                lease.check()  # fencing: never send a load after losing the lease
+                _send_load(server, name, body, sorted(target))
+                _check_listed(server, name, sorted(target))
+                for v in sorted(target):
+                    server.wait_ready(name, v, timeout_s)
+            except BaseException as exc:
+                changed = servers[: i + 1]
+                if set(before) != set(target):
+                    for done in changed:
+                        _bring_back(done, name, sorted(before), recorded_config, body)
+                if len(servers) == 1:
+                    raise
+                back = ", ".join(d.url for d in changed)
+                named = name_replica(exc, server.url, i, len(servers),
+                                     f"; replicas {back} brought back to versions {sorted(before)}, "
+                                     "the others untouched")
+                if named is exc:
+                    raise
+                raise named from exc
+            per_replica[server.url] = {"versions": sorted(target), "load_s": round(time.monotonic() - started, 3),
+                                       "signatures": dict(result["signatures"])}
         _write_desired(store, key, target, holder, json.loads(body))
+        if len(servers) > 1:
+            result["replicas"] = per_replica
         return result
+
+
+#: Seconds a version may stay absent from Triton's repository index after its load returned.
+LISTED_GRACE_S = 5.0
+
+
+def _check_listed(server: Any, name: str, versions: list[int]) -> None:
+    """Fail fast when Triton does not list a version after the (synchronous) load returned.
+
+    A server that cannot read a version folder (a replica on another or a stale copy of the
+    repository) accepts the load and simply never lists it; waiting for READY would only time out.
+
+    Raises:
+        ModelLoadError: A version still absent from the index after :data:`LISTED_GRACE_S` seconds.
+    """
+    from tritonflow.exceptions import ModelLoadError
+
+    deadline = time.monotonic() + LISTED_GRACE_S
+    while True:
+        listed = {str(e.get("version", "")) for e in server.index() if e.get("name") == name}
+        missing = [v for v in versions if str(v) not in listed]
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise ModelLoadError(f"Triton at {server.url} does not list model '{name}' versions {missing} "
+                                 f"after loading them (lists {sorted(listed - {''})}): it cannot read them "
+                                 "from its repository")
+        time.sleep(0.2)
+
+
+def replicas_of(control: Any) -> list[Any]:
+    """The single-server clients a control acts on: its ``replicas``, or itself."""
+    return list(getattr(control, "replicas", None) or [control])
+
+
+def name_replica(exc: BaseException, url: str, index: int, count: int, suffix: str) -> BaseException:
+    """``exc`` with replica ``url`` (``index`` of ``count``) named; same class when it is a tritonflow error.
+
+    Errors that are not tritonflow's (interrupts, client library errors) come back unchanged.
+    """
+    from tritonflow.exceptions import LeaseBusyError, TritonflowError
+
+    if not isinstance(exc, TritonflowError) or isinstance(exc, LeaseBusyError):
+        return exc
+    try:
+        return type(exc)(f"Triton replica {url} ({index + 1} of {count}): {exc}{suffix}")
+    except TypeError:
+        return exc
 
 
 def _send_load(control: Any, name: str, body: str, versions: list[int]) -> None:

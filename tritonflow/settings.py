@@ -458,6 +458,11 @@ class Settings:
     triton_url: str = _field(
         "", "TRITON_URL", "host:port of Triton's HTTP endpoint (empty: <host>:<triton_http_port>)."
     )
+    triton_replica_urls: str = _field(
+        "", "TRITON_REPLICA_URLS",
+        "host:port of every Triton replica behind the gateway, comma-separated, sharing one repository "
+        "(empty: just triton_url).",
+    )
     triton_metrics_url: str = _field(
         "", "TRITON_METRICS_URL", "Triton metrics URL (empty: http://<host>:<triton_metrics_port>/metrics)."
     )
@@ -556,6 +561,17 @@ class Settings:
     def triton_http_url(self) -> str:
         """``host:port`` of Triton's HTTP endpoint, as tritonclient expects it."""
         return self.triton_url or f"{self.host}:{self.triton_http_port}"
+
+    @property
+    def triton_replica_http_urls(self) -> list[str]:
+        """``host:port`` of every Triton replica (``triton_replica_urls``, else ``[triton_http_url]``).
+
+        Raises:
+            DataError: An entry is not ``host:port``.
+        """
+        from repository_sync.triton_replicas import parse_replica_urls
+
+        return parse_replica_urls(self.triton_replica_urls) or [self.triton_http_url]
 
     @property
     def resolved_triton_metrics_url(self) -> str:

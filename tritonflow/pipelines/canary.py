@@ -186,14 +186,19 @@ class CanaryEnvironment:
                            status_log=self.gateway_status_log)
 
     def triton(self):
-        """A :class:`repository_sync.triton_client.TritonModelControl` (verifies before loads)."""
-        from repository_sync.coordination import coordination_store
-        from repository_sync.triton_client import TritonModelControl
+        """The model-control client (verifies before loads): every Triton replica, or ``triton_url`` alone.
 
-        return TritonModelControl(self.triton_url, repository=self.storage(),
-                                  trusted_keys=self.trusted_keys,
-                                  load_timeout_s=self.settings.load_timeout_s,
-                                  coordination=coordination_store(self.settings))
+        A :class:`repository_sync.triton_client.TritonModelControl`, or a
+        :class:`repository_sync.triton_replicas.TritonReplicaSet` when ``TRITONFLOW_TRITON_REPLICA_URLS``
+        names several and ``triton_url`` was not overridden.
+        """
+        from repository_sync.coordination import coordination_store
+        from repository_sync.triton_replicas import triton_control
+
+        return triton_control(self.settings, self.triton_url, repository=self.storage(),
+                              trusted_keys=self.trusted_keys,
+                              load_timeout_s=self.settings.load_timeout_s,
+                              coordination=coordination_store(self.settings))
 
     def storage(self):
         """The repository storage backend."""

@@ -74,7 +74,8 @@ def garbage_collect_repository(model: str, *, champion: int, rollback_target: in
     from repository_sync.model_control import desired_versions
 
     with env.triton() as tc:  # READY or meant to be loaded (e.g. by an evaluation starting now)
-        ready = set(tc.ready_versions(name)) | set(desired_versions(tc.coordination, tc.coordination_key(name)))
+        on_any = getattr(tc, "ready_versions_any", tc.ready_versions)  # READY on any replica counts
+        ready = set(on_any(name)) | set(desired_versions(tc.coordination, tc.coordination_key(name)))
     protected = {int(champion)} | ({int(rollback_target)} if rollback_target else set()) | ready
     plan = registry.plan_garbage_collection(model, deployed_versions=protected, keep_latest=0)
     registered = set(plan.delete) | set(plan.keep)

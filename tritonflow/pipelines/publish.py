@@ -257,7 +257,7 @@ def load_and_smoke(
         ModelLoadError: not READY in time. InsufficientMemoryError: not enough free memory now.
         ServiceUnavailableError: Triton unreachable. (Infrastructure: not tagged, retried.)
     """
-    from repository_sync.triton_client import TritonModelControl
+    from repository_sync.triton_replicas import triton_control
 
     t0 = time.perf_counter()
     s = settings or get_settings()
@@ -273,9 +273,10 @@ def load_and_smoke(
         preflight = _preflight(pushed, s) if _is_local(url) else {"skipped": "Triton is not on this host"}
         from repository_sync.coordination import coordination_store
 
-        ctl = TritonModelControl(url, repository=pushed["repository_uri"], trusted_keys=str(keys.trusted_dir),
-                                 endpoint_url=_endpoint(s), load_timeout_s=s.load_timeout_s,
-                                 coordination=coordination_store(s), holder=f"model_publish/{name}")
+        ctl = triton_control(s, triton_url, repository=pushed["repository_uri"],  # every replica
+                             trusted_keys=str(keys.trusted_dir), endpoint_url=_endpoint(s),
+                             load_timeout_s=s.load_timeout_s, coordination=coordination_store(s),
+                             holder=f"model_publish/{name}")
         info, smoke = ctl.load_and_smoke_test(name, version, feeds, expected,
                                               atol=float(pushed["atol"]), rtol=float(pushed["rtol"]))
     except ServiceUnavailableError:
@@ -312,7 +313,7 @@ def _preflight(state: Mapping[str, Any], s: Settings) -> dict[str, int]:
 def _unload_version_if_ready(ctl: Any, name: str, version: int) -> None:
     """Unload ``version`` if it is READY (e.g. loaded by an earlier run), keeping other versions."""
     try:
-        if version not in ctl.ready_versions(name):
+        if version not in getattr(ctl, "ready_versions_any", ctl.ready_versions)(name):  # on any replica
             return
         ctl.unload_versions(name, [version])  # the desired set minus it, under the model's lease
         log.warning("model %s version %s was READY and failed the checks: unloaded", name, version)

@@ -85,7 +85,7 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
     from repository_sync.locks import promotion_lock
     from repository_sync.mirror import MirrorRecorder
     from repository_sync.router import Mirror, TrafficPlan, wait_live
-    from repository_sync.triton_client import TritonModelControl
+    from repository_sync.triton_replicas import triton_control
     from tritonflow.checksums import sha256_file
     from tritonflow.pipelines.canary import DEFAULT_LIVE_TIMEOUT_S, CanaryEnvironment, default_holder
     from tritonflow.pipelines.shadow import _as_info, _endpoint, _settings, log_root, trusted_keys_dir
@@ -120,10 +120,10 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
         router.apply(plan)
         wait_live(env.gateway_url, plan, timeout_s=DEFAULT_LIVE_TIMEOUT_S)
 
-    control = TritonModelControl(s.triton_http_url, repository=s.resolved_repository_uri,
-                                 trusted_keys=str(trusted_keys_dir(s)), endpoint_url=_endpoint(s),
-                                 load_timeout_s=s.load_timeout_s, coordination=coordination_store(s),
-                                 holder=holder or default_holder())
+    control = triton_control(s, None, repository=s.resolved_repository_uri,
+                             trusted_keys=str(trusted_keys_dir(s)), endpoint_url=_endpoint(s),
+                             load_timeout_s=s.load_timeout_s, coordination=coordination_store(s),
+                             holder=holder or default_holder())
     loaded = False
     try:
         with promotion_lock(model, settings=s, holder=holder or default_holder(),

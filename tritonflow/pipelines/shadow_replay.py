@@ -251,7 +251,7 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
     import pandas as pd
 
     from drift_checks.inference_log import read_window
-    from repository_sync.triton_client import TritonModelControl
+    from repository_sync.triton_replicas import triton_control
 
     s = _settings(settings)
     t0 = time.monotonic()
@@ -281,10 +281,10 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
 
     from repository_sync.coordination import coordination_store
 
-    control = TritonModelControl(s.triton_http_url, repository=s.resolved_repository_uri,
-                                 trusted_keys=str(trusted_keys_dir(s)),
-                                 endpoint_url=_endpoint(s), load_timeout_s=s.load_timeout_s,
-                                 coordination=coordination_store(s), holder=f"shadow_evaluation/{model}")
+    control = triton_control(s, None, repository=s.resolved_repository_uri,
+                             trusted_keys=str(trusted_keys_dir(s)),
+                             endpoint_url=_endpoint(s), load_timeout_s=s.load_timeout_s,
+                             coordination=coordination_store(s), holder=f"shadow_evaluation/{model}")
     cname, cver = champ["triton_model_name"], int(champ["triton_model_version"])
     champion_loaded = challenger_loaded = challenger_unloaded = False
     pool = _ClientPool(s.triton_http_url, max(60.0, s.load_timeout_s))
