@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -74,6 +74,8 @@ __all__ = [
 
 #: Seconds between two READY polls.
 DEFAULT_POLL_INTERVAL_S = 0.2
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -138,6 +140,41 @@ def _config_json(msg) -> str:
     return json_format.MessageToJson(msg, preserving_proto_field_name=True, indent=None)
 
 
+def coordination_store(coordination: Any, private_prefix: str) -> tuple[Any, str]:
+    """The coordination store model control serialises on, and the prefix of its keys.
+
+    Args:
+        coordination: A ``CoordinationStore``, its database URL, or ``None`` for a store private to
+            this process.
+        private_prefix: Key prefix with a private store (the server(s) it guards); a shared store
+            keys by model name alone, so every process and host agrees on the key.
+
+    Returns:
+        ``(store, key prefix)``.
+    """
+    from repository_sync.coordination import CoordinationStore, private_store
+
+    if coordination is None:
+        return private_store(), private_prefix
+    store = coordination if isinstance(coordination, CoordinationStore) else CoordinationStore(str(coordination))
+    return store, ""
+
+
+def repository_storage(repository: str | RepositoryStorage | None,
+                       endpoint_url: str | None) -> RepositoryStorage | None:
+    """The repository storage signatures are verified against (a URI is opened; ``None`` stays)."""
+    if repository is None or isinstance(repository, RepositoryStorage):
+        return repository
+    return open_repository(repository, endpoint_url=endpoint_url)
+
+
+def trusted_key_map(trusted_keys: Any) -> dict | None:
+    """Trusted public keys by id, from a key folder/files or an existing mapping (``None``: none)."""
+    if trusted_keys is None:
+        return None
+    return dict(trusted_keys) if isinstance(trusted_keys, Mapping) else load_public_keys(trusted_keys)
+
+
 # --------------------------------------------------------------------------- client
 class TritonModelControl:
     """Model-control and inference client for one Triton server (explicit model-control mode).
@@ -176,15 +213,8 @@ class TritonModelControl:
     ):
         import tritonclient.http as httpclient
 
-        from repository_sync.coordination import CoordinationStore, private_store
-
         self.url = url
-        if coordination is None:
-            self.coordination, self._key_prefix = private_store(), f"{url}/"
-        else:
-            self.coordination = (coordination if isinstance(coordination, CoordinationStore)
-                                 else CoordinationStore(str(coordination)))
-            self._key_prefix = ""
+        self.coordination, self._key_prefix = coordination_store(coordination, f"{url}/")
         self.needed_versions = needed_versions
         self.holder = holder
         if lock_timeout_s is None:
@@ -196,13 +226,8 @@ class TritonModelControl:
         self.client = httpclient.InferenceServerClient(
             url=url, connection_timeout=30.0, network_timeout=max(60.0, self.load_timeout_s + 30.0)
         )
-        if repository is None or isinstance(repository, RepositoryStorage):
-            self.storage = repository
-        else:
-            self.storage = open_repository(repository, endpoint_url=endpoint_url)
-        self._keys = None if trusted_keys is None else (
-            dict(trusted_keys) if isinstance(trusted_keys, Mapping) else load_public_keys(trusted_keys)
-        )
+        self.storage = repository_storage(repository, endpoint_url)
+        self._keys = trusted_key_map(trusted_keys)
 
     def coordination_key(self, name: str) -> str:
         """The lease/desired-state key of Triton model ``name`` (the model name on a shared store)."""
@@ -562,18 +587,44 @@ class TritonModelControl:
         Returns:
             ``(load_info, smoke_result)``.
         """
-        from repository_sync.model_control import desired_versions, reconcile
+        return load_then_smoke(self, name, version, config, keep_loaded=keep_loaded, timeout_s=timeout_s,
+                               smoke=lambda: self.smoke_test(name, version, sample, expected, atol=atol, rtol=rtol))
 
-        was_desired = int(version) in desired_versions(self.coordination, self.coordination_key(name))
-        info = self.load(name, version, config, keep_loaded=keep_loaded, timeout_s=timeout_s)
-        try:
-            smoke = self.smoke_test(name, version, sample, expected, atol=atol, rtol=rtol)
-        except BaseException:
-            if not was_desired:
-                with _suppress():
-                    reconcile(self, name, remove=[int(version)])
-            raise
-        return info, smoke
+
+def load_then_smoke(control: Any, name: str, version: int, config: Any, *, keep_loaded: bool,
+                    timeout_s: float | None, smoke: Callable[[], T]) -> tuple[dict, T]:
+    """Load a version through ``control``, then run its smoke test; a failed test unloads it again.
+
+    The version is removed from the model's desired set after a failed smoke test unless it was
+    desired before (then another caller needs it loaded). Used by one server
+    (:class:`TritonModelControl`) and by every replica (``TritonReplicaSet``) alike.
+
+    Args:
+        control: A model-control client (``load``, ``coordination``, ``coordination_key``).
+        name: Triton model name.
+        version: The version to load.
+        config: The config to load it with (``None``: the repository's).
+        keep_loaded: Keep the other loaded versions.
+        timeout_s: READY timeout (``None``: the client's).
+        smoke: The smoke test; raises on a failed test.
+
+    Returns:
+        ``(load_info, what smoke returned)``.
+
+    Raises:
+        Whatever the load or the smoke test raised.
+    """
+    from repository_sync.model_control import desired_versions, reconcile
+
+    was_desired = int(version) in desired_versions(control.coordination, control.coordination_key(name))
+    info = control.load(name, version, config, keep_loaded=keep_loaded, timeout_s=timeout_s)
+    try:
+        return info, smoke()
+    except BaseException:
+        if not was_desired:
+            with _suppress():
+                reconcile(control, name, remove=[int(version)])
+        raise
 
 
 class _suppress:

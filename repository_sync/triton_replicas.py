@@ -33,12 +33,18 @@ from typing import Any
 import numpy as np
 
 from repository_sync.layout import plan_version
-from repository_sync.signing import SignatureInfo, load_public_keys
-from repository_sync.storage import open_repository
+from repository_sync.signing import SignatureInfo
 from repository_sync.storage_base import RepositoryStorage
-from repository_sync.triton_client import DEFAULT_POLL_INTERVAL_S, InputSpec, SmokeResult, TritonModelControl
+from repository_sync.triton_client import (
+    InputSpec,
+    SmokeResult,
+    TritonModelControl,
+    coordination_store,
+    load_then_smoke,
+    repository_storage,
+    trusted_key_map,
+)
 from tritonflow.exceptions import DataError
-from tritonflow.settings_defaults import DEFAULT_LOAD_TIMEOUT_S
 
 __all__ = ["TritonReplicaSet", "parse_replica_urls", "triton_control"]
 
@@ -74,59 +80,33 @@ class TritonReplicaSet:
         repository: The shared repository (folder, S3 URL or storage); verification reads it once.
         trusted_keys: Public key folder/files, or the mapping from ``load_public_keys``.
         endpoint_url: boto3 endpoint for an S3 repository.
-        load_timeout_s: Seconds to wait for READY on each replica.
-        poll_interval_s: Seconds between READY polls.
         coordination: The shared coordination store (or its URL); default a store private to this
             process (then the key is prefixed with the replica list).
-        needed_versions: ``name -> versions`` the registry needs loaded (see ``TritonModelControl``).
-        holder: Who acts, named when another task waits for the model's lease.
-        lock_timeout_s: Seconds a change waits for another change of the same model.
+        **options: The other arguments of :class:`TritonModelControl`, the same for every replica
+            (``load_timeout_s`` per replica, ``poll_interval_s``, ``needed_versions``, ``holder``,
+            ``lock_timeout_s``).
 
     Raises:
         DataError: No replica given.
     """
 
-    def __init__(
-        self,
-        urls: Sequence[str] | str,
-        *,
-        repository: str | RepositoryStorage | None = None,
-        trusted_keys: Any = None,
-        endpoint_url: str | None = None,
-        load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
-        poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
-        coordination: Any = None,
-        needed_versions: Any = None,
-        holder: str = "",
-        lock_timeout_s: float | None = None,
-    ):
-        from repository_sync.coordination import CoordinationStore, private_store
-
+    def __init__(self, urls: Sequence[str] | str, *, repository: str | RepositoryStorage | None = None,
+                 trusted_keys: Any = None, endpoint_url: str | None = None, coordination: Any = None,
+                 **options: Any):
         self.urls = parse_replica_urls(urls)
         if not self.urls:
             raise DataError("TritonReplicaSet: no replica URL given")
-        storage = (repository if repository is None or isinstance(repository, RepositoryStorage)
-                   else open_repository(repository, endpoint_url=endpoint_url))
-        keys = None if trusted_keys is None else (
-            dict(trusted_keys) if isinstance(trusted_keys, Mapping) else load_public_keys(trusted_keys))
-        if coordination is None:
-            store, self._key_prefix = private_store(), ",".join(self.urls) + "/"
-        else:
-            store = (coordination if isinstance(coordination, CoordinationStore)
-                     else CoordinationStore(str(coordination)))
-            self._key_prefix = ""
-        self.replicas = [
-            TritonModelControl(u, repository=storage, trusted_keys=keys, load_timeout_s=load_timeout_s,
-                               poll_interval_s=poll_interval_s, coordination=store,
-                               needed_versions=needed_versions, holder=holder, lock_timeout_s=lock_timeout_s)
-            for u in self.urls
-        ]
+        storage = repository_storage(repository, endpoint_url)
+        keys = trusted_key_map(trusted_keys)
+        store, self._key_prefix = coordination_store(coordination, ",".join(self.urls) + "/")
+        self.replicas = [TritonModelControl(u, repository=storage, trusted_keys=keys, coordination=store, **options)
+                         for u in self.urls]
         first = self.replicas[0]
         self.url = ",".join(self.urls)
         self.coordination = store
         self.storage = storage
-        self.needed_versions = needed_versions
-        self.holder = holder
+        self.needed_versions = first.needed_versions
+        self.holder = first.holder
         self.lock_timeout_s = first.lock_timeout_s
         self.load_timeout_s = first.load_timeout_s
         self.poll_interval_s = first.poll_interval_s
@@ -303,19 +283,9 @@ class TritonReplicaSet:
             ParityError: A replica's outputs differ (named); the version is removed again from
                 every replica unless it was desired before.
         """
-        from repository_sync.model_control import desired_versions, reconcile
-
-        was_desired = int(version) in desired_versions(self.coordination, self.coordination_key(name))
-        info = self.load(name, version, config, keep_loaded=keep_loaded, timeout_s=timeout_s)
-        try:
-            each = self.smoke_test_each(name, version, sample, expected, atol=atol, rtol=rtol)
-        except BaseException:
-            if not was_desired:
-                try:
-                    reconcile(self, name, remove=[int(version)])
-                except Exception:  # noqa: BLE001 - the original error is what matters
-                    pass
-            raise
+        info, each = load_then_smoke(
+            self, name, version, config, keep_loaded=keep_loaded, timeout_s=timeout_s,
+            smoke=lambda: self.smoke_test_each(name, version, sample, expected, atol=atol, rtol=rtol))
         for url, smoke in each.items():
             info["replicas"].setdefault(url, {})["smoke"] = smoke.summary()
         return info, next(iter(each.values()))
