@@ -42,8 +42,9 @@ touching traffic.
   unloaded; the run fails and says why.
 
 The grid shows one **canary_step** box per traffic step, labelled with its percent: *success*
-when the step passed, *failed* when it failed (its log says why), *skipped* when the canary never
-reached it. The boxes get their state when the promotion ends. Every
+when the step passed, *failed* when it failed (its log says why) or when the promotion stopped
+before its first step (e.g. a refused pre-flight: that task's log says why), *skipped* when the
+canary never reached it. The boxes get their state when the promotion ends. Every
 analysis is also kept in MLflow (experiment `tritonflow-canary`) and on the challenger's model
 version.
 

@@ -7,9 +7,12 @@ between steps. So the grid can still show each step, ``canary`` pushes its step 
 instance per step percent (:func:`show_step`) turns each into a state:
 
 * **success** -- the step passed (its last attempt, after any extensions);
-* **failed** -- the step failed or stayed inconclusive (the reason is the task's error);
-* **skipped** -- the canary never reached the step (an earlier step failed, a no-op or dry run,
-  or the promotion stopped before recording steps).
+* **failed** -- the step failed or stayed inconclusive (the reason is the task's error), or the
+  promotion failed without any step verdict saying so: it stopped before it recorded anything
+  (``canary`` failed, e.g. a refused pre-flight or a held lock, or never ran) or ended
+  rolled back with no failed step (e.g. the gateway never served the first step's plan). The
+  boxes are the run's last tasks, so Airflow marks the run *failed* only when one of them fails;
+* **skipped** -- the canary never reached the step (an earlier step failed, a no-op or dry run).
 
 Nothing here touches traffic, the lease or the registry.
 """
@@ -22,6 +25,8 @@ from typing import Any, Mapping
 STEP_RESULTS_KEY = "canary_steps"
 #: Task id of the promotion task whose verdicts are shown.
 CANARY_TASK_ID = "canary"
+#: Outcomes of a promotion that ended without failing (``run_promotion``'s other outcomes fail it).
+SUCCESS_OUTCOMES = frozenset({"promoted", "noop", "routed", "dry_run"})
 
 
 def push_step_results(context: Mapping[str, Any], result: Mapping[str, Any]) -> None:
@@ -36,6 +41,12 @@ def step_results(context: Mapping[str, Any]) -> dict[str, Any] | None:
     return context["ti"].xcom_pull(task_ids=CANARY_TASK_ID, key=STEP_RESULTS_KEY)
 
 
+def _last(steps: list[Mapping[str, Any]], percent: Any) -> Mapping[str, Any]:
+    """The last attempt recorded for the step of ``percent`` (one exists)."""
+    attempts = [s for s in steps if int(s.get("percent", -1)) == int(percent)]
+    return max(attempts, key=lambda s: int(s.get("attempt") or 0))
+
+
 def step_verdict(percent: int, results: Mapping[str, Any] | None) -> tuple[str, str]:
     """The state of the box of step ``percent`` and why.
 
@@ -45,15 +56,23 @@ def step_verdict(percent: int, results: Mapping[str, Any] | None) -> tuple[str, 
 
     Returns:
         ``("passed" | "failed" | "not_reached", reason)``; ``failed`` covers the verdicts ``fail``
-        and ``inconclusive`` of the step's last attempt.
+        and ``inconclusive`` of the step's last attempt, and no ``results`` at all (the ``canary``
+        task pushes them whenever it ends normally or after a rollback, so none means it failed
+        before its first step or never ran), and a step without a verdict of a promotion that
+        failed (not one of :data:`SUCCESS_OUTCOMES`) with no failed step.
     """
     if not results:
-        return "not_reached", "the canary recorded no step (it stopped before its first step)"
-    attempts = [s for s in results.get("steps") or [] if int(s.get("percent", -1)) == int(percent)]
+        return "failed", (f"not run: the promotion stopped before its first step (task {CANARY_TASK_ID!r} "
+                          "failed or did not run; its log, or its upstream task's, says why)")
+    steps = list(results.get("steps") or [])
+    attempts = [s for s in steps if int(s.get("percent", -1)) == int(percent)]
     if not attempts:
         outcome, reason = results.get("outcome"), results.get("reason") or ""
+        if outcome not in SUCCESS_OUTCOMES and not any(_last(steps, s.get("percent")).get("verdict") != "pass"
+                                                       for s in steps):
+            return "failed", f"not run: the canary ended with {outcome!r} before any step verdict ({reason})"
         return "not_reached", f"not reached: the canary ended with {outcome!r} before this step ({reason})"
-    last = max(attempts, key=lambda s: int(s.get("attempt") or 0))
+    last = _last(steps, percent)
     verdict = str(last.get("verdict") or "")
     detail = (f"{last.get('canary_requests')} challenger requests, attempt {last.get('attempt')}: "
               f"{last.get('reason') or verdict}")
@@ -69,7 +88,8 @@ def show_step(percent: int, results: Mapping[str, Any] | None) -> dict[str, Any]
         ``{"percent", "state": "passed", "reason"}`` for a passed step.
 
     Raises:
-        AirflowFailException: The step failed (no retry: the verdict is final).
+        AirflowFailException: The step failed, or the promotion stopped before its first step
+            (no retry: the verdict is final).
         AirflowSkipException: The canary never reached the step.
     """
     from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -82,4 +102,5 @@ def show_step(percent: int, results: Mapping[str, Any] | None) -> dict[str, Any]
     return {"percent": int(percent), "state": state, "reason": reason}
 
 
-__all__ = ["CANARY_TASK_ID", "STEP_RESULTS_KEY", "push_step_results", "show_step", "step_results", "step_verdict"]
+__all__ = ["CANARY_TASK_ID", "STEP_RESULTS_KEY", "SUCCESS_OUTCOMES", "push_step_results", "show_step", "step_results",
+           "step_verdict"]

@@ -120,6 +120,27 @@ def test_a_rejected_challenger_is_never_published_by_the_shadow_path_nor_promote
         canary.resolve(name, str(challenger), env=env)
 
 
+@pytest.mark.parametrize("gate", [True, False])
+def test_the_shadow_paths_challenger_publish_follows_the_p99_gate_setting(settings, classifier, gate):
+    """TRITONFLOW_PUBLISH_PERF_GATE=false turned model_publish's gate off but not the shadow path's."""
+    import dataclasses
+
+    from tritonflow.pipelines import shadow
+
+    model, X = classifier
+    name = unique("outcome_gate")
+    champion = register(settings.resolved_mlflow_tracking_uri, name, model, X, alias="champion")
+    challenger = register(settings.resolved_mlflow_tracking_uri, name, model, X, alias="challenger")
+    calls = []
+    resolved = {"model": name, "champion": {"version": champion},
+                "challenger": {"version": challenger, "triton_model_name": name, "triton_model_version": challenger}}
+    with pytest.raises(DataError, match="not in the repository"):  # the stand-in publishes nothing
+        shadow.ensure_challenger_published(resolved, settings=dataclasses.replace(settings, publish_perf_gate=gate),
+                                           publish=lambda ref, **kw: calls.append((ref, kw)))
+    [(ref, kwargs)] = calls
+    assert ref == f"{name}/{challenger}" and kwargs["perf_gate_enabled"] is gate
+
+
 def test_a_new_publish_replaces_the_rejection_and_stores_no_reference_without_real_data(
         settings, classifier, triton_factory):
     model, X = classifier

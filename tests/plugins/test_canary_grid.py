@@ -2,7 +2,8 @@
 
 Guards: a failed step shown green, a step never reached shown as passed or failed, an extended
 step judged on its first attempt instead of its last, and a promotion that stopped before any
-step leaving the boxes without a state.
+step (a refused pre-flight) leaving the boxes skipped, so that the run, whose last tasks they are,
+ended green.
 """
 
 from __future__ import annotations
@@ -38,14 +39,39 @@ def test_an_extended_step_is_judged_on_its_last_attempt():
     assert state == "failed" and reason.startswith("inconclusive")
 
 
-@pytest.mark.parametrize("results", [None, {}, {"outcome": "noop", "reason": "already champion", "steps": []},
+@pytest.mark.parametrize("results", [{"outcome": "noop", "reason": "already champion", "steps": []},
                                      {"outcome": "dry_run", "reason": "dry run", "steps": []}])
-def test_without_recorded_steps_every_box_is_skipped(results):
+def test_a_noop_or_dry_run_skips_every_box(results):
     from airflow.sdk.exceptions import AirflowSkipException
 
     assert step_verdict(100, results)[0] == "not_reached"
     with pytest.raises(AirflowSkipException, match="canary step 100 %"):
         show_step(100, results)
+
+
+@pytest.mark.parametrize("results", [None, {}])
+def test_a_promotion_that_stopped_before_its_first_step_fails_every_box_so_the_run_fails(results):
+    """``canary`` failed (pre-flight refused, lock held) or never ran: it pushed no results."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    state, reason = step_verdict(100, results)
+    assert state == "failed" and "stopped before its first step" in reason
+    with pytest.raises(AirflowFailException, match="canary step 100 %: not run"):
+        show_step(100, results)
+
+
+def test_a_promotion_rolled_back_without_a_failed_step_fails_the_steps_without_a_verdict():
+    """E.g. the gateway never served the first step's plan: rolled back before any analysis."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    unserved = {"outcome": "rollback_failed", "reason": "step 1 (25%): plan not live after 15 s", "steps": []}
+    for percent in (25, 100):
+        state, reason = step_verdict(percent, unserved)
+        assert state == "failed" and "'rollback_failed' before any step verdict" in reason and "not live" in reason
+    with pytest.raises(AirflowFailException, match="canary step 25 %: not run"):
+        show_step(25, unserved)
+    later = {"outcome": "rolled_back", "reason": "step 2 (100%): plan not live", "steps": [_step(25, "pass")]}
+    assert step_verdict(25, later)[0] == "passed" and step_verdict(100, later)[0] == "failed"
 
 
 def test_show_step_fails_a_failed_step_without_retry_and_returns_a_passed_one():

@@ -133,9 +133,12 @@ class CanaryEnvironment:
         Args:
             settings: Settings; default :func:`~tritonflow.settings.get_settings`.
             gateway: An ``NginxGateway`` (``conf_dir``, ``reload()``, ``url``); default the
-                runtime's gateway for ``settings`` (conf dir ``settings.run_dir / "gateway"``).
+                runtime's gateway for ``settings`` (conf dir ``settings.run_dir / "gateway"``, URL
+                ``settings.resolved_gateway_url``: ``TRITONFLOW_GATEWAY_URL`` or its connection).
             **overrides: Field values that win (e.g. ``metrics_url``).
         """
+        from tritonflow.pipelines.shadow import trusted_keys_dir
+
         s = settings or get_settings()
         if gateway is None and s.gateway_reload == "watcher":
             # docker-compose: NGINX runs in its own container and reloads through its watcher.
@@ -144,11 +147,12 @@ class CanaryEnvironment:
             gateway_url, conf_dir = s.resolved_gateway_url, s.resolved_gateway_conf_dir
             reload = WatcherReload(conf_dir)
         else:
+            gateway_url = gateway.url if gateway is not None else s.resolved_gateway_url  # URL setting/connection
             if gateway is None:
                 from tritonflow.runtime.services import NginxGateway
 
                 gateway = NginxGateway(s)
-            gateway_url, conf_dir, reload = gateway.url, Path(gateway.conf_dir), gateway.reload
+            conf_dir, reload = Path(gateway.conf_dir), gateway.reload
         status_log, status_note = _status_log(s, conf_dir)
         values: dict[str, Any] = dict(
             settings=s,
@@ -159,7 +163,7 @@ class CanaryEnvironment:
             gateway_reload=reload,
             gateway_test=None,
             repository_uri=s.resolved_repository_uri,
-            trusted_keys=s.signing_trusted_keys_dir,
+            trusted_keys=trusted_keys_dir(s),  # the publish pipeline's rule (<home>/keys/trusted)
             tracking_uri=s.resolved_mlflow_tracking_uri,
             inference_log_root=s.inference_log_root or str(s.home / "inference_logs"),
             endpoint_url=s.s3_endpoint_url or None,

@@ -341,7 +341,8 @@ def ensure_challenger_published(resolved: Mapping[str, Any], *, settings: Settin
         resolved: The return value of :func:`resolve_versions`.
         settings: Settings (default: from the environment).
         publish: The publish function (default :func:`tritonflow.pipelines.publish.publish`),
-            called as ``publish("<model>/<version>", settings=settings)``.
+            called as ``publish("<model>/<version>", settings=settings, perf_gate_enabled=...)``
+            (``settings.publish_perf_gate``; plus ``dataset_uri=`` for a retrained version).
 
     Returns:
         ``{"action": "no_challenger" | "already_in_repository" | "published", "model",
@@ -386,8 +387,10 @@ def ensure_challenger_published(resolved: Mapping[str, Any], *, settings: Settin
                 f"be imported ({exc}); publish it with the model_publish DAG first"
             ) from exc
         publish = module.publish
-    result = (publish(f"{model}/{int(chal['version'])}", dataset_uri=dataset, settings=s) if dataset
-              else publish(f"{model}/{int(chal['version'])}", settings=s))
+    # The deployment's p99-gate switch (TRITONFLOW_PUBLISH_PERF_GATE) holds here too, as in model_publish.
+    gate = {"perf_gate_enabled": bool(s.publish_perf_gate)}
+    result = (publish(f"{model}/{int(chal['version'])}", dataset_uri=dataset, settings=s, **gate) if dataset
+              else publish(f"{model}/{int(chal['version'])}", settings=s, **gate))
     if not in_repository(s, name, version):
         raise DataError(
             f"the publish pipeline returned for {model!r} v{chal['version']} but "
