@@ -66,7 +66,7 @@ def canary_rollback():
                                  unload_rolled_back=bool(p["unload_rolled_back"]),
                                  holder=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}")
         target = None if result.get("rolled_back_to") is None else str(result["rolled_back_to"])
-        record_link_info(model_name=p["model"], model_version=target, triton_model=result.get("triton_model"),
+        record_link_info(model_name=model, model_version=target, triton_model=result.get("triton_model"),
                          triton_version=target)
         # champion_sentinel restarts the model's sentinel on the rolled-back-to champion
         context["outlet_events"][CHAMPION_CHANGED].extra = {
