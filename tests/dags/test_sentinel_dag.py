@@ -9,6 +9,7 @@ fall outside the validation range recorded on its MLflow version.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -52,6 +53,22 @@ RUNNER = textwrap.dedent('''\
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, mlflow_server):
     """``sentinel_dag_model`` v1 and v2 signed and loaded; champion 2 (100 %), previous 1."""
+    with serve_unhealthy_champion(tmp_path_factory.mktemp("sentinel-dag-home"), mlflow_server.tracking_uri,
+                                  MODEL, sentinel_interval_s=0.3) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def serve_unhealthy_champion(home, tracking_uri: str, model: str, *, sentinel_interval_s: float):
+    """``model`` v1 and v2 signed and loaded in a real Triton behind the real gateway.
+
+    v2 is ``champion`` (100 % at the gateway), v1 ``previous_champion``; v2's recorded validation
+    range (probabilities in [0, 0.001]) makes every answer of it out of range, i.e. unhealthy.
+    The sentinel settings: ``sentinel_interval_s`` between probes, 3 failures, 5 s latency.
+
+    Yields:
+        ``settings`` (what the tasks must see), ``env``, ``gateway``, ``reg``.
+    """
     from mlflow import MlflowClient
     from mlflow.models import infer_signature
     from sklearn.datasets import load_iris
@@ -70,43 +87,42 @@ def served(tmp_path_factory, mlflow_server):
     from tritonflow.pipelines.publish_record import reference_root
     from tritonflow.pipelines.sentinel import OUTPUT_RANGE_TAG
 
-    home = tmp_path_factory.mktemp("sentinel-dag-home")
     keys = home / "keys"
     generate_key_pair(keys / "signing.pem", keys / "trusted" / "current.pub")
     settings = make_settings(
         home, repository_uri=str(home / "repo"), signing_key_path=keys / "signing.pem",
-        signing_trusted_keys_dir=keys / "trusted", mlflow_tracking_uri=mlflow_server.tracking_uri,
+        signing_trusted_keys_dir=keys / "trusted", mlflow_tracking_uri=tracking_uri,
         inference_log_root=str(home / "inference_logs"), load_timeout_s=60.0,
-        sentinel_interval_s=0.3, sentinel_failures=3, sentinel_latency_s=5.0,
+        sentinel_interval_s=sentinel_interval_s, sentinel_failures=3, sentinel_latency_s=5.0,
     )
     X, y = load_iris(return_X_y=True)
     X = X.astype(np.float32)
-    client = MlflowClient(mlflow_server.tracking_uri)
-    client.create_registered_model(MODEL)
+    client = MlflowClient(tracking_uri)
+    client.create_registered_model(model)
     for version, c in ((1, 1.0), (2, 0.8)):
         clf = LogisticRegression(max_iter=500, C=c).fit(X, y)
-        conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=MODEL)
+        conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=model)
         onnx_path = home / f"v{version}.onnx"
         onnx_path.write_bytes(conv.serialized())
-        config = to_pbtxt(build_config(MODEL, conv.onnx_model, max_batch_size=16,
+        config = to_pbtxt(build_config(model, conv.onnx_model, max_batch_size=16,
                                        instance_groups=[InstanceGroupSpec("KIND_CPU", 1)]))
-        publish_version(repository=settings.repository_uri, model_name=MODEL, version=version,
+        publish_version(repository=settings.repository_uri, model_name=model, version=version,
                         model_file=onnx_path, config=config, private_key=keys / "signing.pem",
                         trusted_keys=keys / "trusted")
-        client.create_model_version(MODEL, source=f"s3://tritonflow-test-models/{MODEL}/{version}")
-    reg = RegistryClient(mlflow_server.tracking_uri)
-    reg.promote(MODEL, 1, reason="initial deployment")
-    reg.promote(MODEL, 2, reason="test: champion 2")
-    reg.set_version_tags(reg.get_version(MODEL, 2), {OUTPUT_RANGE_TAG: json.dumps({"probabilities": [0.0, 0.001]})})
-    save_reference(reference_root(settings), MODEL, 2, pd.DataFrame(X, columns=[f"f{i}" for i in range(4)]))
+        client.create_model_version(model, source=f"s3://tritonflow-test-models/{model}/{version}")
+    reg = RegistryClient(tracking_uri)
+    reg.promote(model, 1, reason="initial deployment")
+    reg.promote(model, 2, reason="test: champion 2")
+    reg.set_version_tags(reg.get_version(model, 2), {OUTPUT_RANGE_TAG: json.dumps({"probabilities": [0.0, 0.001]})})
+    save_reference(reference_root(settings), model, 2, pd.DataFrame(X, columns=[f"f{i}" for i in range(4)]))
 
     triton = TritonServer(settings, repository=settings.repository_uri).start()
     gateway = None
     try:
         gateway = NginxGateway(settings, triton_http=triton.http_url).start()
         env = CanaryEnvironment.from_settings(settings)  # exactly what the tasks will build
-        ensure_loaded(MODEL, [1, 2], env=env)
-        plan = TrafficPlan.single(MODEL, 2)
+        ensure_loaded(model, [1, 2], env=env)
+        plan = TrafficPlan.single(model, 2)
         env.router().apply(plan)
         wait_live(gateway.url, plan)
         yield dict(settings=settings, env=env, gateway=gateway, reg=reg)
