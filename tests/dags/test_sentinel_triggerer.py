@@ -80,11 +80,11 @@ def test_the_triggerer_detects_an_unhealthy_champion_and_the_task_rolls_it_back(
            for ti in rr.task_instances(api, "champion_sentinel", run_id)}
     assert state == "success", (state, tis, seen)
     assert tis[("watch_champion", 0)] == "success", tis
-    # the task gave up its worker slot while the trigger probed ...
-    assert "deferred" in seen and seen[-1] == "success", seen
-    # ... and the trigger ran in the triggerer process: its log is the triggerer's trigger log
+    # the task deferred (gave up its worker slot) and its trigger ran in the triggerer process: a
+    # trigger log exists only for a deferred task, and only the triggerer writes it. (The REST
+    # polling above usually also sees the ``deferred`` state, but may miss it on a loaded host.)
     trigger_logs = list((dep.log_path / "dag_id=champion_sentinel").rglob("*.trigger.*.log"))
-    assert any(f"sentinel watching {MODEL}" in p.read_text() for p in trigger_logs), trigger_logs
+    assert any(f"sentinel watching {MODEL}" in p.read_text() for p in trigger_logs), (trigger_logs, seen)
     # the rollback (worker side, after the trigger's event) restored v1 everywhere
     assert reg.aliases(MODEL)["champion"] == 1
     assert {served_by(gateway.url, MODEL)[0] for _ in range(10)} == {"1"}
