@@ -241,7 +241,9 @@ class Settings:
         "model_publish profiles with Model Analyzer unless its 'profile' param says otherwise.",
     )
     publish_perf_gate: bool = _field(
-        True, "PUBLISH_PERF_GATE", "model_publish runs the p99 gate unless its 'perf_gate' param says otherwise.",
+        True, "PUBLISH_PERF_GATE",
+        "Publishes run the p99 gate (model_publish unless its 'perf_gate' param says otherwise; "
+        "shadow_evaluation's challenger publish always follows this setting).",
     )
     perf_gate_passes: int = _field(
         defaults.DEFAULT_PERF_GATE_PASSES, "PERF_GATE_PASSES", "perf_analyzer passes per model of the p99 gate (>= 3)."
