@@ -201,8 +201,8 @@ def dag_runs(served, tmp_path_factory, airflow_home):
         # the registry watcher maps canary_promotion's own alias move back to it: a no-op
         {"dag_id": "canary_promotion", "conf": {"model": MODEL, "challenger": "champion"}},
         # started by a registry event: the model comes from the event, not the form's field
-        {"dag_id": "canary_rollback", "conf": {"registry_event": {"kind": "alias_set", "alias": "champion"}, "model_name": MODEL,
-                                               "reason": "dag test: rollback"}},
+        {"dag_id": "canary_rollback", "conf": {"registry_event": {"kind": "alias_set", "alias": "champion"},
+                                               "model_name": MODEL, "reason": "dag test: rollback"}},
         {"dag_id": "canary_rollback", "conf": {"model": MODEL, "reason": "dag test: again"}},
     ])
     return dict(zip(names, runs, strict=True))
