@@ -1,7 +1,8 @@
 """Multi-class comparisons: metrics with paired bootstrap intervals, and per-class prediction checks.
 
 Pure numpy functions on class probabilities ``[n, C]`` (rows sum to 1, column ``c`` = class ``c``)
-and class-index labels ``0..C-1``; used by :func:`model_registry.shadow.evaluate` for
+and class-index labels ``0..C-1`` (:func:`class_indices` maps class names to them in the model's
+class order, :func:`onnx_class_labels`); used by :func:`model_registry.shadow.evaluate` for
 ``Task.MULTICLASS`` and by canary analysis (:func:`per_class_prediction_shift`).
 
 Metrics (higher is better unless said):
@@ -166,3 +167,91 @@ def per_class_prediction_shift(champion: Any, canary: Any, *, bins: int = 10) ->
     worst = max(rows, key=lambda r: (r["ks"], r["psi"]))
     return {"per_class": rows, "max_ks": max(r["ks"] for r in rows), "max_psi": max(r["psi"] for r in rows),
             "worst_class": worst["class"]}
+
+
+# ----------------------------------------------------------------------------- class order
+#: ONNX-ML attributes naming a classifier's classes in the order of its probability columns
+#: (``ai.onnx.ml`` LinearClassifier, TreeEnsembleClassifier, SVMClassifier, ZipMap...).
+CLASS_LABEL_ATTRIBUTES = ("classlabels_strings", "classlabels_int64s", "classlabels_ints")
+
+
+def onnx_class_labels(model: Any) -> list[Any] | None:
+    """The class labels of an ONNX classifier, in the order of its probability columns.
+
+    skl2onnx and onnxmltools write them on the classifier node (``classlabels_strings`` for
+    string classes, ``classlabels_ints``/``classlabels_int64s`` for integer ones); the
+    ``probabilities`` output's column ``c`` is class ``labels[c]`` (ONNX-ML operator spec).
+
+    Args:
+        model: An ``onnx.ModelProto`` or the path of an ``.onnx`` file.
+
+    Returns:
+        The labels (``str`` decoded from UTF-8, or ``int``), or None when no node names classes
+        (a regressor, a network without ONNX-ML classifier node) or two nodes disagree.
+    """
+    import onnx
+
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model), load_external_data=False)
+    found: list[list[Any]] = []
+    for node in proto.graph.node:
+        for attr in node.attribute:
+            if attr.name not in CLASS_LABEL_ATTRIBUTES:
+                continue
+            labels = ([s.decode("utf-8") for s in attr.strings] if attr.name.endswith("strings")
+                      else [int(i) for i in attr.ints])
+            if labels and labels not in found:
+                found.append(labels)
+    return found[0] if len(found) == 1 else None
+
+
+def _label_key(value: Any) -> str:
+    """A label as a lookup key: ``1``, ``1.0``, ``np.int64(1)`` and ``"1"`` are the same class."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8")
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        f = float(value)
+        if f.is_integer():
+            return str(int(f))
+    return str(value)
+
+
+def class_indices(values: Any, class_labels: Sequence[Any] | None, field: str = "labels") -> np.ndarray:
+    """Labels as class indices (float, NaN where missing) in the model's class order.
+
+    Args:
+        values: Labels per row, shape ``(n,)``: class names (strings), class values (numbers) or,
+            when ``class_labels`` is None, class indices; None/NaN where no label arrived.
+        class_labels: The model's classes in probability-column order
+            (:func:`onnx_class_labels`), or None when unknown.
+        field: Name used in error messages.
+
+    Returns:
+        ``(n,)`` float array: the index of each label in ``class_labels`` (the value itself when
+        ``class_labels`` is None), NaN where missing.
+
+    Raises:
+        DataError: A label that is not one of ``class_labels`` (names the value and the known
+            classes), or a non-numeric label while the class order is unknown.
+    """
+    import pandas as pd
+
+    series = pd.Series(values, dtype=object) if not isinstance(values, pd.Series) else values.astype(object)
+    missing = series.isna().to_numpy()
+    out = np.full(len(series), np.nan)
+    if class_labels is None:
+        numeric = pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64)
+        bad = ~missing & np.isnan(numeric)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DataError(f"{field}[{i}]={series.iloc[i]!r} is not a class index and the model's class "
+                            "order is unknown (no ONNX classifier node names its classes); expected "
+                            "class indices 0..C-1")
+        return numeric
+    lookup = {_label_key(label): j for j, label in enumerate(class_labels)}
+    for i in np.flatnonzero(~missing):
+        j = lookup.get(_label_key(series.iloc[i]))
+        if j is None:
+            raise DataError(f"{field}[{int(i)}]={series.iloc[i]!r} is not a class of the model; known "
+                            f"classes, in probability-column order: {list(class_labels)}")
+        out[i] = j
+    return out

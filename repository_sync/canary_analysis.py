@@ -26,6 +26,7 @@ from repository_sync.canary_checks import (
     quality_check,
     scores_of,
 )
+from repository_sync.canary_classes import class_shift, class_shift_reason
 from tritonflow.exceptions import MetricsUnavailableError
 
 if TYPE_CHECKING:
@@ -212,7 +213,9 @@ class StepAnalysis:
     ``canary_requests``/``canary_failures`` are the larger of Triton's counts
     (``triton_requests``/``triton_failures``) and the gateway's (``gateway_requests``/
     ``gateway_failures``, ``None`` when its status log was not read); ``error_counts_source`` says
-    which were used and, when the gateway's were not, why.
+    which were used and, when the gateway's were not, why. ``prediction_classes`` is the per-class
+    shift of a multi-class challenger from its expected predictions
+    (:func:`repository_sync.canary_classes.class_shift`).
     """
 
     model: str
@@ -254,6 +257,7 @@ class StepAnalysis:
     prediction_psi: float | None = None
     prediction_psi_margin: float | None = None
     prediction_checks: list[dict[str, Any]] | None = None
+    prediction_classes: dict[str, Any] | None = None
     quality: dict[str, Any] | None = None
     coverage_ratio: float | None = None
     coverage: dict[str, Any] | None = None
@@ -553,6 +557,12 @@ def _observed(a: StepAnalysis, policy: CanaryPolicy, obs: Observations,
             a.prediction_checks = [dataclasses.asdict(c) for c in checks]
             for c in checks:
                 fails.extend(c.failed)
+            try:  # a multi-class challenger: the classes together (repository_sync.canary_classes)
+                a.prediction_classes = class_shift(finite, cols, obs.feature_columns, expected)
+            except DataError as exc:
+                notes.append(f"per-class prediction shift not computed: {exc}")
+            if a.prediction_classes is not None and any(c.failed for c in checks):
+                fails.append(class_shift_reason(a.prediction_classes))
 
     # quality where labels arrived
     if obs.label_column and obs.label_column in obs.frame.columns:

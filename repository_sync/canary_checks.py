@@ -300,8 +300,8 @@ def match_on_inputs(live_features: pd.DataFrame, expected: ExpectedBehaviour,
                     ) -> tuple[np.ndarray, float] | None:
     """``values`` at the ``neighbours`` expected rows nearest to each live input.
 
-    ``values`` holds one value per expected row; the result is flattened (``neighbours`` values per
-    live row) and comes with its effective sample size.
+    ``values`` holds one value (or one row, ``[n, C]``) per expected row; the result is flattened
+    (``neighbours`` values per live row) and comes with its effective sample size.
 
     Features are the numeric columns both sides have, standardised with the expected rows' mean
     and standard deviation; rows with a non-finite feature are dropped on both sides.
@@ -319,7 +319,7 @@ def match_on_inputs(live_features: pd.DataFrame, expected: ExpectedBehaviour,
         return None
     ref = expected.features[common].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)
     cur = live_features[common].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)
-    ok_ref = np.isfinite(ref).all(axis=1) & np.isfinite(values)
+    ok_ref = np.isfinite(ref).all(axis=1) & np.isfinite(values.reshape(len(values), -1)).all(axis=1)
     ok_cur = np.isfinite(cur).all(axis=1)
     if not ok_ref.any() or not ok_cur.any():
         return None
@@ -330,7 +330,7 @@ def match_on_inputs(live_features: pd.DataFrame, expected: ExpectedBehaviour,
     nn = NearestNeighbors(n_neighbors=k).fit((ref - mu) / sd)
     _, idx = nn.kneighbors((cur - mu) / sd)
     counts = np.bincount(idx.ravel()).astype(float)
-    return vals[idx].ravel(), float(counts.sum() ** 2 / np.sum(counts ** 2))
+    return vals[idx].reshape(-1, *vals.shape[1:]), float(counts.sum() ** 2 / np.sum(counts ** 2))
 
 
 def compare_with_expected(live: np.ndarray, expected: np.ndarray, *, column: str, source: str,

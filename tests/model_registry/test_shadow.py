@@ -241,3 +241,46 @@ def test_rule_reads_the_shadow_settings():
     assert rule.champion_floor is None  # NaN default: floor off
     floored = Settings.from_env({"TRITONFLOW_SHADOW_CHAMPION_FLOOR": "0.7"})
     assert sh.DecisionRule.from_settings(floored, primary_metric="f1").champion_floor == 0.7
+
+
+# ------------------------------------------------------------------------------- class order
+def test_onnx_classifier_names_its_classes_in_probability_column_order():
+    from mlflow.models import infer_signature
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+
+    from model_registry.conversion import convert_sklearn
+    from model_registry.multiclass import onnx_class_labels
+
+    X, y = load_iris(return_X_y=True)
+    X = X.astype(np.float32)
+    names = np.array(["virginica", "setosa", "versicolor"])[y]  # sklearn sorts: setosa, versicolor, virginica
+    for target, want in ((y, [0, 1, 2]), (names, ["setosa", "versicolor", "virginica"])):
+        clf = LogisticRegression(max_iter=500).fit(X, target)
+        onnx_model = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name="m").onnx_model
+        assert onnx_class_labels(onnx_model) == want == list(clf.classes_)
+
+
+def test_labels_are_mapped_to_class_indices_and_an_unknown_one_is_named():
+    from model_registry.multiclass import class_indices
+
+    classes = ["setosa", "versicolor", "virginica"]
+    got = class_indices(["virginica", None, "setosa", float("nan"), "versicolor"], classes)
+    np.testing.assert_array_equal(got, [2, np.nan, 0, np.nan, 1])
+    np.testing.assert_array_equal(class_indices([3, 1.0, "2"], [1, 2, 3]), [2, 0, 1])  # class values
+    with pytest.raises(DataError, match=r"labels\[1\]='unicorn' is not a class of the model; known classes.*"
+                                        r"\['setosa', 'versicolor', 'virginica'\]"):
+        class_indices(["setosa", "unicorn"], classes)
+    np.testing.assert_array_equal(class_indices([0, 2, None], None), [0, 2, np.nan])  # indices already
+    with pytest.raises(DataError, match="'setosa' is not a class index and the model's class order is unknown"):
+        class_indices(["setosa"], None)
+
+
+def test_a_challenger_in_another_class_order_is_reordered_and_other_classes_are_refused():
+    from tritonflow.pipelines.shadow_classes import align
+
+    p = np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]])  # columns: c, a, b
+    np.testing.assert_array_equal(align(["a", "b", "c"], ["c", "a", "b"], p, "m"), p[:, [1, 2, 0]])
+    assert align(["a", "b", "c"], None, p, "m") is p  # unknown order: taken as is
+    with pytest.raises(DataError, match=r"m: the challenger's classes \['a', 'b', 'd'\] differ"):
+        align(["a", "b", "c"], ["a", "b", "d"], p, "m")

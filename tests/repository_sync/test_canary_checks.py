@@ -154,6 +154,45 @@ def test_multi_class_outputs_are_compared_per_output_column():
     assert a.verdict == FAIL and any(r.startswith("p0: ") for r in a.reasons)
 
 
+def softmax3(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    z = x @ w
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def test_multi_class_challenger_gets_a_per_class_shift_naming_the_class_that_moved():
+    """The per-column checks judge; the classes together (predicted shares) name the culprit."""
+    rng = np.random.default_rng(8)
+    w = np.array([[2.0, -1.0, -1.0], [0.0, 1.5, -1.5]])
+    x_shadow, x_live = rng.normal(size=(2000, 2)), rng.normal(size=(400, 2))
+    cols = ["probability_0", "probability_1", "probability_2"]
+    shadow = softmax3(x_shadow, w)
+    frame = pd.DataFrame({EXPECTED_SCORE_COLUMN: shadow.argmax(axis=1).astype(float),
+                          "x0": x_shadow[:, 0], "x1": x_shadow[:, 1]})
+    for j, c in enumerate(cols):
+        frame[f"expected.{c}"] = shadow[:, j]
+    expected = ExpectedBehaviour.from_frame(frame, source="shadow_replay")
+
+    def live(probs):
+        out = pd.DataFrame({"model_version": 7, "x0": x_live[:, 0], "x1": x_live[:, 1]})
+        out[cols] = probs
+        return Observations(out, tuple(cols), ("x0", "x1"))
+
+    same = analyse(live(softmax3(x_live, w)), expected)
+    assert same.verdict == PASS, same.reasons
+    classes = same.prediction_classes
+    assert classes["columns"] == cols and classes["matched_on_inputs"] is True
+    assert classes["max_ks"] < 0.15 and len(classes["per_class"]) == 3
+    for row in classes["per_class"]:  # predicted shares agree within a few points
+        assert abs(row["share_live"] - row["share_expected"]) < 0.06
+    json.loads(same.to_json())
+    # served with class 2's weights doubled: class 2 is predicted far more often
+    moved = analyse(live(softmax3(x_live, w * np.array([1.0, 1.0, 3.0]))), expected)
+    assert moved.verdict == FAIL
+    assert moved.prediction_classes["worst_column"] == "probability_2"
+    assert any(r.startswith("class probability_2 moved most") for r in moved.reasons), moved.reasons
+
+
 def test_expected_predictions_without_the_score_column_are_refused():
     with pytest.raises(DataError, match="expected_score"):
         ExpectedBehaviour.from_frame(pd.DataFrame({"score": [0.1]}), source="shadow_replay")

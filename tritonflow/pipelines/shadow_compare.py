@@ -10,6 +10,11 @@ written beside the predictions and recorded on BOTH model versions in MLflow (ta
 ``tritonflow.shadow.*`` and artifacts). The outcome (``promote_challenger``, ``retrain``,
 ``nothing``, ``inconclusive``) drives the DAG's branch.
 
+Predictions with per-class probabilities (a multi-class model,
+:mod:`tritonflow.pipelines.shadow_classes`) are decided with the ``multiclass`` task (one-vs-rest
+AUC, log-loss, accuracy) unless ``rule_overrides`` names a task; their labels may be class names
+or values, mapped to class indices in the champion's class order (``replayed["class_labels"]``).
+
 The challenger's expected predictions are recorded on its model version (artifact and tag
 :data:`EXPECTED_TAG`) and their URI passed in ``canary_conf``, so the canary judges the challenger
 against its own behaviour here rather than against the champion.
@@ -36,6 +41,7 @@ from tritonflow.pipelines.shadow import (
     log_root,
     utc,
 )
+from tritonflow.pipelines.shadow_classes import CHALLENGER_PROBA, CHAMPION_PROBA, probabilities
 from tritonflow.settings import Settings
 
 #: Decision files written beside the predictions of a shadow run.
@@ -107,13 +113,15 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
         ``retrain_conf`` the confs of the DAGs the outcome triggers.
 
     Raises:
-        DataError: The predictions file is missing or changed, labels are ambiguous or invalid,
-            or a rule override is out of range.
+        DataError: The predictions file is missing or changed, labels are ambiguous or invalid
+            (a multi-class label that is not one of the model's classes: the value and the known
+            classes are named), or a rule override is out of range.
         WindowError: A label file is malformed.
     """
     import pandas as pd
 
     from drift_checks.inference_log import join_labels, read_labels
+    from model_registry.multiclass import class_indices
     from model_registry.shadow import DecisionRule, evaluate
 
     s = _settings(settings)
@@ -131,17 +139,25 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
     labels = read_labels(log_root(s), model, start.to_pydatetime(), until.to_pydatetime(),
                          endpoint_url=_endpoint(s))
     column = _label_column(labels, label_column)
+    multi = probabilities(preds, CHAMPION_PROBA) is not None
     if column is not None and column in labels.columns:
         joined = join_labels(preds, labels[["request_id", "timestamp", column]])
-        y = pd.to_numeric(joined[column], errors="coerce").to_numpy(dtype=np.float64)
+        y = (class_indices(joined[column], replayed.get("class_labels"), f"label column {column!r}") if multi
+             else pd.to_numeric(joined[column], errors="coerce").to_numpy(dtype=np.float64))
     else:
         joined, y = preds, None
     overrides = {k: v for k, v in dict(rule_overrides or {}).items() if v is not None}
+    if multi:  # [N, C] probabilities: one-vs-rest AUC, log-loss, accuracy
+        overrides.setdefault("task", "multiclass")
     rule = DecisionRule.from_settings(s, **overrides)
     reference = (champ.get("reference_metrics") or {}).get(rule.primary_metric)
-    challenger_scores = None if chal is None else joined["challenger_score"].to_numpy(np.float64)
-    decision = evaluate(y, joined["champion_score"].to_numpy(np.float64), challenger_scores,
-                        rule=rule, champion_reference=reference)
+    if multi:
+        champion_out = probabilities(joined, CHAMPION_PROBA)
+        challenger_out = None if chal is None else probabilities(joined, CHALLENGER_PROBA)
+    else:
+        champion_out = joined["champion_score"].to_numpy(np.float64)
+        challenger_out = None if chal is None else joined["challenger_score"].to_numpy(np.float64)
+    decision = evaluate(y, champion_out, challenger_out, rule=rule, champion_reference=reference)
 
     champ_v = int(champ["version"])
     chal_v = None if chal is None else int(chal["version"])
@@ -154,6 +170,7 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
         "window_end": end.isoformat(),
         "labels_until": until.isoformat(),
         "label_column": column,
+        "class_labels": replayed.get("class_labels") if multi else None,
         "predictions_uri": replayed["uri"],
         "predictions_sha256": replayed.get("sha256"),
         "evaluated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

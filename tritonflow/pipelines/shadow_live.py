@@ -19,6 +19,8 @@ same dict, so :func:`tritonflow.pipelines.shadow_compare.compare` decides and re
    ``request_id``: clients must log the request id the gateway returns (``X-Request-Id``: their
    own when they send one). The pairs become the predictions file and the challenger's expected
    predictions (:func:`tritonflow.pipelines.shadow_replay.write_expected`, source ``"live_mirror"``).
+   A multi-class model (the log holds one probability column per class, in class order) is
+   stored per class as in a replay (:mod:`tritonflow.pipelines.shadow_classes`).
 """
 
 from __future__ import annotations
@@ -37,16 +39,21 @@ LOG_GRACE_S = 5.0
 
 
 def _challenger_scores(mirrored: Any, output: str) -> np.ndarray:
-    """The challenger's score per mirrored row from its ``output`` (shadow's scoring rule)."""
+    """The challenger's score per mirrored row from its ``output`` (shadow's scoring rule).
+
+    One column: that column; two (binary probabilities): the second; more: the ``[n, C]`` class
+    probabilities, columns ``<output>_<c>`` in class order.
+    """
     base = f"mirror.{output}"
     cols = [c for c in mirrored.columns if c == base or c.startswith(base + "_")]
     if not cols:
         raise DataError(f"mirrored answers have no output {output!r} (columns: {sorted(mirrored.columns)})")
     if len(cols) == 1:
         return mirrored[cols[0]].to_numpy(dtype=np.float64)
+    ordered = sorted(cols, key=lambda c: int(c.rsplit("_", 1)[1]) if c.rsplit("_", 1)[1].isdigit() else -1)
     if len(cols) == 2:
-        return mirrored[sorted(cols)[1]].to_numpy(dtype=np.float64)
-    raise DataError(f"output {output!r} has {len(cols)} columns; expected 1 score or 2 class probabilities")
+        return mirrored[ordered[1]].to_numpy(dtype=np.float64)
+    return mirrored[ordered].to_numpy(dtype=np.float64)  # [n, C] class probabilities
 
 
 def live(model: str, champion: Any, challenger: Any, *, settings: Settings | None = None,
@@ -89,6 +96,14 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
     from tritonflow.checksums import sha256_file
     from tritonflow.pipelines.canary import DEFAULT_LIVE_TIMEOUT_S, CanaryEnvironment, default_holder
     from tritonflow.pipelines.shadow import _as_info, _endpoint, _settings, log_root, trusted_keys_dir
+    from tritonflow.pipelines.shadow_classes import (
+        align,
+        check_pair,
+        class_columns,
+        class_labels_of,
+        is_multiclass,
+        predictions_frame,
+    )
     from tritonflow.pipelines.shadow_replay import (
         OUTPUT_PREFIXES,
         PREDICTIONS_FILE,
@@ -193,26 +208,32 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
             "clients must log the request id the gateway returns in X-Request-Id")
     out_cols = [c for c in logged.columns if str(c).lower().startswith(OUTPUT_PREFIXES)]
     champion_scores = scores_of(paired, out_cols)
+    if champion_scores is None and len(out_cols) > 2:  # one logged column per class, in class order
+        champion_scores = paired[out_cols].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=np.float64)
     if champion_scores is None:
         raise DataError(f"the inference log of {model!r} has output columns {out_cols}; expected one "
-                        "score or two class probabilities to compare with the challenger's")
+                        "score, two class probabilities or one probability per class to compare with "
+                        "the challenger's")
     challenger_scores = _challenger_scores(paired, output)
-    predictions = pd.DataFrame({
-        "request_id": paired["request_id"].astype(str).to_numpy(),
-        "timestamp": pd.to_datetime(paired["timestamp"], utc=True).to_numpy(),
-        "model_version": paired["model_version"].to_numpy() if "model_version" in paired else -1,
-        "champion_score": champion_scores,
-        "challenger_score": challenger_scores,
-    })
-    predictions["timestamp"] = pd.to_datetime(predictions["timestamp"], utc=True)
+    check_pair(champion_scores, challenger_scores, f"live shadow of {model!r}")
+    multi: dict[str, Any] = {}
+    columns: list[str] = []
+    if is_multiclass(champion_scores):
+        labels_c = class_labels_of(s, champ)
+        challenger_scores = align(labels_c, class_labels_of(s, chal), challenger_scores, f"model {model!r}")
+        columns = class_columns(out_cols, champion_scores.shape[1], output)
+        multi = {"class_labels": labels_c, "class_columns": columns}
+    predictions = predictions_frame(paired, champion_scores, challenger_scores)
     run_dir = _run_dir(s, model)
     path = run_dir / PREDICTIONS_FILE
     predictions.to_parquet(path, index=False)
     mirrored_path = run_dir / "mirrored.parquet"
     mirrored.to_parquet(mirrored_path, index=False)
-    expected = write_expected(run_dir, paired[list(logged.columns)], challenger_scores, chal, "live_mirror")
+    expected = write_expected(run_dir, paired[list(logged.columns)], challenger_scores, chal, "live_mirror",
+                              columns)
     return {
         **expected,
+        **multi,
         "mode": "live",
         "model": model,
         "uri": str(path),

@@ -7,6 +7,7 @@ tritonclient's clients are not thread-safe). The champion is never unloaded; a c
 stage loaded is unloaded again afterwards (only that version: the model is reloaded with the
 versions READY before). A challenger that fails to load or to answer raises
 :class:`~tritonflow.exceptions.ChallengerUnavailableError` with the reason. Both versions' scores
+(per-class probabilities for a multi-class model, :mod:`tritonflow.pipelines.shadow_classes`)
 are stored as Parquet (:data:`PREDICTION_COLUMNS`) under ``<settings.home>/shadow/<model>/<run>/``.
 
 Both :func:`replay` and the live mode (:func:`tritonflow.pipelines.shadow_live.live`) also write
@@ -23,7 +24,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -37,6 +38,15 @@ from tritonflow.exceptions import (
     WindowError,
 )
 from tritonflow.pipelines.shadow import _as_info, _endpoint, _settings, log_root, trusted_keys_dir, utc
+from tritonflow.pipelines.shadow_classes import (
+    EXPECTED_PREFIX,
+    align,
+    check_pair,
+    class_columns,
+    class_labels_of,
+    is_multiclass,
+    predictions_frame,
+)
 from tritonflow.settings import Settings
 
 #: Folder under ``settings.home`` holding one sub-folder per shadow run.
@@ -78,14 +88,18 @@ class _Served:
 
 
 def _scores(array: np.ndarray, where: str) -> np.ndarray:
+    """Positive-class scores ``(n,)``, or ``[n, C]`` class probabilities when ``C > 2``."""
     a = np.asarray(array, dtype=np.float64)
+    if a.ndim == 2 and a.shape[1] > 2:
+        return a
     if a.ndim == 2 and a.shape[1] == 2:
         return a[:, 1]
     if a.ndim == 2 and a.shape[1] == 1:
         return a[:, 0]
     if a.ndim == 1:
         return a
-    raise DataError(f"{where}: output shape {a.shape}; expected (n,), (n, 1) or (n, 2) scores")
+    raise DataError(f"{where}: output shape {a.shape}; expected (n,), (n, 1), (n, 2) scores or (n, C) "
+                    "class probabilities")
 
 
 class _ClientPool:
@@ -184,12 +198,15 @@ def _run_dir(settings: Settings, model: str) -> Path:
 
 
 def write_expected(run_dir: Path, rows: Any, scores: np.ndarray, info: Mapping[str, Any],
-                   source: str) -> dict[str, Any]:
+                   source: str, class_columns: Sequence[str] = ()) -> dict[str, Any]:
     """Write the challenger's expected predictions.
 
     Write the challenger's expected predictions: ``request_id``, ``timestamp``,
     ``expected_score``, ``source`` and the inputs of each row (the signature's columns, else the
-    log's numeric columns that are not outputs).
+    log's numeric columns that are not outputs). For ``[n, C]`` class probabilities
+    (``C > 2``), ``expected_score`` is the arg-max class index and each class ``c`` has its
+    column ``expected.<class_columns[c]>`` (the canary compares it with the same-named logged
+    output column, :mod:`tritonflow.pipelines.shadow_classes`).
 
     Returns:
         ``{"expected_uri", "expected_sha256", "expected_rows"}``.
@@ -207,9 +224,16 @@ def write_expected(run_dir: Path, rows: Any, scores: np.ndarray, info: Mapping[s
     frame = pd.DataFrame({
         "request_id": rows["request_id"].astype(str).to_numpy(),
         "timestamp": pd.to_datetime(rows["timestamp"], utc=True).to_numpy(),
-        EXPECTED_SCORE_COLUMN: np.asarray(scores, dtype=np.float64),
+        EXPECTED_SCORE_COLUMN: (np.argmax(scores, axis=1).astype(np.float64) if is_multiclass(scores)
+                                else np.asarray(scores, dtype=np.float64)),
         "source": source,
     })
+    if is_multiclass(scores):
+        if len(class_columns) != scores.shape[1]:
+            raise DataError(f"class_columns={list(class_columns)} for {scores.shape[1]} classes; "
+                            "expected one name per probability column")
+        for c, name in enumerate(class_columns):
+            frame[f"{EXPECTED_PREFIX}{name}"] = scores[:, c]
     for c in columns:
         frame[c] = pd.to_numeric(rows[c], errors="coerce").to_numpy(dtype=np.float64)
     path = Path(run_dir) / EXPECTED_FILE
@@ -239,17 +263,19 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
         "challenger_loaded", "challenger_unloaded", "seconds", "mode"}``; ``uri`` is the Parquet
         file of :data:`PREDICTION_COLUMNS` (``challenger_score`` NaN without a challenger); with a
         challenger also ``"expected_uri"``, ``"expected_sha256"``, ``"expected_rows"``
-        (:func:`write_expected`).
+        (:func:`write_expected`); for ``[N, C]`` class probabilities (``C > 2``) also
+        ``"class_labels"`` (the champion's class order from its ONNX file, None when unknown) and
+        ``"class_columns"`` (the per-class output column names), and the predictions file holds
+        per-class columns (:mod:`tritonflow.pipelines.shadow_classes`).
 
     Raises:
         WindowError: Bad bounds, no logged row in the window, or the log lacks input columns.
         ChallengerUnavailableError: The challenger failed to load or to answer; the champion was
             left loaded and the challenger unloaded if this call loaded it.
         InferenceRequestError: The champion refused a request.
+        DataError: The two versions answer different output shapes or classes.
         TransientError: Triton did not answer or a load timed out (retry later).
     """
-    import pandas as pd
-
     from drift_checks.inference_log import read_window
     from repository_sync.triton_replicas import triton_control
 
@@ -362,21 +388,25 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
         control.close()
 
     out = frame.iloc[rows]
-    predictions = pd.DataFrame({
-        "request_id": out["request_id"].astype(str).to_numpy(),
-        "timestamp": out["timestamp"].to_numpy(),
-        "model_version": out["model_version"].to_numpy() if "model_version" in out else -1,
-        "champion_score": scores_c,
-        "challenger_score": scores_x if scores_x is not None else np.full(len(rows), np.nan),
-    })
-    predictions["timestamp"] = pd.to_datetime(predictions["timestamp"], utc=True)
+    check_pair(scores_c, scores_x, f"model {model!r}")
+    multi: dict[str, Any] = {}
+    columns: list[str] = []
+    if is_multiclass(scores_c):  # per-class columns, classes in the champion's order
+        labels_c = class_labels_of(s, champ)
+        if scores_x is not None:
+            scores_x = align(labels_c, class_labels_of(s, chal_info), scores_x, f"model {model!r}")
+        logged = [c for c in frame.columns if str(c).lower().startswith(OUTPUT_PREFIXES)]
+        columns = class_columns(logged, scores_c.shape[1], served_c.output)
+        multi = {"class_labels": labels_c, "class_columns": columns}
+    predictions = predictions_frame(out, scores_c, scores_x)
     run_dir = _run_dir(s, model)
     path = run_dir / PREDICTIONS_FILE
     predictions.to_parquet(path, index=False)
-    expected = (write_expected(run_dir, out, scores_x, chal_info, "shadow_replay")
+    expected = (write_expected(run_dir, out, scores_x, chal_info, "shadow_replay", columns)
                 if scores_x is not None else {})
     return {
         **expected,
+        **multi,
         "mode": "replay",
         "model": model,
         "uri": str(path),
