@@ -248,10 +248,10 @@ def class_indices(values: Any, class_labels: Sequence[Any] | None, field: str = 
                             "class indices 0..C-1")
         return numeric
     lookup = {_label_key(label): j for j, label in enumerate(class_labels)}
-    for i in np.flatnonzero(~missing):
+    for i in (int(k) for k in np.flatnonzero(~missing)):
         j = lookup.get(_label_key(series.iloc[i]))
         if j is None:
-            raise DataError(f"{field}[{int(i)}]={series.iloc[i]!r} is not a class of the model; known "
+            raise DataError(f"{field}[{i}]={series.iloc[i]!r} is not a class of the model; known "
                             f"classes, in probability-column order: {list(class_labels)}")
         out[i] = j
     return out

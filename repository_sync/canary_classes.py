@@ -39,8 +39,9 @@ def class_shift(live_rows: pd.DataFrame, prediction_columns: Sequence[str], feat
     Returns:
         :func:`model_registry.multiclass.per_class_prediction_shift`'s dict with the expected
         side as reference; each class has ``column``, ``ks``, ``psi``, ``share_expected`` and
-        ``share_live`` (shares of rows predicted as that class); plus ``worst_column``, ``columns``, ``matched_on_inputs``, ``n_live``, ``n_expected`` and
-        ``source``; None when fewer than :data:`MIN_CLASSES` logged columns have expected ones.
+        ``share_live`` (shares of rows predicted as that class); plus ``worst_column``,
+        ``columns``, ``matched_on_inputs``, ``n_live``, ``n_expected`` and ``source``; None
+        when fewer than :data:`MIN_CLASSES` logged columns have expected ones.
 
     Raises:
         DataError: No finite row on a side.

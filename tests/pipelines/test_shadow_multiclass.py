@@ -206,3 +206,31 @@ def test_canary_judges_the_challenger_per_class_against_its_shadow_predictions(s
     assert any(r.startswith("class probability_") and "moved most" in r for r in failed[-1]["reasons"]), failed
     print("MULTICLASS_CANARY", json.dumps({"pass": step["prediction_classes"]["per_class"],
                                            "fail": failed[-1]["prediction_classes"]["per_class"]}))
+
+
+def test_live_shadow_pairs_per_class_probabilities_of_mirrored_requests(stack, models):
+    """The live mode on the same model kind: the gateway mirrors the champion's requests, the
+    logged ``probability_0..2`` of the champion and the challenger's mirrored ``probabilities``
+    are stored per class, and the comparison is a multi-class one (no label yet: inconclusive)."""
+    from tritonflow.pipelines.shadow_compare import compare
+    from tritonflow.pipelines.shadow_live import live
+
+    name = "iris_live"
+    deploy(stack, models, name, {1: "weak", 2: "strong"})
+    settings = dataclasses.replace(stack.settings, mlflow_tracking_uri=stack.tracking_uri)
+    with Traffic(stack, name, models["X"]):
+        shadow = live(name, info(name, 1), info(name, 2), settings=settings, duration_s=4, percent=100)
+    assert shadow["paired"] >= 10 and shadow["class_labels"] == CLASSES
+    assert shadow["class_columns"] == PREDICTIONS
+    pairs = pd.read_parquet(shadow["uri"])
+    expected = pd.read_parquet(shadow["expected_uri"])
+    X = expected[FEATURES].to_numpy(np.float32)
+    for role, key in (("champion", "weak"), ("challenger", "strong")):
+        got = pairs[[f"{role}_proba_{c}" for c in range(3)]].to_numpy()
+        np.testing.assert_allclose(got, models["clf"][key].predict_proba(X), atol=1e-5)
+    np.testing.assert_allclose(expected[[f"expected.{c}" for c in PREDICTIONS]].to_numpy(),
+                               models["clf"]["strong"].predict_proba(X), atol=1e-5)
+    assert ready_versions(stack, name) == [1]
+    decision = compare(shadow, settings=settings, record=False)
+    assert decision["verdict"] == "inconclusive"
+    assert json.loads(open(decision["evidence_uri"]).read())["rule"]["task"] == "multiclass"
