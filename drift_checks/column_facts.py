@@ -51,7 +51,14 @@ class ColumnFacts:
 
     @classmethod
     def of_series(cls, s: pd.Series, *, counts: bool = True, keep: bool = True) -> "ColumnFacts":
-        """Facts of a column (``counts``: also the value counts; ``keep``: keep the series)."""
+        """Facts of a column (``counts``: also the value counts; ``keep``: keep the series).
+
+        A numpy float column without value counts goes through :meth:`of_float_array` (the same facts).
+        """
+        if not counts and isinstance(s.dtype, np.dtype) and s.dtype.kind == "f":
+            facts = cls.of_float_array(s.to_numpy())
+            facts.series = s if keep else None
+            return facts
         nulls = s.isna()
         n_null = int(nulls.sum())
         vmin = vmax = None
@@ -65,6 +72,32 @@ class ColumnFacts:
         examples = (list(vc)[:MAX_EXAMPLES] if vc is not None
                     else pd.unique(s.head(10 * MAX_EXAMPLES).dropna().to_numpy(dtype=object))[:MAX_EXAMPLES].tolist())
         return cls(s.dtype, int(len(s)), n_null, vmin, vmax, vc, examples, s if keep else None)
+
+    @classmethod
+    def of_float_array(cls, values: np.ndarray) -> "ColumnFacts":
+        """Facts of a float column given as a numpy array, NaN for null (no value counts).
+
+        What :meth:`of_series` gives for the same values as a pandas float Series, without building
+        one: the streamed window's float columns come straight from Arrow record batches.
+
+        Args:
+            values: 1-D numpy float array (float16/32/64); NaN marks a null.
+
+        Raises:
+            ValueError: ``values`` is not a 1-D numpy float array.
+        """
+        if not isinstance(values, np.ndarray) or values.ndim != 1 or values.dtype.kind != "f":
+            raise ValueError(f"of_float_array got {type(values).__name__} "
+                             f"{getattr(values, 'dtype', '')}; expected a 1-D numpy float array")
+        nan = np.isnan(values)
+        n_null = int(np.count_nonzero(nan))
+        vmin = vmax = None
+        if n_null < values.size:
+            present = values[~nan] if n_null else values
+            vmin, vmax = present.min(), present.max()
+        head = values[:10 * MAX_EXAMPLES]
+        examples = pd.unique(head[~np.isnan(head)].astype(object))[:MAX_EXAMPLES].tolist()
+        return cls(values.dtype, int(values.size), n_null, vmin, vmax, None, examples)
 
     def merge(self, other: "ColumnFacts") -> "ColumnFacts":
         """Facts of the two batches' rows together (this batch's rows first)."""

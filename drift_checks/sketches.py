@@ -28,6 +28,10 @@ is a probabilistic bound, not a worst case:
 Both bounds are reported with each statistic (``extra["error_bound"]``) and tested against the
 exact values (``tests/drift_checks/test_streaming.py``).
 
+**Input order**: the summaries feed each record batch to the sketch in sorted runs of 256 values
+(:func:`update_sketch`): the bound does not depend on the order of the stream, and DataSketches
+compacts sorted runs about a quarter faster. Tested with random, ascending and descending streams.
+
 **Reproducibility**: KLL compaction is randomised, so summarising the same window
 twice can give slightly different sketches. The hourly check therefore summarises a window once,
 stores the summary (:mod:`drift_checks.streaming`) and recomputes every later decision (rerun,
@@ -58,6 +62,33 @@ def new_sketch(k: int = DEFAULT_SKETCH_K):
     if not 8 <= int(k) <= 65535:
         raise ValueError(f"sketch k={k!r}; expected an integer in [8, 65535], e.g. {DEFAULT_SKETCH_K}")
     return kll_doubles_sketch(int(k))
+
+
+#: Values reach a sketch in runs of this many, each sorted (:func:`update_sketch`).
+SORTED_RUN = 256
+
+
+def update_sketch(sketch, values: np.ndarray) -> None:
+    """Add finite values to a KLL sketch, in runs of :data:`SORTED_RUN` values each sorted.
+
+    The order in which values reach a KLL sketch leaves its error bound unchanged: the KLL
+    bound holds for every order of the stream chosen without seeing the sketch's random bits,
+    and sorting a batch in runs sees only the values. Sorted runs make DataSketches' compaction
+    of its lowest level (a sort of a few dozen values at a time) cheaper: measured on the 2-core
+    AMD EPYC VM of ``benchmarks/drift_scale.py`` at k = 4096, about 46 ns per value fed as they
+    come, 34 ns in runs of 256 including numpy's sort of the runs (about 3 ns per value).
+    Longer runs cost more to sort than they save.
+
+    Args:
+        sketch: A KLL sketch of doubles (:func:`new_sketch`), updated in place.
+        values: 1-D finite values (any float dtype; NaN and infinities must already be removed).
+    """
+    x = np.asarray(values, dtype="float64").ravel()
+    whole = x.size - x.size % SORTED_RUN
+    if whole:  # np.sort returns a new writable, contiguous array, as the binding needs
+        sketch.update(np.sort(x[:whole].reshape(-1, SORTED_RUN), axis=1).ravel())
+    if whole < x.size:
+        sketch.update(np.sort(x[whole:]))
 
 
 def sketch_from_bytes(data: bytes):

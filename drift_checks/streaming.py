@@ -8,8 +8,10 @@ Parquet footers without reading any data. :func:`summarize_window` then scans th
 ``start <= timestamp < end`` and folds them into a :class:`~drift_checks.summaries.WindowSummary`:
 exact PSI bin counts and category counts, KLL sketches, contract facts. Memory holds one batch
 per worker plus the summary (about 100 KB per numeric feature), whatever the window's size.
-Files (row groups) are summarised by ``workers`` processes and the partial summaries merged:
-the counts are the same in any order, the sketches within their bound.
+Files (row groups) are summarised by ``workers`` processes, each claiming the next file from a
+shared counter when done with one (a worker slowed by other work on the host does less), and the
+partial summaries merged: the counts are the same in any order, the sketches within their bound.
+Float columns go from the Arrow batch to numpy without pandas (:class:`WindowSummarizer`).
 
 :func:`stored_summary` makes decisions reproducible: a window's summary is computed
 once and stored under ``<root>/<model>/drift_summaries/<bins digest>-k<k>/``; a rerun or backfill
@@ -22,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 from urllib.parse import urlparse
 
 import pandas as pd
@@ -182,15 +184,15 @@ def iter_window_frames(scan: WindowScan, columns: Sequence[str], batch_rows: int
         yield arrow_to_pandas(batch)
 
 
-def summarize_units(units: Sequence[tuple[str, list[int] | None]], filesystem, schema: dict, bins: dict,
+def summarize_units(units: Iterable[tuple[str, list[int] | None]], filesystem, schema: dict, bins: dict,
                     start: pd.Timestamp, end: pd.Timestamp, *, sketch_k: int = DEFAULT_SKETCH_K,
-                    batch_rows: int = DEFAULT_BATCH_ROWS, sample_rows: int = 0) -> bytes:
+                    batch_rows: int = DEFAULT_BATCH_ROWS, sample_rows: int = 0, level: int = 6) -> bytes:
     """Summary (bytes) of some files / row groups of a window.
 
     The work of one process, one Spark partition, or the whole window.
 
     Args:
-        units: ``(path, row groups or None for the whole file)``.
+        units: ``(path, row groups or None for the whole file)``, read in this order (any iterable).
         filesystem: pyarrow filesystem of the paths.
         schema: :meth:`LogSchema.to_dict` of the reference.
         bins: ``{column: (edges, discrete)}`` of the reference's PSI bins.
@@ -199,6 +201,7 @@ def summarize_units(units: Sequence[tuple[str, list[int] | None]], filesystem, s
         sketch_k: KLL ``k`` of the numeric sketches.
         batch_rows: Rows per Arrow record batch read.
         sample_rows: Rows of the seeded window sample kept for row-wise contract checks (0: none).
+        level: zlib level of the bytes (:meth:`WindowSummary.to_bytes`).
     """
     import numpy as np
 
@@ -208,7 +211,7 @@ def summarize_units(units: Sequence[tuple[str, list[int] | None]], filesystem, s
     columns = list(log_schema.features) + (["request_id"] if sample_rows else [])
     for batch in _batches(units, filesystem, columns, start, end, batch_rows):
         acc.add(batch)
-    return acc.result(files=[]).to_bytes()
+    return acc.result(files=[]).to_bytes(level)
 
 
 def sample_window(scan: WindowScan, schema: LogSchema, rows: int,
@@ -223,9 +226,29 @@ def sample_window(scan: WindowScan, schema: LogSchema, rows: int,
     return sample if sample is not None else pd.DataFrame(columns=list(schema.features))
 
 
-def _summarize_chunk(args: tuple) -> bytes:
+#: In a worker process: the shared index of the next work unit (:func:`_init_worker`).
+_NEXT_UNIT: Any = None
+
+
+def _init_worker(counter) -> None:
+    global _NEXT_UNIT
+    _NEXT_UNIT = counter
+
+
+def _claimed(units: Sequence) -> Iterator:
+    """The units this worker claims from the shared counter, one at a time, until none is left."""
+    while True:
+        with _NEXT_UNIT.get_lock():
+            i = _NEXT_UNIT.value
+            _NEXT_UNIT.value = i + 1
+        if i >= len(units):
+            return
+        yield units[i]
+
+
+def _summarize_shared(args: tuple) -> bytes:
     units, fs, schema, bins, start, end, kw = args
-    return summarize_units(units, fs, schema, bins, start, end, **kw)
+    return summarize_units(_claimed(units), fs, schema, bins, start, end, level=1, **kw)
 
 
 def summarize_window(scan: WindowScan, reference, *, sketch_k: int = DEFAULT_SKETCH_K,
@@ -255,17 +278,19 @@ def summarize_window(scan: WindowScan, reference, *, sketch_k: int = DEFAULT_SKE
         out = WindowSummarizer(reference.schema, bins_of(reference), sketch_k=sketch_k).result()
         return out
     if workers <= 1 or len(units) == 1:
-        parts = [summarize_units(units, scan.filesystem, schema, bins, scan.start, scan.end, **kw)]
+        parts = [summarize_units(units, scan.filesystem, schema, bins, scan.start, scan.end, level=1, **kw)]
     else:
         import multiprocessing
 
         n = min(workers, len(units))
-        chunks = [units[i::n] for i in range(n)]
         # fork: no re-import of the caller's main module (Airflow's task runner); pyarrow
-        # re-creates its thread pools after a fork
-        with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork")) as pool:
-            parts = list(pool.map(_summarize_chunk, [(c, scan.filesystem, schema, bins, scan.start, scan.end, kw)
-                                                     for c in chunks]))
+        # re-creates its thread pools after a fork. Each worker claims the next unit from a shared
+        # counter when it is done with one, so a worker slowed by other work on the host does less.
+        ctx = multiprocessing.get_context("fork")
+        counter = ctx.Value("i", 0)
+        with ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker, initargs=(counter,)) as pool:
+            parts = list(pool.map(_summarize_shared, [(units, scan.filesystem, schema, bins, scan.start, scan.end,
+                                                       kw)] * n))
     summary = WindowSummary.from_bytes(parts[0])
     for p in parts[1:]:
         summary = summary.merge(WindowSummary.from_bytes(p))

@@ -6,10 +6,16 @@ A :class:`WindowSummary` holds, per feature of the reference's schema:
   value counts of categorical columns);
 * numeric features: null and infinity counts, the EXACT counts in the reference's PSI bins
   (:func:`drift_checks.binning.bin_counts`) and a KLL sketch of the finite values
-  (:mod:`drift_checks.sketches`);
+  (:mod:`drift_checks.sketches`, fed by :func:`~drift_checks.sketches.update_sketch`);
 * categorical features: exact category counts (JS, chi-square, unseen share are exact);
 * optionally a seeded sample (the rows with the smallest hash of ``request_id``: the same rows
   whatever the order or partitioning of the batches) for row-wise expectations written by hand.
+
+Arrow record batches (the streamed log) are read column by column: a float column becomes a
+numpy array (no copy when it has no nulls) and its facts come from
+:meth:`~drift_checks.column_facts.ColumnFacts.of_float_array`, which gives what
+:meth:`~drift_checks.column_facts.ColumnFacts.of_series` gives for the same pandas column; only the
+other columns are converted to pandas.
 
 Its size depends on the number of features and categories, never on the number of rows
 (about 100 KB per numeric feature at the default sketch size). Summaries MERGE
@@ -41,7 +47,7 @@ from drift_checks.binning import PsiBins, bin_counts
 from drift_checks.column_facts import ColumnFacts
 from drift_checks.inference_log import LogSchema, categorical_columns, numeric_columns
 from drift_checks.numeric_statistics import _as_float_array
-from drift_checks.sketches import DEFAULT_SKETCH_K, new_sketch, sketch_from_bytes, sketch_sample
+from drift_checks.sketches import DEFAULT_SKETCH_K, new_sketch, sketch_from_bytes, sketch_sample, update_sketch
 
 #: Format version of :meth:`WindowSummary.to_bytes`.
 FORMAT = 1
@@ -161,8 +167,13 @@ class WindowSummary:
                              max(self.sample_rows, other.sample_rows))
 
     # ---------------------------------------------------------------- bytes
-    def to_bytes(self) -> bytes:
-        """Serialise the summary (JSON, read back by :meth:`from_bytes`); it crosses process boundaries as XCom."""
+    def to_bytes(self, level: int = 6) -> bytes:
+        """Serialise the summary (JSON, read back by :meth:`from_bytes`); it crosses process boundaries as XCom.
+
+        Args:
+            level: zlib compression level (1: fast, for bytes that only cross to another process;
+                6: the stored summary).
+        """
         doc = {"format": FORMAT, "n_rows": self.n_rows, "sketch_k": self.sketch_k, "files": self.files,
                "facts": {c: f.to_json() for c, f in self.facts.items()},
                "bins": {c: {"edges": [float(e) for e in b.edges], "discrete": b.discrete}
@@ -177,7 +188,7 @@ class WindowSummary:
             buf = io.BytesIO()
             self.sample.to_parquet(buf, index=False)
             doc["sample"] = base64.b64encode(buf.getvalue()).decode()
-        return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 6)
+        return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), int(level))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "WindowSummary":
@@ -241,30 +252,62 @@ class WindowSummarizer:
     def add(self, batch: Any) -> None:
         """Add a record batch (pyarrow ``RecordBatch``/``Table`` or pandas ``DataFrame``).
 
-        The rows must already be inside the window.
+        The rows must already be inside the window. Arrow float columns are read as numpy arrays
+        (no copy without nulls) and never go through pandas; the other columns (and every column
+        when a sample is kept) are converted with :func:`~drift_checks.inference_log.arrow_to_pandas`.
         """
-        if not isinstance(batch, pd.DataFrame):
+        if isinstance(batch, pd.DataFrame):
+            return self._add_frame(batch, batch, len(batch))
+        if batch.num_rows == 0:
+            return None
+        if self.sample_rows > 0:
             from drift_checks.inference_log import arrow_to_pandas
 
-            batch = arrow_to_pandas(batch)
-        if len(batch) == 0:
+            frame = arrow_to_pandas(batch)
+            return self._add_frame(frame, frame, len(frame))
+        import pyarrow as pa
+
+        names = set(batch.schema.names)
+        floats = {c for c in self.schema.features
+                  if c in names and pa.types.is_floating(batch.schema.field(c).type)}
+        others = [c for c in self.schema.features if c in names and c not in floats]
+        frame = None
+        if others:
+            from drift_checks.inference_log import arrow_to_pandas
+
+            frame = arrow_to_pandas(batch.select(others))
+        columns = {c: batch.column(c).to_numpy(zero_copy_only=False) for c in floats}
+        return self._add_frame(columns if frame is None else {**columns, **{c: frame[c] for c in others}},
+                               frame, batch.num_rows)
+
+    def _add_frame(self, columns: Mapping[str, Any], frame: pd.DataFrame | None, n_rows: int) -> None:
+        """Add one batch of ``n_rows`` rows.
+
+        ``columns`` maps a feature to a pandas Series or a numpy float array (NaN: null);
+        ``frame`` (pandas, or ``None``) also holds ``request_id`` for the sample.
+        """
+        if n_rows == 0:
             return
         sm = self.summary
-        sm.n_rows += len(batch)
+        sm.n_rows += n_rows
         for col in self.schema.features:
-            if col not in batch.columns:
+            if col not in columns:
                 continue
-            f = ColumnFacts.of_series(batch[col], counts=col in self.counted, keep=False)
+            values = columns[col]
+            if isinstance(values, np.ndarray):
+                f = ColumnFacts.of_float_array(values)
+            else:
+                f = ColumnFacts.of_series(values, counts=col in self.counted, keep=False)
             sm.facts[col] = sm.facts[col].merge(f) if col in sm.facts else f
             if col in sm.numeric:
-                self._add_numeric(sm.numeric[col], batch[col], col)
-        if self.sample_rows > 0 and "request_id" in batch.columns:
-            keys = pd.util.hash_pandas_object(batch["request_id"].astype(str), index=False).to_numpy()
-            part = batch[[c for c in self.schema.features if c in batch.columns]].assign(_key=keys)
+                self._add_numeric(sm.numeric[col], values, col)
+        if self.sample_rows > 0 and frame is not None and "request_id" in frame.columns:
+            keys = pd.util.hash_pandas_object(frame["request_id"].astype(str), index=False).to_numpy()
+            part = frame[[c for c in self.schema.features if c in frame.columns]].assign(_key=keys)
             both = part if sm.sample is None else pd.concat([sm.sample, part], ignore_index=True)
             sm.sample = _smallest(both, self.sample_rows).reset_index(drop=True)
 
-    def _add_numeric(self, state: NumericState, values: pd.Series, col: str) -> None:
+    def _add_numeric(self, state: NumericState, values: Any, col: str) -> None:
         arr = _as_float_array(values)
         finite = np.isfinite(arr)
         n_fin = int(np.count_nonzero(finite))
@@ -276,7 +319,7 @@ class WindowSummarizer:
             arr = arr[finite]
         state.n_rows += int(finite.size)
         if arr.size:
-            state.sketch.update(arr)
+            update_sketch(state.sketch, arr)
             state.counts += bin_counts(arr, self.bins[col])
 
     def result(self, files: Iterable[str] = ()) -> WindowSummary:

@@ -185,3 +185,64 @@ def test_a_stored_summary_makes_reruns_decide_from_the_same_sketches_until_new_f
     scan2 = open_window(root, "m", T0, T0 + HOUR, SCHEMA)
     newer, computed = stored_summary(scan2, ref, lambda: summarize_window(scan2, ref, workers=1))
     assert computed and newer.n_rows == 60_500
+
+
+def test_arrow_batches_give_the_facts_counts_and_values_of_the_pandas_path():
+    import pyarrow as pa
+
+    from drift_checks.inference_log import arrow_to_pandas
+    from drift_checks.summaries import WindowSummarizer, bins_of
+
+    rng = np.random.default_rng(8)
+    schema = LogSchema({"amount": "float", "small": "float", "gone": "float", "items": "int", "channel": "category"})
+    ref = prepare_reference(pd.DataFrame({"amount": rng.normal(0, 1, 5000), "small": rng.normal(0, 1, 5000),
+                                          "gone": rng.normal(0, 1, 5000), "items": rng.integers(0, 6, 5000),
+                                          "channel": rng.choice(["a", "b"], 5000)}), schema)
+    n = 3000
+    amount = rng.normal(0.1, 1, n)
+    amount[[3, 700, 2999]] = [np.inf, -np.inf, np.nan]
+    batch = pa.record_batch({
+        "amount": pa.array(amount, mask=np.arange(n) % 501 == 0),        # Arrow nulls and NaN
+        "small": pa.array(rng.normal(0, 1, n).astype("float32")),
+        "gone": pa.array(np.full(n, np.nan)),                              # every value null
+        "items": pa.array(rng.integers(0, 7, n), mask=np.arange(n) % 97 == 0),
+        "channel": pa.array(rng.choice(["a", "b", "c"], n))})
+    sides = []
+    for as_frame in (False, True):
+        acc = WindowSummarizer(schema, bins_of(ref))
+        for lo in range(0, n, 1000):
+            part = batch.slice(lo, 1000)
+            acc.add(arrow_to_pandas(part) if as_frame else part)  # the old path: pandas first
+        sides.append(acc.result())
+    arrow, frame = sides
+    assert arrow.n_rows == frame.n_rows == n
+    assert {c: f.to_json() for c, f in arrow.facts.items()} == {c: f.to_json() for c, f in frame.facts.items()}
+    assert arrow.facts["small"].dtype == np.dtype("float32") and arrow.facts["gone"].vmin is None
+    assert arrow.facts["amount"].vmax == np.inf and arrow.facts["amount"].n_null == 7
+    for col in ("amount", "small", "items"):
+        a, f = arrow.numeric_sample(col), frame.numeric_sample(col)  # n <= k: every value, exactly
+        assert (a.n_rows, a.n_null, a.n_pos_inf, a.n_neg_inf) == (f.n_rows, f.n_null, f.n_pos_inf, f.n_neg_inf)
+        np.testing.assert_array_equal(a.values, f.values)
+        np.testing.assert_array_equal(arrow.numeric[col].counts, frame.numeric[col].counts)
+    assert arrow.category_counts("channel") == frame.category_counts("channel")
+
+
+@pytest.mark.parametrize("order", ["random", "ascending", "descending"])
+def test_sketches_fed_in_sorted_runs_stay_within_the_stated_rank_error(order):
+    from drift_checks.sketches import new_sketch, update_sketch
+
+    rng = np.random.default_rng(9)
+    k, eps = 256, rank_error(256)  # a small k: many compactions, a bound the test can see
+    worst = 0.0
+    for _ in range(10):
+        x = rng.lognormal(0, 1, 300_001)
+        x = {"random": x, "ascending": np.sort(x), "descending": np.sort(x)[::-1]}[order]
+        sketch = new_sketch(k)
+        for lo in range(0, x.size, 65_536):  # record batches; the last leaves a partial run
+            update_sketch(sketch, x[lo:lo + 65_536])
+        exact = np.sort(x)
+        assert sketch.n == x.size and (sketch.get_min_value(), sketch.get_max_value()) == (exact[0], exact[-1])
+        probes = exact[np.linspace(0, x.size - 1, 2001).astype(int)]
+        true = np.searchsorted(exact, probes, side="right") / x.size
+        worst = max(worst, float(np.max(np.abs(np.array(sketch.get_cdf(list(probes)))[:-1] - true))))
+    assert 0 < worst <= eps
