@@ -48,7 +48,8 @@ def run_version(conf: Mapping[str, Any]) -> str | None:
     Conf shapes: a registry event (``model_version``), the loop context (``loop.version``) or the
     trigger form (``challenger`` / ``version_or_alias``).
     """
-    loop = conf.get("loop") if isinstance(conf.get("loop"), Mapping) else {}
+    raw = conf.get("loop")
+    loop: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     for value in (conf.get("model_version"), loop.get("version"), conf.get("challenger"),
                   conf.get("version_or_alias")):
         if value not in (None, ""):
