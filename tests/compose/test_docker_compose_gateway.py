@@ -269,7 +269,14 @@ def test_the_canary_counts_per_version_failures_from_the_log_the_stack_gateway_w
     end = time.time() + 1.0
     assert set(answers) == {200, 500}, answers
     env = SimpleNamespace(gateway_status_log=str(local))
-    counts = gateway_statuses(env, "churn")(start - 1.0, end)
+    read = gateway_statuses(env, "churn")
+    deadline = time.monotonic() + 10
+    # NGINX writes a request's line once the response has gone out: the last ones may lag
+    counts = read(start - 1.0, end)
+    while sum(c.requests for c in counts.values()) < len(answers):
+        assert time.monotonic() < deadline, f"{counts} after 10 s for {len(answers)} requests"
+        time.sleep(0.1)
+        counts = read(start - 1.0, end)
     assert set(counts) == {7, FAILING_VERSION}
     assert counts[7].requests == answers.count(200) and counts[7].failures == 0
     assert counts[FAILING_VERSION].requests == counts[FAILING_VERSION].failures == answers.count(500)
