@@ -13,7 +13,7 @@ from airflow.sdk import Param, get_current_context
 from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import TIMEOUTS
 from tritonflow_plugin.event_mapping import CHANGE_KINDS
-from tritonflow_plugin.registry_watcher import registry_asset
+from tritonflow_plugin.registry_watcher import BATCH_KEY, registry_asset
 from tritonflow_plugin.wiring import data_task, fire_and_forget_mapped, tritonflow_dag
 
 DAG_ID = "registry_events"
@@ -78,7 +78,10 @@ def _run_id(dag_id: str, change: dict, stamp: str) -> str:
     return f"registry__{change.get('kind', 'change')}__{digest}"
 
 
-@tritonflow_dag(DAG_ID, schedule=registry_asset(DAG_ID, watch=True, mapping_path=str(WATCH_ALL_MAPPING)),
+# batch=True: one asset event per poll holding every change it found (several events written at
+# once would be split across runs, the last ones waiting for the next change; see the trigger).
+@tritonflow_dag(DAG_ID, schedule=registry_asset(DAG_ID, watch=True, mapping_path=str(WATCH_ALL_MAPPING),
+                                                batch=True),
                 topics=["registry"], description=DESCRIPTION, doc_md=DOC_MD, params=PARAMS)
 def registry_events():
     """Map MLflow registry changes to the DAGs they call for and trigger them."""
@@ -106,8 +109,10 @@ def registry_events():
             for ev in evs:
                 extra = dict(getattr(ev, "extra", None) or {})
                 payload = extra.get("payload", extra)
-                if isinstance(payload, dict) and isinstance(payload.get("registry_event"), dict):
-                    found.append((payload["registry_event"], str(getattr(ev, "timestamp", ""))))
+                items = payload.get(BATCH_KEY) if isinstance(payload, dict) else None
+                for item in items if isinstance(items, list) else [payload]:
+                    if isinstance(item, dict) and isinstance(item.get("registry_event"), dict):
+                        found.append((item["registry_event"], str(getattr(ev, "timestamp", ""))))
         webhook_owned = WEBHOOK_KINDS if get_settings().webhook_secret else ()
         rules = load_mapping()
         fired = []

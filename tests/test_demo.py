@@ -5,7 +5,9 @@ an Airflow 3 scheduler, dag-processor, triggerer and api-server with the LocalEx
 SQLite, in a temporary demo home on free ports; tests/demo_run.py), then its summary, report and
 last line are checked: the driver created only ``drift_monitor`` runs and the scheduler ran the
 rest, drift was alerted at a real shift point of the series, a retrained challenger was promoted
-through the canary, every alert carries the DAGs' decision, and the report holds its plots.
+through the canary, every alert carries the DAGs' decision, a label-flipped challenger requested
+through the registry (alias, registry_events, model_publish, canary_promotion) was rolled back by
+the canary under the default thresholds, and the report holds its plots.
 Slow (many minutes on two cores): marked ``integration`` and ``slow``.
 """
 
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from model_registry.datasets import KNOWN_SHIFTS, LABEL_COLUMN
+from repository_sync.canary import CanaryPolicy
 from tests.demo_run import get_quick_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -110,6 +113,37 @@ def test_a_retrained_challenger_is_promoted_and_serves_afterwards(quick_run):
     # loop run has finished) was answered by the promoted version
     assert (any(str(first["to"]) in h["versions"] for h in quick_run["hours"])
             or str(first["to"]) in quick_run["served_after_loop"])
+
+
+def test_a_flipped_label_challenger_requested_through_the_registry_is_rolled_back(quick_run):
+    bad = quick_run["bad_challenger"]
+    assert bad, "no bad challenger was offered"
+    progress = quick_run["_progress"][-4000:]
+    runs = {(r["dag_id"], r["run_id"]): r for r in quick_run["dag_runs"]}
+    # the driver only set an alias: registry_events (from the registry watcher's asset event)
+    # started model_publish, which started the canary
+    publish = runs.get(("model_publish", bad["publish_run"]))
+    canary = runs.get(("canary_promotion", bad["canary_run"]))
+    assert publish and canary, (bad, progress)
+    assert publish["triggered_by"].startswith("dag:registry_events/"), publish
+    parent = runs[("registry_events", publish["triggered_by"].split("/", 1)[1])]
+    assert parent["triggered_by"].startswith("asset:"), parent
+    assert canary["triggered_by"] == f"dag:model_publish/{bad['publish_run']}", canary
+    assert publish["state"] == "success" and canary["state"] == "failed", (publish, canary)
+    # what the canary run recorded: rolled back on the quality check with the labels that arrived
+    assert bad["outcome"] == "rolled_back" and bad["rolled_back"] is True, bad
+    assert bad["source"].startswith("xcom:"), bad
+    assert "quality" in bad["reason"], bad["reason"]
+    failed = [s for s in bad["steps"] if s["verdict"] == "fail"]
+    assert failed and failed[0]["percent"] < 100 and "quality" in failed[0]["reason"], bad["steps"]
+    assert bad["champion_after"] == bad["champion_before"] != bad["version"]
+    # the canary ran with the default thresholds, as it recorded them on the version
+    defaults = CanaryPolicy().thresholds()
+    judged = ("max_prediction_ks", "max_prediction_psi", "max_quality_drop", "min_labels", "confidence",
+              "quality_metric", "max_error_rate", "max_latency_ratio")
+    assert {k: bad["thresholds"][k] for k in judged} == {k: defaults[k] for k in judged}, bad["thresholds"]
+    html = (Path(quick_run["_home"]) / "report" / "index.html").read_text()
+    assert "Deliberately bad challenger" in html and "rolled back" in html
 
 
 def test_each_promotion_arms_the_health_sentinel_in_the_triggerer(quick_run):

@@ -239,6 +239,20 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _bad_challenger_html(bad: Mapping[str, Any] | None) -> str:
+    """The bad challenger's section: what the canary decided and why, as its run recorded it."""
+    if not bad:
+        return "<p>not offered in this run</p>"
+    verdict = "rolled back" if bad.get("rolled_back") else "NOT rolled back"
+    head = (f"<p>Version {bad.get('version')} (alias <code>{html.escape(str(bad.get('alias')))}</code>): "
+            f"<b>{verdict}</b>; canary run {html.escape(str(bad.get('canary_run')))} "
+            f"{html.escape(str(bad.get('canary_state')))}, outcome {html.escape(str(bad.get('outcome')))}, "
+            f"{_fmt(bad.get('seconds'))} s from the alias to the end of the canary. Reason (from the run): "
+            f"{html.escape(str(bad.get('reason') or bad.get('note') or ''))}</p>")
+    return head + _table(bad.get("steps") or [], ["step", "percent", "attempt", "verdict", "canary_requests",
+                                                   "reason"])
+
+
 def write_report(folder: Path, summary: Mapping[str, Any], traffic: pd.DataFrame, *,
                  history_url: str, model: str, min_windows: int | None = None) -> Path:
     """Write ``folder/index.html`` and its PNGs; returns the HTML path."""
@@ -258,6 +272,7 @@ def write_report(folder: Path, summary: Mapping[str, Any], traffic: pd.DataFrame
     loop_html = ("".join(f"<li>drift alert at logical hour {loop['alert_hour']} &rarr; version {loop['to']} "
                          f"promoted (was {loop['from']}): <b>{loop['seconds']:.1f} s</b></li>" for loop in loops)
                  or "<li>no challenger was promoted in this run</li>")
+    bad_html = _bad_challenger_html(summary.get("bad_challenger"))
     imgs = "".join(f'<img src="{f}" alt="{f}"><br>' for f in drift_files)
     events = [{k: v for k, v in e.items() if k not in ("wall", "steps", "conf")} for e in summary.get("events", [])]
     event_columns = ["kind", "t", "hour", "version", "state", "outcome", "seconds", "features", "rolled_back",
@@ -271,6 +286,7 @@ td,th{{border:1px solid #ccc;padding:2px 6px}} img{{max-width:100%}}</style></he
 <h2>Closed loop: drift alert &rarr; promoted challenger</h2>
 <ul>{loop_html}</ul>
 <p>Benchmark: reference 23 minutes in a comparable production loop, goal under 5 minutes.</p>
+<h2>Deliberately bad challenger (flipped labels, requested through the registry)</h2>{bad_html}
 <h2>Which version served when</h2>{f'<img src="{served}">' if served else '<p>no traffic</p>'}
 <h2>Quality of what was served vs a never-retrained champion</h2>{f'<img src="{perf_file}">' if perf_file else ''}
 <h2>Drift statistics against their dynamic P95 thresholds</h2>{imgs or '<p>no drift history</p>'}

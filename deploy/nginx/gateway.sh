@@ -4,5 +4,10 @@
 set -eu
 conf_dir="${TRITONFLOW_GATEWAY_CONF_DIR:-/etc/nginx/tritonflow}"
 mkdir -p "$conf_dir/http.d" "$conf_dir/locations.d"
+# The status log the router names in its snippets (access_log): NGINX opens it but does not create
+# its folder, and `nginx -t` refuses a config whose log folder is missing.
+if [ -n "${TRITONFLOW_GATEWAY_ACCESS_LOG:-}" ] && [ "$TRITONFLOW_GATEWAY_ACCESS_LOG" != "off" ]; then
+    mkdir -p "$(dirname "$TRITONFLOW_GATEWAY_ACCESS_LOG")"
+fi
 sh "$(dirname "$0")/reload-watcher.sh" &
 exec nginx -g 'daemon off;'

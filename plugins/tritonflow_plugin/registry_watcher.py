@@ -55,6 +55,8 @@ FACT_VERSION, FACT_STAGE, FACT_ALIAS = "version", "stage", "alias"
 NO_STAGE = "None"
 #: Page size of registry searches.
 SEARCH_PAGE_SIZE = 200
+#: Payload key of a batched trigger event: the confs of every change one poll found.
+BATCH_KEY = "registry_events"
 
 
 def take_snapshot(client: Any, models: Sequence[str] | None = None) -> set[Fact]:
@@ -225,6 +227,12 @@ class RegistryEventTrigger(BaseEventTrigger):
         state_path: Coordination database URL or SQLite file (default: the shared coordination DB).
         mapping_path: Mapping file (default ``Settings.event_mapping_path``).
         max_polls: Stop after this many polls (``None``: forever; tests use a bound).
+        batch: Yield one event per poll whose payload is ``{BATCH_KEY: [conf, ...]}`` instead of
+            one event per change. Airflow 3.3 closes an asset-triggered run's event window at the
+            time its queue row was *created*: of several events that arrive together (one poll's
+            changes), those written after the first are left out of the run that the first one
+            starts, and the queue row is deleted, so they wait for the next registry change.
+            A consumer that reads lists (``registry_events``) should batch.
     """
 
     def __init__(
@@ -236,8 +244,10 @@ class RegistryEventTrigger(BaseEventTrigger):
         state_path: str | None = None,
         mapping_path: str | None = None,
         max_polls: int | None = None,
+        batch: bool = False,
     ) -> None:
         super().__init__()
+        self.batch = bool(batch)
         self.dag_id = dag_id
         self.tracking_uri = tracking_uri
         self.models = models
@@ -258,6 +268,7 @@ class RegistryEventTrigger(BaseEventTrigger):
                 "state_path": self.state_path,
                 "mapping_path": self.mapping_path,
                 "max_polls": self.max_polls,
+                "batch": self.batch,
             },
         )
 
@@ -289,7 +300,11 @@ class RegistryEventTrigger(BaseEventTrigger):
                 confs = []
             for conf in confs:
                 self.log.info("registry change for %s: %s", self.dag_id, conf["registry_event"])
-                yield TriggerEvent(conf)
+            if self.batch and confs:
+                yield TriggerEvent({BATCH_KEY: confs})
+            elif not self.batch:
+                for conf in confs:
+                    yield TriggerEvent(conf)
             if self.max_polls is None or polls < self.max_polls:
                 await asyncio.sleep(interval)
 

@@ -22,6 +22,7 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -254,7 +255,7 @@ def test_airflow_services_run_the_project_image_and_mount_dags_and_plugins(servi
         mounts = bind_mounts(svc)
         assert mounts.get("/opt/airflow/dags") == "./dags", name
         assert mounts.get("/opt/airflow/plugins") == "./plugins", name
-        assert {"tritonflow-home", "gateway-conf", "airflow-logs"} <= set(named_volumes(svc)), name
+        assert {"tritonflow-home", "gateway-conf", "gateway-logs", "airflow-logs"} <= set(named_volumes(svc)), name
         if name != "airflow-init":
             assert services[name]["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
             assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
@@ -360,6 +361,28 @@ def test_worker_tritonflow_variables_are_settings_and_parse(worker_env, services
     assert settings.s3_endpoint_url == worker_env["MLFLOW_S3_ENDPOINT_URL"]
     assert settings.signing_key_path.is_relative_to(settings.home), "the signing key must persist in a volume"
     assert settings.signing_trusted_keys_dir.is_relative_to(settings.home)
+
+
+def test_gateway_status_log_is_on_a_volume_nginx_and_every_airflow_service_see_at_one_path(services, worker_env):
+    """The router writes the log's path into NGINX's config and the canary opens the same path."""
+    from tritonflow.pipelines.canary import CanaryEnvironment
+    from tritonflow.settings import Settings
+
+    log = PurePosixPath(worker_env["TRITONFLOW_GATEWAY_ACCESS_LOG"])
+    assert log.is_absolute() and log.suffix == ".jsonl", log
+    gateway = services["gateway"]
+    assert env_of(gateway).get("TRITONFLOW_GATEWAY_ACCESS_LOG") == str(log), "gateway.sh creates another folder"
+    shared = [(v, p) for v, p in named_volumes(gateway).items() if log.is_relative_to(p)]
+    assert len(shared) == 1, f"NGINX writes {log} to no volume (or several): {named_volumes(gateway)}"
+    volume, path = shared[0]
+    assert volume != "gateway-conf", "the gateway conf dir is mounted at different paths in the two containers"
+    for name in AIRFLOW_SERVICES:
+        assert named_volumes(services[name]).get(volume) == path, f"{name} does not see {log}"
+        assert env_of(services[name])["TRITONFLOW_GATEWAY_ACCESS_LOG"] == str(log), name
+    settings = Settings.from_env(worker_env)
+    assert settings.gateway_reload == "watcher"
+    env = CanaryEnvironment.from_settings(settings)
+    assert (env.gateway_status_log, env.gateway_status_note) == (str(log), ""), "the canary falls back to Triton"
 
 
 def test_worker_environment_passes_the_mlflow_artifact_preflight(worker_env, services):

@@ -81,15 +81,20 @@ def test_gateway_shares_its_snippet_folders_with_the_workers(services):
     assert f"location = {probe.path}" in " ".join(conf.split())
 
 
+#: A version the stand-in Triton answers with an error (a challenger that fails).
+FAILING_VERSION = 9
+
+
 class _FakeTriton(http.server.BaseHTTPRequestHandler):
-    """Stands in for Triton behind the gateway: answers 200 with the path it was asked for."""
+    """Stands in for Triton behind the gateway: answers 200 with the path it was asked for
+    (500 for :data:`FAILING_VERSION`)."""
 
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(length)
         body = json.dumps({"path": self.path}).encode()
-        self.send_response(200)
+        self.send_response(500 if f"/versions/{FAILING_VERSION}/" in self.path else 200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -109,6 +114,7 @@ class LocalGateway:
     url: str
     nginx: subprocess.Popen
     watcher: subprocess.Popen
+    logs_dir: Path  # where the gateway-logs volume's path is mapped
 
 
 def request_reload(conf_dir: Path, timeout_s: float = 30.0) -> str:
@@ -170,7 +176,7 @@ def local_gateway(tmp_path, services) -> Iterator[LocalGateway]:
                  NGINX_CMD=shlex.join(nginx_argv)),
         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    gw = LocalGateway(conf_dir, f"http://127.0.0.1:{port}", nginx, watcher)
+    gw = LocalGateway(conf_dir, f"http://127.0.0.1:{port}", nginx, watcher, tmp_path / "gateway-logs")
     try:
         deadline = time.monotonic() + 30
         while not _get(gw.url + "/gateway/health")[0] == 200:
@@ -233,3 +239,44 @@ def test_reload_watcher_reports_a_refused_config_and_nginx_keeps_serving(local_g
     assert status == 200 and body["path"] == "/v2/models/churn/versions/3/infer"
     (gw.conf_dir / "http.d" / "broken.conf").unlink()
     assert request_reload(gw.conf_dir) is not None
+
+
+def test_the_canary_counts_per_version_failures_from_the_log_the_stack_gateway_writes(local_gateway, services):
+    """The workers' TRITONFLOW_GATEWAY_ACCESS_LOG, written by the stack's NGINX, read by the canary."""
+    from types import SimpleNamespace
+
+    from repository_sync.nginx_router import NginxRouter
+    from repository_sync.traffic_plan import TrafficPlan
+    from tritonflow.pipelines.canary import CanaryEnvironment
+    from tritonflow.pipelines.canary_promotion import gateway_statuses
+    from tritonflow.settings import Settings
+
+    gw = local_gateway
+    worker_env = env_of(services["airflow-worker"])
+    settings = Settings.from_env(worker_env)
+    path = CanaryEnvironment.from_settings(settings).gateway_status_log
+    assert path, "the compose workers configure no gateway status log"
+    volume, volume_path = next((v, p) for v, p in named_volumes(services["gateway"]).items()
+                               if Path(path).is_relative_to(p))
+    assert named_volumes(services["airflow-worker"]).get(volume) == volume_path
+    local = gw.logs_dir / Path(path).relative_to(volume_path)  # the volume, as both containers see it
+    local.parent.mkdir(parents=True)  # gateway.sh's mkdir (Docker creates the mount point itself)
+    router = NginxRouter(gw.conf_dir, reload=lambda: request_reload(gw.conf_dir), test=None, status_log=local)
+    router.apply(TrafficPlan.canary("churn", champion=7, challenger=FAILING_VERSION, percent=50))
+    assert local.is_file(), "NGINX did not open the status log on reload"
+    start = time.time()
+    answers = [_get(gw.url + "/v2/models/churn/infer", data=b"{}")[0] for _ in range(60)]
+    end = time.time() + 1.0
+    assert set(answers) == {200, 500}, answers
+    env = SimpleNamespace(gateway_status_log=str(local))
+    read = gateway_statuses(env, "churn")
+    deadline = time.monotonic() + 10
+    # NGINX writes a request's line once the response has gone out: the last ones may lag
+    counts = read(start - 1.0, end)
+    while sum(c.requests for c in counts.values()) < len(answers):
+        assert time.monotonic() < deadline, f"{counts} after 10 s for {len(answers)} requests"
+        time.sleep(0.1)
+        counts = read(start - 1.0, end)
+    assert set(counts) == {7, FAILING_VERSION}
+    assert counts[7].requests == answers.count(200) and counts[7].failures == 0
+    assert counts[FAILING_VERSION].requests == counts[FAILING_VERSION].failures == answers.count(500)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 import warnings
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
@@ -23,6 +24,9 @@ from tritonflow_plugin.registry_watcher import (
     poll_once,
     take_snapshot,
 )
+
+#: The mapping the registry_events DAG's watcher uses (every change -> registry_events).
+WATCH_ALL = Path(__file__).resolve().parents[2] / "dags" / "registry_events_watch_all.json"
 
 
 @pytest.fixture()
@@ -119,6 +123,29 @@ def test_event_trigger_fires_once_per_mapped_transition(registry, tmp_path, mlfl
     events = asyncio.run(collect(RegistryEventTrigger(**restored)))
     assert [e.payload["registry_event"]["stage"] for e in events] == ["Production"]
     assert asyncio.run(collect(RegistryEventTrigger(**restored))) == []
+
+
+def test_a_batching_trigger_yields_one_event_per_poll_with_every_change(registry, tmp_path, mlflow_tracking_uri):
+    """registry_events batches: Airflow would split events written together across runs."""
+    from tritonflow_plugin.registry_watcher import BATCH_KEY
+
+    client, name = registry
+    kwargs = dict(dag_id="registry_events", tracking_uri=mlflow_tracking_uri, models=[name],
+                  poll_interval_s=0.01, state_path=str(tmp_path / "state.sqlite"),
+                  mapping_path=str(WATCH_ALL), max_polls=1, batch=True)
+
+    async def collect(trigger):
+        return [ev async for ev in trigger.run()]
+
+    assert asyncio.run(collect(RegistryEventTrigger(**kwargs))) == []  # baseline: no empty event
+    v = _new_version(client, name)
+    client.set_registered_model_alias(name, "canary", v)
+    _classpath, restored = RegistryEventTrigger(**kwargs).serialize()
+    assert restored["batch"] is True
+    [event] = asyncio.run(collect(RegistryEventTrigger(**restored)))
+    changes = [(c["registry_event"]["kind"], c["registry_event"]["alias"]) for c in event.payload[BATCH_KEY]]
+    assert changes == [(VERSION_CREATED, None), (ALIAS_SET, "canary")]
+    assert asyncio.run(collect(RegistryEventTrigger(**restored))) == []  # nothing new: no event
 
 
 def test_diff_of_identical_fact_sets_is_empty():

@@ -23,9 +23,15 @@ DEFAULT_MODEL = "noaa_rain"
 #: Logical instant of the first replayed hour (UTC).
 #: (Not earlier: the DAGs start on 2025-01-01 and a run dated before a DAG's start_date gets no tasks.)
 DEFAULT_LOGICAL_START = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
-#: The loop DAGs the demo unpauses and reports on (registry_events stays paused: the driver's own
-#: registrations must not start runs; the initial champion is published without a DAG run).
-LOOP_DAGS = ("drift_monitor", "shadow_evaluation", "retrain", "model_publish", "canary_promotion")
+#: The loop DAGs the demo unpauses and reports on. ``registry_events`` follows the registry with
+#: the demo's event mapping (``tritonflow/demo/registry_mapping.json``): only alias ``canary`` set
+#: starts anything (``model_publish`` then ``canary_promotion``), so the driver's own
+#: registrations (the initial champion, published without a DAG run) and the loop's alias moves
+#: start nothing; the bad challenger comes through it (:mod:`tritonflow.demo.bad_challenger`).
+LOOP_DAGS = ("drift_monitor", "shadow_evaluation", "retrain", "model_publish", "canary_promotion",
+             "registry_events")
+#: Seconds between two registry polls of the ``registry_events`` watcher in the demo.
+REGISTRY_POLL_S = 5
 #: The health sentinel DAG, unpaused beside the loop: every promotion's ``CHAMPION_CHANGED`` event
 #: arms a sentinel on the new champion in the triggerer. Its runs stay deferred (they end at the
 #: 6-hourly renewal), so the demo waits for them to be armed, never for them to finish.
@@ -114,6 +120,9 @@ class DemoConfig:
         dataset_share: ``TRITONFLOW_DRIFT_DATASET_SHARE`` of the run (``None``: the setting's default).
         settle_timeout_s: Seconds the driver waits after the last hour for the runs still in flight.
         airflow_database_url: Metadata DB (empty: SQLite under ``<home>/airflow``).
+        bad_challenger: After the loop, register a challenger trained on flipped labels and request
+            its canary through the registry (alias ``canary``); the canary must roll it back.
+        bad_challenger_timeout_s: Seconds the driver waits for that canary to end.
         drift_runs_in_flight: ``drift_monitor`` runs the driver lets run at once (the DAG allows
             4). The next hour's run is created once the previous hour's ``check`` task finished
             (the alert policy reads the windows before), so recording, alerting and the next
@@ -139,6 +148,8 @@ class DemoConfig:
     settle_timeout_s: float = 1800.0
     airflow_database_url: str = ""
     drift_runs_in_flight: int = 3
+    bad_challenger: bool = True
+    bad_challenger_timeout_s: float = 1200.0
 
 
 def quick_config(home: Path = DEFAULT_DEMO_HOME, **overrides: Any) -> DemoConfig:
@@ -147,13 +158,17 @@ def quick_config(home: Path = DEFAULT_DEMO_HOME, **overrides: Any) -> DemoConfig
     The champion is trained on every day before the replay (days 0-11,327); 48 days per hour;
     14 hours (days 11,328-11,999) before the concept drift at day 12,000 and 10 hours after it;
     the dynamic thresholds apply after 12 windows. No profiling and no p99 gate in
-    ``model_publish`` (each costs a minute or more per publish on two cores).
+    ``model_publish`` (each costs a minute or more per publish on two cores). Canary steps
+    25 %, 100 % of 8 s; a step needs 40 challenger requests, above the default
+    ``TRITONFLOW_CANARY_MIN_LABELS`` (30), so a step that passes had enough labelled requests for
+    the quality check (with fewer the check is skipped and a label-flipped challenger would pass the
+    25 % step, then the 100 % step, where no champion request is left to compare with).
     """
     d = 48
     first = 12_000 - 14 * d
     values: dict[str, Any] = dict(home=home, champion_days=(0, first),
                                   mapping=DayHourMapping(first, 12_000 + 10 * d, d), min_history_windows=12,
-                                  canary_steps="25,100", canary_bake_s=4.0, canary_min_requests=10,
+                                  canary_steps="25,100", canary_bake_s=8.0, canary_min_requests=40,
                                   profile=False, perf_gate=False, quick=True, settle_timeout_s=1200.0)
     values.update(overrides)
     return DemoConfig(**values)
@@ -251,6 +266,9 @@ def environment(cfg: DemoConfig, ports: Mapping[str, int]) -> dict[str, str]:
         "TRITONFLOW_SHADOW_WINDOW_HOURS": str(cfg.shadow_hours),
         "TRITONFLOW_RETRAIN_WINDOW_DAYS": str(cfg.retrain_hours / 24.0),
         "TRITONFLOW_RETRAIN_DEFAULT_MODEL": cfg.model,
+        # registry_events: only alias ``canary`` starts anything (model_publish, then canary_promotion).
+        "TRITONFLOW_EVENT_MAPPING_PATH": str(Path(__file__).with_name("registry_mapping.json")),
+        "TRITONFLOW_REGISTRY_POLL_INTERVAL_S": str(REGISTRY_POLL_S),
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{ports['mlflow']}",
         # Four Airflow processes and three services start side by side on a small machine.
         "TRITONFLOW_START_TIMEOUT_S": "600",
@@ -298,6 +316,8 @@ def config_from_args(argv: list[str] | None = None) -> DemoConfig:
     ap.add_argument("--keep-running", action="store_true",
                     help="leave the Airflow UI, MLflow UI, Triton and the gateway running")
     ap.add_argument("--airflow-db", default="", help="Airflow metadata DB URL (default: SQLite under the home)")
+    ap.add_argument("--no-bad-challenger", action="store_true",
+                    help="skip the label-flipped challenger requested through the registry after the loop")
     args = ap.parse_args(argv)
     cfg = quick_config(args.home) if args.quick else DemoConfig(home=args.home)
     m = cfg.mapping
@@ -308,7 +328,8 @@ def config_from_args(argv: list[str] | None = None) -> DemoConfig:
         last = min(last, first + args.hours * d)
     updates: dict[str, Any] = {"mapping": DayHourMapping(first, last, d),
                                "keep_running": args.keep_running,
-                               "airflow_database_url": args.airflow_db}
+                               "airflow_database_url": args.airflow_db,
+                               "bad_challenger": not args.no_bad_challenger}
     if args.min_history is not None:
         updates["min_history_windows"] = args.min_history
     if first < cfg.champion_days[1]:

@@ -5,7 +5,9 @@ The driver never runs a DAG itself and never creates a run of a DAG other than
 ``shadow_evaluation``, whose ``TriggerDagRunOperator`` starts ``retrain`` or
 ``canary_promotion``; ``retrain`` starts ``model_publish``, which starts the next
 ``shadow_evaluation``). Runs overlap: the next logical hours replay while a retraining or a
-canary is in flight.
+canary is in flight. After the loop the driver, as a data scientist, registers a label-flipped
+version with alias ``canary`` (:mod:`tritonflow.demo.bad_challenger`); ``registry_events`` turns
+that into ``model_publish`` then ``canary_promotion``, which must roll it back.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 import numpy as np
 import pandas as pd
 
+from tritonflow.demo.bad_challenger import run_version
 from tritonflow.demo.config import (
     LOOP_DAGS,
     SENTINEL_DAG,
@@ -86,6 +89,7 @@ class Demo:
         self.canary_traffic: BackgroundTraffic | None = None
         self.driver_runs: dict[str, int] = {}  # drift_monitor run_id -> logical hour
         self.promotions: list[dict[str, Any]] = []
+        self.bad_challenger: dict[str, Any] | None = None
         self._current_hour = 0
         self._stop_watch = threading.Event()
         self._seen_states: dict[tuple[str, str], str] = {}
@@ -506,6 +510,11 @@ class Demo:
             self._finish_hour(*item)
         self.settle()
         self.served_after_loop = self.serving_check()
+        if cfg.bad_challenger:
+            from tritonflow.demo import bad_challenger
+
+            self.bad_challenger = bad_challenger.offer(self, cfg.bad_challenger_timeout_s)
+            self.settle()
         self.wait_sentinels_armed()
         return self.finish()
 
@@ -593,10 +602,10 @@ class Demo:
                 continue
             if r["dag_id"] == "model_publish":
                 self.event("publish", state=r["state"], seconds=r["seconds"], run_id=r["run_id"],
-                           version=r["conf"].get("version_or_alias"))
+                           version=run_version(r["conf"]))
             elif r["dag_id"] == "canary_promotion":
                 self.event("canary", state=r["state"], seconds=r["seconds"], run_id=r["run_id"],
-                           challenger=r["conf"].get("challenger"), outcome=r["state"])
+                           challenger=run_version(r["conf"]), outcome=r["state"])
         alerts = rr.alerts(self._api, dag_runs, self.driver_runs)
         loops = rr.closed_loops(dag_runs, self.promotions)
         for loop in loops:
@@ -622,6 +631,7 @@ class Demo:
             "canary_requests": int(sum(len(r) for r in self._canary.results)),
             "served_after_loop": self.served_after_loop,
             "watch_error": self.watch_error,
+            "bad_challenger": self.bad_challenger,
             "wall_s": p.elapsed(),
         }
         report = write_report(self.cfg.home / "report", summary, traffic,
