@@ -154,6 +154,10 @@ def loop(tmp_path_factory, mlflow_server, airflow_home):
             TRITONFLOW_INFERENCE_LOG_ROOT=settings.inference_log_root,
             TRITONFLOW_SHADOW_N_BOOT="400",
             TRITONFLOW_VALIDATION_SAMPLE_ROWS="16",
+            # The chain's wiring is under test, not latency: two same-size logistic regressions
+            # differ by well under a millisecond of p99, which the p99 gate can call a regression
+            # on a busy 2-core machine (its own tests are in tests/pipelines/test_model_matrix.py).
+            TRITONFLOW_PUBLISH_PERF_GATE="false",
         )
         proc = subprocess.run(
             [sys.executable, str(driver), str(folder), model, json.dumps(first), json.dumps(last)],
@@ -163,7 +167,7 @@ def loop(tmp_path_factory, mlflow_server, airflow_home):
         assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-6000:]
         steps = json.loads(lines[-1][len("RESULT "):])
         yield {"model": model, "event": event, "steps": steps, "settings": settings,
-               "log": proc.stderr[-6000:]}
+               "log": proc.stderr[-20000:]}
     finally:
         triton.stop()
 
@@ -204,7 +208,7 @@ def test_retrain_registers_a_challenger_and_triggers_its_publish(loop):
 def test_winning_challenger_is_published_and_triggers_the_canary(loop):
     assert len(loop["steps"]) == 3, loop["log"]
     shadow = loop["steps"][2]
-    assert shadow["state"] == "success", (shadow["tasks"], loop["log"])
+    assert shadow["state"] == "success", f"tasks {shadow['tasks']}\n{loop['log']}"
     assert shadow["tasks"]["publish_challenger"] == "success"
     assert shadow["tasks"]["trigger_canary"] == "success"
     assert shadow["tasks"]["trigger_retrain"] == shadow["tasks"]["no_action"] == "skipped"
