@@ -7,8 +7,9 @@
   (A B, B A, A B, ...), so slow drifts of a shared machine hit every model alike.
 * :func:`p99_regression` is the gate's decision (pure): the challenger is rejected when its median
   p99 is worse than the champion's by more than ``max_regression`` (default 10 %) beyond the
-  noise band. The noise band is the larger relative spread (max - min) / median of either model's
-  p99 passes (what repeating the same measurement moves). The practitioners' pipeline this comes
+  noise band, and by more than ``min_regression_ms`` (default 1 ms) in absolute terms. The noise
+  band is the larger relative spread (max - min) / median of either model's p99 passes (what
+  repeating the same measurement moves). The practitioners' pipeline this comes
   from blocks a release whose p99 latency regresses (``shared/references``).
 * :func:`scratch_triton` starts a throwaway local Triton on free ports with some models loaded
   (the perf gate and Model Analyzer's confirmation passes measure on one).
@@ -223,8 +224,11 @@ class P99Verdict:
         noise_band: Larger relative spread ``(max - min) / median`` of either model's passes.
         max_regression: Allowed regression (``TRITONFLOW_MAX_P99_REGRESSION``).
         limit: ``max_regression + noise_band``: the regression that rejects.
-        rejected: ``regression > limit``.
+        rejected: ``regression > limit`` and ``regression_ms > min_regression_ms``.
         reason: One sentence with the figures.
+        regression_ms: ``challenger_p99_ms - champion_p99_ms`` (milliseconds).
+        min_regression_ms: Smallest regression in milliseconds that may reject
+            (``TRITONFLOW_MIN_P99_REGRESSION_MS``).
     """
 
     champion_p99_ms: float
@@ -235,6 +239,8 @@ class P99Verdict:
     limit: float
     rejected: bool
     reason: str
+    regression_ms: float = 0.0
+    min_regression_ms: float = 0.0
 
 
 def _spread(values: Sequence[float]) -> float:
@@ -243,28 +249,47 @@ def _spread(values: Sequence[float]) -> float:
 
 
 def p99_regression(champion_p99_ms: Sequence[float], challenger_p99_ms: Sequence[float], *,
-                   max_regression: float, min_passes: int = MIN_PASSES) -> P99Verdict:
+                   max_regression: float, min_passes: int = MIN_PASSES,
+                   min_regression_ms: float = 0.0) -> P99Verdict:
     """Decide whether the challenger's p99 latency regresses beyond the allowance and the noise.
+
+    The challenger is rejected when its median p99 is worse than the champion's by more than
+    ``max_regression`` (relative) plus the noise band AND by more than ``min_regression_ms``
+    (absolute): a ratio alone rejects sub-millisecond models on scheduling noise (two same-size
+    models measured 1.5 ms vs 2.1 ms on a busy 2-core host).
+
+    Args:
+        champion_p99_ms: The champion's p99 per pass (milliseconds; non-finite passes dropped).
+        challenger_p99_ms: The challenger's p99 per pass (milliseconds).
+        max_regression: Allowed relative regression on top of the noise band (0.1 = 10 %).
+        min_passes: Fewest finite passes per model.
+        min_regression_ms: Smallest absolute regression (milliseconds) that may reject.
 
     Raises:
         ValueError: Fewer than ``min_passes`` finite passes for either model, or a negative
-            ``max_regression``.
+            ``max_regression`` or ``min_regression_ms``.
     """
     a = [float(v) for v in champion_p99_ms if math.isfinite(v)]
     b = [float(v) for v in challenger_p99_ms if math.isfinite(v)]
     if len(a) < min_passes or len(b) < min_passes:
         raise ValueError(f"the p99 gate needs >= {min_passes} passes per model "
                          f"(champion {len(a)}, challenger {len(b)})")
-    if max_regression < 0:
-        raise ValueError(f"max_regression={max_regression!r} is invalid (expected >= 0)")
+    for name, value in (("max_regression", max_regression), ("min_regression_ms", min_regression_ms)):
+        if not value >= 0:
+            raise ValueError(f"{name}={value!r} is invalid (expected >= 0)")
     ma, mb = statistics.median(a), statistics.median(b)
     regression = mb / ma - 1.0 if ma > 0 else math.inf
+    regression_ms = mb - ma
     noise = max(_spread(a), _spread(b))
     limit = max_regression + noise
-    rejected = regression > limit
+    beyond_ratio = regression > limit
+    rejected = beyond_ratio and regression_ms > min_regression_ms
     reason = (f"challenger median p99 {mb:.3f} ms vs champion {ma:.3f} ms: {regression:+.1%} "
-              f"({'>' if rejected else '<='} allowed {max_regression:.0%} + noise band {noise:.1%} = {limit:.1%})")
-    return P99Verdict(ma, mb, regression, noise, max_regression, limit, rejected, reason)
+              f"({'>' if beyond_ratio else '<='} allowed {max_regression:.0%} + noise band {noise:.1%} = {limit:.1%})")
+    if beyond_ratio and not rejected:
+        reason += f", but only {regression_ms:+.3f} ms (<= the {min_regression_ms:g} ms floor): passed"
+    return P99Verdict(ma, mb, regression, noise, max_regression, limit, rejected, reason,
+                      regression_ms, min_regression_ms)
 
 
 @dataclasses.dataclass
@@ -284,6 +309,7 @@ class PerfGateResult:
 
 def perf_regression_gate(champion_dir: str | Path, challenger_dir: str | Path, *, concurrency: int,
                          passes: int = MIN_PASSES, max_regression: float | None = None,
+                         min_regression_ms: float | None = None,
                          measurement_ms: int = 1000, samples: Mapping[str, Mapping[str, np.ndarray]] | None = None,
                          stability_percentage: int = 30, settings: Settings | None = None) -> PerfGateResult:
     """Measure champion and challenger on one local Triton, interleaved, and decide on p99.
@@ -294,6 +320,8 @@ def perf_regression_gate(champion_dir: str | Path, challenger_dir: str | Path, *
         concurrency: Client concurrency (the champion's chosen one).
         passes: Passes per model (>= 3).
         max_regression: Allowed p99 regression (default ``settings.max_p99_regression``).
+        min_regression_ms: Smallest absolute regression that rejects, milliseconds (default
+            ``settings.min_p99_regression_ms``).
         measurement_ms: perf_analyzer window.
         samples: ``{"champion"|"challenger": validation feeds}`` used as ``--input-data``.
         stability_percentage: perf_analyzer's stability criterion per pass (the gate's own noise
@@ -331,7 +359,9 @@ def perf_regression_gate(champion_dir: str | Path, challenger_dir: str | Path, *
         shutil.rmtree(work, ignore_errors=True)
     try:
         verdict = p99_regression([p.p99_ms for p in measured["champion"]],
-                                 [p.p99_ms for p in measured["challenger"]], max_regression=limit)
+                                 [p.p99_ms for p in measured["challenger"]], max_regression=limit,
+                                 min_regression_ms=(s.min_p99_regression_ms if min_regression_ms is None
+                                                    else min_regression_ms))
     except ValueError as exc:  # unstable passes: the measurement failed, not the model
         raise TransientError(f"p99 regression gate: {exc}; perf_analyzer could not stabilise "
                              f"({ {k: [p.stable for p in v] for k, v in measured.items()} })") from exc

@@ -236,6 +236,8 @@ class Settings:
         defaults.DEFAULT_MAX_P99_REGRESSION, "MAX_P99_REGRESSION",
         "Allowed challenger p99 regression beyond noise (0.1 = 10 %)."
     )
+    min_p99_regression_ms: float = _field(defaults.DEFAULT_MIN_P99_REGRESSION_MS, "MIN_P99_REGRESSION_MS",
+                                          "Smallest p99 regression (ms) the perf gate rejects on.")
     publish_profile: bool = _field(
         True, "PUBLISH_PROFILE",
         "model_publish profiles with Model Analyzer unless its 'profile' param says otherwise.",

@@ -29,6 +29,8 @@ FRACTIONS = (
     "gpu_memory_budget_fraction", "host_memory_budget_fraction", "shadow_confidence", "drift_quantile",
     "retrain_mix_reference_fraction", "drift_dataset_share",
 )
+#: Settings that may not be negative.
+NON_NEGATIVE = ("max_p99_regression", "min_p99_regression_ms")
 #: Comma-separated lists of whole numbers (Model Analyzer's search space), and their least value.
 INT_LISTS = {
     "analyzer_max_batch_sizes": 1,
@@ -62,6 +64,9 @@ def settings_problems(settings: Settings) -> list[str]:
         value = getattr(settings, field)
         if not 0.0 <= value <= 1.0:
             problems.append(f"{_variable(field)}={value!r}: expected a fraction between 0 and 1")
+    for field in NON_NEGATIVE:
+        if not getattr(settings, field) >= 0:
+            problems.append(f"{_variable(field)}={getattr(settings, field)!r}: expected a number >= 0")
     if not 0 <= settings.shadow_mirror_percent <= 100:
         problems.append(f"{_variable('shadow_mirror_percent')}={settings.shadow_mirror_percent!r}: "
                         "expected a percent between 0 and 100")

@@ -182,6 +182,12 @@ DEFAULT_ANALYZER_CONFIRM_TOP = 2
 #: Largest p99 latency regression (fraction, 0.10 = 10 %) a challenger may show against the champion,
 #: on top of the measured noise band, before it is rejected (the practitioners' latency gate).
 DEFAULT_MAX_P99_REGRESSION = 0.10
+#: Smallest p99 latency regression (milliseconds, challenger median p99 minus champion's) that may
+#: reject a challenger, whatever the ratio: on models answering in about a millisecond, a busy CPU
+#: host moves p99 by fractions of a millisecond, and a +40 % ratio can be 0.6 ms of scheduling noise.
+#: 1 ms is 0.5 % of the 200 ms p99 red line of the practitioners' serving dashboard
+#: (``shared/references``, notebook-to-production, section 4.3).
+DEFAULT_MIN_P99_REGRESSION_MS = 1.0
 #: perf_analyzer passes per model of the p99 regression gate (interleaved, >= 3).
 DEFAULT_PERF_GATE_PASSES = 3
 #: perf_analyzer measurement window of the p99 regression gate (milliseconds).

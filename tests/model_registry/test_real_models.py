@@ -340,3 +340,28 @@ def test_p99_regression_is_judged_beyond_the_noise_band():
     assert not noisy.rejected and noisy.noise_band == pytest.approx(0.4)  # 28 % < 10 % + 40 % noise
     with pytest.raises(ValueError, match=">= 3 passes"):
         p99_regression([1.0, float("nan"), 1.0], [1.0, 1.0, 1.0], max_regression=0.1)
+
+
+def test_p99_regression_under_the_absolute_floor_passes_a_submillisecond_model():
+    """A +40 % ratio that is 0.6 ms of scheduling noise is no regression; the same ratio at 15 ms is."""
+    from model_registry.perf import p99_regression
+
+    fast = p99_regression([1.50, 1.52, 1.55], [2.05, 2.10, 2.12], max_regression=0.10, min_regression_ms=1.0)
+    assert fast.regression > fast.limit and not fast.rejected
+    assert fast.regression_ms == pytest.approx(0.58) and "1 ms floor" in fast.reason
+    without_floor = p99_regression([1.50, 1.52, 1.55], [2.05, 2.10, 2.12], max_regression=0.10)
+    assert without_floor.rejected
+    slow = p99_regression([15.0, 15.2, 15.5], [20.5, 21.0, 21.2], max_regression=0.10, min_regression_ms=1.0)
+    assert slow.rejected and slow.regression_ms == pytest.approx(5.8)
+    with pytest.raises(ValueError, match="min_regression_ms=-1"):
+        p99_regression([1.0] * 3, [1.0] * 3, max_regression=0.1, min_regression_ms=-1.0)
+
+
+def test_negative_perf_gate_settings_are_refused_by_name():
+    from tritonflow.settings import Settings
+    from tritonflow.settings_checks import settings_problems
+
+    problems = settings_problems(Settings.from_env({"TRITONFLOW_MIN_P99_REGRESSION_MS": "-0.5",
+                                                    "TRITONFLOW_MAX_P99_REGRESSION": "-1"}))
+    assert "TRITONFLOW_MIN_P99_REGRESSION_MS=-0.5: expected a number >= 0" in problems
+    assert "TRITONFLOW_MAX_P99_REGRESSION=-1.0: expected a number >= 0" in problems

@@ -248,7 +248,8 @@ def perf_gate(
     ``tritonflow.profile`` tag, else the first ``analyzer_concurrency``), in interleaved
     perf_analyzer passes (``perf_gate_passes``, >= 3 each) with the validation sample as input
     data. The challenger is rejected when its median p99 is worse than the champion's by more
-    than ``max_p99_regression`` beyond the measured noise band. Figures and verdict go to the
+    than ``max_p99_regression`` beyond the measured noise band and by more than
+    ``min_p99_regression_ms`` milliseconds. Figures and verdict go to the
     version as tag ``tritonflow.perf_gate`` and artifact ``publish/perf_gate.json``.
 
     Args:
@@ -311,7 +312,7 @@ def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | N
     ref = _version_ref(reg, staged)
     reg.set_version_tags(ref, {"tritonflow.perf_gate": {k: info[k] for k in (
         "status", "champion_version", "champion_p99_ms", "challenger_p99_ms", "regression", "noise_band",
-        "max_regression", "limit", "concurrency")}})
+        "max_regression", "limit", "regression_ms", "min_regression_ms", "concurrency")}})
     reg.log_version_artifact(ref, path, PUBLISH_ARTIFACT_PATH)
     log.info("model %s v%s perf gate against champion v%s: %s", name, staged["version"], champion.version,
              result.verdict.reason)
