@@ -3,8 +3,9 @@
 Wiring only; the work is in :mod:`tritonflow.pipelines.publish` (imported inside the tasks so the
 file parses fast and without network). Started manually (validated params), by other DAGs
 (``TriggerDagRunOperator`` with the typed loop context, conf ``{"loop": {...}}``, validated when the
-run starts) or by registry events (asset ``tritonflow_registry__model_publish``: the webhook
-receiver or the registry watcher). No settings are read at parse time.
+run starts) or by registry events (a run per MLflow webhook delivery, a run per change the
+``registry_events`` watcher fires, or an event on asset ``tritonflow_registry__model_publish``).
+No settings are read at parse time.
 """
 
 from __future__ import annotations

@@ -18,9 +18,15 @@ The receiver (:func:`create_app`) refuses, with a logged reason and a 4xx answer
 Accepted ``model_version.created``, ``model_version_alias.created/deleted`` and
 ``model_version_tag.set`` events become :class:`~tritonflow_plugin.event_mapping.RegistryChange`
 objects, mapped to DAGs by :mod:`tritonflow_plugin.event_mapping`; each action goes to a sink:
-:class:`AssetEventSink` (default: an Airflow asset event on ``registry_asset(dag_id)`` whose
-``extra`` is the DAG run conf) or :class:`DagRunSink` (a DAG run with that conf). Other
-well-formed MLflow events are acknowledged and ignored (200).
+:class:`DagRunSink` (default: one DAG run per delivery and mapped DAG, with the action's conf) or
+:class:`AssetEventSink` (an Airflow asset event on ``registry_asset(dag_id)`` whose ``extra`` is
+the conf). Other well-formed MLflow events are acknowledged and ignored (200).
+
+Why DAG runs and not asset events by default: Airflow's scheduler folds the asset events queued
+for a DAG into one run and consumes only those written before the DAG was first queued; a second
+delivery for the same DAG arriving while a run is being created (a version created, then its
+alias set) either lands in the same run, which acts on one change, or waits unconsumed until some
+later event. One run per delivery keeps every registry change a run of its own.
 
 Configure MLflow (SQL backend) with::
 
@@ -269,7 +275,11 @@ class AssetEventSink:
 
 
 class DagRunSink:
-    """Create a DAG run of ``action.dag_id`` with the action's conf (run id per delivery)."""
+    """Create a DAG run of ``action.dag_id`` with the action's conf (run id per delivery).
+
+    The run id is ``registry__<delivery id>``, so an MLflow retry of a delivery whose run was
+    already created (the receiver failed after it) finds that run instead of creating a second.
+    """
 
     def deliver(self, action: Action, delivery_id: str) -> str:
         """Trigger the DAG run.
@@ -278,7 +288,7 @@ class DagRunSink:
             DataError: the DAG does not exist in the metadata DB.
         """
         from airflow.api.common.trigger_dag import trigger_dag
-        from airflow.exceptions import DagNotFound
+        from airflow.exceptions import DagNotFound, DagRunAlreadyExists
         from airflow.utils.types import DagRunTriggeredByType
 
         run_id = f"registry__{delivery_id}"
@@ -292,6 +302,8 @@ class DagRunSink:
             )
         except DagNotFound as exc:
             raise DataError(f"dag_id={action.dag_id!r} not found: expected a parsed DAG ({exc})") from None
+        except DagRunAlreadyExists:
+            return f"dag run {run_id} of {action.dag_id} (already created for this delivery)"
         return f"dag run {getattr(run, 'run_id', run_id)} of {action.dag_id}"
 
 
@@ -308,7 +320,7 @@ def create_app(
 
     Every argument defaults to settings (read per request, so a changed secret applies without
     a restart): ``Settings.webhook_secret``, ``Settings.webhook_tolerance_s``, the mapping of
-    ``Settings.event_mapping_path``, :class:`AssetEventSink`, :class:`DeliveryStore`.
+    ``Settings.event_mapping_path``, :class:`DagRunSink`, :class:`DeliveryStore`.
 
     Responses: 200 ``{"status": "accepted", "actions": [...]}`` or ``{"status": "ignored"}``;
     4xx ``{"detail": reason}``; 502 when a sink failed (the delivery id is released so MLflow's
@@ -369,11 +381,14 @@ def create_app(
         from tritonflow_plugin.event_mapping import load_mapping
 
         actions = actions_for(change, rules if rules is not None else load_mapping())
-        target = sink or AssetEventSink()
-        done = []
+        target = sink or DagRunSink()
+        done: list[dict[str, str]] = []
         try:
             for action in actions:
-                done.append({"dag_id": action.dag_id, "result": target.deliver(action, delivery_id)})
+                # Two rules may start the same DAG for one delivery: each gets its own run id.
+                same_dag = len([d for d in done if d["dag_id"] == action.dag_id])
+                key = f"{delivery_id}.{same_dag + 1}" if same_dag else delivery_id
+                done.append({"dag_id": action.dag_id, "result": target.deliver(action, key)})
         except Exception as exc:
             store.release(delivery_id)
             log.error("MLflow webhook delivery %s: delivering actions failed: %s", delivery_id, exc)

@@ -3,9 +3,9 @@ on PostgreSQL + Redis (tritonflow.runtime.airflow), with the repository's DAGs a
 
 * ``drift_monitor`` runs its hourly schedule for three logical hours (a backfill over them) on
   real NOAA rows replayed as inference logs, and every run succeeds;
-* an MLflow webhook delivery, signed with MLflow's own signing function, reaches the plugin's
-  receiver on the api-server and creates the ``model_publish`` run the mapping names, carrying the
-  event; a replay and a bad signature are refused.
+* two MLflow webhook deliveries sent back to back, signed with MLflow's own signing function,
+  reach the plugin's receiver on the api-server and each creates the ``model_publish`` run the
+  mapping names, carrying its event; a replay and a bad signature are refused.
 """
 
 from __future__ import annotations
@@ -121,41 +121,43 @@ def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read() or b"{}")
 
 
-def test_signed_mlflow_webhook_creates_the_mapped_model_publish_run_with_the_event(stack):
+def test_signed_mlflow_webhooks_back_to_back_each_create_their_mapped_model_publish_run(stack):
+    """Two versions registered in quick succession: two runs, each with its own version.
+
+    Guards against asset-event folding: as asset events, the second delivery joined the first's
+    run (which acts on one change) or waited unconsumed for a later event.
+    """
     from mlflow.webhooks.types import ModelVersionCreatedPayload
 
     stack.api.wait_for_dag("model_publish", timeout_s=120)
     stack.api.unpause("model_publish")
-    before = {r["dag_run_id"] for r in stack.api.dag_runs("model_publish")}
-    version = "7"
-    data = dict(ModelVersionCreatedPayload.example(), name=stack.model, version=version)
     url = f"{stack.url}/tritonflow/webhooks/mlflow"
-    body, headers = _signed_delivery(stack.webhook_secret, data)
-    delivery_id = headers["X-MLflow-Delivery-Id"]
-
-    status, doc = _post(url, body, headers)
-    assert status == 200, doc
-    assert doc["status"] == "accepted" and [a["dag_id"] for a in doc["actions"]] == ["model_publish"]
+    sent: dict[str, str] = {}
+    for version in ("7", "8"):
+        data = dict(ModelVersionCreatedPayload.example(), name=stack.model, version=version)
+        body, headers = _signed_delivery(stack.webhook_secret, data)
+        status, doc = _post(url, body, headers)
+        assert status == 200, doc
+        assert doc["status"] == "accepted" and [a["dag_id"] for a in doc["actions"]] == ["model_publish"]
+        sent[headers["X-MLflow-Delivery-Id"]] = version
     assert _post(url, body, headers)[0] == 409  # the same delivery again: a replay
     forged_body, forged = _signed_delivery("not-the-secret", data)
     assert _post(url, forged_body, forged)[0] == 401
 
+    wanted = {f"registry__{did}" for did in sent}
     deadline = time.monotonic() + 300
-    new: list[dict] = []
-    while time.monotonic() < deadline and not new:
+    runs: dict[str, dict] = {}
+    while time.monotonic() < deadline and set(runs) != wanted:
         try:
-            new = [r for r in stack.api.dag_runs("model_publish") if r["dag_run_id"] not in before
-                   and r["run_type"] == "asset_triggered"]
+            runs = {r["dag_run_id"]: r for r in stack.api.dag_runs("model_publish") if r["dag_run_id"] in wanted}
         except (TimeoutError, urllib.error.URLError):  # API server busy: ask again
             pass
         time.sleep(2)
-    assert len(new) == 1, f"no asset-triggered model_publish run; runs: {stack.api.dag_runs('model_publish')}"
-    events = stack.api.get(f"/dags/model_publish/dagRuns/{new[0]['dag_run_id']}/upstreamAssetEvents")
-    (event,) = events["asset_events"]
-    assert event["uri"] == "tritonflow://registry/model_publish"
-    extra = event["extra"]
-    assert (extra["model_name"], extra["model_version"], extra["delivery_id"]) == (stack.model, version, delivery_id)
-    assert extra["registry_event"]["kind"] == "version_created" and extra["then"] == ["shadow_evaluation"]
+    assert set(runs) == wanted, f"model_publish runs: {stack.api.dag_runs('model_publish')}"
+    for did, version in sent.items():
+        conf = runs[f"registry__{did}"]["conf"]
+        assert (conf["model_name"], conf["model_version"], conf["delivery_id"]) == (stack.model, version, did)
+        assert conf["registry_event"]["kind"] == "version_created" and conf["then"] == ["shadow_evaluation"]
 
 
 def test_drift_monitor_runs_three_logical_hours_to_success_on_celery(stack):

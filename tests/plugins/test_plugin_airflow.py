@@ -1,4 +1,4 @@
-"""The plugin inside Airflow: a signed MLflow delivery becomes a real asset event and queued run."""
+"""The plugin inside Airflow: each signed MLflow delivery becomes a DAG run of its own."""
 
 from __future__ import annotations
 
@@ -28,12 +28,13 @@ CONSUMER_DAG = textwrap.dedent('''\
 ''')
 
 
-def test_signed_webhook_creates_asset_event_that_queues_the_mapped_dag(tmp_path, airflow_home):
+def test_each_signed_webhook_delivery_creates_its_own_mapped_dag_run(tmp_path, airflow_home):
+    """Two deliveries back to back are two runs, never folded into one asset-triggered run."""
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / "model_publish.py").write_text(CONSUMER_DAG)
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("asset_sink_run.py")), str(dags)],
+        [sys.executable, str(Path(__file__).with_name("webhook_sink_run.py")), str(dags)],
         env=airflow_env.subprocess_env(
             AIRFLOW__CORE__DAGS_FOLDER=str(dags), TRITONFLOW_WEBHOOK_SECRET="e2e-secret",
             TRITONFLOW_HOME=str(tmp_path / "tf_home"), TRITONFLOW_EVENT_MAPPING_PATH=""),
@@ -42,9 +43,15 @@ def test_signed_webhook_creates_asset_event_that_queues_the_mapped_dag(tmp_path,
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(lines[-1][len("RESULT "):])
-    assert result["status"] == 200, result["body"]
+    assert [r["status"] for r in result["responses"]] == [200, 200], result["responses"]
+    runs = {r["run_id"]: r for r in result["runs"]}
+    for did, version in zip(result["deliveries"], ("4", "5"), strict=True):
+        run = runs[f"registry__{did}"]
+        assert run["run_type"] == "manual"
+        assert run["conf"]["model_name"] == "churn" and run["conf"]["model_version"] == version
+        assert run["conf"]["delivery_id"] == did and run["conf"]["then"] == ["shadow_evaluation"]
+    assert len(runs) == 2
+    # The default sink writes no asset event; the optional asset sink still does, and queues the DAG.
     (event,) = result["events"]
-    assert event["asset"] == "tritonflow_registry__model_publish"
-    assert event["extra"]["model_name"] == "churn" and event["extra"]["model_version"] == "4"
-    assert event["extra"]["then"] == ["shadow_evaluation"]
+    assert event["asset"] == "tritonflow_registry__model_publish" and event["extra"]["model_version"] == "5"
     assert "model_publish" in result["queued"]
