@@ -32,6 +32,7 @@ Usage in a DAG file (see :func:`registry_asset`)::
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Sequence, cast
@@ -335,13 +336,21 @@ def registry_asset(dag_id: str, *, watch: bool = False, **trigger_kwargs: Any) -
 def registry_conf_from_context(context: Any) -> dict[str, Any]:
     """The registry-event conf of the running DAG run, from ``dag_run.conf`` or asset events.
 
-    DAG runs started by the webhook in ``dagrun`` mode carry it in ``dag_run.conf``; runs
-    scheduled on :func:`registry_asset` carry it in the triggering asset event's extra
-    (``payload`` for watcher events, the conf itself for webhook events).
+    DAG runs started by the webhook receiver or by ``registry_events`` carry it in
+    ``dag_run.conf``; runs scheduled on :func:`registry_asset` carry it in the triggering asset
+    event's extra (``payload`` for watcher events, the conf itself for events a custom receiver
+    wrote with :class:`~tritonflow_plugin.webhook.AssetEventSink`).
 
     Returns:
         The conf dict, or ``{}`` for runs not started by a registry change.
+
+    Raises:
+        DataError: The run consumed asset events of several different registry changes (Airflow
+            folds queued asset events into one run); acting on one would silently drop the others,
+            so the run fails naming them all (send one DAG run per change instead).
     """
+    from tritonflow.exceptions import DataError
+
     dag_run = context.get("dag_run")
     conf = dict(getattr(dag_run, "conf", None) or {})
     if conf.get("registry_event"):
@@ -351,10 +360,17 @@ def registry_conf_from_context(context: Any) -> dict[str, Any]:
         items = list(events.items())
     except Exception:
         items = []
+    found: list[dict[str, Any]] = []
     for _asset, evs in items:
-        for ev in reversed(list(evs)):
+        for ev in evs:
             extra = dict(getattr(ev, "extra", None) or {})
             payload = extra.get("payload", extra)
-            if isinstance(payload, dict) and payload.get("registry_event"):
-                return payload
-    return {}
+            if isinstance(payload, dict) and payload.get("registry_event") and payload not in found:
+                found.append(payload)
+    changes = {json.dumps(p["registry_event"], sort_keys=True, default=str) for p in found}
+    if len(changes) > 1:
+        raise DataError(f"triggering_asset_events hold {len(changes)} registry changes "
+                        f"({'; '.join(sorted(changes))}): expected one per run; Airflow folded queued asset events "
+                        "into this run, send one DAG run per change (the webhook receiver's default sink, "
+                        "or the registry_events DAG)")
+    return found[-1] if found else {}

@@ -151,3 +151,25 @@ def test_a_batching_trigger_yields_one_event_per_poll_with_every_change(registry
 def test_diff_of_identical_fact_sets_is_empty():
     facts = {("m", "1", "version", ""), ("m", "1", "alias", "champion")}
     assert diff_facts(facts, set(facts)) == []
+
+
+def _event(extra):
+    import types
+
+    return types.SimpleNamespace(extra=extra, timestamp="t")
+
+
+def test_a_run_that_consumed_several_registry_changes_fails_naming_them_instead_of_acting_on_one():
+    """Airflow folds queued asset events into one run; acting on the last would drop the others."""
+    from tritonflow.exceptions import DataError
+    from tritonflow_plugin.registry_watcher import registry_conf_from_context
+
+    v4 = {"model_name": "churn", "model_version": "4", "registry_event": {"kind": "version_created", "version": "4"}}
+    v5 = {"model_name": "churn", "model_version": "5", "registry_event": {"kind": "version_created", "version": "5"}}
+    folded = {"dag_run": None, "triggering_asset_events": {"asset": [_event(v4), _event({"payload": v5})]}}
+    with pytest.raises(DataError, match='hold 2 registry changes.*"version": "4".*"version": "5"'):
+        registry_conf_from_context(folded)
+    # The same change delivered twice, or one change, is one change; a conf wins over events.
+    assert registry_conf_from_context({"triggering_asset_events": {"a": [_event(v4), _event(v4)]}}) == v4
+    assert registry_conf_from_context({**folded, "dag_run": type("R", (), {"conf": v5})()}) == v5
+    assert registry_conf_from_context({"triggering_asset_events": {}}) == {}
