@@ -25,6 +25,8 @@ Policies, side by side on the same windows:
 
 * ``tritonflow``: ``tritonflow drift backtest`` (:func:`drift_checks.backtest.run_backtest`) with
   the default settings; an alarm is a drift alert (the asset event the DAG emits).
+* ``tritonflow_no_run_rule``: the same without the sustained-drift run rule
+  (``TRITONFLOW_DRIFT_SUSTAINED_WINDOWS=0``, :mod:`drift_checks.policy`): the policy before it.
 * ``today``: the product's earlier drift policy, re-implemented here on the same registry statistics:
   static thresholds (K-S p 0.05, PSI 0.1, Wasserstein 0.1, inclusive) until 48 windows of history,
   then the P95 (P5 for p-values) of every past value; a feature flagged when 2 of its 3 statistics
@@ -71,7 +73,7 @@ def _ts(day: int) -> pd.Timestamp:
     return pd.Timestamp(day, unit="D", tz="UTC")
 
 
-def run_tritonflow(noaa, features, shift, quiet, out) -> list[bool]:
+def run_tritonflow(noaa, features, shift, quiet, out, env=None) -> list[bool]:
     from drift_checks.backtest import run_backtest
     from drift_checks.verdict import CheckConfig
     from tritonflow.settings import Settings
@@ -81,7 +83,7 @@ def run_tritonflow(noaa, features, shift, quiet, out) -> list[bool]:
     doc = run_backtest(noaa[["day", *features]], time_column="day", time_unit="D", out_dir=out,
                        reference_range=(_ts(start - REFERENCE_DAYS), _ts(start)), window=str(DAYS_PER_WINDOW),
                        importance=_champion_importance(ref, features),
-                       config=CheckConfig.from_settings(Settings.from_env({})),
+                       config=CheckConfig.from_settings(Settings.from_env(env or {})),
                        replay_end=_ts(shift + AFTER * DAYS_PER_WINDOW), html_report=False)
     return [w["alert"] for w in doc["windows"]]
 
@@ -186,21 +188,22 @@ def main() -> None:
     noaa = load_noaa()
     features = list(FEATURE_COLUMNS)
     results, timings = {}, {}
-    policies = {"tritonflow": None, "today": run_today}
+    no_run_rule = {"TRITONFLOW_DRIFT_SUSTAINED_WINDOWS": "0"}
+    policies: dict = {"tritonflow": {}, "tritonflow_no_run_rule": no_run_rule, "today": run_today}
     if not args.skip_evidently:
         policies["evidently"] = run_evidently
     for name, fn in policies.items():
         t0 = time.perf_counter()
         runs = {}
         for shift, quiet in SCENARIOS.items():
-            if name == "tritonflow":
+            if isinstance(fn, dict):
                 with tempfile.TemporaryDirectory() as tmp:
-                    runs[shift] = run_tritonflow(noaa, features, shift, quiet, tmp)
+                    runs[shift] = run_tritonflow(noaa, features, shift, quiet, tmp, env=fn)
             else:
                 runs[shift] = fn(noaa, features, shift, quiet)
         results[name] = score(runs)
         timings[name] = round(time.perf_counter() - t0, 1)
-        print(f"{name:10s} alarms/100 quiet windows {results[name]['alarms_per_100_quiet']:6.2f} "
+        print(f"{name:22s} alarms/100 quiet windows {results[name]['alarms_per_100_quiet']:6.2f} "
               f"({results[name]['quiet_alarms']}/{results[name]['quiet_windows']}); delays after shifts "
               f"{dict(zip(SCENARIOS, results[name]['delays'], strict=True))}; {timings[name]} s", flush=True)
     doc = {"benchmark": "drift_quality", "shifts": list(SCENARIOS), "days_per_window": DAYS_PER_WINDOW,

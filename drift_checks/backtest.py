@@ -299,7 +299,8 @@ def _policy_doc(cfg: CheckConfig) -> dict[str, Any]:
     return {"quantile": p.quantile, "look_back_days": p.window_days, "min_history_windows": p.min_history,
             "ceiling_factor": p.ceiling_factor, "consecutive_windows": a.consecutive_windows,
             "cooldown_hours": a.cooldown.total_seconds() / 3600, "dataset_share": a.dataset_share,
-            "weighting": a.weighting}
+            "weighting": a.weighting, "sustained_windows": a.sustained_windows,
+            "sustained_evidence": a.sustained_evidence}
 
 
 def _window_row(i: int, start, end, summary: Mapping[str, Any], note: str) -> dict[str, Any]:

@@ -575,6 +575,47 @@ class HistoryStore:
                 out[f][hours.index(hr)] = bool(flag)
         return out
 
+    def previous_evidence(self, model: str, features: Iterable[str], hour: dt.datetime,
+                          n: int, *, reference_id: str | None = None) -> dict[str, list[bool]]:
+        """Evidence of drift in the ``n`` hours before ``hour`` per feature, oldest first.
+
+        Evidence: at least one statistic of the feature was STRICTLY beyond the threshold it was
+        judged by (the stored value and threshold, compared as
+        :meth:`~drift_checks.statistic_types.Statistic.is_drift` does), whether or not the vote
+        flagged the feature, where that threshold tells a shift from sampling noise: a p-value
+        (significance) or a guard statistic beyond any threshold, an effect statistic (PSI,
+        Wasserstein, JS) only beyond a ``reference`` or ``dynamic`` threshold (calibrated on windows
+        of this size). An effect beyond a ``static`` threshold is no evidence: on small windows
+        sampling noise alone exceeds the static 0.1. A missing hour, a statistic stored without a
+        threshold, or one judged against another reference counts as no evidence.
+        """
+        import sqlalchemy as sa
+
+        from drift_checks.statistics import REGISTRY
+
+        h = _utc_hour(hour)
+        hours = [h - dt.timedelta(hours=k) for k in range(n, 0, -1)]
+        feats = list(features)
+        out = {f: [False] * n for f in feats}
+        if n <= 0 or not feats:
+            return out
+        t = self.stats
+        where = [t.c.model == model, t.c.feature.in_(feats), t.c.hour >= hours[0], t.c.hour < h,
+                 t.c.threshold.is_not(None)]
+        if reference_id is not None:
+            where.append(t.c.reference_id == reference_id)
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(t.c.feature, t.c.statistic, t.c.hour, t.c.value, t.c.threshold,
+                                          t.c.source).where(*where)).all()
+        for f, name, hr, value, threshold, source in rows:
+            stat = REGISTRY.get(name)
+            if hr not in hours or stat is None or not stat.is_drift(value, threshold):
+                continue
+            if stat.role == "effect" and source not in ("reference", "dynamic"):
+                continue
+            out[f][hours.index(hr)] = True
+        return out
+
     def previous_windows(self, model: str, hour: dt.datetime, n: int, *,
                          reference_id: str | None = None) -> list[bool]:
         """Dataset verdicts (``dataset_drift``) of the ``n`` hours before ``hour``, oldest first.

@@ -20,7 +20,8 @@ Feature severities:
 * ``unscored``: the reference itself has no value for the column (reported as a data-quality
   warning; not part of the score);
 * ``drift``: a strong effect, or flagged in this window and the ``k - 1`` windows before (one
-  unusual hour is not an alarm);
+  unusual hour is not an alarm), or sustained (flagged now, with evidence in most of the last
+  few windows: the run rule of :mod:`drift_checks.policy`);
 * ``warning``: flagged in this window only;
 * ``ok``.
 
@@ -45,7 +46,13 @@ from drift_checks.contract_types import Contract, ContractResult
 from drift_checks.contracts import DEFAULT_GX_SAMPLE_ROWS, derive_contract, run_contract
 from drift_checks.history import HistoryStore, StatisticRow
 from drift_checks.inference_log import LogSchema, categorical_columns, numeric_columns
-from drift_checks.policy import AlertPolicy, decide_alert, feature_verdict, importance_weights
+from drift_checks.policy import (
+    AlertPolicy,
+    decide_alert,
+    feature_verdict,
+    importance_weights,
+    sustained_features,
+)
 from drift_checks.thresholds import (
     Calibration,
     ThresholdPolicy,
@@ -333,6 +340,11 @@ def check_window(
     k = cfg.alerts.consecutive_windows
     prev = history.previous_flags(model, list(scored), start, k - 1, reference_id=ref_id)
     verdicts = {f: feature_verdict(res, {n: thresholds[(f, n)] for n in res}) for f, res in scored.items()}
+    n_run = cfg.alerts.sustained_windows
+    sustained = set(sustained_features(
+        cfg.alerts, {f: v.flagged and not v.undefined for f, v in verdicts.items()},
+        history.previous_evidence(model, list(scored), start, n_run - 1, reference_id=ref_id)
+        if n_run >= 2 else {}))
     weights, weighting = ((dict(cfg.weights), "explicit") if cfg.weights else
                           importance_weights(list(schema.features), reference.importance,
                                              cfg.alerts.weighting))
@@ -347,14 +359,15 @@ def check_window(
     for f, v in verdicts.items():
         if v.undefined:
             sev = "invalid"
-        elif v.strong or (v.flagged and all(prev.get(f, []))):
+        elif v.strong or (v.flagged and all(prev.get(f, []))) or f in sustained:
             sev = "drift"
         else:
             sev = "warning" if v.flagged else "ok"
-        if sev == "drift" and not v.strong:
-            reason = f"{v.reason} in {k} consecutive windows"
-        else:
-            reason = v.reason
+        reason = v.reason
+        if sev == "drift" and not v.strong and all(prev.get(f, [])):
+            reason += f" in {k} consecutive windows"
+        if f in sustained:
+            reason += f"; sustained: evidence in {cfg.alerts.sustained_evidence} of the last {n_run} windows"
         stats_out = {}
         for vote in v.votes:
             r = scored[f][vote.name]
@@ -381,7 +394,7 @@ def check_window(
         persistent_features=[f for f, info in features.items() if info["severity"] == "drift"
                              or (info["severity"] == "invalid" and f in invalid)],
         last_alert=history.last_alert(model, start, reference_id=ref_id),
-        contract_failed=status != "ok")
+        contract_failed=status != "ok", sustained=sorted(sustained))
     if decision.fire:
         causes = [{"feature": f, **c} for f in decision.features if f in verdicts
                   for c in verdicts[f].causes()]

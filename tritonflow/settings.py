@@ -359,6 +359,14 @@ class Settings:
         defaults.DEFAULT_DRIFT_CONSECUTIVE_WINDOWS, "DRIFT_CONSECUTIVE_WINDOWS",
         "Dataset-drift windows in a row before a drift alert.",
     )
+    drift_sustained_windows: int = _field(
+        defaults.DEFAULT_DRIFT_SUSTAINED_WINDOWS, "DRIFT_SUSTAINED_WINDOWS",
+        "Run rule span: a feature flagged now with evidence in most of these windows alerts (0: off).",
+    )
+    drift_sustained_evidence: int = _field(
+        defaults.DEFAULT_DRIFT_SUSTAINED_EVIDENCE, "DRIFT_SUSTAINED_EVIDENCE",
+        "Windows of the run rule span (this one included) that must show evidence.",
+    )
     drift_alert_cooldown_hours: float = _field(
         defaults.DEFAULT_DRIFT_ALERT_COOLDOWN_HOURS, "DRIFT_ALERT_COOLDOWN_HOURS",
         "Hours (logical time) after a drift alert before one naming no new feature.",

@@ -39,7 +39,7 @@ INT_LISTS = {
     "analyzer_concurrency": 1,
 }
 #: Whole-number settings and their least value.
-AT_LEAST = {"drift_models_per_task": 1}
+AT_LEAST = {"drift_models_per_task": 1, "drift_sustained_windows": 0, "drift_sustained_evidence": 2}
 #: Fewest task slots of the local Airflow (runs of different DAGs overlap).
 MIN_AIRFLOW_PARALLELISM = 4
 
@@ -78,6 +78,11 @@ def settings_problems(settings: Settings) -> list[str]:
     for field, least in AT_LEAST.items():
         if getattr(settings, field) < least:
             problems.append(f"{_variable(field)}={getattr(settings, field)!r}: expected a whole number >= {least}")
+    n_run, m_run = settings.drift_sustained_windows, settings.drift_sustained_evidence
+    if n_run == 1 or (n_run and m_run > n_run):
+        problems.append(f"{_variable('drift_sustained_windows')}={n_run!r}: expected 0 (run rule off) or a "
+                        f"span >= 2 windows that holds {_variable('drift_sustained_evidence')}={m_run!r}, "
+                        "e.g. 5 and 4")
     try:
         parse_steps(settings.canary_steps, field=_variable("canary_steps"))
     except SettingsError as exc:

@@ -268,6 +268,12 @@ DEFAULT_DRIFT_SEASONAL_PERIOD_HOURS = 168.0
 DEFAULT_DRIFT_WEIGHTING = "importance"
 #: Consecutive dataset-drift windows before a drift alert (windows).
 DEFAULT_DRIFT_CONSECUTIVE_WINDOWS = 2
+#: Sustained-drift run rule (``drift_checks.policy``): one feature alerts, whatever its weight, when
+#: it is flagged in a window and had evidence (a statistic beyond its threshold) in
+#: ``DEFAULT_DRIFT_SUSTAINED_EVIDENCE - 1`` of the ``DEFAULT_DRIFT_SUSTAINED_WINDOWS - 1`` windows
+#: before: 4 of 5, the Western Electric / Nelson run rule (0 windows: rule off).
+DEFAULT_DRIFT_SUSTAINED_WINDOWS = 5
+DEFAULT_DRIFT_SUSTAINED_EVIDENCE = 4
 #: Quiet time after a drift alert of a model for alerts naming no new feature (hours of logical
 #: time: window starts, so replays and backfills behave like live runs).
 DEFAULT_DRIFT_ALERT_COOLDOWN_HOURS = 24.0

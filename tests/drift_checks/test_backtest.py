@@ -126,3 +126,35 @@ def test_a_trailing_reference_alerts_at_a_step_and_then_follows_the_new_level(tm
         assert not any(w["alert"] for w in windows[:step]), name
     assert all(w["dataset_drift"] for w in runs["training"][-6:])  # still unlike the training data
     assert not any(w["dataset_drift"] for w in runs["trailing"][-6:])  # the new level is the norm now
+
+
+@pytest.mark.parametrize("shift, feature", [(3000, "max_sustained_wind_speed"), (16000, "sea_level_pressure")])
+def test_a_sustained_shift_on_a_minor_noaa_input_alerts_within_2_windows_and_its_quiet_stretch_never(
+        tmp_path, shift, feature):
+    """The benchmark's scenario (benchmarks/drift_quality.py): the wind drop at day 3,000 and the
+    pressure fall at day 16,000 each move one input of importance about 0.05; the run rule alerts
+    within 2 windows of the shift, and never in the quiet windows before it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from drift_quality import SCENARIOS, _champion_importance, _ts
+
+    from drift_checks.verdict import CheckConfig
+    from model_registry.datasets import FEATURE_COLUMNS, load_noaa
+    from tritonflow.settings import Settings
+
+    noaa, features = load_noaa(), list(FEATURE_COLUMNS)
+    quiet = SCENARIOS[shift]
+    start = shift - quiet * 48
+    importance = _champion_importance(noaa.iloc[start - 2000:start], features)
+    assert importance[feature] < 0.1
+    doc = run_backtest(noaa[["day", *features]], time_column="day", time_unit="D", out_dir=tmp_path,
+                       reference_range=(_ts(start - 2000), _ts(start)), window="48", importance=importance,
+                       config=CheckConfig.from_settings(Settings.from_env({})), replay_end=_ts(shift + 3 * 48),
+                       html_report=False)
+    alerts = doc["summary"]["alert_windows"]
+    assert alerts and quiet <= alerts[0] <= quiet + 2 and not [a for a in alerts if a < quiet]
+    hit = doc["windows"][alerts[0]]
+    assert feature in hit["alert_features"] and "sustained drift" in hit["alert_reason"]
+    assert doc["policy"]["sustained_windows"] == 5 and doc["policy"]["sustained_evidence"] == 4

@@ -12,9 +12,10 @@ from drift_checks import statistics as st
 from drift_checks.contract_types import Contract, ExpectationSpec
 from drift_checks.history import HistoryStore
 from drift_checks.inference_log import LogSchema
-from drift_checks.policy import AlertPolicy, decide_alert, feature_verdict
+from drift_checks.policy import AlertPolicy, decide_alert, feature_verdict, sustained_features
 from drift_checks.thresholds import Threshold, ThresholdPolicy, resolve_thresholds
 from drift_checks.verdict import CheckConfig, check_window, prepare_reference
+from tritonflow.exceptions import SettingsError
 
 T0 = dt.datetime(2024, 5, 1, tzinfo=dt.timezone.utc)
 HOUR = dt.timedelta(hours=1)
@@ -251,3 +252,90 @@ def test_every_alert_names_features_statistics_values_and_thresholds(history):
     # the next hour is inside the cooldown: the state is still drift but no second event
     (again,) = _run(history, ref, [_normal(rng, 300, 2.0)], start=1)
     assert again["severity"] == "drift" and again["drift"] is False and "cooldown" in again["alert_reason"]
+
+
+# ----------------------------------------------------------------------- sustained drift (run rule)
+def _minor_input_model(rng):
+    """A reference large enough for reference-chunk thresholds; input ``b`` weighs 0.05."""
+    schema = LogSchema({c: "float" for c in "abcd"})
+    frame = pd.DataFrame({c: rng.normal(size=6000) for c in "abcd"})
+    return prepare_reference(frame, schema, importance={"a": 0.85, "b": 0.05, "c": 0.05, "d": 0.05},
+                             reference_id="r")
+
+
+def _windows(rng, shifts):
+    """One 400-row window per entry of ``shifts``: fresh N(0, 1) inputs, ``b`` moved by the entry."""
+    return [pd.DataFrame({c: rng.normal(size=400) + (s if c == "b" else 0.0) for c in "abcd"}) for s in shifts]
+
+
+def test_a_sustained_shift_on_a_minor_input_alerts_whatever_its_weight(history):
+    """A moderate shift (flagged, not strong) that stays on an input of weight 0.05 never reaches
+    the dataset share; it alerts once it has shown evidence in 4 of 5 windows, naming that input."""
+    rng = np.random.default_rng(11)
+    ref = _minor_input_model(rng)
+    outs = _run(history, ref, _windows(rng, [0.35] * 6))
+    assert [o["features"]["b"]["flagged"] for o in outs] == [True] * 6
+    assert not any(o["features"]["b"]["strong"] or o["dataset_drift"] for o in outs)
+    assert [o["drift"] for o in outs] == [False, False, False, True, False, False]  # then the cooldown
+    alert = outs[3]
+    assert alert["alert_features"] == ["b"] and "sustained drift on b" in alert["alert_reason"]
+    assert alert["features"]["b"]["severity"] == "drift" and "sustained" in alert["features"]["b"]["reason"]
+    (drift_alert,) = [a for a in alert["alerts"] if a["kind"] == "drift"]
+    assert {c["statistic"] for c in drift_alert["causes"]} >= {"ks_p_value"}
+
+
+def test_without_the_run_rule_a_sustained_minor_shift_never_alerts(history):
+    rng = np.random.default_rng(11)
+    ref = _minor_input_model(rng)
+    off = CheckConfig(evidently_sample_rows=0, alerts=AlertPolicy(sustained_windows=0))
+    outs = _run(history, ref, _windows(rng, [0.35] * 6), config=off)
+    assert all(o["features"]["b"]["flagged"] for o in outs) and not any(o["drift"] for o in outs)
+
+
+def test_isolated_flags_on_a_minor_input_never_alert(history):
+    """Shifted every other window (2 or 3 of 5 with evidence): not sustained, no alert."""
+    rng = np.random.default_rng(12)
+    ref = _minor_input_model(rng)
+    outs = _run(history, ref, _windows(rng, [0.35, 0.0] * 4))
+    assert [o["features"]["b"]["flagged"] for o in outs][::2] == [True] * 4
+    assert not any(o["drift"] for o in outs)
+
+
+def test_sustained_features_counts_evidence_in_the_windows_before():
+    policy = AlertPolicy()  # 4 of 5
+    assert sustained_features(policy, {"x": True, "y": True, "z": False},
+                              {"x": [False, True, True, True], "y": [True, False, True, False],
+                               "z": [True] * 4}) == ["x"]
+    assert sustained_features(policy, {"x": True}, {"x": [True] * 10 + [False, False, True, True]}) == []
+    assert sustained_features(AlertPolicy(sustained_windows=0), {"x": True}, {"x": [True] * 4}) == []
+    assert sustained_features(AlertPolicy(sustained_windows=2, sustained_evidence=2), {"x": True},
+                              {"x": [True]}) == ["x"]
+
+
+@pytest.mark.parametrize("fields, field", [({"sustained_windows": 1}, "sustained_windows=1"),
+                                           ({"sustained_evidence": 6}, "sustained_evidence=6"),
+                                           ({"sustained_evidence": 1}, "sustained_evidence=1")])
+def test_a_bad_run_rule_is_refused_naming_the_field_and_value(fields, field):
+    with pytest.raises(SettingsError, match=field):
+        AlertPolicy(**fields)
+
+
+def test_previous_evidence_is_any_statistic_beyond_its_threshold_in_hour_order(history):
+    from drift_checks.history import StatisticRow
+
+    def psi(value, source="reference"):
+        return StatisticRow("f", "psi", value, threshold=0.2, source=source)
+
+    def ks(value):
+        return StatisticRow("f", "ks_p_value", value, threshold=0.05, source="static")
+
+    rows = {0: [psi(0.3), ks(0.5)],  # an effect beyond a calibrated threshold
+            1: [psi(0.1), ks(0.5)],
+            2: [psi(0.1), ks(0.01)],  # a p-value beyond its threshold
+            3: [psi(0.2)],  # equal to its threshold: no evidence
+            4: [psi(0.9, "static"), ks(0.5)]}  # an effect beyond a static threshold: noise on small windows
+    for h, stats in rows.items():
+        history.record_hour("m", T0 + h * HOUR, status="ok", n_rows=10, statistics=stats, reference_id="r")
+    assert history.previous_evidence("m", ["f", "g"], T0 + 6 * HOUR, 6, reference_id="r") == {
+        "f": [True, False, True, False, False, False], "g": [False] * 6}
+    assert history.previous_evidence("m", ["f"], T0 + 6 * HOUR, 6, reference_id="other") == {"f": [False] * 6}

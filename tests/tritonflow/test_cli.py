@@ -86,6 +86,8 @@ def test_settings_name_their_source():
     ("TRITONFLOW_AIRFLOW_PARALLELISM", "2", "expected >= 4"),
     ("TRITONFLOW_SHADOW_MIRROR_PERCENT", "150", "expected a percent between 0 and 100"),
     ("TRITONFLOW_DRIFT_MODELS_PER_TASK", "0", "expected a whole number >= 1"),
+    ("TRITONFLOW_DRIFT_SUSTAINED_WINDOWS", "1", "expected 0 \\(run rule off\\) or a span >= 2"),
+    ("TRITONFLOW_DRIFT_SUSTAINED_EVIDENCE", "1", "expected a whole number >= 2"),
 ])
 def test_a_value_the_code_would_refuse_fails_the_settings_command(variable, value, expected):
     with pytest.raises(SettingsError, match=rf"{variable}='?{re.escape(value)}'?: .*{expected}"):

@@ -12,11 +12,11 @@ Decisions, in the order the loop takes them:
 decision                   when                                                          where
 =========================  ============================================================  =========
 ``alert``                  the alert policy fired (k consecutive windows / strong        drift_monitor
-                           effect)
+                           effect / sustained drift on one feature)
 ``cooldown``               the alert rule held but the model alerted on the same         drift_monitor
                            features within ``TRITONFLOW_DRIFT_ALERT_COOLDOWN_HOURS``
                            (logical time: the windows' hours, never the wall clock)
-``no_alert``               no persistent or strong drift in the hour                     drift_monitor
+``no_alert``               no persistent, strong or sustained drift in the hour          drift_monitor
 ``contract_failed``        the hour broke its data contract (a data-quality alert)       drift_monitor
 ``no_reference``           the served version has no drift reference                     drift_monitor
 ``skip_retrain_running``   a retraining of the model is in flight                        shadow_evaluation
