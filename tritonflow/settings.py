@@ -100,14 +100,10 @@ class Settings:
         defaults.DEFAULT_CANARY_ANALYSIS_INTERVAL_S, "CANARY_ANALYSIS_INTERVAL_S",
         "Seconds between analyses during a bake (hard failures roll back at once).",
     )
-    sentinel_interval_s: float = _field(
-        defaults.DEFAULT_SENTINEL_INTERVAL_S, "SENTINEL_INTERVAL_S",
-        "Seconds between two sentinel probes of a champion.",
-    )
-    sentinel_failures: int = _field(
-        defaults.DEFAULT_SENTINEL_FAILURES, "SENTINEL_FAILURES",
-        "Consecutive failed sentinel probes that roll a champion back.",
-    )
+    sentinel_interval_s: float = _field(defaults.DEFAULT_SENTINEL_INTERVAL_S, "SENTINEL_INTERVAL_S",
+                                        "Seconds between two sentinel probes of a champion.")
+    sentinel_failures: int = _field(defaults.DEFAULT_SENTINEL_FAILURES, "SENTINEL_FAILURES",
+                                    "Consecutive failed sentinel probes that roll a champion back.")
     sentinel_latency_s: float = _field(
         defaults.DEFAULT_SENTINEL_LATENCY_S, "SENTINEL_LATENCY_S", "Latency limit of one sentinel probe (s).",
     )
@@ -121,10 +117,8 @@ class Settings:
     canary_confidence: float = _field(
         defaults.DEFAULT_CANARY_CONFIDENCE, "CANARY_CONFIDENCE", "Confidence (0-1) of the canary's bounds."
     )
-    canary_min_labels: int = _field(
-        defaults.DEFAULT_CANARY_MIN_LABELS, "CANARY_MIN_LABELS",
-        "Fewest labelled requests per version to compare quality."
-    )
+    canary_min_labels: int = _field(defaults.DEFAULT_CANARY_MIN_LABELS, "CANARY_MIN_LABELS",
+                                    "Fewest labelled requests per version to compare quality.")
     canary_quality_metric: str = _field(
         defaults.DEFAULT_CANARY_QUALITY_METRIC, "CANARY_QUALITY_METRIC", "Quality metric with labels (auc, accuracy)."
     )
@@ -136,20 +130,16 @@ class Settings:
         defaults.DEFAULT_CANARY_COVERAGE_MIN_REQUESTS, "CANARY_COVERAGE_MIN_REQUESTS",
         "Fewest challenger requests per reached reference decile bin.",
     )
-    canary_coverage_features: int = _field(
-        defaults.DEFAULT_CANARY_COVERAGE_FEATURES, "CANARY_COVERAGE_FEATURES",
-        "Most important features checked for coverage (0 = all).",
-    )
+    canary_coverage_features: int = _field(defaults.DEFAULT_CANARY_COVERAGE_FEATURES, "CANARY_COVERAGE_FEATURES",
+                                           "Most important features checked for coverage (0 = all).")
     gateway_response_header: str = _field(
         defaults.DEFAULT_GATEWAY_RESPONSE_HEADER, "GATEWAY_RESPONSE_HEADER", "Header naming the serving version."
     )
     promotion_lock_timeout_s: float = _field(
         defaults.DEFAULT_PROMOTION_LOCK_TIMEOUT_S, "PROMOTION_LOCK_TIMEOUT_S", "Seconds to wait for a promotion lock."
     )
-    coordination_db_url: str = _field(
-        defaults.DEFAULT_COORDINATION_DB_URL, "COORDINATION_DB_URL",
-        "Shared DB of leases and coordination state (empty: the drift history DB).",
-    )
+    coordination_db_url: str = _field(defaults.DEFAULT_COORDINATION_DB_URL, "COORDINATION_DB_URL",
+                                      "Shared DB of leases and coordination state (empty: the drift history DB).")
     lease_ttl_s: float = _field(
         defaults.DEFAULT_LEASE_TTL_S, "LEASE_TTL_S", "Seconds a lease lives without a heartbeat."
     )
@@ -232,10 +222,8 @@ class Settings:
     analyzer_confirm_top: int = _field(
         defaults.DEFAULT_ANALYZER_CONFIRM_TOP, "ANALYZER_CONFIRM_TOP", "Top configs confirmed with repeated passes."
     )
-    max_p99_regression: float = _field(
-        defaults.DEFAULT_MAX_P99_REGRESSION, "MAX_P99_REGRESSION",
-        "Allowed challenger p99 regression beyond noise (0.1 = 10 %)."
-    )
+    max_p99_regression: float = _field(defaults.DEFAULT_MAX_P99_REGRESSION, "MAX_P99_REGRESSION",
+                                       "Allowed challenger p99 regression beyond noise (0.1 = 10 %).")
     min_p99_regression_ms: float = _field(defaults.DEFAULT_MIN_P99_REGRESSION_MS, "MIN_P99_REGRESSION_MS",
                                           "Smallest p99 regression (ms) the perf gate rejects on.")
     publish_profile: bool = _field(
