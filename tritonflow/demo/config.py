@@ -144,7 +144,7 @@ class DemoConfig:
     retrain_hours: int = 10
     profile: bool = True
     perf_gate: bool = True
-    dataset_share: float | None = 0.125
+    dataset_share: float | None = None
     settle_timeout_s: float = 1800.0
     airflow_database_url: str = ""
     drift_runs_in_flight: int = 3
@@ -277,7 +277,6 @@ def environment(cfg: DemoConfig, ports: Mapping[str, int]) -> dict[str, str]:
         "PYTHONWARNINGS": "ignore",
     }
     if cfg.dataset_share is not None:
-        # One strongly shifted feature of eight is a dataset drift (see settings).
         env["TRITONFLOW_DRIFT_DATASET_SHARE"] = str(cfg.dataset_share)
     if cfg.airflow_database_url:
         env["TRITONFLOW_AIRFLOW_DATABASE_URL"] = cfg.airflow_database_url
