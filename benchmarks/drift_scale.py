@@ -147,9 +147,15 @@ def child_check(model: str) -> None:
     """One hourly check in this (fresh) process; prints a JSON line."""
     rss = PeakRss()
     t = time.perf_counter()
-    import scipy.stats  # noqa: F401  (imports a task pays once per process, not counted)
+    import datasketches  # noqa: F401  (imports a task pays once per process, not counted; the
+    import pyarrow.dataset  # noqa: F401  check imports these lazily, so they are listed here)
+    import pyarrow.parquet  # noqa: F401
+    import scipy.stats  # noqa: F401
     import sqlalchemy  # noqa: F401
+    import sqlalchemy.dialects.sqlite  # noqa: F401
 
+    import drift_checks.reference  # noqa: F401
+    import drift_checks.strategies  # noqa: F401
     import drift_checks.streaming  # noqa: F401
     import drift_checks.verdict  # noqa: F401
     from tritonflow.pipelines import drift

@@ -273,8 +273,8 @@ def _claimed(units: Sequence, counter: Any = None) -> Iterator:
 
 
 def _summarize_shared(args: tuple) -> bytes:
-    units, fs, schema, bins, start, end, kw = args
-    return summarize_units(_claimed(units), fs, schema, bins, start, end, level=1, **kw)
+    units, fs, schema, bins, start, end, kw = args  # zlib level 0: the bytes only cross a pipe
+    return summarize_units(_claimed(units), fs, schema, bins, start, end, level=0, **kw)
 
 
 def stream_workers(scan: WindowScan, n_features: int, workers: int,
@@ -352,8 +352,18 @@ def summary_key(scan: WindowScan, reference, sketch_k: int) -> str:
 
 
 def stored_summary(scan: WindowScan, reference, compute: Callable[[], WindowSummary], *,
-                   sketch_k: int = DEFAULT_SKETCH_K) -> tuple[WindowSummary, bool]:
+                   sketch_k: int = DEFAULT_SKETCH_K, writes: list | None = None) -> tuple[WindowSummary, bool]:
     """The window's stored summary when it covers the same files, else ``compute()`` stored.
+
+    Args:
+        scan: From :func:`open_window`.
+        reference: The prepared reference (its PSI bins name the stored summary).
+        compute: Computes the summary when none is stored for these files.
+        sketch_k: KLL ``k`` (part of the stored summary's key).
+        writes: When a list, a computed summary is written on a thread, its
+            :class:`~concurrent.futures.Future` appended: the caller scores the summary meanwhile
+            (only reading it) and waits for every future (``result()`` re-raises a failed write).
+            ``None``: written before returning.
 
     Returns:
         ``(summary, computed)``: ``computed`` is ``False`` when the stored one was reused.
@@ -367,5 +377,16 @@ def stored_summary(scan: WindowScan, reference, compute: Callable[[], WindowSumm
         pass
     summary = compute()
     summary.files = sorted(scan.files)
-    scan.store.put_bytes(key, summary.to_bytes(1))  # zlib level 1: as small (base64 sketches), 20 % faster
+
+    def write() -> None:  # zlib level 1: about as small as 6 (the sketches are base64), faster
+        scan.store.put_bytes(key, summary.to_bytes(1))
+
+    if writes is None:
+        write()
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(1, thread_name_prefix="drift-summary-write")
+        writes.append(pool.submit(write))
+        pool.shutdown(wait=False)  # the thread ends after the write
     return summary, True
