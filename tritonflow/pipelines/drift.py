@@ -282,7 +282,8 @@ def check_model_hour(model: str, version: int, start: Any, end: Any,
         return summary
     prepared, note = _strategy_reference(model, int(version), ref, t0, t1, reference_strategy, s)
     scan = _scan(model, t0, t1, ref.schema, s)
-    window, writes = None, []
+    window = None
+    writes: list[Any] = []  # futures of the stored summary's write
     if scan.n_rows > s.drift_exact_max_rows:  # constant memory: bin counts and sketches
         current, computed = streamed_summary(scan, prepared, s, writes)  # stored while it is scored
     else:
