@@ -334,8 +334,13 @@ def summarize_window(scan: WindowScan, reference, *, sketch_k: int = DEFAULT_SKE
         with ProcessPoolExecutor(n - 1, mp_context=ctx, initializer=_init_worker, initargs=(counter,)) as pool:
             futures = [pool.submit(_summarize_shared, (units, scan.filesystem, schema, bins, scan.start, scan.end,
                                                        kw)) for _ in range(n - 1)]
-            summary = _as_read_back(_summarize(_claimed(units, counter), scan.filesystem, schema, bins,
-                                               scan.start, scan.end, **kw))
+            try:
+                summary = _as_read_back(_summarize(_claimed(units, counter), scan.filesystem, schema, bins,
+                                                   scan.start, scan.end, **kw))
+            except BaseException:
+                with counter.get_lock():  # the workers stop after their current unit
+                    counter.value = len(units)
+                raise
             parts = [f.result() for f in futures]
         for p in parts:
             summary = summary.merge(WindowSummary.from_bytes(p))

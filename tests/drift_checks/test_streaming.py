@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import uuid
 
 import numpy as np
@@ -270,3 +271,33 @@ def test_retained_items_are_the_sketchs_own_ranks_merged_or_not(k, first, second
     pairs = list(sketch)
     if sum(w for _, w in pairs) == sketch.n:  # where the iterator is right: the same (item, weight) pairs
         assert sorted(zip(items.tolist(), weights.tolist(), strict=True)) == sorted(pairs)
+
+
+def test_a_failure_in_the_checks_own_process_stops_the_forked_workers(tmp_path, monkeypatch):
+    import time
+
+    import drift_checks.streaming as streaming
+
+    rng = np.random.default_rng(12)
+    ref = _reference(rng)
+    root = _log(tmp_path, rng, n_files=6, rows=2_000)
+    scan = open_window(root, "m", T0, T0 + HOUR, SCHEMA)
+    real, parent, seen = streaming._summarize, os.getpid(), tmp_path / "seen"
+    seen.mkdir()
+
+    def slow(units):  # the forked worker: 0.5 s per file, each recorded
+        for i, unit in enumerate(units):
+            (seen / f"{os.getpid()}-{i}").touch()
+            time.sleep(0.5)
+            yield unit
+
+    def failing(units, *args, **kwargs):  # this process fails on its first file
+        if os.getpid() == parent:
+            next(iter(units))
+            raise OSError("disk gone")
+        return real(slow(units), *args, **kwargs)
+
+    monkeypatch.setattr(streaming, "_summarize", failing)
+    with pytest.raises(OSError, match="disk gone"):
+        summarize_window(scan, ref, workers=2, min_values_per_worker=1)
+    assert len(list(seen.iterdir())) <= 2  # not the 5 files left: the worker stopped (or never started one)
