@@ -131,20 +131,32 @@ def derive_contract(
         if kind in _TYPE_LISTS:
             exps.append(ExpectationSpec("ExpectColumnValuesToBeInTypeList",
                                         {"column": col, "type_list": _TYPE_LISTS[kind]}))
-        null_frac = float(s.isna().mean()) if len(s) else 0.0
+        plain_float = kind in ("float", "int") and isinstance(s.dtype, np.dtype) and s.dtype.kind == "f"
+        if plain_float:  # numpy float column: the same facts without pandas' null handling
+            v = s.to_numpy()
+            null_frac = float(np.count_nonzero(np.isnan(v)) / v.size) if v.size else 0.0
+            finite = v[np.isfinite(v)]
+        else:
+            null_frac = float(s.isna().mean()) if len(s) else 0.0
         mostly = 1.0 - min(1.0, null_frac + null_tolerance)
         if mostly > 0:
             exps.append(ExpectationSpec("ExpectColumnValuesToNotBeNull",
                                         {"column": col, "mostly": round(mostly, 6)},
                                         meta={"reference_null_fraction": round(null_frac, 6)}))
-        vals = s.dropna()
-        if kind in ("float", "int"):
-            vals = vals[np.isfinite(pd.to_numeric(vals, errors="coerce").astype("float64"))]
-        if vals.empty:
-            continue
         learned = {"learned_from": "reference"}
+        if plain_float:
+            if finite.size == 0:
+                continue
+            lo, hi = float(finite.min()), float(finite.max())
+        else:
+            vals = s.dropna()
+            if kind in ("float", "int"):
+                vals = vals[np.isfinite(pd.to_numeric(vals, errors="coerce").astype("float64"))]
+            if vals.empty:
+                continue
         if kind in ("float", "int"):
-            lo, hi = float(vals.min()), float(vals.max())
+            if not plain_float:
+                lo, hi = float(vals.min()), float(vals.max())
             span = hi - lo if hi > lo else max(abs(hi), 1.0)
             exps.append(ExpectationSpec("ExpectColumnMinToBeBetween",
                                         {"column": col, "min_value": lo - range_tolerance * span},

@@ -136,22 +136,80 @@ class SketchSample(NumericSample):
         """(KS statistic D, Wasserstein-1) between the exact reference ECDF and the sketch's ECDF.
 
         The sketch's ECDF is weighted (``F(x) = weight of retained values <= x / n_finite``); both are
-        evaluated at every point of both sides: O((m + r) log(m + r)) for a reference of m and r retained
-        values.
+        evaluated at every distinct value of both sides. The two sorted sides are merged by a stable
+        argsort of their concatenation (two ascending runs: a linear merge); running counts of
+        reference values and of sketch weight along the merge, read at the last copy of each value,
+        are the two ECDFs there (``side="right"``): O(m + r) for a reference of m and r retained
+        values, no binary search. Bit for bit what ``np.union1d`` and ``np.searchsorted`` give.
         """
         if self.weights is None:
             raise ValueError("d_and_w1 needs the sketch's weights")
         a = np.asarray(reference_sorted, dtype="float64")
-        allv = np.union1d(a, self.values)
-        fa = np.searchsorted(a, allv, side="right") / a.size
-        cw = np.concatenate([[0], np.cumsum(self.weights)])
-        fc = cw[np.searchsorted(self.values, allv, side="right")] / float(cw[-1])
-        gap = fa - fc
+        both = np.concatenate([a, np.asarray(self.values, dtype="float64")])
+        order = np.argsort(both, kind="stable")
+        allv = both[order]
+        from_ref = order < a.size
+        count_ref = np.cumsum(from_ref)
+        weight = np.zeros(both.size, dtype="int64")
+        weight[~from_ref] = np.asarray(self.weights, dtype="int64")[order[~from_ref] - a.size]
+        count_cur = np.cumsum(weight)
+        last = np.empty(both.size, dtype=bool)  # the last copy of each value
+        np.not_equal(allv[1:], allv[:-1], out=last[:-1])
+        last[-1] = True
+        allv = allv[last]
+        gap = count_ref[last] / a.size - count_cur[last] / float(count_cur[-1])
         return float(np.max(np.abs(gap))), float(np.sum(np.abs(gap[:-1]) * np.diff(allv)))
 
     def wasserstein_error_bound(self) -> float:
         """Bound of ``|W_sketch - W|`` (raw units): ``rank_error * (max - min)``."""
         return float(self.rank_error * (self.v_max - self.v_min))
+
+
+def _parse_compacted(data: bytes, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(items, weights) from the bytes of a compacted KLL sketch of doubles (``None``: another layout).
+
+    DataSketches' full layout (``kll_sketch::serialize``, preamble of 5 ints): 8 bytes of
+    preamble (preamble ints, serial version, family 15, flags, k, m, unused), n (uint64), min k
+    (uint16), number of levels L (uint8), 1 unused byte, the start of each level L x uint32 (the
+    last level ends at the end), min and max (float64), then the retained items level by level;
+    an item of level ``i`` stands for ``2**i`` values. Checked: the weights add up to ``n``.
+    """
+    if len(data) < 20 or data[0] != 5 or data[2] != 15:
+        return None
+    levels = data[18]
+    start = 20 + 4 * levels + 16
+    if levels == 0 or len(data) < start or (len(data) - start) % 8:
+        return None
+    bounds = np.frombuffer(data, dtype="<u4", count=levels, offset=20).astype("int64")
+    items = np.frombuffer(data, dtype="<f8", offset=start).astype("float64")
+    sizes = np.diff(np.append(bounds - bounds[0], items.size))
+    if np.any(sizes < 0) or levels > 62:
+        return None
+    weights = np.repeat(np.left_shift(np.int64(1), np.arange(levels, dtype="int64")), sizes)
+    if int(weights.sum()) != int(n):
+        return None
+    return items, weights
+
+
+def retained_items(sketch) -> tuple[np.ndarray, np.ndarray]:
+    """(retained items, weight of each) of a KLL sketch of doubles, unsorted.
+
+    The (item, weight) pairs of the sketch, read from its serialised bytes with numpy when it
+    compacted (about 12,000 pairs at k = 4096: a Python loop over them costs a few ms per
+    feature), else by iterating it. The weights add up to ``sketch.n`` and give the sketch's own
+    ``get_rank``; DataSketches 5.2's Python iterator misweighs some merged sketches (a small
+    sketch that absorbed a compacted one: weights adding up to less than ``n``), the bytes do not.
+    """
+    if sketch.is_empty():
+        return np.empty(0, dtype="float64"), np.empty(0, dtype="int64")
+    if sketch.is_estimation_mode():
+        parsed = _parse_compacted(sketch.serialize(), sketch.n)
+        if parsed is not None:
+            return parsed
+    pairs = list(sketch)
+    items = np.fromiter((v for v, _ in pairs), dtype="float64", count=len(pairs))
+    weights = np.fromiter((w for _, w in pairs), dtype="int64", count=len(pairs))
+    return items, weights
 
 
 def sketch_sample(sketch, *, n_rows: int, n_null: int, n_pos_inf: int, n_neg_inf: int,
@@ -175,9 +233,7 @@ def sketch_sample(sketch, *, n_rows: int, n_null: int, n_pos_inf: int, n_neg_inf
     Raises:
         ValueError: The sketch compacted and ``psi_counts`` is ``None``.
     """
-    pairs = list(sketch) if not sketch.is_empty() else []
-    items = np.fromiter((v for v, _ in pairs), dtype="float64", count=len(pairs))
-    weights = np.fromiter((w for _, w in pairs), dtype="int64", count=len(pairs))
+    items, weights = retained_items(sketch)
     order = np.argsort(items, kind="stable")
     items, weights = items[order], weights[order]
     if not sketch.is_estimation_mode():

@@ -30,6 +30,7 @@ from urllib.parse import urlparse
 import pandas as pd
 
 from drift_checks.binning import PsiBins
+from drift_checks.column_facts import ColumnFacts
 from drift_checks.inference_log import (
     _EXPECTED,
     BASE_COLUMNS,
@@ -203,6 +204,14 @@ def summarize_units(units: Iterable[tuple[str, list[int] | None]], filesystem, s
         sample_rows: Rows of the seeded window sample kept for row-wise contract checks (0: none).
         level: zlib level of the bytes (:meth:`WindowSummary.to_bytes`).
     """
+    return _summarize(units, filesystem, schema, bins, start, end, sketch_k=sketch_k, batch_rows=batch_rows,
+                      sample_rows=sample_rows).to_bytes(level)
+
+
+def _summarize(units: Iterable[tuple[str, list[int] | None]], filesystem, schema: dict, bins: dict,
+               start: pd.Timestamp, end: pd.Timestamp, *, sketch_k: int = DEFAULT_SKETCH_K,
+               batch_rows: int = DEFAULT_BATCH_ROWS, sample_rows: int = 0) -> WindowSummary:
+    """:func:`summarize_units` as an object (no serialisation, for work done in this process)."""
     import numpy as np
 
     log_schema = LogSchema.from_dict(schema)
@@ -211,7 +220,18 @@ def summarize_units(units: Iterable[tuple[str, list[int] | None]], filesystem, s
     columns = list(log_schema.features) + (["request_id"] if sample_rows else [])
     for batch in _batches(units, filesystem, columns, start, end, batch_rows):
         acc.add(batch)
-    return acc.result(files=[]).to_bytes(level)
+    return acc.result(files=[])
+
+
+def _as_read_back(summary: WindowSummary) -> WindowSummary:
+    """The summary as :meth:`WindowSummary.from_bytes` would give it back, sketches not serialised.
+
+    Plain Python min/max and examples in the facts; a kept sample goes through Parquet.
+    """
+    if summary.sample is not None:
+        return WindowSummary.from_bytes(summary.to_bytes(1))
+    summary.facts = {c: ColumnFacts.from_json(f.to_json()) for c, f in summary.facts.items()}
+    return summary
 
 
 def sample_window(scan: WindowScan, schema: LogSchema, rows: int,
@@ -229,32 +249,54 @@ def sample_window(scan: WindowScan, schema: LogSchema, rows: int,
 #: In a worker process: the shared index of the next work unit (:func:`_init_worker`).
 _NEXT_UNIT: Any = None
 
+#: Values (rows x features) a worker process must have to summarise before one more is started: a
+#: worker costs about 0.1 s (fork, the bytes of its summary, the merge), about the time to sketch
+#: 2 M values (about 50 ns per value, ``benchmarks/drift_scale.py``), so each needs twice that.
+MIN_VALUES_PER_WORKER = 4_000_000
+
 
 def _init_worker(counter) -> None:
     global _NEXT_UNIT
     _NEXT_UNIT = counter
 
 
-def _claimed(units: Sequence) -> Iterator:
-    """The units this worker claims from the shared counter, one at a time, until none is left."""
+def _claimed(units: Sequence, counter: Any = None) -> Iterator:
+    """The units claimed from the shared counter (default: this worker's), one at a time, until none is left."""
+    counter = _NEXT_UNIT if counter is None else counter
     while True:
-        with _NEXT_UNIT.get_lock():
-            i = _NEXT_UNIT.value
-            _NEXT_UNIT.value = i + 1
+        with counter.get_lock():
+            i = counter.value
+            counter.value = i + 1
         if i >= len(units):
             return
         yield units[i]
 
 
 def _summarize_shared(args: tuple) -> bytes:
-    units, fs, schema, bins, start, end, kw = args
-    return summarize_units(_claimed(units), fs, schema, bins, start, end, level=1, **kw)
+    units, fs, schema, bins, start, end, kw = args  # zlib level 0: the bytes only cross a pipe
+    return summarize_units(_claimed(units), fs, schema, bins, start, end, level=0, **kw)
+
+
+def stream_workers(scan: WindowScan, n_features: int, workers: int,
+                   min_values_per_worker: int = MIN_VALUES_PER_WORKER) -> int:
+    """Processes worth using for a window, this one included.
+
+    At most ``workers`` (0: one per CPU core), one per work unit (file or row group), and one per
+    ``min_values_per_worker`` values (rows x features, :data:`MIN_VALUES_PER_WORKER`).
+    """
+    workers = workers or os.cpu_count() or 1
+    by_size = max(1, (scan.n_rows * max(1, n_features)) // max(1, int(min_values_per_worker)))
+    return max(1, min(workers, by_size, len(_units(scan, workers)) or 1))
 
 
 def summarize_window(scan: WindowScan, reference, *, sketch_k: int = DEFAULT_SKETCH_K,
                      batch_rows: int = DEFAULT_BATCH_ROWS, workers: int = 1,
-                     sample_rows: int = 0) -> WindowSummary:
+                     sample_rows: int = 0, min_values_per_worker: int = MIN_VALUES_PER_WORKER) -> WindowSummary:
     """Stream the window's files into one summary.
+
+    This process summarises files too: with ``n`` processes, ``n - 1`` are forked, and each of
+    the ``n`` claims the next file (or row group) from a shared counter when done with one. Only
+    the forked workers' summaries cross a process boundary (as bytes).
 
     Args:
         scan: From :func:`open_window`.
@@ -262,38 +304,46 @@ def summarize_window(scan: WindowScan, reference, *, sketch_k: int = DEFAULT_SKE
         sketch_k: KLL ``k`` of the numeric sketches (:class:`~drift_checks.summaries.WindowSummarizer`).
         batch_rows: Rows per Arrow record batch read.
         sample_rows: Rows of the seeded window sample kept for row-wise contract checks (0: none).
-        workers: Processes summarising files (or row groups) in parallel; 0: one per CPU core.
+        workers: Most processes summarising files (or row groups) in parallel, this one included;
+            0: one per CPU core. Fewer are used for a small window (:func:`stream_workers`).
+        min_values_per_worker: Values (rows x features) per process at least (:data:`MIN_VALUES_PER_WORKER`).
 
     Returns:
         The :class:`WindowSummary` (its ``files`` are the scan's files).
     """
     from drift_checks.summaries import bins_of
 
-    workers = workers or os.cpu_count() or 1
-    bins = _bins_doc(bins_of(reference))
+    ref_bins = bins_of(reference)
+    bins = _bins_doc(ref_bins)
     kw = dict(sketch_k=sketch_k, batch_rows=batch_rows, sample_rows=sample_rows)
     schema = reference.schema.to_dict()
-    units = _units(scan, workers)
+    n = stream_workers(scan, len(reference.schema.features), workers, min_values_per_worker)
+    units = _units(scan, n)
     if not units:
-        out = WindowSummarizer(reference.schema, bins_of(reference), sketch_k=sketch_k).result()
-        return out
-    if workers <= 1 or len(units) == 1:
-        parts = [summarize_units(units, scan.filesystem, schema, bins, scan.start, scan.end, level=1, **kw)]
+        return WindowSummarizer(reference.schema, ref_bins, sketch_k=sketch_k).result()
+    if n <= 1:
+        summary = _as_read_back(_summarize(units, scan.filesystem, schema, bins, scan.start, scan.end, **kw))
     else:
         import multiprocessing
 
-        n = min(workers, len(units))
         # fork: no re-import of the caller's main module (Airflow's task runner); pyarrow
-        # re-creates its thread pools after a fork. Each worker claims the next unit from a shared
+        # re-creates its thread pools after a fork. Each process claims the next unit from a shared
         # counter when it is done with one, so a worker slowed by other work on the host does less.
         ctx = multiprocessing.get_context("fork")
         counter = ctx.Value("i", 0)
-        with ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker, initargs=(counter,)) as pool:
-            parts = list(pool.map(_summarize_shared, [(units, scan.filesystem, schema, bins, scan.start, scan.end,
-                                                       kw)] * n))
-    summary = WindowSummary.from_bytes(parts[0])
-    for p in parts[1:]:
-        summary = summary.merge(WindowSummary.from_bytes(p))
+        with ProcessPoolExecutor(n - 1, mp_context=ctx, initializer=_init_worker, initargs=(counter,)) as pool:
+            futures = [pool.submit(_summarize_shared, (units, scan.filesystem, schema, bins, scan.start, scan.end,
+                                                       kw)) for _ in range(n - 1)]
+            try:
+                summary = _as_read_back(_summarize(_claimed(units, counter), scan.filesystem, schema, bins,
+                                                   scan.start, scan.end, **kw))
+            except BaseException:
+                with counter.get_lock():  # the workers stop after their current unit
+                    counter.value = len(units)
+                raise
+            parts = [f.result() for f in futures]
+        for p in parts:
+            summary = summary.merge(WindowSummary.from_bytes(p))
     summary.files = list(scan.files)
     return summary
 
@@ -307,8 +357,18 @@ def summary_key(scan: WindowScan, reference, sketch_k: int) -> str:
 
 
 def stored_summary(scan: WindowScan, reference, compute: Callable[[], WindowSummary], *,
-                   sketch_k: int = DEFAULT_SKETCH_K) -> tuple[WindowSummary, bool]:
+                   sketch_k: int = DEFAULT_SKETCH_K, writes: list | None = None) -> tuple[WindowSummary, bool]:
     """The window's stored summary when it covers the same files, else ``compute()`` stored.
+
+    Args:
+        scan: From :func:`open_window`.
+        reference: The prepared reference (its PSI bins name the stored summary).
+        compute: Computes the summary when none is stored for these files.
+        sketch_k: KLL ``k`` (part of the stored summary's key).
+        writes: When a list, a computed summary is written on a thread, its
+            :class:`~concurrent.futures.Future` appended: the caller scores the summary meanwhile
+            (only reading it) and waits for every future (``result()`` re-raises a failed write).
+            ``None``: written before returning.
 
     Returns:
         ``(summary, computed)``: ``computed`` is ``False`` when the stored one was reused.
@@ -322,5 +382,16 @@ def stored_summary(scan: WindowScan, reference, compute: Callable[[], WindowSumm
         pass
     summary = compute()
     summary.files = sorted(scan.files)
-    scan.store.put_bytes(key, summary.to_bytes())
+
+    def write() -> None:  # zlib level 1: about as small as 6 (the sketches are base64), faster
+        scan.store.put_bytes(key, summary.to_bytes(1))
+
+    if writes is None:
+        write()
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(1, thread_name_prefix="drift-summary-write")
+        writes.append(pool.submit(write))
+        pool.shutdown(wait=False)  # the thread ends after the write
     return summary, True

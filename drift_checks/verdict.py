@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+import numpy as np
 import pandas as pd
 
 from drift_checks import statistics as st
@@ -162,6 +163,13 @@ def looks_time_ordered(frame: pd.DataFrame, columns) -> bool:
         if c not in frame.columns:
             continue
         s = frame[c].dropna()
+        if isinstance(s.dtype, np.dtype) and s.dtype.kind in "iuf":  # no hash table: min/max and one diff
+            v = s.to_numpy()
+            if v.size < 2 or v.min() == v.max():  # fewer than 2 distinct values (nunique() < 2)
+                continue
+            if bool(np.all(v[1:] >= v[:-1])) or bool(np.all(v[1:] <= v[:-1])):  # pandas' is_monotonic_*
+                return False
+            continue
         if s.nunique() < 2:
             continue
         if pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s):

@@ -377,7 +377,7 @@ class Settings:
     )
     drift_stream_workers: int = _field(
         defaults.DEFAULT_DRIFT_STREAM_WORKERS, "DRIFT_STREAM_WORKERS",
-        "Processes summarising a streamed window's files (0: one per CPU core).",
+        "Most processes summarising a streamed window's files, this one included (0: one per CPU core).",
     )
     drift_engine: str = _field(
         defaults.DEFAULT_DRIFT_ENGINE, "DRIFT_ENGINE", "Summaries of streamed windows: local or spark.",

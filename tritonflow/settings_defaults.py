@@ -287,7 +287,7 @@ DEFAULT_DRIFT_EXACT_MAX_ROWS = 200_000
 DEFAULT_DRIFT_SKETCH_K = 4096
 #: Rows per record batch when a window is streamed (memory per batch: rows x columns x 8 bytes).
 DEFAULT_DRIFT_STREAM_BATCH_ROWS = 131_072
-#: Processes summarising a streamed window's files in parallel (0: one per CPU core).
+#: Most processes summarising a streamed window's files in parallel, the check's own included (0: one per CPU core).
 DEFAULT_DRIFT_STREAM_WORKERS = 0
 #: Who summarises a streamed window: ``local`` (this process and its workers) or ``spark``
 #: (per-partition summaries computed by Spark, merged on the driver; ``drift_checks.spark``).

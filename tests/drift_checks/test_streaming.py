@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import uuid
 
 import numpy as np
@@ -12,8 +13,8 @@ import pytest
 from drift_checks import statistics as st
 from drift_checks.history import HistoryStore
 from drift_checks.inference_log import InferenceLogWriter, LogSchema, read_window
-from drift_checks.sketches import SketchSample, rank_error
-from drift_checks.streaming import open_window, stored_summary, summarize_window
+from drift_checks.sketches import SketchSample, rank_error, retained_items
+from drift_checks.streaming import open_window, stored_summary, stream_workers, summarize_window
 from drift_checks.summaries import WindowSummary, summarize_frame
 from drift_checks.verdict import check_window, prepare_reference
 from tritonflow.exceptions import WindowError
@@ -139,8 +140,10 @@ def test_streaming_the_log_equals_reading_it_whole_with_one_or_two_workers(tmp_p
     frame = read_window(root, "m", T0, T0 + HOUR, SCHEMA).frame
     scan = open_window(root, "m", T0, T0 + HOUR, SCHEMA)
     assert scan.n_rows == len(frame) == 60_000 and len(scan.files) == 3
-    for workers in (1, 2):
-        summary = summarize_window(scan, ref, workers=workers, batch_rows=8192)
+    assert stream_workers(scan, 4, 2) == 1  # 60,000 x 4 values: not worth a second process
+    assert stream_workers(scan, 4, 2, min_values_per_worker=1) == 2
+    for workers in (1, 2):  # 2: this process and a forked worker, each claiming files
+        summary = summarize_window(scan, ref, workers=workers, batch_rows=8192, min_values_per_worker=1)
         assert summary.n_rows == len(frame) and summary.files == scan.files
         for col in ("amount", "items"):
             exact = st.bin_counts(st.prepare_numeric(frame[col]).values, ref.numeric[col].psi_bins)
@@ -246,3 +249,55 @@ def test_sketches_fed_in_sorted_runs_stay_within_the_stated_rank_error(order):
         true = np.searchsorted(exact, probes, side="right") / x.size
         worst = max(worst, float(np.max(np.abs(np.array(sketch.get_cdf(list(probes)))[:-1] - true))))
     assert 0 < worst <= eps
+
+
+@pytest.mark.parametrize(("k", "first", "second"), [(4096, 500_000, 500_000), (200, 777, 4_097), (8, 777, 4_097),
+                                                    (4096, 3_000, 0), (200, 150, 0)])
+def test_retained_items_are_the_sketchs_own_ranks_merged_or_not(k, first, second):
+    from drift_checks.sketches import new_sketch, update_sketch
+
+    rng = np.random.default_rng(11)
+    sketch = new_sketch(k)
+    update_sketch(sketch, rng.normal(size=first))
+    if second:  # a small sketch absorbing a compacted one (DataSketches 5.2's iterator misweighs some)
+        other = new_sketch(k)
+        update_sketch(other, rng.normal(size=second))
+        sketch.merge(other)
+    items, weights = retained_items(sketch)
+    assert items.size == sketch.num_retained and int(weights.sum()) == sketch.n
+    probes = np.linspace(-2.5, 2.5, 41)
+    ranks = np.array([weights[items <= x].sum() for x in probes]) / sketch.n
+    np.testing.assert_allclose(ranks, [sketch.get_rank(x) for x in probes], rtol=0, atol=1e-12)
+    pairs = list(sketch)
+    if sum(w for _, w in pairs) == sketch.n:  # where the iterator is right: the same (item, weight) pairs
+        assert sorted(zip(items.tolist(), weights.tolist(), strict=True)) == sorted(pairs)
+
+
+def test_a_failure_in_the_checks_own_process_stops_the_forked_workers(tmp_path, monkeypatch):
+    import time
+
+    import drift_checks.streaming as streaming
+
+    rng = np.random.default_rng(12)
+    ref = _reference(rng)
+    root = _log(tmp_path, rng, n_files=6, rows=2_000)
+    scan = open_window(root, "m", T0, T0 + HOUR, SCHEMA)
+    real, parent, seen = streaming._summarize, os.getpid(), tmp_path / "seen"
+    seen.mkdir()
+
+    def slow(units):  # the forked worker: 0.5 s per file, each recorded
+        for i, unit in enumerate(units):
+            (seen / f"{os.getpid()}-{i}").touch()
+            time.sleep(0.5)
+            yield unit
+
+    def failing(units, *args, **kwargs):  # this process fails on its first file
+        if os.getpid() == parent:
+            next(iter(units))
+            raise OSError("disk gone")
+        return real(slow(units), *args, **kwargs)
+
+    monkeypatch.setattr(streaming, "_summarize", failing)
+    with pytest.raises(OSError, match="disk gone"):
+        summarize_window(scan, ref, workers=2, min_values_per_worker=1)
+    assert len(list(seen.iterdir())) <= 2  # not the 5 files left: the worker stopped (or never started one)

@@ -168,7 +168,7 @@ def _scan(model: str, start, end, schema, settings: Settings):
     return open_window(log_root(settings), model, start, end, schema=schema, endpoint_url=_endpoint(settings))
 
 
-def streamed_summary(scan, prepared, settings: Settings | None = None):
+def streamed_summary(scan, prepared, settings: Settings | None = None, writes: list | None = None):
     """Summarise a window too large for the exact statistics.
 
     The summary of a window above ``drift_exact_max_rows`` (bin counts, sketches, contract
@@ -177,6 +177,9 @@ def streamed_summary(scan, prepared, settings: Settings | None = None):
     ``TRITONFLOW_DRIFT_ENGINE=local`` streams the files in this process's workers
     (:func:`drift_checks.streaming.summarize_window`); ``spark`` has Spark summarise the files'
     partitions and merges them here, on the driver (:mod:`drift_checks.spark`).
+
+    ``writes``: as :func:`drift_checks.streaming.stored_summary` (a list: the summary is stored
+    on a thread while the caller scores it; wait for the futures appended).
 
     Returns:
         ``(WindowSummary, computed)``; ``computed`` is ``False`` when the stored one was reused.
@@ -200,7 +203,7 @@ def streamed_summary(scan, prepared, settings: Settings | None = None):
         return summarize_window(scan, prepared, sketch_k=s.drift_sketch_k, batch_rows=s.drift_stream_batch_rows,
                                 workers=s.drift_stream_workers)
 
-    return stored_summary(scan, prepared, compute, sketch_k=s.drift_sketch_k)
+    return stored_summary(scan, prepared, compute, sketch_k=s.drift_sketch_k, writes=writes)
 
 
 def _no_reference_summary(model: str, version: int, start, end, error: str) -> dict[str, Any]:
@@ -280,15 +283,23 @@ def check_model_hour(model: str, version: int, start: Any, end: Any,
     prepared, note = _strategy_reference(model, int(version), ref, t0, t1, reference_strategy, s)
     scan = _scan(model, t0, t1, ref.schema, s)
     window = None
+    writes: list[Any] = []  # futures of the stored summary's write
     if scan.n_rows > s.drift_exact_max_rows:  # constant memory: bin counts and sketches
-        current, computed = streamed_summary(scan, prepared, s)
+        current, computed = streamed_summary(scan, prepared, s, writes)  # stored while it is scored
     else:
         window = _read(model, t0, t1, ref.schema, s)
         current = window.frame
     out_dir = artefact_dir(model, t0, s)
-    summary = check_window(model=model, frame=current, start=t0, end=t1, reference=prepared,
-                           history=_history(s), config=CheckConfig.from_settings(s), model_version=int(version),
-                           artefact_dir=out_dir)
+    try:
+        summary = check_window(model=model, frame=current, start=t0, end=t1, reference=prepared,
+                               history=_history(s), config=CheckConfig.from_settings(s),
+                               model_version=int(version), artefact_dir=out_dir)
+    except BaseException:
+        for w in writes:  # wait for the write; the check's own error is the one raised
+            w.exception()
+        raise
+    for w in writes:  # the stored summary is written (a failed write raises here)
+        w.result()
     summary["window_files"] = len(scan.files)
     summary["reference_strategy"] = note
     if window is None:
