@@ -157,7 +157,8 @@ def quick_config(home: Path = DEFAULT_DEMO_HOME, **overrides: Any) -> DemoConfig
 
     The champion is trained on every day before the replay (days 0-11,327); 48 days per hour;
     14 hours (days 11,328-11,999) before the concept drift at day 12,000 and 10 hours after it;
-    the dynamic thresholds apply after 12 windows. No profiling and no p99 gate in
+    no drift setting is changed (the 24 hours are judged against thresholds learned from the
+    reference's own windows: the default history of 48 windows is not reached). No profiling and no p99 gate in
     ``model_publish`` (each costs a minute or more per publish on two cores). Canary steps
     25 %, 100 % of 8 s; a step needs 40 challenger requests, above the default
     ``TRITONFLOW_CANARY_MIN_LABELS`` (30), so a step that passes had enough labelled requests for
@@ -167,7 +168,7 @@ def quick_config(home: Path = DEFAULT_DEMO_HOME, **overrides: Any) -> DemoConfig
     d = 48
     first = 12_000 - 14 * d
     values: dict[str, Any] = dict(home=home, champion_days=(0, first),
-                                  mapping=DayHourMapping(first, 12_000 + 10 * d, d), min_history_windows=12,
+                                  mapping=DayHourMapping(first, 12_000 + 10 * d, d),
                                   canary_steps="25,100", canary_bake_s=8.0, canary_min_requests=40,
                                   profile=False, perf_gate=False, quick=True, settle_timeout_s=1200.0)
     values.update(overrides)
