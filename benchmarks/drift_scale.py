@@ -5,6 +5,7 @@ Usage::
     .venv/bin/python benchmarks/drift_scale.py                       # 1M and 10M rows x 20, Spark on 10M
     .venv/bin/python benchmarks/drift_scale.py --with-50m            # also 50M rows (~8 GB of Parquet)
     .venv/bin/python benchmarks/drift_scale.py --workdir /tmp/ds --repeat 3 --no-spark  # data kept, reused
+    .venv/bin/python benchmarks/drift_scale.py --repeat 3 --no-spark --compare-with /tmp/old  # old vs new
     .venv/bin/python benchmarks/drift_scale.py --airflow-models 200  # + one drift_monitor run, 200 models
     .venv/bin/python benchmarks/drift_scale.py --sizes 200000 --no-spark   # quick
     .venv/bin/python benchmarks/drift_scale.py --sizes "" --no-spark --airflow-models 200  # only the models
@@ -16,7 +17,12 @@ Measures, side by side in one run:
   of N rows x 20 float features written as Parquet partitions of the inference log (generated on
   disk in chunks, never whole in memory), each in its own process: rows/s, CPU seconds (the
   process and its workers), the 1-minute load average before and after, and peak RSS (the
-  process and its workers, sampled every 20 ms); ``--repeat N``: the median of N checks.
+  process and its workers, sampled every 20 ms); ``--repeat N``: the median of N checks. Each
+  repeat runs a **first check** (a fresh home: empty history, no prepared reference cached) and
+  then the **hourly check** (the same hour again in that home: the prepared reference cached, the
+  history's series cached, as every hour after a version's first), both reported; the goal is
+  judged on the hourly one. ``--compare-with CHECKOUT`` runs the same pair with another checkout's
+  code interleaved (this checkout, then the other, in every repeat).
   Baseline: the exact path (the window read whole) on the 1M window. Goal: peak RSS <= 1.5 GB at
   every size and >= 1M rows/s.
 * **Spark local mode vs the single process** on the 10M window: both times (Spark's start-up
@@ -162,6 +168,8 @@ def child_check(model: str) -> None:
     from tritonflow.settings import get_settings
 
     t_imports = time.perf_counter() - t
+    cache = Path(get_settings().home) / "drift" / "reference_cache"
+    cached = cache.is_dir() and any(cache.glob("*.npz"))
     load = os.getloadavg()[0]
     t, cpu = time.perf_counter(), _cpu_s()
     out = drift.check_model_hour(model, 1, T0, T0 + HOUR, get_settings())
@@ -169,7 +177,8 @@ def child_check(model: str) -> None:
     print(json.dumps({"seconds": round(seconds, 2), "cpu_s": round(cpu, 2), "imports_s": round(t_imports, 2),
                       "peak_rss_mb": rss.stop(), "rows": out["n_rows"],
                       "load_average_1m": [round(load, 1), round(os.getloadavg()[0], 1)],
-                      "status": out["status"], "severity": out["severity"], "engine": out.get("engine", "exact")}))
+                      "status": out["status"], "severity": out["severity"], "engine": out.get("engine", "exact"),
+                      "reference_cached": cached}))
 
 
 def child_spark(model: str) -> None:
@@ -225,13 +234,26 @@ def child_spark(model: str) -> None:
                       "max_error_vs_exact": err, "stated_bound": bound}))
 
 
-def _run_child(kind: str, model: str, env: dict[str, str]) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", kind, "--model", model], env=env,
-                         capture_output=True, text=True, timeout=3600)
+def _run_child(kind: str, model: str, env: dict[str, str], code: Path = ROOT) -> dict:
+    """Run one child in a fresh process with the checkout ``code`` (its own copy of this script)."""
+    env = {**env, "PYTHONPATH": str(code)}
+    out = subprocess.run([sys.executable, str(code / "benchmarks" / "drift_scale.py"), "--child", kind,
+                          "--model", model], env=env, capture_output=True, text=True, timeout=3600)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"{kind} {model} failed ({out.returncode}): {out.stderr[-3000:]}")
     return json.loads(lines[-1])
+
+
+def _median(runs: list[dict], rows: int) -> dict:
+    """The median run (of an odd number) by wall time, with every run's figures."""
+    r = dict(sorted(runs, key=lambda x: x["seconds"])[len(runs) // 2])
+    if len(runs) > 1:
+        r.update({"seconds_all": [x["seconds"] for x in runs], "cpu_s_all": [x["cpu_s"] for x in runs],
+                  "peak_rss_mb": max(x["peak_rss_mb"] for x in runs),
+                  "load_average_1m_all": [x["load_average_1m"] for x in runs]})
+    r["rows_per_s"] = round(rows / r["seconds"])
+    return r
 
 
 def p95_lookup_ms(tmp: Path) -> float:
@@ -354,6 +376,8 @@ def main() -> None:
                     help="where the Parquet data goes (default: a temp folder); data of an earlier run is reused")
     ap.add_argument("--repeat", type=int, default=1,
                     help="checks per size (each in a fresh process); the median is reported, with all runs")
+    ap.add_argument("--compare-with", default=None, metavar="CHECKOUT",
+                    help="another checkout (e.g. the previous commit); its checks run interleaved with these")
     ap.add_argument("--child", choices=["check", "spark"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -372,17 +396,22 @@ def main() -> None:
             print(f"generated {rows:,} x {args.features} in {time.perf_counter() - t:.1f} s", flush=True)
         else:
             print(f"reusing the {rows:,} x {args.features} data in {root}", flush=True)
-        runs = []
+        codes = {"this": ROOT, **({"other": Path(args.compare_with).resolve()} if args.compare_with else {})}
+        runs: dict[tuple[str, str], list[dict]] = {}
         for _ in range(max(1, args.repeat)):
-            shutil.rmtree(root / model / "drift_summaries", ignore_errors=True)  # computed, never reused
-            shutil.rmtree(tmp / f"home-{rows}", ignore_errors=True)
-            runs.append(_run_child("check", model, _env(root, tmp / f"home-{rows}", TRITONFLOW_DRIFT_STREAM_WORKERS=2)))
-        r = sorted(runs, key=lambda x: x["seconds"])[len(runs) // 2]  # the median run (of an odd number)
-        if len(runs) > 1:
-            r = {**r, "seconds_all": [x["seconds"] for x in runs], "cpu_s_all": [x["cpu_s"] for x in runs],
-                 "peak_rss_mb": max(x["peak_rss_mb"] for x in runs),
-                 "load_average_1m_all": [x["load_average_1m"] for x in runs]}
-        r["rows_per_s"] = round(rows / r["seconds"])
+            for name, code in codes.items():  # interleaved: this checkout, then the other one
+                home = tmp / f"home-{rows}-{name}"
+                shutil.rmtree(home, ignore_errors=True)  # first check: no history, no cached reference
+                for phase in ("first", "hourly"):  # hourly: the same home again (reference cache, history)
+                    shutil.rmtree(root / model / "drift_summaries", ignore_errors=True)  # computed, never reused
+                    runs.setdefault((name, phase), []).append(
+                        _run_child("check", model, _env(root, home, TRITONFLOW_DRIFT_STREAM_WORKERS=2), code))
+        med = {key: _median(v, rows) for key, v in runs.items()}
+        r = med[("this", "hourly")]
+        r["first_check"] = med[("this", "first")]
+        if args.compare_with:
+            r["other_checkout"] = {"code": str(codes["other"]), "hourly": med[("other", "hourly")],
+                                   "first_check": med[("other", "first")]}
         results["sizes"][str(rows)] = r
         print(f"streamed check {rows:,} rows: {r}", flush=True)
         if rows == 1_000_000:

@@ -314,7 +314,7 @@ class HistoryStore:
         c, hi = self.series, _hour_index(hour)
         rows = conn.execute(sa.select(c.c.reference_id, c.c.feature, c.c.statistic, c.c.since, c.c.hours,
                                       c.c.vals).where(c.c.model == model)).all()
-        seen = set()
+        seen, updates = set(), []
         for ref, feature, statistic, since, hb, vb in rows:
             hrs, vals = np.frombuffer(hb, dtype="<i8"), np.frombuffer(vb, dtype="<f8")
             key = (feature, statistic)
@@ -330,9 +330,14 @@ class HistoryStore:
                 hrs, vals = np.insert(hrs, at, hi), np.insert(vals, at, float(add))
             since = max(int(since), int(hrs[-1]) - self.cache_hours) if hrs.size else int(since)
             first = int(np.searchsorted(hrs, since))
-            conn.execute(sa.update(c).where(c.c.model == model, c.c.reference_id == ref, c.c.feature == feature,
-                                            c.c.statistic == statistic).values(
-                since=since, hours=hrs[first:].astype("<i8").tobytes(), vals=vals[first:].astype("<f8").tobytes()))
+            updates.append({"k_ref": ref, "k_feature": feature, "k_statistic": statistic, "k_since": since,
+                            "k_hours": hrs[first:].astype("<i8").tobytes(),
+                            "k_vals": vals[first:].astype("<f8").tobytes()})
+        if updates:  # one executemany, not a statement per series
+            b = sa.bindparam
+            conn.execute(sa.update(c).where(c.c.model == model, c.c.reference_id == b("k_ref"),
+                                            c.c.feature == b("k_feature"), c.c.statistic == b("k_statistic"))
+                         .values(since=b("k_since"), hours=b("k_hours"), vals=b("k_vals")), updates)
         missing = [k for k in values if k not in seen]
         if missing:
             self._build_cache(conn, model, reference_id, missing)

@@ -48,6 +48,8 @@ class Reference:
         uri: URI of the version's reference folder.
         reference_id: ``v<version>:training:<digest>`` (see the module docstring).
         importance: ``{feature: importance}`` of the model version (``None``: not computed).
+        sample_sha256: SHA-256 (hex) of the ``sample.parquet`` bytes as written or read (keys the
+            prepared-reference cache, :mod:`drift_checks.reference_cache`; ``""``: unknown).
     """
 
     model: str
@@ -58,6 +60,7 @@ class Reference:
     uri: str
     reference_id: str = ""
     importance: dict[str, float] | None = None
+    sample_sha256: str = ""
 
 
 def _prefix(model: str, version: int) -> str:
@@ -123,7 +126,7 @@ def save_reference(root: str, model: str, version: int, frame: pd.DataFrame,
             "importance_method": importance_method if importance else ""}
     store.put_bytes(f"{p}/meta.json", json.dumps(meta, sort_keys=True).encode())
     return Reference(model, int(version), sample, schema, view, store.uri(p),
-                     reference_id_of(version, digest), importance_map)
+                     reference_id_of(version, digest), importance_map, digest)
 
 
 def load_reference(root: str, model: str, version: int, endpoint_url: str | None = None,
@@ -139,10 +142,12 @@ def load_reference(root: str, model: str, version: int, endpoint_url: str | None
     p = _prefix(model, version)
     try:
         meta = json.loads(store.get_bytes(f"{p}/meta.json"))
-        frame = pq.read_table(io.BytesIO(store.get_bytes(f"{p}/sample.parquet"))).to_pandas()
+        data = store.get_bytes(f"{p}/sample.parquet")
+        frame = pq.read_table(io.BytesIO(data)).to_pandas()
         view = read_profile(store, f"{p}/profile.bin") if with_profile else None
     except FileNotFoundError as exc:
         raise WindowError(f"no reference stored for {model!r} v{version} at {store.uri(p)} ({exc}); "
                           "expected save_reference() when the version was published") from None
     return Reference(model, int(version), frame, LogSchema.from_dict(meta["schema"]), view, store.uri(p),
-                     reference_id_of(version, meta.get("digest", "")), meta.get("importance") or None)
+                     reference_id_of(version, meta.get("digest", "")), meta.get("importance") or None,
+                     hashlib.sha256(data).hexdigest())  # the bytes read, not meta.json's record of them

@@ -28,7 +28,9 @@ Where things live (all derived from :class:`tritonflow.settings.Settings`):
   ``<home>/inference_logs``); references are recorded at publish time by
   :func:`drift_checks.reference.save_reference` under the same root;
 * statistics history: ``TRITONFLOW_DRIFT_HISTORY_DB_URL`` or ``<home>/drift/history.db``;
-* artefacts: ``<home>/drift/artefacts/<model>/<YYYY-MM-DDTHH>/``.
+* artefacts: ``<home>/drift/artefacts/<model>/<YYYY-MM-DDTHH>/``;
+* prepared training references (sorted columns, PSI bins; keyed by the sample's SHA-256):
+  :func:`reference_cache_dir`, ``<home>/drift/reference_cache/``.
 """
 
 from __future__ import annotations
@@ -220,6 +222,7 @@ def _no_reference_summary(model: str, version: int, start, end, error: str) -> d
 def _strategy_reference(model: str, version: int, ref, t0, t1, strategy_name: str | None,
                         settings: Settings):
     """(prepared reference, note) for the strategy (:mod:`drift_checks.strategies`)."""
+    from drift_checks.reference_cache import prepared_training_reference
     from drift_checks.strategies import ReferenceStrategy, served_reference
     from drift_checks.verdict import prepare_reference
 
@@ -235,8 +238,12 @@ def _strategy_reference(model: str, version: int, ref, t0, t1, strategy_name: st
                 "the training reference applies")
     else:
         note = strategy.describe()
-    return prepare_reference(ref.frame, ref.schema, reference_id=ref.reference_id,
-                             importance=ref.importance), note
+    return prepared_training_reference(ref, reference_cache_dir(settings)), note
+
+
+def reference_cache_dir(settings: Settings) -> Path:
+    """``<home>/drift/reference_cache``: prepared training references (:mod:`drift_checks.reference_cache`)."""
+    return Path(settings.home) / "drift" / "reference_cache"
 
 
 def check_model_hour(model: str, version: int, start: Any, end: Any,
@@ -336,7 +343,8 @@ def evidently_for_hour(model: str, version: int, start: Any, end: Any,
         ``{"model", "version", "window_start", "status", "html_path", "scores", "excluded"}``;
         status ``ok``, ``no_data``, ``no_columns``, ``disabled`` or ``no_reference``.
     """
-    from drift_checks.verdict import evidently_report_for_window, prepare_reference
+    from drift_checks.reference_cache import prepared_training_reference
+    from drift_checks.verdict import evidently_report_for_window
 
     s = _settings(settings)
     t0, t1 = _hour(start, "start"), _hour(end, "end")
@@ -355,7 +363,7 @@ def evidently_for_hour(model: str, version: int, start: Any, end: Any,
         current = sample_window(scan, ref.schema, rows, s.drift_stream_batch_rows)
     else:
         current = _read(model, t0, t1, ref.schema, s).frame
-    ev = evidently_report_for_window(prepare_reference(ref.frame, ref.schema, workers=1), current,
+    ev = evidently_report_for_window(prepared_training_reference(ref, reference_cache_dir(s), workers=1), current,
                                      artefact_dir(model, t0, s), sample_rows=rows)
     out = {**base, "status": ev["status"], "html_path": ev["html_path"], "scores": ev["scores"],
            "excluded": ev["excluded"]}
