@@ -6,7 +6,8 @@ NGINX gateway, the session's MLflow server, and the local Airflow deployment (ap
 dag-processor, scheduler with the LocalExecutor, triggerer) parsing only ``champion_sentinel``.
 The champion (v2) is unhealthy because its answers fall outside the validation range recorded on
 its MLflow version (as in ``test_sentinel_dag``); a manual run through the REST API must defer,
-probe from the triggerer, and resume on the worker side to roll back to v1.
+probe from the triggerer, and resume on the worker side to roll back to v1 (or, when the renewal
+run the unpause created beside it rolled back first, skip on its retry).
 """
 
 from __future__ import annotations
@@ -79,7 +80,23 @@ def test_the_triggerer_detects_an_unhealthy_champion_and_the_task_rolls_it_back(
     tis = {(ti["task_id"], ti.get("map_index")): ti["state"]
            for ti in rr.task_instances(api, "champion_sentinel", run_id)}
     assert state == "success", (state, tis, seen)
-    assert tis[("watch_champion", 0)] == "success", tis
+    watches = {run_id: tis[("watch_champion", 0)]}
+    if watches[run_id] != "success":
+        # Unpausing also made the timetable's renewal run (catchup off: the latest 6-hourly
+        # interval), which watches the same champion. Both triggers see the unhealthy answers; the
+        # first to resume takes the model's promotion lease and rolls back, the other fails on the
+        # busy lease and, retried, skips (its champion is no longer the champion). Which one wins
+        # is timing (the renewal run won once task processes started preloaded and faster).
+        assert watches[run_id] == "skipped", (tis, seen)
+        while time.monotonic() < deadline and "success" not in watches.values():
+            for other in rr.list_runs(api, "champion_sentinel"):
+                if other["dag_run_id"] != run_id:
+                    watches[other["dag_run_id"]] = {
+                        (ti["task_id"], ti.get("map_index")): ti["state"]
+                        for ti in rr.task_instances(api, "champion_sentinel", other["dag_run_id"])
+                    }.get(("watch_champion", 0))
+            time.sleep(0.5)
+    assert "success" in watches.values(), watches  # exactly one sentinel rolled back
     # the task deferred (gave up its worker slot) and its trigger ran in the triggerer process: a
     # trigger log exists only for a deferred task, and only the triggerer writes it. (The REST
     # polling above usually also sees the ``deferred`` state, but may miss it on a loaded host.)

@@ -59,6 +59,25 @@ def test_config_is_local_executor_on_sqlite_without_celery(tmp_path):
         AirflowConfig.from_settings(Settings.from_env({}, home=tmp_path), database_url="sqlite:////x.db")
 
 
+def test_local_workers_preload_the_task_libraries_and_celery_does_not(tmp_path):
+    settings = Settings.from_env({}, home=tmp_path)
+    scheduler = AirflowConfig.local(settings).airflow_cfg()["scheduler"]
+    assert scheduler["mp_start_method"] == "forkserver"
+    preload = scheduler["mp_forkserver_preload"].split(",")
+    assert "mlflow" in preload and "airflow" in preload
+    assert preload[-1] == "tritonflow.runtime.forkserver_preload"  # gc.freeze() after the libraries
+    assert not any(m.startswith(("tritonflow", "model_registry", "drift_checks")) for m in preload[:-1])
+    off = AirflowConfig.local(settings, task_preload_modules=()).airflow_cfg()["scheduler"]
+    assert "mp_start_method" not in off and "mp_forkserver_preload" not in off
+    celery = AirflowConfig.from_settings(settings).airflow_cfg()["scheduler"]
+    assert "mp_start_method" not in celery
+
+
+def test_local_supervisors_notice_a_finished_task_within_a_second(tmp_path):
+    cfg = AirflowConfig.local(Settings.from_env({}, home=tmp_path)).airflow_cfg()
+    assert int(cfg["workers"]["min_heartbeat_interval"]) == 1  # Airflow's default 5 held a slot 5 s
+
+
 def test_a_driver_run_starts_the_chain_and_the_runs_say_what_triggered_them(deployment):
     api = AirflowApi(deployment.api_url)
     services = {s.name for s in deployment.services}
