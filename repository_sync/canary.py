@@ -94,6 +94,7 @@ from tritonflow.settings_defaults import (
     DEFAULT_CANARY_MAX_PREDICTION_PSI,
     DEFAULT_CANARY_MAX_QUALITY_DROP,
     DEFAULT_CANARY_MIN_LABELS,
+    DEFAULT_CANARY_MIN_LATENCY_DELTA_MS,
     DEFAULT_CANARY_MIN_REQUESTS,
     DEFAULT_CANARY_QUALITY_METRIC,
     DEFAULT_CANARY_STEPS,
@@ -140,6 +141,8 @@ class CanaryPolicy:
         hard_min_requests: Fewest challenger requests/predictions for a mid-bake rollback on
             errors, non-finite or constant outputs, or latency.
         max_error_rate, max_mean_latency_ms, max_latency_ratio: Hard limits.
+        min_latency_delta_ms: The latency ratio fails a step only when the challenger's mean is
+            also this many milliseconds above the champion's (scheduling noise on fast models).
         max_prediction_ks, max_prediction_psi: Expected-behaviour limits (with sampling margins).
         confidence: Confidence of the error-rate bound, the KS/PSI margins and the quality interval.
         min_predictions: Fewest challenger predictions for the expected-behaviour comparison.
@@ -157,6 +160,7 @@ class CanaryPolicy:
     max_error_rate: float = DEFAULT_CANARY_MAX_ERROR_RATE
     max_mean_latency_ms: float = DEFAULT_CANARY_MAX_MEAN_LATENCY_MS
     max_latency_ratio: float = DEFAULT_CANARY_MAX_LATENCY_RATIO
+    min_latency_delta_ms: float = DEFAULT_CANARY_MIN_LATENCY_DELTA_MS
     max_prediction_ks: float = DEFAULT_CANARY_MAX_PREDICTION_KS
     max_prediction_psi: float = DEFAULT_CANARY_MAX_PREDICTION_PSI
     min_predictions: int = DEFAULT_MIN_PREDICTIONS
@@ -178,6 +182,7 @@ class CanaryPolicy:
             "max_error_rate": 0 <= self.max_error_rate <= 1,
             "max_mean_latency_ms": self.max_mean_latency_ms > 0,
             "max_latency_ratio": self.max_latency_ratio > 0,
+            "min_latency_delta_ms": self.min_latency_delta_ms >= 0,
             "max_prediction_ks": 0 <= self.max_prediction_ks <= 1,
             "max_prediction_psi": self.max_prediction_psi >= 0,
             "min_predictions": self.min_predictions >= 1,
@@ -205,6 +210,7 @@ class CanaryPolicy:
             max_error_rate=settings.canary_max_error_rate,
             max_mean_latency_ms=settings.canary_max_mean_latency_ms,
             max_latency_ratio=settings.canary_max_latency_ratio,
+            min_latency_delta_ms=settings.canary_min_latency_delta_ms,
             max_prediction_ks=settings.canary_max_prediction_ks,
             max_prediction_psi=settings.canary_max_prediction_psi,
             analysis_interval_s=settings.canary_analysis_interval_s,

@@ -356,7 +356,7 @@ def analyse_step(
       (``recent_before_text`` -> ``after_text``);
     * with at least ``hard_min_requests`` and ``MIN_CHAMPION_REQUESTS_FOR_RATIO`` challenger
       requests: mean latency > ``max_mean_latency_ms``, or latency ratio to the champion >
-      ``max_latency_ratio`` (judged when the champion served at least
+      ``max_latency_ratio`` with a difference above ``min_latency_delta_ms`` (judged when the champion served at least
       ``MIN_CHAMPION_REQUESTS_FOR_RATIO`` requests too; a mean over fewer is noise);
     * non-finite logged outputs (same rule as errors) or constant float outputs.
 
@@ -448,12 +448,18 @@ def analyse_step(
                     )
                 if hw.mean_latency_ms and hw.requests >= MIN_CHAMPION_REQUESTS_FOR_RATIO:
                     a.latency_ratio = cw.mean_latency_ms / hw.mean_latency_ms
-                    if a.latency_ratio > policy.max_latency_ratio:
+                    delta_ms = cw.mean_latency_ms - hw.mean_latency_ms
+                    if a.latency_ratio > policy.max_latency_ratio and delta_ms > policy.min_latency_delta_ms:
                         hard.append(
                             f"challenger/champion mean latency ratio {a.latency_ratio:.2f} "
                             f"({cw.mean_latency_ms:.2f}/{hw.mean_latency_ms:.2f} ms) > "
-                            f"max_latency_ratio {policy.max_latency_ratio:g}"
+                            f"max_latency_ratio {policy.max_latency_ratio:g} and {delta_ms:.2f} ms > "
+                            f"min_latency_delta_ms {policy.min_latency_delta_ms:g}"
                         )
+                    elif a.latency_ratio > policy.max_latency_ratio and final:
+                        notes.append(f"latency ratio {a.latency_ratio:.2f} above {policy.max_latency_ratio:g} but "
+                                     f"only {delta_ms:+.2f} ms (<= min_latency_delta_ms "
+                                     f"{policy.min_latency_delta_ms:g}): not a regression")
                 elif final:
                     notes.append("latency ratio not evaluated (too few champion requests in the window)")
             if final and not hard:

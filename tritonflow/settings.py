@@ -87,9 +87,11 @@ class Settings:
     canary_max_mean_latency_ms: float = _field(
         defaults.DEFAULT_CANARY_MAX_MEAN_LATENCY_MS, "CANARY_MAX_MEAN_LATENCY_MS", "Highest canary mean latency (ms)."
     )
-    canary_max_latency_ratio: float = _field(
-        defaults.DEFAULT_CANARY_MAX_LATENCY_RATIO, "CANARY_MAX_LATENCY_RATIO", "Highest canary/champion latency ratio."
-    )
+    canary_max_latency_ratio: float = _field(defaults.DEFAULT_CANARY_MAX_LATENCY_RATIO, "CANARY_MAX_LATENCY_RATIO",
+                                             "Highest canary/champion latency ratio.")
+    canary_min_latency_delta_ms: float = _field(defaults.DEFAULT_CANARY_MIN_LATENCY_DELTA_MS,
+                                                "CANARY_MIN_LATENCY_DELTA_MS",
+                                                "Smallest latency difference (ms) the ratio may fail a step on.")
     canary_max_prediction_ks: float = _field(
         defaults.DEFAULT_CANARY_MAX_PREDICTION_KS, "CANARY_MAX_PREDICTION_KS", "Highest prediction KS statistic."
     )

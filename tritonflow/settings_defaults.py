@@ -70,6 +70,11 @@ DEFAULT_CANARY_MAX_ERROR_RATE = 0.01
 DEFAULT_CANARY_MAX_MEAN_LATENCY_MS = 1000.0
 #: Highest ratio of canary to champion mean latency over the same step (dimensionless).
 DEFAULT_CANARY_MAX_LATENCY_RATIO = 1.5
+#: Smallest mean-latency difference (milliseconds, challenger minus champion) that lets the latency
+#: ratio fail a canary step: a model answering in 2 ms had its live mean move from 1.83 to 2.90 ms on
+#: a loaded host (ratio 1.59) with nothing wrong. 5 ms is 2.5 % of the 200 ms p99 red line of the
+#: practitioners' serving dashboard (``shared/references``, notebook-to-production, section 4.3).
+DEFAULT_CANARY_MIN_LATENCY_DELTA_MS = 5.0
 #: Highest two-sample KS statistic between the challenger's live predictions and its own expected
 #: predictions (shadow replay or mirrored live requests) on comparable inputs (0-1).
 DEFAULT_CANARY_MAX_PREDICTION_KS = 0.2

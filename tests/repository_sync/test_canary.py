@@ -9,6 +9,7 @@ split by ``reason``), and end to end on text scraped from a real Triton started 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -173,6 +174,25 @@ def test_slow_canary_fails_on_mean_latency_and_ratio():
     assert a.verdict == FAIL
     assert any("mean latency 80.00 ms" in r for r in a.reasons)
     assert any("latency ratio 16.00" in r for r in a.reasons)
+
+
+def test_latency_ratio_of_a_fast_model_under_the_absolute_floor_is_noise_not_a_failure():
+    """1.83 vs 2.90 ms (ratio 1.59) was seen on a loaded host with nothing wrong; 5 vs 12 ms is slow."""
+    fast = analyse({"6": {}, "7": {}},
+                   {"6": {"success": 900, "duration_us": 900 * 1830}, "7": {"success": 200, "duration_us": 200 * 2900}})
+    assert fast.verdict == PASS, fast.reasons
+    assert fast.latency_ratio == pytest.approx(2.9 / 1.83) and fast.latency_ratio > POLICY.max_latency_ratio
+    assert any("not a regression" in r for r in fast.reasons), fast.reasons
+    slower = analyse({"6": {}, "7": {}}, {"6": {"success": 900, "duration_us": 900 * 5000},
+                                          "7": {"success": 200, "duration_us": 200 * 12_000}})
+    assert slower.verdict == FAIL and any("latency ratio 2.40" in r and "7.00 ms > min_latency_delta_ms 5" in r
+                                          for r in slower.reasons), slower.reasons
+    strict = dataclasses.replace(POLICY, min_latency_delta_ms=0.0)
+    assert analyse({"6": {}, "7": {}}, {"6": {"success": 900, "duration_us": 900 * 1830},
+                                        "7": {"success": 200, "duration_us": 200 * 2900}},
+                   policy=strict).verdict == FAIL
+    with pytest.raises(SettingsError, match="min_latency_delta_ms=-1"):
+        dataclasses.replace(POLICY, min_latency_delta_ms=-1.0)
 
 
 def test_challenger_missing_from_metrics_fails_the_step():
