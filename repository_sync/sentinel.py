@@ -8,7 +8,10 @@ routes straight to Triton), and :func:`judge` checks the answer:
 
 * **finite** -- no NaN or infinity in any numeric output;
 * **not constant** -- with two or more samples, an output whose every sample got the same answer
-  is refused (a model stuck on one value, e.g. after a weights or preprocessing failure);
+  is refused (a model stuck on one value, e.g. after a weights or preprocessing failure), except
+  an integer or boolean output (Triton ``INT*``/``UINT*``/``BOOL``, such as a class label): a
+  handful of golden samples may all belong to one class, and a stuck classifier is still seen in
+  its probabilities;
 * **in range** -- every value lies within the range seen at validation for that output (the
   validation outputs' min and max, widened by ``range_margin`` times their span on each side);
 * **fast enough** -- answered within ``latency_limit_s`` (``TRITONFLOW_SENTINEL_LATENCY_S``).
@@ -219,7 +222,11 @@ def _outputs_of(answer: Mapping[str, Any]) -> dict[str, np.ndarray]:
         data = item.get("data")
         if item.get("datatype") == "BYTES":
             continue
-        values = np.asarray([np.nan if v is None else v for v in data], dtype=np.float64) if data else np.array([])
+        discrete = str(item.get("datatype", "")).startswith(("INT", "UINT", "BOOL"))
+        if data and discrete and all(v is not None for v in data):
+            values = np.asarray(data, dtype=np.int64)  # judged as a discrete output (no constancy check)
+        else:
+            values = np.asarray([np.nan if v is None else v for v in data], dtype=np.float64) if data else np.array([])
         shape = [int(s) for s in item.get("shape") or [len(values)]]
         out[str(item["name"])] = values.reshape(shape) if values.size == int(np.prod(shape)) else values
     return out
@@ -257,7 +264,8 @@ def judge(outputs: Mapping[str, np.ndarray], latency_s: float, golden: GoldenSet
             continue
         rows = arr.reshape(arr.shape[0], -1) if arr.ndim >= 1 and golden.samples >= 2 \
             and arr.shape[0] == golden.samples else None
-        if rows is not None and np.all(rows == rows[0]):
+        discrete = np.asarray(values).dtype.kind in "iub"  # Triton INT*/UINT*/BOOL: a class label
+        if rows is not None and not discrete and np.all(rows == rows[0]):
             reasons.append(f"output {name!r} is constant across the {golden.samples} golden samples "
                            f"(every sample got {rows[0][:4].tolist()})")
         if name in golden.output_ranges:

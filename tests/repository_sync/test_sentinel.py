@@ -198,3 +198,19 @@ def test_superseded_champion_ends_the_sentinel(served):
     outcome = asyncio.run(watch(served["gateway"].url, golden(1), SentinelPolicy(interval_s=0.05),
                                 still_champion=not_champion, champion_check_s=0.0, max_probes=50))
     assert outcome.status == "superseded" and outcome.probes == 1
+
+
+def test_a_class_label_output_constant_on_the_golden_samples_is_not_a_stuck_model():
+    """8 golden samples may all be one class (seen: a full replay's champion rolled back 3 times on
+    ``label`` = 0 for every sample); a stuck classifier still shows in its probabilities."""
+    from repository_sync.sentinel import _outputs_of
+
+    answer = {"outputs": [{"name": "label", "datatype": "INT64", "shape": [8], "data": [0] * 8},
+                          {"name": "probabilities", "datatype": "FP32", "shape": [8, 2],
+                           "data": [v for p in np.linspace(0.1, 0.4, 8) for v in (1 - p, p)]}]}
+    g = golden(ranges={"label": [0, 1], "probabilities": [0.0, 1.0]})
+    outputs = _outputs_of(answer)
+    assert judge(outputs, 0.01, g, SentinelPolicy()) == ()
+    stuck = dict(answer, outputs=[answer["outputs"][0], dict(answer["outputs"][1], data=[0.7, 0.3] * 8)])
+    (reason,) = judge(_outputs_of(stuck), 0.01, g, SentinelPolicy())
+    assert "'probabilities' is constant across the 8 golden samples" in reason
