@@ -563,16 +563,12 @@ class HistoryStore:
         """
         import sqlalchemy as sa
 
-        h = _utc_hour(hour)
-        hours = [h - dt.timedelta(hours=k) for k in range(n, 0, -1)]
         feats = list(features)
         out = {f: [False] * n for f in feats}
         if n <= 0 or not feats:
             return out
         t = self.verdicts
-        where = [t.c.model == model, t.c.feature.in_(feats), t.c.hour >= hours[0], t.c.hour < h]
-        if reference_id is not None:
-            where.append(t.c.reference_id == reference_id)
+        hours, where = _feature_lookback(t, model, feats, hour, n, reference_id)
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(t.c.feature, t.c.hour, t.c.flagged).where(*where)).all()
         for f, hr, flag in rows:
@@ -598,17 +594,13 @@ class HistoryStore:
 
         from drift_checks.statistics import REGISTRY
 
-        h = _utc_hour(hour)
-        hours = [h - dt.timedelta(hours=k) for k in range(n, 0, -1)]
         feats = list(features)
         out = {f: [False] * n for f in feats}
         if n <= 0 or not feats:
             return out
         t = self.stats
-        where = [t.c.model == model, t.c.feature.in_(feats), t.c.hour >= hours[0], t.c.hour < h,
-                 t.c.threshold.is_not(None)]
-        if reference_id is not None:
-            where.append(t.c.reference_id == reference_id)
+        hours, where = _feature_lookback(t, model, feats, hour, n, reference_id)
+        where.append(t.c.threshold.is_not(None))
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(t.c.feature, t.c.statistic, t.c.hour, t.c.value, t.c.threshold,
                                           t.c.source).where(*where)).all()
@@ -679,3 +671,14 @@ def default_history_url(settings=None) -> str:
     s = settings or get_settings()
     url = getattr(s, "drift_history_db_url", "")
     return url or f"sqlite:///{s.home / 'drift' / 'history.db'}"
+
+
+def _feature_lookback(t: Any, model: str, feats: list[str], hour: dt.datetime, n: int,
+                      reference_id: str | None) -> tuple[list[dt.datetime], list[Any]]:
+    """The ``n`` hours before ``hour`` (oldest first) and the WHERE clauses selecting them in ``t``."""
+    h = _utc_hour(hour)
+    hours = [h - dt.timedelta(hours=k) for k in range(n, 0, -1)]
+    where = [t.c.model == model, t.c.feature.in_(feats), t.c.hour >= hours[0], t.c.hour < h]
+    if reference_id is not None:
+        where.append(t.c.reference_id == reference_id)
+    return hours, where
