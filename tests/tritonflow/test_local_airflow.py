@@ -78,6 +78,11 @@ def test_local_supervisors_notice_a_finished_task_within_a_second(tmp_path):
     assert int(cfg["workers"]["min_heartbeat_interval"]) == 1  # Airflow's default 5 held a slot 5 s
 
 
+def test_local_scheduler_queues_a_ready_task_within_a_fifth_of_a_second(tmp_path):
+    cfg = AirflowConfig.local(Settings.from_env({}, home=tmp_path)).airflow_cfg()
+    assert float(cfg["scheduler"]["scheduler_idle_sleep_time"]) <= 0.2  # Airflow's default 1 s per task
+
+
 def test_a_driver_run_starts_the_chain_and_the_runs_say_what_triggered_them(deployment):
     api = AirflowApi(deployment.api_url)
     services = {s.name for s in deployment.services}

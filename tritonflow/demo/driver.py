@@ -59,6 +59,8 @@ def _started(value: _T | None, what: str) -> _T:
 
 #: Seconds between two looks of the watcher thread at the deployment and the registry.
 WATCH_S = 2.0
+#: Seconds between two polls of a run the driver waits for (the next hour waits on the last one's check).
+POLL_S = 0.25
 #: Seconds a drift_monitor run may take before the driver gives up on it.
 DRIFT_RUN_TIMEOUT_S = 900.0
 #: Seconds the dag-processor may take to parse the loop DAGs.
@@ -377,7 +379,7 @@ class Demo:
             run = self._api.get(f"/dags/{dag_id}/dagRuns/{run_id}")
             if run.get("state") in FINAL_STATES or time.monotonic() > deadline:
                 return run
-            time.sleep(1.0)
+            time.sleep(POLL_S)
 
     def wait_checked(self, run_id: str, timeout_s: float) -> None:
         """Wait until the ``check`` task(s) of a ``drift_monitor`` run (or the run) have finished."""
@@ -390,7 +392,7 @@ class Demo:
             checks = [t for t in tis.get("task_instances") or [] if t.get("task_id") == "check"]
             if checks and all(t.get("state") in TI_FINAL_STATES for t in checks):
                 return
-            time.sleep(1.0)
+            time.sleep(POLL_S)
 
     def read_hour(self, record: HourRecord, run: Mapping[str, Any]) -> None:
         """Status, drift verdict and threshold source of the hour from the run's XComs."""

@@ -75,6 +75,12 @@ DEFAULT_TASK_PRELOAD_MODULES = (
 #: for a slot); with 1 s the wait is at most 1 s. The cost: a running task heartbeats once a
 #: second instead of every 5 s.
 LOCAL_MIN_HEARTBEAT_INTERVAL_S = 1
+#: ``[scheduler] scheduler_idle_sleep_time`` (seconds) of the LocalExecutor deployment (Airflow's
+#: default: 1). After a loop that queued nothing and saw no task finish, the scheduler sleeps this
+#: long, so a task whose upstream has just succeeded waits up to that long to be queued; the loop's
+#: chains (``drift_monitor``'s ``models`` -> ``check``, the closed loop's ~35 tasks in sequence) pay it
+#: once per task. The cost: an idle scheduler runs its few queries five times a second.
+LOCAL_SCHEDULER_IDLE_SLEEP_S = 0.2
 #: Executors :class:`AirflowConfig` knows how to deploy.
 EXECUTORS = ("CeleryExecutor", "LocalExecutor")
 
@@ -287,6 +293,7 @@ class AirflowConfig:
         if not self.is_celery:
             del cfg["celery"]
             cfg["workers"] = {"min_heartbeat_interval": str(LOCAL_MIN_HEARTBEAT_INTERVAL_S)}
+            cfg["scheduler"]["scheduler_idle_sleep_time"] = str(LOCAL_SCHEDULER_IDLE_SLEEP_S)
             if self.task_preload_modules:
                 cfg["scheduler"]["mp_start_method"] = "forkserver"
                 cfg["scheduler"]["mp_forkserver_preload"] = ",".join(self.task_preload_modules)
