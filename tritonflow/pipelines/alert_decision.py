@@ -207,10 +207,14 @@ def shadow_decision(model: str, hour: Any, features: Sequence[str], outcome: str
                          outcome=outcome)
 
 
-def rejected_challenger_decision(model: str, hour: Any, features: Sequence[str], error: BaseException) -> dict[str, Any]:
+def rejected_challenger_decision(model: str, hour: Any, features: Sequence[str],
+                                 error: BaseException) -> dict[str, Any]:
     """The decision of a shadow evaluation that refused a rejected challenger (``challenger_rejected``).
 
     Args:
+        model: Registered model name.
+        hour: The alert's hour (ISO 8601 or timestamp; ``''`` when none).
+        features: The alert's features.
         error: The :class:`~tritonflow.exceptions.RejectedVersionError` (its message names the
             version, the rejecting stage, the reason and how a person lifts it).
     """
