@@ -7,6 +7,9 @@ and without network).
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import Param, get_current_context, task
 
@@ -80,6 +83,22 @@ PARAMS = {
 }
 
 
+@contextlib.contextmanager
+def _decided_if_rejected(request: dict) -> Iterator[None]:
+    """A refused rejected challenger still gets its alert decision (``challenger_rejected``), then fails the task."""
+    from tritonflow.exceptions import RejectedVersionError
+
+    try:
+        yield
+    except RejectedVersionError as exc:
+        from tritonflow.pipelines.alert_decision import XCOM_KEY, record_decision, rejected_challenger_decision
+
+        made = rejected_challenger_decision(request["model"], request["hour"], request["features"], exc)
+        get_current_context()["ti"].xcom_push(key=XCOM_KEY, value=made)
+        record_decision(made)
+        raise
+
+
 def _plan_request(context) -> dict:
     """Params plus the drift event that started the run (asset event), if any."""
     import json
@@ -143,14 +162,16 @@ def shadow_evaluation():
         """Champion and challenger versions in the MLflow registry."""
         from tritonflow.pipelines.shadow import resolve_versions
 
-        return resolve_versions(request["model"], request["challenger"] or None)
+        with _decided_if_rejected(request):
+            return resolve_versions(request["model"], request["challenger"] or None)
 
     @data_task(links=True, execution_timeout=TIMEOUTS.publish)
-    def publish_challenger(resolved: dict) -> dict:
+    def publish_challenger(request: dict, resolved: dict) -> dict:
         """Publish the challenger through the publish pipeline unless it is in the repository."""
         from tritonflow.pipelines.shadow import ensure_challenger_published
 
-        out = ensure_challenger_published(resolved)
+        with _decided_if_rejected(request):
+            out = ensure_challenger_published(resolved)
         if out.get("version") is not None:
             record_link_info(model_name=out["model"], model_version=str(out["version"]),
                              triton_model=out["triton_model_name"], triton_version=str(out["triton_model_version"]))
@@ -214,7 +235,7 @@ def shadow_evaluation():
     request = plan()
     resolved = resolve(request)
     admit(request) >> resolved
-    published = publish_challenger(resolved)
+    published = publish_challenger(request, resolved)
     replayed = replay(request, resolved, published)
     decision = compare(request, replayed)
     choose(request, decision) >> [trigger_canary, trigger_retrain, no_action]

@@ -417,7 +417,11 @@ class RegistryClientBase:
         return self.set_version_tags(ref, tags)
 
     def record_rejection(self, ref: ModelVersionRef, reason: str, stage: str) -> dict[str, str]:
-        """Tag a model version as rejected by the publish pipeline."""
+        """Tag a model version rejected: ``tritonflow.status = rejected`` plus stage, reason and time.
+
+        Written by the publish pipeline (``stage`` = its stage), the health sentinel's rollback
+        (``sentinel``) and a failed canary (``canary``); a rejected version is never promoted.
+        """
         return self.set_version_tags(ref, {
             "tritonflow.status": "rejected",
             "tritonflow.rejected_stage": stage,

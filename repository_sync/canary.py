@@ -464,7 +464,7 @@ def run_canary(
             recent_text, recent_start = after_text, end
             analysis.index = len(analyses) + 1
             if analysis.verdict == INCONCLUSIVE and attempt > policy.max_extensions:
-                analysis.verdict = FAIL
+                analysis.verdict, analysis.unjudged = FAIL, True
                 analysis.reasons.insert(
                     0, f"still inconclusive after {policy.max_extensions} extension(s) of the step"
                 )

@@ -208,7 +208,10 @@ class StepAnalysis:
 
     ``verdict`` is ``"pass"``, ``"fail"`` or ``"inconclusive"`` at the end of a bake (``final``),
     and ``"continue"`` or ``"fail"`` during it; ``reasons`` says why (every failed check, or what
-    was not evaluated); ``hard`` marks a failure found by the hard checks. Figures are ``None``
+    was not evaluated); ``hard`` marks a failure found by the hard checks; ``unjudged`` marks an
+    analysis that could not measure the challenger (metrics or inference log unavailable, counters
+    reset, challenger absent from the metrics, or a step still inconclusive after its extensions):
+    its ``fail`` rolls back but says nothing of the challenger's quality. Figures are ``None``
     when not measurable. ``index`` numbers the analyses of the whole canary from 1.
     ``canary_requests``/``canary_failures`` are the larger of Triton's counts
     (``triton_requests``/``triton_failures``) and the gateway's (``gateway_requests``/
@@ -230,6 +233,7 @@ class StepAnalysis:
     reasons: list[str]
     final: bool = True
     hard: bool = False
+    unjudged: bool = False
     index: int = 0
     canary_requests: float | None = None
     canary_failures: float | None = None
@@ -387,6 +391,7 @@ def analyse_step(
     fails: list[str] = []
     unsure: list[str] = []
     notes: list[str] = []
+    blind: list[str] = []  # failures of measurement, not of the challenger
 
     before = after = recent = None
     if metrics_error is None:
@@ -399,7 +404,8 @@ def analyse_step(
         if metrics_error is None and (before is None or after is None):
             metrics_error = "a metrics scrape is missing"
     if metrics_error is not None:
-        hard.append(f"metrics unavailable, analysis impossible: {metrics_error}")
+        blind.append(f"metrics unavailable, analysis impossible: {metrics_error}")
+        hard.append(blind[-1])
     else:
         assert before is not None and after is not None  # else metrics_error is set above
         cw = version_window(before, after, model, challenger)
@@ -419,15 +425,17 @@ def analyse_step(
         a.canary_error_rate_lower = binomial_lower_bound(cw.failures, cw.requests, policy.hard_confidence)
         a.champion_requests, a.champion_mean_latency_ms = hw.requests, hw.mean_latency_ms
         if not cw.present_after:
-            hard.append(
+            blind.append(
                 f"challenger {model!r} version {challenger} is not in Triton's metrics at the end of "
                 "the window (unloaded, failed, or Triton restarted)"
             )
+            hard.append(blind[-1])
         elif cw.reset:
-            hard.append(
+            blind.append(
                 f"challenger {model!r} version {challenger} counters went backwards during the step "
                 "(Triton restarted or the version was reloaded)"
             )
+            hard.append(blind[-1])
         else:
             msg = _error_rate_failure(policy, cw.failures, cw.requests, "challenger error rate")
             if msg:
@@ -484,12 +492,15 @@ def analyse_step(
     if observations_error is not None:
         (fails if final else notes).append(
             f"inference log unavailable, output checks impossible: {observations_error}")
+        blind.append((fails if final else notes)[-1])
     elif observations is not None:
         _observed(a, policy, observations, expected, coverage_reference, final, challenger, champion,
                   hard, fails, unsure, notes)
     elif final:
         notes.append("outputs not checked (no inference log)")
 
+    # a fail only from what could not be measured says nothing of the challenger (no rejection)
+    a.unjudged = bool(hard or fails) and all(r in blind for r in hard + fails)
     if hard:
         a.verdict, a.hard, a.reasons = FAIL, True, hard + fails + unsure + notes
     elif fails:

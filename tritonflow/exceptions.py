@@ -67,6 +67,10 @@ class RegistryError(DataError):
     """The MLflow registry state is not what the operation needs (missing alias, two champions)."""
 
 
+class RejectedVersionError(RegistryError):
+    """The model version is tagged ``tritonflow.status = rejected``: never evaluated, published or promoted."""
+
+
 class WindowError(DataError):
     """An inference-log window is empty, malformed or lacks required columns."""
 

@@ -156,3 +156,6 @@ def test_sentinel_dag_defers_detects_and_rolls_back_to_the_previous_champion(ser
     assert {served_by(served["gateway"].url, MODEL)[0] for _ in range(10)} == {"1"}
     tags = served["reg"].get_version(MODEL, 2).tags
     assert "outside the validation range" in tags["tritonflow.sentinel.reason"]
+    # the rolled-back version is rejected (no later shadow/canary puts it back), the target is not
+    assert tags["tritonflow.status"] == "rejected" and tags["tritonflow.rejected_stage"] == "sentinel"
+    assert served["reg"].get_version(MODEL, 1).tags.get("tritonflow.status") != "rejected"

@@ -102,3 +102,14 @@ def test_a_decision_without_a_reason_or_unknown_is_refused():
         ad.make_decision("churn", HOUR, [], "alert", " ")
     with pytest.raises(ValueError, match="expected one of"):
         ad.make_decision("churn", HOUR, [], "maybe", "x")
+
+
+def test_a_refused_rejected_challenger_is_a_shadow_decision_naming_the_rejection():
+    from tritonflow.exceptions import RejectedVersionError
+
+    error = RejectedVersionError("challenger='2' of model 'churn' is version 2, rejected at stage sentinel "
+                                 "(2025-03-01T10:00:00+00:00): health sentinel rolled version 2 back to version 1")
+    made = ad.rejected_challenger_decision("churn", HOUR, ["tenure"], error)
+    assert made["decision"] == "challenger_rejected" and made["decision"] in ad.SHADOW_DECISIONS
+    assert "rejected at stage sentinel" in made["reason"] and made["hour"] == HOUR
+    json.dumps(made)  # an XCom value

@@ -38,7 +38,7 @@ from repository_sync.gateway_probe import served_by, wait_live
 from repository_sync.locks import store_for
 from repository_sync.traffic_plan import TrafficPlan
 from tests.conftest import make_settings
-from tritonflow.exceptions import ConcurrencyError, PreflightError, RegistryError
+from tritonflow.exceptions import ConcurrencyError, DataError, PreflightError, RegistryError
 from tritonflow.pipelines.canary import CanaryEnvironment
 from tritonflow.pipelines.canary_loading import ensure_loaded
 from tritonflow.pipelines.canary_promotion import run_promotion
@@ -430,6 +430,11 @@ def test_challenger_serving_other_than_it_was_evaluated_is_rolled_back_gateway_f
     assert tags[prefix + "outcome"] == "rolled_back"
     failed = [json.loads(v) for k, v in tags.items() if k.startswith(prefix + "step.")]
     assert any(s["verdict"] == "fail" and s["prediction_ks"] > 0.2 for s in failed)
+    # the canary judged it bad: rejected (stage canary), so no later canary promotes it again
+    assert tags["tritonflow.status"] == "rejected" and tags["tritonflow.rejected_stage"] == "canary"
+    assert "expected predictions" in tags["tritonflow.rejection_reason"] and result["rejected"]
+    with pytest.raises(DataError, match="rejected at stage canary"):
+        promote(stack, name, 2)
 
 
 def test_unreachable_metrics_endpoint_fails_the_canary_and_rolls_back(stack, models):
@@ -442,6 +447,8 @@ def test_unreachable_metrics_endpoint_fails_the_canary_and_rolls_back(stack, mod
     assert stack.env.router().current_plan(name).weights == {1: 100}
     assert ready_versions(stack, name) == [1]
     assert registry(stack).aliases(name)["champion"] == 1
+    # nothing was measured: the rollback says nothing of the challenger, which is not rejected
+    assert result["rejected"] == "" and registry(stack).get_version(name, 2).tags.get("tritonflow.status") != "rejected"
 
 
 def test_preflight_refuses_before_touching_traffic(stack, models):

@@ -13,8 +13,11 @@ from pydantic import ValidationError
 from tritonflow.exceptions import SettingsError
 from tritonflow.pipelines.loop_context import (
     LOOP_CONF_KEY,
+    OVERRIDE_HINT,
     LoopContext,
     check_conf_keys,
+    lasting_rejection,
+    lift_hint,
     parse_loop_context,
     publish_handoff,
     rejection,
@@ -105,3 +108,16 @@ def test_the_context_is_immutable():
     ctx = LoopContext(model="churn", triggered_by="retrain")
     with pytest.raises(ValidationError):
         ctx.model = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("stage, lasting", [("convert_and_validate", False), ("perf_gate", False),
+                                            ("sentinel", True), ("canary", True), ("manual", True)])
+def test_only_a_publish_stage_rejection_is_lifted_by_a_new_publish(stage, lasting):
+    tags = {"tritonflow.status": "rejected", "tritonflow.rejected_stage": stage,
+            "tritonflow.rejection_reason": "why", "tritonflow.rejected_at": "2025-03-01T10:00:00+00:00"}
+    assert rejection(tags).startswith(f"rejected at stage {stage}")
+    assert bool(lasting_rejection(tags)) is lasting
+    assert (lift_hint(tags) == OVERRIDE_HINT) is lasting and "tritonflow.status" in OVERRIDE_HINT
+    # the override: without tritonflow.status = rejected nothing is rejected, whatever tags remain
+    tags.pop("tritonflow.status")
+    assert rejection(tags) == "" and lasting_rejection(tags) == ""

@@ -2,7 +2,8 @@
 
 * a failure of our tools (Model Analyzer) is an infrastructure error: the version is not rejected;
 * a version rejected by one path is never published by a shadow evaluation nor promoted by a canary;
-* a new publish of a version replaces its earlier rejection tags;
+* a new publish of a version replaces its earlier publish-stage rejection tags; a sentinel's or a
+  canary's rejection makes ``model_publish`` refuse the version and stays;
 * a version published without real data gets no drift reference (never the perturbed input example);
 * Model Analyzer profiles from a worker whose environment has nothing of ours (``env -i``);
 * a host too busy to measure any config stably keeps the generated config and rejects nothing.
@@ -118,6 +119,24 @@ def test_a_rejected_challenger_is_never_published_by_the_shadow_path_nor_promote
     env = canary.CanaryEnvironment.from_settings(settings, gateway=gateway)
     with pytest.raises(DataError, match="never promoted"):
         canary.resolve(name, str(challenger), env=env)
+
+
+@pytest.mark.parametrize("stage, refused", [("sentinel", True), ("canary", True), ("load_and_smoke", False)])
+def test_model_publish_refuses_a_sentinel_or_canary_rejection_and_leaves_it_in_place(settings, classifier, stage,
+                                                                                     refused):
+    """A republish (by hand, or from a registry event) never lifts a sentinel's or a canary's rejection;
+    a publish-stage rejection is for a new publish to replace."""
+    model, X = classifier
+    name = unique("outcome_lasting")
+    version = register(settings.resolved_mlflow_tracking_uri, name, model, X, alias="challenger")
+    _reject(settings, name, version, stage=stage, reason="health sentinel rolled version back: NaN outputs")
+    if refused:
+        with pytest.raises(RegistryError, match=f"rejected at stage {stage}.*NaN outputs.*tritonflow.status"):
+            pipeline.resolve(f"{name}@challenger", settings=settings)
+    else:
+        assert pipeline.resolve(f"{name}@challenger", settings=settings)["version"] == version
+    tags = version_tags(settings.resolved_mlflow_tracking_uri, name, version)
+    assert tags["tritonflow.status"] == "rejected" and tags["tritonflow.rejected_stage"] == stage
 
 
 @pytest.mark.parametrize("gate", [True, False])

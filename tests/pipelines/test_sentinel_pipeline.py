@@ -97,6 +97,48 @@ def test_unhealthy_champion_is_rolled_back_gateway_first_and_the_reason_recorded
     # a second (stale) sentinel for version 2 changes nothing
     again = sentinel_rollback(event, holder="test", env=stack.env)
     assert again.get("skipped") and reg.aliases(name)["champion"] == 1
+    # only the rolled-back version is rejected, at stage sentinel, with the sentinel's reason
+    assert "outside the validation range" in result["rejected"]
+    tags = reg.get_version(name, 2).tags
+    assert tags["tritonflow.status"] == "rejected" and tags["tritonflow.rejected_stage"] == "sentinel"
+    assert "outside the validation range" in tags["tritonflow.rejection_reason"]
+    assert reg.get_version(name, 1).tags.get("tritonflow.status") != "rejected"
+
+
+def test_a_version_the_sentinel_rolled_back_is_never_put_back_until_a_person_lifts_it(stack, models):
+    """The next shadow evaluation, its publish, a canary and model_publish all refuse version 2 and
+    name the sentinel's rejection (no ping-pong); deleting ``tritonflow.status`` lifts it."""
+    from mlflow import MlflowClient
+
+    from tritonflow.exceptions import DataError, RegistryError
+    from tritonflow.pipelines import publish as publish_pipeline
+    from tritonflow.pipelines import shadow
+    from tritonflow.pipelines.canary import resolve as canary_resolve
+
+    name = "sentinel_pingpong"
+    champion_with_previous(stack, models, name, {"probabilities": [0.0, 0.001]})
+    event = run_trigger(golden_set(name, env=stack.env, samples=8), stack.gateway.url, stack.tracking_uri)
+    assert sentinel_rollback(event, holder="test", env=stack.env)["rolled_back_to"] == 1
+    client = MlflowClient(stack.tracking_uri)
+    client.set_registered_model_alias(name, "challenger", "2")  # what a registry-driven trigger sees
+
+    with pytest.raises(RegistryError, match="rejected at stage sentinel.*outside the validation range"):
+        shadow.resolve_versions(name, "2", settings=stack.settings)
+    stale = {"model": name, "champion": {"version": 1},
+             "challenger": {"version": 2, "triton_model_name": name, "triton_model_version": 2}}
+    with pytest.raises(RegistryError, match="rejected at stage sentinel"):
+        shadow.ensure_challenger_published(stale, settings=stack.settings, publish=lambda *a, **k: None)
+    with pytest.raises(DataError, match="rejected at stage sentinel.*tritonflow.status"):
+        canary_resolve(name, "challenger", env=stack.env)
+    # model_publish (by hand or from the alias event) refuses it, and the rejection stays
+    with pytest.raises(RegistryError, match="rejected at stage sentinel.*never lifts"):
+        publish_pipeline.publish(f"{name}@challenger", triton_url=stack.triton.http_url, settings=stack.settings)
+    tags = client.get_model_version(name, "2").tags
+    assert tags["tritonflow.status"] == "rejected" and tags["tritonflow.rejected_stage"] == "sentinel"
+
+    # the override: a person deletes tritonflow.status; the canary resolves version 2 again
+    client.delete_model_version_tag(name, "2", "tritonflow.status")
+    assert canary_resolve(name, "2", env=stack.env)["challenger"] == 2
 
 
 def test_sentinel_of_a_version_no_longer_champion_ends_superseded(stack, models):

@@ -277,6 +277,7 @@ def test_inconclusive_step_is_extended_then_fails_and_rolls_back():
     assert [a.verdict for a in result.steps] == [INCONCLUSIVE, INCONCLUSIVE, FAIL]
     assert [a.attempt for a in result.steps] == [1, 2, 3]
     assert "still inconclusive after 2 extension(s)" in result.steps[-1].reasons[0]
+    assert result.steps[-1].unjudged  # too little traffic says nothing of the challenger: no rejection
     assert s.events.count(("sleep", 60)) == 3
 
 

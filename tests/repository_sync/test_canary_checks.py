@@ -314,3 +314,16 @@ def test_important_features_are_ranked_by_importance_or_all_kept():
     assert important_features(["a", "b", "c"], {"c": 0.7, "a": 0.2}, 2) == ["c", "a"]
     assert important_features(["a", "b", "c"], None, 2) == ["a", "b", "c"]
     assert important_features(["a", "b"], {"b": 1.0}, 0) == ["a", "b"]
+
+
+def test_a_fail_from_what_could_not_be_measured_is_unjudged_a_measured_one_is_not():
+    """Only a measured failure may reject the challenger (canary_promotion tags it rejected)."""
+    failing = ({"6": {}, "7": {}}, {"6": {"success": 100}, "7": {"success": 5, "failure": 30}})
+    assert not analyse(before_after=failing, final=False).unjudged
+    blind = analyse(final=True, metrics_error="connection refused")
+    assert blind.verdict == FAIL and blind.unjudged
+    no_log = analyse(final=True, observations_error="log unreadable")
+    assert no_log.verdict == FAIL and no_log.unjudged
+    both = analyse(before_after=failing, final=True, observations_error="log unreadable")
+    assert both.verdict == FAIL and not both.unjudged  # the error rate judged it
+    assert not analyse(final=True).unjudged  # a pass

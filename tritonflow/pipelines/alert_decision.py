@@ -27,6 +27,9 @@ decision                   when                                                 
                            before this alert's hour (logical time)
 ``no_retrain``             the shadow evaluation found nothing wrong (or could not        shadow_evaluation
                            decide: inconclusive)
+``challenger_rejected``    the challenger is tagged ``rejected`` (by a publish stage,     shadow_evaluation
+                           the health sentinel or a canary): refused, the reason says
+                           which and how it is lifted
 =========================  ============================================================  =========
 
 Plain Python, no Airflow import.
@@ -48,7 +51,7 @@ XCOM_KEY = "alert_decision"
 #: Prefix of the registered-model tags recording the decisions (``<prefix><YYYY-mm-ddTHH:MM>``).
 TAG_PREFIX = "tritonflow.alert_decision."
 DECISIONS = ("alert", "cooldown", "no_alert", "contract_failed", "no_reference", "skip_retrain_running",
-             "skip_promotion_locked", "promote", "retrain", "retrain_cooldown", "no_retrain")
+             "skip_promotion_locked", "promote", "retrain", "retrain_cooldown", "no_retrain", "challenger_rejected")
 
 
 def _hour(value: Any) -> str:
@@ -204,6 +207,20 @@ def shadow_decision(model: str, hour: Any, features: Sequence[str], outcome: str
                          outcome=outcome)
 
 
+def rejected_challenger_decision(model: str, hour: Any, features: Sequence[str],
+                                 error: BaseException) -> dict[str, Any]:
+    """The decision of a shadow evaluation that refused a rejected challenger (``challenger_rejected``).
+
+    Args:
+        model: Registered model name.
+        hour: The alert's hour (ISO 8601 or timestamp; ``''`` when none).
+        features: The alert's features.
+        error: The :class:`~tritonflow.exceptions.RejectedVersionError` (its message names the
+            version, the rejecting stage, the reason and how a person lifts it).
+    """
+    return make_decision(model, hour, features, "challenger_rejected", f"challenger refused: {error}")
+
+
 def _model_tags(model: str, s: Settings) -> dict[str, str]:
     import mlflow
 
@@ -213,7 +230,7 @@ def _model_tags(model: str, s: Settings) -> dict[str, str]:
 
 #: Decisions taken by the shadow evaluation (tag suffix ``.shadow``; the drift monitor's: ``.drift``).
 SHADOW_DECISIONS = ("skip_retrain_running", "skip_promotion_locked", "promote", "retrain", "retrain_cooldown",
-                    "no_retrain")
+                    "no_retrain", "challenger_rejected")
 
 
 def record_decision(decision: Mapping[str, Any], settings: Settings | None = None) -> str:
@@ -242,4 +259,5 @@ def record_decision(decision: Mapping[str, Any], settings: Settings | None = Non
 
 
 __all__ = ["DECISIONS", "TAG_PREFIX", "XCOM_KEY", "admission", "drift_hour_decision", "last_retrain_hour",
-           "make_decision", "promotion_holder", "record_decision", "retrain_in_flight", "shadow_decision"]
+           "make_decision", "promotion_holder", "record_decision", "rejected_challenger_decision", "retrain_in_flight",
+           "shadow_decision"]

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from model_registry.registry_entities import CHAMPION_ALIAS
-from tritonflow.exceptions import DataError, SettingsError
+from tritonflow.exceptions import DataError, RejectedVersionError, SettingsError
 from tritonflow.settings import Settings, get_settings
 
 #: Model-version tag naming the Triton model a version was published as (written by publish).
@@ -286,19 +286,20 @@ def resolve(model: str, challenger: Any, champion: Any = None, *,
 
     Raises:
         DataError: Empty model, unknown version/alias (``RegistryError``), a challenger tagged
-            ``rejected`` (stage and reason named), or no champion found.
+            ``rejected`` (``RejectedVersionError``, stage and reason named), or no champion found.
     """
     if not model or not str(model).strip():
         raise DataError("model='' is empty: expected a registered model name")
     env = _env(env)
     registry = env.registry()
     ref = _resolve_challenger(registry, model, challenger)
-    from tritonflow.pipelines.loop_context import rejection
+    from tritonflow.pipelines.loop_context import lift_hint, rejection
 
     rejected = rejection(getattr(ref, "tags", None))
     if rejected:
-        raise DataError(f"challenger={challenger!r} of model {model!r} is version {ref.version}, {rejected}; "
-                        "a version rejected by one path is never promoted by another")
+        raise RejectedVersionError(f"challenger={challenger!r} of model {model!r} is version {ref.version}, "
+                                   f"{rejected}; a version rejected by one path is never promoted by another "
+                                   f"({lift_hint(ref.tags)})")
     triton_model = _triton_name(ref)
     live = env.router().current_plan(triton_model)
     aliases = registry.aliases(model)

@@ -7,13 +7,16 @@ MLflow model version and in one MLflow run through
 :class:`~tritonflow.pipelines.canary_observe.CanaryRecord`), and at 100 % moves the ``champion``
 alias, sets Triton's version policy, writes the serving config and garbage-collects old version
 folders of the repository (:func:`garbage_collect_repository`). A failed step rolls back
-automatically (gateway to 100 % champion first, then the challenger unloaded).
+automatically (gateway to 100 % champion first, then the challenger unloaded); when that step
+measured the challenger and judged it bad, the challenger is tagged rejected (stage ``canary``) so
+no later shadow evaluation or canary promotes it again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 import uuid
 from typing import Any, Callable, Mapping, Sequence
@@ -34,6 +37,8 @@ from tritonflow.pipelines.canary_loading import _unload_version, ensure_loaded, 
 #: Seconds a fixed overhead of one promotion may take on top of the bakes (loads, MLflow, GC);
 #: used by :func:`canary_time_budget_s`.
 PROMOTION_OVERHEAD_S = 600.0
+
+log = logging.getLogger(__name__)
 
 
 def canary_time_budget_s(steps: Sequence[int], bake_s: float, max_extensions: int) -> float:
@@ -184,8 +189,9 @@ def run_promotion(
         ``{"outcome": "promoted" | "rolled_back" | "rollback_failed" | "noop" | "routed" |
         "dry_run", "model", "champion", "challenger", "reason", "canary_id", "steps": [verdict
         summaries], "rollback": {...} | None, "promotion": {...} | None, "gc": {...} | None,
-        "canary_run": {"run_id", "analyses", "analyses_uri", "plot"} | None}``; the MLflow run
-        (experiment ``tritonflow-canary``) holds every analysis and the plot over time.
+        "canary_run": {"run_id", "analyses", "analyses_uri", "plot"} | None}``, plus ``rejected``
+        after a rollback (the rejection tagged, ``''`` when none: :func:`_reject_judged_challenger`);
+        the MLflow run (experiment ``tritonflow-canary``) holds every analysis and the plot over time.
 
     Raises:
         ConcurrencyError: Another promotion of the model holds the lock (names the holder).
@@ -313,6 +319,7 @@ def run_promotion(
             _record(registry, model, chal, {prefix + "outcome": result.outcome,
                                             prefix + "reason": result.reason,
                                             prefix + "rollback": out["rollback"]})
+            out["rejected"] = _reject_judged_challenger(registry, model, chal, canary_id, result)
             return out
 
         # ---- promotion at 100 %
@@ -343,6 +350,32 @@ def run_promotion(
                                         prefix + "loaded_versions": versions,
                                         prefix + "gc": gc or {}})
         return out
+
+
+def _reject_judged_challenger(registry: Any, model: str, challenger: int, canary_id: str, result: Any) -> str:
+    """Tag ``challenger`` rejected at stage ``canary`` when its failed step judged it bad.
+
+    Only a step that measured the challenger and failed it (error rate, latency, outputs, expected
+    behaviour, quality) rejects; a rollback for what could not be measured (metrics or inference
+    log unavailable, a plan not applied, a step still inconclusive: ``StepAnalysis.unjudged``)
+    rejects nothing. The rule of :func:`~tritonflow.pipelines.loop_context.lasting_rejection`
+    holds: no publish lifts it, a person does by deleting the version's tag ``tritonflow.status``.
+
+    Returns:
+        The rejection reason tagged (``''``: none, or tagging failed, logged as an error).
+    """
+    from tritonflow.pipelines.loop_context import CANARY_STAGE
+
+    last = result.steps[-1] if result.steps else None
+    if last is None or last.verdict != "fail" or last.unjudged:
+        return ""
+    why = f"canary {canary_id} rolled version {challenger} back: {result.reason}"
+    try:
+        registry.record_rejection(registry.get_version(model, challenger), why, CANARY_STAGE)
+    except Exception as exc:  # noqa: BLE001 - the rollback stands; say what is missing
+        log.error("canary rolled back %s v%s but could not tag it rejected (%s)", model, challenger, exc)
+        return ""
+    return why
 
 
 __all__ = ["canary_time_budget_s", "garbage_collect_repository", "run_promotion"]

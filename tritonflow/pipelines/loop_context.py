@@ -42,12 +42,22 @@ STATUS_TAG = "tritonflow.status"
 TRAINING_WINDOW_TAG = "tritonflow.training_window_uri"
 
 
+#: ``tritonflow.rejected_stage`` of a champion the health sentinel rolled back.
+SENTINEL_STAGE = "sentinel"
+#: ``tritonflow.rejected_stage`` of a challenger whose canary failed on its own figures.
+CANARY_STAGE = "canary"
+#: How a person lifts a rejection (said in every refusal of a rejected version).
+OVERRIDE_HINT = (f"a person who judges the version good again deletes its MLflow tag {STATUS_TAG!r} "
+                 "(the rejected_* tags may stay as history)")
+
+
 def rejection(tags: Mapping[str, Any] | None) -> str:
     """Why a model version was rejected (``''`` when its outcome is not ``rejected``).
 
     A version rejected by one path (the ``model_publish`` DAG, a shadow evaluation's publish, the
-    perf gate) is never published or promoted by another: the shadow evaluation, its publish and
-    the canary all check this first.
+    perf gate, the health sentinel's rollback, a failed canary) is never published or promoted by
+    another: ``model_publish``, the shadow evaluation, its publish and the canary all check this
+    first. Override: delete the version's tag ``tritonflow.status`` in MLflow (:data:`OVERRIDE_HINT`).
     """
     tags = dict(tags or {})
     if tags.get(STATUS_TAG) != "rejected":
@@ -55,6 +65,27 @@ def rejection(tags: Mapping[str, Any] | None) -> str:
     return (f"rejected at stage {tags.get('tritonflow.rejected_stage') or '?'} "
             f"({tags.get('tritonflow.rejected_at') or 'time unknown'}): "
             f"{tags.get('tritonflow.rejection_reason') or 'no reason recorded'}")
+
+
+def lasting_rejection(tags: Mapping[str, Any] | None) -> str:
+    """:func:`rejection` when no publish can lift it (``''`` otherwise).
+
+    The rule: a rejection at a stage of the publish pipeline
+    (:data:`tritonflow.pipelines.publish_common.STAGES`: conversion, parity, perf gate, load...)
+    judges a publish attempt, so a later successful publish of the version replaces it. A
+    rejection by a judge of the served version (the health sentinel, a failed canary, or any stage
+    not of the publish pipeline) lasts: ``model_publish`` refuses the version and no publish
+    clears it; only a person does (:data:`OVERRIDE_HINT`).
+    """
+    from tritonflow.pipelines.publish_common import STAGES
+
+    why = rejection(tags)
+    return why if why and dict(tags or {}).get("tritonflow.rejected_stage") not in STAGES else ""
+
+
+def lift_hint(tags: Mapping[str, Any] | None) -> str:
+    """How a version's rejection is lifted: a new publish (a publish-stage one), else only a person."""
+    return OVERRIDE_HINT if lasting_rejection(tags) else "publish it again with model_publish once fixed"
 
 
 def closest(key: str, valid: Iterable[str]) -> str:
@@ -262,6 +293,6 @@ def check_conf_keys(conf: Mapping[str, Any], params: Iterable[str], dag_id: str)
                                       for k in unknown) + f"; expected keys among {sorted(valid)}")
 
 
-__all__ = ["LOOP_CONF_KEY", "LOOP_DAGS", "LoopContext", "REGISTRY_EVENT_KEYS", "STATUS_TAG", "TRAINING_WINDOW_TAG",
-           "check_conf_keys", "closest", "parse_loop_context", "publish_handoff", "rejection", "retrain_handoff",
-           "shadow_handoffs"]
+__all__ = ["CANARY_STAGE", "LOOP_CONF_KEY", "LOOP_DAGS", "LoopContext", "OVERRIDE_HINT", "REGISTRY_EVENT_KEYS",
+           "SENTINEL_STAGE", "STATUS_TAG", "TRAINING_WINDOW_TAG", "check_conf_keys", "closest", "lasting_rejection",
+           "lift_hint", "parse_loop_context", "publish_handoff", "rejection", "retrain_handoff", "shadow_handoffs"]

@@ -44,7 +44,9 @@ pushed when conversion, validation or parity fails, and nothing stays loaded whe
 smoke test fails. Transient failures (a service not answering, a timeout) and failures of our tools
 (:class:`~tritonflow.exceptions.ToolingError`: the profiling environment, Model Analyzer, a local
 Triton) are re-raised untagged: they are infrastructure errors, never a verdict on the model, and
-may be retried. A successful publish removes an earlier rejection's ``rejected_*`` tags.
+may be retried. A successful publish removes an earlier rejection's ``rejected_*`` tags; a version
+rejected by the health sentinel or a failed canary is refused from :func:`resolve` on (no publish
+lifts that rejection: a person deletes the version's tag ``tritonflow.status`` in MLflow).
 
 Re-running a publish is idempotent: the same content is already in the repository (the push is a
 no-op), the load is repeated with the same signed config, and the tags are rewritten. A version is
@@ -80,6 +82,7 @@ from tritonflow.pipelines.publish_common import (
     _reject,
     _timed,
     _version_ref,
+    refuse_lasting_rejection,
     staging_dir,
 )
 from tritonflow.pipelines.publish_profile import perf_gate, profile
@@ -196,7 +199,8 @@ def resolve(model_ref: str, *, settings: Settings | None = None) -> dict[str, An
 
     Raises:
         RegistryError: Bad reference, unknown model/version/alias, dangling alias, a stage
-            held by 0 or several versions, or a version that is not READY.
+            held by 0 or several versions, a version that is not READY, or one rejected by the
+            health sentinel or a canary (:func:`refuse_lasting_rejection`).
         ServiceUnavailableError: MLflow did not answer.
     """
     from tritonflow.exceptions import RegistryError
@@ -207,6 +211,7 @@ def resolve(model_ref: str, *, settings: Settings | None = None) -> dict[str, An
     ref = reg.resolve(model_ref)
     if ref.status != "READY":
         raise RegistryError(f"{ref.uri} (from {model_ref!r}) has status {ref.status!r}; expected 'READY'")
+    refuse_lasting_rejection(ref.tags, f"{ref.uri} (from {model_ref!r})")
     name = triton_model_name(ref.name)
     log.info("resolved %r to %s (aliases %s); Triton model %r", model_ref, ref.uri, list(ref.aliases), name)
     return _timed({}, "resolve", t0, model_ref=model_ref, model=ref.name, version=int(ref.version),

@@ -5,7 +5,8 @@ What every stage module of the publish pipeline (:mod:`tritonflow.pipelines.publ
 ``<settings.home>/staging/<model>/<version>/`` (:func:`staging_dir`), the stage names
 (:data:`STAGES`), the MLflow artifact folders, and small helpers that time a stage into the running
 state, open the model registry, point MLflow's fluent API at a tracking URI, tag a version
-rejected, make values JSON-safe and write/read the validation arrays (``.npz`` without pickles).
+rejected, refuse one rejected for good (:func:`refuse_lasting_rejection`), make values JSON-safe
+and write/read the validation arrays (``.npz`` without pickles).
 
 Plain Python (no Airflow import).
 """
@@ -111,6 +112,25 @@ def _reject(registry: Any, ref: Any, exc: BaseException, stage: str) -> None:
     except Exception as tag_exc:  # noqa: BLE001 - the original error is what the caller needs
         log.error("could not tag model %s version %s as rejected (%s); original error: %s",
                   ref.name, ref.version, tag_exc, reason)
+
+
+def refuse_lasting_rejection(tags: Mapping[str, Any] | None, what: str) -> None:
+    """Refuse to publish a version rejected by the health sentinel or a canary.
+
+    See :func:`tritonflow.pipelines.loop_context.lasting_rejection` for the rule (a publish-stage
+    rejection is replaced by a successful publish; a sentinel or canary rejection is not).
+
+    Raises:
+        RejectedVersionError: The version carries a lasting rejection (stage, time and reason named,
+            and how a person lifts it).
+    """
+    from tritonflow.exceptions import RejectedVersionError
+    from tritonflow.pipelines.loop_context import OVERRIDE_HINT, lasting_rejection
+
+    why = lasting_rejection(tags)
+    if why:
+        raise RejectedVersionError(f"{what} was {why}; a publish never lifts a rejection by the health sentinel "
+                                   f"or a canary, so it is not published again: {OVERRIDE_HINT}")
 
 
 def _json_safe(value: Any) -> Any:

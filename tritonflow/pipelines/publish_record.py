@@ -27,6 +27,7 @@ from tritonflow.pipelines.publish_common import (
     _read_npz,
     _registry,
     _version_ref,
+    refuse_lasting_rejection,
 )
 from tritonflow.settings import Settings, get_settings
 
@@ -37,7 +38,10 @@ NO_REAL_REFERENCE = ("no drift reference stored: the version was published witho
                      "dataset_uri), and an input example plus perturbations is not a reference; publish it "
                      "with dataset_uri (its training window) to monitor it")
 
-#: Outcome tags of an earlier rejection; a new publish of the version replaces them.
+#: Outcome tags of an earlier rejection; a new publish of the version replaces them. Only a
+#: publish-stage rejection gets that far: a sentinel or canary rejection is refused at ``resolve``
+#: and again here (:func:`tritonflow.pipelines.loop_context.lasting_rejection`); its tags are
+#: cleared only after a person deleted ``tritonflow.status`` (the override).
 REJECTION_TAGS = ("tritonflow.rejected_stage", "tritonflow.rejection_reason", "tritonflow.rejected_at")
 
 
@@ -101,7 +105,8 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         run holding the publish artifacts: ``publish_run_id``, ``publish_experiment_id``.
 
     Raises:
-        RegistryError: A field of the record is empty, or MLflow refused a tag.
+        RegistryError: A field of the record is empty, MLflow refused a tag, or the version was
+            rejected by the health sentinel or a canary meanwhile (nothing recorded).
         ServiceUnavailableError: MLflow did not answer.
     """
     import pandas as pd
@@ -113,6 +118,7 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
     s = settings or get_settings()
     reg = _registry(s, loaded.get("tracking_uri"))
     ref = _version_ref(reg, loaded)
+    refuse_lasting_rejection(ref.tags, ref.uri)  # rejected by the sentinel or a canary since resolve
     reference: dict[str, Any]
     try:
         if not str(loaded.get("reference_source", "")).startswith(REAL_REFERENCE_PREFIX):

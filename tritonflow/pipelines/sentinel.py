@@ -8,8 +8,9 @@
   sentinel starts (noted in ``source``; finite and non-constant answers only).
 * :func:`sentinel_rollback` -- after ``unhealthy``: the same path as the ``canary_rollback`` DAG
   (:func:`tritonflow.pipelines.canary_rollback.manual_rollback`: gateway 100 % to ``previous_champion``
-  first, then aliases), only while the judged version is still the champion, and records why on
-  the MLflow model versions (``tritonflow.sentinel.*``).
+  first, then aliases), only while the judged version is still the champion, records why on
+  the MLflow model versions (``tritonflow.sentinel.*``) and tags the rolled-back version rejected
+  (stage ``sentinel``) so nothing promotes it again until a person lifts it.
 * :func:`monitored_models` -- registered models holding a ``champion`` alias.
 
 Nothing here imports Airflow.
@@ -127,7 +128,11 @@ def sentinel_rollback(outcome: Mapping[str, Any], *, holder: str = "", env: Any 
     The path is the ``canary_rollback`` DAG's (:func:`~tritonflow.pipelines.canary_rollback.manual_rollback`)
     with ``expected_champion`` = the judged version: when a promotion or a rollback already moved
     ``champion``, nothing changes (``skipped``). The outcome (reason, failed probes) is recorded
-    on both MLflow model versions.
+    on both MLflow model versions. The rolled-back version (never the target, never on a skip) is
+    tagged ``tritonflow.status = rejected`` at stage ``sentinel``
+    (:meth:`~model_registry.registry.RegistryClient.record_rejection`), so no shadow evaluation,
+    canary or ``model_publish`` puts it back (:func:`~tritonflow.pipelines.loop_context.lasting_rejection`);
+    a person overrides by deleting the version's tag ``tritonflow.status`` in MLflow.
 
     Args:
         outcome: :meth:`repository_sync.sentinel.SentinelOutcome.to_dict` with status ``unhealthy``.
@@ -135,7 +140,8 @@ def sentinel_rollback(outcome: Mapping[str, Any], *, holder: str = "", env: Any 
         env: Canary environment (default: from settings).
 
     Returns:
-        ``manual_rollback``'s result (or ``{"skipped": ...}``) plus ``reason``.
+        ``manual_rollback``'s result (or ``{"skipped": ...}``) plus ``reason`` and, after a rollback,
+        ``rejected`` (the rejection reason tagged; ``''`` when tagging failed, logged as an error).
 
     Raises:
         DataError: ``outcome`` is not an unhealthy outcome.
@@ -161,12 +167,32 @@ def sentinel_rollback(outcome: Mapping[str, Any], *, holder: str = "", env: Any 
             SENTINEL_TAG_PREFIX + "from": str(version),
             SENTINEL_TAG_PREFIX + "to": str(result.get("rolled_back_to"))}
     registry = env.registry()
+    rejected = _reject_rolled_back(registry, model, version, result, reason)
     for v in {version, int(result["rolled_back_to"])}:
         try:
             _record(registry, model, v, tags)
         except RegistryError as exc:  # the rollback happened; a missing tag is only a weaker record
             log.warning("sentinel record on %s v%s failed: %s", model, v, exc)
-    return result | {"reason": reason}
+    return result | {"reason": reason, "rejected": rejected}
+
+
+def _reject_rolled_back(registry: Any, model: str, version: int, result: Mapping[str, Any], reason: str) -> str:
+    """Tag the rolled-back ``version`` rejected at stage ``sentinel``; returns the reason tagged.
+
+    Without it the next shadow evaluation or canary promotes the same version again (ping-pong).
+    A failure to tag is logged as an error (the rollback stands) and returns ``''``.
+    """
+    from tritonflow.pipelines.loop_context import OVERRIDE_HINT, SENTINEL_STAGE
+
+    why = f"health sentinel rolled version {version} back to version {result.get('rolled_back_to')}: {reason}"
+    try:
+        registry.record_rejection(registry.get_version(model, version), why, SENTINEL_STAGE)
+    except Exception as exc:  # noqa: BLE001 - the rollback happened; say loudly what is missing
+        log.error("sentinel rolled back %s v%s but could not tag it rejected (%s): a shadow evaluation "
+                  "or canary may promote it again", model, version, exc)
+        return ""
+    log.warning("%s v%s tagged rejected at stage %s; %s", model, version, SENTINEL_STAGE, OVERRIDE_HINT)
+    return why
 
 
 def _now() -> str:

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from model_registry.registry_entities import CHALLENGER_ALIAS, CHAMPION_ALIAS
-from tritonflow.exceptions import DataError, RegistryError, WindowError
-from tritonflow.pipelines.loop_context import TRAINING_WINDOW_TAG, rejection
+from tritonflow.exceptions import DataError, RegistryError, RejectedVersionError, WindowError
+from tritonflow.pipelines.loop_context import TRAINING_WINDOW_TAG, lift_hint, rejection
 from tritonflow.settings import Settings, get_settings
 
 #: Prefix of the model-version tags a shadow evaluation writes.
@@ -303,9 +303,9 @@ def resolve_versions(model: str, challenger: int | str | None = None, *,
             )
     rejected = rejection(chal_ref.tags) if chal_ref is not None else ""
     if rejected and given and chal_ref is not None:  # rejected implies a challenger
-        raise RegistryError(f"challenger={challenger!r} of model {model!r} is version {chal_ref.version}, "
-                            f"{rejected}; a rejected version is never evaluated, published or promoted "
-                            "(publish it again with model_publish once fixed)")
+        raise RejectedVersionError(f"challenger={challenger!r} of model {model!r} is version {chal_ref.version}, "
+                                   f"{rejected}; a rejected version is never evaluated, published or promoted "
+                                   f"({lift_hint(chal_ref.tags)})")
     if rejected and chal_ref is not None:
         notes.append(f"alias {CHALLENGER_ALIAS!r} names version {chal_ref.version}, {rejected}; "
                      "evaluating the champion alone")
@@ -353,7 +353,7 @@ def ensure_challenger_published(resolved: Mapping[str, Any], *, settings: Settin
     (tag ``tritonflow.training_window_uri``) as dataset.
 
     Raises:
-        RegistryError: The challenger was rejected (the stage and reason are named).
+        RejectedVersionError: The challenger was rejected (the stage and reason are named).
         DataError: The challenger is missing from the repository and the publish pipeline cannot
             be imported (the message says to publish it with the ``model_publish`` DAG first), or
             the publish pipeline refused the version (its own error).
@@ -370,8 +370,8 @@ def ensure_challenger_published(resolved: Mapping[str, Any], *, settings: Settin
     tags = dict(registry.get_version(model, int(chal["version"])).tags)  # fresh: rejected since resolve?
     rejected = rejection(tags)
     if rejected:
-        raise RegistryError(f"challenger {model!r} v{chal['version']} was {rejected}; a version rejected by "
-                            "one path is never published or promoted by another")
+        raise RejectedVersionError(f"challenger {model!r} v{chal['version']} was {rejected}; a version rejected "
+                                   f"by one path is never published or promoted by another ({lift_hint(tags)})")
     if in_repository(s, name, version):
         return {"action": "already_in_repository", **base}
     # A retrained version is published with its training window (validation sample and drift
