@@ -203,14 +203,19 @@ def model_publish():
 
     @data_task(links=True, execution_timeout=TIMEOUTS.short, outlets=[MODEL_PUBLISHED])
     def record(state: dict) -> dict:
-        """Publish record on the MLflow version, drift reference; event on MODEL_PUBLISHED."""
+        """Publish record on the MLflow version, drift reference; event on MODEL_PUBLISHED.
+
+        The run's staging folder is removed once recorded (a failed run's is swept after a day).
+        """
         from tritonflow.pipelines import publish_record
+        from tritonflow.pipelines.publish_common import remove_staging
 
         context = get_current_context()
         record_link_info(model_name=state["model"], model_version=str(state["version"]),
                          triton_model=state["triton_model_name"], triton_version=str(state["version"]),
                          triton_http_url=state.get("triton_url"))
         summary = publish_record.record(state, settings=_settings())
+        remove_staging(state)
         record_link_info(mlflow_run_id=summary["publish_run_id"],
                          mlflow_experiment_id=summary["publish_experiment_id"])
         context["outlet_events"][MODEL_PUBLISHED].extra = {

@@ -44,6 +44,8 @@ from model_registry.registry_entities import (
 from model_registry.registry_locks import DEFAULT_LOCK_TIMEOUT_S, DatabaseLock, PromotionLock
 from tritonflow.exceptions import ConcurrencyError, DataError, RegistryError
 
+#: What MLflow's store answers when another writer inserted the same new tag first (SQLite, PostgreSQL, MySQL).
+_TAG_INSERT_RACE = re.compile(r"UNIQUE constraint failed|duplicate key value|Duplicate entry|IntegrityError")
 
 class RegistryClientBase:
     """The MLflow client, reading, writing and the audit trail; see :class:`model_registry.registry.RegistryClient`."""
@@ -275,9 +277,13 @@ class RegistryClientBase:
         Returns:
             The tags as written (key -> string value).
 
+        A write that loses the race with another writer of the same new tag (two publishes of one
+        version at once) is written again, once: the tag exists by then, so it is an update.
+
         Raises:
             RegistryError: A key is invalid or a value longer than :data:`MAX_TAG_VALUE_LENGTH`
-                (names the key and the length).
+                (names the key and the length), or MLflow refused the write.
+            ServiceUnavailableError: MLflow did not answer.
         """
         written: dict[str, str] = {}
         for key, value in tags.items():
@@ -291,10 +297,17 @@ class RegistryClientBase:
                 )
             written[key] = text
         for key, text in written.items():
-            try:
-                self.client.set_model_version_tag(ref.name, str(ref.version), key, text)
-            except Exception as exc:  # noqa: BLE001
-                raise _translate(exc, f"setting tag {key!r} on {ref.uri}") from exc
+            for attempt in (1, 2):
+                try:
+                    self.client.set_model_version_tag(ref.name, str(ref.version), key, text)
+                    break
+                except Exception as exc:  # noqa: BLE001
+                    # Two writers of one new tag at once (two publishes of one version): MLflow's
+                    # store inserts for both and the loser hits the unique key. The tag exists
+                    # now, so writing it again is an update.
+                    if attempt == 1 and _TAG_INSERT_RACE.search(str(exc)):
+                        continue
+                    raise _translate(exc, f"setting tag {key!r} on {ref.uri}") from exc
         if any(key.startswith("tritonflow.") for key in written):
             self.refresh_description(ref)
         return written

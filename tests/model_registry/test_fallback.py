@@ -288,8 +288,8 @@ def test_when_the_champion_is_unloaded_the_fallback_answers_and_the_log_records_
         stack, published_mlp, gateway_factory, tmp_path):
     from drift_checks.inference_log import InferenceLogWriter, LogSchema, read_window
     from repository_sync.triton_client import TritonModelControl
+    from tests.pipelines.test_publish_pipeline import churn_data
     from tritonflow.pipelines import publish as pipeline
-    from tritonflow.pipelines.publish_common import SAMPLE_FILENAME, _read_npz, staging_dir
 
     name, version, _ = published_mlp
     triton_name = pipeline.triton_model_name(name)
@@ -297,7 +297,7 @@ def test_when_the_champion_is_unloaded_the_fallback_answers_and_the_log_records_
     router = NginxRouter.from_nginx_cmd(gateway.conf_dir, gateway.nginx_cmd(), response_header=HEADER,
                                         fallback=True, fallback_timeout_s=5)
     wait_live(gateway.url, router.apply(TrafficPlan.single(triton_name, version)))
-    sample = _read_npz(staging_dir(stack.settings, name, version) / SAMPLE_FILENAME)
+    sample = {"features": churn_data()[0].to_numpy(dtype=np.float32)[:1]}  # the publish's staging is gone
     with TritonModelControl(stack.triton.http_url) as ctl:
         specs = {s.name: s for s in ctl.input_specs(triton_name, version)}
     body = json.dumps({"inputs": [

@@ -32,10 +32,27 @@ p99 regression gate :func:`perf_gate`), :mod:`~tritonflow.pipelines.publish_sign
 the staged file names and the helpers they share.
 
 Every function takes and returns a small JSON-serialisable dict (the running *state*, well under
-the XCom limit); bulky artefacts travel by path under ``<settings.home>/staging/<model>/<version>/``
-(``model.onnx``, ``config.pbtxt``, ``parity_report.json``, ``validation_sample.npz``,
-``source_outputs.npz``, ``reference_frame.parquet``). Each stage adds its wall time in seconds to
+the XCom limit); bulky artefacts travel by path under
+``<settings.home>/staging/<model>/<version>/<attempt>/`` (``model.onnx``, ``config.pbtxt``,
+``parity_report.json``, ``validation_sample.npz``, ``source_outputs.npz``,
+``reference_frame.parquet``, the Model Analyzer and perf-gate work folders). ``<attempt>`` is a
+token :func:`resolve` draws for each publish (``state["staging_attempt"]``; the later stages find
+the folder as ``state["staging_dir"]``), so two publishes of one version never share a folder.
+The folder is removed when the publish ends (:func:`publish`, success or failure; the DAG's
+``record`` task); folders of abandoned attempts (a failed DAG run, a killed worker) are removed by
+:func:`~tritonflow.pipelines.publish_common.sweep_staging` at the next :func:`resolve` once older
+than a day, never a running attempt's. Each stage adds its wall time in seconds to
 ``state["timings_s"][<stage>]``.
+
+Two publishes of the same version at once (``model_publish`` and ``shadow_evaluation``'s own
+publish of the challenger, overlapping under the LocalExecutor) are *not* serialised: each works in
+its own folder, and whatever they share is already safe against a concurrent writer: the push is
+atomic and never overwrites a version (the second finds it published, ``already_published``), the
+load goes through the model-control lease of the shared database, and the record rewrites the same
+tags. The price is a duplicated conversion and profile. A shared-database lease over the whole
+publish was not chosen: the DAG runs its stages as separate tasks (separate processes, retries,
+queue gaps), so such a lease would have to outlive the processes that hold it, and a crashed run
+would block the version's publishes until it expired.
 
 Failures: a :class:`~tritonflow.exceptions.DataError` in conversion/validation/parity, profiling or
 load/smoke tags the model version ``tritonflow.status = rejected`` with the stage and the reason
@@ -82,8 +99,11 @@ from tritonflow.pipelines.publish_common import (
     _reject,
     _timed,
     _version_ref,
+    new_attempt,
     refuse_lasting_rejection,
+    remove_staging,
     staging_dir,
+    sweep_staging,
 )
 from tritonflow.pipelines.publish_profile import perf_gate, profile
 from tritonflow.pipelines.publish_record import record
@@ -195,7 +215,9 @@ def resolve(model_ref: str, *, settings: Settings | None = None) -> dict[str, An
 
     Returns:
         ``{"model_ref", "model", "version", "model_uri" ("models:/<name>/<version>"), "run_id",
-        "aliases", "triton_model_name", "tracking_uri", "staging_dir", "timings_s"}``.
+        "aliases", "triton_model_name", "tracking_uri", "staging_attempt", "staging_dir" (this
+        attempt's own folder, not created yet), "timings_s"}``. Abandoned attempts' folders are
+        swept first (:func:`~tritonflow.pipelines.publish_common.sweep_staging`).
 
     Raises:
         RegistryError: Bad reference, unknown model/version/alias, dangling alias, a stage
@@ -213,11 +235,14 @@ def resolve(model_ref: str, *, settings: Settings | None = None) -> dict[str, An
         raise RegistryError(f"{ref.uri} (from {model_ref!r}) has status {ref.status!r}; expected 'READY'")
     refuse_lasting_rejection(ref.tags, f"{ref.uri} (from {model_ref!r})")
     name = triton_model_name(ref.name)
-    log.info("resolved %r to %s (aliases %s); Triton model %r", model_ref, ref.uri, list(ref.aliases), name)
+    sweep_staging(s)
+    attempt = new_attempt()
+    log.info("resolved %r to %s (aliases %s); Triton model %r, staging attempt %s", model_ref, ref.uri,
+             list(ref.aliases), name, attempt)
     return _timed({}, "resolve", t0, model_ref=model_ref, model=ref.name, version=int(ref.version),
                   model_uri=ref.uri, run_id=ref.run_id, aliases=list(ref.aliases),
-                  triton_model_name=name, tracking_uri=reg.tracking_uri,
-                  staging_dir=str(staging_dir(s, name, ref.version)))
+                  triton_model_name=name, tracking_uri=reg.tracking_uri, staging_attempt=attempt,
+                  staging_dir=str(staging_dir(s, name, ref.version, attempt)))
 
 
 def _is_local(url: str) -> bool:
@@ -344,15 +369,22 @@ def publish(
 ) -> dict[str, Any]:
     """Run every stage in order (what the DAG does, in one process); returns :func:`record`'s summary.
 
+    The attempt's staging folder is removed when this returns or raises (the parity report, the
+    configs and the profile stay as MLflow artifacts).
+
     Raises:
         Whatever the failing stage raises (see each stage).
     """
     s = settings or get_settings()
     state = resolve(model_ref, settings=s)
-    state = convert_and_validate(state, atol=atol, rtol=rtol, max_batch_size=max_batch_size,
-                                 dataset_uri=dataset_uri, schema=schema, export_format=export_format, settings=s)
-    state = profile(state, enabled=profile_enabled, bounds=bounds, settings=s)
-    state = perf_gate(state, enabled=perf_gate_enabled, repository_uri=repository_uri, settings=s)
-    state = sign_and_push(state, repository_uri=repository_uri, settings=s)
-    state = load_and_smoke(state, triton_url=triton_url, settings=s)
-    return record(state, settings=s)
+    try:
+        state = convert_and_validate(state, atol=atol, rtol=rtol, max_batch_size=max_batch_size,
+                                     dataset_uri=dataset_uri, schema=schema, export_format=export_format,
+                                     settings=s)
+        state = profile(state, enabled=profile_enabled, bounds=bounds, settings=s)
+        state = perf_gate(state, enabled=perf_gate_enabled, repository_uri=repository_uri, settings=s)
+        state = sign_and_push(state, repository_uri=repository_uri, settings=s)
+        state = load_and_smoke(state, triton_url=triton_url, settings=s)
+        return record(state, settings=s)
+    finally:
+        remove_staging(state)

@@ -2,7 +2,9 @@
 
 What every stage module of the publish pipeline (:mod:`tritonflow.pipelines.publish` and its
 ``publish_*`` siblings) uses: the names of the files staged under
-``<settings.home>/staging/<model>/<version>/`` (:func:`staging_dir`), the stage names
+``<settings.home>/staging/<model>/<version>/<attempt>/`` (:func:`staging_dir`: one folder per
+publish attempt, so two publishes of one version never share one; :func:`remove_staging` and
+:func:`sweep_staging` clean them up), the stage names
 (:data:`STAGES`), the MLflow artifact folders, and small helpers that time a stage into the running
 state, open the model registry, point MLflow's fluent API at a tracking URI, tag a version
 rejected, refuse one rejected for good (:func:`refuse_lasting_rejection`), make values JSON-safe
@@ -17,7 +19,9 @@ import contextlib
 import logging
 import math
 import os
+import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -26,8 +30,14 @@ from tritonflow.settings import Settings
 log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------- constants
-#: Folder under ``settings.home`` holding one staging folder per model version.
+#: Folder under ``settings.home`` holding one staging folder per publish attempt of a model version.
 STAGING_DIRNAME = "staging"
+#: Marker file in an attempt's staging folder, touched when a stage starts (its age is the attempt's).
+STAGING_MARKER = ".attempt"
+#: Seconds after which an attempt folder nobody touched is removed by :func:`sweep_staging`: far
+#: longer than any publish stage (the longest, profiling, is bounded by its task timeout), so a
+#: running attempt is never taken for an abandoned one.
+STAGING_MAX_AGE_S = 24 * 3600.0
 #: Staged file names.
 MODEL_FILENAME = "model.onnx"
 CONFIG_FILENAME = "config.pbtxt"
@@ -52,9 +62,113 @@ PERF_GATE_FILENAME = "perf_gate.json"
 REAL_REFERENCE_PREFIX = "dataset "
 
 
-def staging_dir(settings: Settings, model: str, version: int) -> Path:
-    """``<settings.home>/staging/<model>/<version>``: where a publish keeps its artefacts."""
-    return Path(settings.home) / STAGING_DIRNAME / model / str(int(version))
+def new_attempt() -> str:
+    """A token unique per publish attempt: ``<UTC yyyymmddThhmmssZ>-<12 hex>`` (sortable by start)."""
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:12]}"
+
+
+def staging_dir(settings: Settings, model: str, version: int, attempt: str) -> Path:
+    """``<settings.home>/staging/<model>/<version>/<attempt>``: where one publish attempt keeps its artefacts.
+
+    Args:
+        settings: Settings (``home``).
+        model: Triton model name.
+        version: Model version.
+        attempt: The attempt's token (:func:`new_attempt`); a publish's tasks find it in their state.
+
+    Raises:
+        ValueError: ``attempt`` is empty or not a single path segment.
+    """
+    if not attempt or attempt in (".", "..") or "/" in attempt or os.sep in attempt:
+        raise ValueError(f"attempt={attempt!r} is invalid; expected one folder name (see new_attempt)")
+    return Path(settings.home) / STAGING_DIRNAME / model / str(int(version)) / attempt
+
+
+def enter_staging(state: Mapping[str, Any]) -> Path:
+    """The state's staging folder, its marker touched (the attempt is alive); created when missing."""
+    stage = Path(state["staging_dir"])
+    stage.mkdir(parents=True, exist_ok=True)
+    (stage / STAGING_MARKER).touch()
+    return stage
+
+
+def remove_staging(state: Mapping[str, Any]) -> bool:
+    """Remove this attempt's staging folder (never another attempt's); True when something was removed.
+
+    Called when a publish ends (:func:`tritonflow.pipelines.publish.publish`, the ``model_publish``
+    DAG's ``record`` task). Errors are logged, never raised: the publish's outcome is what matters.
+    """
+    stage = state.get("staging_dir")
+    if not stage or not Path(stage).exists():
+        return False
+    try:
+        shutil.rmtree(stage)
+    except OSError as exc:
+        log.warning("could not remove the staging folder %s: %s", stage, exc)
+        return False
+    return True
+
+
+def _age_s(path: Path, now: float) -> float:
+    marker = path / STAGING_MARKER
+    try:
+        return now - (marker.stat().st_mtime if marker.is_file() else path.stat().st_mtime)
+    except OSError:  # removed meanwhile
+        return 0.0
+
+
+def sweep_staging(settings: Settings, *, max_age_s: float = STAGING_MAX_AGE_S, now: float | None = None) -> list[str]:
+    """Remove the staging folders of abandoned attempts (failed DAG runs, killed workers).
+
+    An entry of ``<home>/staging/<model>/<version>/`` whose marker (:data:`STAGING_MARKER`, else the
+    entry itself) is older than ``max_age_s`` is removed, as are files left there by the layout
+    before attempt folders; a concurrent attempt touched its marker when its current stage started,
+    so it is never removed. Emptied version and model folders are removed when they are as old.
+
+    Args:
+        settings: Settings (``home``).
+        max_age_s: Age limit in seconds (default :data:`STAGING_MAX_AGE_S`).
+        now: Clock (``time.time()``), for tests.
+
+    Returns:
+        The removed paths. Errors are logged, never raised.
+    """
+    t = time.time() if now is None else now
+    root = Path(settings.home) / STAGING_DIRNAME
+    removed: list[str] = []
+    for model_dir in _subdirs(root):
+        model_old = _age_s(model_dir, t) > max_age_s  # judged before its content changes
+        for version_dir in _subdirs(model_dir):
+            version_old = _age_s(version_dir, t) > max_age_s
+            for entry in _entries(version_dir):
+                if _age_s(entry, t) <= max_age_s:
+                    continue
+                try:
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+                    removed.append(str(entry))
+                except OSError as exc:
+                    log.warning("could not remove the stale staging entry %s: %s", entry, exc)
+            if version_old:
+                with contextlib.suppress(OSError):  # not empty (a new attempt started), or gone
+                    version_dir.rmdir()
+        if model_old:
+            with contextlib.suppress(OSError):
+                model_dir.rmdir()
+    if removed:
+        log.info("removed %d abandoned staging entr%s older than %.0f s: %s", len(removed),
+                 "y" if len(removed) == 1 else "ies", max_age_s, removed[:10])
+    return removed
+
+
+def _entries(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
+
+
+def _subdirs(folder: Path) -> list[Path]:
+    return [p for p in _entries(folder) if p.is_dir() and not p.is_symlink()]
 
 
 def _timed(state: Mapping[str, Any], stage: str, started: float, **updates: Any) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from tritonflow.pipelines.publish_common import (
     _reject,
     _timed,
     _version_ref,
+    enter_staging,
 )
 from tritonflow.settings import Settings, get_settings
 
@@ -180,7 +181,7 @@ def _profile(staged, search, s: Settings, reg, ref, timeout_s, pass_runner=None)
     from model_registry.validation import validate_for_push
 
     name = staged["triton_model_name"]
-    stage = Path(staged["staging_dir"])
+    stage = enter_staging(staged)  # this attempt's own folder, marked alive for sweep_staging
     work = stage / "profile"
     if work.exists():
         shutil.rmtree(work)
@@ -288,7 +289,7 @@ def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | N
     missing = profiling_unavailable_reason(s)
     if missing:
         return {"status": "unavailable", "reason": f"perf_analyzer/Triton cannot run here ({missing})"}
-    work = Path(staged["staging_dir"]) / "perf_gate"
+    work = enter_staging(staged) / "perf_gate"
     if work.exists():
         shutil.rmtree(work)
     champ_dir = _champion_folder(repository_uri or s.resolved_repository_uri, name, int(champion.version),

@@ -42,6 +42,7 @@ from tritonflow.pipelines.publish_common import (
     _timed,
     _version_ref,
     _write_npz,
+    enter_staging,
 )
 from tritonflow.settings import Settings, get_settings
 
@@ -207,10 +208,10 @@ def convert_and_validate(
         raise SettingsError(f"export_format={export_format!r} is invalid; expected 'onnx' or 'torchscript'")
     reg = _registry(s, resolved.get("tracking_uri"))
     ref = _version_ref(reg, resolved)
-    stage = Path(resolved["staging_dir"])
+    stage = Path(resolved["staging_dir"])  # this attempt's own folder: a retry starts it afresh
     if stage.exists():
         shutil.rmtree(stage)
-    stage.mkdir(parents=True)
+    stage = enter_staging(resolved)
     try:
         with _mlflow_uris(reg.tracking_uri):
             updates = _convert_and_validate(resolved, ref, reg, stage, a, r, mbs, dataset_uri, schema, s,
