@@ -147,10 +147,11 @@ def shadow_evaluation():
     @fail_fast_on_bad_data
     @limit_xcom_size
     def admit(request: dict) -> bool:
-        """Skip the run (decision recorded) when a retraining runs or the promotion lock is held."""
+        """Skip the run (decision recorded): handed-over version already champion, retraining running, lock held."""
         from tritonflow.pipelines.alert_decision import XCOM_KEY, admission, record_decision
 
-        skip = admission(request["model"], request["hour"], request["features"])
+        handed_over = request["challenger"] if request.get("loop") else None  # from model_publish/retrain
+        skip = admission(request["model"], request["hour"], request["features"], handed_over=handed_over)
         if skip is None:
             return True
         get_current_context()["ti"].xcom_push(key=XCOM_KEY, value=skip)

@@ -113,3 +113,21 @@ def test_a_refused_rejected_challenger_is_a_shadow_decision_naming_the_rejection
     assert made["decision"] == "challenger_rejected" and made["decision"] in ad.SHADOW_DECISIONS
     assert "rejected at stage sentinel" in made["reason"] and made["hour"] == HOUR
     json.dumps(made)  # an XCom value
+
+
+def test_a_handed_over_version_promoted_meanwhile_is_skipped_not_failed(tmp_path):
+    """model_publish hands version 2 over while a shadow evaluation's own publish already promoted it."""
+    import mlflow
+
+    s = make_settings(tmp_path, mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = mlflow.MlflowClient(s.resolved_mlflow_tracking_uri)
+    client.create_registered_model("churn")
+    for _ in range(2):
+        client.create_model_version("churn", source=str(tmp_path / "model"))
+    client.set_registered_model_alias("churn", "champion", "1")
+    assert ad.admission("churn", HOUR, ["tenure"], s, handed_over="2", retrain_holder="", promotion="") is None
+    client.set_registered_model_alias("churn", "champion", "2")
+    made = ad.admission("churn", HOUR, ["tenure"], s, handed_over="2", retrain_holder="", promotion="")
+    assert made["decision"] == "skip_already_champion" and "version 2" in made["reason"]
+    # not handed over by a loop DAG (a person asked): resolve_versions judges it, admission does not skip
+    assert ad.admission("churn", HOUR, ["tenure"], s, handed_over=None, retrain_holder="", promotion="") is None

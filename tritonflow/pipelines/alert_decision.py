@@ -51,7 +51,8 @@ XCOM_KEY = "alert_decision"
 #: Prefix of the registered-model tags recording the decisions (``<prefix><YYYY-mm-ddTHH:MM>``).
 TAG_PREFIX = "tritonflow.alert_decision."
 DECISIONS = ("alert", "cooldown", "no_alert", "contract_failed", "no_reference", "skip_retrain_running",
-             "skip_promotion_locked", "promote", "retrain", "retrain_cooldown", "no_retrain", "challenger_rejected")
+             "skip_promotion_locked", "promote", "retrain", "retrain_cooldown", "no_retrain", "challenger_rejected",
+             "skip_already_champion")
 
 
 def _hour(value: Any) -> str:
@@ -134,12 +135,35 @@ def promotion_holder(model: str, settings: Settings | None = None) -> str:
 
 
 def admission(model: str, hour: Any, features: Sequence[str], settings: Settings | None = None,
-              *, retrain_holder: str | None = None, promotion: str | None = None) -> dict[str, Any] | None:
-    """A skip decision when a retraining is in flight or the promotion lock is held, else ``None``.
+              *, retrain_holder: str | None = None, promotion: str | None = None,
+              handed_over: str | int | None = None, champion: int | None = None) -> dict[str, Any] | None:
+    """A skip decision when there is nothing to evaluate now, else ``None``.
 
-    ``retrain_holder``/``promotion`` override the lookups (for tests).
+    Skips (in this order): the version handed over by another loop DAG is already the champion
+    (``skip_already_champion``: another path, e.g. a shadow evaluation's own publish and canary,
+    promoted it while ``model_publish`` was still profiling it; a race, not bad input), a
+    retraining is in flight, or the promotion lock is held.
+
+    Args:
+        model: Registered model name.
+        hour: The alert's hour.
+        features: The alert's features.
+        settings: Settings (default: from the environment).
+        retrain_holder: Overrides the retraining lookup (tests).
+        promotion: Overrides the promotion-lock lookup (tests).
+        handed_over: The challenger version a loop DAG handed over (``None``: the run was not
+            started by another loop DAG, so a challenger given by a person is judged by
+            :func:`~tritonflow.pipelines.shadow.resolve_versions`, which refuses the champion).
+        champion: Overrides the champion lookup (tests).
     """
     s = settings or get_settings()
+    if handed_over not in (None, "") and str(handed_over).strip().isdigit():
+        if champion is None:
+            champion = _champion_version(model, s)
+        if champion is not None and int(str(handed_over).strip()) == champion:
+            return make_decision(model, hour, features, "skip_already_champion",
+                                 f"version {champion} handed over for evaluation is already the champion "
+                                 "(promoted by another path meanwhile): nothing to evaluate")
     holder = retrain_in_flight(model, s) if retrain_holder is None else retrain_holder
     if holder:
         return make_decision(model, hour, features, "skip_retrain_running",
@@ -151,6 +175,17 @@ def admission(model: str, hour: Any, features: Sequence[str], settings: Settings
                              f"the promotion lock of {model!r} is held by {holder}: a canary or rollback "
                              "is changing what serves")
     return None
+
+
+def _champion_version(model: str, s: Settings) -> int | None:
+    """The version holding ``model``'s alias ``champion`` (``None`` when unset)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(s.resolved_mlflow_tracking_uri)
+    try:
+        return int(client.get_model_version_by_alias(model, "champion").version)
+    except mlflow.exceptions.MlflowException:
+        return None
 
 
 def last_retrain_hour(model: str, before: Any, settings: Settings | None = None,
@@ -230,7 +265,7 @@ def _model_tags(model: str, s: Settings) -> dict[str, str]:
 
 #: Decisions taken by the shadow evaluation (tag suffix ``.shadow``; the drift monitor's: ``.drift``).
 SHADOW_DECISIONS = ("skip_retrain_running", "skip_promotion_locked", "promote", "retrain", "retrain_cooldown",
-                    "no_retrain", "challenger_rejected")
+                    "no_retrain", "challenger_rejected", "skip_already_champion")
 
 
 def record_decision(decision: Mapping[str, Any], settings: Settings | None = None) -> str:
