@@ -115,12 +115,17 @@ def test_a_refused_rejected_challenger_is_a_shadow_decision_naming_the_rejection
     json.dumps(made)  # an XCom value
 
 
-def test_a_handed_over_version_promoted_meanwhile_is_skipped_not_failed(tmp_path):
-    """model_publish hands version 2 over while a shadow evaluation's own publish already promoted it."""
+def test_a_handed_over_version_promoted_meanwhile_is_skipped_not_failed(tmp_path, monkeypatch):
+    """model_publish hands version 2 over while a shadow evaluation's own publish already promoted it.
+
+    A process-wide registry URI (another library's, another test's) must not redirect the lookup.
+    """
     import mlflow
 
     s = make_settings(tmp_path, mlflow_tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    client = mlflow.MlflowClient(s.resolved_mlflow_tracking_uri)
+    monkeypatch.setattr(mlflow.tracking._model_registry.utils, "_registry_uri", f"sqlite:///{tmp_path / 'other.db'}")
+    uri = s.resolved_mlflow_tracking_uri
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     client.create_registered_model("churn")
     for _ in range(2):
         client.create_model_version("churn", source=str(tmp_path / "model"))

@@ -177,11 +177,22 @@ def admission(model: str, hour: Any, features: Sequence[str], settings: Settings
     return None
 
 
+def _client(s: Settings):
+    """MLflow client of the tracking server, which is the model registry too.
+
+    Never the process-wide registry URI another library or test may have set.
+    """
+    import mlflow
+
+    uri = s.resolved_mlflow_tracking_uri
+    return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
 def _champion_version(model: str, s: Settings) -> int | None:
     """The version holding ``model``'s alias ``champion`` (``None`` when unset)."""
     import mlflow
 
-    client = mlflow.MlflowClient(s.resolved_mlflow_tracking_uri)
+    client = _client(s)
     try:
         return int(client.get_model_version_by_alias(model, "champion").version)
     except mlflow.exceptions.MlflowException:
@@ -257,9 +268,7 @@ def rejected_challenger_decision(model: str, hour: Any, features: Sequence[str],
 
 
 def _model_tags(model: str, s: Settings) -> dict[str, str]:
-    import mlflow
-
-    client = mlflow.MlflowClient(s.resolved_mlflow_tracking_uri)
+    client = _client(s)
     return dict(client.get_registered_model(model).tags or {})
 
 
@@ -277,13 +286,11 @@ def record_decision(decision: Mapping[str, Any], settings: Settings | None = Non
     A failure to record is logged (warning) and returns ``''``: the decision itself stands (it
     is in XCom).
     """
-    import mlflow
-
     s = settings or get_settings()
     stage = "shadow" if decision.get("decision") in SHADOW_DECISIONS else "drift"
     key = f"{TAG_PREFIX}{(decision.get('hour') or 'none')[:16].replace(':', '-')}.{stage}"
     try:
-        client = mlflow.MlflowClient(s.resolved_mlflow_tracking_uri)
+        client = _client(s)
         client.set_registered_model_tag(decision["model"], key, json.dumps(dict(decision), sort_keys=True)[:4900])
     except Exception as exc:  # noqa: BLE001 - the decision stands without its MLflow copy
         log.warning("alert decision of %s not recorded in MLflow (%s): %s", decision.get("model"), exc,
