@@ -175,7 +175,7 @@ def run_entry_point(entry: EntryPoint | str | Mapping[str, Any], window: pd.Data
 
     ep = EntryPoint.parse(entry)
     merged = {**dict(ep.parameters), **dict(params or {})}
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     if ep.kind == "callable":
         fn = resolve_callable(ep.target)
         ok = False

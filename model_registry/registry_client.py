@@ -47,6 +47,40 @@ from tritonflow.exceptions import ConcurrencyError, DataError, RegistryError
 #: What MLflow's store answers when another writer inserted the same new tag first (SQLite, PostgreSQL, MySQL).
 _TAG_INSERT_RACE = re.compile(r"UNIQUE constraint failed|duplicate key value|Duplicate entry|IntegrityError")
 
+
+@contextlib.contextmanager
+def pinned_mlflow_uris(tracking_uri: str) -> Iterator[None]:
+    """Point MLflow's fluent API (runs, ``log_model``, ``models:/`` loading) and its registry at ``tracking_uri``.
+
+    Both the tracking and the registry URI are pinned: an inherited ``MLFLOW_REGISTRY_URI`` (another
+    tool's, a stale one) would otherwise send registrations to another server. ``mlflow.set_*_uri``
+    also write ``MLFLOW_TRACKING_URI``/``MLFLOW_REGISTRY_URI`` into ``os.environ``, which every child
+    process would inherit; the previous values are restored as they were, *unset* included
+    (calling ``set_registry_uri(get_registry_uri())`` would pin the resolved default instead).
+
+    Args:
+        tracking_uri: The MLflow server (it is the model registry too).
+    """
+    import mlflow
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    prev_t, prev_r = tracking_utils._tracking_uri, registry_utils._registry_uri
+    env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(tracking_uri)
+    try:
+        yield
+    finally:
+        # also resets MLflow's tracer/client caches; MLflow types its private _tracking_uri as None only
+        mlflow.set_tracking_uri(prev_t)  # type: ignore[arg-type]  # None unsets it (the original state)
+        registry_utils._registry_uri = prev_r
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
 class RegistryClientBase:
     """The MLflow client, reading, writing and the audit trail; see :class:`model_registry.registry.RegistryClient`."""
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 
 from model_registry.datasets import DAY_COLUMN, LABEL_COLUMN, TIMESTAMP_COLUMN
 from model_registry.noaa_model import TrainedModel
+from model_registry.registry_client import pinned_mlflow_uris
 from model_registry.registry_entities import CHALLENGER_ALIAS, TAG_PREFIX
 from tritonflow.exceptions import DataError, RegistryError
 
@@ -141,17 +142,7 @@ def sklearn_requirements() -> list[str]:
                                                  "scipy", "cloudpickle")]
 
 
-@contextlib.contextmanager
-def _tracking(tracking_uri: str) -> Iterator[None]:
-    """Point the fluent MLflow API at ``tracking_uri`` for the block, then restore it."""
-    import mlflow
-
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(tracking_uri)
-    try:
-        yield
-    finally:
-        mlflow.set_tracking_uri(previous)
+_tracking = pinned_mlflow_uris  # the fluent API and the registry, on the given server only
 
 
 def _experiment_id(client: Any, name: str) -> str:
@@ -258,7 +249,7 @@ def log_and_register(model: TrainedModel, window: pd.DataFrame, *, tracking_uri:
         raise DataError(f"model flavor={model.flavor!r} is not supported (expected 'sklearn')")
     if not isinstance(name, str) or not name.strip():
         raise DataError(f"registered model name={name!r}; expected a non-empty string")
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     info = window_lineage(window, label_column=model.label_column)
     params, tags = _lineage_records(model.metrics, info, lineage)
     X = window.loc[:, list(model.feature_columns)].astype(np.float64)

@@ -4,6 +4,7 @@ MLflow tests run against the real tracking server of the ``mlflow_server`` fixtu
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 import threading
@@ -169,6 +170,21 @@ def test_retraining_registers_a_challenger_with_lineage(mlflow_server, registere
     assert run.data.params["model_C"] == "1.0"
     assert run.data.tags["tritonflow.drift_event"] == "drift_asset_event:42"
     assert "validation_auc" in run.data.metrics
+
+
+def test_an_inherited_registry_uri_does_not_redirect_a_registration(mlflow_server, recent_window, monkeypatch):
+    """A worker that inherited MLFLOW_REGISTRY_URI (another tool's, a dead server's) still registers
+    on the server it was given, and leaves the environment its children inherit as it was."""
+    dead = "http://127.0.0.1:9"  # discard port: nothing answers
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", dead)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", dead)
+    name = f"noaa-{uuid.uuid4().hex[:8]}"
+    result = tr.run_entry_point("model_registry.training:train_noaa", recent_window,
+                                tracking_uri=mlflow_server.tracking_uri, name=name,
+                                lineage=tr.Lineage(reason="schedule"), params={"C": 1.0})
+    client = mlflow.MlflowClient(tracking_uri=mlflow_server.tracking_uri, registry_uri=mlflow_server.tracking_uri)
+    assert client.get_model_version_by_alias(name, "challenger").version == result.version
+    assert os.environ["MLFLOW_REGISTRY_URI"] == dead and os.environ["MLFLOW_TRACKING_URI"] == dead
 
 
 def test_registered_challenger_loads_with_signature_and_predicts_like_the_trained_model(

@@ -12,7 +12,6 @@ folder is shared by conversion already.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import threading
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from model_registry.registry_client import pinned_mlflow_uris
 from tests.conftest import make_settings
 from tests.pipelines.test_publish_pipeline import churn_data, register, unique
 from tritonflow.pipelines import publish as pipeline
@@ -33,20 +33,7 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-@contextlib.contextmanager
-def _pinned_mlflow(uri: str):
-    """MLflow's process-wide URIs set to ``uri`` for the threads (each stage restores them to it)."""
-    import mlflow
-    from mlflow.tracking._model_registry import utils as registry_utils
-
-    prev_t, prev_r = mlflow.get_tracking_uri(), registry_utils._registry_uri
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
-    try:
-        yield
-    finally:
-        mlflow.set_tracking_uri(prev_t)
-        registry_utils._registry_uri = prev_r
+_pinned_mlflow = pinned_mlflow_uris  # restores MLflow's globals and its environment variables
 
 
 def _run_both(work, n: int = 2) -> list:

@@ -271,6 +271,8 @@ def environment(cfg: DemoConfig, ports: Mapping[str, int]) -> dict[str, str]:
         "TRITONFLOW_EVENT_MAPPING_PATH": str(Path(__file__).with_name("registry_mapping.json")),
         "TRITONFLOW_REGISTRY_POLL_INTERVAL_S": str(REGISTRY_POLL_S),
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{ports['mlflow']}",
+        # the registry is the same server: an inherited MLFLOW_REGISTRY_URI would redirect registrations
+        "MLFLOW_REGISTRY_URI": f"http://127.0.0.1:{ports['mlflow']}",
         # Four Airflow processes and three services start side by side on a small machine.
         "TRITONFLOW_START_TIMEOUT_S": "600",
         "GIT_PYTHON_REFRESH": "quiet",

@@ -23,7 +23,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from tritonflow.settings import Settings
 
@@ -185,32 +185,6 @@ def _registry(settings: Settings, tracking_uri: str | None = None):
     return RegistryClient(tracking_uri=uri, registry_uri=uri)
 
 
-@contextlib.contextmanager
-def _mlflow_uris(tracking_uri: str) -> Iterator[None]:
-    """Point MLflow's fluent API (``models:/`` loading) at ``tracking_uri``, then restore.
-
-    The previous values are restored as they were, *unset* included: calling
-    ``set_registry_uri(get_registry_uri())`` would pin the resolved default instead.
-    """
-    import mlflow
-    from mlflow.tracking._model_registry import utils as registry_utils
-    from mlflow.tracking._tracking_service import utils as tracking_utils
-
-    prev_t, prev_r = tracking_utils._tracking_uri, registry_utils._registry_uri
-    env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_registry_uri(tracking_uri)
-    try:
-        yield
-    finally:
-        # also resets MLflow's tracer/client caches; MLflow types its private _tracking_uri as None only
-        mlflow.set_tracking_uri(prev_t)  # type: ignore[arg-type]  # None unsets it (the original state)
-        registry_utils._registry_uri = prev_r
-        for key, value in env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _version_ref(registry: Any, state: Mapping[str, Any]):

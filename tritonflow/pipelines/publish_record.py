@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from model_registry.registry_client import pinned_mlflow_uris
 from tritonflow.exceptions import DataError
 from tritonflow.pipelines.publish_common import (
     PUBLISH_ARTIFACT_PATH,
     REAL_REFERENCE_PREFIX,
     STAGES,
     _endpoint,
-    _mlflow_uris,
     _read_npz,
     _registry,
     _version_ref,
@@ -124,7 +124,7 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         if not str(loaded.get("reference_source", "")).startswith(REAL_REFERENCE_PREFIX):
             raise DataError(NO_REAL_REFERENCE)
         frame = pd.read_parquet(loaded["reference_frame_path"])
-        with _mlflow_uris(reg.tracking_uri):
+        with pinned_mlflow_uris(reg.tracking_uri):
             importance, how = _reference_importance(ref.uri, loaded.get("source_flavor", ""), frame)
         saved = save_reference(reference_root(s), loaded["model"], int(loaded["version"]), frame,
                                endpoint_url=_endpoint(s), importance=importance or None,

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from model_registry.registry_client import pinned_mlflow_uris
 from tritonflow.exceptions import DataError, ParityError, SettingsError
 from tritonflow.pipelines.publish_common import (
     CONFIG_FILENAME,
@@ -36,7 +37,6 @@ from tritonflow.pipelines.publish_common import (
     SAMPLE_FILENAME,
     VALIDATION_REPORT_FILENAME,
     _json_safe,
-    _mlflow_uris,
     _registry,
     _reject,
     _timed,
@@ -213,7 +213,7 @@ def convert_and_validate(
         shutil.rmtree(stage)
     stage = enter_staging(resolved)
     try:
-        with _mlflow_uris(reg.tracking_uri):
+        with pinned_mlflow_uris(reg.tracking_uri):
             updates = _convert_and_validate(resolved, ref, reg, stage, a, r, mbs, dataset_uri, schema, s,
                                             export_format)
     except DataError as exc:
