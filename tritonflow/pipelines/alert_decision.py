@@ -30,6 +30,8 @@ decision                   when                                                 
 ``challenger_rejected``    the challenger is tagged ``rejected`` (by a publish stage,     shadow_evaluation
                            the health sentinel or a canary): refused, the reason says
                            which and how it is lifted
+``skip_already_champion``  the version ``model_publish`` handed over was promoted by       shadow_evaluation
+                           another path meanwhile: nothing to evaluate
 =========================  ============================================================  =========
 
 Plain Python, no Airflow import.
@@ -136,7 +138,7 @@ def promotion_holder(model: str, settings: Settings | None = None) -> str:
 
 def admission(model: str, hour: Any, features: Sequence[str], settings: Settings | None = None,
               *, retrain_holder: str | None = None, promotion: str | None = None,
-              handed_over: str | int | None = None, champion: int | None = None) -> dict[str, Any] | None:
+              handed_over: str | int | None = None) -> dict[str, Any] | None:
     """A skip decision when there is nothing to evaluate now, else ``None``.
 
     Skips (in this order): the version handed over by another loop DAG is already the champion
@@ -154,15 +156,15 @@ def admission(model: str, hour: Any, features: Sequence[str], settings: Settings
         handed_over: The challenger version a loop DAG handed over (``None``: the run was not
             started by another loop DAG, so a challenger given by a person is judged by
             :func:`~tritonflow.pipelines.shadow.resolve_versions`, which refuses the champion).
-        champion: Overrides the champion lookup (tests).
     """
     s = settings or get_settings()
     if handed_over not in (None, "") and str(handed_over).strip().isdigit():
-        if champion is None:
-            champion = _champion_version(model, s)
-        if champion is not None and int(str(handed_over).strip()) == champion:
+        from tritonflow.pipelines.publish_common import _registry
+
+        champion = _registry(s).champion(model)
+        if champion is not None and int(str(handed_over).strip()) == int(champion.version):
             return make_decision(model, hour, features, "skip_already_champion",
-                                 f"version {champion} handed over for evaluation is already the champion "
+                                 f"version {champion.version} handed over for evaluation is already the champion "
                                  "(promoted by another path meanwhile): nothing to evaluate")
     holder = retrain_in_flight(model, s) if retrain_holder is None else retrain_holder
     if holder:
@@ -178,25 +180,10 @@ def admission(model: str, hour: Any, features: Sequence[str], settings: Settings
 
 
 def _client(s: Settings):
-    """MLflow client of the tracking server, which is the model registry too.
+    """The MLflow client of :class:`~model_registry.registry.RegistryClient` (tracking server = registry)."""
+    from tritonflow.pipelines.publish_common import _registry
 
-    Never the process-wide registry URI another library or test may have set.
-    """
-    import mlflow
-
-    uri = s.resolved_mlflow_tracking_uri
-    return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-
-
-def _champion_version(model: str, s: Settings) -> int | None:
-    """The version holding ``model``'s alias ``champion`` (``None`` when unset)."""
-    import mlflow
-
-    client = _client(s)
-    try:
-        return int(client.get_model_version_by_alias(model, "champion").version)
-    except mlflow.exceptions.MlflowException:
-        return None
+    return _registry(s).client
 
 
 def last_retrain_hour(model: str, before: Any, settings: Settings | None = None,
