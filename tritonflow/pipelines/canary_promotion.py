@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import time
 import uuid
 from typing import Any, Callable, Mapping, Sequence
@@ -37,8 +36,6 @@ from tritonflow.pipelines.canary_loading import _unload_version, ensure_loaded, 
 #: Seconds a fixed overhead of one promotion may take on top of the bakes (loads, MLflow, GC);
 #: used by :func:`canary_time_budget_s`.
 PROMOTION_OVERHEAD_S = 600.0
-
-log = logging.getLogger(__name__)
 
 
 def canary_time_budget_s(steps: Sequence[int], bake_s: float, max_extensions: int) -> float:
@@ -369,13 +366,10 @@ def _reject_judged_challenger(registry: Any, model: str, challenger: int, canary
     last = result.steps[-1] if result.steps else None
     if last is None or last.verdict != "fail" or last.unjudged:
         return ""
-    why = f"canary {canary_id} rolled version {challenger} back: {result.reason}"
-    try:
-        registry.record_rejection(registry.get_version(model, challenger), why, CANARY_STAGE)
-    except Exception as exc:  # noqa: BLE001 - the rollback stands; say what is missing
-        log.error("canary rolled back %s v%s but could not tag it rejected (%s)", model, challenger, exc)
-        return ""
-    return why
+    from tritonflow.pipelines.loop_context import reject_after_rollback
+
+    return reject_after_rollback(registry, model, challenger, CANARY_STAGE,
+                                 why=f"canary {canary_id} rolled version {challenger} back: {result.reason}")
 
 
 __all__ = ["canary_time_budget_s", "garbage_collect_repository", "run_promotion"]

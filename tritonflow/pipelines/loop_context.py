@@ -88,6 +88,36 @@ def lift_hint(tags: Mapping[str, Any] | None) -> str:
     return OVERRIDE_HINT if lasting_rejection(tags) else "publish it again with model_publish once fixed"
 
 
+def reject_after_rollback(registry: Any, model: str, version: int, stage: str, *, why: str) -> str:
+    """Tag ``version`` rejected at ``stage`` after a judge of the served version rolled it back.
+
+    Used by the health sentinel and the canary: without the tag the next shadow evaluation or
+    canary promotes the same version again (ping-pong). The rollback stands whatever happens here:
+    a failure to tag is logged as an error and returns ``''``.
+
+    Args:
+        registry: :class:`~model_registry.registry.RegistryClient`.
+        model: Registered model name.
+        version: The rolled-back model version.
+        stage: ``tritonflow.rejected_stage`` (:data:`SENTINEL_STAGE` or :data:`CANARY_STAGE`).
+        why: The rejection reason written on the version.
+
+    Returns:
+        ``why`` when tagged, ``''`` when tagging failed.
+    """
+    import logging
+
+    log = logging.getLogger(__name__)
+    try:
+        registry.record_rejection(registry.get_version(model, version), why, stage)
+    except Exception as exc:  # noqa: BLE001 - the rollback happened; say loudly what is missing
+        log.error("%s v%s was rolled back (stage %s) but could not be tagged rejected (%s): a shadow "
+                  "evaluation or canary may promote it again", model, version, stage, exc)
+        return ""
+    log.warning("%s v%s tagged rejected at stage %s; %s", model, version, stage, OVERRIDE_HINT)
+    return why
+
+
 def closest(key: str, valid: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the valid key closest to ``key``, or ``''`` when none is close."""
     match = difflib.get_close_matches(key, sorted(valid), n=1, cutoff=0.5)
@@ -295,4 +325,5 @@ def check_conf_keys(conf: Mapping[str, Any], params: Iterable[str], dag_id: str)
 
 __all__ = ["CANARY_STAGE", "LOOP_CONF_KEY", "LOOP_DAGS", "LoopContext", "OVERRIDE_HINT", "REGISTRY_EVENT_KEYS",
            "SENTINEL_STAGE", "STATUS_TAG", "TRAINING_WINDOW_TAG", "check_conf_keys", "closest", "lasting_rejection",
-           "lift_hint", "parse_loop_context", "publish_handoff", "rejection", "retrain_handoff", "shadow_handoffs"]
+           "lift_hint", "parse_loop_context", "publish_handoff", "reject_after_rollback", "rejection",
+           "retrain_handoff", "shadow_handoffs"]

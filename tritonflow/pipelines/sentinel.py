@@ -167,32 +167,17 @@ def sentinel_rollback(outcome: Mapping[str, Any], *, holder: str = "", env: Any 
             SENTINEL_TAG_PREFIX + "from": str(version),
             SENTINEL_TAG_PREFIX + "to": str(result.get("rolled_back_to"))}
     registry = env.registry()
-    rejected = _reject_rolled_back(registry, model, version, result, reason)
+    from tritonflow.pipelines.loop_context import SENTINEL_STAGE, reject_after_rollback
+
+    rejected = reject_after_rollback(
+        registry, model, version, SENTINEL_STAGE,
+        why=f"health sentinel rolled version {version} back to version {result.get('rolled_back_to')}: {reason}")
     for v in {version, int(result["rolled_back_to"])}:
         try:
             _record(registry, model, v, tags)
         except RegistryError as exc:  # the rollback happened; a missing tag is only a weaker record
             log.warning("sentinel record on %s v%s failed: %s", model, v, exc)
     return result | {"reason": reason, "rejected": rejected}
-
-
-def _reject_rolled_back(registry: Any, model: str, version: int, result: Mapping[str, Any], reason: str) -> str:
-    """Tag the rolled-back ``version`` rejected at stage ``sentinel``; returns the reason tagged.
-
-    Without it the next shadow evaluation or canary promotes the same version again (ping-pong).
-    A failure to tag is logged as an error (the rollback stands) and returns ``''``.
-    """
-    from tritonflow.pipelines.loop_context import OVERRIDE_HINT, SENTINEL_STAGE
-
-    why = f"health sentinel rolled version {version} back to version {result.get('rolled_back_to')}: {reason}"
-    try:
-        registry.record_rejection(registry.get_version(model, version), why, SENTINEL_STAGE)
-    except Exception as exc:  # noqa: BLE001 - the rollback happened; say loudly what is missing
-        log.error("sentinel rolled back %s v%s but could not tag it rejected (%s): a shadow evaluation "
-                  "or canary may promote it again", model, version, exc)
-        return ""
-    log.warning("%s v%s tagged rejected at stage %s; %s", model, version, SENTINEL_STAGE, OVERRIDE_HINT)
-    return why
 
 
 def _now() -> str:
