@@ -20,6 +20,11 @@ command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 # tests) and Redis (Celery broker): a fresh Debian 12 machine has neither.
 command -v pg_ctlcluster >/dev/null 2>&1 || need_apt+=(postgresql)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+# The docker-compose stack (scripts/stack.sh, tests/compose): Debian's Docker Engine and compose, and
+# debootstrap for the Debian root of the stand-in images (docs/stack.md).
+command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)
+command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
+command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "[setup] apt-get install ${need_apt[*]}"
   apt-get update -q >/dev/null
