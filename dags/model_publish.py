@@ -16,6 +16,7 @@ from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import MODEL_PUBLISHED, TIMEOUTS
 from tritonflow_plugin.links import record_link_info
 from tritonflow_plugin.registry_watcher import registry_asset
+from tritonflow_plugin.staging import shared_staging
 from tritonflow_plugin.wiring import data_task, fire_and_forget_mapped, tritonflow_dag
 from tritonflow_plugin.xcom import limit_xcom_size
 
@@ -145,6 +146,7 @@ def model_publish():
                 "loop": loop.model_dump(mode="json", exclude_none=True) if loop is not None else None}
 
     @data_task(links=True, execution_timeout=TIMEOUTS.convert)
+    @shared_staging
     def convert_and_validate(state: dict) -> dict:
         """Convert, check, build config.pbtxt, parity gate (rejects the version on failure)."""
         from tritonflow.pipelines import publish_validate
@@ -162,6 +164,7 @@ def model_publish():
         )
 
     @data_task(links=True, execution_timeout=TIMEOUTS.profile)
+    @shared_staging
     def profile(state: dict) -> dict:
         """Model Analyzer bounded sweep; keeps the generated config when off or unavailable."""
         from tritonflow.pipelines import publish_profile
@@ -172,6 +175,7 @@ def model_publish():
                                        settings=_settings())
 
     @data_task(execution_timeout=TIMEOUTS.profile)
+    @shared_staging
     def perf_gate(state: dict) -> dict:
         """p99 regression gate: challenger vs champion on one Triton, interleaved perf_analyzer passes."""
         from tritonflow.pipelines import publish_profile
@@ -182,6 +186,7 @@ def model_publish():
             repository_uri=params.get("repository") or None, settings=_settings())
 
     @data_task(execution_timeout=TIMEOUTS.push)
+    @shared_staging
     def sign_and_push(state: dict) -> dict:
         """Sign (model-signing) and push atomically; verified at the destination."""
         from tritonflow.pipelines import publish_signing
@@ -191,6 +196,7 @@ def model_publish():
                                              settings=_settings())
 
     @data_task(links=True, execution_timeout=TIMEOUTS.load)
+    @shared_staging
     def load_and_smoke(state: dict) -> dict:
         """Verify, load (explicit mode), wait READY, smoke inference vs the source model."""
         from tritonflow.pipelines import publish as pipeline
@@ -202,6 +208,7 @@ def model_publish():
         return out
 
     @data_task(links=True, execution_timeout=TIMEOUTS.short, outlets=[MODEL_PUBLISHED])
+    @shared_staging
     def record(state: dict) -> dict:
         """Publish record on the MLflow version, drift reference; event on MODEL_PUBLISHED.
 
@@ -209,6 +216,7 @@ def model_publish():
         """
         from tritonflow.pipelines import publish_record
         from tritonflow.pipelines.publish_common import remove_staging
+        from tritonflow.pipelines.publish_staging import drop_staging
 
         context = get_current_context()
         record_link_info(model_name=state["model"], model_version=str(state["version"]),
@@ -216,6 +224,7 @@ def model_publish():
                          triton_http_url=state.get("triton_url"))
         summary = publish_record.record(state, settings=_settings())
         remove_staging(state)
+        drop_staging(state, _settings())
         record_link_info(mlflow_run_id=summary["publish_run_id"],
                          mlflow_experiment_id=summary["publish_experiment_id"])
         context["outlet_events"][MODEL_PUBLISHED].extra = {

@@ -401,6 +401,11 @@ class Settings:
     s3_endpoint_url: str = _field(
         defaults.DEFAULT_S3_ENDPOINT_URL, "S3_ENDPOINT_URL", "boto3 S3 endpoint (empty: from the s3:// URL)."
     )
+    staging_uri: str = _field(
+        "", "STAGING_URI",
+        "s3://bucket/prefix where model_publish's tasks share their staged files, so each may run on "
+        "another worker (empty: only <home>/staging, one host or a shared TRITONFLOW_HOME).",
+    )
 
     # -------------------------------------------------------------- tritonflow/pipelines: shadow/retrain
     shadow_window_hours: float = _field(
