@@ -3,27 +3,30 @@
 # (docker-compose.yaml mounts this file; it needs no exec bit: the service runs `bash init.sh`).
 # Safe to re-run: every step is idempotent.
 #
-#  1. ownership of the shared volumes (logs, TRITONFLOW_HOME, gateway snippets) -> AIRFLOW_UID:0
+#  1. ownership of the shared volumes (logs, signing keys, gateway snippets) -> AIRFLOW_UID:0
 #  2. airflow db migrate
 #  3. Airflow connections from the _TRITONFLOW_CONN_<CONN_ID> variables (JSON, re-created each run
 #     so a changed .env value takes effect)
 #  4. the SimpleAuthManager passwords file of the admin user
-#  5. an ECDSA P-256 signing key pair under TRITONFLOW_HOME/keys, unless one exists
+#  5. an ECDSA P-256 signing key pair at TRITONFLOW_SIGNING_KEY_PATH (the signing-keys volume every
+#     Airflow container mounts), unless one exists
 set -euo pipefail
 
 uid="${AIRFLOW_UID:-50000}"
 home="${TRITONFLOW_HOME:?TRITONFLOW_HOME must be set}"
 gateway="${TRITONFLOW_GATEWAY_CONF_DIR:?TRITONFLOW_GATEWAY_CONF_DIR must be set}"
 airflow_bin="$(command -v airflow)"
+key="${TRITONFLOW_SIGNING_KEY_PATH:-$home/keys/model_signing.pem}"
+trusted="${TRITONFLOW_SIGNING_TRUSTED_KEYS_DIR:-$home/keys/trusted}"
 
 echo "[init] airflow $("$airflow_bin" version)"
 
 echo "[init] shared volumes -> ${uid}:0"
-shared=(/opt/airflow/logs "$home" "$gateway")
+shared=(/opt/airflow/logs "$home" "$gateway" "$(dirname "$key")" "$trusted")
 if [ -n "${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE:-}" ]; then
   shared+=("$(dirname "$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE")")
 fi
-mkdir -p "${shared[@]}" "$home/keys/trusted" "$gateway/http.d" "$gateway/locations.d"
+mkdir -p "${shared[@]}" "$gateway/http.d" "$gateway/locations.d"
 chown -R "${uid}:0" "${shared[@]}"
 
 echo "[init] airflow db migrate"
@@ -51,8 +54,6 @@ PY
   chown "${uid}:0" "$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
 fi
 
-key="${TRITONFLOW_SIGNING_KEY_PATH:-$home/keys/model_signing.pem}"
-trusted="${TRITONFLOW_SIGNING_TRUSTED_KEYS_DIR:-$home/keys/trusted}"
 if [ ! -f "$key" ]; then
   echo "[init] generating the model signing key pair ($key)"
   KEY="$key" PUB="$trusted/$(basename "${key%.*}").pub" python - <<'PY'

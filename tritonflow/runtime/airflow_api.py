@@ -28,17 +28,30 @@ class AirflowApi:
     Args:
         base_url: API server base URL.
         timeout: Seconds per request.
+        username: A simple-auth-manager user (the compose stack's admin); None: all-admins mode.
+        password: That user's password.
     """
 
-    def __init__(self, base_url: str, timeout: float = 60.0):
+    def __init__(self, base_url: str, timeout: float = 60.0, *, username: str | None = None,
+                 password: str | None = None):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.username = username
+        self.password = password
         self._token: str | None = None
 
     def token(self) -> str:
-        """JWT from ``GET /auth/token`` (all-admins mode hands one out without credentials)."""
+        """JWT from ``/auth/token``.
+
+        ``POST`` with the user's credentials when given, else ``GET`` (all-admins mode hands one out
+        without credentials).
+        """
         if self._token is None:
-            doc = self._request("GET", "/auth/token", auth=False)
+            if self.username is not None:
+                doc = self._request("POST", "/auth/token",
+                                    {"username": self.username, "password": self.password or ""}, auth=False)
+            else:
+                doc = self._request("GET", "/auth/token", auth=False)
             self._token = doc["access_token"]
         return self._token
 
