@@ -23,6 +23,7 @@ from drift_checks.contract_types import (
     _snake,
     canonical_datetime,
 )
+from drift_checks.declared_schema import Unreadable
 
 
 def _is_number(v: Any) -> bool:
@@ -59,6 +60,8 @@ def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
         if is_dt or not isinstance(kw.get("type_list"), (list, tuple)):
             return None
         dtype = str(facts.dtype)
+        if facts.unreadable is not None and facts.unreadable.count:
+            return unreadable_result(facts.unreadable, dtype)
         ok = dtype in {str(t) for t in kw["type_list"]}
         if ok or (n > 0 and facts.n_null == n):  # no value to judge: the null check reports it
             return ExpectationResult(col, name, dtype, True)
@@ -70,7 +73,7 @@ def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
         mostly = kw.get("mostly", 1.0)
         if not _is_number(mostly):
             return None
-        nulls = facts.n_null
+        nulls = facts.n_null - (facts.unreadable.count if facts.unreadable else 0)  # unreadable: not null
         pct = 100.0 * nulls / n if n else None
         ok = n == 0 or (n - nulls) / n >= float(mostly)
         return ExpectationResult(col, name, {"unexpected_percent": pct, "partial_unexpected_list": []},
@@ -145,6 +148,23 @@ def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
     return None
 
 
+def unreadable_result(bad: Unreadable, dtype: str | None = None) -> ExpectationResult:
+    """The type check's failure for values that cannot be read as the column's declared kind.
+
+    Args:
+        bad: The column's :class:`~drift_checks.declared_schema.Unreadable` values.
+        dtype: The column's dtype once read (``None``: unknown).
+
+    Returns:
+        A failed ``expect_column_values_to_be_in_type_list`` result whose observed value and
+        message name the column, the declared kind, the count, the share and the first values.
+    """
+    observed = {"dtype": dtype, "declared": bad.kind, "unreadable_count": bad.count,
+                "unreadable_share": round(bad.share, 6), "first_offending_values": _jsonable(list(bad.examples))}
+    return ExpectationResult(bad.column, "expect_column_values_to_be_in_type_list", observed, False,
+                             message=bad.message)
+
+
 #: Distinct-value-set expectations (GX 1.x semantics on the non-null distinct values).
 _DISTINCT_SET_CHECKS = {
     "ExpectColumnDistinctValuesToEqualSet": lambda have, want: have == want,
@@ -184,12 +204,13 @@ _FAST_KWARGS: dict[str, set[str]] = {
 class _LazyFacts(dict):
     """Column facts of an in-memory window, taken when first needed."""
 
-    def __init__(self, frame: pd.DataFrame, counted: set):
+    def __init__(self, frame: pd.DataFrame, counted: set, unreadable: Mapping[str, Unreadable] | None = None):
         super().__init__()
-        self.frame, self.counted = frame, counted
+        self.frame, self.counted, self.unreadable = frame, counted, dict(unreadable or {})
 
     def __missing__(self, col: str) -> ColumnFacts:
         self[col] = f = ColumnFacts.of_series(self.frame[col], counts=col in self.counted)
+        f.unreadable = self.unreadable.get(col)
         return f
 
 

@@ -66,19 +66,27 @@ class ExpectationSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Contract:
-    """An ordered list of expectations (JSON-serialisable through :meth:`to_dict`)."""
+    """An ordered list of expectations (JSON-serialisable through :meth:`to_dict`).
+
+    Attributes:
+        expectations: The expectations, in order.
+        schema: The declared ``{column: kind}`` the contract was derived with (``{}``: none);
+            :func:`drift_checks.contracts.run_contract` reads a window as it first.
+    """
 
     expectations: tuple[ExpectationSpec, ...]
+    schema: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form: ``{"expectations": [...]}`` (see :meth:`ExpectationSpec.to_dict`)."""
-        return {"expectations": [e.to_dict() for e in self.expectations]}
+        """JSON-able form: ``{"expectations": [...], "schema": {...}}`` (see :meth:`ExpectationSpec.to_dict`)."""
+        return {"expectations": [e.to_dict() for e in self.expectations], "schema": dict(self.schema)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Contract":
         """Read a contract written by :meth:`to_dict`; ``severity`` defaults to ``critical``."""
         return cls(tuple(ExpectationSpec(e["type"], dict(e["kwargs"]), e.get("severity", "critical"),
-                                         dict(e.get("meta") or {})) for e in d["expectations"]))
+                                         dict(e.get("meta") or {})) for e in d["expectations"]),
+                   dict(d.get("schema") or {}))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,12 +48,12 @@ this module derives and runs a contract and re-exports the public names.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 
-from drift_checks.contract_exact import _COUNTED, _fast_result, _LazyFacts, offending_values
+from drift_checks.contract_exact import _COUNTED, _fast_result, _LazyFacts, offending_values, unreadable_result
 from drift_checks.contract_gx import ROW_WISE_PREFIXES, _run_gx, _run_gx_streamed
 from drift_checks.contract_types import (
     _TYPE_LISTS,
@@ -66,6 +66,13 @@ from drift_checks.contract_types import (
     _normalise_kwargs,
     _snake,
     canonical_datetime,
+)
+from drift_checks.declared_schema import (
+    CATEGORICAL_KINDS,
+    Unreadable,
+    apply_schema,
+    category_name,
+    typed_reference,
 )
 from drift_checks.inference_log import LogSchema
 
@@ -121,7 +128,12 @@ def derive_contract(
 
     Returns:
         A :class:`Contract`.
+
+    Raises:
+        WindowError: A reference value cannot be read as its column's declared kind (the sample
+            is read as ``schema`` first: :func:`drift_checks.declared_schema.typed_reference`).
     """
+    reference = typed_reference(reference, schema.features)
     exps: list[ExpectationSpec] = []
     for col, kind in schema.features.items():
         if col not in reference.columns:
@@ -179,11 +191,13 @@ def derive_contract(
             exps.append(ExpectationSpec("ExpectColumnMaxToBeBetween",
                                         {"column": col, "max_value": canonical_datetime(t.max())},
                                         "warning", learned))
-    return Contract(tuple(exps))
+    return Contract(tuple(exps), {c: k for c, k in schema.features.items() if c in reference.columns})
 
 
 def run_contract(contract: Contract, frame: Any, *,
-                 gx_sample_rows: int = DEFAULT_GX_SAMPLE_ROWS, seed: int = 0) -> ContractResult:
+                 gx_sample_rows: int = DEFAULT_GX_SAMPLE_ROWS, seed: int = 0,
+                 schema: Mapping[str, str] | None = None,
+                 unreadable: Mapping[str, Unreadable] | None = None) -> ContractResult:
     """Validate one window against the contract.
 
     Two evaluation paths, so the check stays fast on large windows (a 100,000-row window took
@@ -214,19 +228,37 @@ def run_contract(contract: Contract, frame: Any, *,
         gx_sample_rows: Largest number of rows handed to GX (default
             :data:`DEFAULT_GX_SAMPLE_ROWS`).
         seed: Seed of the GX sample.
+        schema: The declared ``{column: kind}`` (``LogSchema.features``; default: the
+            contract's own, which :func:`derive_contract` records). A pandas window is
+            first read as it (:func:`drift_checks.declared_schema.apply_schema`) unless
+            ``unreadable`` is given, and the value sets of categorical columns are compared as
+            category names (``[11, 17]`` and ``["11", "17"]`` are the same set).
+        unreadable: ``{column: Unreadable}`` of a pandas window already read as its schema (what
+            :func:`~drift_checks.declared_schema.apply_schema` returned with it); a streamed
+            window's facts carry their own.
 
     Returns:
         A :class:`ContractResult` with one result per expectation, in contract order.
         Expectations on a missing column are reported as one ``expect_column_to_exist`` failure.
+        A column holding values that cannot be read as its declared kind fails its
+        ``expect_column_values_to_be_in_type_list`` (added at the end when the contract has none),
+        naming the column, the kind, the count and the values: bad data, not an error of the check.
     """
     streamed = not isinstance(frame, pd.DataFrame)
+    schema = schema if schema is not None else (contract.schema or None)
     if streamed:
         facts_of = frame.facts
         dt_cols = {c for c, f in facts_of.items() if pd.api.types.is_datetime64_any_dtype(f.dtype)}
+        bad = {c: f.unreadable for c, f in facts_of.items() if f.unreadable is not None and f.unreadable.count}
     else:
+        if schema is not None and unreadable is None:
+            applied = apply_schema(frame, schema)
+            frame, unreadable = applied.frame, applied.unreadable
+        bad = dict(unreadable or {})
         dt_cols = {c for c in frame.columns if pd.api.types.is_datetime64_any_dtype(frame[c])}
         counted = {sp.column for sp in contract.expectations if sp.type in _COUNTED}
-        facts_of = _LazyFacts(frame, counted)
+        facts_of = _LazyFacts(frame, counted, bad)
+    categorical = {c for c, k in (schema or {}).items() if k in CATEGORICAL_KINDS}
     pre: list[tuple[int, ExpectationResult]] = []
     specs: list[tuple[int, ExpectationSpec]] = []
     missing: set[str] = set()
@@ -241,6 +273,9 @@ def run_contract(contract: Contract, frame: Any, *,
         if spec.type == "ExpectColumnToExist":
             pre.append((i, ExpectationResult(col, "expect_column_to_exist", True, True)))
             continue
+        if col in bad and spec.type == "ExpectColumnValuesToBeInTypeList":
+            pre.append((i, unreadable_result(bad.pop(col), str(facts_of[col].dtype))))
+            continue
         if col in dt_cols and spec.type == "ExpectColumnValuesToBeInTypeList":
             dtype = str(facts_of[col].dtype)
             ok = dtype.startswith("datetime64")
@@ -248,6 +283,8 @@ def run_contract(contract: Contract, frame: Any, *,
                                              ok, message="" if ok else "expected a datetime64 column")))
             continue
         kwargs = dict(spec.kwargs)
+        if col in categorical and isinstance(kwargs.get("value_set"), (list, tuple, set)):
+            kwargs["value_set"] = sorted({category_name(v) for v in kwargs["value_set"] if v is not None})
         if col in dt_cols:
             try:
                 kwargs = _normalise_kwargs(kwargs)
@@ -267,5 +304,6 @@ def run_contract(contract: Contract, frame: Any, *,
         pre.extend(_run_gx(specs, frame, dt_cols, gx_sample_rows, seed))
     pre.sort(key=lambda x: x[0])
     exps = contract.expectations
-    return ContractResult(tuple(dataclasses.replace(r, severity=exps[i].severity, meta=dict(exps[i].meta))
-                                for i, r in pre))
+    out = [dataclasses.replace(r, severity=exps[i].severity, meta=dict(exps[i].meta)) for i, r in pre]
+    out += [unreadable_result(u, str(facts_of[c].dtype)) for c, u in sorted(bad.items()) if c not in missing]
+    return ContractResult(tuple(out))

@@ -112,9 +112,10 @@ def _arrow_type_ok(kind: str, t) -> bool:
         return pa.types.is_integer(t)
     if kind == "bool":
         return pa.types.is_boolean(t)
-    if kind in ("category", "string"):
+    if kind in ("category", "string"):  # any column of category values: read as names (declared_schema)
         return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t)
-                or pa.types.is_null(t) or pa.types.is_string_view(t))
+                or pa.types.is_null(t) or pa.types.is_string_view(t) or pa.types.is_integer(t)
+                or pa.types.is_floating(t) or pa.types.is_boolean(t))
     if kind == "datetime":
         return pa.types.is_timestamp(t) or pa.types.is_date(t)
     if kind == "timestamp":
@@ -126,8 +127,8 @@ _EXPECTED = {
     "float": "a floating-point or integer column",
     "int": "an integer column",
     "bool": "a boolean column",
-    "category": "a string column",
-    "string": "a string column",
+    "category": "a string column (or integer, float or boolean category values)",
+    "string": "a string column (or integer, float or boolean category values)",
     "datetime": "a timestamp or date column",
     "timestamp": "a timezone-aware (UTC) timestamp column",
 }

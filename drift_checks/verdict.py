@@ -45,6 +45,7 @@ import pandas as pd
 from drift_checks import statistics as st
 from drift_checks.contract_types import Contract, ContractResult
 from drift_checks.contracts import DEFAULT_GX_SAMPLE_ROWS, derive_contract, run_contract
+from drift_checks.declared_schema import apply_schema, typed_reference
 from drift_checks.history import HistoryStore, StatisticRow
 from drift_checks.inference_log import LogSchema, categorical_columns, numeric_columns
 from drift_checks.policy import (
@@ -188,6 +189,10 @@ def prepare_reference(frame: pd.DataFrame, schema: LogSchema, workers: int = 2, 
                       time_ordered: bool | None = None) -> PreparedReference:
     """Sort numeric columns and count categories of the reference (reuse every hour).
 
+    The sample is first read as its declared schema
+    (:func:`drift_checks.declared_schema.typed_reference`): categorical columns as category
+    names whatever their dtype.
+
     Args:
         frame: The reference sample (feature columns).
         schema: Its feature kinds.
@@ -195,7 +200,11 @@ def prepare_reference(frame: pd.DataFrame, schema: LogSchema, workers: int = 2, 
         reference_id: The id thresholds are keyed by.
         importance: ``{feature: importance}`` of the model version.
         time_ordered: Whether the rows follow time (``None``: :func:`looks_time_ordered`).
+
+    Raises:
+        WindowError: A reference value cannot be read as its column's declared kind.
     """
+    frame = typed_reference(frame, schema.features)  # the declared schema first
     cols = [c for c in numeric_columns(schema) if c in frame.columns]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # numpy sorts release the GIL
         num = dict(zip(cols, pool.map(lambda c: st.prepare_numeric(frame[c]), cols), strict=True))
@@ -304,8 +313,13 @@ def check_window(
         return summary
 
     # ---------------------------------------------------------------- contract
+    unreadable = None
+    if not streamed:  # the declared schema first (a streamed window was read with it)
+        applied = apply_schema(frame, schema.features)
+        frame, unreadable = applied.frame, applied.unreadable
     contract = contract or derive_contract(reference.frame, schema)
-    cres: ContractResult = run_contract(contract, frame, gx_sample_rows=cfg.contract_sample_rows)
+    cres: ContractResult = run_contract(contract, frame, gx_sample_rows=cfg.contract_sample_rows,
+                                        schema=schema.features, unreadable=unreadable)
     status = {"passed": "ok", "failed": "contract_failed", "error": "check_error"}[cres.status]
     invalid = {c: "contract failed: " + ", ".join(
         f"{r.expectation} observed {json.dumps(r.observed)[:80]}" for r in cres.failures if r.column == c)
