@@ -103,6 +103,8 @@ def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
         ok = _between(observed, kw)
         return ExpectationResult(col, name, _jsonable(observed), ok, message="" if ok else
                                  f"observed {_jsonable(observed)!r} outside [{bounds[0]!r}, {bounds[1]!r}]")
+    if spec.type == "ExpectColumnValuesToNotBeInSet":
+        return _infinities_result(spec, facts)
     if spec.type in _DISTINCT_SET_CHECKS:
         value_set = kw.get("value_set")
         if not isinstance(value_set, (list, tuple, set)):
@@ -146,6 +148,44 @@ def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
                                              "partial_unexpected_list": _jsonable([k for k, _ in bad[:10]])},
                                  ok, message="" if ok else f"{pct:.2f} % of values outside the set")
     return None
+
+
+def _infinity(v: Any) -> float | None:
+    """``+inf`` / ``-inf`` for an infinite number or its JSON text (``"inf"``, ``"-inf"``), else ``None``."""
+    try:
+        f = float(v) if isinstance(v, (str, float, np.floating)) else None
+    except ValueError:
+        return None
+    return f if f is not None and math.isinf(f) else None
+
+
+def _infinities_result(spec: ExpectationSpec, facts: ColumnFacts) -> ExpectationResult | None:
+    """``ExpectColumnValuesToNotBeInSet`` with only ``+inf`` / ``-inf`` on a numeric column, exactly.
+
+    The finiteness check :func:`drift_checks.contracts.derive_contract` writes for every numeric
+    feature, judged from the counts of infinities in the facts (GX 1.x semantics: ``mostly`` and
+    the unexpected percent are shares of the non-null values). ``None`` for any other value set or
+    dtype (Great Expectations evaluates it).
+    """
+    kw = spec.kwargs
+    value_set, mostly = kw.get("value_set"), kw.get("mostly", 1.0)
+    if not isinstance(value_set, (list, tuple, set)) or not value_set or not _is_number(mostly):
+        return None
+    signs = {_infinity(v) for v in value_set}
+    if None in signs or not pd.api.types.is_numeric_dtype(facts.dtype) or pd.api.types.is_bool_dtype(facts.dtype):
+        return None
+    pos = facts.n_pos_inf if math.inf in signs else 0
+    neg = facts.n_neg_inf if -math.inf in signs else 0
+    count, nonnull = pos + neg, facts.n - facts.n_null
+    pct = 100.0 * count / nonnull if nonnull else None
+    ok = nonnull == 0 or (nonnull - count) / nonnull >= float(mostly)
+    listed = ["inf"] * bool(pos) + ["-inf"] * bool(neg)
+    share = count / facts.n if facts.n else 0.0
+    observed = {"unexpected_count": count, "unexpected_percent": pct, "share_of_rows": round(share, 6),
+                "n_pos_inf": pos, "n_neg_inf": neg, "partial_unexpected_list": listed}
+    return ExpectationResult(spec.column, _snake(spec.type), observed, ok, message="" if ok else
+                             f"column {spec.column!r} holds {count} infinite values (+inf {pos}, -inf {neg}) "
+                             f"in {facts.n} rows ({100 * share:.2f} %); expected finite numbers")
 
 
 def unreadable_result(bad: Unreadable, dtype: str | None = None) -> ExpectationResult:
@@ -198,6 +238,7 @@ _FAST_KWARGS: dict[str, set[str]] = {
     "ExpectColumnMinToBeBetween": {"column", "min_value", "max_value", "strict_min", "strict_max"},
     "ExpectColumnMaxToBeBetween": {"column", "min_value", "max_value", "strict_min", "strict_max"},
     "ExpectColumnValuesToBeInSet": {"column", "value_set", "mostly"},
+    "ExpectColumnValuesToNotBeInSet": {"column", "value_set", "mostly"},
 }
 
 

@@ -6,6 +6,9 @@
 * numeric range with tolerance: ``ExpectColumnMinToBeBetween`` / ``ExpectColumnMaxToBeBetween``
   with bounds ``[min - t * span, max + t * span]`` (``t = range_tolerance``, default 1.0 reference
   span on each side: a guard against unit or scale errors, not a drift test);
+* numeric columns hold finite numbers: ``ExpectColumnValuesToNotBeInSet`` with ``[inf, -inf]``
+  (critical: a model fed infinities is fed garbage; the result names the column, the count and
+  the share);
 * null fraction: ``ExpectColumnValuesToNotBeNull`` with ``mostly = 1 - (reference null fraction +
   null_tolerance)``; the reference's null fraction travels in the expectation's ``meta`` so an
   alert can show it beside the window's;
@@ -19,9 +22,10 @@ expectation a user declares) fails the contract: the window raises a data-qualit
 column is invalid, the window raises no drift alert. ``"warning"`` is what :func:`derive_contract`
 gives the ranges and category sets it LEARNED from the reference: a window outside them is
 reported as a data-quality warning and its features are still scored (a strongly shifted valid
-feature is drift, not invalid). Presence, dtype and null fraction stay critical.
+feature is drift, not invalid). Presence, dtype (declared kind), finiteness and null fraction stay
+critical.
 
-:func:`run_contract` evaluates the expectations :func:`derive_contract` writes (presence, dtype,
+:func:`run_contract` evaluates the expectations :func:`derive_contract` writes (presence, dtype, finiteness,
 null fraction, min/max range, allowed values) EXACTLY on the full window with vectorised
 numpy/pandas code (GX 1.x semantics), and every other expectation with an *ephemeral* GX context
 (imported lazily: GX is slow to import and noisy) on the window, or on a seeded uniform sample of
@@ -48,6 +52,7 @@ this module derives and runs a contract and re-exports the public names.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -155,6 +160,10 @@ def derive_contract(
             exps.append(ExpectationSpec("ExpectColumnValuesToNotBeNull",
                                         {"column": col, "mostly": round(mostly, 6)},
                                         meta={"reference_null_fraction": round(null_frac, 6)}))
+        if kind in ("float", "int"):  # a model fed +/-inf is fed garbage: critical, never learned
+            exps.append(ExpectationSpec("ExpectColumnValuesToNotBeInSet",
+                                        {"column": col, "value_set": [math.inf, -math.inf]},
+                                        meta={"check": "finite"}))
         learned = {"learned_from": "reference"}
         if plain_float:
             if finite.size == 0:

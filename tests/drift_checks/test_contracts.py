@@ -1,6 +1,7 @@
 """Great Expectations contract: derivation, an all-null column, datetime normalisation."""
 
 import io
+import json
 
 import numpy as np
 import pandas as pd
@@ -229,3 +230,33 @@ def test_a_value_that_cannot_be_read_as_its_declared_type_fails_the_contract_nam
     # a reference value of the wrong kind is refused when the contract is derived, by name
     with pytest.raises(WindowError, match=r"column 'units' is declared int.*'twelve'"):
         derive_contract(cur, STORE_UNITS_SCHEMA)
+
+
+# ------------------------------------------------------------------ non-finite values
+def test_infinite_values_in_a_numeric_feature_fail_the_contract_by_name_count_and_share(null_and_empty_windows):
+    from drift_checks.contract_gx import _run_gx
+    from drift_checks.summaries import summarize_frame
+    from drift_checks.verdict import prepare_reference
+
+    ref, _, _ = null_and_empty_windows
+    cur = ref.assign(session_minutes=ref.session_minutes.where(~ref.index.isin([3, 7, 9]), np.inf))
+    cur.loc[12, "session_minutes"] = -np.inf
+    contract = derive_contract(ref, SESSION_LOG_SCHEMA)
+    exact = run_contract(contract, cur)
+    streamed = run_contract(contract, summarize_frame(cur, prepare_reference(ref, SESSION_LOG_SCHEMA), batch_rows=6))
+    for res in (exact, streamed):
+        assert res.status == "failed" and res.invalid_columns == ["session_minutes"]
+        (bad,) = res.failures
+        assert bad.column == "session_minutes" and bad.meta == {"check": "finite"}
+        assert bad.observed["unexpected_count"] == 4 and bad.observed["share_of_rows"] == 0.2
+        assert (bad.observed["n_pos_inf"], bad.observed["n_neg_inf"]) == (3, 1)
+        assert "'session_minutes' holds 4 infinite values (+inf 3, -inf 1) in 20 rows (20.00 %)" in bad.message
+    # the exact check is GX's own expectation: GX gives the same verdict on the same window
+    spec = next(s for s in contract.expectations if s.type == "ExpectColumnValuesToNotBeInSet"
+                and s.column == "session_minutes")
+    ((_, gx),) = _run_gx([(0, spec)], cur, set(), 10_000, 0)
+    assert gx.success is False and not gx.raised and gx.observed["unexpected_percent"] == 20.0
+    # a stored (JSON) contract writes the infinities as text: the same check
+    again = run_contract(Contract.from_dict(json.loads(json.dumps(contract.to_dict()))), cur)
+    assert again.invalid_columns == ["session_minutes"]
+    assert run_contract(contract, ref).status == "passed"

@@ -126,3 +126,25 @@ def test_reference_is_stored_with_its_profile_and_loaded_back(tmp_path):
 
     with pytest.raises(WindowError, match="no reference stored for 'm' v8"):
         load_reference(str(tmp_path), "m", 8)
+
+
+@pytest.mark.parametrize("engine", ["exact", "streamed"])
+def test_an_hour_with_infinite_values_fails_its_contract_and_never_enters_a_statistic_or_the_history(
+        null_and_empty_windows, history, engine):
+    from drift_checks.summaries import summarize_frame
+
+    ref, _, _ = null_and_empty_windows
+    prepared = prepare_reference(ref, SESSION_LOG_SCHEMA)
+    cur = ref.assign(session_minutes=ref.session_minutes.where(ref.index % 4 > 0, np.inf))  # 5 of 20 rows
+    frame = summarize_frame(cur, prepared) if engine == "streamed" else cur
+    out = check_window(model="shop", frame=frame, start=T0, end=T0 + HOUR, reference=prepared, history=history)
+    assert out["status"] == "contract_failed" and out["drift"] is False
+    info = out["features"]["session_minutes"]
+    assert info["severity"] == "invalid" and info["statistics"] == {}
+    (alert,) = [a for a in out["alerts"] if a["kind"] == "data_quality"]
+    assert alert["column"] == "session_minutes" and "5 infinite values" in alert["message"]
+    assert "(25.00 %)" in alert["message"]
+    for statistic in ("psi", "ks_p_value", "wasserstein_normed"):
+        assert history.values("shop", "session_minutes", statistic) == []
+    assert history.values("shop", "pages_viewed", "psi")  # the other features are still scored
+    assert history.window("shop", T0)["status"] == "contract_failed"

@@ -204,7 +204,8 @@ def stores(tmp_path, monkeypatch):
     """Settings without MLflow (check_model_hour reads the log and the reference only) and a store table.
 
     The table: 600 reference rows, then 4 hours of 300 rows from T0; integer store ids declared
-    categorical, and in hour 2 a store id the reference never saw (40 of 300 rows).
+    categorical, in hour 2 a store id the reference never saw (40 of 300 rows), in hour 3 six
+    ``+inf`` units.
     """
     from tritonflow.settings import Settings
 
@@ -222,6 +223,7 @@ def stores(tmp_path, monkeypatch):
                           "units": np.round(rng.gamma(4.0, 2.0, n_ref + hours * n_hour), 2)})
     table["ts"] = pd.to_datetime(table["ts"], utc=True)
     table.loc[n_ref + 2 * n_hour:n_ref + 2 * n_hour + 39, "store_id"] = 99  # 40 rows of a new store in hour 2
+    table.loc[n_ref + 3 * n_hour + 10:n_ref + 3 * n_hour + 15, "units"] = np.inf  # 6 rows of +inf in hour 3
     return settings, f"stores-{uuid.uuid4().hex[:8]}", table, n_ref, hours
 
 
@@ -255,8 +257,14 @@ def test_one_table_through_drift_monitor_and_through_the_backtest_gets_the_same_
     backtest = [{"status": w["status"], "severity": w["severity"], "dataset_drift": w["dataset_drift"],
                  "dataset_score": w["dataset_score"], "n_rows": w["n_rows"]} for w in doc["windows"]]
     assert backtest == [{k: s[k] for k in keys} for s in exact] == [{k: s[k] for k in keys} for s in streamed]
-    assert [w["status"] for w in doc["windows"]] == ["ok"] * hours  # integer store ids compared as categories
+    assert [w["status"] for w in doc["windows"]] == ["ok"] * 3 + ["contract_failed"]  # store ids: categories
     unseen = [a for a in exact[2]["alerts"] if a.get("expectation") == "expect_column_values_to_be_in_set"]
     assert unseen and unseen[0]["column"] == "store_id" and unseen[0]["observed"]["partial_unexpected_list"] == ["99"]
     assert exact[2]["features"]["store_id"]["severity"] in ("warning", "drift")
-    assert [s["severity"] for s in exact].count("ok") == hours - 1
+    assert [s["severity"] for s in exact[:3]].count("ok") == 2
+    for summary in (exact[3], streamed[3]):  # +inf fails the hour by name, in both paths, and is never scored
+        (failure,) = [a for a in summary["alerts"] if a["kind"] == "data_quality"]
+        assert failure["column"] == "units" and "6 infinite values (+inf 6, -inf 0) in 300 rows" in failure["message"]
+        units = summary["features"]["units"]
+        assert units["severity"] == "invalid" and units["statistics"] == {}
+    assert doc["windows"][3]["contract_failures"][0]["message"] == failure["message"]
