@@ -36,6 +36,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from drift_checks.contract_types import Contract
 from drift_checks.history import HistoryStore
 from drift_checks.inference_log import LogSchema, arrow_to_pandas
 from drift_checks.strategies import ReferenceStrategy, served_reference
@@ -78,6 +79,24 @@ class BacktestWindow:
         if d <= pd.Timedelta(0):
             raise DataError(f"--window {raw!r}: expected a positive duration")
         return cls(duration=d)
+
+
+def read_suite(path: str | Path) -> Contract:
+    """A user's expectation suite: a GX 1.x suite JSON or :meth:`Contract.to_dict` output.
+
+    Raises:
+        DataError: Missing file, not JSON, or not ``{"expectations": [{"type", "kwargs"}...]}``
+            (names the file and what is wrong).
+    """
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+        if not isinstance(doc, dict) or not isinstance(doc.get("expectations"), list):
+            raise ValueError("no list 'expectations'")
+        return Contract.from_dict(doc)
+    except (OSError, ValueError, TypeError) as exc:
+        raise DataError(f"--suite {str(path)!r}: {exc}; expected a JSON suite "
+                        "{\"expectations\": [{\"type\": ..., \"kwargs\": {...}}]}") from None
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
@@ -209,6 +228,7 @@ def run_backtest(
     model: str = "backtest",
     engine: str = "exact",
     sketch_k: int | None = None,
+    contract: Contract | None = None,
 ) -> dict[str, Any]:
     """Replay ``table`` through the hourly drift check and write ``backtest.json`` (+ HTML).
 
@@ -234,6 +254,9 @@ def run_backtest(
             summarised batch by batch into bin counts and sketches, as windows above
             ``TRITONFLOW_DRIFT_EXACT_MAX_ROWS`` are: :mod:`drift_checks.summaries`).
         sketch_k: KLL ``k`` of the streamed engine (default :data:`drift_checks.sketches.DEFAULT_SKETCH_K`).
+        contract: The user's own expectations (e.g. a GX suite read with
+            :meth:`~drift_checks.contract_types.Contract.from_dict`), added to the derived contract
+            of every window, as the hourly check does.
 
     Returns:
         The ``backtest.json`` document.
@@ -304,7 +327,7 @@ def run_backtest(
                     current = summarize_frame(current, reference, sketch_k=sketch_k or DEFAULT_SKETCH_K)
                 summary = check_window(model=model, frame=current, start=start,
                                        end=start + dt.timedelta(hours=1), reference=reference,
-                                       history=history, config=cfg)
+                                       history=history, config=cfg, contract=contract)
                 windows.append(_window_row(i, t_start, t_end, summary, note))
                 for c in cols:
                     series[c].append(_plot_point(summary, c))

@@ -52,6 +52,7 @@ this module derives and runs a contract and re-exports the public names.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any, Mapping
 
@@ -64,6 +65,7 @@ from drift_checks.contract_types import (
     _TYPE_LISTS,
     DATETIME_FORMAT,
     SEVERITIES,
+    SOURCES,
     Contract,
     ContractResult,
     ExpectationResult,
@@ -94,10 +96,12 @@ __all__ = [
     "MAX_CATEGORIES",
     "ROW_WISE_PREFIXES",
     "SEVERITIES",
+    "SOURCES",
     "canonical_datetime",
     "derive_contract",
     "offending_values",
     "run_contract",
+    "with_derived",
 ]
 
 #: Default tolerance of numeric ranges, in reference spans added on each side.
@@ -200,7 +204,35 @@ def derive_contract(
             exps.append(ExpectationSpec("ExpectColumnMaxToBeBetween",
                                         {"column": col, "max_value": canonical_datetime(t.max())},
                                         "warning", learned))
-    return Contract(tuple(exps), {c: k for c, k in schema.features.items() if c in reference.columns})
+    derived = tuple(dataclasses.replace(e, source="derived") for e in exps)
+    return Contract(derived, {c: k for c, k in schema.features.items() if c in reference.columns})
+
+
+def with_derived(user: Contract | None, derived: Contract) -> Contract:
+    """A user's suite ADDED to the derived contract, never in its place.
+
+    The derived expectations (presence, declared kind, finiteness, null fraction, learned ranges
+    and sets) always apply, first; the user's follow, each marked ``source="user"`` unless it
+    says ``derived``. A user expectation identical to a derived one (same type, kwargs and
+    severity: a copy of an earlier derived contract) is not run twice. A user expectation on the
+    same column as a derived one is run beside it: a looser hand-written null check does not
+    switch off the derived one.
+
+    Args:
+        user: The user's suite (``None``: none).
+        derived: From :func:`derive_contract` (its schema is the merged contract's).
+
+    Returns:
+        The merged :class:`Contract`.
+    """
+    if user is None or not user.expectations:
+        return derived
+    def key(e: ExpectationSpec) -> str:  # JSON form: a stored copy writes infinities as text
+        return json.dumps([e.type, e.to_dict()["kwargs"], e.severity], sort_keys=True, default=str)
+
+    seen = {key(e) for e in derived.expectations}
+    extra = tuple(e for e in user.expectations if key(e) not in seen)
+    return Contract(derived.expectations + extra, {**dict(user.schema), **dict(derived.schema)})
 
 
 def run_contract(contract: Contract, frame: Any, *,
@@ -313,6 +345,8 @@ def run_contract(contract: Contract, frame: Any, *,
         pre.extend(_run_gx(specs, frame, dt_cols, gx_sample_rows, seed))
     pre.sort(key=lambda x: x[0])
     exps = contract.expectations
-    out = [dataclasses.replace(r, severity=exps[i].severity, meta=dict(exps[i].meta)) for i, r in pre]
-    out += [unreadable_result(u, str(facts_of[c].dtype)) for c, u in sorted(bad.items()) if c not in missing]
+    out = [dataclasses.replace(r, severity=exps[i].severity, meta=dict(exps[i].meta), source=exps[i].source)
+           for i, r in pre]
+    out += [dataclasses.replace(unreadable_result(u, str(facts_of[c].dtype)), source="derived")  # the schema's
+            for c, u in sorted(bad.items()) if c not in missing]
     return ContractResult(tuple(out))

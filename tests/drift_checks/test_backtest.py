@@ -200,3 +200,29 @@ def test_a_word_in_a_numeric_column_fails_that_window_s_contract_naming_the_colu
     (failure,) = doc["windows"][5]["contract_failures"]
     assert doc["windows"][5]["status"] == "contract_failed" and failure["column"] == "units"
     assert "'twelve'" in failure["message"] and "cannot be read as float" in failure["message"]
+
+
+def test_a_suite_of_the_user_s_own_adds_to_the_derived_contract_of_every_backtest_window(tmp_path, capsys):
+    table = _stores()
+    table.loc[400:499, "units"] = np.nan  # window 3: the units feed is empty
+    path = tmp_path / "stores.csv"
+    table.to_csv(path, index=False)
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"name": "stores", "expectations": [
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "units", "mostly": 0.0}},
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "units", "min_value": 0,
+                                                                 "max_value": 1000}}]}))
+    out = tmp_path / "bt"
+    args = ["drift", "backtest", "--data", str(path), "--time-column", "ts", "--reference-rows", "100",
+            "--window", "100", "--categorical", "store_id", "--out", str(out), "--no-html"]
+    assert cli.main(args + ["--suite", str(suite)]) == 0
+    doc = json.loads((out / "backtest.json").read_text())
+    assert [w["window"] for w in doc["windows"] if w["status"] != "ok"] == [3]
+    (failure,) = doc["windows"][3]["contract_failures"]
+    assert (failure["column"], failure["expectation"], failure["source"]) == (
+        "units", "expect_column_values_to_not_be_null", "derived")
+    suite.write_text('{"expectations": [{"kwargs": {}}]}')
+    capsys.readouterr()
+    assert cli.main(args + ["--suite", str(suite)]) == 1
+    err = capsys.readouterr().err
+    assert f"--suite {str(suite)!r}: expectation 0" in err and "expected" in err
