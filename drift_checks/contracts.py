@@ -168,44 +168,56 @@ def derive_contract(
             exps.append(ExpectationSpec("ExpectColumnValuesToNotBeInSet",
                                         {"column": col, "value_set": [math.inf, -math.inf]},
                                         meta={"check": "finite"}))
-        learned = {"learned_from": "reference"}
-        if plain_float:
-            if finite.size == 0:
-                continue
-            lo, hi = float(finite.min()), float(finite.max())
-        else:
-            vals = s.dropna()
-            if kind in ("float", "int"):
-                vals = vals[np.isfinite(pd.to_numeric(vals, errors="coerce").astype("float64"))]
-            if vals.empty:
-                continue
-        if kind in ("float", "int"):
-            if not plain_float:
-                lo, hi = float(vals.min()), float(vals.max())
-            span = hi - lo if hi > lo else max(abs(hi), 1.0)
-            exps.append(ExpectationSpec("ExpectColumnMinToBeBetween",
-                                        {"column": col, "min_value": lo - range_tolerance * span},
-                                        "warning", learned))
-            exps.append(ExpectationSpec("ExpectColumnMaxToBeBetween",
-                                        {"column": col, "max_value": hi + range_tolerance * span},
-                                        "warning", learned))
-        elif kind in ("category", "string", "bool"):
-            cats = sorted(vals.astype(str).unique().tolist())
-            if len(cats) <= MAX_CATEGORIES:
-                exps.append(ExpectationSpec("ExpectColumnValuesToBeInSet",
-                                            {"column": col, "value_set": cats,
-                                             "mostly": round(1.0 - category_tolerance, 6)},
-                                            "warning", learned))
-        elif kind == "datetime":
-            t = pd.to_datetime(vals)
-            exps.append(ExpectationSpec("ExpectColumnMinToBeBetween",
-                                        {"column": col, "min_value": canonical_datetime(t.min())},
-                                        "warning", learned))
-            exps.append(ExpectationSpec("ExpectColumnMaxToBeBetween",
-                                        {"column": col, "max_value": canonical_datetime(t.max())},
-                                        "warning", learned))
+        exps += _learned_expectations(col, kind, s, finite if plain_float else None,
+                                      range_tolerance, category_tolerance)
     derived = tuple(dataclasses.replace(e, source="derived") for e in exps)
     return Contract(derived, {c: k for c, k in schema.features.items() if c in reference.columns})
+
+
+def _learned_expectations(col: str, kind: str, s: pd.Series, finite: np.ndarray | None,
+                          range_tolerance: float, category_tolerance: float) -> list[ExpectationSpec]:
+    """The ranges and category sets LEARNED from the reference column ``s`` (severity ``warning``).
+
+    ``finite``: the finite values of a numpy float column (``None``: read them from ``s``).
+    """
+    out: list[ExpectationSpec] = []
+    learned = {"learned_from": "reference"}
+    if finite is not None:
+        if finite.size == 0:
+            return []
+        lo, hi = float(finite.min()), float(finite.max())
+    else:
+        vals = s.dropna()
+        if kind in ("float", "int"):
+            vals = vals[np.isfinite(pd.to_numeric(vals, errors="coerce").astype("float64"))]
+        if vals.empty:
+            return []
+    if kind in ("float", "int"):
+        if finite is None:
+            lo, hi = float(vals.min()), float(vals.max())
+        span = hi - lo if hi > lo else max(abs(hi), 1.0)
+        out.append(ExpectationSpec("ExpectColumnMinToBeBetween",
+                                   {"column": col, "min_value": lo - range_tolerance * span},
+                                   "warning", learned))
+        out.append(ExpectationSpec("ExpectColumnMaxToBeBetween",
+                                   {"column": col, "max_value": hi + range_tolerance * span},
+                                   "warning", learned))
+    elif kind in ("category", "string", "bool"):
+        cats = sorted(vals.astype(str).unique().tolist())
+        if len(cats) <= MAX_CATEGORIES:
+            out.append(ExpectationSpec("ExpectColumnValuesToBeInSet",
+                                       {"column": col, "value_set": cats,
+                                         "mostly": round(1.0 - category_tolerance, 6)},
+                                       "warning", learned))
+    elif kind == "datetime":
+        t = pd.to_datetime(vals)
+        out.append(ExpectationSpec("ExpectColumnMinToBeBetween",
+                                   {"column": col, "min_value": canonical_datetime(t.min())},
+                                   "warning", learned))
+        out.append(ExpectationSpec("ExpectColumnMaxToBeBetween",
+                                   {"column": col, "max_value": canonical_datetime(t.max())},
+                                   "warning", learned))
+    return out
 
 
 def with_derived(user: Contract | None, derived: Contract) -> Contract:
@@ -287,18 +299,7 @@ def run_contract(contract: Contract, frame: Any, *,
     """
     streamed = not isinstance(frame, pd.DataFrame)
     schema = schema if schema is not None else (contract.schema or None)
-    if streamed:
-        facts_of = frame.facts
-        dt_cols = {c for c, f in facts_of.items() if pd.api.types.is_datetime64_any_dtype(f.dtype)}
-        bad = {c: f.unreadable for c, f in facts_of.items() if f.unreadable is not None and f.unreadable.count}
-    else:
-        if schema is not None and unreadable is None:
-            applied = apply_schema(frame, schema)
-            frame, unreadable = applied.frame, applied.unreadable
-        bad = dict(unreadable or {})
-        dt_cols = {c for c in frame.columns if pd.api.types.is_datetime64_any_dtype(frame[c])}
-        counted = {sp.column for sp in contract.expectations if sp.type in _COUNTED}
-        facts_of = _LazyFacts(frame, counted, bad)
+    frame, facts_of, dt_cols, bad = _window_facts(contract, frame, schema, unreadable)
     categorical = {c for c, k in (schema or {}).items() if k in CATEGORICAL_KINDS}
     pre: list[tuple[int, ExpectationResult]] = []
     specs: list[tuple[int, ExpectationSpec]] = []
@@ -314,26 +315,15 @@ def run_contract(contract: Contract, frame: Any, *,
         if spec.type == "ExpectColumnToExist":
             pre.append((i, ExpectationResult(col, "expect_column_to_exist", True, True)))
             continue
-        if col in bad and spec.type == "ExpectColumnValuesToBeInTypeList":
-            pre.append((i, unreadable_result(bad.pop(col), str(facts_of[col].dtype))))
+        if spec.type == "ExpectColumnValuesToBeInTypeList" and (col in bad or col in dt_cols):
+            pre.append((i, _type_result(col, facts_of[col], bad.pop(col, None))))
             continue
-        if col in dt_cols and spec.type == "ExpectColumnValuesToBeInTypeList":
-            dtype = str(facts_of[col].dtype)
-            ok = dtype.startswith("datetime64")
-            pre.append((i, ExpectationResult(col, "expect_column_values_to_be_in_type_list", dtype,
-                                             ok, message="" if ok else "expected a datetime64 column")))
+        try:
+            spec = ExpectationSpec(spec.type, _window_kwargs(spec, col in categorical, col in dt_cols))
+        except (ValueError, TypeError) as exc:
+            pre.append((i, ExpectationResult(col, _snake(spec.type), None, False, True,
+                                             f"cannot read a datetime bound/value set: {exc}")))
             continue
-        kwargs = dict(spec.kwargs)
-        if col in categorical and isinstance(kwargs.get("value_set"), (list, tuple, set)):
-            kwargs["value_set"] = sorted({category_name(v) for v in kwargs["value_set"] if v is not None})
-        if col in dt_cols:
-            try:
-                kwargs = _normalise_kwargs(kwargs)
-            except (ValueError, TypeError) as exc:
-                pre.append((i, ExpectationResult(col, _snake(spec.type), None, False, True,
-                                                 f"cannot read a datetime bound/value set: {exc}")))
-                continue
-        spec = ExpectationSpec(spec.type, kwargs)
         fast = _fast_result(spec, facts_of[col], col in dt_cols) if col is not None else None
         if fast is not None:
             pre.append((i, fast))
@@ -350,3 +340,45 @@ def run_contract(contract: Contract, frame: Any, *,
     out += [dataclasses.replace(unreadable_result(u, str(facts_of[c].dtype)), source="derived")  # the schema's
             for c, u in sorted(bad.items()) if c not in missing]
     return ContractResult(tuple(out))
+
+
+def _window_facts(contract: Contract, frame: Any, schema: Mapping[str, str] | None,
+                  unreadable: Mapping[str, Unreadable] | None) -> tuple[Any, Any, set[str], dict[str, Unreadable]]:
+    """(window read as ``schema``, facts by column, datetime columns, unreadable values by column)."""
+    if not isinstance(frame, pd.DataFrame):  # a streamed window: its merged facts
+        facts = frame.facts
+        dt_cols = {c for c, f in facts.items() if pd.api.types.is_datetime64_any_dtype(f.dtype)}
+        return frame, facts, dt_cols, {c: f.unreadable for c, f in facts.items()
+                                       if f.unreadable is not None and f.unreadable.count}
+    if schema is not None and unreadable is None:
+        applied = apply_schema(frame, schema)
+        frame, unreadable = applied.frame, applied.unreadable
+    bad = dict(unreadable or {})
+    dt_cols = {c for c in frame.columns if pd.api.types.is_datetime64_any_dtype(frame[c])}
+    counted = {sp.column for sp in contract.expectations if sp.type in _COUNTED}
+    return frame, _LazyFacts(frame, counted, bad), dt_cols, bad
+
+
+def _type_result(col: str, facts: Any, bad: Unreadable | None) -> ExpectationResult:
+    """The type check of a column holding unreadable values, or of a datetime column."""
+    dtype = str(facts.dtype)
+    if bad is not None:
+        return unreadable_result(bad, dtype)
+    ok = dtype.startswith("datetime64")
+    return ExpectationResult(col, "expect_column_values_to_be_in_type_list", dtype, ok,
+                             message="" if ok else "expected a datetime64 column")
+
+
+def _window_kwargs(spec: ExpectationSpec, categorical: bool, datetime: bool) -> dict[str, Any]:
+    """``spec``'s kwargs in the window's representation.
+
+    Value sets of a categorical column as category names; datetime bounds and sets as the one
+    datetime representation.
+
+    Raises:
+        ValueError / TypeError: A datetime bound or value that is not a time.
+    """
+    kwargs = dict(spec.kwargs)
+    if categorical and isinstance(kwargs.get("value_set"), (list, tuple, set)):
+        kwargs["value_set"] = sorted({category_name(v) for v in kwargs["value_set"] if v is not None})
+    return _normalise_kwargs(kwargs) if datetime else kwargs

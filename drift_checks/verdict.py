@@ -484,6 +484,7 @@ def evidently_report_for_window(reference: PreparedReference, frame: pd.DataFram
     from drift_checks.evidently_report import run_evidently
 
     schema = reference.schema
+    frame = apply_schema(frame, schema.features).frame  # as the reference was read (declared_schema)
     ev = run_evidently(reference.frame, frame,
                        numeric=[c for c in numeric_columns(schema) if c in frame.columns],
                        categorical=[c for c in categorical_columns(schema) if c in frame.columns],
