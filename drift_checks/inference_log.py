@@ -50,7 +50,9 @@ class LogSchema:
     Attributes:
         features: ``{column: kind}``; kind is ``"float"``, ``"int"``, ``"category"``, ``"bool"``
             or ``"datetime"``. Numeric kinds are scored with numeric statistics, the others with
-            categorical ones (datetime: contract only).
+            categorical ones (datetime: contract only). Every column is read as its kind before
+            it is checked (:mod:`drift_checks.declared_schema`): a ``category`` column may hold
+            strings, integers, floats or booleans, compared as category names.
         predictions: ``{column: kind}`` for the model's outputs.
     """
 
