@@ -16,10 +16,11 @@ see what a policy would have said before switching monitoring on.
 
 Outputs (``out`` folder): ``backtest.json`` (per window: start, end, n_rows, status, severity,
 alert, dataset verdict and score, flagged features with statistic, value, threshold and threshold
-source; summary: windows, alerts, dataset alarms (windows whose dataset verdict is drift), alerts
-per 100 windows in the static phase (before enough taught history: reference or static
-thresholds) and the dynamic phase) and ``index.html`` with one plot per feature (its main drift
-statistic per window against the threshold used, alerts marked), as the demo report draws them.
+source, and the contract failures naming column, expectation and message; summary: windows,
+alerts, dataset alarms (windows whose dataset verdict is drift), alerts per 100 windows in the
+static phase (before enough taught history: reference or static thresholds) and the dynamic
+phase) and ``index.html`` with one plot per feature (its main drift statistic per window
+against the threshold used, alerts marked), as the demo report draws them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from drift_checks.contract_types import Contract
 from drift_checks.history import HistoryStore
 from drift_checks.inference_log import LogSchema, arrow_to_pandas
 from drift_checks.strategies import ReferenceStrategy, served_reference
@@ -77,6 +79,24 @@ class BacktestWindow:
         if d <= pd.Timedelta(0):
             raise DataError(f"--window {raw!r}: expected a positive duration")
         return cls(duration=d)
+
+
+def read_suite(path: str | Path) -> Contract:
+    """A user's expectation suite: a GX 1.x suite JSON or :meth:`Contract.to_dict` output.
+
+    Raises:
+        DataError: Missing file, not JSON, or not ``{"expectations": [{"type", "kwargs"}...]}``
+            (names the file and what is wrong).
+    """
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+        if not isinstance(doc, dict) or not isinstance(doc.get("expectations"), list):
+            raise ValueError("no list 'expectations'")
+        return Contract.from_dict(doc)
+    except (OSError, ValueError, TypeError) as exc:
+        raise DataError(f"--suite {str(path)!r}: {exc}; expected a JSON suite "
+                        "{\"expectations\": [{\"type\": ..., \"kwargs\": {...}}]}") from None
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
@@ -127,13 +147,41 @@ def _times(frame: pd.DataFrame, column: str, unit: str | None) -> pd.Series:
     return t
 
 
+def _numbers_kind(s: pd.Series) -> str:
+    """``int`` / ``float`` for a text or object column whose values all read as numbers, else ``category``.
+
+    A CSV column that holds one word somewhere is read as text from top to bottom; its reference
+    rows still say whether the feature is numeric.
+    """
+    values = s.dropna()
+    if values.empty or s.dtype != object:
+        return "category"
+    if pd.api.types.infer_dtype(values, skipna=True) == "boolean":
+        return "category"
+    num = pd.to_numeric(values, errors="coerce")
+    if num.isna().any():
+        return "category"
+    whole = np.isfinite(num.to_numpy(dtype="float64")) & (num.to_numpy(dtype="float64") % 1 == 0)
+    return "int" if bool(whole.all()) else "float"
+
+
 def _schema(frame: pd.DataFrame, features: Sequence[str] | None, categorical: Sequence[str],
             time_column: str) -> LogSchema:
+    """The declared schema of the replay, read from the reference rows ``frame``.
+
+    ``categorical`` columns are categories whatever their dtype; the others take the kind of
+    their dtype in the reference; a text column whose reference values all read as numbers is
+    numeric (:func:`_numbers_kind`), so a later window holding a word fails its contract naming
+    the column and the value.
+    """
     cols = list(features) if features else [c for c in frame.columns if c != time_column]
     missing = [c for c in list(cols) + list(categorical) if c not in frame.columns]
     if missing:
         raise DataError(f"features {missing} are not columns of the table ({list(frame.columns)})")
-    inferred = LogSchema.infer(frame[cols]).features
+    inferred = dict(LogSchema.infer(frame[cols]).features)
+    for c in cols:
+        if inferred[c] == "category" and c not in categorical:
+            inferred[c] = _numbers_kind(frame[c])
     kinds = {c: ("category" if c in categorical else inferred[c]) for c in cols}
     kinds = {c: ("category" if k in ("datetime", "string") else k) for c, k in kinds.items()}
     return LogSchema(kinds)
@@ -180,6 +228,7 @@ def run_backtest(
     model: str = "backtest",
     engine: str = "exact",
     sketch_k: int | None = None,
+    contract: Contract | None = None,
 ) -> dict[str, Any]:
     """Replay ``table`` through the hourly drift check and write ``backtest.json`` (+ HTML).
 
@@ -205,6 +254,9 @@ def run_backtest(
             summarised batch by batch into bin counts and sketches, as windows above
             ``TRITONFLOW_DRIFT_EXACT_MAX_ROWS`` are: :mod:`drift_checks.summaries`).
         sketch_k: KLL ``k`` of the streamed engine (default :data:`drift_checks.sketches.DEFAULT_SKETCH_K`).
+        contract: The user's own expectations (e.g. a GX suite read with
+            :meth:`~drift_checks.contract_types.Contract.from_dict`), added to the derived contract
+            of every window, as the hourly check does.
 
     Returns:
         The ``backtest.json`` document.
@@ -223,7 +275,6 @@ def run_backtest(
     times = _times(table, time_column, time_unit)
     order = np.argsort(times.to_numpy(), kind="stable")
     table, times = table.iloc[order], times.iloc[order]
-    schema = _schema(table, features, categorical, time_column)
     if reference_rows is not None:
         if reference_rows < 1 or reference_rows >= len(table):
             raise DataError(f"--reference-rows {reference_rows}: expected 1..{len(table) - 1} (the table "
@@ -238,6 +289,7 @@ def run_backtest(
             raise DataError(f"--reference-range {a}..{b} holds no row (the table spans "
                             f"{times.iloc[0]}..{times.iloc[-1]})")
         ref_frame, replay = table[inside.to_numpy()], table[(times >= b).to_numpy()]
+    schema = _schema(ref_frame, features, categorical, time_column)  # declared by the reference rows
     if replay_end is not None:
         end = pd.Timestamp(replay_end)
         end = end.tz_localize("UTC") if end.tzinfo is None else end.tz_convert("UTC")
@@ -275,7 +327,7 @@ def run_backtest(
                     current = summarize_frame(current, reference, sketch_k=sketch_k or DEFAULT_SKETCH_K)
                 summary = check_window(model=model, frame=current, start=start,
                                        end=start + dt.timedelta(hours=1), reference=reference,
-                                       history=history, config=cfg)
+                                       history=history, config=cfg, contract=contract)
                 windows.append(_window_row(i, t_start, t_end, summary, note))
                 for c in cols:
                     series[c].append(_plot_point(summary, c))
@@ -320,7 +372,9 @@ def _window_row(i: int, start, end, summary: Mapping[str, Any], note: str) -> di
             "alert": bool(summary.get("drift")), "alert_features": summary.get("alert_features") or [],
             "alert_reason": summary.get("alert_reason") or "", "dataset_drift": bool(summary.get("dataset_drift")),
             "dataset_score": summary.get("dataset_score"), "weighting": summary.get("weighting"),
-            "threshold_phase": phase, "threshold_sources": sources, "reference": note, "drifted": drifted}
+            "threshold_phase": phase, "threshold_sources": sources, "reference": note, "drifted": drifted,
+            "contract_failures": [{k: a.get(k) for k in ("column", "expectation", "source", "message")}
+                                  for a in summary.get("alerts") or [] if a.get("kind") == "data_quality"]}
 
 
 def summarise(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from drift_checks.declared_schema import Unreadable
+
 #: Distinct non-null values kept as examples for error messages.
 MAX_EXAMPLES = 20
 
@@ -38,6 +40,9 @@ class ColumnFacts:
             values, as ``Series.value_counts(sort=False)``); ``None`` when not collected.
         examples: The first distinct non-null values (at most :data:`MAX_EXAMPLES`).
         series: The whole column when the facts come from it (exact messages); never stored.
+        n_pos_inf / n_neg_inf: ``+inf`` / ``-inf`` values of a numeric column (not nulls).
+        unreadable: Values that could not be read as the column's declared kind
+            (:mod:`drift_checks.declared_schema`); ``None``: none.
     """
 
     dtype: Any
@@ -48,6 +53,14 @@ class ColumnFacts:
     counts: dict | None = None
     examples: list = dataclasses.field(default_factory=list)
     series: pd.Series | None = dataclasses.field(default=None, repr=False, compare=False)
+    n_pos_inf: int = 0
+    n_neg_inf: int = 0
+    unreadable: Unreadable | None = None
+
+    @property
+    def n_infinite(self) -> int:
+        """``+inf`` and ``-inf`` values."""
+        return self.n_pos_inf + self.n_neg_inf
 
     @classmethod
     def of_series(cls, s: pd.Series, *, counts: bool = True, keep: bool = True) -> "ColumnFacts":
@@ -62,16 +75,20 @@ class ColumnFacts:
         nulls = s.isna()
         n_null = int(nulls.sum())
         vmin = vmax = None
+        pos = neg = 0
         if n_null < len(s) and _is_orderable(s.dtype):
             values = s[~nulls] if n_null else s
             vmin, vmax = values.min(), values.max()
+            if pd.api.types.is_float_dtype(s.dtype) and not (np.isfinite(vmin) and np.isfinite(vmax)):
+                v = values.to_numpy(dtype="float64")
+                pos, neg = int(np.count_nonzero(v == np.inf)), int(np.count_nonzero(v == -np.inf))
         vc = None
         if counts:
             raw = s.value_counts(dropna=True, sort=False)
             vc = {k: int(c) for k, c in raw.items() if c > 0}
         examples = (list(vc)[:MAX_EXAMPLES] if vc is not None
                     else pd.unique(s.head(10 * MAX_EXAMPLES).dropna().to_numpy(dtype=object))[:MAX_EXAMPLES].tolist())
-        return cls(s.dtype, int(len(s)), n_null, vmin, vmax, vc, examples, s if keep else None)
+        return cls(s.dtype, int(len(s)), n_null, vmin, vmax, vc, examples, s if keep else None, pos, neg)
 
     @classmethod
     def of_float_array(cls, values: np.ndarray) -> "ColumnFacts":
@@ -92,12 +109,15 @@ class ColumnFacts:
         nan = np.isnan(values)
         n_null = int(np.count_nonzero(nan))
         vmin = vmax = None
+        pos = neg = 0
         if n_null < values.size:
             present = values[~nan] if n_null else values
             vmin, vmax = present.min(), present.max()
+            if not (np.isfinite(vmin) and np.isfinite(vmax)):
+                pos, neg = int(np.count_nonzero(present == np.inf)), int(np.count_nonzero(present == -np.inf))
         head = values[:10 * MAX_EXAMPLES]
         examples = pd.unique(head[~np.isnan(head)].astype(object))[:MAX_EXAMPLES].tolist()
-        return cls(values.dtype, int(values.size), n_null, vmin, vmax, None, examples)
+        return cls(values.dtype, int(values.size), n_null, vmin, vmax, None, examples, None, pos, neg)
 
     def merge(self, other: "ColumnFacts") -> "ColumnFacts":
         """Facts of the two batches' rows together (this batch's rows first)."""
@@ -117,9 +137,15 @@ class ColumnFacts:
                 break
             if v not in examples:
                 examples.append(v)
+        unreadable: Unreadable | None = None
+        if self.unreadable is not None:
+            unreadable = self.unreadable.merge(other.unreadable, other.n)
+        elif other.unreadable is not None:
+            unreadable = other.unreadable.merge(None, self.n)
         return ColumnFacts(dtype, self.n + other.n, self.n_null + other.n_null,
                            min(lo) if lo and _is_orderable(dtype) else None,
-                           max(hi) if hi and _is_orderable(dtype) else None, counts, examples)
+                           max(hi) if hi and _is_orderable(dtype) else None, counts, examples, None,
+                           self.n_pos_inf + other.n_pos_inf, self.n_neg_inf + other.n_neg_inf, unreadable)
 
     @property
     def values_for_messages(self) -> pd.Series:
@@ -139,14 +165,18 @@ class ColumnFacts:
         """JSON form (values tagged with their type; see :func:`from_json`)."""
         return {"dtype": str(self.dtype), "n": self.n, "n_null": self.n_null, "vmin": _enc(self.vmin),
                 "vmax": _enc(self.vmax), "examples": [_enc(v) for v in self.examples],
-                "counts": None if self.counts is None else [[_enc(k), c] for k, c in self.counts.items()]}
+                "counts": None if self.counts is None else [[_enc(k), c] for k, c in self.counts.items()],
+                "n_pos_inf": self.n_pos_inf, "n_neg_inf": self.n_neg_inf,
+                "unreadable": None if self.unreadable is None else self.unreadable.to_json()}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ColumnFacts":
         """Rebuild the facts from :meth:`to_json` output (values decoded to their original types)."""
         counts = None if d["counts"] is None else {_dec(k): int(c) for k, c in d["counts"]}
+        unreadable = Unreadable.from_json(d["unreadable"]) if d.get("unreadable") else None
         return cls(pd.api.types.pandas_dtype(d["dtype"]), int(d["n"]), int(d["n_null"]), _dec(d["vmin"]),
-                   _dec(d["vmax"]), counts, [_dec(v) for v in d["examples"]])
+                   _dec(d["vmax"]), counts, [_dec(v) for v in d["examples"]], None,
+                   int(d["n_pos_inf"]), int(d["n_neg_inf"]), unreadable)
 
 
 def _enc(v: Any) -> Any:

@@ -23,6 +23,7 @@ from drift_checks.contract_types import (
     _snake,
     canonical_datetime,
 )
+from drift_checks.declared_schema import Unreadable
 
 
 def _is_number(v: Any) -> bool:
@@ -59,6 +60,8 @@ def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
         if is_dt or not isinstance(kw.get("type_list"), (list, tuple)):
             return None
         dtype = str(facts.dtype)
+        if facts.unreadable is not None and facts.unreadable.count:
+            return unreadable_result(facts.unreadable, dtype)
         ok = dtype in {str(t) for t in kw["type_list"]}
         if ok or (n > 0 and facts.n_null == n):  # no value to judge: the null check reports it
             return ExpectationResult(col, name, dtype, True)
@@ -70,7 +73,7 @@ def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
         mostly = kw.get("mostly", 1.0)
         if not _is_number(mostly):
             return None
-        nulls = facts.n_null
+        nulls = facts.n_null - (facts.unreadable.count if facts.unreadable else 0)  # unreadable: not null
         pct = 100.0 * nulls / n if n else None
         ok = n == 0 or (n - nulls) / n >= float(mostly)
         return ExpectationResult(col, name, {"unexpected_percent": pct, "partial_unexpected_list": []},
@@ -100,6 +103,8 @@ def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
         ok = _between(observed, kw)
         return ExpectationResult(col, name, _jsonable(observed), ok, message="" if ok else
                                  f"observed {_jsonable(observed)!r} outside [{bounds[0]!r}, {bounds[1]!r}]")
+    if spec.type == "ExpectColumnValuesToNotBeInSet":
+        return _infinities_result(spec, facts)
     if spec.type in _DISTINCT_SET_CHECKS:
         value_set = kw.get("value_set")
         if not isinstance(value_set, (list, tuple, set)):
@@ -145,6 +150,61 @@ def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
     return None
 
 
+def _infinity(v: Any) -> float | None:
+    """``+inf`` / ``-inf`` for an infinite number or its JSON text (``"inf"``, ``"-inf"``), else ``None``."""
+    try:
+        f = float(v) if isinstance(v, (str, float, np.floating)) else None
+    except ValueError:
+        return None
+    return f if f is not None and math.isinf(f) else None
+
+
+def _infinities_result(spec: ExpectationSpec, facts: ColumnFacts) -> ExpectationResult | None:
+    """``ExpectColumnValuesToNotBeInSet`` with only ``+inf`` / ``-inf`` on a numeric column, exactly.
+
+    The finiteness check :func:`drift_checks.contracts.derive_contract` writes for every numeric
+    feature, judged from the counts of infinities in the facts (GX 1.x semantics: ``mostly`` and
+    the unexpected percent are shares of the non-null values). ``None`` for any other value set or
+    dtype (Great Expectations evaluates it).
+    """
+    kw = spec.kwargs
+    value_set, mostly = kw.get("value_set"), kw.get("mostly", 1.0)
+    if not isinstance(value_set, (list, tuple, set)) or not value_set or not _is_number(mostly):
+        return None
+    signs = {_infinity(v) for v in value_set}
+    if None in signs or not pd.api.types.is_numeric_dtype(facts.dtype) or pd.api.types.is_bool_dtype(facts.dtype):
+        return None
+    pos = facts.n_pos_inf if math.inf in signs else 0
+    neg = facts.n_neg_inf if -math.inf in signs else 0
+    count, nonnull = pos + neg, facts.n - facts.n_null
+    pct = 100.0 * count / nonnull if nonnull else None
+    ok = nonnull == 0 or (nonnull - count) / nonnull >= float(mostly)
+    listed = ["inf"] * bool(pos) + ["-inf"] * bool(neg)
+    share = count / facts.n if facts.n else 0.0
+    observed = {"unexpected_count": count, "unexpected_percent": pct, "share_of_rows": round(share, 6),
+                "n_pos_inf": pos, "n_neg_inf": neg, "partial_unexpected_list": listed}
+    return ExpectationResult(spec.column, _snake(spec.type), observed, ok, message="" if ok else
+                             f"column {spec.column!r} holds {count} infinite values (+inf {pos}, -inf {neg}) "
+                             f"in {facts.n} rows ({100 * share:.2f} %); expected finite numbers")
+
+
+def unreadable_result(bad: Unreadable, dtype: str | None = None) -> ExpectationResult:
+    """The type check's failure for values that cannot be read as the column's declared kind.
+
+    Args:
+        bad: The column's :class:`~drift_checks.declared_schema.Unreadable` values.
+        dtype: The column's dtype once read (``None``: unknown).
+
+    Returns:
+        A failed ``expect_column_values_to_be_in_type_list`` result whose observed value and
+        message name the column, the declared kind, the count, the share and the first values.
+    """
+    observed = {"dtype": dtype, "declared": bad.kind, "unreadable_count": bad.count,
+                "unreadable_share": round(bad.share, 6), "first_offending_values": _jsonable(list(bad.examples))}
+    return ExpectationResult(bad.column, "expect_column_values_to_be_in_type_list", observed, False,
+                             message=bad.message)
+
+
 #: Distinct-value-set expectations (GX 1.x semantics on the non-null distinct values).
 _DISTINCT_SET_CHECKS = {
     "ExpectColumnDistinctValuesToEqualSet": lambda have, want: have == want,
@@ -178,18 +238,20 @@ _FAST_KWARGS: dict[str, set[str]] = {
     "ExpectColumnMinToBeBetween": {"column", "min_value", "max_value", "strict_min", "strict_max"},
     "ExpectColumnMaxToBeBetween": {"column", "min_value", "max_value", "strict_min", "strict_max"},
     "ExpectColumnValuesToBeInSet": {"column", "value_set", "mostly"},
+    "ExpectColumnValuesToNotBeInSet": {"column", "value_set", "mostly"},
 }
 
 
 class _LazyFacts(dict):
     """Column facts of an in-memory window, taken when first needed."""
 
-    def __init__(self, frame: pd.DataFrame, counted: set):
+    def __init__(self, frame: pd.DataFrame, counted: set, unreadable: Mapping[str, Unreadable] | None = None):
         super().__init__()
-        self.frame, self.counted = frame, counted
+        self.frame, self.counted, self.unreadable = frame, counted, dict(unreadable or {})
 
     def __missing__(self, col: str) -> ColumnFacts:
         self[col] = f = ColumnFacts.of_series(self.frame[col], counts=col in self.counted)
+        f.unreadable = self.unreadable.get(col)
         return f
 
 

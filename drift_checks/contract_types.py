@@ -30,6 +30,9 @@ _TYPE_LISTS = {"float": _FLOAT_TYPES, "int": _INT_TYPES, "category": _STR_TYPES,
 
 #: Severities of an expectation: ``critical`` fails the contract, ``warning`` only reports.
 SEVERITIES = ("critical", "warning")
+#: Where an expectation comes from: ``derived`` (the schema and the reference:
+#: :func:`drift_checks.contracts.derive_contract`) or ``user`` (written by hand, a user's suite).
+SOURCES = ("derived", "user")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,16 +45,20 @@ class ExpectationSpec:
         severity: ``"critical"`` (default; fails the contract) or ``"warning"`` (reported only).
         meta: Extra facts kept with the result (e.g. ``reference_null_fraction``); never passed
             to GX.
+        source: ``"user"`` (default: written by hand) or ``"derived"`` (:data:`SOURCES`).
     """
 
     type: str
     kwargs: Mapping[str, Any]
     severity: str = "critical"
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    source: str = "user"
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
             raise ValueError(f"expectation {self.type} severity={self.severity!r}; expected one of {SEVERITIES}")
+        if self.source not in SOURCES:
+            raise ValueError(f"expectation {self.type} source={self.source!r}; expected one of {SOURCES}")
 
     @property
     def column(self) -> str | None:
@@ -59,26 +66,49 @@ class ExpectationSpec:
         return self.kwargs.get("column")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (``type``, ``kwargs``, ``severity``, ``meta``), read back by :meth:`Contract.from_dict`."""
+        """JSON-able form (``type``, ``kwargs``, ``severity``, ``meta``, ``source``).
+
+        Read back by :meth:`Contract.from_dict`.
+        """
         return {"type": self.type, "kwargs": _jsonable(dict(self.kwargs)), "severity": self.severity,
-                "meta": _jsonable(dict(self.meta))}
+                "meta": _jsonable(dict(self.meta)), "source": self.source}
 
 
 @dataclasses.dataclass(frozen=True)
 class Contract:
-    """An ordered list of expectations (JSON-serialisable through :meth:`to_dict`)."""
+    """An ordered list of expectations (JSON-serialisable through :meth:`to_dict`).
+
+    Attributes:
+        expectations: The expectations, in order.
+        schema: The declared ``{column: kind}`` the contract was derived with (``{}``: none);
+            :func:`drift_checks.contracts.run_contract` reads a window as it first.
+    """
 
     expectations: tuple[ExpectationSpec, ...]
+    schema: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form: ``{"expectations": [...]}`` (see :meth:`ExpectationSpec.to_dict`)."""
-        return {"expectations": [e.to_dict() for e in self.expectations]}
+        """JSON-able form: ``{"expectations": [...], "schema": {...}}`` (see :meth:`ExpectationSpec.to_dict`)."""
+        return {"expectations": [e.to_dict() for e in self.expectations], "schema": dict(self.schema)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Contract":
-        """Read a contract written by :meth:`to_dict`; ``severity`` defaults to ``critical``."""
-        return cls(tuple(ExpectationSpec(e["type"], dict(e["kwargs"]), e.get("severity", "critical"),
-                                         dict(e.get("meta") or {})) for e in d["expectations"]))
+        """Read a contract written by :meth:`to_dict`, or a Great Expectations 1.x suite's JSON.
+
+        ``type`` is a GX class name (``ExpectColumnValuesToNotBeNull``) or, as a GX suite stores
+        it, its snake-case name (``expect_column_values_to_not_be_null``); ``severity`` defaults to
+        ``critical`` and ``source`` to ``user``.
+
+        Raises:
+            ValueError: An expectation without ``type`` or ``kwargs`` (names its position).
+        """
+        exps = []
+        for i, e in enumerate(d["expectations"]):
+            if not isinstance(e, Mapping) or "type" not in e or not isinstance(e.get("kwargs"), Mapping):
+                raise ValueError(f"expectation {i} is {e!r}; expected {{'type': ..., 'kwargs': {{...}}}}")
+            exps.append(ExpectationSpec(_camel(str(e["type"])), dict(e["kwargs"]), e.get("severity", "critical"),
+                                        dict(e.get("meta") or {}), e.get("source", "user")))
+        return cls(tuple(exps), dict(d.get("schema") or {}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +126,7 @@ class ExpectationResult:
             (``None``: the full window was evaluated).
         severity: The expectation's severity (``critical`` failures fail the contract).
         meta: The expectation's ``meta`` (e.g. the reference's null fraction).
+        source: ``"derived"`` or ``"user"``: where the expectation came from (:data:`SOURCES`).
     """
 
     column: str | None
@@ -107,6 +138,7 @@ class ExpectationResult:
     sample_rows: int | None = None
     severity: str = "critical"
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    source: str = "user"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form of the result (every field)."""
@@ -153,9 +185,24 @@ class ContractResult:
             return "error"
         return "failed" if self.failures else "passed"
 
+    @property
+    def sources(self) -> dict[str, int]:
+        """How many expectations came from each source (``{"derived": n, "user": m}``)."""
+        out = {k: 0 for k in SOURCES}
+        for r in self.results:
+            out[r.source] = out.get(r.source, 0) + 1
+        return out
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able summary: status, invalid columns, failures, warnings and errors of the check."""
-        return {"status": self.status, "invalid_columns": self.invalid_columns,
+        """JSON-able summary.
+
+        Status, expectations per source, invalid columns, the outcome of every user expectation,
+        and the failures, warnings and errors of the check (each with its ``source``).
+        """
+        return {"status": self.status, "sources": self.sources, "invalid_columns": self.invalid_columns,
+                "user_expectations": [{"column": r.column, "expectation": r.expectation, "success": r.success,
+                                       "raised": r.raised, "severity": r.severity}
+                                      for r in self.results if r.source == "user"],
                 "failures": [r.to_dict() for r in self.failures],
                 "warnings": [r.to_dict() for r in self.warnings],
                 "check_errors": [r.to_dict() for r in self.check_errors]}
@@ -190,6 +237,11 @@ def _normalise_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
         if out.get(k) is not None:
             out[k] = sorted({canonical_datetime(v) for v in out[k]})
     return out
+
+
+def _camel(name: str) -> str:
+    """``expect_column_values_to_not_be_null`` -> ``ExpectColumnValuesToNotBeNull`` (class names unchanged)."""
+    return "".join(p[:1].upper() + p[1:] for p in name.split("_")) if "_" in name or name.islower() else name
 
 
 def _snake(name: str) -> str:

@@ -6,6 +6,9 @@
 * numeric range with tolerance: ``ExpectColumnMinToBeBetween`` / ``ExpectColumnMaxToBeBetween``
   with bounds ``[min - t * span, max + t * span]`` (``t = range_tolerance``, default 1.0 reference
   span on each side: a guard against unit or scale errors, not a drift test);
+* numeric columns hold finite numbers: ``ExpectColumnValuesToNotBeInSet`` with ``[inf, -inf]``
+  (critical: a model fed infinities is fed garbage; the result names the column, the count and
+  the share);
 * null fraction: ``ExpectColumnValuesToNotBeNull`` with ``mostly = 1 - (reference null fraction +
   null_tolerance)``; the reference's null fraction travels in the expectation's ``meta`` so an
   alert can show it beside the window's;
@@ -19,9 +22,10 @@ expectation a user declares) fails the contract: the window raises a data-qualit
 column is invalid, the window raises no drift alert. ``"warning"`` is what :func:`derive_contract`
 gives the ranges and category sets it LEARNED from the reference: a window outside them is
 reported as a data-quality warning and its features are still scored (a strongly shifted valid
-feature is drift, not invalid). Presence, dtype and null fraction stay critical.
+feature is drift, not invalid). Presence, dtype (declared kind), finiteness and null fraction stay
+critical.
 
-:func:`run_contract` evaluates the expectations :func:`derive_contract` writes (presence, dtype,
+:func:`run_contract` evaluates the expectations :func:`derive_contract` writes (presence, dtype, finiteness,
 null fraction, min/max range, allowed values) EXACTLY on the full window with vectorised
 numpy/pandas code (GX 1.x semantics), and every other expectation with an *ephemeral* GX context
 (imported lazily: GX is slow to import and noisy) on the window, or on a seeded uniform sample of
@@ -48,17 +52,20 @@ this module derives and runs a contract and re-exports the public names.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import json
+import math
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 
-from drift_checks.contract_exact import _COUNTED, _fast_result, _LazyFacts, offending_values
+from drift_checks.contract_exact import _COUNTED, _fast_result, _LazyFacts, offending_values, unreadable_result
 from drift_checks.contract_gx import ROW_WISE_PREFIXES, _run_gx, _run_gx_streamed
 from drift_checks.contract_types import (
     _TYPE_LISTS,
     DATETIME_FORMAT,
     SEVERITIES,
+    SOURCES,
     Contract,
     ContractResult,
     ExpectationResult,
@@ -66,6 +73,13 @@ from drift_checks.contract_types import (
     _normalise_kwargs,
     _snake,
     canonical_datetime,
+)
+from drift_checks.declared_schema import (
+    CATEGORICAL_KINDS,
+    Unreadable,
+    apply_schema,
+    category_name,
+    typed_reference,
 )
 from drift_checks.inference_log import LogSchema
 
@@ -82,10 +96,12 @@ __all__ = [
     "MAX_CATEGORIES",
     "ROW_WISE_PREFIXES",
     "SEVERITIES",
+    "SOURCES",
     "canonical_datetime",
     "derive_contract",
     "offending_values",
     "run_contract",
+    "with_derived",
 ]
 
 #: Default tolerance of numeric ranges, in reference spans added on each side.
@@ -121,7 +137,12 @@ def derive_contract(
 
     Returns:
         A :class:`Contract`.
+
+    Raises:
+        WindowError: A reference value cannot be read as its column's declared kind (the sample
+            is read as ``schema`` first: :func:`drift_checks.declared_schema.typed_reference`).
     """
+    reference = typed_reference(reference, schema.features)
     exps: list[ExpectationSpec] = []
     for col, kind in schema.features.items():
         if col not in reference.columns:
@@ -143,47 +164,93 @@ def derive_contract(
             exps.append(ExpectationSpec("ExpectColumnValuesToNotBeNull",
                                         {"column": col, "mostly": round(mostly, 6)},
                                         meta={"reference_null_fraction": round(null_frac, 6)}))
-        learned = {"learned_from": "reference"}
-        if plain_float:
-            if finite.size == 0:
-                continue
-            lo, hi = float(finite.min()), float(finite.max())
-        else:
-            vals = s.dropna()
-            if kind in ("float", "int"):
-                vals = vals[np.isfinite(pd.to_numeric(vals, errors="coerce").astype("float64"))]
-            if vals.empty:
-                continue
+        if kind in ("float", "int"):  # a model fed +/-inf is fed garbage: critical, never learned
+            exps.append(ExpectationSpec("ExpectColumnValuesToNotBeInSet",
+                                        {"column": col, "value_set": [math.inf, -math.inf]},
+                                        meta={"check": "finite"}))
+        exps += _learned_expectations(col, kind, s, finite if plain_float else None,
+                                      range_tolerance, category_tolerance)
+    derived = tuple(dataclasses.replace(e, source="derived") for e in exps)
+    return Contract(derived, {c: k for c, k in schema.features.items() if c in reference.columns})
+
+
+def _learned_expectations(col: str, kind: str, s: pd.Series, finite: np.ndarray | None,
+                          range_tolerance: float, category_tolerance: float) -> list[ExpectationSpec]:
+    """The ranges and category sets LEARNED from the reference column ``s`` (severity ``warning``).
+
+    ``finite``: the finite values of a numpy float column (``None``: read them from ``s``).
+    """
+    out: list[ExpectationSpec] = []
+    learned = {"learned_from": "reference"}
+    if finite is not None:
+        if finite.size == 0:
+            return []
+        lo, hi = float(finite.min()), float(finite.max())
+    else:
+        vals = s.dropna()
         if kind in ("float", "int"):
-            if not plain_float:
-                lo, hi = float(vals.min()), float(vals.max())
-            span = hi - lo if hi > lo else max(abs(hi), 1.0)
-            exps.append(ExpectationSpec("ExpectColumnMinToBeBetween",
-                                        {"column": col, "min_value": lo - range_tolerance * span},
-                                        "warning", learned))
-            exps.append(ExpectationSpec("ExpectColumnMaxToBeBetween",
-                                        {"column": col, "max_value": hi + range_tolerance * span},
-                                        "warning", learned))
-        elif kind in ("category", "string", "bool"):
-            cats = sorted(vals.astype(str).unique().tolist())
-            if len(cats) <= MAX_CATEGORIES:
-                exps.append(ExpectationSpec("ExpectColumnValuesToBeInSet",
-                                            {"column": col, "value_set": cats,
-                                             "mostly": round(1.0 - category_tolerance, 6)},
-                                            "warning", learned))
-        elif kind == "datetime":
-            t = pd.to_datetime(vals)
-            exps.append(ExpectationSpec("ExpectColumnMinToBeBetween",
-                                        {"column": col, "min_value": canonical_datetime(t.min())},
-                                        "warning", learned))
-            exps.append(ExpectationSpec("ExpectColumnMaxToBeBetween",
-                                        {"column": col, "max_value": canonical_datetime(t.max())},
-                                        "warning", learned))
-    return Contract(tuple(exps))
+            vals = vals[np.isfinite(pd.to_numeric(vals, errors="coerce").astype("float64"))]
+        if vals.empty:
+            return []
+    if kind in ("float", "int"):
+        if finite is None:
+            lo, hi = float(vals.min()), float(vals.max())
+        span = hi - lo if hi > lo else max(abs(hi), 1.0)
+        out.append(ExpectationSpec("ExpectColumnMinToBeBetween",
+                                   {"column": col, "min_value": lo - range_tolerance * span},
+                                   "warning", learned))
+        out.append(ExpectationSpec("ExpectColumnMaxToBeBetween",
+                                   {"column": col, "max_value": hi + range_tolerance * span},
+                                   "warning", learned))
+    elif kind in ("category", "string", "bool"):
+        cats = sorted(vals.astype(str).unique().tolist())
+        if len(cats) <= MAX_CATEGORIES:
+            out.append(ExpectationSpec("ExpectColumnValuesToBeInSet",
+                                       {"column": col, "value_set": cats,
+                                         "mostly": round(1.0 - category_tolerance, 6)},
+                                       "warning", learned))
+    elif kind == "datetime":
+        t = pd.to_datetime(vals)
+        out.append(ExpectationSpec("ExpectColumnMinToBeBetween",
+                                   {"column": col, "min_value": canonical_datetime(t.min())},
+                                   "warning", learned))
+        out.append(ExpectationSpec("ExpectColumnMaxToBeBetween",
+                                   {"column": col, "max_value": canonical_datetime(t.max())},
+                                   "warning", learned))
+    return out
+
+
+def with_derived(user: Contract | None, derived: Contract) -> Contract:
+    """A user's suite ADDED to the derived contract, never in its place.
+
+    The derived expectations (presence, declared kind, finiteness, null fraction, learned ranges
+    and sets) always apply, first; the user's follow, each marked ``source="user"`` unless it
+    says ``derived``. A user expectation identical to a derived one (same type, kwargs and
+    severity: a copy of an earlier derived contract) is not run twice. A user expectation on the
+    same column as a derived one is run beside it: a looser hand-written null check does not
+    switch off the derived one.
+
+    Args:
+        user: The user's suite (``None``: none).
+        derived: From :func:`derive_contract` (its schema is the merged contract's).
+
+    Returns:
+        The merged :class:`Contract`.
+    """
+    if user is None or not user.expectations:
+        return derived
+    def key(e: ExpectationSpec) -> str:  # JSON form: a stored copy writes infinities as text
+        return json.dumps([e.type, e.to_dict()["kwargs"], e.severity], sort_keys=True, default=str)
+
+    seen = {key(e) for e in derived.expectations}
+    extra = tuple(e for e in user.expectations if key(e) not in seen)
+    return Contract(derived.expectations + extra, {**dict(user.schema), **dict(derived.schema)})
 
 
 def run_contract(contract: Contract, frame: Any, *,
-                 gx_sample_rows: int = DEFAULT_GX_SAMPLE_ROWS, seed: int = 0) -> ContractResult:
+                 gx_sample_rows: int = DEFAULT_GX_SAMPLE_ROWS, seed: int = 0,
+                 schema: Mapping[str, str] | None = None,
+                 unreadable: Mapping[str, Unreadable] | None = None) -> ContractResult:
     """Validate one window against the contract.
 
     Two evaluation paths, so the check stays fast on large windows (a 100,000-row window took
@@ -214,19 +281,26 @@ def run_contract(contract: Contract, frame: Any, *,
         gx_sample_rows: Largest number of rows handed to GX (default
             :data:`DEFAULT_GX_SAMPLE_ROWS`).
         seed: Seed of the GX sample.
+        schema: The declared ``{column: kind}`` (``LogSchema.features``; default: the
+            contract's own, which :func:`derive_contract` records). A pandas window is
+            first read as it (:func:`drift_checks.declared_schema.apply_schema`) unless
+            ``unreadable`` is given, and the value sets of categorical columns are compared as
+            category names (``[11, 17]`` and ``["11", "17"]`` are the same set).
+        unreadable: ``{column: Unreadable}`` of a pandas window already read as its schema (what
+            :func:`~drift_checks.declared_schema.apply_schema` returned with it); a streamed
+            window's facts carry their own.
 
     Returns:
         A :class:`ContractResult` with one result per expectation, in contract order.
         Expectations on a missing column are reported as one ``expect_column_to_exist`` failure.
+        A column holding values that cannot be read as its declared kind fails its
+        ``expect_column_values_to_be_in_type_list`` (added at the end when the contract has none),
+        naming the column, the kind, the count and the values: bad data, not an error of the check.
     """
     streamed = not isinstance(frame, pd.DataFrame)
-    if streamed:
-        facts_of = frame.facts
-        dt_cols = {c for c, f in facts_of.items() if pd.api.types.is_datetime64_any_dtype(f.dtype)}
-    else:
-        dt_cols = {c for c in frame.columns if pd.api.types.is_datetime64_any_dtype(frame[c])}
-        counted = {sp.column for sp in contract.expectations if sp.type in _COUNTED}
-        facts_of = _LazyFacts(frame, counted)
+    schema = schema if schema is not None else (contract.schema or None)
+    frame, facts_of, dt_cols, bad = _window_facts(contract, frame, schema, unreadable)
+    categorical = {c for c, k in (schema or {}).items() if k in CATEGORICAL_KINDS}
     pre: list[tuple[int, ExpectationResult]] = []
     specs: list[tuple[int, ExpectationSpec]] = []
     missing: set[str] = set()
@@ -241,21 +315,15 @@ def run_contract(contract: Contract, frame: Any, *,
         if spec.type == "ExpectColumnToExist":
             pre.append((i, ExpectationResult(col, "expect_column_to_exist", True, True)))
             continue
-        if col in dt_cols and spec.type == "ExpectColumnValuesToBeInTypeList":
-            dtype = str(facts_of[col].dtype)
-            ok = dtype.startswith("datetime64")
-            pre.append((i, ExpectationResult(col, "expect_column_values_to_be_in_type_list", dtype,
-                                             ok, message="" if ok else "expected a datetime64 column")))
+        if spec.type == "ExpectColumnValuesToBeInTypeList" and (col in bad or col in dt_cols):
+            pre.append((i, _type_result(col, facts_of[col], bad.pop(col, None))))
             continue
-        kwargs = dict(spec.kwargs)
-        if col in dt_cols:
-            try:
-                kwargs = _normalise_kwargs(kwargs)
-            except (ValueError, TypeError) as exc:
-                pre.append((i, ExpectationResult(col, _snake(spec.type), None, False, True,
-                                                 f"cannot read a datetime bound/value set: {exc}")))
-                continue
-        spec = ExpectationSpec(spec.type, kwargs)
+        try:
+            spec = ExpectationSpec(spec.type, _window_kwargs(spec, col in categorical, col in dt_cols))
+        except (ValueError, TypeError) as exc:
+            pre.append((i, ExpectationResult(col, _snake(spec.type), None, False, True,
+                                             f"cannot read a datetime bound/value set: {exc}")))
+            continue
         fast = _fast_result(spec, facts_of[col], col in dt_cols) if col is not None else None
         if fast is not None:
             pre.append((i, fast))
@@ -267,5 +335,50 @@ def run_contract(contract: Contract, frame: Any, *,
         pre.extend(_run_gx(specs, frame, dt_cols, gx_sample_rows, seed))
     pre.sort(key=lambda x: x[0])
     exps = contract.expectations
-    return ContractResult(tuple(dataclasses.replace(r, severity=exps[i].severity, meta=dict(exps[i].meta))
-                                for i, r in pre))
+    out = [dataclasses.replace(r, severity=exps[i].severity, meta=dict(exps[i].meta), source=exps[i].source)
+           for i, r in pre]
+    out += [dataclasses.replace(unreadable_result(u, str(facts_of[c].dtype)), source="derived")  # the schema's
+            for c, u in sorted(bad.items()) if c not in missing]
+    return ContractResult(tuple(out))
+
+
+def _window_facts(contract: Contract, frame: Any, schema: Mapping[str, str] | None,
+                  unreadable: Mapping[str, Unreadable] | None) -> tuple[Any, Any, set[str], dict[str, Unreadable]]:
+    """(window read as ``schema``, facts by column, datetime columns, unreadable values by column)."""
+    if not isinstance(frame, pd.DataFrame):  # a streamed window: its merged facts
+        facts = frame.facts
+        dt_cols = {c for c, f in facts.items() if pd.api.types.is_datetime64_any_dtype(f.dtype)}
+        return frame, facts, dt_cols, {c: f.unreadable for c, f in facts.items()
+                                       if f.unreadable is not None and f.unreadable.count}
+    if schema is not None and unreadable is None:
+        applied = apply_schema(frame, schema)
+        frame, unreadable = applied.frame, applied.unreadable
+    bad = dict(unreadable or {})
+    dt_cols = {c for c in frame.columns if pd.api.types.is_datetime64_any_dtype(frame[c])}
+    counted = {sp.column for sp in contract.expectations if sp.type in _COUNTED}
+    return frame, _LazyFacts(frame, counted, bad), dt_cols, bad
+
+
+def _type_result(col: str, facts: Any, bad: Unreadable | None) -> ExpectationResult:
+    """The type check of a column holding unreadable values, or of a datetime column."""
+    dtype = str(facts.dtype)
+    if bad is not None:
+        return unreadable_result(bad, dtype)
+    ok = dtype.startswith("datetime64")
+    return ExpectationResult(col, "expect_column_values_to_be_in_type_list", dtype, ok,
+                             message="" if ok else "expected a datetime64 column")
+
+
+def _window_kwargs(spec: ExpectationSpec, categorical: bool, datetime: bool) -> dict[str, Any]:
+    """``spec``'s kwargs in the window's representation.
+
+    Value sets of a categorical column as category names; datetime bounds and sets as the one
+    datetime representation.
+
+    Raises:
+        ValueError / TypeError: A datetime bound or value that is not a time.
+    """
+    kwargs = dict(spec.kwargs)
+    if categorical and isinstance(kwargs.get("value_set"), (list, tuple, set)):
+        kwargs["value_set"] = sorted({category_name(v) for v in kwargs["value_set"] if v is not None})
+    return _normalise_kwargs(kwargs) if datetime else kwargs

@@ -50,7 +50,9 @@ class LogSchema:
     Attributes:
         features: ``{column: kind}``; kind is ``"float"``, ``"int"``, ``"category"``, ``"bool"``
             or ``"datetime"``. Numeric kinds are scored with numeric statistics, the others with
-            categorical ones (datetime: contract only).
+            categorical ones (datetime: contract only). Every column is read as its kind before
+            it is checked (:mod:`drift_checks.declared_schema`): a ``category`` column may hold
+            strings, integers, floats or booleans, compared as category names.
         predictions: ``{column: kind}`` for the model's outputs.
     """
 
@@ -112,9 +114,10 @@ def _arrow_type_ok(kind: str, t) -> bool:
         return pa.types.is_integer(t)
     if kind == "bool":
         return pa.types.is_boolean(t)
-    if kind in ("category", "string"):
+    if kind in ("category", "string"):  # any column of category values: read as names (declared_schema)
         return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t)
-                or pa.types.is_null(t) or pa.types.is_string_view(t))
+                or pa.types.is_null(t) or pa.types.is_string_view(t) or pa.types.is_integer(t)
+                or pa.types.is_floating(t) or pa.types.is_boolean(t))
     if kind == "datetime":
         return pa.types.is_timestamp(t) or pa.types.is_date(t)
     if kind == "timestamp":
@@ -126,8 +129,8 @@ _EXPECTED = {
     "float": "a floating-point or integer column",
     "int": "an integer column",
     "bool": "a boolean column",
-    "category": "a string column",
-    "string": "a string column",
+    "category": "a string column (or integer, float or boolean category values)",
+    "string": "a string column (or integer, float or boolean category values)",
     "datetime": "a timestamp or date column",
     "timestamp": "a timezone-aware (UTC) timestamp column",
 }

@@ -36,7 +36,7 @@ from drift_checks.inference_log import categorical_columns, numeric_columns
 log = logging.getLogger(__name__)
 
 #: Version of the cache file layout (part of the key: a new layout never reads an old file).
-FORMAT = "prepared-reference-1"
+FORMAT = "prepared-reference-2"
 
 
 def cache_key(sample_sha256: str, schema) -> str:
@@ -146,7 +146,10 @@ def prepared_training_reference(ref, cache_dir: Path | str | None, workers: int 
     cat_cols = [c for c in categorical_columns(ref.schema) if c in ref.frame.columns]
     got = _read(path, key, num_cols, cat_cols)
     if got is not None:
-        return PreparedReference(ref.schema, ref.frame, got["numeric"], got["categorical"], ref.reference_id,
+        from drift_checks.declared_schema import typed_reference
+
+        frame = typed_reference(ref.frame, ref.schema.features)  # the declared schema, as prepare_reference
+        return PreparedReference(ref.schema, frame, got["numeric"], got["categorical"], ref.reference_id,
                                  dict(ref.importance) if ref.importance else None, got["time_ordered"])
     prepared = prepare_reference(ref.frame, ref.schema, workers, reference_id=ref.reference_id,
                                  importance=ref.importance)

@@ -45,12 +45,13 @@ import pandas as pd
 from drift_checks import statistics as st
 from drift_checks.binning import PsiBins, bin_counts
 from drift_checks.column_facts import ColumnFacts
+from drift_checks.declared_schema import apply_column
 from drift_checks.inference_log import LogSchema, categorical_columns, numeric_columns
 from drift_checks.numeric_statistics import _as_float_array
 from drift_checks.sketches import DEFAULT_SKETCH_K, new_sketch, sketch_from_bytes, sketch_sample, update_sketch
 
 #: Format version of :meth:`WindowSummary.to_bytes`.
-FORMAT = 1
+FORMAT = 2
 
 
 def bins_of(reference) -> dict[str, PsiBins]:
@@ -268,8 +269,8 @@ class WindowSummarizer:
         import pyarrow as pa
 
         names = set(batch.schema.names)
-        floats = {c for c in self.schema.features
-                  if c in names and pa.types.is_floating(batch.schema.field(c).type)}
+        floats = {c for c, kind in self.schema.features.items()  # declared float: no cast needed
+                  if kind == "float" and c in names and pa.types.is_floating(batch.schema.field(c).type)}
         others = [c for c in self.schema.features if c in names and c not in floats]
         frame = None
         if others:
@@ -283,27 +284,34 @@ class WindowSummarizer:
     def _add_frame(self, columns: Mapping[str, Any], frame: pd.DataFrame | None, n_rows: int) -> None:
         """Add one batch of ``n_rows`` rows.
 
-        ``columns`` maps a feature to a pandas Series or a numpy float array (NaN: null);
-        ``frame`` (pandas, or ``None``) also holds ``request_id`` for the sample.
+        ``columns`` maps a feature to a pandas Series or a numpy float array (NaN: null) of a
+        column declared ``float``; ``frame`` (pandas, or ``None``) also holds ``request_id`` for
+        the sample. Each Series is first read as its declared kind
+        (:func:`~drift_checks.declared_schema.apply_column`), as the exact path reads a window.
         """
         if n_rows == 0:
             return
         sm = self.summary
         sm.n_rows += n_rows
-        for col in self.schema.features:
+        typed: dict[str, Any] = {}
+        for col, kind in self.schema.features.items():
             if col not in columns:
                 continue
             values = columns[col]
             if isinstance(values, np.ndarray):
                 f = ColumnFacts.of_float_array(values)
             else:
+                values, bad = apply_column(col, kind, values)
                 f = ColumnFacts.of_series(values, counts=col in self.counted, keep=False)
+                f.unreadable = bad
+            typed[col] = values
             sm.facts[col] = sm.facts[col].merge(f) if col in sm.facts else f
             if col in sm.numeric:
                 self._add_numeric(sm.numeric[col], values, col)
         if self.sample_rows > 0 and frame is not None and "request_id" in frame.columns:
             keys = pd.util.hash_pandas_object(frame["request_id"].astype(str), index=False).to_numpy()
-            part = frame[[c for c in self.schema.features if c in frame.columns]].assign(_key=keys)
+            part = pd.DataFrame({c: typed[c] for c in self.schema.features if c in frame.columns and c in typed},
+                                index=frame.index).assign(_key=keys)
             both = part if sm.sample is None else pd.concat([sm.sample, part], ignore_index=True)
             sm.sample = _smallest(both, self.sample_rows).reset_index(drop=True)
 

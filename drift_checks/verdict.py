@@ -44,7 +44,8 @@ import pandas as pd
 
 from drift_checks import statistics as st
 from drift_checks.contract_types import Contract, ContractResult
-from drift_checks.contracts import DEFAULT_GX_SAMPLE_ROWS, derive_contract, run_contract
+from drift_checks.contracts import DEFAULT_GX_SAMPLE_ROWS, derive_contract, run_contract, with_derived
+from drift_checks.declared_schema import apply_schema, typed_reference
 from drift_checks.history import HistoryStore, StatisticRow
 from drift_checks.inference_log import LogSchema, categorical_columns, numeric_columns
 from drift_checks.policy import (
@@ -188,6 +189,10 @@ def prepare_reference(frame: pd.DataFrame, schema: LogSchema, workers: int = 2, 
                       time_ordered: bool | None = None) -> PreparedReference:
     """Sort numeric columns and count categories of the reference (reuse every hour).
 
+    The sample is first read as its declared schema
+    (:func:`drift_checks.declared_schema.typed_reference`): categorical columns as category
+    names whatever their dtype.
+
     Args:
         frame: The reference sample (feature columns).
         schema: Its feature kinds.
@@ -195,7 +200,11 @@ def prepare_reference(frame: pd.DataFrame, schema: LogSchema, workers: int = 2, 
         reference_id: The id thresholds are keyed by.
         importance: ``{feature: importance}`` of the model version.
         time_ordered: Whether the rows follow time (``None``: :func:`looks_time_ordered`).
+
+    Raises:
+        WindowError: A reference value cannot be read as its column's declared kind.
     """
+    frame = typed_reference(frame, schema.features)  # the declared schema first
     cols = [c for c in numeric_columns(schema) if c in frame.columns]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # numpy sorts release the GIL
         num = dict(zip(cols, pool.map(lambda c: st.prepare_numeric(frame[c]), cols), strict=True))
@@ -224,14 +233,14 @@ def _quality_alerts(cres: ContractResult, frame) -> list[dict[str, Any]]:
     for r, kind, sev in ([(r, "data_quality", "invalid") for r in cres.failures]
                          + [(r, "data_quality_warning", "warning") for r in cres.warnings]):
         a = {"kind": kind, "severity": sev, "column": r.column, "expectation": r.expectation,
-             "observed": r.observed, "message": r.message[:300]}
+             "source": r.source, "observed": r.observed, "message": r.message[:300]}
         if r.expectation == "expect_column_values_to_not_be_null" and r.column in _columns(frame):
             a["window_missing_share"] = _missing_share(frame, r.column)
             a["reference_missing_share"] = r.meta.get("reference_null_fraction")
         alerts.append(a)
     for r in cres.check_errors:
         alerts.append({"kind": "contract_check_error", "severity": "error", "column": r.column,
-                       "expectation": r.expectation, "message": r.message[:300]})
+                       "expectation": r.expectation, "source": r.source, "message": r.message[:300]})
     return alerts
 
 
@@ -268,7 +277,9 @@ def check_window(
         reference: From :func:`prepare_reference` (the reference of the served version, or the
             strategy's reference: see :mod:`drift_checks.strategies`).
         history: Statistics history; this hour's results REPLACE any earlier run of it.
-        contract: Data contract; derived from the reference when ``None``.
+        contract: The user's own expectations (a GX suite as a :class:`Contract`), ADDED to the
+            contract derived from the reference and the schema, never in its place
+            (:func:`drift_checks.contracts.with_derived`); ``None``: the derived one alone.
         config: Check knobs (default :class:`CheckConfig`).
         model_version: Version that served the window (recorded).
         artefact_dir: Folder for bulky artefacts (full summary JSON); none written when ``None``.
@@ -304,8 +315,13 @@ def check_window(
         return summary
 
     # ---------------------------------------------------------------- contract
-    contract = contract or derive_contract(reference.frame, schema)
-    cres: ContractResult = run_contract(contract, frame, gx_sample_rows=cfg.contract_sample_rows)
+    unreadable = None
+    if not streamed:  # the declared schema first (a streamed window was read with it)
+        applied = apply_schema(frame, schema.features)
+        frame, unreadable = applied.frame, applied.unreadable
+    contract = with_derived(contract, derive_contract(reference.frame, schema))  # a user's suite adds
+    cres: ContractResult = run_contract(contract, frame, gx_sample_rows=cfg.contract_sample_rows,
+                                        schema=schema.features, unreadable=unreadable)
     status = {"passed": "ok", "failed": "contract_failed", "error": "check_error"}[cres.status]
     invalid = {c: "contract failed: " + ", ".join(
         f"{r.expectation} observed {json.dumps(r.observed)[:80]}" for r in cres.failures if r.column == c)
@@ -333,12 +349,7 @@ def check_window(
         counts = frame.category_counts(c) if not isinstance(frame, pd.DataFrame) else st.category_counts(frame[c])
         scored[c] = st.score_categorical(reference.categorical[c], counts, reference_rows=len(reference.frame),
                                          current_rows=n_rows, names=names)
-    for c, sample in samples.items():
-        if sample.n_infinite:
-            alerts.append({"kind": "data_quality_warning", "severity": "warning", "column": c,
-                           "message": f"column {c!r} has {sample.n_infinite} infinite values "
-                                      f"(+inf {sample.n_pos_inf}, -inf {sample.n_neg_inf}); "
-                                      "they are left out of the statistics"})
+    # (infinite values never get here: the derived contract's finiteness check made the column invalid)
 
     # ---------------------------------------------------------------- thresholds and votes
     series = [(f, s) for f, res in scored.items() for s in res]
@@ -473,6 +484,7 @@ def evidently_report_for_window(reference: PreparedReference, frame: pd.DataFram
     from drift_checks.evidently_report import run_evidently
 
     schema = reference.schema
+    frame = apply_schema(frame, schema.features).frame  # as the reference was read (declared_schema)
     ev = run_evidently(reference.frame, frame,
                        numeric=[c for c in numeric_columns(schema) if c in frame.columns],
                        categorical=[c for c in categorical_columns(schema) if c in frame.columns],
@@ -508,7 +520,8 @@ def _cap(summary: dict[str, Any], limit: int) -> dict[str, Any]:
         {"causes": a["causes"][:10]} if a.get("causes") else {}) for a in summary["alerts"]]
     if small.get("contract"):
         small["contract"] = {"status": summary["contract"]["status"],
-                             "invalid_columns": summary["contract"]["invalid_columns"]}
+                             "invalid_columns": summary["contract"]["invalid_columns"],
+                             "sources": summary["contract"].get("sources")}
     small["alerts"] = small["alerts"][:20]
     if small.get("evidently"):
         small["evidently"] = {"status": summary["evidently"]["status"]}

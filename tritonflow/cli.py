@@ -239,7 +239,7 @@ def _drift_backtest(args: argparse.Namespace) -> int:
     """
     import dataclasses as dc
 
-    from drift_checks.backtest import read_table, run_backtest
+    from drift_checks.backtest import read_suite, read_table, run_backtest
     from drift_checks.strategies import ReferenceStrategy
     from drift_checks.verdict import CheckConfig
     from tritonflow.exceptions import DataError
@@ -269,7 +269,8 @@ def _drift_backtest(args: argparse.Namespace) -> int:
                        reference_range=tuple(args.reference_range) if args.reference_range else None,
                        window=args.window, strategy=strategy, importance=importance, config=config,
                        time_unit=args.time_unit, replay_end=args.end, html_report=not args.no_html,
-                       engine=args.engine, sketch_k=settings.drift_sketch_k)
+                       engine=args.engine, sketch_k=settings.drift_sketch_k,
+                       contract=read_suite(args.suite) if args.suite else None)
     print(json.dumps({"out": args.out, **doc["summary"]}, default=str))
     return 0
 
@@ -343,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     bt.add_argument("--importance", default=None, help="JSON file {feature: weight} for the dataset verdict")
     bt.add_argument("--weighting", choices=["importance", "uniform"], default=None,
                     help="dataset weights (default: TRITONFLOW_DRIFT_WEIGHTING)")
+    bt.add_argument("--suite", default=None,
+                    help="JSON suite of your own expectations (GX 1.x suite or tritonflow contract), "
+                         "added to the contract derived from the reference")
     bt.add_argument("--out", required=True, help="output folder (backtest.json, index.html)")
     bt.add_argument("--no-html", action="store_true", help="only backtest.json")
     bt.add_argument("--engine", choices=["exact", "streamed"], default="exact",

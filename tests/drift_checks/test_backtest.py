@@ -158,3 +158,71 @@ def test_a_sustained_shift_on_a_minor_noaa_input_alerts_within_2_windows_and_its
     hit = doc["windows"][alerts[0]]
     assert feature in hit["alert_features"] and "sustained drift" in hit["alert_reason"]
     assert doc["policy"]["sustained_windows"] == 5 and doc["policy"]["sustained_evidence"] == 4
+
+
+def _stores(n=1300, seed=3):
+    """Integer store ids (a category) and units sold, one row a minute, no shift."""
+    rng = np.random.default_rng(seed)
+    t = pd.date_range("2024-03-01", periods=n, freq="min", tz="UTC")
+    return pd.DataFrame({"ts": t.strftime("%Y-%m-%dT%H:%M:%SZ"), "store_id": rng.choice([11, 17, 23], n),
+                         "units": np.round(rng.gamma(4.0, 2.0, n), 2)})
+
+
+@pytest.mark.parametrize("engine", ["exact", "streamed"])
+def test_an_integer_column_declared_categorical_passes_every_window_of_the_backtest(tmp_path, engine):
+    path = tmp_path / "stores.csv"
+    _stores().to_csv(path, index=False)
+    out = tmp_path / "bt"
+    assert cli.main(["drift", "backtest", "--data", str(path), "--time-column", "ts", "--reference-rows", "100",
+                     "--window", "100", "--categorical", "store_id", "--out", str(out), "--no-html",
+                     "--engine", engine]) == 0
+    doc = json.loads((out / "backtest.json").read_text())
+    assert doc["data"]["features"] == {"store_id": "category", "units": "float"}
+    assert doc["summary"]["windows"] == 12 and doc["summary"]["contract_failed_windows"] == 0
+    assert {w["status"] for w in doc["windows"]} == {"ok"}
+    assert all(w["contract_failures"] == [] for w in doc["windows"])
+
+
+@pytest.mark.parametrize("engine", ["exact", "streamed"])
+def test_a_word_in_a_numeric_column_fails_that_window_s_contract_naming_the_column_and_the_value(tmp_path, engine):
+    table = _stores()
+    table["units"] = table["units"].astype(object)
+    table.loc[650, "units"] = "twelve"  # window (650 - 100) // 100 = 5; the CSV column is text throughout
+    path = tmp_path / "stores.csv"
+    table.to_csv(path, index=False)
+    out = tmp_path / "bt"
+    assert cli.main(["drift", "backtest", "--data", str(path), "--time-column", "ts", "--reference-rows", "100",
+                     "--window", "100", "--categorical", "store_id", "--out", str(out), "--no-html",
+                     "--engine", engine]) == 0
+    doc = json.loads((out / "backtest.json").read_text())
+    assert doc["data"]["features"]["units"] == "float"  # the reference rows are numbers
+    assert [w["window"] for w in doc["windows"] if w["status"] != "ok"] == [5]
+    (failure,) = doc["windows"][5]["contract_failures"]
+    assert doc["windows"][5]["status"] == "contract_failed" and failure["column"] == "units"
+    assert "'twelve'" in failure["message"] and "cannot be read as float" in failure["message"]
+
+
+def test_a_suite_of_the_user_s_own_adds_to_the_derived_contract_of_every_backtest_window(tmp_path, capsys):
+    table = _stores()
+    table.loc[400:499, "units"] = np.nan  # window 3: the units feed is empty
+    path = tmp_path / "stores.csv"
+    table.to_csv(path, index=False)
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"name": "stores", "expectations": [
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "units", "mostly": 0.0}},
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "units", "min_value": 0,
+                                                                 "max_value": 1000}}]}))
+    out = tmp_path / "bt"
+    args = ["drift", "backtest", "--data", str(path), "--time-column", "ts", "--reference-rows", "100",
+            "--window", "100", "--categorical", "store_id", "--out", str(out), "--no-html"]
+    assert cli.main(args + ["--suite", str(suite)]) == 0
+    doc = json.loads((out / "backtest.json").read_text())
+    assert [w["window"] for w in doc["windows"] if w["status"] != "ok"] == [3]
+    (failure,) = doc["windows"][3]["contract_failures"]
+    assert (failure["column"], failure["expectation"], failure["source"]) == (
+        "units", "expect_column_values_to_not_be_null", "derived")
+    suite.write_text('{"expectations": [{"kwargs": {}}]}')
+    capsys.readouterr()
+    assert cli.main(args + ["--suite", str(suite)]) == 1
+    err = capsys.readouterr().err
+    assert f"--suite {str(suite)!r}: expectation 0" in err and "expected" in err

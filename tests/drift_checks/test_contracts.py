@@ -1,6 +1,7 @@
 """Great Expectations contract: derivation, an all-null column, datetime normalisation."""
 
 import io
+import json
 
 import numpy as np
 import pandas as pd
@@ -9,6 +10,7 @@ import pytest
 from drift_checks.contract_types import Contract, ExpectationSpec
 from drift_checks.contracts import derive_contract, run_contract
 from drift_checks.inference_log import LogSchema
+from tritonflow.exceptions import WindowError
 
 SESSION_LOG_SCHEMA = LogSchema({"session_minutes": "float", "device": "category",
                         "promo_code": "category", "pages_viewed": "int"})
@@ -176,3 +178,85 @@ def test_large_window_runs_other_expectations_on_a_seeded_sample_and_derived_one
     assert mx.observed == 40.0 and not mx.success and mx.sample_rows is None
     assert between.success and between.sample_rows == 5_000 and "sample" in between.message
     assert flag.success and flag.observed["unexpected_percent"] == 0.0
+
+
+# ------------------------------------------------------------------ the declared schema comes first
+STORE_UNITS_SCHEMA = LogSchema({"store_id": "category", "units": "int"})
+
+
+def _store_units():
+    return pd.read_csv(io.StringIO(DATED_STORE_UNITS_CSV))[["store_id", "units"]]
+
+
+def test_an_integer_column_declared_categorical_passes_with_the_reference_s_values():
+    ref = _store_units()
+    assert ref["store_id"].dtype.kind == "i"
+    cur = ref.iloc[::-1].reset_index(drop=True)
+    res = run_contract(derive_contract(ref, STORE_UNITS_SCHEMA), cur)
+    assert res.status == "passed" and res.failures == [] and res.warnings == [], res.to_dict()
+    # the same categories whatever the dtype: a float column (an integer column with a null) or text
+    for other in (cur.astype({"store_id": "float64"}), cur.astype({"store_id": str})):
+        again = run_contract(derive_contract(ref, STORE_UNITS_SCHEMA), other)
+        assert again.status == "passed" and again.warnings == [], again.to_dict()
+    # a hand-written set of integers names the same categories
+    user = Contract((ExpectationSpec("ExpectColumnValuesToBeInSet", {"column": "store_id", "value_set": [11, 17, 23]}),
+                     ExpectationSpec("ExpectColumnDistinctValuesToEqualSet",
+                                     {"column": "store_id", "value_set": [11, 17, 23]})))
+    res = run_contract(user, cur, schema=STORE_UNITS_SCHEMA.features)
+    assert [r.success for r in res.results] == [True, True], res.results
+    unseen = run_contract(derive_contract(ref, STORE_UNITS_SCHEMA), cur.assign(store_id=[11, 17, 99, 99, 99, 99]))
+    assert unseen.status == "passed"
+    (w,) = unseen.warnings
+    assert w.column == "store_id" and w.observed["partial_unexpected_list"] == ["99"]
+
+
+def test_a_value_that_cannot_be_read_as_its_declared_type_fails_the_contract_naming_column_value_and_type():
+    from drift_checks.summaries import summarize_frame
+    from drift_checks.verdict import prepare_reference
+
+    ref = _store_units()
+    cur = ref.astype({"units": object})
+    cur.loc[[1, 4], "units"] = ["twelve", 2.5]  # a word, and a fraction in an integer column
+    contract = derive_contract(ref, STORE_UNITS_SCHEMA)
+    exact = run_contract(contract, cur)
+    streamed = run_contract(contract, summarize_frame(cur, prepare_reference(ref, STORE_UNITS_SCHEMA), batch_rows=4))
+    for res in (exact, streamed):
+        assert res.status == "failed" and res.check_errors == [] and res.invalid_columns == ["units"]
+        (bad,) = res.failures
+        assert bad.expectation == "expect_column_values_to_be_in_type_list" and bad.column == "units"
+        assert bad.observed["declared"] == "int" and bad.observed["unreadable_count"] == 2
+        assert bad.observed["first_offending_values"] == ["twelve", 2.5]
+        assert "'units'" in bad.message and "'twelve'" in bad.message and "as int" in bad.message
+    # a reference value of the wrong kind is refused when the contract is derived, by name
+    with pytest.raises(WindowError, match=r"column 'units' is declared int.*'twelve'"):
+        derive_contract(cur, STORE_UNITS_SCHEMA)
+
+
+# ------------------------------------------------------------------ non-finite values
+def test_infinite_values_in_a_numeric_feature_fail_the_contract_by_name_count_and_share(null_and_empty_windows):
+    from drift_checks.contract_gx import _run_gx
+    from drift_checks.summaries import summarize_frame
+    from drift_checks.verdict import prepare_reference
+
+    ref, _, _ = null_and_empty_windows
+    cur = ref.assign(session_minutes=ref.session_minutes.where(~ref.index.isin([3, 7, 9]), np.inf))
+    cur.loc[12, "session_minutes"] = -np.inf
+    contract = derive_contract(ref, SESSION_LOG_SCHEMA)
+    exact = run_contract(contract, cur)
+    streamed = run_contract(contract, summarize_frame(cur, prepare_reference(ref, SESSION_LOG_SCHEMA), batch_rows=6))
+    for res in (exact, streamed):
+        assert res.status == "failed" and res.invalid_columns == ["session_minutes"]
+        (bad,) = res.failures
+        assert bad.column == "session_minutes" and bad.meta == {"check": "finite"}
+        assert bad.observed["unexpected_count"] == 4 and bad.observed["share_of_rows"] == 0.2
+        assert (bad.observed["n_pos_inf"], bad.observed["n_neg_inf"]) == (3, 1)
+        assert "'session_minutes' holds 4 infinite values (+inf 3, -inf 1) in 20 rows (20.00 %)" in bad.message
+    # the exact check is GX's own expectation: GX gives the same verdict on the same window
+    spec = next(s for s in contract.expectations if s.type == "ExpectColumnValuesToNotBeInSet"
+                and s.column == "session_minutes")
+    ((_, gx),) = _run_gx([(0, spec)], cur, set(), 10_000, 0)
+    assert gx.success is False and not gx.raised and gx.observed["unexpected_percent"] == 20.0
+    # a stored (JSON) contract writes the infinities as text: the same check
+    again = run_contract(Contract.from_dict(json.loads(json.dumps(contract.to_dict()))), cur)
+    assert again.invalid_columns == ["session_minutes"]
+    assert run_contract(contract, ref).status == "passed"

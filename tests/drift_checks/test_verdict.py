@@ -107,10 +107,13 @@ def test_constant_and_all_null_numeric_columns_never_read_as_ok(history):
     assert out["features"]["x"]["severity"] == "unscored"
     assert "reference has no value" in out["features"]["x"]["reason"]
     assert any(a["kind"] == "data_quality_warning" and a["column"] == "x" for a in out["alerts"])
-    ref = prepare_reference(pd.DataFrame({"x": [1.0, 2.0] * 5, "c": ["a"] * 10}), SCHEMA)
+    # a reference 95 % null allows any null share (no null expectation is derived, and a user's
+    # suite can no longer switch the derived ones off): the undefined statistic still says invalid
+    ref = prepare_reference(pd.DataFrame({"x": [1.0, 2.0] + [np.nan] * 38, "c": ["a"] * 40}), SCHEMA)
     out = check_window(model="m", frame=pd.DataFrame({"x": [np.nan] * 5, "c": ["a"] * 5}),
                        start=T0 + HOUR, end=T0 + 2 * HOUR, reference=ref, history=history,
-                       contract=Contract(()), config=CheckConfig(evidently_sample_rows=0))
+                       config=CheckConfig(evidently_sample_rows=0))
+    assert out["status"] == "ok" and out["contract"]["sources"] == {"derived": 9, "user": 0}
     assert out["features"]["x"]["severity"] == "invalid" and "all_null" in out["features"]["x"]["reason"]
 
 
@@ -126,3 +129,65 @@ def test_reference_is_stored_with_its_profile_and_loaded_back(tmp_path):
 
     with pytest.raises(WindowError, match="no reference stored for 'm' v8"):
         load_reference(str(tmp_path), "m", 8)
+
+
+@pytest.mark.parametrize("engine", ["exact", "streamed"])
+def test_an_hour_with_infinite_values_fails_its_contract_and_never_enters_a_statistic_or_the_history(
+        null_and_empty_windows, history, engine):
+    from drift_checks.summaries import summarize_frame
+
+    ref, _, _ = null_and_empty_windows
+    prepared = prepare_reference(ref, SESSION_LOG_SCHEMA)
+    cur = ref.assign(session_minutes=ref.session_minutes.where(ref.index % 4 > 0, np.inf))  # 5 of 20 rows
+    frame = summarize_frame(cur, prepared) if engine == "streamed" else cur
+    out = check_window(model="shop", frame=frame, start=T0, end=T0 + HOUR, reference=prepared, history=history)
+    assert out["status"] == "contract_failed" and out["drift"] is False
+    info = out["features"]["session_minutes"]
+    assert info["severity"] == "invalid" and info["statistics"] == {}
+    (alert,) = [a for a in out["alerts"] if a["kind"] == "data_quality"]
+    assert alert["column"] == "session_minutes" and "5 infinite values" in alert["message"]
+    assert "(25.00 %)" in alert["message"]
+    for statistic in ("psi", "ks_p_value", "wasserstein_normed"):
+        assert history.values("shop", "session_minutes", statistic) == []
+    assert history.values("shop", "pages_viewed", "psi")  # the other features are still scored
+    assert history.window("shop", T0)["status"] == "contract_failed"
+
+
+def test_a_users_own_suite_adds_to_the_derived_contract_and_the_all_null_column_still_fails(
+        null_and_empty_windows, history):
+    ref, all_null, _ = null_and_empty_windows
+    user = Contract.from_dict({"expectations": [  # as a GX 1.x suite stores it: snake-case types
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "session_minutes",
+                                                                 "min_value": 0, "max_value": 500}},
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "promo_code", "mostly": 0.0}},
+    ]})
+    out = check_window(model="shop", frame=all_null, start=T0, end=T0 + HOUR,
+                       reference=prepare_reference(ref, SESSION_LOG_SCHEMA), history=history, contract=user)
+    assert out["status"] == "contract_failed" and out["features"]["promo_code"]["severity"] == "invalid"
+    (failure,) = [a for a in out["alerts"] if a["kind"] == "data_quality"]
+    assert (failure["column"], failure["expectation"], failure["source"]) == (
+        "promo_code", "expect_column_values_to_not_be_null", "derived")  # the user's looser one passed beside it
+    contract = out["contract"]
+    assert contract["sources"]["user"] == 2 and contract["sources"]["derived"] > 2
+    assert [(u["column"], u["expectation"], u["success"]) for u in contract["user_expectations"]] == [
+        ("session_minutes", "expect_column_values_to_be_between", True),
+        ("promo_code", "expect_column_values_to_not_be_null", True)]
+    # the derived type and null checks still apply to a column the user's suite never mentions
+    bad = all_null.assign(pages_viewed=all_null.pages_viewed.astype(object).where(all_null.index != 2, "lots"))
+    out = check_window(model="shop", frame=bad, start=T0 + HOUR, end=T0 + 2 * HOUR,
+                       reference=prepare_reference(ref, SESSION_LOG_SCHEMA), history=history, contract=user)
+    assert {(a["column"], a["expectation"], a["source"]) for a in out["alerts"] if a["kind"] == "data_quality"} == {
+        ("promo_code", "expect_column_values_to_not_be_null", "derived"),
+        ("pages_viewed", "expect_column_values_to_be_in_type_list", "derived")}
+
+
+def test_a_copy_of_the_derived_contract_in_a_user_suite_is_run_once(null_and_empty_windows):
+    from drift_checks.contracts import derive_contract, run_contract, with_derived
+
+    ref, all_null, _ = null_and_empty_windows
+    derived = derive_contract(ref, SESSION_LOG_SCHEMA)
+    stored = Contract.from_dict(json.loads(json.dumps(derived.to_dict())))
+    merged = with_derived(stored, derived)
+    assert merged.expectations == derived.expectations
+    assert {e.source for e in merged.expectations} == {"derived"}
+    assert run_contract(merged, all_null).invalid_columns == ["promo_code"]

@@ -193,3 +193,78 @@ def test_evidently_sample_report_is_its_own_step(env, noaa):
     assert ev["status"] == "ok" and set(ev["scores"]) == set(FEATURE_COLUMNS)
     assert ev["html_path"].endswith(".html")
     assert drift.evidently_for_hour(model, 1, T0, T0 + HOUR, settings, sample_rows=0)["status"] == "disabled"
+
+
+# ------------------------------------------------------------------ drift_monitor path vs the backtest
+STORES_SCHEMA = LogSchema({"store_id": "category", "units": "float"}, {"p_sold_out": "float"})
+
+
+@pytest.fixture
+def stores(tmp_path, monkeypatch):
+    """Settings without MLflow (check_model_hour reads the log and the reference only) and a store table.
+
+    The table: 600 reference rows, then 4 hours of 300 rows from T0; integer store ids declared
+    categorical, in hour 2 a store id the reference never saw (40 of 300 rows), in hour 3 six
+    ``+inf`` units.
+    """
+    from tritonflow.settings import Settings
+
+    monkeypatch.setenv("TRITONFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TRITONFLOW_INFERENCE_LOG_ROOT", str(tmp_path / "logs"))
+    monkeypatch.setenv("TRITONFLOW_DRIFT_HISTORY_DB_URL", f"sqlite:///{tmp_path / 'history.db'}")
+    settings = Settings.from_env()
+    rng = np.random.default_rng(11)
+    n_ref, n_hour, hours = 600, 300, 4
+    ref_t = pd.Timestamp(T0) - pd.to_timedelta(np.arange(n_ref, 0, -1) * 5, unit="s")
+    hour_t = [pd.Timestamp(T0) + h * pd.Timedelta(HOUR) + pd.to_timedelta(np.arange(n_hour) * (3599 / n_hour), unit="s")
+              for h in range(hours)]
+    table = pd.DataFrame({"ts": np.concatenate([ref_t.to_numpy(), *[t.to_numpy() for t in hour_t]]),
+                          "store_id": rng.choice([11, 17, 23], n_ref + hours * n_hour),
+                          "units": np.round(rng.gamma(4.0, 2.0, n_ref + hours * n_hour), 2)})
+    table["ts"] = pd.to_datetime(table["ts"], utc=True)
+    table.loc[n_ref + 2 * n_hour:n_ref + 2 * n_hour + 39, "store_id"] = 99  # 40 rows of a new store in hour 2
+    table.loc[n_ref + 3 * n_hour + 10:n_ref + 3 * n_hour + 15, "units"] = np.inf  # 6 rows of +inf in hour 3
+    return settings, f"stores-{uuid.uuid4().hex[:8]}", table, n_ref, hours
+
+
+def _drift_monitor_hours(settings, model, table, n_ref, hours, **overrides):
+    import dataclasses
+
+    s = dataclasses.replace(settings, **overrides)
+    root = drift.log_root(s)
+    save_reference(root, model, 1, table.iloc[:n_ref].drop(columns="ts"), STORES_SCHEMA)
+    log = table.iloc[n_ref:].reset_index(drop=True)
+    frame = pd.DataFrame({"request_id": [f"r{i}" for i in range(len(log))], "timestamp": log["ts"],
+                          "model_version": 1, "store_id": log["store_id"], "units": log["units"],
+                          "p_sold_out": 0.1})
+    InferenceLogWriter(root, model, STORES_SCHEMA).write(frame)
+    return [drift.check_model_hour(model, 1, T0 + i * HOUR, T0 + (i + 1) * HOUR, s) for i in range(hours)]
+
+
+def test_one_table_through_drift_monitor_and_through_the_backtest_gets_the_same_verdicts(stores, tmp_path):
+    from drift_checks.backtest import run_backtest
+    from drift_checks.verdict import CheckConfig
+
+    settings, model, table, n_ref, hours = stores
+    doc = run_backtest(table, time_column="ts", out_dir=tmp_path / "bt", categorical=["store_id"],
+                       reference_rows=n_ref, window="1h", html_report=False,
+                       config=CheckConfig.from_settings(settings, evidently_sample_rows=0))
+    exact = _drift_monitor_hours(settings, model, table, n_ref, hours)
+    streamed = _drift_monitor_hours(settings, model + "-s", table, n_ref, hours, drift_exact_max_rows=100,
+                                    drift_history_db_url=settings.drift_history_db_url + "-streamed")
+    assert "streamed" in streamed[0]["engine"] and "engine" not in exact[0]
+    keys = ("status", "severity", "dataset_drift", "dataset_score", "n_rows")
+    backtest = [{"status": w["status"], "severity": w["severity"], "dataset_drift": w["dataset_drift"],
+                 "dataset_score": w["dataset_score"], "n_rows": w["n_rows"]} for w in doc["windows"]]
+    assert backtest == [{k: s[k] for k in keys} for s in exact] == [{k: s[k] for k in keys} for s in streamed]
+    assert [w["status"] for w in doc["windows"]] == ["ok"] * 3 + ["contract_failed"]  # store ids: categories
+    unseen = [a for a in exact[2]["alerts"] if a.get("expectation") == "expect_column_values_to_be_in_set"]
+    assert unseen and unseen[0]["column"] == "store_id" and unseen[0]["observed"]["partial_unexpected_list"] == ["99"]
+    assert exact[2]["features"]["store_id"]["severity"] in ("warning", "drift")
+    assert [s["severity"] for s in exact[:3]].count("ok") == 2
+    for summary in (exact[3], streamed[3]):  # +inf fails the hour by name, in both paths, and is never scored
+        (failure,) = [a for a in summary["alerts"] if a["kind"] == "data_quality"]
+        assert failure["column"] == "units" and "6 infinite values (+inf 6, -inf 0) in 300 rows" in failure["message"]
+        units = summary["features"]["units"]
+        assert units["severity"] == "invalid" and units["statistics"] == {}
+    assert doc["windows"][3]["contract_failures"][0]["message"] == failure["message"]

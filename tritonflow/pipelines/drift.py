@@ -599,13 +599,15 @@ def data_quality_gate(summary: Mapping[str, Any]) -> dict[str, Any]:
     window copy stays at ``artefacts.window_parquet`` for inspection.
 
     Raises:
-        ContractViolation: Status ``contract_failed`` (names the columns and expectations) or
+        ContractViolation: Status ``contract_failed`` (names the columns and expectations, each
+            with its source: ``derived`` from the reference and schema, or the ``user``'s suite) or
             ``check_error`` (an expectation could not be evaluated).
     """
     status = summary.get("status")
     if status not in ("contract_failed", "check_error"):
         return {"status": status, "passed": True}
     failed = [f"{a.get('column')}: {a.get('expectation')} observed {json.dumps(a.get('observed'), default=str)[:80]}"
+              f" ({a.get('source') or 'derived'} expectation)"
               for a in summary.get("alerts") or [] if a.get("kind") in ("data_quality", "contract_check_error")]
     where = (summary.get("artefacts") or {}).get("window_parquet")
     raise ContractViolation(
