@@ -237,7 +237,7 @@ def test_profiling_runs_from_a_worker_with_a_minimal_environment(settings, class
         if prof["status"] == "profiled":
             break
         # no config is chosen from noise, and the model is not judged by it
-        assert "measured stably" in prof["reason"] and "generated config.pbtxt is kept" in prof["reason"], prof
+        assert "measured stably" in prof["reason"], prof
         assert (Path(state["staging_dir"]) / publish_common.CONFIG_FILENAME).read_text() == generated
         tags = version_tags(settings.resolved_mlflow_tracking_uri, name, version)
         assert tags.get("tritonflow.status") != "rejected" and "tritonflow.rejected_stage" not in tags, tags
