@@ -16,7 +16,6 @@ import inspect
 import os
 import re
 import subprocess
-import sys
 import textwrap
 import types
 from pathlib import Path
@@ -157,14 +156,15 @@ SERVICE_HELPER_MODULES = frozenset({
 #: Parameter ids of a backend that is a service (``params=["sqlite", "postgresql"]``).
 SERVICE_PARAM_IDS = frozenset({"postgresql", "postgres", "redis", "s3", "minio"})
 
-#: Names of the classes that start a service process (every Service of tritonflow.runtime).
 def _subclasses(cls: type) -> set[type]:
     """``cls`` and all its subclasses, at any depth."""
     return {cls}.union(*(_subclasses(sub) for sub in cls.__subclasses__()))
 
 
+#: Names of the classes that start a service process: every Service of tritonflow.runtime, the
+#: Airflow deployment that runs five of them, and Spark's session (a JVM it starts and talks to).
 SERVICE_CLASS_NAMES = frozenset({cls.__name__ for cls in _subclasses(Service)}
-                                | {"AirflowDeployment", "SparkSession", "ThreadedMotoServer"})
+                                | {"AirflowDeployment", "SparkSession"})
 
 #: Text of a Python script that may run a DAG (``dag.test()``); confirmed by parsing it.
 DAG_RUN_TEXT = re.compile(r"\.test\(")
@@ -279,7 +279,9 @@ _REASONS: dict[Any, str | None] = {}  # test or fixture function -> its reason (
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that needs a service ``integration`` (see :func:`service_reason`)."""
+    """Mark every test that needs a service ``integration`` (see :func:`service_reason`); ``-vv``
+    lists the tests marked here with the reason."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
     for item in items:
         if item.get_closest_marker("integration"):
             continue
@@ -287,8 +289,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if reason:
             item.add_marker(pytest.mark.integration)
             item.user_properties.append(("integration_reason", reason))
-            if config.getoption("verbose") > 1:
-                sys.stderr.write(f"integration: {item.nodeid}: {reason}\n")
+            if reporter is not None and config.getoption("verbose") > 1:
+                reporter.write_line(f"integration (conftest): {item.nodeid}: {reason}")
 
 
 # A service-free test that starts a service process anyway fails at once, naming the process, so
