@@ -177,10 +177,24 @@ def test_a_new_publish_replaces_the_rejection_and_stores_no_reference_without_re
     assert tags["tritonflow.reference_uri"] == "" and "without real data" in tags["tritonflow.reference_source"]
 
 
+#: Profile runs the minimal-environment test makes before it accepts an inconclusive verdict.
+PROFILE_ATTEMPTS = 3
+#: Seconds one such profile run (a fresh worker process) may take.
+PROFILE_ATTEMPT_TIMEOUT_S = 900
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(PROFILE_ATTEMPTS * PROFILE_ATTEMPT_TIMEOUT_S + 300)
 def test_profiling_runs_from_a_worker_with_a_minimal_environment(settings, classifier, tmp_path):
     """The profile stage in a process started with ``env -i PATH=/usr/bin:/bin``: only tritonflow's own
-    settings are passed; the Triton tools' Python environment comes from the settings, not the worker."""
+    settings are passed; the Triton tools' Python environment comes from the settings, not the worker.
+
+    A loaded shared machine can make every confirmation pass unstable (seen on the 2-core CI host at
+    load 30), and then the stage's verdict is ``inconclusive``: the run is repeated, in a fresh
+    worker, up to PROFILE_ATTEMPTS times. When every attempt is inconclusive the test asserts that
+    verdict in full (reason, generated config kept, nothing rejected) and is reported skipped,
+    never passed: it showed the environment but not a profiled choice.
+    """
     reason = publish_profile.profiling_unavailable_reason(settings)
     if reason:
         pytest.skip(f"Model Analyzer cannot run here: {reason}")
@@ -189,6 +203,7 @@ def test_profiling_runs_from_a_worker_with_a_minimal_environment(settings, class
     version = register(settings.resolved_mlflow_tracking_uri, name, model, X, alias="challenger")
     state = pipeline.resolve(f"{name}/{version}", settings=settings)
     state = publish_validate.convert_and_validate(state, max_batch_size=8, settings=settings)
+    generated = (Path(state["staging_dir"]) / publish_common.CONFIG_FILENAME).read_text()
     state_path = tmp_path / "state.json"
     state_path.write_text(json.dumps(state))
     script = ("import json, sys\n"
@@ -203,26 +218,34 @@ def test_profiling_runs_from_a_worker_with_a_minimal_environment(settings, class
            "TRITONFLOW_ANALYZER_QUEUE_DELAYS_US": "100", "TRITONFLOW_ANALYZER_CONCURRENCY": "1",
            "TRITONFLOW_ANALYZER_MEASUREMENT_MS": "1000", "TRITONFLOW_ANALYZER_STABILITY_CV": "0.5",
            "TRITONFLOW_ANALYZER_TIMEOUT_S": "500"}
-    proc = subprocess.run([sys.executable, "-c", script, str(state_path)], env=env, capture_output=True,
-                          text=True, timeout=900, cwd=str(tmp_path))
     from model_registry.analyzer import results_path
     from model_registry.analyzer_results import read_results_csv
 
-    # the environment is what is under test: Model Analyzer's Triton loaded the model through the
-    # Python backend stub (numpy, onnxruntime imported) and perf_analyzer measured it
-    assert "ToolingError" not in proc.stderr and "ModuleNotFoundError" not in proc.stderr, proc.stderr[-5000:]
-    export = Path(state["staging_dir"]) / "profile" / "run" / "export"
-    assert [r for r in read_results_csv(results_path(export)) if r.throughput > 0], proc.stderr[-5000:]
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("PROFILE ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-5000:]
-    prof = json.loads(lines[-1][len("PROFILE "):])
-    if prof["status"] == "inconclusive":
-        # a loaded shared machine can make every confirmation pass unstable (seen on the 2-core CI
-        # host at load 30): no config is chosen from noise, and the model is not judged by it
+    verdicts = []
+    for _attempt in range(PROFILE_ATTEMPTS):
+        proc = subprocess.run([sys.executable, "-c", script, str(state_path)], env=env, capture_output=True,
+                              text=True, timeout=PROFILE_ATTEMPT_TIMEOUT_S, cwd=str(tmp_path))
+        # the environment is what is under test: Model Analyzer's Triton loaded the model through the
+        # Python backend stub (numpy, onnxruntime imported) and perf_analyzer measured it
+        assert "ToolingError" not in proc.stderr and "ModuleNotFoundError" not in proc.stderr, proc.stderr[-5000:]
+        export = Path(state["staging_dir"]) / "profile" / "run" / "export"
+        assert [r for r in read_results_csv(results_path(export)) if r.throughput > 0], proc.stderr[-5000:]
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("PROFILE ")]
+        assert proc.returncode == 0 and lines, proc.stderr[-5000:]
+        prof = json.loads(lines[-1][len("PROFILE "):])
+        assert prof["status"] in ("profiled", "inconclusive"), prof
+        if prof["status"] == "profiled":
+            break
+        # no config is chosen from noise, and the model is not judged by it
         assert "measured stably" in prof["reason"], prof
-        assert "tritonflow.rejected_stage" not in version_tags(settings.resolved_mlflow_tracking_uri, name, version)
-        return
-    assert prof["status"] == "profiled" and prof["throughput"] > 0
+        assert (Path(state["staging_dir"]) / publish_common.CONFIG_FILENAME).read_text() == generated
+        tags = version_tags(settings.resolved_mlflow_tracking_uri, name, version)
+        assert tags.get("tritonflow.status") != "rejected" and "tritonflow.rejected_stage" not in tags, tags
+        verdicts.append(prof["reason"])
+    else:
+        pytest.skip(f"profiling from the minimal environment ran, but all {PROFILE_ATTEMPTS} attempts were "
+                    f"inconclusive on this host (asserted as such; no profiled choice shown): {verdicts[-1][:300]}")
+    assert prof["throughput"] > 0 and prof["best"], prof
     assert os.environ.get("PATH")  # the test process itself is untouched
 
 

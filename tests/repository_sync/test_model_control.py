@@ -3,6 +3,8 @@
 Two tasks load different versions of one model at about the same time, from two threads and from
 two processes (each with its own ``TRITONFLOW_HOME``, sharing only the coordination database).
 Every version stays READY and each caller's reported versions are still true when it returns.
+Each race is run RACE_TRIALS times (60: a race lost 5 % of the time passes all of them with
+probability 0.95 ** 60 = 4.6 %), with the second request at several gaps after the first.
 """
 
 from __future__ import annotations
@@ -75,46 +77,74 @@ def _control(served, **kw) -> TritonModelControl:
                               load_timeout_s=60, **kw)
 
 
-@pytest.mark.integration
-def test_two_threads_loading_versions_of_one_model_both_stay_ready(served):
-    name = "fraud_model"
-    with _control(served) as setup:
-        setup.load(name, 1)
+#: Races each concurrent-load test runs. A race lost with probability p passes all N trials with
+#: probability (1 - p) ** N: 0.95 ** 60 = 4.6 %, so a 5 % failure rate is caught 95 times in 100.
+RACE_TRIALS = 60
+#: Gaps (s) between the two load requests of a race, cycled over the trials (and which version
+#: asks first alternates), so the second request lands before, during and after the first load.
+RACE_GAPS_S = (0.0, 0.01, 0.03, 0.1, 0.2)
+
+
+def _thread_race(served, name: str, first: int, second: int, gap: float) -> dict[int, list[int]]:
+    """Two threads load ``first`` and, ``gap`` seconds later, ``second``; the versions each reported."""
     reported: dict[int, list[int]] = {}
     errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
 
     def task(version: int, delay: float) -> None:
-        time.sleep(delay)
         try:
             with _control(served, holder=f"task-v{version}") as control:
+                barrier.wait(timeout=30)
+                time.sleep(delay)
                 reported[version] = control.load(name, version, keep_loaded=True)["versions"]
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=task, args=(3, 0.0)), threading.Thread(target=task, args=(2, 0.1))]
+    threads = [threading.Thread(target=task, args=(first, 0.0)), threading.Thread(target=task, args=(second, gap))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=180)
     assert not errors, errors
-    with _control(served) as check:
-        ready = check.ready_versions(name)
-    assert ready == [1, 2, 3]
-    for version, versions in reported.items():
-        assert version in versions and set(versions) <= set(ready)  # still true after both returned
+    return reported
 
 
+@pytest.mark.integration
+def test_two_threads_loading_versions_of_one_model_both_stay_ready(served):
+    """RACE_TRIALS races of two threads, each loading its version of one model (see RACE_GAPS_S)."""
+    name = "fraud_model"
+    with _control(served) as control:
+        control.load(name, 1)
+        for trial in range(RACE_TRIALS):
+            gap = RACE_GAPS_S[trial % len(RACE_GAPS_S)]
+            first, second = (3, 2) if trial % 2 == 0 else (2, 3)
+            where = f"trial {trial} of {RACE_TRIALS} (v{first} first, then v{second} {gap} s later)"
+            reported = _thread_race(served, name, first, second, gap)
+            ready = control.ready_versions(name)
+            assert ready == [1, 2, 3], (where, reported)
+            # what each caller reported is still true after both returned
+            assert all(v in reported[v] and set(reported[v]) <= set(ready) for v in reported), (where, reported)
+            control.unload_versions(name, [2, 3])  # one request: 1 stays
+            assert control.ready_versions(name) == [1], where
+
+
+#: One long-lived loader process per version ("host"): for each start time read from stdin it makes
+#: a fresh TritonModelControl on the shared coordination DB, waits for that time, loads its
+#: version and prints the versions the load reported.
 LOADER = textwrap.dedent("""
     import json, sys, time
     sys.path.insert(0, {root!r})
     from repository_sync.triton_client import TritonModelControl
-    url, repo, keys, db, name, version, start_at = sys.argv[1:8]
-    control = TritonModelControl(url, repository=repo, trusted_keys=keys, load_timeout_s=60,
-                                 coordination=db, holder=f"dag-v{{version}}")
-    while time.time() < float(start_at):
-        time.sleep(0.001)
-    out = control.load(name, int(version), keep_loaded=True)
-    print(json.dumps(out["versions"]), flush=True)
+    url, repo, keys, db, name, version = sys.argv[1:7]
+    print("ready", flush=True)
+    for line in sys.stdin:
+        start_at = float(line)
+        with TritonModelControl(url, repository=repo, trusted_keys=keys, load_timeout_s=60,
+                                coordination=db, holder=f"dag-v{{version}}") as control:
+            while time.time() < start_at:
+                time.sleep(0.001)
+            out = control.load(name, int(version), keep_loaded=True)
+        print(json.dumps(out["versions"]), flush=True)
 """)
 
 
@@ -123,28 +153,45 @@ def test_two_processes_loading_versions_of_one_model_both_stay_ready(served, tmp
     repo, triton, keys = served
     name, db = "fraud_model_mp", f"sqlite:///{tmp_path / 'shared' / 'coordination.db'}"
     store = CoordinationStore(db)
-    with _control(served, coordination=store) as control:
-        control.load(name, 1)
-        for attempt in range(2):
-            start_at = time.time() + 2.0
-            procs = {}
-            for version, delay in ((3, 0.0), (2, 0.1)):
-                env = dict(os.environ, TRITONFLOW_HOME=str(tmp_path / f"host-v{version}"))
-                procs[version] = subprocess.Popen(
-                    [sys.executable, "-c", LOADER.format(root=str(ROOT)), triton.http_url, str(repo),
-                     str(keys.trusted_dir), db, name, str(version), str(start_at + delay)],
-                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            reported = {}
-            for version, proc in procs.items():
-                out, err = proc.communicate(timeout=240)
-                assert proc.returncode == 0, err
-                reported[version] = json.loads(out.strip().splitlines()[-1])
-            ready = control.ready_versions(name)
-            assert ready == [1, 2, 3], (attempt, reported)
-            assert all(v in reported[v] and set(reported[v]) <= set(ready) for v in reported)
-            assert sorted(desired_versions(store, name)) == [1, 2, 3]
-            control.unload_versions(name, [2, 3])  # one request: 1 stays
-            assert control.ready_versions(name) == [1]
+    procs = {}
+    try:
+        for version in (3, 2):
+            env = dict(os.environ, TRITONFLOW_HOME=str(tmp_path / f"host-v{version}"))
+            procs[version] = subprocess.Popen(
+                [sys.executable, "-c", LOADER.format(root=str(ROOT)), triton.http_url, str(repo),
+                 str(keys.trusted_dir), db, name, str(version)],
+                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        for proc in procs.values():
+            assert proc.stdout.readline().strip() == "ready", proc.poll()
+        with _control(served, coordination=store) as control:
+            control.load(name, 1)
+            for trial in range(RACE_TRIALS):
+                gap = RACE_GAPS_S[trial % len(RACE_GAPS_S)]
+                first, second = (3, 2) if trial % 2 == 0 else (2, 3)
+                start_at = time.time() + 0.3
+                procs[first].stdin.write(f"{start_at}\n")
+                procs[second].stdin.write(f"{start_at + gap}\n")
+                reported = {}
+                for version, proc in procs.items():
+                    line = proc.stdout.readline()
+                    assert line, f"trial {trial}: the loader of version {version} died (rc {proc.poll()})"
+                    reported[version] = json.loads(line)
+                where = f"trial {trial} of {RACE_TRIALS} (v{first} first, then v{second} {gap} s later)"
+                ready = control.ready_versions(name)
+                assert ready == [1, 2, 3], (where, reported)
+                assert all(v in reported[v] and set(reported[v]) <= set(ready) for v in reported), (where, reported)
+                assert sorted(desired_versions(store, name)) == [1, 2, 3], where
+                control.unload_versions(name, [2, 3])  # one request: 1 stays
+                assert control.ready_versions(name) == [1], where
+    finally:
+        for proc in procs.values():
+            proc.stdin.close()
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 class _Aliases:
