@@ -203,3 +203,4 @@ def test_a_refused_url_exits_1_naming_the_server_variables_and_the_https_alterna
     assert "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS=true" in err and "MLFLOW_WEBHOOK_ALLOWED_SCHEMES" not in err
     assert _cli("list", "--tracking-uri", strict_mlflow.tracking_uri) == 0
     assert "no webhooks" in capsys.readouterr().out
+

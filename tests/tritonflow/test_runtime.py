@@ -275,3 +275,30 @@ def test_onnxruntime_backend_refuses_a_config_whose_dtype_contradicts_the_model(
     with pytest.raises(Exception, match=r"input 'X': config TYPE_INT64, model tensor\(float\)"):
         client.load_model(MODEL)
     assert not client.is_model_ready(MODEL)
+
+
+def test_the_local_mlflow_may_deliver_to_its_loopback_receiver_and_runs_no_job_runner(tmp_path, monkeypatch):
+    for name in ("MLFLOW_WEBHOOK_ALLOWED_SCHEMES", "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS",
+                 "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"):
+        monkeypatch.delenv(name, raising=False)
+    server = MlflowServer(make_settings(tmp_path / "home"))
+    env = server.environment()
+    assert env["MLFLOW_WEBHOOK_ALLOWED_SCHEMES"] == "http,https"
+    assert env["MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS"] == "true"
+    assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+    # One key, drawn once and kept (owner-only) under the home: a restart reads the same.
+    assert env["MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY"] == server.webhook_key_path.read_text().strip()
+    assert server.webhook_key_path.stat().st_mode & 0o777 == 0o600
+    assert MlflowServer(make_settings(tmp_path / "home")).environment()["MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY"] == \
+        env["MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY"]
+    monkeypatch.setenv("MLFLOW_WEBHOOK_ALLOWED_SCHEMES", "https")  # the operator's own value wins
+    assert server.environment()["MLFLOW_WEBHOOK_ALLOWED_SCHEMES"] == "https"
+
+
+def test_a_corrupt_webhook_key_file_is_refused_naming_the_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY", raising=False)
+    server = MlflowServer(make_settings(tmp_path / "home"))
+    server.webhook_key_path.parent.mkdir(parents=True)
+    server.webhook_key_path.write_text("not-a-key")
+    with pytest.raises(RuntimeStartError, match=rf"{server.webhook_key_path} holds no valid Fernet key"):
+        server.environment()
