@@ -228,6 +228,42 @@ def test_cli_starts_airflow_with_the_project_dags_and_a_plain_stop_stops_it(tmp_
         assert not port_in_use("127.0.0.1", int(env[f"TRITONFLOW_{port}"])), port
 
 
+@pytest.mark.slow
+@pytest.mark.integration
+def test_the_local_runtime_delivers_a_new_version_to_its_airflow_after_register_with_defaults(tmp_path):
+    """runtime start, then ``registry webhook register`` with no options: MLflow's own delivery is a run."""
+    import time
+
+    from mlflow import MlflowClient
+
+    from tritonflow.runtime.airflow_api import AirflowApi
+
+    env = dict(_cli_env(tmp_path), TRITONFLOW_WEBHOOK_SECRET="local-runtime-secret")
+    try:
+        started = _cli(env, "start", "--services", "mlflow,airflow", timeout=900)
+        assert started.returncode == 0, started.stdout + started.stderr
+        api = AirflowApi(f"http://127.0.0.1:{env['TRITONFLOW_AIRFLOW_API_PORT']}")
+        api.wait_for_dag("model_publish", 600)
+        webhook = [sys.executable, "-m", "tritonflow.cli", "registry", "webhook"]
+        registered = subprocess.run([*webhook, "register"], env=env, capture_output=True, text=True, timeout=120)
+        assert registered.returncode == 0, registered.stderr
+        tested = subprocess.run([*webhook, "test"], env=env, capture_output=True, text=True, timeout=120)
+        assert tested.returncode == 0 and json.loads(tested.stdout)["status"] == 200, tested.stdout + tested.stderr
+        uri = f"http://127.0.0.1:{env['TRITONFLOW_MLFLOW_PORT']}"
+        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        client.create_registered_model("local-webhook")
+        run = client.create_run(client.get_experiment_by_name("Default").experiment_id)
+        client.create_model_version("local-webhook", f"{run.info.artifact_uri}/model", run.info.run_id)
+        deadline, runs = time.monotonic() + 60, []
+        while time.monotonic() < deadline and not runs:
+            runs = [r for r in api.dag_runs("model_publish") if r["dag_run_id"].startswith("registry__")]
+            time.sleep(1)
+        assert [(r["conf"]["model_name"], r["conf"]["model_version"]) for r in runs] == [("local-webhook", "1")]
+    finally:
+        stopped = _cli(env, "stop", "--services", "mlflow,airflow", timeout=300)
+    assert stopped.returncode == 0, stopped.stderr
+
+
 def _free() -> int:
     from tritonflow.runtime.services import free_port
 
