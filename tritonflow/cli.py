@@ -15,6 +15,15 @@ and generates ``config.pbtxt``, without publishing anything. It prints the repor
 exits 0 when the gate passes, 1 when it fails (parity, threshold probes, a pre-push check or a
 conversion refusal) and 2 when it could not run (bad arguments, MLflow unreachable).
     tritonflow drift backtest --data T.parquet --time-column ts --reference-rows 5000 --window 1h --out DIR
+    tritonflow registry webhook register [--url URL] [--secret S] [--tracking-uri URI]
+    tritonflow registry webhook list [--json]
+    tritonflow registry webhook test [--event model_version_tag.set] [--url URL | --id ID]
+
+``tritonflow registry webhook register`` creates on the MLflow server the webhook that delivers the
+events the receiver maps (``tritonflow_plugin.webhook.SUPPORTED_EVENTS``) to the receiver (default:
+the local Airflow api-server's), signed with ``TRITONFLOW_WEBHOOK_SECRET``; run again, it updates
+that webhook instead of adding one. When MLflow refuses the URL, it exits 1 saying which MLflow
+server variables or which receiver fix it (:mod:`model_registry.webhooks`).
 """
 
 from __future__ import annotations
@@ -291,6 +300,75 @@ def _duration(text: str, option: str):
     return d
 
 
+def default_receiver_url(settings: Settings) -> str:
+    """URL of the webhook receiver of the local Airflow api-server (the plugin mounts it)."""
+    from tritonflow_plugin.webhook import URL_PREFIX, WEBHOOK_PATH
+
+    return f"http://{settings.host}:{settings.airflow_api_port}{URL_PREFIX}{WEBHOOK_PATH}"
+
+
+def _registry_webhook(args: argparse.Namespace) -> int:
+    """Run ``tritonflow registry webhook register|list|test`` (logic: :mod:`model_registry.webhooks`)."""
+    from mlflow import MlflowClient
+
+    from model_registry import webhooks
+    from tritonflow_plugin.webhook import SUPPORTED_EVENTS
+
+    settings = get_settings()
+    uri = args.tracking_uri or settings.resolved_mlflow_tracking_uri
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    url = args.url or default_receiver_url(settings)
+    if args.action == "list":
+        hooks = [webhooks.describe(h) for h in webhooks.list_webhooks(client)]
+        if args.json:
+            print(json.dumps(hooks, indent=2))
+        for h in [] if args.json else hooks:
+            print(f"{h['id']}  {h['name']}  {h['status']}  {h['url']}  {','.join(h['events'])}")
+        if not hooks and not args.json:
+            print(f"no webhooks on {uri}")
+        return 0
+    if args.action == "register":
+        events = [f"{entity}.{action}" for entity, action in SUPPORTED_EVENTS]
+        done = webhooks.register_webhook(client, url, args.secret or settings.webhook_secret, events,
+                                         name=args.name)
+        hook = webhooks.describe(done.webhook)
+        print(f"{'created' if done.created else 'updated'} webhook {hook['id']} ({hook['name']}) on {uri}: "
+              f"{hook['url']} <- {', '.join(hook['events'])}")
+        for removed in done.removed:
+            print(f"deleted duplicate webhook {removed} (same URL: it would have started every DAG twice)")
+        print("MLflow caches each event's webhooks (MLFLOW_WEBHOOK_CACHE_TTL on its server, default 60 s): "
+              "a new or changed webhook applies after that")
+        return 0
+    result = webhooks.probe_webhook(client, args.event, url=None if args.id else url, webhook_id=args.id)
+    print(json.dumps(dataclasses.asdict(result), indent=2))
+    if not result.success:
+        reason = result.error or f"the receiver answered {result.status}: {result.body}"
+        print(f"error: MLflow's test delivery of {result.event} to {result.url} failed: {reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _add_registry_parser(sub: Any) -> None:
+    """``tritonflow registry webhook ...`` arguments."""
+    reg = sub.add_parser("registry", help="MLflow registry tools")
+    rsub = reg.add_subparsers(dest="registry_command", required=True)
+    wh = rsub.add_parser("webhook", help="the MLflow webhook that delivers registry changes to tritonflow",
+                         description="register (create or update), list or test the MLflow webhook that "
+                                     "sends registry changes to tritonflow's receiver")
+    wh.add_argument("action", choices=["register", "list", "test"])
+    wh.add_argument("--tracking-uri", default=None, help="MLflow server (default: TRITONFLOW_MLFLOW_TRACKING_URI "
+                                                         "or the local one)")
+    wh.add_argument("--url", default=None, help="receiver URL (default: the local Airflow api-server's "
+                                                "http://HOST:TRITONFLOW_AIRFLOW_API_PORT/tritonflow/webhooks/mlflow)")
+    wh.add_argument("--secret", default=None, help="HMAC secret (default: TRITONFLOW_WEBHOOK_SECRET)")
+    wh.add_argument("--name", default="tritonflow", help="webhook name (register)")
+    wh.add_argument("--event", default="model_version_tag.set",
+                    help="test: event whose MLflow example payload is sent (a mapped one starts its DAGs for "
+                         "model example_model; the default maps to no DAG)")
+    wh.add_argument("--id", default=None, help="test: webhook id instead of --url")
+    wh.add_argument("--json", action="store_true", help="list as JSON")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tritonflow`` command."""
     parser = argparse.ArgumentParser(prog="tritonflow")
@@ -351,8 +429,11 @@ def main(argv: list[str] | None = None) -> int:
     bt.add_argument("--no-html", action="store_true", help="only backtest.json")
     bt.add_argument("--engine", choices=["exact", "streamed"], default="exact",
                     help="score each window whole (exact) or from its streamed bin counts and sketches")
+    _add_registry_parser(sub)
     args = parser.parse_args(argv)
     try:
+        if args.command == "registry":
+            return _registry_webhook(args)
         if args.command == "validate":
             rc, report = validate(args.model_uri, args.sample, out=args.out, name=args.name,
                                   export_format=args.export_format, max_batch_size=args.max_batch_size,

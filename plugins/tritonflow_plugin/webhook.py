@@ -28,12 +28,10 @@ delivery for the same DAG arriving while a run is being created (a version creat
 alias set) either lands in the same run, which acts on one change, or waits unconsumed until some
 later event. One run per delivery keeps every registry change a run of its own.
 
-Configure MLflow (SQL backend) with::
-
-    client.create_webhook(name="airflow", url="https://airflow/tritonflow/webhooks/mlflow",
-                          events=["model_version.created", "model_version_alias.created",
-                                  "model_version_alias.deleted", "model_version_tag.set"],
-                          secret=<TRITONFLOW_WEBHOOK_SECRET>)
+Register the webhook on MLflow (SQL backend) with ``tritonflow registry webhook register``
+(:mod:`model_registry.webhooks`): it subscribes exactly :data:`SUPPORTED_EVENTS` with
+``TRITONFLOW_WEBHOOK_SECRET`` and says which MLflow server variables an ``http`` or private-address
+receiver needs (MLflow refuses those by default).
 """
 
 from __future__ import annotations

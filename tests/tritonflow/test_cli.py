@@ -103,3 +103,13 @@ def test_the_settings_command_exits_1_on_a_bad_value_and_0_otherwise():
     assert bad.returncode == 1
     assert "TRITONFLOW_DRIFT_WEIGHTING='equal': expected one of importance, uniform" in bad.stderr
     assert _tritonflow("settings", env={"TRITONFLOW_DRIFT_WEIGHTING": "uniform"}).returncode == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--url", "ftp://airflow/tritonflow/webhooks/mlflow", "--secret", "s"], "receiver url='ftp://airflow"),
+    (["--url", "http://airflow:8080/tritonflow/webhooks/mlflow", "--secret", ""], "TRITONFLOW_WEBHOOK_SECRET"),
+])
+def test_register_refuses_bad_input_before_asking_mlflow(args, message, monkeypatch, capsys):
+    monkeypatch.setenv("TRITONFLOW_WEBHOOK_SECRET", "")
+    assert cli.main(["registry", "webhook", "register", "--tracking-uri", "http://127.0.0.1:9", *args]) == 1
+    assert message in capsys.readouterr().err

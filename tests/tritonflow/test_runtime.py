@@ -228,6 +228,42 @@ def test_cli_starts_airflow_with_the_project_dags_and_a_plain_stop_stops_it(tmp_
         assert not port_in_use("127.0.0.1", int(env[f"TRITONFLOW_{port}"])), port
 
 
+@pytest.mark.slow
+@pytest.mark.integration
+def test_the_local_runtime_delivers_a_new_version_to_its_airflow_after_register_with_defaults(tmp_path):
+    """runtime start, then ``registry webhook register`` with no options: MLflow's own delivery is a run."""
+    import time
+
+    from mlflow import MlflowClient
+
+    from tritonflow.runtime.airflow_api import AirflowApi
+
+    env = dict(_cli_env(tmp_path), TRITONFLOW_WEBHOOK_SECRET="local-runtime-secret")
+    try:
+        started = _cli(env, "start", "--services", "mlflow,airflow", timeout=900)
+        assert started.returncode == 0, started.stdout + started.stderr
+        api = AirflowApi(f"http://127.0.0.1:{env['TRITONFLOW_AIRFLOW_API_PORT']}")
+        api.wait_for_dag("model_publish", 600)
+        webhook = [sys.executable, "-m", "tritonflow.cli", "registry", "webhook"]
+        registered = subprocess.run([*webhook, "register"], env=env, capture_output=True, text=True, timeout=120)
+        assert registered.returncode == 0, registered.stderr
+        tested = subprocess.run([*webhook, "test"], env=env, capture_output=True, text=True, timeout=120)
+        assert tested.returncode == 0 and json.loads(tested.stdout)["status"] == 200, tested.stdout + tested.stderr
+        uri = f"http://127.0.0.1:{env['TRITONFLOW_MLFLOW_PORT']}"
+        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        client.create_registered_model("local-webhook")
+        run = client.create_run(client.get_experiment_by_name("Default").experiment_id)
+        client.create_model_version("local-webhook", f"{run.info.artifact_uri}/model", run.info.run_id)
+        deadline, runs = time.monotonic() + 60, []
+        while time.monotonic() < deadline and not runs:
+            runs = [r for r in api.dag_runs("model_publish") if r["dag_run_id"].startswith("registry__")]
+            time.sleep(1)
+        assert [(r["conf"]["model_name"], r["conf"]["model_version"]) for r in runs] == [("local-webhook", "1")]
+    finally:
+        stopped = _cli(env, "stop", "--services", "mlflow,airflow", timeout=300)
+    assert stopped.returncode == 0, stopped.stderr
+
+
 def _free() -> int:
     from tritonflow.runtime.services import free_port
 
@@ -275,3 +311,30 @@ def test_onnxruntime_backend_refuses_a_config_whose_dtype_contradicts_the_model(
     with pytest.raises(Exception, match=r"input 'X': config TYPE_INT64, model tensor\(float\)"):
         client.load_model(MODEL)
     assert not client.is_model_ready(MODEL)
+
+
+def test_the_local_mlflow_may_deliver_to_its_loopback_receiver_and_runs_no_job_runner(tmp_path, monkeypatch):
+    for name in ("MLFLOW_WEBHOOK_ALLOWED_SCHEMES", "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS",
+                 "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"):
+        monkeypatch.delenv(name, raising=False)
+    server = MlflowServer(make_settings(tmp_path / "home"))
+    env = server.environment()
+    assert env["MLFLOW_WEBHOOK_ALLOWED_SCHEMES"] == "http,https"
+    assert env["MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS"] == "true"
+    assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+    # One key, drawn once and kept (owner-only) under the home: a restart reads the same.
+    assert env["MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY"] == server.webhook_key_path.read_text().strip()
+    assert server.webhook_key_path.stat().st_mode & 0o777 == 0o600
+    assert MlflowServer(make_settings(tmp_path / "home")).environment()["MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY"] == \
+        env["MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY"]
+    monkeypatch.setenv("MLFLOW_WEBHOOK_ALLOWED_SCHEMES", "https")  # the operator's own value wins
+    assert server.environment()["MLFLOW_WEBHOOK_ALLOWED_SCHEMES"] == "https"
+
+
+def test_a_corrupt_webhook_key_file_is_refused_naming_the_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY", raising=False)
+    server = MlflowServer(make_settings(tmp_path / "home"))
+    server.webhook_key_path.parent.mkdir(parents=True)
+    server.webhook_key_path.write_text("not-a-key")
+    with pytest.raises(RuntimeStartError, match=rf"{server.webhook_key_path} holds no valid Fernet key"):
+        server.environment()

@@ -387,8 +387,58 @@ def _venv_bin(tool: str) -> str:
     return str(candidate) if candidate.exists() else (shutil.which(tool) or str(candidate))
 
 
+#: MLflow server variables of the local runtime (each one only when the caller has not set it):
+#: webhooks may target its loopback receiver over http (the local deployment binds 127.0.0.1 only;
+#: this lifts MLflow's SSRF check for every webhook of this server), and no job runner (MLflow's
+#: job runner and its huey consumers: eight processes, about 1.5 GiB, for jobs tritonflow never submits).
+#: ``MLFLOW_WEBHOOK_CACHE_TTL``: MLflow caches each event's webhook list (60 s by default, also
+#: an empty list), so a webhook registered right after a registry change would miss changes for a
+#: minute.
+MLFLOW_LOCAL_SERVER_ENV = {
+    "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http,https",
+    "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
+    "MLFLOW_WEBHOOK_CACHE_TTL": "2",
+    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+}
+#: File under ``<home>/mlflow`` holding the Fernet key MLflow encrypts stored webhook secrets with.
+WEBHOOK_KEY_FILE = "webhook-secret-encryption.key"
+
+
+def webhook_encryption_key(path: Path) -> str:
+    """The Fernet key in ``path``, generated (mode 0600) on first use and kept from then on.
+
+    MLflow encrypts each webhook's secret in its database with ``MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY``
+    and, when it is unset, with a key drawn per process: after a restart it could no longer read
+    the secrets of webhooks created before, and deliveries to them would fail.
+
+    Raises:
+        RuntimeStartError: the file holds no valid Fernet key (the message names the file).
+    """
+    from cryptography.fernet import Fernet
+
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(Fernet.generate_key())
+    key = path.read_text().strip()
+    try:
+        Fernet(key)
+    except ValueError:
+        raise RuntimeStartError(
+            f"mlflow: {path} holds no valid Fernet key: expected 32 url-safe base64 bytes (delete the file "
+            "to draw a new key; webhooks created with the old one then need 'tritonflow registry webhook register')"
+        ) from None
+    return key
+
+
 class MlflowServer(Service):
-    """MLflow tracking server with artifact serving, SQLite under ``<home>/mlflow`` by default."""
+    """MLflow tracking server with artifact serving, SQLite under ``<home>/mlflow`` by default.
+
+    Started with :data:`MLFLOW_LOCAL_SERVER_ENV` and a webhook-secret encryption key kept in
+    ``<home>/mlflow/`` (:data:`WEBHOOK_KEY_FILE`), so webhooks to the local receiver deliver, also
+    after a restart.
+    """
 
     name = "mlflow"
 
@@ -424,10 +474,19 @@ class MlflowServer(Service):
             "1",
         ]
 
+    @property
+    def webhook_key_path(self) -> Path:
+        """File of the key MLflow encrypts webhook secrets with (``<home>/mlflow/<WEBHOOK_KEY_FILE>``)."""
+        return self.settings.home / "mlflow" / WEBHOOK_KEY_FILE
+
     def environment(self) -> Mapping[str, str]:
-        """Our environment, with MLflow's proxied multipart upload off unless set."""
+        """Our environment plus, unless set, :data:`MLFLOW_LOCAL_SERVER_ENV`, the webhook key, no proxied multipart."""
         env = dict(os.environ)
         env.setdefault("MLFLOW_ENABLE_PROXY_MULTIPART_UPLOAD", "false")
+        for name, value in MLFLOW_LOCAL_SERVER_ENV.items():
+            env.setdefault(name, value)
+        if not env.get("MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY"):
+            env["MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY"] = webhook_encryption_key(self.webhook_key_path)
         return env
 
     def health_url(self) -> str:
