@@ -216,7 +216,7 @@ def model_publish():
         """
         from tritonflow.pipelines import publish_record
         from tritonflow.pipelines.publish_common import remove_staging
-        from tritonflow.pipelines.publish_staging import drop_staging
+        from tritonflow.pipelines.shared_work import discard
 
         context = get_current_context()
         record_link_info(model_name=state["model"], model_version=str(state["version"]),
@@ -224,7 +224,7 @@ def model_publish():
                          triton_http_url=state.get("triton_url"))
         summary = publish_record.record(state, settings=_settings())
         remove_staging(state)
-        drop_staging(state, _settings())
+        discard(_settings(), state["staging_dir"])
         record_link_info(mlflow_run_id=summary["publish_run_id"],
                          mlflow_experiment_id=summary["publish_experiment_id"])
         context["outlet_events"][MODEL_PUBLISHED].extra = {

@@ -403,8 +403,8 @@ class Settings:
     )
     staging_uri: str = _field(
         "", "STAGING_URI",
-        "s3://bucket/prefix where model_publish's tasks share their staged files, so each may run on "
-        "another worker (empty: only <home>/staging, one host or a shared TRITONFLOW_HOME).",
+        "s3://bucket/prefix where tasks share the work files they hand on (publish staging, shadow "
+        "replays, training windows), so each may run on another worker (empty: one host or a shared home).",
     )
 
     # -------------------------------------------------------------- tritonflow/pipelines: shadow/retrain

@@ -2,7 +2,7 @@
 
 :func:`shared_staging` wraps a publish stage so that it first fetches the staged files the
 attempt's earlier tasks stored and, when it returns, stores what it wrote
-(:mod:`tritonflow.pipelines.publish_staging`; a no-op unless ``TRITONFLOW_STAGING_URI`` is set).
+(:mod:`tritonflow.pipelines.shared_work`; a no-op unless ``TRITONFLOW_STAGING_URI`` is set).
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ def shared_staging(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
-        from tritonflow.pipelines import publish_staging
+        from tritonflow.pipelines import shared_work
         from tritonflow.settings import get_settings
 
         settings = get_settings()
         if isinstance(state, Mapping) and state.get("staging_dir"):
-            publish_staging.pull_staging(state, settings)
+            shared_work.fetch(settings, state["staging_dir"])
         out = func(state, *args, **kwargs)
         if isinstance(out, Mapping) and out.get("staging_dir"):
-            publish_staging.push_staging(out, settings)
+            shared_work.share(settings, out["staging_dir"])
         return out
 
     return wrapper

@@ -200,8 +200,17 @@ def load_expected(uri: str, *, tracking_uri: str | None = None):
 
 
 def expected_for(registry: Any, model: str, challenger: int, uri: str | None, *,
-                 tracking_uri: str | None = None):
+                 tracking_uri: str | None = None, fetch: Callable[[str], Any] | None = None):
     """The challenger's expected behaviour from ``uri``, else from its version tag.
+
+    Args:
+        registry: The registry client (the version's tags).
+        model: Registered model name.
+        challenger: Challenger version.
+        uri: Where the expected predictions are (None: the version's tag).
+        tracking_uri: MLflow tracking URI for ``runs:/`` and artifact URIs.
+        fetch: Called with a local path before it is read (the shadow replay that wrote it may
+            have run on another worker: :func:`tritonflow.pipelines.shared_work.fetch`).
 
     Returns:
         ``(ExpectedBehaviour or None, note)``.
@@ -210,6 +219,8 @@ def expected_for(registry: Any, model: str, challenger: int, uri: str | None, *,
         DataError: ``uri`` was given and cannot be read (a given reference never silently drops).
     """
     if uri:
+        if fetch is not None:
+            fetch(uri)
         return load_expected(uri, tracking_uri=tracking_uri), f"expected predictions from {uri}"
     try:
         tags = registry.get_version(model, challenger).tags or {}
@@ -220,6 +231,8 @@ def expected_for(registry: Any, model: str, challenger: int, uri: str | None, *,
         return None, (f"no expected predictions: version {challenger} has no {EXPECTED_TAG!r} tag "
                       "(no shadow evaluation recorded one) and the conf named none")
     try:
+        if fetch is not None:
+            fetch(tagged)
         return load_expected(tagged, tracking_uri=tracking_uri), f"expected predictions from tag {tagged}"
     except DataError as exc:
         return None, f"expected predictions of tag {EXPECTED_TAG!r} unreadable: {exc}"

@@ -241,6 +241,7 @@ def run_promotion(
                     "plans": [{str(k): v for k, v in w.items()} for w in plans]}
         loaded = ensure_loaded(model, [champ, chal], triton_model=name, env=env)
 
+        from tritonflow.pipelines import shared_work
         from tritonflow.pipelines.canary_observe import (
             CanaryRecord,
             coverage_reference_for,
@@ -249,7 +250,8 @@ def run_promotion(
         )
 
         expected, expected_note = expected_for(registry, model, chal, expected_predictions,
-                                               tracking_uri=env.tracking_uri)
+                                               tracking_uri=env.tracking_uri,
+                                               fetch=lambda path: shared_work.fetch(settings, path))
         coverage_ref, coverage_note = coverage_reference_for(
             env.inference_log_root, model, chal, policy.coverage_features, endpoint_url=env.endpoint_url)
         canary_id = _now_id()

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 from tritonflow.checksums import sha256_file
 from tritonflow.exceptions import DataError, RegistryError, SettingsError, WindowError
+from tritonflow.pipelines import shared_work
 from tritonflow.pipelines.shadow import drift_event_json, log_root, utc
 from tritonflow.settings import Settings, get_settings
 
@@ -234,6 +235,7 @@ def training_window(model: str, *, days: float | None = None,
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{info['data_sha256'][:24]}.parquet"
     window.to_parquet(path, index=False)
+    shared_work.share(s, path)  # run_training may run on another worker
     lineage = {
         "requested_start": start.isoformat(),
         "requested_end": stop.isoformat(),
@@ -289,9 +291,10 @@ def run_training(model: str, window_ref: Mapping[str, Any], *, entry_point: Any 
         if key not in window_ref:
             raise DataError(f"window_ref lacks key {key!r}; expected the dict training_window() returns")
     path = Path(window_ref["uri"])
+    shared_work.fetch(s, path)  # training_window may have run on another worker
     if not path.is_file():
         raise DataError(f"training window {str(path)!r} does not exist (is settings.home shared by "
-                        "the workers?)")
+                        "the workers, or TRITONFLOW_STAGING_URI set?)")
     if window_ref.get("sha256") and sha256_file(path) != window_ref["sha256"]:
         raise DataError(f"training window {path} changed since it was built (sha256 differs)")
     spec = entry_point if entry_point not in (None, "") else entry_point_for(model, s)

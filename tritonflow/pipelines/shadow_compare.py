@@ -66,16 +66,19 @@ def _label_column(labels: Any, label_column: str | None) -> str | None:
     return candidates[0]
 
 
-def _read_predictions(replayed: Mapping[str, Any]):
+def _read_predictions(replayed: Mapping[str, Any], settings: Settings):
     import pandas as pd
+
+    from tritonflow.pipelines import shared_work
 
     for key in ("model", "uri", "window_start", "window_end", "champion"):
         if key not in replayed:
             raise DataError(f"replayed lacks key {key!r}; expected the dict replay() returns")
     path = Path(replayed["uri"])
+    shared_work.fetch(settings, path)  # replay may have run on another worker
     if not path.is_file():
         raise DataError(f"predictions file {str(path)!r} does not exist (expected replay()'s output; "
-                        "is settings.home shared by the workers?)")
+                        "is settings.home shared by the workers, or TRITONFLOW_STAGING_URI set?)")
     if replayed.get("sha256") and sha256_file(path) != replayed["sha256"]:
         raise DataError(f"predictions file {path} has changed since replay (sha256 differs); "
                         "expected the file replay() wrote")
@@ -126,7 +129,7 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
 
     s = _settings(settings)
     model = replayed["model"]
-    preds = _read_predictions(replayed)
+    preds = _read_predictions(replayed, s)
     champ = replayed["champion"]
     chal = replayed.get("challenger")
     start = utc(replayed["window_start"], "window_start")

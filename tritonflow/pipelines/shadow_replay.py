@@ -37,6 +37,7 @@ from tritonflow.exceptions import (
     TransientError,
     WindowError,
 )
+from tritonflow.pipelines import shared_work
 from tritonflow.pipelines.shadow import _as_info, _endpoint, _settings, log_root, trusted_keys_dir, utc
 from tritonflow.pipelines.shadow_classes import (
     EXPECTED_PREFIX,
@@ -404,6 +405,7 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
     predictions.to_parquet(path, index=False)
     expected = (write_expected(run_dir, out, scores_x, chal_info, "shadow_replay", columns)
                 if scores_x is not None else {})
+    shared_work.share(s, run_dir)  # compare and the canary may run on another worker
     return {
         **expected,
         **multi,
