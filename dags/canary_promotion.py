@@ -165,7 +165,12 @@ def canary_promotion():
         return ensure_loaded(plan["model"], [plan["champion"], plan["challenger"]],
                              triton_model=plan["triton_model"])
 
-    @data_task(links=True, when_locked="fail", execution_timeout=TIMEOUTS.canary, retries=0, outlets=[CHAMPION_CHANGED])
+    # One retry: a worker lost mid-canary (killed, its host gone) leaves the gateway on a step's split
+    # and the promotion lease held until its TTL. The retry, on any worker once the scheduler has
+    # failed the lost attempt (its heartbeat timeout, longer than the lease's TTL), takes the lease
+    # and runs the canary again from its first step, whose plan replaces what the lost attempt left.
+    # A verdict (rollback) is final: it raises AirflowFailException, which is never retried.
+    @data_task(links=True, when_locked="fail", execution_timeout=TIMEOUTS.canary, retries=1, outlets=[CHAMPION_CHANGED])
     def canary(plan: dict, loaded: dict) -> dict:
         """Steps with analysis under the promotion lock; promote at 100 % or roll back."""
         from tritonflow.pipelines.canary_promotion import run_promotion
