@@ -27,7 +27,11 @@ BASE_PACKAGES=python3,python3-venv,python3-pip,postgresql,postgresql-client,redi
 
 log() { echo "[stack] $*" >&2; }
 quiet_pip() { grep -v -e '^WARNING: Location' -e '^INFO: pip is looking' >&2 || true; }
-compose() { docker-compose -p "$PROJECT" -f docker-compose.yaml "$@"; }
+# Extra compose files (colon-separated), e.g. the demo's settings override (tritonflow/demo/stack.py).
+OVERRIDES=()
+IFS=: read -r -a _extra <<< "${TRITONFLOW_STACK_OVERRIDES:-}"
+for f in "${_extra[@]}"; do [ -n "$f" ] && OVERRIDES+=(-f "$f"); done
+compose() { docker-compose -p "$PROJECT" -f docker-compose.yaml "${OVERRIDES[@]}" "$@"; }
 
 # Official image name -> stand-in folder under deploy/standins (tests/compose checks the list
 # covers every image docker-compose.yaml pulls).

@@ -1,4 +1,4 @@
-"""``python -m tritonflow.demo [--quick] [--keep-running] [--home DIR]``: see :mod:`tritonflow.demo`."""
+"""``python -m tritonflow.demo [--quick] [--keep-running] [--home DIR] [--stack compose]``: see the package."""
 
 from __future__ import annotations
 
@@ -29,7 +29,12 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = config_from_args(argv)
     progress = Progress()
-    demo = Demo(cfg, progress)
+    if cfg.stack == "compose":
+        from tritonflow.demo.stack import StackDemo
+
+        demo: Demo = StackDemo(cfg, progress)
+    else:
+        demo = Demo(cfg, progress)
     code = 0
     summary: dict = {}
     try:

@@ -123,6 +123,8 @@ class DemoConfig:
         bad_challenger: After the loop, register a challenger trained on flipped labels and request
             its canary through the registry (alias ``canary``); the canary must roll it back.
         bad_challenger_timeout_s: Seconds the driver waits for that canary to end.
+        stack: ``local`` (the local deployment) or ``compose`` (the docker-compose stack,
+            :mod:`tritonflow.demo.stack`; profiling and the p99 gate are off there).
         drift_runs_in_flight: ``drift_monitor`` runs the driver lets run at once (the DAG allows
             4). The next hour's run is created once the previous hour's ``check`` task finished
             (the alert policy reads the windows before), so recording, alerting and the next
@@ -150,6 +152,7 @@ class DemoConfig:
     drift_runs_in_flight: int = 3
     bad_challenger: bool = True
     bad_challenger_timeout_s: float = 1200.0
+    stack: str = "local"
 
 
 def quick_config(home: Path = DEFAULT_DEMO_HOME, **overrides: Any) -> DemoConfig:
@@ -318,6 +321,9 @@ def config_from_args(argv: list[str] | None = None) -> DemoConfig:
     ap.add_argument("--keep-running", action="store_true",
                     help="leave the Airflow UI, MLflow UI, Triton and the gateway running")
     ap.add_argument("--airflow-db", default="", help="Airflow metadata DB URL (default: SQLite under the home)")
+    ap.add_argument("--stack", choices=("local", "compose"), default="local",
+                    help="where the loop runs: the local deployment, or the docker-compose stack "
+                         "(scripts/stack.sh builds and starts it; Celery with two workers)")
     ap.add_argument("--no-bad-challenger", action="store_true",
                     help="skip the label-flipped challenger requested through the registry after the loop")
     args = ap.parse_args(argv)
@@ -331,7 +337,10 @@ def config_from_args(argv: list[str] | None = None) -> DemoConfig:
     updates: dict[str, Any] = {"mapping": DayHourMapping(first, last, d),
                                "keep_running": args.keep_running,
                                "airflow_database_url": args.airflow_db,
-                               "bad_challenger": not args.no_bad_challenger}
+                               "bad_challenger": not args.no_bad_challenger, "stack": args.stack}
+    if args.stack == "compose":
+        # Model Analyzer and the p99 gate need the Triton tools beside the task: not in the image.
+        updates.update(profile=False, perf_gate=False)
     if args.min_history is not None:
         updates["min_history_windows"] = args.min_history
     if first < cfg.champion_days[1]:

@@ -222,6 +222,17 @@ class Demo:
 
     # ------------------------------------------------------------------ started parts
     @property
+    def gateway_url(self) -> str:
+        """Where the driver sends traffic (the local gateway)."""
+        return self._rt.gateway.url
+
+    def deployment(self) -> dict[str, Any]:
+        """What ran the loop, for the summary: executor, parallelism, metadata DB, UI."""
+        return {"executor": self._af.config.executor, "parallelism": self._af.config.parallelism,
+                "metadata_db": "sqlite" if self._af.config.is_sqlite else "postgresql",
+                "airflow_ui": self._af.api_url}
+
+    @property
     def _rt(self) -> Runtime:
         return _started(self.runtime, "the runtime (MLflow, Triton, gateway)")
 
@@ -478,7 +489,7 @@ class Demo:
         champion, dataset = self.train_champion()
         self.publish_champion(champion, dataset)
         self.route_champion(champion)
-        self.client = GatewayClient(self._rt.gateway.url, cfg.model,
+        self.client = GatewayClient(self.gateway_url, cfg.model,
                                     [c for c in self.data.columns if c not in ("day", "rain")],
                                     response_header=self.settings.gateway_response_header)
         self.canary_traffic = BackgroundTraffic(self.client, self._canary_rows(), cfg.canary_rps,
@@ -488,7 +499,7 @@ class Demo:
         watcher = threading.Thread(target=self._watch, name="scheduler-watch", daemon=True)
         watcher.start()
         m = cfg.mapping
-        p.step(f"replaying {m.n_hours} logical hours through the gateway {self._rt.gateway.url}; one "
+        p.step(f"replaying {m.n_hours} logical hours through the gateway {self.gateway_url}; one "
                f"drift_monitor run per hour through the REST API (dynamic P95 thresholds after "
                f"{cfg.min_history_windows} windows); the scheduler runs everything else")
         self.loop_t0 = time.time()
@@ -619,9 +630,7 @@ class Demo:
         summary: dict[str, Any] = {
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self.cfg).items()},
             "mapping": self.cfg.mapping.describe(),
-            "deployment": {"executor": self._af.config.executor, "parallelism": self._af.config.parallelism,
-                           "metadata_db": "sqlite" if self._af.config.is_sqlite else "postgresql",
-                           "airflow_ui": self._af.api_url},
+            "deployment": self.deployment(),
             "hours": [dataclasses.asdict(h) for h in self.hours],
             "events": self.events,
             "dag_runs": dag_runs,
