@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -67,7 +68,9 @@ def _docker_usable(env: dict[str, str]) -> None:
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     env = {**os.environ, "COMPOSE_PROJECT_NAME": PROJECT, **{k: str(v) for k, v in PORTS.items()},
-           "TRITONFLOW_STACK_WORKERS": "2", "TRITONFLOW_CANARY_BAKE_S": "5"}
+           "TRITONFLOW_STACK_WORKERS": "2", "TRITONFLOW_CANARY_BAKE_S": "5",
+           # a lost worker's task is failed after 90 s: above the promotion lease's 60 s TTL
+           "AIRFLOW_TASK_HEARTBEAT_TIMEOUT_S": "90"}
     _docker_usable(env)
     s = Stack(env)
     up = s.sh("up")
@@ -122,31 +125,138 @@ def _wait_run(api, dag_id: str, run_id: str, timeout_s: float) -> dict:
         time.sleep(2)
 
 
-def test_a_version_published_by_the_celery_workers_loads_from_s3_and_serves(stack):
-    """Register a NOAA model in the stack's MLflow, run ``model_publish`` through the scheduler and the
-    two Celery workers, then infer on the Triton container: its tasks ran on the workers' hosts, and
-    the stages that hand files to one another found them whichever worker ran them."""
+MODEL = "noaa_rain_stack"
+
+
+def _register(stack, first_day: int, last_day: int, alias: str | None) -> int:
     from model_registry.datasets import load_noaa
     from model_registry.noaa_model import train_noaa
     from model_registry.training_registration import Lineage, log_and_register
 
-    data = load_noaa()
-    window = data.iloc[0:2000]
-    reg = log_and_register(train_noaa(window), window, tracking_uri=stack.url("MLFLOW_PORT"),
-                           name="noaa_rain_stack", alias="champion", lineage=Lineage(reason="initial"))
-    api = _api(stack)
-    api.wait_for_dag("model_publish", 600)
-    api.unpause("model_publish")
-    run_id = f"stack-publish-{int(time.time())}"
+    window = load_noaa().iloc[first_day:last_day]
+    reg = log_and_register(train_noaa(window), window, tracking_uri=stack.url("MLFLOW_PORT"), name=MODEL,
+                           alias=alias, lineage=Lineage(reason="initial" if alias else "manual"))
+    return int(reg.version)
+
+
+def _publish(stack, api, version: int) -> tuple[dict, dict]:
+    run_id = f"stack-publish-v{version}-{int(time.time())}"
     api.post("/dags/model_publish/dagRuns", {"dag_run_id": run_id, "logical_date": None,
-                                             "conf": {"model": "noaa_rain_stack",
-                                                      "version_or_alias": str(reg.version)}})
+                                             "conf": {"model": MODEL, "version_or_alias": str(version)}})
     run = _wait_run(api, "model_publish", run_id, 900)
     tis = api.get(f"/dags/model_publish/dagRuns/{run_id}/taskInstances")["task_instances"]
-    states = {t["task_id"]: (t["state"], t["hostname"]) for t in tis}
-    assert run["state"] == "success", states
+    return run, {t["task_id"]: (t["state"], t["hostname"]) for t in tis}
+
+
+@pytest.fixture(scope="module")
+def champion(stack) -> dict:
+    """Version 1 registered @champion, published by ``model_publish`` on the workers, routed 100 %."""
+    from tritonflow.demo.stack import ROUTE_CHAMPION
+
+    version = _register(stack, 0, 2000, "champion")
+    api = _api(stack)
+    for dag_id in ("model_publish", "canary_promotion"):
+        api.wait_for_dag(dag_id, 600)
+        api.unpause(dag_id)
+    run, states = _publish(stack, api, version)
+    code = ROUTE_CHAMPION.replace("sys.argv[1], int(sys.argv[2])", f"{MODEL!r}, {version}")
+    routed = subprocess.run(["docker-compose", "-p", PROJECT, "-f", "docker-compose.yaml", "exec", "-T",
+                             "airflow-scheduler", "python", "-"], cwd=ROOT, env=stack.env, input=code,
+                            capture_output=True, text=True, timeout=300)
+    return {"version": version, "run": run, "states": states, "routed": routed}
+
+
+def test_a_version_published_by_the_celery_workers_loads_from_s3_and_serves(stack, champion):
+    """``model_publish`` runs through the scheduler and the two Celery workers, then Triton (the
+    container) serves it: its tasks ran on the workers' hosts, and the stages that hand files to one
+    another found them whichever worker ran them (the staged files travel through S3)."""
+    assert champion["run"]["state"] == "success", champion["states"]
     worker_hosts = {w["Config"]["Hostname"] for w in stack.containers("airflow-worker")}
-    assert {h for _, h in states.values() if h} <= worker_hosts, (states, worker_hosts)
-    ready = urllib.request.urlopen(f"{stack.url('TRITON_HTTP_PORT')}/v2/models/noaa_rain_stack/versions/"
-                                   f"{reg.version}/ready", timeout=10)
+    assert {h for _, h in champion["states"].values() if h} <= worker_hosts, (champion["states"], worker_hosts)
+    ready = urllib.request.urlopen(f"{stack.url('TRITON_HTTP_PORT')}/v2/models/{MODEL}/versions/"
+                                   f"{champion['version']}/ready", timeout=10)
     assert ready.status == 200
+    assert champion["routed"].returncode == 0, champion["routed"].stderr[-3000:]
+
+
+class _Traffic(threading.Thread):
+    """Requests to the gateway until stopped; every answer's status and serving version."""
+
+    def __init__(self, url: str):
+        from model_registry.datasets import FEATURE_COLUMNS, load_noaa
+        from tritonflow.demo.traffic import GatewayClient
+
+        super().__init__(daemon=True)
+        self.rows = load_noaa().iloc[2000:2040].reset_index(drop=True)
+        self.client = GatewayClient(url, MODEL, list(FEATURE_COLUMNS))
+        self.stop = threading.Event()
+        self.results: list = []
+
+    def run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            res = self.client.replay(self.rows, [f"kill-test-{n}-{i}" for i in range(len(self.rows))])
+            self.results.append(res.assign(t=time.time()))
+            n += 1
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.concat(self.results, ignore_index=True)
+
+
+def _triton_versions(stack) -> dict[str, str]:
+    req = urllib.request.Request(f"{stack.url('TRITON_HTTP_PORT')}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        index = json.loads(resp.read())
+    return {str(m["version"]): m.get("state", "") for m in index if m["name"] == MODEL}
+
+
+def test_a_worker_killed_mid_canary_leaves_the_champion_serving_and_the_canary_resolved(stack, champion):
+    """``docker kill`` the worker running a canary while its first step bakes: every request keeps
+    an answer, the lost attempt is failed by the scheduler, and the retry on a worker takes the
+    (expired) promotion lease and runs the canary again from its first step to a verdict; at the end
+    one version serves, it is READY and it holds ``@champion``, and no version is left loading."""
+    import mlflow
+
+    api = _api(stack)
+    challenger = _register(stack, 4000, 6000, None)
+    run, states = _publish(stack, api, challenger)
+    assert run["state"] == "success", states
+    traffic = _Traffic(stack.url("GATEWAY_PORT"))
+    traffic.start()
+    run_id = f"stack-canary-v{challenger}-{int(time.time())}"
+    api.post("/dags/canary_promotion/dagRuns", {
+        "dag_run_id": run_id, "logical_date": None,
+        "conf": {"model": MODEL, "challenger": str(challenger), "champion": champion["version"],
+                 "steps": [25, 100], "bake_s": 30, "min_requests": 5}})
+    deadline, killed = time.monotonic() + 600, None
+    while killed is None and time.monotonic() < deadline:
+        tis = api.get(f"/dags/canary_promotion/dagRuns/{run_id}/taskInstances?task_id=canary")["task_instances"]
+        canary = next((t for t in tis if t["task_id"] == "canary"), None)
+        if canary and canary["state"] == "running" and canary["hostname"]:
+            time.sleep(8)  # inside the first step's bake
+            subprocess.run(["docker", "kill", canary["hostname"]], check=True, capture_output=True)
+            killed = canary["hostname"]
+        time.sleep(1)
+    assert killed, "the canary task never ran"
+    final = _wait_run(api, "canary_promotion", run_id, 900)
+    time.sleep(3)
+    traffic.stop.set()
+    traffic.join(60)
+    frame = traffic.frame()
+    tis = api.get(f"/dags/canary_promotion/dagRuns/{run_id}/taskInstances?task_id=canary")["task_instances"]
+    canary = next(t for t in tis if t["task_id"] == "canary")
+    assert final["state"] in ("success", "failed"), final
+    assert canary["try_number"] == 2 and canary["state"] in ("success", "failed"), canary
+    assert int((frame["status"] != 200).sum()) == 0, frame[frame["status"] != 200].head()
+    served_last = frame[frame["t"] >= frame["t"].max() - 2]
+    assert served_last["version"].nunique() == 1, served_last["version"].value_counts()
+    serving = str(served_last["version"].iloc[0])
+    aliases = mlflow.MlflowClient(tracking_uri=stack.url("MLFLOW_PORT")).get_registered_model(MODEL).aliases
+    assert str(aliases["champion"]) == serving
+    states = _triton_versions(stack)
+    assert states.get(serving) == "READY", states
+    assert not [v for v, st in states.items() if st not in ("READY", "UNAVAILABLE", "")], states
+    expected = str(challenger) if final["state"] == "success" else str(champion["version"])
+    assert serving == expected, (final["state"], serving)
