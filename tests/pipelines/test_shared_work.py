@@ -84,3 +84,19 @@ def test_without_a_staging_uri_or_outside_the_home_nothing_is_shared_and_a_bad_u
     assert fetch(plain, path) == share(plain, path) == discard(plain, path) == 0
     with pytest.raises(SettingsError, match=r"TRITONFLOW_STAGING_URI='/shared/work'.*s3://bucket"):
         location(dataclasses.replace(plain, staging_uri="/shared/work"), path)
+
+
+def test_a_training_window_another_worker_wrote_is_fetched_for_the_publish_dataset(shared):
+    """retrain writes the window on one worker and hands its path to model_publish as dataset_uri."""
+    from tritonflow.pipelines.publish_validate import load_dataset
+
+    settings, bucket = shared
+    import pandas as pd
+
+    window = settings.home / "retrain" / "noaa_rain" / "windows" / "w.parquet"
+    window.parent.mkdir(parents=True)
+    pd.DataFrame({"x": [1.0, 2.0], "rain": [0, 1]}).to_parquet(window, index=False)
+    share(settings, window)
+    window.unlink()  # the publish runs on another host
+    assert fetch(settings, str(window)) == 1
+    assert list(load_dataset(str(window))["rain"]) == [0, 1]

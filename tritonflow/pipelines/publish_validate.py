@@ -232,6 +232,9 @@ def _convert_and_validate(resolved, ref, reg, stage: Path, atol: float, rtol: fl
     model_io = reg.model_io(ref, require_signature=schema is None)
     dataset = None
     if dataset_uri:
+        from tritonflow.pipelines import shared_work
+
+        shared_work.fetch(s, dataset_uri)  # retrain's training window may be on another worker
         dataset = load_dataset(dataset_uri, stage / "dataset", reg.tracking_uri)
     gate = validate_model(ref.uri, model_io, model_name=name, dataset=dataset, dataset_rows=DATASET_SAMPLE_ROWS,
                           atol=atol, rtol=rtol, max_batch_size=mbs, export_format=export_format,
