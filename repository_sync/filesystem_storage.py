@@ -33,7 +33,7 @@ from repository_sync.storage_base import (
     _compare_digests,
 )
 from tritonflow.checksums import sha256_file
-from tritonflow.exceptions import DataError, RepositoryConflictError
+from tritonflow.exceptions import DataError, RepositoryConflictError, VersionNotInRepositoryError
 
 
 def _fsync_dir(path: Path) -> None:
@@ -167,7 +167,7 @@ class FileSystemStorage(RepositoryStorage, scheme=""):
     def local_version(self, layout: VersionLayout) -> Iterator[Path]:
         path = self.root / layout.version_dir
         if not path.is_dir():
-            raise DataError(
+            raise VersionNotInRepositoryError(
                 f"model '{layout.model_name}' version {layout.version} is not in repository "
                 f"{self.uri!r} (no folder {str(path)!r})"
             )

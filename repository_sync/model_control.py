@@ -39,7 +39,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from repository_sync.coordination import MODEL_CONTROL, CoordinationStore, model_versions
-from tritonflow.exceptions import DataError, ModelLoadRefusedError
+from tritonflow.exceptions import DataError, ModelLoadRefusedError, VersionNotInRepositoryError
 
 #: State scope of the config each model was last loaded with (JSON dict, per model key).
 CONFIG_SCOPE = "model-control.config"
@@ -80,7 +80,8 @@ def _write_desired(store: CoordinationStore, key: str, versions: Mapping[int, st
 
 def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Iterable[int] = (),
               exactly: Iterable[int] | None = None, config: Any = None, config_version: int | None = None,
-              purpose: str = "serving", timeout_s: float | None = None) -> dict[str, Any]:
+              purpose: str = "serving", timeout_s: float | None = None,
+              optional: Iterable[int] = ()) -> dict[str, Any]:
     """Change the versions ``name`` keeps loaded in one Triton request, under its model-control lease.
 
     Args:
@@ -96,10 +97,14 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
         config_version: Version whose signed config is used.
         purpose: Why the added versions are loaded (``serving``, ``evaluation``, ``canary``...).
         timeout_s: Seconds to wait for READY per version (default ``control.load_timeout_s``).
+        optional: Versions of the new set that only the registry wants (its aliases): one not in
+            the repository is left out and named in ``skipped``, not an error.
 
     Returns:
-        ``{"model_name", "versions", "before", "signatures": {version: digest}, "key_ids"}``; for a
-        replica set also ``replicas: {url: {"versions", "load_s", "signatures"}}``.
+        ``{"model_name", "versions", "before", "signatures": {version: digest}, "key_ids",
+        "skipped": {version: why}}`` (``skipped``: versions only the registry named that are not in
+        the repository, e.g. alias ``challenger`` on a version whose publish failed); for a replica
+        set also ``replicas: {url: {"versions", "load_s", "signatures"}}``.
 
     Raises:
         LeaseBusyError: Another model-control change of ``name`` held the lease too long.
@@ -126,11 +131,33 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
         else:
             target = {v: p for v, p in before.items() if v not in {int(r) for r in remove}}
             target.update({v: purpose for v in added})
+        registry_only = {int(v) for v in optional} - added
         if control.needed_versions is not None:
             for v in control.needed_versions(name):
+                if int(v) not in target:
+                    registry_only.add(int(v))
                 target.setdefault(int(v), "registry")
-        result: dict[str, Any] = {"model_name": name, "versions": sorted(target), "before": sorted(before),
-                  "signatures": {}, "key_ids": {}}
+        result: dict[str, Any] = {"model_name": name, "versions": [], "before": sorted(before),
+                                  "signatures": {}, "key_ids": {}, "skipped": {}}
+        intended: dict[int, bytes] = {}
+        for v in sorted(target):
+            try:
+                info, intended[v] = control.verify(name, v)
+            except VersionNotInRepositoryError as exc:
+                # An alias may name a version whose publish failed or is still running: the registry
+                # wants it, but there is nothing to load yet. A version asked for explicitly still fails.
+                if v not in registry_only:
+                    raise
+                del target[v]
+                result["skipped"][str(v)] = str(exc)
+                continue
+            result["signatures"][str(v)] = info.signature_digest
+            result["key_ids"][str(v)] = info.key_id
+        result["versions"] = sorted(target)
+        if result["skipped"] and not target:
+            raise VersionNotInRepositoryError(
+                f"model {name!r}: none of the versions the registry names is in the repository "
+                f"({result['skipped']}); refusing to unload what serves")
         servers = replicas_of(control)
         if not target:
             lease.check()
@@ -140,11 +167,6 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
             if len(servers) > 1:
                 result["replicas"] = {s.url: {"versions": []} for s in servers}
             return result
-        intended: dict[int, bytes] = {}
-        for v in sorted(target):
-            info, intended[v] = control.verify(name, v)
-            result["signatures"][str(v)] = info.signature_digest
-            result["key_ids"][str(v)] = info.key_id
         if config is not None:
             msg = _config_message(config, name)
         elif config_version is not None and int(config_version) in intended:
@@ -279,4 +301,5 @@ def reconcile_model(control: Any, registry: Any, model: str, *, triton_model: st
     if not needed | pinned:
         raise DataError(f"model {model!r}: no alias among {SERVING_ALIASES} and nothing pinned; "
                         "refusing to unload everything (use unload)")
-    return reconcile(control, name, exactly=needed | pinned, timeout_s=timeout_s)
+    return reconcile(control, name, exactly=needed | pinned, timeout_s=timeout_s,
+                     optional=registry_versions(registry, model) - pinned - {int(v) for v in keep})

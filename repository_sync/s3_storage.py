@@ -36,7 +36,7 @@ from repository_sync.storage_base import (
     _compare_digests,
 )
 from tritonflow.checksums import sha256_stream
-from tritonflow.exceptions import DataError, ServiceUnavailableError, SettingsError
+from tritonflow.exceptions import ServiceUnavailableError, SettingsError, VersionNotInRepositoryError
 
 #: S3 object metadata key holding the SHA-256 hex of the object's bytes (for idempotency checks).
 SHA256_METADATA_KEY = "sha256"
@@ -370,7 +370,7 @@ class S3Storage(RepositoryStorage, scheme="s3"):
         with self._errors(f"downloading model '{layout.model_name}' version {layout.version}"):
             objects = self._list(prefix)
         if not objects:
-            raise DataError(
+            raise VersionNotInRepositoryError(
                 f"model '{layout.model_name}' version {layout.version} is not in repository "
                 f"{self.uri!r} (no objects under {prefix!r})"
             )

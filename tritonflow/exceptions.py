@@ -47,6 +47,10 @@ class RepositoryLayoutError(DataError):
     """A Triton model repository does not follow the layout rules."""
 
 
+class VersionNotInRepositoryError(DataError):
+    """A model version has no files in the repository (never published, or its publish failed)."""
+
+
 class SignatureVerificationError(DataError):
     """An artifact's signature is missing, invalid or does not cover its files."""
 

@@ -128,14 +128,14 @@ def _wait_run(api, dag_id: str, run_id: str, timeout_s: float) -> dict:
 MODEL = "noaa_rain_stack"
 
 
-def _register(stack, first_day: int, last_day: int, alias: str | None) -> int:
+def _register(stack, first_day: int, last_day: int, alias: str) -> int:
     from model_registry.datasets import load_noaa
     from model_registry.noaa_model import train_noaa
     from model_registry.training_registration import Lineage, log_and_register
 
     window = load_noaa().iloc[first_day:last_day]
     reg = log_and_register(train_noaa(window), window, tracking_uri=stack.url("MLFLOW_PORT"), name=MODEL,
-                           alias=alias, lineage=Lineage(reason="initial" if alias else "manual"))
+                           alias=alias, lineage=Lineage(reason="initial" if alias == "champion" else "manual"))
     return int(reg.version)
 
 
@@ -220,7 +220,7 @@ def test_a_worker_killed_mid_canary_leaves_the_champion_serving_and_the_canary_r
     import mlflow
 
     api = _api(stack)
-    challenger = _register(stack, 4000, 6000, None)
+    challenger = _register(stack, 4000, 6000, "challenger")
     run, states = _publish(stack, api, challenger)
     assert run["state"] == "success", states
     traffic = _Traffic(stack.url("GATEWAY_PORT"))

@@ -221,3 +221,9 @@ def test_reconcile_loads_what_the_registry_needs_plus_pinned_evaluations_in_one_
             control.load(name, 9)
         assert control.ready_versions(name) == [1, 3]
         assert sorted(desired_versions(store, name)) == [1, 3]
+        # alias challenger on a version whose publish failed (nothing in the repository): the
+        # registry's want is skipped and named, the served versions stay (the canary's reconcile
+        # after a promotion failed on exactly this in the loop on the compose stack)
+        out = reconcile_model(control, _Aliases({"champion": 3, "previous_champion": 1, "challenger": 9}), name)
+        assert out["versions"] == [1, 3] and "9" in out["skipped"] and "not in repository" in out["skipped"]["9"]
+        assert control.ready_versions(name) == [1, 3]
