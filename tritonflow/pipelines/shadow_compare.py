@@ -75,7 +75,9 @@ def _read_predictions(replayed: Mapping[str, Any], settings: Settings):
         if key not in replayed:
             raise DataError(f"replayed lacks key {key!r}; expected the dict replay() returns")
     path = Path(replayed["uri"])
-    shared_work.fetch(settings, path)  # replay may have run on another worker
+    # replay may have run on another worker: its whole run folder (predictions, and the expected
+    # predictions compare logs to MLflow)
+    shared_work.fetch(settings, path.parent)
     if not path.is_file():
         raise DataError(f"predictions file {str(path)!r} does not exist (expected replay()'s output; "
                         "is settings.home shared by the workers, or TRITONFLOW_STAGING_URI set?)")
