@@ -92,9 +92,13 @@ build_base() {
     -c 'CMD ["/bin/bash"]' - "$BASE_IMAGE" >/dev/null
 }
 
-# Wheels of requirements.txt (+ whylogs) and requirements-triton.txt, fetched on the host.
+# The identity of the wheel set (what the images' labels record), known before anything is fetched.
+wheels_id() { digest requirements.txt constraints requirements-triton.txt; }
+
+# Wheels of requirements.txt (+ whylogs) and requirements-triton.txt, fetched on the host, only
+# when an image has to be built (a checkout whose images are all current fetches nothing).
 fetch_wheels() {
-  local want; want=$(digest requirements.txt constraints requirements-triton.txt)
+  local want; want=$(wheels_id)
   [ "$(cat "$CACHE/wheels.stamp" 2>/dev/null)" = "$want" ] && return
   local pip=("$ROOT/.venv/bin/python" -m pip)
   [ -x "$ROOT/.venv/bin/python" ] || pip=(python3 -m pip)
@@ -114,6 +118,7 @@ fetch_wheels() {
 # docker build --network none from a context tar: build_from TAG DOCKERFILE LABEL -- tar arguments
 build_from() {
   local tag=$1 dockerfile=$2 inputs=$3; shift 4
+  fetch_wheels
   log "docker build --network none -t $tag ($dockerfile)"
   tar -c --dereference "$@" | DOCKER_BUILDKIT=0 docker build --network none -q -f "$dockerfile" \
     --label "org.tritonflow.inputs=$inputs" --build-arg PIP_OFFLINE=1 -t "$tag" - >/dev/null \
@@ -124,7 +129,7 @@ declare -A BUILT_STANDINS=()
 
 build_standin() {
   local image=$1 dir=$2 src="deploy/standins/$2" inputs
-  inputs=$(digest "$src")-$(cat "$CACHE/wheels.stamp")
+  inputs=$(digest "$src")-$(wheels_id)
   if have_image "$image"; then
     local label; label=$(label_of "$image")
     # An image that is not one of our stand-ins (the official one, pulled) is always kept.
@@ -145,7 +150,7 @@ build_standin() {
 
 build_project() {
   local tag=$1 dockerfile=$2 inputs
-  inputs=$(digest "$dockerfile" requirements.txt constraints tritonflow model_registry drift_checks repository_sync)-$(cat "$CACHE/wheels.stamp")
+  inputs=$(digest "$dockerfile" requirements.txt constraints tritonflow model_registry drift_checks repository_sync)-$(wheels_id)
   have_image "$tag" && [ "$(label_of "$tag")" = "$inputs" ] && return
   build_from "$tag" "$dockerfile" "$inputs" -- --exclude='__pycache__' --exclude='*.pyc' \
     -C "$ROOT" requirements.txt constraints tritonflow model_registry drift_checks repository_sync "$dockerfile" \
@@ -156,7 +161,6 @@ cmd_build() {
   ensure_docker
   local t0=$SECONDS
   build_base
-  fetch_wheels
   local entry
   for entry in "${STANDIN_IMAGES[@]}"; do build_standin "${entry%%=*}" "${entry#*=}"; done
   build_project "${TRITONFLOW_AIRFLOW_IMAGE:-tritonflow/airflow:3.3.2}" deploy/airflow/Dockerfile
