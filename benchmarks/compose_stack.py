@@ -70,10 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         res["cold_build_s"], proc = _stack("build")
         res["cold_build_ok"] = proc.returncode == 0
     res["warm_build_s"], proc = _stack("build")
-    bench = {"COMPOSE_PROJECT_NAME": "tritonflow-bench", "AIRFLOW_PORT": "38080", "MLFLOW_PORT": "35000",
-             "MINIO_PORT": "39000", "MINIO_CONSOLE_PORT": "39001", "TRITON_HTTP_PORT": "38000",
-             "TRITON_GRPC_PORT": "38001", "TRITON_METRICS_PORT": "38002", "GATEWAY_PORT": "38090",
-             "PROMETHEUS_PORT": "39090"}
+    from tritonflow.demo.stack import shifted_ports
+
+    bench = {"COMPOSE_PROJECT_NAME": "tritonflow-bench", **{k: str(v) for k, v in shifted_ports(30000).items()}}
     _stack("down", "--volumes", env=bench)
     total, proc = _stack("up", env=bench)
     res["up_ok"] = proc.returncode == 0

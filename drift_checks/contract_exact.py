@@ -39,7 +39,7 @@ def _between(observed: Any, kw: Mapping[str, Any]) -> bool:
     return True
 
 
-def _fast_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> ExpectationResult | None:
+def exact_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> ExpectationResult | None:
     """Exact evaluation of the standard column expectations on the FULL window.
 
     Computed from the window's :class:`~drift_checks.column_facts.ColumnFacts` (the whole column, or a
@@ -230,7 +230,7 @@ def offending_values(s: pd.Series, type_list: Any = (), limit: int = 5) -> list[
     return _jsonable(list(pd.unique(bad.to_numpy(dtype=object))[:limit]))
 
 
-#: Expectations evaluated exactly by :func:`_fast_result`, with the kwargs it understands.
+#: Expectations evaluated exactly by :func:`exact_result`, with the kwargs it understands.
 _FAST_KWARGS: dict[str, set[str]] = {
     **{t: {"column", "value_set"} for t in _DISTINCT_SET_CHECKS},
     "ExpectColumnValuesToBeInTypeList": {"column", "type_list"},
@@ -242,7 +242,7 @@ _FAST_KWARGS: dict[str, set[str]] = {
 }
 
 
-class _LazyFacts(dict):
+class LazyColumnFacts(dict):
     """Column facts of an in-memory window, taken when first needed."""
 
     def __init__(self, frame: pd.DataFrame, counted: set, unreadable: Mapping[str, Unreadable] | None = None):
@@ -256,4 +256,4 @@ class _LazyFacts(dict):
 
 
 #: Expectations whose exact check needs the column's value counts.
-_COUNTED = {"ExpectColumnValuesToBeInSet", *_DISTINCT_SET_CHECKS}
+COUNTED_EXPECTATIONS = {"ExpectColumnValuesToBeInSet", *_DISTINCT_SET_CHECKS}

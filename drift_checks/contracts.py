@@ -59,7 +59,13 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from drift_checks.contract_exact import _COUNTED, _fast_result, _LazyFacts, offending_values, unreadable_result
+from drift_checks.contract_exact import (
+    COUNTED_EXPECTATIONS,
+    LazyColumnFacts,
+    exact_result,
+    offending_values,
+    unreadable_result,
+)
 from drift_checks.contract_gx import ROW_WISE_PREFIXES, _run_gx, _run_gx_streamed
 from drift_checks.contract_types import (
     _TYPE_LISTS,
@@ -324,7 +330,7 @@ def run_contract(contract: Contract, frame: Any, *,
             pre.append((i, ExpectationResult(col, _snake(spec.type), None, False, True,
                                              f"cannot read a datetime bound/value set: {exc}")))
             continue
-        fast = _fast_result(spec, facts_of[col], col in dt_cols) if col is not None else None
+        fast = exact_result(spec, facts_of[col], col in dt_cols) if col is not None else None
         if fast is not None:
             pre.append((i, fast))
         else:
@@ -355,8 +361,8 @@ def _window_facts(contract: Contract, frame: Any, schema: Mapping[str, str] | No
         frame, unreadable = applied.frame, applied.unreadable
     bad = dict(unreadable or {})
     dt_cols = {c for c in frame.columns if pd.api.types.is_datetime64_any_dtype(frame[c])}
-    counted = {sp.column for sp in contract.expectations if sp.type in _COUNTED}
-    return frame, _LazyFacts(frame, counted, bad), dt_cols, bad
+    counted = {sp.column for sp in contract.expectations if sp.type in COUNTED_EXPECTATIONS}
+    return frame, LazyColumnFacts(frame, counted, bad), dt_cols, bad
 
 
 def _type_result(col: str, facts: Any, bad: Unreadable | None) -> ExpectationResult:

@@ -137,7 +137,7 @@ def test_the_null_expectation_carries_the_reference_missing_share(null_and_empty
 
 def test_vectorised_checks_agree_with_great_expectations_on_the_same_window(null_and_empty_windows):
     """The exact fast path and GX give the same verdicts and observed values (small window)."""
-    from drift_checks.contract_exact import _fast_result
+    from drift_checks.contract_exact import exact_result
     from drift_checks.contract_gx import _run_gx
 
     ref, all_null, _ = null_and_empty_windows
@@ -149,7 +149,7 @@ def test_vectorised_checks_agree_with_great_expectations_on_the_same_window(null
              and not (s.type == "ExpectColumnValuesToBeInTypeList" and cur[s.column].isna().all())]
     from drift_checks.column_facts import ColumnFacts
 
-    fast = {i: _fast_result(s, ColumnFacts.of_series(cur[s.column]), False) for i, s in specs}
+    fast = {i: exact_result(s, ColumnFacts.of_series(cur[s.column]), False) for i, s in specs}
     assert all(r is not None for r in fast.values())
     gx = dict(_run_gx(specs, cur, set(), 10_000, 0))
     assert {i: r.success for i, r in fast.items()} == {i: r.success for i, r in gx.items()}
