@@ -23,17 +23,13 @@ from dataclasses import dataclass
 import pytest
 
 from tests.compose.stack import ROOT
+from tritonflow.demo.stack import ADMIN, ROUTE_CHAMPION, exec_python, shifted_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.timeout(2400)]
 
 #: Host ports of this test's stack (published on 127.0.0.1 only), away from the compose defaults.
-PORTS = {
-    "AIRFLOW_PORT": 18080, "MLFLOW_PORT": 15000, "MINIO_PORT": 19000, "MINIO_CONSOLE_PORT": 19001,
-    "TRITON_HTTP_PORT": 18000, "TRITON_GRPC_PORT": 18001, "TRITON_METRICS_PORT": 18002,
-    "GATEWAY_PORT": 18090, "PROMETHEUS_PORT": 19090,
-}
+PORTS = shifted_ports(10000)
 PROJECT = "tritonflow-test"
-ADMIN = ("admin", "admin")
 
 
 @dataclass
@@ -151,18 +147,13 @@ def _publish(stack, api, version: int) -> tuple[dict, dict]:
 @pytest.fixture(scope="module")
 def champion(stack) -> dict:
     """Version 1 registered @champion, published by ``model_publish`` on the workers, routed 100 %."""
-    from tritonflow.demo.stack import ROUTE_CHAMPION
-
     version = _register(stack, 0, 2000, "champion")
     api = _api(stack)
     for dag_id in ("model_publish", "canary_promotion"):
         api.wait_for_dag(dag_id, 600)
         api.unpause(dag_id)
     run, states = _publish(stack, api, version)
-    code = ROUTE_CHAMPION.replace("sys.argv[1], int(sys.argv[2])", f"{MODEL!r}, {version}")
-    routed = subprocess.run(["docker-compose", "-p", PROJECT, "-f", "docker-compose.yaml", "exec", "-T",
-                             "airflow-scheduler", "python", "-"], cwd=ROOT, env=stack.env, input=code,
-                            capture_output=True, text=True, timeout=300)
+    routed = exec_python(PROJECT, "airflow-scheduler", ROUTE_CHAMPION, MODEL, str(version), env=stack.env)
     return {"version": version, "run": run, "states": states, "routed": routed}
 
 
@@ -176,7 +167,7 @@ def test_a_version_published_by_the_celery_workers_loads_from_s3_and_serves(stac
     ready = urllib.request.urlopen(f"{stack.url('TRITON_HTTP_PORT')}/v2/models/{MODEL}/versions/"
                                    f"{champion['version']}/ready", timeout=10)
     assert ready.status == 200
-    assert champion["routed"].returncode == 0, champion["routed"].stderr[-3000:]
+    assert f"routed {MODEL} {champion['version']}" in champion["routed"]
 
 
 class _Traffic(threading.Thread):

@@ -31,12 +31,21 @@ from tritonflow.demo.driver import PARSE_TIMEOUT_S, Demo
 from tritonflow.exceptions import RuntimeStartError
 from tritonflow.settings_defaults import PROJECT_ROOT
 
-#: Host ports (on 127.0.0.1) of the demo's stack, away from the compose defaults a user's stack takes.
-STACK_PORTS = {
-    "AIRFLOW_PORT": 28080, "MLFLOW_PORT": 25000, "MINIO_PORT": 29000, "MINIO_CONSOLE_PORT": 29001,
-    "TRITON_HTTP_PORT": 28000, "TRITON_GRPC_PORT": 28001, "TRITON_METRICS_PORT": 28002,
-    "GATEWAY_PORT": 28090, "PROMETHEUS_PORT": 29090,
+#: docker-compose.yaml's default host port of each published service (its ``*_PORT`` variables).
+COMPOSE_PORTS = {
+    "AIRFLOW_PORT": 8080, "MLFLOW_PORT": 5000, "MINIO_PORT": 9000, "MINIO_CONSOLE_PORT": 9001,
+    "TRITON_HTTP_PORT": 8000, "TRITON_GRPC_PORT": 8001, "TRITON_METRICS_PORT": 8002,
+    "GATEWAY_PORT": 8090, "PROMETHEUS_PORT": 9090,
 }
+
+
+def shifted_ports(shift: int) -> dict[str, int]:
+    """The compose stack's host ports moved by ``shift``, so a second stack never meets a user's."""
+    return {k: v + shift for k, v in COMPOSE_PORTS.items()}
+
+
+#: Host ports (on 127.0.0.1) of the demo's stack.
+STACK_PORTS = shifted_ports(20000)
 #: Compose project of the demo's stack.
 STACK_PROJECT = "tritonflow-demo"
 #: The compose stack's development credentials (docker-compose.yaml defaults).
@@ -128,16 +137,9 @@ class ComposeStack:
         """Stop the stack and remove its volumes."""
         self.stack_sh("down", "--volumes", timeout=600)
 
-    def exec_python(self, service: str, code: str, env: Mapping[str, str] | None = None) -> str:
-        """Run ``python -`` with ``code`` in a running container of ``service``; its stdout."""
-        cmd = ["docker-compose", "-p", self.project, "-f", "docker-compose.yaml", "-f", str(self.override),
-               "exec", "-T", *[a for k, v in (env or {}).items() for a in ("-e", f"{k}={v}")], service,
-               "python", "-"]
-        proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=self.env(), input=code, capture_output=True,
-                              text=True, timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeStartError(f"{service}: python failed ({proc.returncode}): {proc.stderr[-3000:]}")
-        return proc.stdout
+    def exec_python(self, service: str, code: str, *args: str) -> str:
+        """Run ``python - ARGS`` with ``code`` in a running container of ``service``; its stdout."""
+        return exec_python(self.project, service, code, *args, files=(str(self.override),), env=self.env())
 
     def hostnames(self, service: str) -> list[str]:
         """Hostnames of the running containers of ``service``."""
@@ -151,7 +153,26 @@ class ComposeStack:
         return sorted(out.split())
 
 
-#: Routing code run in the scheduler container: point the gateway at the first champion (100 %).
+def exec_python(project: str, service: str, code: str, *args: str, files: tuple[str, ...] = (),
+                env: Mapping[str, str] | None = None) -> str:
+    """Run ``python - ARGS`` with ``code`` in a running container of ``service`` of compose ``project``.
+
+    Returns:
+        Its stdout.
+
+    Raises:
+        RuntimeStartError: The command failed (its stderr's tail in the message).
+    """
+    cmd = ["docker-compose", "-p", project, "-f", "docker-compose.yaml",
+           *[a for f in files for a in ("-f", f)], "exec", "-T", service, "python", "-", *args]
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=dict(env) if env is not None else None, input=code,
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeStartError(f"{service}: python failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+#: Routing code run in an Airflow container (argv: model, version): the first champion at 100 %.
 ROUTE_CHAMPION = """
 import sys
 from repository_sync.router import TrafficPlan, wait_live
@@ -234,8 +255,7 @@ class StackDemo(Demo):
 
     def route_champion(self, version: int) -> None:
         """Point the gateway at the first champion (100 %) from the scheduler container."""
-        code = ROUTE_CHAMPION.replace("sys.argv[1], int(sys.argv[2])", f"{self.cfg.model!r}, {int(version)}")
-        self.stack.exec_python("airflow-scheduler", code)
+        self.stack.exec_python("airflow-scheduler", ROUTE_CHAMPION, self.cfg.model, str(int(version)))
         self.progress.step(f"gateway: 100 % of {self.cfg.model} -> version {version}")
 
     def teardown(self) -> None:
