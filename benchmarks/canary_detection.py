@@ -59,6 +59,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from drift_checks.inference_log import InferenceLogWriter, LogSchema  # noqa: E402
+from ground.settings import Settings  # noqa: E402
 from repository_sync.canary import CanaryPolicy, metrics_scraper, run_canary  # noqa: E402
 from repository_sync.gateway_probe import wait_live  # noqa: E402
 from repository_sync.gateway_status import STATUS_LOG_NAME, GatewayStatusLog  # noqa: E402
@@ -68,7 +69,6 @@ from repository_sync.traffic_plan import Mirror, TrafficPlan  # noqa: E402
 from tritonflow.pipelines.canary_observe import observer  # noqa: E402
 from tritonflow.runtime.fault_injection import set_mode, write_fault_model  # noqa: E402
 from tritonflow.runtime.services import NginxGateway, TritonServer, free_port  # noqa: E402
-from tritonflow.settings import Settings  # noqa: E402
 
 MODEL = "detect_model"
 CHAMPION, CHALLENGER = 1, 2

@@ -76,7 +76,7 @@ def _ts(day: int) -> pd.Timestamp:
 def run_tritonflow(noaa, features, shift, quiet, out, env=None) -> list[bool]:
     from drift_checks.backtest import run_backtest
     from drift_checks.verdict import CheckConfig
-    from tritonflow.settings import Settings
+    from ground.settings import Settings
 
     start = shift - quiet * DAYS_PER_WINDOW
     ref = noaa.iloc[start - REFERENCE_DAYS:start]
@@ -161,7 +161,7 @@ def demo_replays(noaa, features) -> dict:
     """The demo's mapping (48 days per logical hour) with default settings: which windows alert."""
     from drift_checks.backtest import run_backtest
     from drift_checks.verdict import CheckConfig
-    from tritonflow.settings import Settings
+    from ground.settings import Settings
 
     out = {}
     for name, (champion_end, last_day) in {"full": (8000, 18128), "quick": (11328, 12480)}.items():

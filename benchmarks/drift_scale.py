@@ -164,8 +164,8 @@ def child_check(model: str) -> None:
     import drift_checks.strategies  # noqa: F401
     import drift_checks.streaming  # noqa: F401
     import drift_checks.verdict  # noqa: F401
+    from ground.settings import get_settings
     from tritonflow.pipelines import drift
-    from tritonflow.settings import get_settings
 
     t_imports = time.perf_counter() - t
     cache = Path(get_settings().home) / "drift" / "reference_cache"
@@ -191,7 +191,7 @@ def child_spark(model: str) -> None:
     from drift_checks.spark import get_spark, summarize_window_spark
     from drift_checks.streaming import open_window, summarize_window
     from drift_checks.verdict import prepare_reference
-    from tritonflow.settings import get_settings
+    from ground.settings import get_settings
 
     s = get_settings()
     ref = load_reference(s.inference_log_root, model, 1, with_profile=False)
@@ -289,11 +289,11 @@ def many_models(n: int, tmp: Path) -> dict:
 
     from drift_checks.inference_log import InferenceLogWriter, LogSchema
     from drift_checks.reference import save_reference
+    from ground.settings import Settings
     from tritonflow.runtime.airflow import AirflowDeployment
     from tritonflow.runtime.airflow_api import AirflowApi
     from tritonflow.runtime.airflow_config import AirflowConfig
     from tritonflow.runtime.services import MlflowServer, free_port
-    from tritonflow.settings import Settings
 
     home = tmp / "airflow_home"
     settings = Settings.from_env({}, home=home, mlflow_port=free_port())

@@ -3,8 +3,8 @@
 Real Triton 2.51 (explicit model control) behind the runtime's real NGINX gateway
 (:class:`tritonflow.runtime.services.NginxGateway`), routed by :class:`NginxRouter` with
 ``fallback=True``. The served model is a scikit-learn MLP classifier converted with skl2onnx; its
-fallback is the same model dynamically quantized to INT8 (:func:`model_registry.fallback.quantize`),
-gated with the fallback tolerances (:func:`model_registry.fallback.gate`), both signed and pushed
+fallback is the same model dynamically quantized to INT8 (:func:`tritonflow.pipelines.publish_fallback.quantize`),
+gated with the fallback tolerances (:func:`tritonflow.pipelines.publish_fallback.gate`), both signed and pushed
 with :func:`repository_sync.publish.publish_version` and loaded through
 :class:`repository_sync.triton_client.TritonModelControl` (signature verified before each load).
 
@@ -38,11 +38,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ground.settings import Settings  # noqa: E402
 from repository_sync.gateway_probe import FALLBACK_HEADER, fallback_model_name, wait_live  # noqa: E402
 from repository_sync.nginx_router import NginxRouter  # noqa: E402
 from repository_sync.traffic_plan import TrafficPlan  # noqa: E402
 from tritonflow.runtime.services import NginxGateway, TritonServer, free_port  # noqa: E402
-from tritonflow.settings import Settings  # noqa: E402
 
 MODEL, VERSION, FEATURES = "bench_fallback", 1, 16
 
@@ -55,9 +55,9 @@ def build_models(tmp: Path, settings: Settings) -> dict:
     from sklearn.neural_network import MLPClassifier
     from tritonclient.grpc import model_config_pb2 as pb
 
-    from model_registry.fallback import fallback_config, gate, quantize
     from repository_sync.publish import publish_version
     from repository_sync.signing import generate_key_pair
+    from tritonflow.pipelines.publish_fallback import fallback_config, gate, quantize
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(2000, FEATURES)).astype(np.float32)

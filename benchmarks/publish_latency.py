@@ -76,10 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
+    from ground.settings import Settings
     from tritonflow.pipelines import publish as pipeline
     from tritonflow.pipelines import publish_profile
     from tritonflow.runtime.services import MlflowServer, TritonServer, free_port
-    from tritonflow.settings import Settings
 
     home = Path(tempfile.mkdtemp(prefix="tritonflow-bench-publish-"))
     repo = home / "model_repository"

@@ -37,12 +37,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from repository_sync.coordination import CoordinationStore  # noqa: E402
+from ground.coordination import CoordinationStore  # noqa: E402
+from ground.settings import Settings  # noqa: E402
 from repository_sync.model_control import reconcile  # noqa: E402
 from repository_sync.triton_client import TritonModelControl  # noqa: E402
 from repository_sync.triton_replicas import TritonReplicaSet  # noqa: E402
 from tritonflow.runtime.services import S3Server, TritonServer, free_port  # noqa: E402
-from tritonflow.settings import Settings  # noqa: E402
 
 NAME = "bench_replicas"
 CONFIG = """

@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
+from ground.settings import Settings  # noqa: E402
 from repository_sync.gateway_probe import wait_live  # noqa: E402
 from repository_sync.sentinel import GoldenSet, SentinelPolicy, watch  # noqa: E402
 from repository_sync.signing import generate_key_pair, sign_version  # noqa: E402
@@ -56,7 +57,6 @@ from tritonflow.pipelines.canary_loading import ensure_loaded  # noqa: E402
 from tritonflow.pipelines.sentinel import sentinel_rollback  # noqa: E402
 from tritonflow.runtime.fault_injection import CONFIG, set_mode, write_fault_model  # noqa: E402
 from tritonflow.runtime.services import MlflowServer, NginxGateway, TritonServer, free_port  # noqa: E402
-from tritonflow.settings import Settings  # noqa: E402
 
 MODEL = "sentinel_bench"
 PREVIOUS, CHAMPION = 1, 2

@@ -91,7 +91,7 @@ def _holder(context) -> str:
 
 def _request(params: dict, context) -> dict:
     """Params (empty ones: the settings in effect now), the loop context, else the registry event."""
-    from tritonflow.settings import get_settings
+    from ground.settings import get_settings
     from tritonflow_plugin.loop import loop_context, param_or_setting
 
     loop = loop_context(context)  # validated first: a bad conf fails before any work
@@ -125,11 +125,11 @@ def canary_promotion():
     @data_task(execution_timeout=TIMEOUTS.promotion_step)
     def resolve_versions() -> dict:
         """Resolve challenger/champion; refuse a schedule the promotion task cannot hold."""
-        from repository_sync.canary import parse_steps
-        from tritonflow.exceptions import SettingsError
+        from ground.exceptions import SettingsError
+        from ground.settings import get_settings
+        from ground.values import parse_steps
         from tritonflow.pipelines.canary import resolve
         from tritonflow.pipelines.canary_promotion import canary_time_budget_s
-        from tritonflow.settings import get_settings
 
         context = get_current_context()
         req = _request(context["params"], context)

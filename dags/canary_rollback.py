@@ -50,7 +50,7 @@ def canary_rollback():
                outlets=[CHAMPION_CHANGED])
     def rollback() -> dict:
         """Gateway to the rollback target first, then the alias, then unload the old champion."""
-        from tritonflow.exceptions import SettingsError
+        from ground.exceptions import SettingsError
         from tritonflow.pipelines.canary_rollback import manual_rollback
         from tritonflow_plugin.registry_watcher import registry_conf_from_context
 

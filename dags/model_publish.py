@@ -100,7 +100,7 @@ def _flag(value, default: bool) -> bool:
 
 
 def _settings():
-    from tritonflow.settings import get_settings
+    from ground.settings import get_settings
 
     return get_settings()
 
@@ -112,7 +112,7 @@ def model_publish():
     @data_task(links=True, execution_timeout=TIMEOUTS.short)
     def resolve() -> dict:
         """Model + version/alias (params, or the registry event) -> one model version."""
-        from tritonflow.exceptions import SettingsError
+        from ground.exceptions import SettingsError
         from tritonflow.pipelines import publish as pipeline
         from tritonflow_plugin.loop import loop_context
         from tritonflow_plugin.registry_watcher import registry_conf_from_context

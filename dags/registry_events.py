@@ -90,8 +90,8 @@ def registry_events():
         """Registry changes of this run -> ``[{trigger_dag_id, trigger_run_id, conf}]``."""
         import logging
 
-        from tritonflow.exceptions import DataError
-        from tritonflow.settings import get_settings
+        from ground.exceptions import DataError
+        from ground.settings import get_settings
         from tritonflow_plugin.event_mapping import RegistryChange, actions_for, load_mapping
 
         log = logging.getLogger("tritonflow.registry_events")

@@ -92,7 +92,7 @@ def retrain():
     @data_task(execution_timeout=TIMEOUTS.training_window)
     def training_window() -> dict:
         """Inference log joined with labels (+ reference mix), stored with its lineage."""
-        from tritonflow.exceptions import DataError
+        from ground.exceptions import DataError
         from tritonflow.pipelines.retrain import training_window as build
         from tritonflow_plugin.loop import loop_context, param_or_setting
 

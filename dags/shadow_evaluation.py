@@ -86,7 +86,7 @@ PARAMS = {
 @contextlib.contextmanager
 def _decided_if_rejected(request: dict) -> Iterator[None]:
     """A refused rejected challenger still gets its alert decision (``challenger_rejected``), then fails the task."""
-    from tritonflow.exceptions import RejectedVersionError
+    from ground.exceptions import RejectedVersionError
 
     try:
         yield
@@ -103,7 +103,7 @@ def _plan_request(context) -> dict:
     """Params plus the drift event that started the run (asset event), if any."""
     import json
 
-    from tritonflow.exceptions import DataError
+    from ground.exceptions import DataError
     from tritonflow.pipelines.shadow import drift_event_json, evaluation_window, latest_drift_event
     from tritonflow_plugin.loop import loop_context
 

@@ -41,7 +41,7 @@ from drift_checks.history import HistoryStore
 from drift_checks.inference_log import LogSchema, arrow_to_pandas
 from drift_checks.strategies import ReferenceStrategy, served_reference
 from drift_checks.verdict import CheckConfig, check_window, json_default, prepare_reference
-from tritonflow.exceptions import DataError
+from ground.exceptions import DataError
 
 #: Logical start of window 0 (each window is one hourly run).
 LOGICAL_START = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)

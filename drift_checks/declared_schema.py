@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from tritonflow.exceptions import WindowError
+from ground.exceptions import WindowError
 
 #: Distinct unreadable values kept for messages.
 MAX_UNREADABLE_EXAMPLES = 5

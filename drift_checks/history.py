@@ -47,7 +47,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from tritonflow.exceptions import DataError
+from ground.exceptions import DataError
 
 #: Days of taught values kept per series in the lookup cache (``drift_series_cache``).
 DEFAULT_CACHE_DAYS = 35.0
@@ -189,7 +189,7 @@ class HistoryStore:
             have = {c["name"] for c in insp.get_columns(table.name, schema=table.schema)}
             missing = sorted(c.name for c in table.c if c.name not in have)
             if missing:
-                from tritonflow.exceptions import SettingsError
+                from ground.exceptions import SettingsError
 
                 raise SettingsError(
                     f"drift history table {table.name!r} at {self.engine.url.render_as_string()} lacks "
@@ -666,7 +666,7 @@ class HistoryStore:
 
 def default_history_url(settings=None) -> str:
     """``settings.drift_history_db_url`` or SQLite at ``<home>/drift/history.db``."""
-    from tritonflow.settings import get_settings
+    from ground.settings import get_settings
 
     s = settings or get_settings()
     url = getattr(s, "drift_history_db_url", "")

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tritonflow.exceptions import DataError
+from ground.exceptions import DataError
 
 #: Rows of the reference used (seeded sample when larger).
 DEFAULT_MAX_ROWS = 2000

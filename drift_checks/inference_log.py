@@ -32,7 +32,7 @@ from typing import Any, Iterable, Literal, Mapping
 import pandas as pd
 
 from drift_checks.storage import Store, new_object_name
-from tritonflow.exceptions import WindowError
+from ground.exceptions import WindowError
 
 ColumnKind = Literal["float", "int", "category", "bool", "datetime"]
 #: Columns every inference record has, with their kind.

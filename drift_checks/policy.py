@@ -74,7 +74,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 from drift_checks.statistic_types import StatisticResult
 from drift_checks.statistics import REGISTRY
 from drift_checks.thresholds import SettingsPolicy, Threshold
-from tritonflow.exceptions import SettingsError
+from ground.exceptions import SettingsError
 
 #: Default dataset share (Evidently's ``drift_share``).
 DEFAULT_DATASET_SHARE = 0.5

@@ -30,7 +30,7 @@ import pandas as pd
 from drift_checks.inference_log import LogSchema
 from drift_checks.profiles import profile_frame, read_profile, write_profile
 from drift_checks.storage import Store
-from tritonflow.exceptions import WindowError
+from ground.exceptions import WindowError
 
 #: Default rows kept in a reference sample.
 DEFAULT_REFERENCE_ROWS = 100_000

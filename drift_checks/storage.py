@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from tritonflow.exceptions import ServiceUnavailableError, WindowError
+from ground.exceptions import ServiceUnavailableError, WindowError
 
 
 class Store:

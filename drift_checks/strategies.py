@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from tritonflow.exceptions import SettingsError
+from ground.exceptions import SettingsError
 
 #: Reference strategies.
 STRATEGIES = ("training", "trailing", "seasonal")
@@ -67,7 +67,7 @@ class ReferenceStrategy:
         Reads ``drift_reference_strategy``, ``drift_trailing_days`` and ``drift_seasonal_period_hours``;
         ``name`` overrides the strategy (e.g. a DAG param).
         """
-        from tritonflow.settings import get_settings
+        from ground.settings import get_settings
 
         s = settings or get_settings()
         return cls(name=str(name or getattr(s, "drift_reference_strategy", "training")),

@@ -45,7 +45,7 @@ from drift_checks.inference_log import (
 from drift_checks.sketches import DEFAULT_SKETCH_K
 from drift_checks.storage import S3Store, Store
 from drift_checks.summaries import WindowSummarizer, WindowSummary, bins_digest
-from tritonflow.exceptions import WindowError
+from ground.exceptions import WindowError
 
 #: Default rows per record batch.
 DEFAULT_BATCH_ROWS = 131_072

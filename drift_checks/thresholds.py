@@ -54,7 +54,7 @@ import numpy as np
 from drift_checks import statistics as st
 from drift_checks.history import HistoryStore
 from drift_checks.statistics import REGISTRY
-from tritonflow.exceptions import SettingsError
+from ground.exceptions import SettingsError
 
 #: Default look-back of the dynamic threshold (days).
 DEFAULT_WINDOW_DAYS = 30
@@ -77,7 +77,7 @@ def settings_fields(settings: Any, overrides: dict[str, Any], **fields: tuple) -
     """Keyword arguments of a drift policy object, from the settings in effect.
 
     Args:
-        settings: A :class:`tritonflow.settings.Settings` (``None``: :func:`get_settings`); an
+        settings: A :class:`ground.settings.Settings` (``None``: :func:`get_settings`); an
             object without one of the attributes gives that field its default.
         overrides: Field values that replace the settings' ones (taken as given).
         **fields: ``field=(settings attribute, default)`` or ``(attribute, default, convert)``,
@@ -86,7 +86,7 @@ def settings_fields(settings: Any, overrides: dict[str, Any], **fields: tuple) -
     Returns:
         ``{field: value}``.
     """
-    from tritonflow.settings import get_settings
+    from ground.settings import get_settings
 
     s = settings or get_settings()
     kw: dict[str, Any] = {}

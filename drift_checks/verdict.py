@@ -104,10 +104,10 @@ class CheckConfig:
         """Config from the ``drift_*`` settings (thresholds, alert policy, Evidently sample size).
 
         Args:
-            settings: A :class:`tritonflow.settings.Settings` (default: :func:`get_settings`).
+            settings: A :class:`ground.settings.Settings` (default: :func:`get_settings`).
             **overrides: Field values that replace the settings' ones.
         """
-        from tritonflow.settings import get_settings
+        from ground.settings import get_settings
 
         s = settings or get_settings()
         return cls(**settings_fields(s, {"policy": ThresholdPolicy.from_settings(s),

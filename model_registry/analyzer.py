@@ -34,6 +34,8 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from ground.exceptions import ProfilingError, ToolingError, TransientError
+from ground.settings import Settings, get_settings
 from model_registry.analyzer_config import (
     SearchSpace,
     build_profile_config,
@@ -56,8 +58,6 @@ from model_registry.analyzer_results import (
     stability,
     unstable_configs_from_log,
 )
-from tritonflow.exceptions import ProfilingError, ToolingError, TransientError
-from tritonflow.settings import Settings, get_settings
 
 if TYPE_CHECKING:  # pragma: no cover
     from tritonclient.grpc import model_config_pb2

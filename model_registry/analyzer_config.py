@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from tritonflow.exceptions import ProfilingError, SettingsError
-from tritonflow.settings import Settings, get_settings
+from ground.exceptions import ProfilingError, SettingsError
+from ground.settings import Settings, get_settings
 
 if TYPE_CHECKING:  # pragma: no cover
     from tritonclient.grpc import model_config_pb2

@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from tritonflow.exceptions import MeasurementUnstableError, ProfilingError
-from tritonflow.settings import Settings, get_settings
+from ground.exceptions import MeasurementUnstableError, ProfilingError
+from ground.settings import Settings, get_settings
 
 if TYPE_CHECKING:  # pragma: no cover
     from tritonclient.grpc import model_config_pb2

@@ -19,6 +19,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ground.exceptions import ModelConversionError
+from ground.settings import Settings, get_settings
 from model_registry.conversion import (
     ConvertedModel,
     FlavorConverter,
@@ -28,8 +30,6 @@ from model_registry.conversion import (
     sanitize_io_names,
     schema_from_signature,
 )
-from tritonflow.exceptions import ModelConversionError
-from tritonflow.settings import Settings, get_settings
 
 
 def _opset(settings: Settings) -> int:

@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ground.exceptions import ModelConversionError
+from ground.settings import Settings, get_settings
 from model_registry.triton_config import OnnxLike, load_onnx, model_io
-from tritonflow.exceptions import ModelConversionError
-from tritonflow.settings import Settings, get_settings
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx

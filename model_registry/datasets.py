@@ -36,7 +36,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from tritonflow.exceptions import WindowError
+from ground.exceptions import WindowError
 
 #: The eight standardised weather features, in the data set's column order.
 FEATURE_COLUMNS: tuple[str, ...] = (

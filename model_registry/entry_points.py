@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 import pandas as pd
 
+from ground.exceptions import DataError, TrainingError
 from model_registry.noaa_model import TrainedModel
 from model_registry.registry_entities import CHALLENGER_ALIAS, TAG_PREFIX
 from model_registry.training_registration import (
@@ -30,7 +31,6 @@ from model_registry.training_registration import (
     log_and_register,
     window_lineage,
 )
-from tritonflow.exceptions import DataError, TrainingError
 
 
 # ----------------------------------------------------------------------------- entry points

@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tritonflow.settings import Settings, get_settings
+from ground.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ def _onnx_of(converted: Any, model_name: str) -> Any:
         ToolingError: The conversion produced no ONNX model (our tool's fault, not the model's).
     """
     if converted.onnx_model is None:
-        from tritonflow.exceptions import ToolingError
+        from ground.exceptions import ToolingError
 
         raise ToolingError(f"model {model_name!r}: the {converted.format} conversion produced no ONNX model")
     return converted.onnx_model
@@ -427,8 +427,8 @@ def local_model(model_uri: str, download_dir: str | None = None) -> tuple[str, A
     import mlflow
     from mlflow.models import Model
 
+    from ground.exceptions import ModelConversionError
     from model_registry.registry_entities import ModelIO, _schema_to_tensors
-    from tritonflow.exceptions import ModelConversionError
 
     path = model_uri[len("file://"):] if model_uri.startswith("file://") else model_uri
     if not os.path.isdir(path):

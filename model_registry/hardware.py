@@ -19,8 +19,8 @@ import logging
 import os
 from typing import Any, Sequence
 
-from tritonflow.exceptions import InsufficientMemoryError, SettingsError
-from tritonflow.settings import Settings, get_settings
+from ground.exceptions import InsufficientMemoryError, SettingsError
+from ground.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 

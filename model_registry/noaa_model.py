@@ -15,8 +15,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pandas as pd
 
+from ground.exceptions import DataError, WindowError
 from model_registry.datasets import FEATURE_COLUMNS, LABEL_COLUMN
-from tritonflow.exceptions import DataError, WindowError
 
 #: Fewest rows :func:`train_noaa` accepts (enough for a time-ordered validation split).
 MIN_TRAINING_ROWS = 100
@@ -155,7 +155,7 @@ def train_noaa(window: pd.DataFrame, *, params: Mapping[str, Any] | NoaaTraining
     from sklearn.pipeline import Pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from model_registry.shadow_metrics import task_metrics
+    from drift_checks.shadow_metrics import task_metrics
 
     hp = NoaaTrainingParams.from_mapping(params)
     features = tuple(FEATURE_COLUMNS)

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from tritonflow.exceptions import ParityError
-from tritonflow.settings import Settings, get_settings
+from ground.exceptions import ParityError
+from ground.settings import Settings, get_settings
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnxruntime

@@ -18,7 +18,7 @@
   side, measures both at the champion's concurrency, and returns :class:`PerfGateResult`.
 
 A failure of the tools (perf_analyzer missing, Triton not starting, a pass that errors) raises
-:class:`~tritonflow.exceptions.TransientError`: it is never a verdict on the model.
+:class:`~ground.exceptions.TransientError`: it is never a verdict on the model.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from tritonflow.exceptions import TransientError
-from tritonflow.settings import Settings, get_settings
+from ground.exceptions import TransientError
+from ground.settings import Settings, get_settings
 
 #: perf_analyzer's message when its stability criterion is not met.
 PA_UNSTABLE_MESSAGE = "Failed to obtain stable measurement"
@@ -187,7 +187,7 @@ def scratch_triton(settings: Settings, repository: str | Path, models: Sequence[
         TransientError: Triton did not start or a model did not load: the tool failed, which is
             never a verdict on the model.
     """
-    from tritonflow.exceptions import RuntimeStartError
+    from ground.exceptions import RuntimeStartError
     from tritonflow.runtime.services import TritonServer, free_port
 
     ts = dataclasses.replace(settings, home=Path(home), triton_http_port=free_port(),

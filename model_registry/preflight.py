@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from tritonflow.exceptions import DataError, ServiceUnavailableError
+from ground.exceptions import DataError, ServiceUnavailableError
 
 #: Environment variable MLflow reads for a custom S3 endpoint.
 ENDPOINT_VAR = "MLFLOW_S3_ENDPOINT_URL"

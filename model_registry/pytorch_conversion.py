@@ -17,6 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ground.exceptions import ModelConversionError, ModelValidationError
+from ground.settings import Settings, get_settings
 from model_registry.conversion import (
     SAFE_NAME,
     ConvertedModel,
@@ -26,8 +28,6 @@ from model_registry.conversion import (
     schema_from_signature,
 )
 from model_registry.triton_config import load_onnx
-from tritonflow.exceptions import ModelConversionError, ModelValidationError
-from tritonflow.settings import Settings, get_settings
 
 
 def _example_tensors(inputs: Sequence[TensorSchema], batch: int = 2, seed: int = 0) -> list[Any]:

@@ -21,7 +21,7 @@ What it does:
   in the caller's set of deployed/READY versions.
 
 Locking: the default :class:`DatabaseLock` is a lease in the shared coordination database
-(:mod:`repository_sync.coordination`), like every other lock that guards what serves. Alternative
+(:mod:`ground.coordination`), like every other lock that guards what serves. Alternative
 for setups without that database: MLflow's REST API offers no compare-and-set on aliases, but it does
 offer one atomic test-and-set: ``create_registered_model`` fails with ``RESOURCE_ALREADY_EXISTS``
 when the name exists (unique key of the ``registered_models`` table). :class:`RegistryLock` uses

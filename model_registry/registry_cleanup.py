@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from ground.exceptions import RegistryError
 from model_registry.registry_client import RegistryClientBase
 from model_registry.registry_entities import GcPlan, ModelVersionRef, _as_version, _translate
-from tritonflow.exceptions import RegistryError
 
 
 class CleanupMixin(RegistryClientBase):

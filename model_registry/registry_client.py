@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from ground.exceptions import ConcurrencyError, DataError, RegistryError
 from model_registry.registry_entities import (
     _TAG_KEY_RE,
     AUDIT_TAG_PREFIX,
@@ -42,7 +43,6 @@ from model_registry.registry_entities import (
     parse_model_reference,
 )
 from model_registry.registry_locks import DEFAULT_LOCK_TIMEOUT_S, DatabaseLock, PromotionLock
-from tritonflow.exceptions import ConcurrencyError, DataError, RegistryError
 
 #: What MLflow's store answers when another writer inserted the same new tag first (SQLite, PostgreSQL, MySQL).
 _TAG_INSERT_RACE = re.compile(r"UNIQUE constraint failed|duplicate key value|Duplicate entry|IntegrityError")

@@ -6,7 +6,7 @@ Shared by :mod:`model_registry.registry` (the client, the public entry point), t
 (:mod:`model_registry.registry_cleanup`). Nothing here talks to MLflow: the dataclasses are
 immutable snapshots, :func:`parse_model_reference` checks a reference string, and
 :func:`_translate` maps an MLflow exception to tritonflow's error hierarchy (a tooling failure is
-:class:`~tritonflow.exceptions.ServiceUnavailableError`, never a verdict on the model).
+:class:`~ground.exceptions.ServiceUnavailableError`, never a verdict on the model).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import datetime as _dt
 import re
 from typing import Any, Mapping
 
-from tritonflow.exceptions import ConcurrencyError, DataError, RegistryError, ServiceUnavailableError
+from ground.exceptions import ConcurrencyError, DataError, RegistryError, ServiceUnavailableError
 
 # ---------------------------------------------------------------------------- constants
 #: Alias of the serving model version.

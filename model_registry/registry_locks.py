@@ -1,7 +1,7 @@
 """Locks that serialise registry changes (promotion, rollback, deletion) of one registered model.
 
 :class:`DatabaseLock` (the default) is a lease in the shared coordination database
-(:mod:`repository_sync.coordination`). :class:`RegistryLock` needs no extra service: it uses a
+(:mod:`ground.coordination`). :class:`RegistryLock` needs no extra service: it uses a
 registered model ``tritonflow-lock.<name>`` as a lock-table row, relying on MLflow refusing a second
 ``create_registered_model`` with ``RESOURCE_ALREADY_EXISTS``. See :mod:`model_registry.registry`
 for when to use which.
@@ -16,8 +16,8 @@ import time
 import uuid
 from typing import Any, Iterator, Protocol
 
+from ground.exceptions import ConcurrencyError
 from model_registry.registry_entities import _error_code, _is_not_found, _now_iso, _translate
-from tritonflow.exceptions import ConcurrencyError
 
 #: Seconds a promotion waits for another promotion of the same model before failing.
 DEFAULT_LOCK_TIMEOUT_S = 60.0
@@ -47,7 +47,7 @@ class DatabaseLock:
     """Lease of purpose ``alias`` in the shared coordination database (the default lock).
 
     Serialises alias moves of one model across processes and hosts (PostgreSQL in production); a
-    crashed holder's lease expires after ``lease_ttl_s`` (see :mod:`repository_sync.coordination`).
+    crashed holder's lease expires after ``lease_ttl_s`` (see :mod:`ground.coordination`).
     Distinct from the ``promotion`` lease a canary holds around the whole promotion, so a canary
     may promote inside it.
 
@@ -62,7 +62,7 @@ class DatabaseLock:
 
     def store(self) -> Any:
         """The coordination store used."""
-        from repository_sync.coordination import CoordinationStore, coordination_store
+        from ground.coordination import CoordinationStore, coordination_store
 
         if self._store is None:
             self._store = coordination_store()

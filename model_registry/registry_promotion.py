@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 
+from ground.exceptions import ConcurrencyError, RegistryError
 from model_registry.registry_client import RegistryClientBase
 from model_registry.registry_entities import (
     CHAMPION_ALIAS,
@@ -24,7 +25,6 @@ from model_registry.registry_entities import (
     _translate,
     _Unchecked,
 )
-from tritonflow.exceptions import ConcurrencyError, RegistryError
 
 
 class PromotionMixin(RegistryClientBase):

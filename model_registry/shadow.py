@@ -19,7 +19,7 @@ Method
 * **Task metrics** on labelled rows: AUC (``sklearn.metrics.roc_auc_score``), accuracy and F1 for
   binary classifiers; RMSE and MAE for regressors; one-vs-rest AUC, log-loss and accuracy for
   multi-class classifiers (``Task.MULTICLASS``: outputs ``[n, C]`` probabilities, labels class
-  indices; :mod:`model_registry.multiclass`), where agreement is the share of equal arg-max
+  indices; :mod:`drift_checks.multiclass`), where agreement is the share of equal arg-max
   classes and the output shift is the largest per-class KS/PSI.
 * **Paired percentile bootstrap** (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993,
   ch. 13): ``n_boot`` times, draw ``n`` labelled rows with replacement (seeded
@@ -47,7 +47,7 @@ Outcome: wins -> ``promote_challenger``; otherwise a degraded champion -> ``retr
 ``nothing``. Without a challenger only the champion is assessed.
 
 The measurements (agreement, output shift, task metrics, paired bootstrap) live in
-:mod:`model_registry.shadow_metrics` and are re-exported here; this module holds the decision.
+:mod:`drift_checks.shadow_metrics` and are re-exported here; this module holds the decision.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from model_registry.shadow_metrics import (
+from drift_checks.shadow_metrics import (
     DEFAULT_CONFIDENCE,
     DEFAULT_N_BOOT,
     DEFAULT_PSI_BINS,
@@ -77,7 +77,7 @@ from model_registry.shadow_metrics import (
     psi,
     task_metrics,
 )
-from tritonflow.exceptions import DataError
+from ground.exceptions import DataError
 
 # ------------------------------------------------------------------------------- defaults
 #: Fewest labelled rows a comparison needs before it may conclude anything.
@@ -174,7 +174,7 @@ class DecisionRule:
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> "DecisionRule":
-        """Build the rule from :class:`tritonflow.settings.Settings` ``shadow_*`` fields.
+        """Build the rule from :class:`ground.settings.Settings` ``shadow_*`` fields.
 
         Args:
             settings: A settings object; missing ``shadow_*`` attributes keep this class' defaults.
@@ -374,7 +374,7 @@ def evaluate(labels: Any | None, champion: Any, challenger: Any | None, *,
     rule = rule or DecisionRule()
     multi = rule.task is Task.MULTICLASS
     if multi:
-        from model_registry.multiclass import as_probabilities, multiclass_metrics, paired_bootstrap_multiclass
+        from drift_checks.multiclass import as_probabilities, multiclass_metrics, paired_bootstrap_multiclass
 
         a = as_probabilities(champion, "champion outputs")
         b = None if challenger is None else as_probabilities(challenger, "challenger outputs", n_classes=a.shape[1])
@@ -399,7 +399,7 @@ def evaluate(labels: Any | None, champion: Any, challenger: Any | None, *,
 
     agreement = shift = None
     if b is not None and multi:
-        from model_registry.multiclass import per_class_prediction_shift
+        from drift_checks.multiclass import per_class_prediction_shift
 
         agreement = float(np.mean(np.argmax(a, axis=1) == np.argmax(b, axis=1)))
         per_class = per_class_prediction_shift(a, b)

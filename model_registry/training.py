@@ -12,7 +12,7 @@ Guarantees:
   setting the alias or tags fails, the new version (and a registered model created for it) is
   deleted again. A failing training run is marked ``FAILED`` in MLflow for the record.
 * **At most one retraining in flight per model, with a cooldown** (:class:`RetrainGuard`): a
-  row per model in the shared coordination database (``repository_sync.coordination``)
+  row per model in the shared coordination database (``ground.coordination``)
   updated with the row locked, so two processes (Airflow workers on one or several hosts) cannot
   both start. A lock older than ``stale_after_s`` counts as abandoned (a
   crashed worker). The cooldown runs from the last *successful* retraining; failures do not start it.
@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import pandas as pd
 
+from ground.exceptions import ConcurrencyError, DataError, RetrainCooldownError
 from model_registry.entry_points import EntryPoint, resolve_callable, run_entry_point
 from model_registry.noaa_model import MIN_TRAINING_ROWS, NoaaTrainingParams, TrainedModel, train_noaa
 from model_registry.registry_entities import CHALLENGER_ALIAS, TAG_PREFIX
@@ -49,7 +50,6 @@ from model_registry.training_registration import (
     sklearn_requirements,
     window_lineage,
 )
-from tritonflow.exceptions import ConcurrencyError, DataError, RetrainCooldownError
 
 __all__ = [
     "CHALLENGER_ALIAS",
@@ -90,7 +90,7 @@ class Lease:
 class RetrainGuard:
     """At most one retraining in flight per model, and a cooldown after a successful one.
 
-    State lives in the shared coordination database (:mod:`repository_sync.coordination`, scope
+    State lives in the shared coordination database (:mod:`ground.coordination`, scope
     ``retrain-guard``, one JSON row per model: ``holder, status, started_at, finished_at,
     last_success_at``), so retrainings are serialised across processes and hosts when that
     database is PostgreSQL. Every check-and-set is one transaction holding the row locked
@@ -108,7 +108,7 @@ class RetrainGuard:
 
     def __init__(self, path: str | Path, *, cooldown_s: float, stale_after_s: float,
                  clock: Callable[[], float] = time.time) -> None:
-        from repository_sync.coordination import CoordinationStore
+        from ground.coordination import CoordinationStore
 
         if cooldown_s < 0:
             raise DataError(f"cooldown_s={cooldown_s!r} must be >= 0 seconds")
@@ -125,7 +125,7 @@ class RetrainGuard:
     @classmethod
     def from_settings(cls, settings: Any) -> "RetrainGuard":
         """Guard in the shared coordination database of ``settings`` with the ``retrain_*`` settings."""
-        from repository_sync.coordination import database_url
+        from ground.coordination import database_url
 
         return cls(database_url(settings), cooldown_s=settings.retrain_cooldown_s,
                    stale_after_s=settings.retrain_stale_after_s)

@@ -16,11 +16,11 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from ground.exceptions import DataError, RegistryError
 from model_registry.datasets import DAY_COLUMN, LABEL_COLUMN, TIMESTAMP_COLUMN
 from model_registry.noaa_model import TrainedModel
 from model_registry.registry_client import pinned_mlflow_uris
 from model_registry.registry_entities import CHALLENGER_ALIAS, TAG_PREFIX
-from tritonflow.exceptions import DataError, RegistryError
 
 #: MLflow experiment that retraining runs are logged to.
 DEFAULT_EXPERIMENT = "tritonflow-retrain"

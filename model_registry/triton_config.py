@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union, cast
 
-from tritonflow.exceptions import ModelConfigError
+from ground.exceptions import ModelConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ground.exceptions import ModelValidationError
+from ground.settings import Settings, get_settings
 from model_registry.triton_config import OnnxLike, load_onnx, model_io, validate_config
-from tritonflow.exceptions import ModelValidationError
-from tritonflow.settings import Settings, get_settings
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx

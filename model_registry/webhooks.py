@@ -20,7 +20,7 @@ import socket
 import urllib.parse
 from typing import Any, Sequence
 
-from tritonflow.exceptions import DataError, RegistryError, ServiceUnavailableError
+from ground.exceptions import DataError, RegistryError, ServiceUnavailableError
 
 #: Name tritonflow gives its webhook (MLflow: letters, digits, ``.``, ``_``, ``-``).
 DEFAULT_WEBHOOK_NAME = "tritonflow"

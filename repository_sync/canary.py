@@ -50,8 +50,33 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
+from ground.exceptions import PreflightError, SettingsError
+from ground.settings import Settings
+from ground.settings_defaults import (
+    DEFAULT_CANARY_ANALYSIS_INTERVAL_S,
+    DEFAULT_CANARY_BAKE_S,
+    DEFAULT_CANARY_CONFIDENCE,
+    DEFAULT_CANARY_COVERAGE_FEATURES,
+    DEFAULT_CANARY_COVERAGE_MIN_REQUESTS,
+    DEFAULT_CANARY_HARD_MIN_REQUESTS,
+    DEFAULT_CANARY_MAX_ERROR_RATE,
+    DEFAULT_CANARY_MAX_EXTENSIONS,
+    DEFAULT_CANARY_MAX_LATENCY_RATIO,
+    DEFAULT_CANARY_MAX_MEAN_LATENCY_MS,
+    DEFAULT_CANARY_MAX_PREDICTION_KS,
+    DEFAULT_CANARY_MAX_PREDICTION_PSI,
+    DEFAULT_CANARY_MAX_QUALITY_DROP,
+    DEFAULT_CANARY_MIN_LABELS,
+    DEFAULT_CANARY_MIN_LATENCY_DELTA_MS,
+    DEFAULT_CANARY_MIN_REQUESTS,
+    DEFAULT_CANARY_QUALITY_METRIC,
+    DEFAULT_CANARY_STEPS,
+    DEFAULT_PREFLIGHT_MEMORY_FACTOR,
+    DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB,
+)
+from ground.values import parse_steps
 from repository_sync.canary_analysis import (  # noqa: F401 -- re-exported, the canary's public API
     CONTINUE,
     COUNT_METRIC,
@@ -77,60 +102,9 @@ from repository_sync.canary_analysis import (  # noqa: F401 -- re-exported, the 
 )
 from repository_sync.canary_checks import ExpectedBehaviour, Observations
 from repository_sync.traffic_plan import TrafficPlan
-from tritonflow.exceptions import PreflightError, SettingsError
-from tritonflow.settings import Settings
-from tritonflow.settings_defaults import (
-    DEFAULT_CANARY_ANALYSIS_INTERVAL_S,
-    DEFAULT_CANARY_BAKE_S,
-    DEFAULT_CANARY_CONFIDENCE,
-    DEFAULT_CANARY_COVERAGE_FEATURES,
-    DEFAULT_CANARY_COVERAGE_MIN_REQUESTS,
-    DEFAULT_CANARY_HARD_MIN_REQUESTS,
-    DEFAULT_CANARY_MAX_ERROR_RATE,
-    DEFAULT_CANARY_MAX_EXTENSIONS,
-    DEFAULT_CANARY_MAX_LATENCY_RATIO,
-    DEFAULT_CANARY_MAX_MEAN_LATENCY_MS,
-    DEFAULT_CANARY_MAX_PREDICTION_KS,
-    DEFAULT_CANARY_MAX_PREDICTION_PSI,
-    DEFAULT_CANARY_MAX_QUALITY_DROP,
-    DEFAULT_CANARY_MIN_LABELS,
-    DEFAULT_CANARY_MIN_LATENCY_DELTA_MS,
-    DEFAULT_CANARY_MIN_REQUESTS,
-    DEFAULT_CANARY_QUALITY_METRIC,
-    DEFAULT_CANARY_STEPS,
-    DEFAULT_PREFLIGHT_MEMORY_FACTOR,
-    DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB,
-)
 
 
 # ------------------------------------------------------------------------------------ policy
-def parse_steps(value: str | Sequence[int], field: str = "canary_steps") -> tuple[int, ...]:
-    """Parse and check a step schedule: integer percents, strictly increasing, ending at 100.
-
-    Args:
-        value: ``"5,25,50,100"`` or a sequence of ints.
-        field: Name used in error messages.
-
-    Raises:
-        SettingsError: Not integers 1-100, not increasing, or the last step is not 100.
-    """
-    raw = value.split(",") if isinstance(value, str) else list(value)
-    steps: list[int] = []
-    for item in raw:
-        text = str(item).strip()
-        if isinstance(item, bool) or isinstance(item, float) or not text.lstrip("-").isdigit():
-            raise SettingsError(f"{field}={value!r}: step {item!r} is not an integer percent")
-        steps.append(int(text))
-    if not steps or any(not 1 <= s <= 100 for s in steps):
-        raise SettingsError(f"{field}={value!r}: expected percents between 1 and 100")
-    # consecutive pairs: the shorter steps[1:] ends the pairing on purpose
-    if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
-        raise SettingsError(f"{field}={value!r}: steps must increase strictly")
-    if steps[-1] != 100:
-        raise SettingsError(f"{field}={value!r}: the last step must be 100 (full promotion)")
-    return tuple(steps)
-
-
 @dataclasses.dataclass(frozen=True)
 class CanaryPolicy:
     """Schedule and thresholds of a canary (see the settings of the same names for units).
@@ -590,6 +564,6 @@ __all__ = [
     "CONTINUE", "FAIL", "INCONCLUSIVE", "PASS", "CanaryPolicy", "CanaryResult", "CoverageReference",
     "PreflightReport", "RollbackRecord", "StepAnalysis", "VersionCounters", "VersionWindow",
     "analyse_step", "fetch_metrics_text", "host_available_bytes", "metrics_scraper",
-    "model_files_bytes", "parse_steps", "parse_triton_metrics", "preflight_from_settings",
+    "model_files_bytes", "parse_triton_metrics", "preflight_from_settings",
     "preflight_memory", "rollback", "run_canary", "version_window",
 ]

@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from ground.exceptions import MetricsUnavailableError
 from repository_sync.canary_checks import (
     CoverageCheck,
     ExpectedBehaviour,
@@ -27,7 +28,6 @@ from repository_sync.canary_checks import (
     scores_of,
 )
 from repository_sync.canary_classes import class_shift, class_shift_reason
-from tritonflow.exceptions import MetricsUnavailableError
 
 if TYPE_CHECKING:
     from repository_sync.canary import CanaryPolicy
@@ -556,7 +556,7 @@ def _observed(a: StepAnalysis, policy: CanaryPolicy, obs: Observations,
         unsure.append(f"only {len(finite)} challenger predictions, fewer than min_predictions="
                       f"{policy.min_predictions}")
     else:
-        from tritonflow.exceptions import DataError
+        from ground.exceptions import DataError
 
         try:
             checks = expected_behaviour_checks(
@@ -590,7 +590,7 @@ def _observed(a: StepAnalysis, policy: CanaryPolicy, obs: Observations,
                 return np.empty(0), np.empty(0)
             return y, score
 
-        from tritonflow.exceptions import DataError
+        from ground.exceptions import DataError
 
         yc, sc = labelled(rows)
         yh, sh = labelled(champ_rows)

@@ -60,7 +60,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from tritonflow.exceptions import DataError
+from ground.exceptions import DataError
 
 #: Column of the expected-predictions file holding the challenger's expected score.
 EXPECTED_SCORE_COLUMN = "expected_score"
@@ -483,7 +483,7 @@ def quality_check(challenger_y: Any, challenger_s: Any, champion_y: Any, champio
     Raises:
         DataError: Unknown metric, or labels that are not 0/1.
     """
-    from model_registry.shadow_metrics import _boot_metric
+    from drift_checks.shadow_metrics import _boot_metric
 
     if metric not in QUALITY_METRICS:
         raise DataError(f"canary quality metric {metric!r} is unknown; expected one of {QUALITY_METRICS}")

@@ -4,7 +4,7 @@ A multi-class challenger logs one probability column per class; its expected pre
 shadow evaluation's, :func:`tritonflow.pipelines.shadow_replay.write_expected`) hold the same
 columns as ``expected.<column>``. :func:`repository_sync.canary_checks.expected_behaviour_checks`
 judges each column on its own (KS and PSI with sampling margins); :func:`class_shift` looks at the
-classes together with :func:`model_registry.multiclass.per_class_prediction_shift`: per class the
+classes together with :func:`drift_checks.multiclass.per_class_prediction_shift`: per class the
 KS and PSI of ``P[:, c]`` and the share of rows predicted as ``c`` (arg-max), expected vs live,
 and the class that moved most. The expected rows are matched to the live inputs as the
 per-column checks do (:func:`repository_sync.canary_checks.match_on_inputs`, the same
@@ -37,7 +37,7 @@ def class_shift(live_rows: pd.DataFrame, prediction_columns: Sequence[str], feat
         expected: The challenger's expected behaviour with ``expected.<column>`` per class.
 
     Returns:
-        :func:`model_registry.multiclass.per_class_prediction_shift`'s dict with the expected
+        :func:`drift_checks.multiclass.per_class_prediction_shift`'s dict with the expected
         side as reference; each class has ``column``, ``ks``, ``psi``, ``share_expected`` and
         ``share_live`` (shares of rows predicted as that class); plus ``worst_column``,
         ``columns``, ``matched_on_inputs``, ``n_live``, ``n_expected`` and ``source``; None
@@ -46,7 +46,7 @@ def class_shift(live_rows: pd.DataFrame, prediction_columns: Sequence[str], feat
     Raises:
         DataError: No finite row on a side.
     """
-    from model_registry.multiclass import per_class_prediction_shift
+    from drift_checks.multiclass import per_class_prediction_shift
 
     cols = [c for c in prediction_columns if c in expected.columns and c in live_rows.columns]
     if len(cols) < MIN_CLASSES:

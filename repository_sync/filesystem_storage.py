@@ -18,6 +18,8 @@ from pathlib import Path
 
 from typing_extensions import override
 
+from ground.checksums import sha256_file
+from ground.exceptions import DataError, RepositoryConflictError, VersionNotInRepositoryError
 from repository_sync.layout import (
     CONFIG_FILENAME,
     STAGING_PREFIX,
@@ -32,8 +34,6 @@ from repository_sync.storage_base import (
     StagedPush,
     _compare_digests,
 )
-from tritonflow.checksums import sha256_file
-from tritonflow.exceptions import DataError, RepositoryConflictError, VersionNotInRepositoryError
 
 
 def _fsync_dir(path: Path) -> None:

@@ -13,9 +13,9 @@ import urllib.error
 import urllib.request
 from typing import Mapping
 
+from ground.exceptions import DataError, ServiceUnavailableError
+from ground.settings_defaults import DEFAULT_GATEWAY_RESPONSE_HEADER
 from repository_sync.traffic_plan import MODEL_NAME_RE, TrafficPlan
-from tritonflow.exceptions import DataError, ServiceUnavailableError
-from tritonflow.settings_defaults import DEFAULT_GATEWAY_RESPONSE_HEADER
 
 #: Response header carrying the digest of the plan that routed a request.
 PLAN_HEADER = "X-Tritonflow-Plan"

@@ -40,7 +40,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tritonflow.exceptions import MetricsUnavailableError
+from ground.exceptions import MetricsUnavailableError
 
 #: File name of the status log in the router's state folder.
 STATUS_LOG_NAME = "gateway_access.jsonl"

@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
-from tritonflow.exceptions import RepositoryLayoutError
+from ground.exceptions import RepositoryLayoutError
 
 #: Allowed model names: starts with a letter or digit, then letters, digits, ``_``, ``.``, ``-``.
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")

@@ -1,7 +1,7 @@
 """Per-model promotion locks: one promotion per model at a time.
 
 A promotion lock is a lease of purpose ``promotion`` in the shared coordination database
-(:mod:`repository_sync.coordination`): PostgreSQL in production, so promotions are serialised
+(:mod:`ground.coordination`): PostgreSQL in production, so promotions are serialised
 across Airflow workers on several hosts; SQLite at ``<home>/drift/history.db`` locally. The holder
 is described (free text such as an Airflow ``dag_id/run_id/task_id``, plus pid, host and since
 when), so a refused second promotion names it. A crashed holder stops heartbeating and its lease
@@ -14,8 +14,8 @@ import contextlib
 from pathlib import Path
 from typing import Any, Iterator
 
-from repository_sync.coordination import PROMOTION, CoordinationStore, Lease, database_url
-from tritonflow.exceptions import DataError
+from ground.coordination import PROMOTION, CoordinationStore, Lease, database_url
+from ground.exceptions import DataError
 
 
 def store_for(*, settings: Any = None, home: Path | str | None = None, url: str | None = None,
@@ -30,7 +30,7 @@ def store_for(*, settings: Any = None, home: Path | str | None = None, url: str 
             if home is None:
                 raise DataError("promotion lock: pass settings=, home= or url= (where the shared "
                                 "coordination database is)")
-            from tritonflow.settings import get_settings
+            from ground.settings import get_settings
 
             settings = get_settings(home=Path(home))
         url = database_url(settings)

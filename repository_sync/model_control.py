@@ -8,7 +8,7 @@ stale set, and the later request unloads the version the earlier task just repor
 Here the set of versions a model keeps loaded is **desired state** in the coordination database
 (table ``tritonflow_model_versions``: model, version, purpose, holder, since) and every change:
 
-1. holds the model's ``model-control`` lease (:mod:`repository_sync.coordination`) -- across
+1. holds the model's ``model-control`` lease (:mod:`ground.coordination`) -- across
    processes and hosts when the database is shared;
 2. computes the new set from the desired state (``add`` / ``remove`` / ``exactly``) plus, when the
    control has a registry source, the versions the registry needs (:func:`registry_versions`:
@@ -38,8 +38,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from repository_sync.coordination import MODEL_CONTROL, CoordinationStore, model_versions
-from tritonflow.exceptions import DataError, ModelLoadRefusedError, VersionNotInRepositoryError
+from ground.coordination import MODEL_CONTROL, CoordinationStore, model_versions
+from ground.exceptions import DataError, ModelLoadRefusedError, VersionNotInRepositoryError
 
 #: State scope of the config each model was last loaded with (JSON dict, per model key).
 CONFIG_SCOPE = "model-control.config"
@@ -222,7 +222,7 @@ def _check_listed(server: Any, name: str, versions: list[int]) -> None:
     Raises:
         ModelLoadError: A version still absent from the index after :data:`LISTED_GRACE_S` seconds.
     """
-    from tritonflow.exceptions import ModelLoadError
+    from ground.exceptions import ModelLoadError
 
     deadline = time.monotonic() + LISTED_GRACE_S
     while True:
@@ -247,7 +247,7 @@ def name_replica(exc: BaseException, url: str, index: int, count: int, suffix: s
 
     Errors that are not tritonflow's (interrupts, client library errors) come back unchanged.
     """
-    from tritonflow.exceptions import LeaseBusyError, TritonflowError
+    from ground.exceptions import LeaseBusyError, TritonflowError
 
     if not isinstance(exc, TritonflowError) or isinstance(exc, LeaseBusyError):
         return exc

@@ -22,7 +22,15 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
-from repository_sync.coordination import GATEWAY, CoordinationStore
+from ground.coordination import GATEWAY, CoordinationStore
+from ground.exceptions import (
+    DataError,
+    GatewayConfigError,
+    GatewayReloadError,
+    ServiceUnavailableError,
+    TrafficPlanError,
+)
+from ground.settings_defaults import DEFAULT_GATEWAY_RESPONSE_HEADER
 from repository_sync.gateway_probe import FALLBACK_HEADER, PLAN_HEADER, fallback_model_name
 from repository_sync.traffic_plan import (
     HEADER_NAME_RE,
@@ -31,14 +39,6 @@ from repository_sync.traffic_plan import (
     TrafficRouter,
     coerce_plan,
 )
-from tritonflow.exceptions import (
-    DataError,
-    GatewayConfigError,
-    GatewayReloadError,
-    ServiceUnavailableError,
-    TrafficPlanError,
-)
-from tritonflow.settings_defaults import DEFAULT_GATEWAY_RESPONSE_HEADER
 
 #: First-line marker of a generated file; the rest of the line is the plan as JSON.
 PLAN_MARKER = "# tritonflow-plan: "

@@ -14,7 +14,7 @@ Sequence of :func:`publish_version` (the "why" of each step is in
    for a model's first version, so the champion's serving config never changes on publish.
 
 Re-running the same publish is a no-op (``already_published=True``); different content for an
-existing version raises :class:`~tritonflow.exceptions.RepositoryConflictError`.
+existing version raises :class:`~ground.exceptions.RepositoryConflictError`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ground.exceptions import DataError, ModelConfigError
 from repository_sync.layout import (
     INTENDED_CONFIG_FILENAME,
     VersionLayout,
@@ -36,7 +37,6 @@ from repository_sync.layout import (
 from repository_sync.signing import SignatureInfo, load_public_keys, sign_version, verify_version
 from repository_sync.storage import open_repository
 from repository_sync.storage_base import ProgressCallback, RepositoryStorage
-from tritonflow.exceptions import DataError, ModelConfigError
 
 
 @dataclasses.dataclass(frozen=True)

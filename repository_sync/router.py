@@ -9,7 +9,7 @@ is the setting ``TRITONFLOW_TRAFFIC_ROUTER``; :func:`make_router` builds it.
 A :class:`TrafficPlan` says, for one model, which percentage of requests each version gets. Plans
 are validated before anything is written: every weight is an integer percent 0-100 and
 the weights sum to exactly 100; anything else raises
-:class:`~tritonflow.exceptions.TrafficPlanError` naming the plan, the model and each problem.
+:class:`~ground.exceptions.TrafficPlanError` naming the plan, the model and each problem.
 Nothing is ever normalised.
 
 How the NGINX router routes (files under the gateway's ``conf_dir``, see the runtime contract):
@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ground.exceptions import SettingsError
 from repository_sync.gateway_probe import (
     FALLBACK_HEADER,
     FALLBACK_SUFFIX,
@@ -80,7 +81,6 @@ from repository_sync.traffic_plan import (
     TrafficRouter,
     coerce_plan,
 )
-from tritonflow.exceptions import SettingsError
 
 __all__ = [
     "ApplyRecord",

@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 
 from typing_extensions import override
 
+from ground.checksums import sha256_stream
+from ground.exceptions import ServiceUnavailableError, SettingsError, VersionNotInRepositoryError
 from repository_sync.layout import (
     CONFIG_FILENAME,
     STAGING_PREFIX,
@@ -35,8 +37,6 @@ from repository_sync.storage_base import (
     StagedPush,
     _compare_digests,
 )
-from tritonflow.checksums import sha256_stream
-from tritonflow.exceptions import ServiceUnavailableError, SettingsError, VersionNotInRepositoryError
 
 #: S3 object metadata key holding the SHA-256 hex of the object's bytes (for idempotency checks).
 SHA256_METADATA_KEY = "sha256"

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from tritonflow.exceptions import DataError
+from ground.exceptions import DataError
 
 #: Default share of the validation span added on each side of an output's range.
 DEFAULT_RANGE_MARGIN = 0.1

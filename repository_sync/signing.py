@@ -31,9 +31,9 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from ground.checksums import sha256_file
+from ground.exceptions import DataError, SignatureVerificationError
 from repository_sync.layout import INTENDED_CONFIG_FILENAME, SIGNATURE_SUFFIX
-from tritonflow.checksums import sha256_file
-from tritonflow.exceptions import DataError, SignatureVerificationError
 
 _DEFAULT_MODEL_FILENAME = re.compile(r'^\s*default_model_filename\s*:\s*"([^"]+)"', re.MULTILINE)
 

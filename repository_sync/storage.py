@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import os
 
+from ground.checksums import sha256_file
+from ground.exceptions import SettingsError
 from repository_sync.filesystem_storage import FileSystemStorage
 from repository_sync.s3_storage import (
     SHA256_METADATA_KEY,
@@ -63,8 +65,6 @@ from repository_sync.storage_base import (
     RepositoryStorage,
     VerifyCallback,
 )
-from tritonflow.checksums import sha256_file
-from tritonflow.exceptions import SettingsError
 
 __all__ = [
     "FileSystemStorage",

@@ -3,7 +3,7 @@
 :class:`RepositoryStorage` (push a version atomically and immutably, read it back, list the
 repository, read and write the serving config), :class:`PushOutcome`, the SHA-256 file digest
 and the comparison that turns a re-publish with different content into a
-:class:`~tritonflow.exceptions.RepositoryConflictError`. The guarantees are described in
+:class:`~ground.exceptions.RepositoryConflictError`. The guarantees are described in
 :mod:`repository_sync.storage`.
 """
 
@@ -15,9 +15,9 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+from ground.checksums import sha256_file
+from ground.exceptions import DataError, RepositoryConflictError
 from repository_sync.layout import VersionLayout, check_layout
-from tritonflow.checksums import sha256_file
-from tritonflow.exceptions import DataError, RepositoryConflictError
 
 #: Age (seconds) after which a staging folder/prefix left by a crashed push is removed by the next
 #: push of the same version. Long enough that a concurrent, slow push is not disturbed.

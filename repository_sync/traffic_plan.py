@@ -3,7 +3,7 @@
 A :class:`TrafficPlan` is validated completely before any router touches the gateway: every weight
 is an integer percent 0-100 and the weights sum to exactly 100, names end up in NGINX regexes and
 file names so they are checked against :data:`MODEL_NAME_RE`, and a :class:`Mirror` names a
-``host:port`` recorder. Anything else raises :class:`~tritonflow.exceptions.TrafficPlanError` naming
+``host:port`` recorder. Anything else raises :class:`~ground.exceptions.TrafficPlanError` naming
 the plan, the model and each problem; nothing is ever normalised. :class:`TrafficRouter` is the
 interface every router implements (:class:`repository_sync.nginx_router.NginxRouter` for NGINX).
 """
@@ -18,7 +18,7 @@ import numbers
 import re
 from typing import Any, Mapping
 
-from tritonflow.exceptions import DataError, TrafficPlanError
+from ground.exceptions import DataError, TrafficPlanError
 
 #: Model names the router accepts (they end up in NGINX regexes and file names).
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")

@@ -40,6 +40,16 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
+from ground.exceptions import (
+    DataError,
+    InferenceRequestError,
+    ModelLoadError,
+    ModelLoadRefusedError,
+    ParityError,
+    ServiceUnavailableError,
+    SignatureVerificationError,
+)
+from ground.settings_defaults import DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S
 from repository_sync.layout import INTENDED_CONFIG_FILENAME, VersionLayout, plan_version
 from repository_sync.signing import SignatureInfo, load_public_keys, verify_version
 from repository_sync.storage import open_repository
@@ -51,16 +61,6 @@ from repository_sync.triton_inputs import (
     exact_integer,
     frame_to_inputs,
 )
-from tritonflow.exceptions import (
-    DataError,
-    InferenceRequestError,
-    ModelLoadError,
-    ModelLoadRefusedError,
-    ParityError,
-    ServiceUnavailableError,
-    SignatureVerificationError,
-)
-from tritonflow.settings_defaults import DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL_S",
@@ -152,7 +152,7 @@ def coordination_store(coordination: Any, private_prefix: str) -> tuple[Any, str
     Returns:
         ``(store, key prefix)``.
     """
-    from repository_sync.coordination import CoordinationStore, private_store
+    from ground.coordination import CoordinationStore, private_store
 
     if coordination is None:
         return private_store(), private_prefix
@@ -187,7 +187,7 @@ class TritonModelControl:
         endpoint_url: boto3 endpoint for an S3 repository (must match its host:port).
         load_timeout_s: Default seconds to wait for READY (setting ``load_timeout_s``).
         poll_interval_s: Seconds between READY polls.
-        coordination: The shared :class:`~repository_sync.coordination.CoordinationStore` (or its
+        coordination: The shared :class:`~ground.coordination.CoordinationStore` (or its
             URL) holding the model-control leases and desired versions. Default: a store private to
             this process (serialises its threads only; pipelines pass the shared one).
         needed_versions: ``name -> versions`` the registry needs loaded (e.g. from

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tritonflow.exceptions import DataError
+from ground.exceptions import DataError
 
 #: Floats at or above this magnitude may be rounded integers (IEEE 754 binary64, 53-bit significand;
 #: the largest "safe" integer is 2**53 - 1).

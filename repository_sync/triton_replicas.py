@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from ground.exceptions import DataError
+from ground.values import parse_replica_urls
 from repository_sync.layout import plan_version
 from repository_sync.signing import SignatureInfo
 from repository_sync.storage_base import RepositoryStorage
@@ -44,32 +46,8 @@ from repository_sync.triton_client import (
     repository_storage,
     trusted_key_map,
 )
-from tritonflow.exceptions import DataError
 
-__all__ = ["TritonReplicaSet", "parse_replica_urls", "triton_control"]
-
-
-def parse_replica_urls(text: str | Sequence[str]) -> list[str]:
-    """``host:port`` list from a comma-separated string (or a sequence), order kept, duplicates dropped.
-
-    Raises:
-        DataError: An entry is not ``host:port``.
-    """
-    items = text.split(",") if isinstance(text, str) else list(text)
-    out: list[str] = []
-    for raw in items:
-        url = str(raw).strip()
-        if not url:
-            continue
-        if url.startswith(("http://", "https://")):
-            url = url.split("://", 1)[1]
-        url = url.rstrip("/")
-        host, _, port = url.rpartition(":")
-        if not host or not port.isdigit():
-            raise DataError(f"Triton replica {raw!r} is not host:port (TRITONFLOW_TRITON_REPLICA_URLS)")
-        if url not in out:
-            out.append(url)
-    return out
+__all__ = ["TritonReplicaSet", "triton_control"]
 
 
 class TritonReplicaSet:
@@ -295,7 +273,7 @@ def triton_control(settings: Any, url: str | None = None, **kwargs: Any) -> Trit
     """The model-control client the pipelines use: one server, or every replica.
 
     Args:
-        settings: :class:`tritonflow.settings.Settings` (``triton_replica_http_urls``).
+        settings: :class:`ground.settings.Settings` (``triton_replica_http_urls``).
         url: An explicit ``host:port`` (a caller's override): then that server alone, unless it is
             the first replica or ``settings.triton_http_url`` (the default, not an override).
         **kwargs: Passed to the client (repository, trusted_keys, coordination, holder...).

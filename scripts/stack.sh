@@ -150,10 +150,10 @@ build_standin() {
 
 build_project() {
   local tag=$1 dockerfile=$2 inputs
-  inputs=$(digest "$dockerfile" requirements.txt constraints tritonflow model_registry drift_checks repository_sync)-$(wheels_id)
+  inputs=$(digest "$dockerfile" requirements.txt constraints tritonflow model_registry drift_checks repository_sync ground)-$(wheels_id)
   have_image "$tag" && [ "$(label_of "$tag")" = "$inputs" ] && return
   build_from "$tag" "$dockerfile" "$inputs" -- --exclude='__pycache__' --exclude='*.pyc' \
-    -C "$ROOT" requirements.txt constraints tritonflow model_registry drift_checks repository_sync "$dockerfile" \
+    -C "$ROOT" requirements.txt constraints tritonflow model_registry drift_checks repository_sync ground "$dockerfile" \
     -C "$CACHE" wheels --transform 's,^wheels,deploy/wheels,'
 }
 

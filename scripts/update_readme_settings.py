@@ -1,4 +1,4 @@
-"""Regenerate the README's configuration reference from tritonflow.settings.Settings."""
+"""Regenerate the README's configuration reference from ground.settings.Settings."""
 
 import re
 from pathlib import Path

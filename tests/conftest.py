@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 import tritonflow.runtime.airflow  # noqa: F401  (its Service subclasses must be known below)
+from ground.settings import Settings
 from tritonflow.runtime.services import (
     MlflowServer,
     NginxGateway,
@@ -32,7 +33,6 @@ from tritonflow.runtime.services import (
     TritonServer,
     free_port,
 )
-from tritonflow.settings import Settings
 
 #: Fake credentials for the moto S3 endpoint (moto accepts any).
 TEST_AWS_ENV = {

@@ -4,7 +4,7 @@ reference lists every setting."""
 import re
 from pathlib import Path
 
-from tritonflow.settings import Settings
+from ground.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -34,8 +34,8 @@ import json
 import sys
 from typing import Any, Mapping
 
-from tritonflow.exceptions import RuntimeStartError, TritonflowError
-from tritonflow.settings import Settings, get_settings
+from ground.exceptions import RuntimeStartError, TritonflowError
+from ground.settings import Settings, get_settings
 
 #: Services ``--services`` may name, in start order (dependencies first); all of them by default.
 #: ``airflow`` is the local Airflow deployment (LocalExecutor, SQLite; scheduler, dag-processor,
@@ -149,7 +149,7 @@ def _runtime(args: argparse.Namespace) -> int:
 
 def settings_reference(markdown: bool = False) -> str:
     """The configuration reference: every ``TRITONFLOW_*`` variable, its default and meaning."""
-    from tritonflow.settings_defaults import PROJECT_ROOT
+    from ground.settings_defaults import PROJECT_ROOT
 
     rows = []
     for name, default, doc in Settings.describe():
@@ -168,11 +168,11 @@ def effective_settings(environ: Mapping[str, str] | None = None) -> str:
 
     Raises:
         SettingsError: A ``TRITONFLOW_*`` variable holds a value its setting cannot take (wrong type,
-            or a value the code refuses: :func:`tritonflow.settings_checks.settings_problems`).
+            or a value the code refuses: :func:`ground.settings_checks.settings_problems`).
     """
     import os
 
-    from tritonflow.settings_checks import check_settings
+    from ground.settings_checks import check_settings
 
     environ = os.environ if environ is None else environ
     check_settings(Settings.from_env(environ))
@@ -195,7 +195,7 @@ def validate(model_uri: str, sample: str, *, out: str | None = None, name: str |
     import tempfile
     from pathlib import Path
 
-    from tritonflow.exceptions import DataError
+    from ground.exceptions import DataError
     from tritonflow.pipelines.publish_common import _json_safe
     from tritonflow.pipelines.publish_validate import load_dataset
 
@@ -251,7 +251,7 @@ def _drift_backtest(args: argparse.Namespace) -> int:
     from drift_checks.backtest import read_suite, read_table, run_backtest
     from drift_checks.strategies import ReferenceStrategy
     from drift_checks.verdict import CheckConfig
-    from tritonflow.exceptions import DataError
+    from ground.exceptions import DataError
 
     settings = get_settings()
     split = lambda v: [c.strip() for c in v.split(",") if c.strip()] if v else []  # noqa: E731
@@ -289,7 +289,7 @@ def _duration(text: str, option: str):
 
     import pandas as pd
 
-    from tritonflow.exceptions import DataError
+    from ground.exceptions import DataError
 
     try:
         d = pd.Timedelta(text).to_pytimedelta()

@@ -4,7 +4,7 @@ An Airflow user configures external systems as Connections (UI, CLI, REST API or
 backend). Every tritonflow task applies them when it starts (:func:`apply_connections`, the
 ``on_execute_callback`` of :data:`tritonflow_plugin.dag_defaults.DEFAULT_ARGS`): each connection
 that exists overrides the matching ``TRITONFLOW_*`` setting of the task's process, so the
-pipelines, which read :func:`tritonflow.settings.get_settings`, use it. A connection that does not
+pipelines, which read :func:`ground.settings.get_settings`, use it. A connection that does not
 exist leaves the setting (environment or default) in effect: the ``TRITONFLOW_*`` variables stay
 the fallback and the defaults.
 
@@ -30,8 +30,8 @@ import logging
 import os
 from typing import Any, Callable, Mapping
 
-from tritonflow.exceptions import SettingsError
-from tritonflow.settings import CONNECTION_SOURCES_ENV, ENV_PREFIX, Settings
+from ground.exceptions import SettingsError
+from ground.settings import CONNECTION_SOURCES_ENV, ENV_PREFIX, Settings
 
 log = logging.getLogger(__name__)
 

@@ -165,7 +165,8 @@ def check_trigger_form(dags: Iterable[Any]) -> list[str]:
 
 
 #: What a DAG's ``doc_md`` must not show its readers: module paths, function calls, XCom keys.
-DEVELOPER_TERMS = re.compile(r"\b(?:tritonflow|tritonflow_plugin|model_registry|repository_sync|drift_checks)\.\w[\w.]*"
+DEVELOPER_TERMS = re.compile(r"\b(?:tritonflow|tritonflow_plugin|model_registry|repository_sync|drift_checks|ground)"
+                             r"\.\w[\w.]*"
                              r"|\b[a-z_]+\(\)|\w+\([a-z_]+(?:, [a-z_]+)*\)|\bXCom\b|\bconf\.loop\b")
 
 

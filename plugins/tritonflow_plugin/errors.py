@@ -1,8 +1,8 @@
 """Map tritonflow's exception hierarchy onto Airflow's retry semantics.
 
-* :class:`tritonflow.exceptions.DataError` (bad input) becomes
+* :class:`ground.exceptions.DataError` (bad input) becomes
   :class:`airflow.sdk.exceptions.AirflowFailException`: the task fails at once, no retry.
-* :class:`tritonflow.exceptions.TransientError` (a system flaked) propagates unchanged, so Airflow
+* :class:`ground.exceptions.TransientError` (a system flaked) propagates unchanged, so Airflow
   applies the task's ``retries``.
 
 Example::
@@ -18,7 +18,7 @@ import functools
 import inspect
 from typing import Any, Callable, TypeVar
 
-from tritonflow.exceptions import DataError
+from ground.exceptions import DataError
 from tritonflow_plugin.loop import quiet_third_party
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -98,7 +98,7 @@ def when_lock_held(then: str = "fail") -> Callable[[F], F]:
     def decorate(func: F) -> F:
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            from tritonflow.exceptions import ConcurrencyError
+            from ground.exceptions import ConcurrencyError
 
             try:
                 return func(*args, **kwargs)

@@ -47,7 +47,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from tritonflow.exceptions import SettingsError
+from ground.exceptions import SettingsError
 
 #: Kinds of registry change.
 VERSION_CREATED = "version_created"
@@ -225,7 +225,7 @@ def load_mapping(path: str | Path | None = None) -> tuple[Rule, ...]:
         SettingsError: The file is missing, unparsable or a rule is invalid (key named).
     """
     if path is None:
-        from tritonflow.settings import get_settings
+        from ground.settings import get_settings
 
         path = get_settings().event_mapping_path
     if not path:

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import BaseHook
 
-from tritonflow.exceptions import SettingsError
+from ground.exceptions import SettingsError
 
 #: Schemes a tracking URI built from a connection may use.
 HTTP_SCHEMES = ("http", "https")

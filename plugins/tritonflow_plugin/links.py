@@ -50,7 +50,7 @@ GRAFANA_MODEL_PANEL_ID = 1
 def mlflow_base_url(settings: Any | None = None) -> str:
     """MLflow UI base URL: ``Settings.mlflow_ui_url`` or else the resolved tracking URI."""
     if settings is None:
-        from tritonflow.settings import get_settings
+        from ground.settings import get_settings
 
         settings = get_settings()
     return (settings.mlflow_ui_url or settings.resolved_mlflow_tracking_uri).rstrip("/")
@@ -231,7 +231,7 @@ def record_version_links(model: str, version: str | int | None, *, served: bool 
 
 
 def _settings() -> Any:
-    from tritonflow.settings import get_settings
+    from ground.settings import get_settings
 
     return get_settings()
 

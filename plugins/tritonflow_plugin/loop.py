@@ -81,8 +81,8 @@ def param_or_setting(params: Mapping[str, Any], name: str, setting: str, setting
     Args:
         params: The run's params.
         name: Param name.
-        setting: Attribute of :class:`tritonflow.settings.Settings` (env ``TRITONFLOW_<SETTING>``).
-        settings: Settings (default: :func:`tritonflow.settings.get_settings`, read now).
+        setting: Attribute of :class:`ground.settings.Settings` (env ``TRITONFLOW_<SETTING>``).
+        settings: Settings (default: :func:`ground.settings.get_settings`, read now).
 
     Returns:
         The param's value, or the setting's (logged either way).
@@ -92,7 +92,7 @@ def param_or_setting(params: Mapping[str, Any], name: str, setting: str, setting
         log.info("param %s=%r (given)", name, value)
         return value
     if settings is None:
-        from tritonflow.settings import get_settings
+        from ground.settings import get_settings
 
         settings = get_settings()
     value = getattr(settings, setting)

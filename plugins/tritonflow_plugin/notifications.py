@@ -87,7 +87,7 @@ class TritonflowFailureNotifier(BaseNotifier):
 
     def notify(self, context: Any) -> None:
         """Log the failure, then post it if a webhook URL is configured."""
-        from tritonflow.settings import get_settings
+        from ground.settings import get_settings
 
         settings = get_settings()
         url = self.webhook_url if self.webhook_url is not None else settings.alert_webhook_url

@@ -13,7 +13,7 @@ Design:
   new stage fact -> ``stage_changed``, new alias fact -> ``alias_set``, alias fact gone and the
   alias on no other version -> ``alias_deleted``.
 * :class:`SeenStateStore` keeps, per consumer (the DAG a trigger feeds), the facts already
-  acted on, in the shared coordination database (``repository_sync.coordination``; PostgreSQL in
+  acted on, in the shared coordination database (``ground.coordination``; PostgreSQL in
   production). :meth:`~SeenStateStore.advance` diffs and stores in one transaction holding the
   consumer's row locked, so two pollers (or a restarted triggerer, on any host) never report one
   transition twice. The first poll of a consumer records a baseline
@@ -146,18 +146,18 @@ def diff_facts(previous: Iterable[Fact], current: Iterable[Fact]) -> list[Regist
 class SeenStateStore:
     """Restart-safe record of the registry facts each consumer has already acted on.
 
-    Kept in the shared coordination database (:mod:`repository_sync.coordination`, scope
+    Kept in the shared coordination database (:mod:`ground.coordination`, scope
     ``registry-watcher``, one row per consumer), so triggerers on several hosts share it.
 
     Args:
         path: SQLAlchemy URL of the coordination database, or a SQLite file path (default: the
-            database of :func:`repository_sync.coordination.database_url`).
+            database of :func:`ground.coordination.database_url`).
     """
 
     SCOPE = "registry-watcher"
 
     def __init__(self, path: str | Path | None = None) -> None:
-        from repository_sync.coordination import CoordinationStore, database_url
+        from ground.coordination import CoordinationStore, database_url
 
         text = database_url() if path is None else str(path)
         self.url = text if "://" in text else f"sqlite:///{Path(text).resolve()}"
@@ -276,7 +276,7 @@ class RegistryEventTrigger(BaseEventTrigger):
     def _poll(self) -> list[dict[str, Any]]:
         from mlflow import MlflowClient
 
-        from tritonflow.settings import get_settings
+        from ground.settings import get_settings
         from tritonflow_plugin.event_mapping import load_mapping
 
         settings = get_settings()
@@ -288,7 +288,7 @@ class RegistryEventTrigger(BaseEventTrigger):
 
     async def run(self) -> AsyncIterator[Any]:
         """Poll forever (or ``max_polls`` times), yielding one event per mapped change."""
-        from tritonflow.settings import get_settings
+        from ground.settings import get_settings
 
         interval = self.poll_interval_s or get_settings().registry_poll_interval_s
         polls = 0
@@ -349,7 +349,7 @@ def registry_conf_from_context(context: Any) -> dict[str, Any]:
             folds queued asset events into one run); acting on one would silently drop the others,
             so the run fails naming them all (send one DAG run per change instead).
     """
-    from tritonflow.exceptions import DataError
+    from ground.exceptions import DataError
 
     dag_run = context.get("dag_run")
     conf = dict(getattr(dag_run, "conf", None) or {})

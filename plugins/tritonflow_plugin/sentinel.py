@@ -138,8 +138,8 @@ class ChampionSentinelOperator(BaseOperator):
 
         from airflow.sdk.exceptions import AirflowSkipException
 
+        from ground.exceptions import DataError
         from repository_sync.sentinel import SentinelPolicy
-        from tritonflow.exceptions import DataError
         from tritonflow.pipelines.canary import CanaryEnvironment
         from tritonflow.pipelines.sentinel import golden_set
 

@@ -16,8 +16,8 @@ def shared_staging(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
+        from ground.settings import get_settings
         from tritonflow.pipelines import shared_work
-        from tritonflow.settings import get_settings
 
         settings = get_settings()
         if isinstance(state, Mapping) and state.get("staging_dir"):

@@ -50,7 +50,7 @@ from typing import Any, Callable, Protocol, Sequence
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from tritonflow.exceptions import DataError
+from ground.exceptions import DataError
 from tritonflow_plugin.event_mapping import (
     ALIAS_DELETED,
     ALIAS_SET,
@@ -196,7 +196,7 @@ class DeliveryStore:
 
     def __init__(self, path: str | Path | None = None, retention_s: float = 3600.0) -> None:
         if path is None:
-            from tritonflow.settings import get_settings
+            from ground.settings import get_settings
 
             path = get_settings().home / DELIVERY_STORE_FILE
         self.path = Path(path)
@@ -327,7 +327,7 @@ def create_app(
     app = FastAPI(title="tritonflow MLflow webhook receiver", docs_url=None, redoc_url=None)
 
     def _settings():
-        from tritonflow.settings import get_settings
+        from ground.settings import get_settings
 
         return get_settings()
 

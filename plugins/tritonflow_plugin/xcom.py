@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypedDict, TypeVar
 
-from tritonflow.exceptions import DataError
+from ground.exceptions import DataError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -162,7 +162,7 @@ def check_xcom_size(value: Any, *, task_id: str, limit: int | None = None) -> in
             size and the limit, and says to return an artefact reference instead.
     """
     if limit is None:
-        from tritonflow.settings import get_settings
+        from ground.settings import get_settings
 
         limit = get_settings().max_xcom_bytes
     size = serialized_xcom_size(value)

@@ -189,8 +189,8 @@ def test_triton_and_the_workers_use_the_minio_credentials(services, worker_env):
 
 
 def test_triton_flags_exist_in_the_local_triton_2_51_server(services):
+    from ground.settings import Settings
     from tritonflow.runtime.services import triton_environment, triton_server_binary
-    from tritonflow.settings import Settings
 
     settings = Settings.from_env({})
     binary = triton_server_binary(settings)
@@ -350,7 +350,7 @@ def test_airflow_init_creates_the_connections_the_hooks_use(services, worker_env
 
 # ============================================================================ tritonflow settings
 def test_worker_tritonflow_variables_are_settings_and_parse(worker_env, services):
-    from tritonflow.settings import ENV_PREFIX, Settings
+    from ground.settings import ENV_PREFIX, Settings
 
     known = {ENV_PREFIX + f.metadata["env"] for f in dataclasses.fields(Settings)}
     used = {k for k in worker_env if k.startswith(ENV_PREFIX)}
@@ -372,8 +372,8 @@ def test_worker_tritonflow_variables_are_settings_and_parse(worker_env, services
 
 def test_gateway_status_log_is_on_a_volume_nginx_and_every_airflow_service_see_at_one_path(services, worker_env):
     """The router writes the log's path into NGINX's config and the canary opens the same path."""
+    from ground.settings import Settings
     from tritonflow.pipelines.canary import CanaryEnvironment
-    from tritonflow.settings import Settings
 
     log = PurePosixPath(worker_env["TRITONFLOW_GATEWAY_ACCESS_LOG"])
     assert log.is_absolute() and log.suffix == ".jsonl", log

@@ -228,7 +228,7 @@ def test_reload_watcher_reports_a_refused_config_and_nginx_keeps_serving(local_g
     from repository_sync.traffic_plan import TrafficPlan
 
     gw = local_gateway
-    from tritonflow.exceptions import GatewayConfigError
+    from ground.exceptions import GatewayConfigError
 
     router = NginxRouter(gw.conf_dir, reload=lambda: request_reload(gw.conf_dir), test=None)
     router.apply(TrafficPlan.single("churn", 3))
@@ -245,11 +245,11 @@ def test_the_canary_counts_per_version_failures_from_the_log_the_stack_gateway_w
     """The workers' TRITONFLOW_GATEWAY_ACCESS_LOG, written by the stack's NGINX, read by the canary."""
     from types import SimpleNamespace
 
+    from ground.settings import Settings
     from repository_sync.nginx_router import NginxRouter
     from repository_sync.traffic_plan import TrafficPlan
     from tritonflow.pipelines.canary import CanaryEnvironment
     from tritonflow.pipelines.canary_promotion import gateway_statuses
-    from tritonflow.settings import Settings
 
     gw = local_gateway
     worker_env = env_of(services["airflow-worker"])

@@ -172,7 +172,7 @@ def test_a_task_returning_data_without_the_size_guard_is_reported(tmp_path):
 def test_lock_held_policy_fails_a_requested_change_and_skips_redundant_work():
     from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-    from tritonflow.exceptions import ConcurrencyError
+    from ground.exceptions import ConcurrencyError
     from tritonflow_plugin.errors import when_lock_held
 
     def held():

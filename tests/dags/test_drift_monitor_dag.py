@@ -63,10 +63,10 @@ def _champion(env: dict[str, str], client, noaa, prefix: str = "rain"):
     """A registered model ``<prefix>-<uid>`` with champion v1, its reference and a log writer."""
     from drift_checks.inference_log import InferenceLogWriter
     from drift_checks.reference import save_reference
+    from ground.settings import Settings
     from model_registry.datasets import FEATURE_COLUMNS
     from tests.pipelines.test_drift_pipeline import SCHEMA
     from tritonflow.pipelines import drift
-    from tritonflow.settings import Settings
 
     settings = Settings.from_env(env)
     model = f"{prefix}-{uuid.uuid4().hex[:8]}"

@@ -43,14 +43,14 @@ def test_the_data_quality_gate_runs_last_after_every_stage_so_a_failure_fails_th
 
 
 def test_models_are_batched_per_task_from_the_setting():
+    from ground.settings import Settings
     from tritonflow.pipelines.drift_batches import batch_models
-    from tritonflow.settings import Settings
 
     targets = [{"model": f"m{i:02d}", "version": 1} for i in range(23)]
     batches = batch_models(targets, settings=Settings.from_env({"TRITONFLOW_DRIFT_MODELS_PER_TASK": "10"}))
     assert [len(b) for b in batches] == [10, 10, 3] and sum(batches, []) == targets
     assert batch_models([], per_task=10) == []
-    from tritonflow.exceptions import SettingsError
+    from ground.exceptions import SettingsError
 
     with pytest.raises(SettingsError, match="TRITONFLOW_DRIFT_MODELS_PER_TASK=0"):
         batch_models(targets, per_task=0)

@@ -181,8 +181,8 @@ def test_manual_run_publishes_the_champion_and_triggers_the_then_dags(tmp_path, 
 @pytest.mark.integration
 @pytest.mark.slow
 def test_profiled_run_adopts_the_model_analyzer_choice(tmp_path, airflow_home, mlflow_server, triton_factory):
+    from ground.settings import Settings
     from tritonflow.pipelines.publish_profile import profiling_unavailable_reason
-    from tritonflow.settings import Settings
 
     reason = profiling_unavailable_reason(Settings.from_env({}))
     if reason:

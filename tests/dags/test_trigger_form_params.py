@@ -120,7 +120,7 @@ def test_model_publish_opens_with_an_empty_version_meaning_champion_else_latest(
 
 @pytest.mark.parametrize("dag_id", EXPECTED_DAG_IDS)
 def test_an_unknown_conf_key_is_refused_naming_the_closest_param(bag, dag_id):
-    from tritonflow.exceptions import SettingsError
+    from ground.exceptions import SettingsError
     from tritonflow_plugin.params import refuse_unknown_conf_keys
 
     dag = bag.dags[dag_id]
@@ -134,7 +134,7 @@ def test_an_unknown_conf_key_is_refused_naming_the_closest_param(bag, dag_id):
 
 
 def test_model_publish_refuses_the_typo_verison():
-    from tritonflow.exceptions import SettingsError
+    from ground.exceptions import SettingsError
     from tritonflow.pipelines.loop_context import check_conf_keys
 
     with pytest.raises(SettingsError, match=r"'verison'.*did you mean 'version_or_alias'"):

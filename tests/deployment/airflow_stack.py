@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 
+from ground.settings import Settings
+from ground.settings_defaults import PROJECT_ROOT
 from tritonflow.runtime.airflow import AirflowDeployment
 from tritonflow.runtime.airflow_api import AirflowApi
 from tritonflow.runtime.airflow_config import AirflowConfig
 from tritonflow.runtime.services import TritonServer, free_port
-from tritonflow.settings import Settings
-from tritonflow.settings_defaults import PROJECT_ROOT
 
 REPO_DAGS = PROJECT_ROOT / "dags"
 #: The compose stack's Grafana dashboard (deploy/grafana/dashboards/triton.json, uid tritonflow-triton).

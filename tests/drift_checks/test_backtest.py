@@ -9,8 +9,8 @@ import pytest
 
 from drift_checks.backtest import BacktestWindow, run_backtest
 from drift_checks.strategies import ReferenceStrategy
+from ground.exceptions import DataError
 from tritonflow import cli
-from tritonflow.exceptions import DataError
 
 
 def _table(n=2400, shift_at=1500, seed=0):
@@ -141,8 +141,8 @@ def test_a_sustained_shift_on_a_minor_noaa_input_alerts_within_2_windows_and_its
     from drift_quality import SCENARIOS, _champion_importance, _ts
 
     from drift_checks.verdict import CheckConfig
+    from ground.settings import Settings
     from model_registry.datasets import FEATURE_COLUMNS, load_noaa
-    from tritonflow.settings import Settings
 
     noaa, features = load_noaa(), list(FEATURE_COLUMNS)
     quiet = SCENARIOS[shift]

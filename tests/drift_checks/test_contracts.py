@@ -10,7 +10,7 @@ import pytest
 from drift_checks.contract_types import Contract, ExpectationSpec
 from drift_checks.contracts import derive_contract, run_contract
 from drift_checks.inference_log import LogSchema
-from tritonflow.exceptions import WindowError
+from ground.exceptions import WindowError
 
 SESSION_LOG_SCHEMA = LogSchema({"session_minutes": "float", "device": "category",
                         "promo_code": "category", "pages_viewed": "int"})

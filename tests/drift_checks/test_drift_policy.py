@@ -15,7 +15,7 @@ from drift_checks.inference_log import LogSchema
 from drift_checks.policy import AlertPolicy, decide_alert, feature_verdict, sustained_features
 from drift_checks.thresholds import Threshold, ThresholdPolicy, resolve_thresholds
 from drift_checks.verdict import CheckConfig, check_window, prepare_reference
-from tritonflow.exceptions import SettingsError
+from ground.exceptions import SettingsError
 
 T0 = dt.datetime(2024, 5, 1, tzinfo=dt.timezone.utc)
 HOUR = dt.timedelta(hours=1)

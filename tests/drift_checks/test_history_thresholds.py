@@ -9,7 +9,7 @@ import pytest
 
 from drift_checks.history import HistoryStore, StatisticRow
 from drift_checks.thresholds import ThresholdPolicy, resolve_thresholds, weighted_score
-from tritonflow.exceptions import SettingsError
+from ground.exceptions import SettingsError
 
 T0 = dt.datetime(2024, 5, 1, tzinfo=dt.timezone.utc)
 PG_URL = "postgresql://postgres@127.0.0.1:5432/test"

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from drift_checks.inference_log import InferenceLogWriter, LogSchema, join_labels, read_labels, read_window
-from tritonflow.exceptions import WindowError
+from ground.exceptions import WindowError
 
 SCHEMA = LogSchema({"x": "float", "device": "category"}, {"p_rain": "float"})
 H0 = pd.Timestamp("2024-05-01T13:00:00Z")

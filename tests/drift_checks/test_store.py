@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from drift_checks.storage import FolderStore, S3Store, Store
-from tritonflow.exceptions import WindowError
+from ground.exceptions import WindowError
 
 
 @pytest.fixture(params=["folder", pytest.param("s3", marks=pytest.mark.integration)])

@@ -17,7 +17,7 @@ from drift_checks.sketches import SketchSample, rank_error, retained_items
 from drift_checks.streaming import open_window, stored_summary, stream_workers, summarize_window
 from drift_checks.summaries import WindowSummary, summarize_frame
 from drift_checks.verdict import check_window, prepare_reference
-from tritonflow.exceptions import WindowError
+from ground.exceptions import WindowError
 
 T0 = pd.Timestamp("2025-01-01T10:00", tz="UTC")
 HOUR = pd.Timedelta(hours=1)
@@ -111,8 +111,8 @@ def test_backtest_streamed_engine_gives_the_exact_decisions_on_the_noaa_replay(t
 
     from drift_checks.backtest import run_backtest
     from drift_checks.verdict import CheckConfig
+    from ground.settings import Settings
     from model_registry.datasets import FEATURE_COLUMNS, load_noaa
-    from tritonflow.settings import Settings
 
     noaa, features = load_noaa(), list(FEATURE_COLUMNS)
     docs = {e: run_backtest(noaa[["day", *features]], time_column="day", time_unit="D", out_dir=tmp_path / e,

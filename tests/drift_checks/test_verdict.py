@@ -125,7 +125,7 @@ def test_reference_is_stored_with_its_profile_and_loaded_back(tmp_path):
     assert len(loaded.frame) == 200 and loaded.schema == SCHEMA
     pd.testing.assert_frame_equal(loaded.frame, saved.frame)
     assert loaded.profile.get_column("x").get_metric("counts").n.value == 200
-    from tritonflow.exceptions import WindowError
+    from ground.exceptions import WindowError
 
     with pytest.raises(WindowError, match="no reference stored for 'm' v8"):
         load_reference(str(tmp_path), "m", 8)

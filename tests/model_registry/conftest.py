@@ -7,7 +7,7 @@ import io
 import numpy as np
 import pytest
 
-from tritonflow.settings import Settings
+from ground.settings import Settings
 
 TRAIN_20_CSV = """tenure_months,monthly_fee,support_calls,churned
 16,56.41,2,0

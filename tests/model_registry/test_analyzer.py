@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ground.exceptions import MeasurementUnstableError, ProfilingError, ToolingError
 from model_registry.analyzer import confirmation_repository
 from model_registry.analyzer_config import (
     SearchSpace,
@@ -30,7 +31,6 @@ from model_registry.analyzer_results import (
 )
 from model_registry.hardware import GpuInfo, HardwareInventory
 from model_registry.triton_config import parse_config
-from tritonflow.exceptions import MeasurementUnstableError, ProfilingError, ToolingError
 
 CPU_HOST = HardwareInventory((), False, "NVML unavailable (no NVIDIA driver/GPU)", 8 << 30, 4 << 30, 2)
 GPU_HOST = HardwareInventory((GpuInfo(0, "Tesla T4", "GPU-x", 16 << 30, 15 << 30, (7, 5)),), True, "",
@@ -319,9 +319,9 @@ def test_model_analyzer_profiles_a_cpu_model_and_the_chosen_config_fits_it(tmp_p
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    from ground.settings import Settings
     from model_registry.analyzer import profile_model
     from model_registry.triton_config import DynamicBatchingSpec, build_config, check_config, to_pbtxt
-    from tritonflow.settings import Settings
 
     s = Settings.from_env({}, home=tmp_path / "home", triton_venv=TRITON_VENV, analyzer_stability_cv=0.5)
     w = numpy_helper.from_array(np.random.default_rng(7).normal(size=(4, 2)).astype(np.float32), "w")
@@ -358,10 +358,10 @@ def test_confirmation_passes_measure_each_tried_config_on_a_scratch_triton(tmp_p
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    from ground.exceptions import TransientError
+    from ground.settings import Settings
     from model_registry.analyzer import measure_config_passes
     from model_registry.triton_config import build_config, to_pbtxt
-    from tritonflow.exceptions import TransientError
-    from tritonflow.settings import Settings
 
     s = Settings.from_env({}, home=tmp_path / "home", triton_venv=TRITON_VENV, analyzer_stability_cv=0.5)
     w = numpy_helper.from_array(np.random.default_rng(3).normal(size=(4, 2)).astype(np.float32), "w")

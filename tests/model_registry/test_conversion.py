@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ground.exceptions import ModelConversionError, ModelValidationError
 from model_registry.conversion import (
     TensorSchema,
     convert_mlflow_model,
@@ -18,7 +19,6 @@ from model_registry.conversion import (
 )
 from model_registry.triton_config import build_config, check_config, model_io
 from model_registry.validation import check_outputs_are_tensors, make_session
-from tritonflow.exceptions import ModelConversionError, ModelValidationError
 
 from .conftest import FEATURES
 

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ground.exceptions import WindowError
 from model_registry import datasets as ds
-from tritonflow.exceptions import WindowError
 
 
 @pytest.fixture(scope="module")

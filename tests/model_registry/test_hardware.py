@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from ground.exceptions import InsufficientMemoryError, SettingsError
 from model_registry.hardware import (
     HardwareInventory,
     fp16_eligibility,
@@ -20,7 +21,6 @@ from model_registry.hardware import (
     preflight_memory_check,
     read_meminfo,
 )
-from tritonflow.exceptions import InsufficientMemoryError, SettingsError
 
 GB = 1024**3
 

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tritonflow.exceptions import ModelValidationError
-from tritonflow.settings import Settings
+from ground.exceptions import ModelValidationError
+from ground.settings import Settings
 
 NUMERIC = ["bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g"]
 CATEGORICAL = ["island", "sex"]
@@ -197,7 +197,7 @@ def test_pytorch_publishes_as_onnx_or_torchscript(torch_model_dir, settings, fmt
 
 
 def test_torchscript_is_refused_for_a_flavour_that_cannot_produce_it(penguin_dir, settings):
-    from tritonflow.exceptions import ModelConversionError
+    from ground.exceptions import ModelConversionError
 
     with pytest.raises(ModelConversionError, match="export_format='torchscript' is not available"):
         gate(penguin_dir, settings, export_format="torchscript")
@@ -301,7 +301,7 @@ def test_multiclass_shadow_uses_ovr_auc_log_loss_and_accuracy_with_intervals():
     from sklearn.metrics import log_loss, roc_auc_score
 
     champ = _probs(y, 2.0, np.random.default_rng(0))
-    from model_registry.multiclass import multiclass_metrics
+    from drift_checks.multiclass import multiclass_metrics
 
     m = multiclass_metrics(y, champ)
     assert m["auc_ovr"] == pytest.approx(roc_auc_score(y, champ, multi_class="ovr"), abs=1e-9)
@@ -309,15 +309,15 @@ def test_multiclass_shadow_uses_ovr_auc_log_loss_and_accuracy_with_intervals():
 
 
 def test_multiclass_labels_outside_the_classes_are_refused_by_position():
-    from model_registry.multiclass import multiclass_metrics
-    from tritonflow.exceptions import DataError
+    from drift_checks.multiclass import multiclass_metrics
+    from ground.exceptions import DataError
 
     with pytest.raises(DataError, match=r"labels\[1\]=3.0 is not a class index"):
         multiclass_metrics([0, 3], np.full((2, 3), 1 / 3))
 
 
 def test_per_class_prediction_shift_names_the_class_that_moved():
-    from model_registry.multiclass import per_class_prediction_shift
+    from drift_checks.multiclass import per_class_prediction_shift
 
     rng = np.random.default_rng(1)
     y = rng.integers(0, 3, 500)
@@ -358,8 +358,8 @@ def test_p99_regression_under_the_absolute_floor_passes_a_submillisecond_model()
 
 
 def test_negative_perf_gate_settings_are_refused_by_name():
-    from tritonflow.settings import Settings
-    from tritonflow.settings_checks import settings_problems
+    from ground.settings import Settings
+    from ground.settings_checks import settings_problems
 
     problems = settings_problems(Settings.from_env({"TRITONFLOW_MIN_P99_REGRESSION_MS": "-0.5",
                                                     "TRITONFLOW_MAX_P99_REGRESSION": "-1"}))

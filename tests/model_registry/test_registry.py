@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import requests
 
+from ground.exceptions import ConcurrencyError, RegistryError
 from model_registry.registry import (
     ACCEPTED_FORMS,
     DatabaseLock,
@@ -19,7 +20,6 @@ from model_registry.registry import (
     RegistryLock,
     parse_model_reference,
 )
-from tritonflow.exceptions import ConcurrencyError, RegistryError
 
 pytestmark = pytest.mark.integration
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from drift_checks import shadow_metrics
+from ground.exceptions import DataError
+from ground.settings import Settings
 from model_registry import datasets as ds
 from model_registry import shadow as sh
-from model_registry import shadow_metrics
 from model_registry.noaa_model import train_noaa
-from tritonflow.exceptions import DataError
-from tritonflow.settings import Settings
 
 
 @pytest.fixture(scope="module")
@@ -249,8 +249,8 @@ def test_onnx_classifier_names_its_classes_in_probability_column_order():
     from sklearn.datasets import load_iris
     from sklearn.linear_model import LogisticRegression
 
+    from drift_checks.multiclass import onnx_class_labels
     from model_registry.conversion import convert_sklearn
-    from model_registry.multiclass import onnx_class_labels
 
     X, y = load_iris(return_X_y=True)
     X = X.astype(np.float32)
@@ -262,7 +262,7 @@ def test_onnx_classifier_names_its_classes_in_probability_column_order():
 
 
 def test_labels_are_mapped_to_class_indices_and_an_unknown_one_is_named():
-    from model_registry.multiclass import class_indices
+    from drift_checks.multiclass import class_indices
 
     classes = ["setosa", "versicolor", "virginica"]
     got = class_indices(["virginica", None, "setosa", float("nan"), "versicolor"], classes)

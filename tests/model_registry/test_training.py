@@ -17,10 +17,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from model_registry import datasets as ds
-from model_registry import training as tr
-from model_registry import training_registration
-from tritonflow.exceptions import (
+from ground.exceptions import (
     ConcurrencyError,
     DataError,
     RegistryError,
@@ -28,6 +25,9 @@ from tritonflow.exceptions import (
     TrainingError,
     WindowError,
 )
+from model_registry import datasets as ds
+from model_registry import training as tr
+from model_registry import training_registration
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+from ground.exceptions import ModelConfigError
 from model_registry.triton_config import (
     DynamicBatchingSpec,
     InstanceGroupSpec,
@@ -17,7 +18,6 @@ from model_registry.triton_config import (
     to_pbtxt,
     validate_config,
 )
-from tritonflow.exceptions import ModelConfigError
 
 BATCH_AXIS_IN_DIMS_CONFIG = """
 name: "churn_head"

@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from ground.exceptions import ModelConfigError, ModelValidationError, ParityError
 from model_registry.conversion import TensorSchema, convert_sklearn, sklearn_predict_fn
 from model_registry.triton_config import build_config, parse_config
 from model_registry.validation import (
@@ -20,7 +21,6 @@ from model_registry.validation import (
     validate_for_push,
     validation_sample,
 )
-from tritonflow.exceptions import ModelConfigError, ModelValidationError, ParityError
 
 from .conftest import FEATURES
 

@@ -105,7 +105,7 @@ def test_a_decision_without_a_reason_or_unknown_is_refused():
 
 
 def test_a_refused_rejected_challenger_is_a_shadow_decision_naming_the_rejection():
-    from tritonflow.exceptions import RejectedVersionError
+    from ground.exceptions import RejectedVersionError
 
     error = RejectedVersionError("challenger='2' of model 'churn' is version 2, rejected at stage sentinel "
                                  "(2025-03-01T10:00:00+00:00): health sentinel rolled version 2 back to version 1")

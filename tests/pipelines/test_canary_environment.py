@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ground.settings import Settings
 from tritonflow.pipelines.canary import CanaryEnvironment
 from tritonflow.pipelines.publish import ensure_signing_keys
-from tritonflow.settings import Settings
 
 
 def test_the_canary_verifies_with_the_keys_the_publish_pipeline_generated_under_home(tmp_path):

@@ -33,12 +33,12 @@ import pandas as pd
 import pytest
 import requests
 
-from repository_sync.coordination import PROMOTION
+from ground.coordination import PROMOTION
+from ground.exceptions import ConcurrencyError, DataError, PreflightError, RegistryError
 from repository_sync.gateway_probe import served_by, wait_live
 from repository_sync.locks import store_for
 from repository_sync.traffic_plan import TrafficPlan
 from tests.conftest import make_settings
-from tritonflow.exceptions import ConcurrencyError, DataError, PreflightError, RegistryError
 from tritonflow.pipelines.canary import CanaryEnvironment
 from tritonflow.pipelines.canary_loading import ensure_loaded
 from tritonflow.pipelines.canary_promotion import run_promotion

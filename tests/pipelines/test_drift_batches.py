@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tritonflow.exceptions import WindowError
+from ground.exceptions import WindowError
+from ground.settings import Settings
 from tritonflow.pipelines import drift_batches as batches
-from tritonflow.settings import Settings
 
 HOUR = ("2025-03-01T00:00:00+00:00", "2025-03-01T01:00:00+00:00")
 

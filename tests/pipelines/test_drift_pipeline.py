@@ -12,8 +12,8 @@ import pytest
 
 from drift_checks.inference_log import InferenceLogWriter, LogSchema
 from drift_checks.reference import save_reference
+from ground.exceptions import ContractViolation, RegistryError
 from model_registry.datasets import FEATURE_COLUMNS, load_noaa
-from tritonflow.exceptions import ContractViolation, RegistryError
 from tritonflow.pipelines import drift
 
 HOUR = dt.timedelta(hours=1)
@@ -46,7 +46,7 @@ def env(tmp_path, monkeypatch, mlflow_server, noaa):
     """Settings for one model ``rain-<uid>`` with champion v1 and its reference recorded."""
     from mlflow import MlflowClient
 
-    from tritonflow.settings import Settings
+    from ground.settings import Settings
 
     monkeypatch.setenv("TRITONFLOW_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TRITONFLOW_INFERENCE_LOG_ROOT", str(tmp_path / "logs"))
@@ -207,7 +207,7 @@ def stores(tmp_path, monkeypatch):
     categorical, in hour 2 a store id the reference never saw (40 of 300 rows), in hour 3 six
     ``+inf`` units.
     """
-    from tritonflow.settings import Settings
+    from ground.settings import Settings
 
     monkeypatch.setenv("TRITONFLOW_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TRITONFLOW_INFERENCE_LOG_ROOT", str(tmp_path / "logs"))

@@ -10,7 +10,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from tritonflow.exceptions import SettingsError
+from ground.exceptions import SettingsError
 from tritonflow.pipelines.loop_context import (
     LOOP_CONF_KEY,
     OVERRIDE_HINT,

@@ -247,7 +247,7 @@ def test_a_much_slower_challenger_is_rejected_by_the_p99_gate_and_never_pushed(s
     """Champion: a 1-layer MLP; challenger: 60 hidden 768x768 layers (same inputs, ~100x the work)."""
     import onnxruntime as ort
 
-    from tritonflow.exceptions import PerformanceRegressionError
+    from ground.exceptions import PerformanceRegressionError
 
     s = stack["settings"]
     x = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)

@@ -20,8 +20,8 @@ def test_an_empty_version_takes_the_champion_else_the_latest_version_and_says_so
     from mlflow import MlflowClient
     from sklearn.linear_model import LogisticRegression
 
+    from ground.exceptions import RegistryError
     from tests.pipelines.test_publish_pipeline import churn_data, register
-    from tritonflow.exceptions import RegistryError
     from tritonflow.pipelines.publish import default_selector
 
     settings = make_settings(tmp_path, mlflow_tracking_uri=mlflow_server.tracking_uri)

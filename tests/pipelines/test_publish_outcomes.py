@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from ground.exceptions import DataError, RegistryError, ToolingError
 from tests.conftest import make_settings
 from tests.pipelines.test_publish_pipeline import register, unique, version_tags
-from tritonflow.exceptions import DataError, RegistryError, ToolingError
 from tritonflow.pipelines import publish as pipeline
 from tritonflow.pipelines import publish_common, publish_profile, publish_record, publish_validate
 

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ground.exceptions import ParityError, RegistryError, SignatureVerificationError
 from tests.conftest import make_settings
-from tritonflow.exceptions import ParityError, RegistryError, SignatureVerificationError
 from tritonflow.pipelines import publish as pipeline
 from tritonflow.pipelines import publish_common, publish_profile, publish_record, publish_signing, publish_validate
 
@@ -156,7 +156,7 @@ def test_model_reference_accepts_versions_aliases_and_stages_and_names_a_bad_sel
     assert pipeline.model_reference("churn", 3) == "churn/3"
     assert pipeline.model_reference("churn", "challenger") == "churn@challenger"
     assert pipeline.model_reference("churn", "production") == "churn/Production"
-    from tritonflow.exceptions import SettingsError
+    from ground.exceptions import SettingsError
 
     with pytest.raises(SettingsError, match="version_or_alias='3x!'"):
         pipeline.model_reference("churn", "3x!")
@@ -310,7 +310,7 @@ def test_model_logged_without_signature_is_refused_with_a_clear_error_and_nothin
 
 
 def test_bad_parameters_are_refused_before_anything_runs(stack, published):
-    from tritonflow.exceptions import SettingsError
+    from ground.exceptions import SettingsError
 
     name, version, _ = published
     state = pipeline.resolve(f"{name}/{version}", settings=stack.settings)

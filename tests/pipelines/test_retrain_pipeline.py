@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 
 from drift_checks.inference_log import InferenceLogWriter
+from ground.exceptions import ConcurrencyError, RetrainCooldownError, TrainingError, WindowError
 from model_registry import datasets as ds
 from model_registry import training as tr
 from tests.conftest import make_settings
-from tritonflow.exceptions import ConcurrencyError, RetrainCooldownError, TrainingError, WindowError
 from tritonflow.pipelines import retrain as rp
 
 #: Logical spacing of NOAA days in the test logs.
@@ -250,7 +250,7 @@ def test_per_model_entry_point_wins_over_the_default_and_bad_config_is_refused(t
     s = make_settings(tmp_path, retrain_entry_points='{"wind": "my_pkg.train:fit_wind"}')
     assert rp.entry_point_for("wind", s) == "my_pkg.train:fit_wind"
     assert rp.entry_point_for("rain", s) == "model_registry.training:train_noaa"
-    from tritonflow.exceptions import SettingsError
+    from ground.exceptions import SettingsError
 
     with pytest.raises(SettingsError, match="TRITONFLOW_RETRAIN_ENTRY_POINTS='wind=x' is not JSON"):
         rp.entry_point_for("wind", make_settings(tmp_path, retrain_entry_points="wind=x"))

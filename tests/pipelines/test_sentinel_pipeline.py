@@ -110,7 +110,7 @@ def test_a_version_the_sentinel_rolled_back_is_never_put_back_until_a_person_lif
     name the sentinel's rejection (no ping-pong); deleting ``tritonflow.status`` lifts it."""
     from mlflow import MlflowClient
 
-    from tritonflow.exceptions import DataError, RegistryError
+    from ground.exceptions import DataError, RegistryError
     from tritonflow.pipelines import publish as publish_pipeline
     from tritonflow.pipelines import shadow
     from tritonflow.pipelines.canary import resolve as canary_resolve

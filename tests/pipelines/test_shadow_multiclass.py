@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ground.exceptions import DataError
 from tests.pipelines.test_canary_pipeline import (  # noqa: F401 - stack is a fixture
     FEATURES,
     PREDICTIONS,
@@ -33,7 +34,6 @@ from tests.pipelines.test_canary_pipeline import (  # noqa: F401 - stack is a fi
     registry,
     stack,
 )
-from tritonflow.exceptions import DataError
 
 pytestmark = pytest.mark.integration
 

@@ -18,12 +18,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ground.exceptions import ChallengerUnavailableError, DataError, WindowError
 from model_registry import datasets as ds
 from model_registry import training as tr
 from repository_sync.triton_client import TritonModelControl
 from tests.conftest import make_settings
 from tests.pipelines.test_retrain_pipeline import INTERVAL, ts, write_noaa_log
-from tritonflow.exceptions import ChallengerUnavailableError, DataError, WindowError
 from tritonflow.pipelines import shadow as sp
 from tritonflow.pipelines.shadow_compare import EXPECTED_TAG, compare
 from tritonflow.pipelines.shadow_replay import replay

@@ -11,7 +11,7 @@ import uuid
 import boto3
 import pytest
 
-from tritonflow.exceptions import SettingsError
+from ground.exceptions import SettingsError
 from tritonflow.pipelines.publish_common import STAGING_MARKER, enter_staging, new_attempt, staging_dir
 from tritonflow.pipelines.shared_work import discard, fetch, location, share
 

@@ -14,9 +14,9 @@ import jsonschema
 import pytest
 from airflow.models.connection import Connection
 
+from ground.exceptions import SettingsError
+from ground.settings import CONNECTION_SOURCES_ENV, Settings
 from tritonflow.airflow_provider import get_provider_info
-from tritonflow.exceptions import SettingsError
-from tritonflow.settings import CONNECTION_SOURCES_ENV, Settings
 from tritonflow_plugin.connections import connection_settings
 
 

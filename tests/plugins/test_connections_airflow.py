@@ -16,13 +16,13 @@ import uuid
 
 import pytest
 
+from ground.settings import Settings
+from ground.settings_defaults import PROJECT_ROOT
 from tritonflow.demo import runs as rr
 from tritonflow.runtime.airflow import AirflowDeployment
 from tritonflow.runtime.airflow_api import AirflowApi
 from tritonflow.runtime.airflow_config import AirflowConfig
 from tritonflow.runtime.services import free_port
-from tritonflow.settings import Settings
-from tritonflow.settings_defaults import PROJECT_ROOT
 
 pytestmark = [pytest.mark.integration]
 

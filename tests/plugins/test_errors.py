@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from tritonflow.exceptions import ModelConfigError, ServiceUnavailableError
+from ground.exceptions import ModelConfigError, ServiceUnavailableError
 from tritonflow_plugin.errors import fail_fast_on_bad_data
 
 

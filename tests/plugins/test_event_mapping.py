@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tritonflow.exceptions import SettingsError
+from ground.exceptions import SettingsError
 from tritonflow_plugin.event_mapping import (
     ALIAS_DELETED,
     ALIAS_SET,

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from tritonflow.exceptions import SettingsError
+from ground.exceptions import SettingsError
 from tritonflow_plugin.hooks import MlflowHook, TritonHook
 from tritonflow_plugin.links import (
     evidently_link_from_info,
@@ -79,7 +79,7 @@ def test_extra_link_urls_from_recorded_info():
 
 
 def test_a_link_base_url_a_browser_cannot_open_is_refused_naming_the_variable():
-    from tritonflow.settings import Settings
+    from ground.settings import Settings
 
     with pytest.raises(SettingsError, match=r"TRITONFLOW_GRAFANA_DASHBOARD_URL='grafana:3000/d/x'.*http\(s\)://"):
         Settings.from_env({"TRITONFLOW_GRAFANA_DASHBOARD_URL": "grafana:3000/d/x"})

@@ -14,8 +14,8 @@ import warnings
 
 import pytest
 
+from ground.exceptions import SettingsError
 from tests.plugins import airflow_env
-from tritonflow.exceptions import SettingsError
 
 DAGS = airflow_env.REPO / "dags"
 LOOP_DAGS = ("model_publish", "shadow_evaluation", "retrain", "canary_promotion")

@@ -161,7 +161,7 @@ def _event(extra):
 
 def test_a_run_that_consumed_several_registry_changes_fails_naming_them_instead_of_acting_on_one():
     """Airflow folds queued asset events into one run; acting on the last would drop the others."""
-    from tritonflow.exceptions import DataError
+    from ground.exceptions import DataError
     from tritonflow_plugin.registry_watcher import registry_conf_from_context
 
     v4 = {"model_name": "churn", "model_version": "4", "registry_event": {"kind": "version_created", "version": "4"}}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from tritonflow.exceptions import ConcurrencyError, ModelConfigError, ServiceUnavailableError
+from ground.exceptions import ConcurrencyError, ModelConfigError, ServiceUnavailableError
 from tritonflow_plugin.dag_defaults import DEFAULT_ARGS, START_DATE, TAG
 from tritonflow_plugin.links import LinkedPythonOperator
 from tritonflow_plugin.wiring import data_task, tritonflow_dag

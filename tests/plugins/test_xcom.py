@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tritonflow.exceptions import DataError
+from ground.exceptions import DataError
 from tritonflow_plugin.xcom import (
     XComTooLargeError,
     artifact_ref,

@@ -22,9 +22,9 @@ app.conf.update(task_acks_late=False, worker_prefetch_multiplier=1, task_seriali
 @app.task(name="promote")
 def promote(model: str, start_at: float, hold_s: float) -> dict:
     """Wait until ``start_at``, then try to take the promotion lease of ``model`` and hold it."""
+    from ground.exceptions import LeaseBusyError
+    from ground.settings import get_settings
     from repository_sync.locks import promotion_lock
-    from tritonflow.exceptions import LeaseBusyError
-    from tritonflow.settings import get_settings
 
     settings = get_settings()
     me = f"{os.environ.get('TRITONFLOW_TEST_WORKER', '?')}@{socket.gethostname()}:{os.getpid()}"

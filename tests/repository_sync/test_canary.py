@@ -21,6 +21,13 @@ import urllib.request
 
 import pytest
 
+from ground.exceptions import (
+    ConcurrencyError,
+    MetricsUnavailableError,
+    PreflightError,
+    SettingsError,
+)
+from ground.settings import Settings
 from repository_sync.canary import (
     FAIL,
     INCONCLUSIVE,
@@ -40,14 +47,7 @@ from repository_sync.gateway_probe import wait_live
 from repository_sync.locks import promotion_lock
 from repository_sync.nginx_router import NginxRouter
 from repository_sync.traffic_plan import TrafficPlan
-from tritonflow.exceptions import (
-    ConcurrencyError,
-    MetricsUnavailableError,
-    PreflightError,
-    SettingsError,
-)
 from tritonflow.runtime.services import free_port
-from tritonflow.settings import Settings
 
 MODEL = "churn_model"
 

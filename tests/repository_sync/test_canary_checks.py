@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ground.exceptions import DataError
 from repository_sync.canary import CONTINUE, FAIL, INCONCLUSIVE, PASS, CanaryPolicy, CoverageReference, analyse_step
 from repository_sync.canary_checks import (
     EXPECTED_SCORE_COLUMN,
@@ -27,7 +28,6 @@ from repository_sync.canary_checks import (
     scores_of,
 )
 from tests.repository_sync.test_canary import MODEL, triton_metrics_text
-from tritonflow.exceptions import DataError
 
 POLICY = CanaryPolicy(steps=(50, 100), bake_s=60, min_requests=100, max_extensions=1,
                       max_mean_latency_ms=5000, max_latency_ratio=100, analysis_interval_s=5,

@@ -12,13 +12,13 @@ import time
 
 import pytest
 
+from ground.exceptions import DataError, MetricsUnavailableError
 from repository_sync.canary import CanaryPolicy, analyse_step, metrics_scraper, run_canary
 from repository_sync.gateway_probe import wait_live
 from repository_sync.gateway_status import GatewayStatusLog, StatusCounts, is_failure
 from repository_sync.nginx_router import NginxRouter
 from repository_sync.traffic_plan import TrafficPlan
 from tests.repository_sync.test_canary import triton_metrics_text
-from tritonflow.exceptions import DataError, MetricsUnavailableError
 
 
 def line(t, version, status=200, upstream="200", model="m", uri=None):
@@ -266,9 +266,9 @@ def test_fallback_and_mirror_locations_log_too_and_formats_do_not_clash(served, 
      "/shared/gw.jsonl"),
 ])
 def test_canary_environment_status_log_follows_the_settings(tmp_path, env, expected):
+    from ground.settings import Settings
     from tritonflow.pipelines.canary import _status_log
     from tritonflow.pipelines.canary_promotion import gateway_statuses
-    from tritonflow.settings import Settings
 
     settings = Settings.from_env(env, home=tmp_path)
     path, note = _status_log(settings, tmp_path / "conf")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ground.exceptions import RepositoryLayoutError
 from repository_sync.layout import (
     VersionLayout,
     check_local_repository,
@@ -13,7 +14,6 @@ from repository_sync.layout import (
     validate_model_name,
     validate_version,
 )
-from tritonflow.exceptions import RepositoryLayoutError
 
 CONFIG = 'name: "fraud_scorer"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 16\n'
 

@@ -16,12 +16,12 @@ import uuid
 import numpy as np
 import pytest
 
+from ground.exceptions import TrafficPlanError
 from repository_sync.gateway_probe import wait_live
 from repository_sync.mirror import MirrorRecorder, output_columns
 from repository_sync.nginx_router import NginxRouter
 from repository_sync.traffic_plan import Mirror, TrafficPlan
 from tests.repository_sync.test_canary import served  # noqa: F401 -- the fixture
-from tritonflow.exceptions import TrafficPlanError
 
 
 def post(conn: http.client.HTTPConnection, value: float, rid: str | None):

@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from repository_sync.coordination import CoordinationStore
+from ground.coordination import CoordinationStore
+from ground.exceptions import TritonflowError
 from repository_sync.model_control import desired_versions, reconcile_model
 from repository_sync.publish import publish_version
 from repository_sync.triton_client import TritonModelControl
-from tritonflow.exceptions import TritonflowError
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = """

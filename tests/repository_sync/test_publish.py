@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from repository_sync.publish import publish_version
-from repository_sync.signing import verify_version
-from tritonflow.exceptions import (
+from ground.exceptions import (
     ModelConfigError,
     RepositoryConflictError,
     RepositoryLayoutError,
     SignatureVerificationError,
 )
+from repository_sync.publish import publish_version
+from repository_sync.signing import verify_version
 
 
 def _publish(repo, sklearn_onnx, keys, version=3, **kw):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from ground.exceptions import SettingsError
+from ground.settings import Settings
 from repository_sync.nginx_router import NginxRouter
 from repository_sync.router import ROUTERS, make_router
-from tritonflow.exceptions import SettingsError
-from tritonflow.settings import Settings
 
 
 def test_the_default_setting_builds_the_nginx_router_with_its_options(tmp_path):

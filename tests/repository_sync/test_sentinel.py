@@ -14,9 +14,9 @@ import json
 import numpy as np
 import pytest
 
+from ground.exceptions import DataError
 from repository_sync.sentinel import GoldenSet, SentinelPolicy, judge, probe, watch
 from tests.plugins import airflow_env  # noqa: F401  (plugins/ on sys.path for the trigger)
-from tritonflow.exceptions import DataError
 
 MODEL = "sentinel_fault"
 X = np.arange(1, 9, dtype=np.float32)

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from ground.exceptions import DataError, SignatureVerificationError
 from repository_sync.signing import (
     SigningKeyError,
     generate_key_pair,
@@ -14,7 +15,6 @@ from repository_sync.signing import (
     sign_version,
     verify_version,
 )
-from tritonflow.exceptions import DataError, SignatureVerificationError
 
 SIG = "model.onnx.sig"
 

@@ -9,11 +9,11 @@ import uuid
 
 import pytest
 
+from ground.exceptions import DataError, RepositoryConflictError, SettingsError
 from repository_sync.filesystem_storage import FileSystemStorage
 from repository_sync.layout import find_layout_problems, plan_version
 from repository_sync.s3_storage import S3Storage, parse_s3_repository_url
 from repository_sync.storage import open_repository
-from tritonflow.exceptions import DataError, RepositoryConflictError, SettingsError
 
 LAYOUT = plan_version("fraud_scorer", 7)
 
@@ -298,8 +298,8 @@ def test_s3_crash_between_files_leaves_no_loadable_version_and_a_retry_succeeds(
 
 
 def test_a_new_backend_registers_by_scheme_and_open_repository_picks_it(tmp_path):
+    from ground.exceptions import SettingsError
     from repository_sync.storage import FileSystemStorage, RepositoryStorage, open_repository
-    from tritonflow.exceptions import SettingsError
 
     class MemoryStorage(FileSystemStorage, scheme="memtest"):
         def __init__(self, uri, endpoint_url=None):

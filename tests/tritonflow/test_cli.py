@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
+from ground.exceptions import SettingsError
+from ground.settings import Settings
+from ground.settings_checks import settings_problems
 from tritonflow import cli
-from tritonflow.exceptions import SettingsError
-from tritonflow.settings import Settings
-from tritonflow.settings_checks import settings_problems
 
 
 def _tritonflow(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from ground.settings import Settings
 from repository_sync.canary import CanaryPolicy
 from tritonflow.demo import bad_challenger as bc
 from tritonflow.demo.config import LOOP_DAGS, config_from_args, environment
 from tritonflow.report import _bad_challenger_html
-from tritonflow.settings import Settings
 from tritonflow_plugin.event_mapping import RegistryChange, actions_for, load_mapping
 
 PORTS = dict.fromkeys(("triton_http", "triton_grpc", "triton_metrics", "mlflow", "gateway", "airflow"), 1)

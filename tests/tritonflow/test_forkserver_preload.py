@@ -17,7 +17,7 @@ def _report(queue) -> None:
 def test_freeze_is_the_last_preloaded_module_and_the_others_are_third_party():
     assert DEFAULT_TASK_PRELOAD_MODULES[-1] == "tritonflow.runtime.forkserver_preload"
     others = DEFAULT_TASK_PRELOAD_MODULES[:-1]
-    assert not any(m.split(".")[0] in ("tritonflow", "model_registry", "drift_checks", "repository_sync",
+    assert not any(m.split(".")[0] in ("tritonflow", "model_registry", "drift_checks", "repository_sync", "ground",
                                        "tritonflow_plugin") for m in others)
 
 

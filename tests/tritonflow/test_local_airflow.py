@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from ground.settings import Settings
 from tritonflow.demo import runs as rr
 from tritonflow.runtime.airflow import AirflowDeployment
 from tritonflow.runtime.airflow_api import AirflowApi
 from tritonflow.runtime.airflow_config import AirflowConfig
 from tritonflow.runtime.services import free_port
-from tritonflow.settings import Settings
 
 pytestmark = [pytest.mark.integration]
 
@@ -66,7 +66,8 @@ def test_local_workers_preload_the_task_libraries_and_celery_does_not(tmp_path):
     preload = scheduler["mp_forkserver_preload"].split(",")
     assert "mlflow" in preload and "airflow" in preload
     assert preload[-1] == "tritonflow.runtime.forkserver_preload"  # gc.freeze() after the libraries
-    assert not any(m.startswith(("tritonflow", "model_registry", "drift_checks")) for m in preload[:-1])
+    project = ("tritonflow", "model_registry", "drift_checks", "repository_sync", "ground")
+    assert not any(m.startswith(project) for m in preload[:-1])
     off = AirflowConfig.local(settings, task_preload_modules=()).airflow_cfg()["scheduler"]
     assert "mp_start_method" not in off and "mp_forkserver_preload" not in off
     celery = AirflowConfig.from_settings(settings).airflow_cfg()["scheduler"]

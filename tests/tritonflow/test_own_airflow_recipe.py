@@ -157,9 +157,9 @@ def _airflow_python_env(dest: Path) -> Path:
 @pytest.fixture(scope="module")
 def own_airflow(tmp_path_factory):
     """The recipe, run verbatim against a real Triton, gateway and MLflow; yields what the checks need."""
+    from ground.settings import Settings
     from tests.conftest import make_settings
     from tritonflow.runtime.services import MlflowServer, NginxGateway, TritonServer
-    from tritonflow.settings import Settings
 
     triton_venv = (ROOT / ".venv-triton").resolve()
     if (triton_venv / ".tritonflow-stamp").read_text().strip() != _triton_env_stamp(ROOT):
@@ -328,8 +328,8 @@ def test_a_default_param_model_publish_run_succeeds_there(own_airflow):
         assert ctl.ready_versions(name) == [version]
     profile = json.loads(tags["tritonflow.profile"])
     print(f"profile: {profile.get('status')} {profile.get('reason', '')}")
+    from ground.settings import Settings
     from tritonflow.pipelines.publish_profile import profiling_unavailable_reason
-    from tritonflow.settings import Settings
 
     if profiling_unavailable_reason(Settings.from_env({})) is None:
         assert profile["status"] == "profiled", profile

@@ -16,8 +16,8 @@ import tritonclient.http as httpclient
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from ground.exceptions import RuntimeStartError
 from tests.conftest import make_settings
-from tritonflow.exceptions import RuntimeStartError
 from tritonflow.runtime.services import MlflowServer, TritonServer, port_in_use
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from tritonflow.exceptions import TritonflowError
+from ground.exceptions import TritonflowError
 
 
 def benchmark_line(summary: dict) -> str:

@@ -13,8 +13,8 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from tritonflow.exceptions import DataError
-from tritonflow.settings_defaults import PROJECT_ROOT
+from ground.exceptions import DataError
+from ground.settings_defaults import PROJECT_ROOT
 
 #: State folder of the demo (wiped at the start of every run).
 DEFAULT_DEMO_HOME = PROJECT_ROOT / ".tritonflow" / "demo"

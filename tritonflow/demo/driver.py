@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 import numpy as np
 import pandas as pd
 
+from ground.exceptions import RuntimeStartError
+from ground.settings_defaults import PROJECT_ROOT
 from tritonflow.demo.bad_challenger import run_version
 from tritonflow.demo.config import (
     LOOP_DAGS,
@@ -39,8 +41,6 @@ from tritonflow.demo.config import (
 from tritonflow.demo.runs import HourRecord
 from tritonflow.demo.serving import Runtime, inference_log_writer, inference_records
 from tritonflow.demo.traffic import BackgroundTraffic, GatewayClient
-from tritonflow.exceptions import RuntimeStartError
-from tritonflow.settings_defaults import PROJECT_ROOT
 
 if TYPE_CHECKING:
     from model_registry.training import TrainedModel
@@ -107,7 +107,7 @@ class Demo:
     @property
     def settings(self):
         """The typed settings of the demo's environment."""
-        from tritonflow.settings import get_settings
+        from ground.settings import get_settings
 
         return get_settings()
 
@@ -135,7 +135,7 @@ class Demo:
         if cfg.home.exists():
             shutil.rmtree(cfg.home)
         cfg.home.mkdir(parents=True)
-        from tritonflow import settings_defaults as st
+        from ground import settings_defaults as st
         from tritonflow.runtime import airflow_config as af
 
         taken: set[int] = set()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from tritonflow.exceptions import RuntimeStartError
+from ground.exceptions import RuntimeStartError
 
 if TYPE_CHECKING:
     from drift_checks.inference_log import InferenceLogWriter
@@ -29,8 +29,8 @@ class Runtime:
     """The serving services (MLflow, Triton, NGINX gateway), started in order and stopped together."""
 
     def __init__(self, progress: Progress):
+        from ground.settings import get_settings
         from tritonflow.runtime.services import MlflowServer, NginxGateway, TritonServer
-        from tritonflow.settings import get_settings
 
         self.settings = get_settings()
         self.progress = progress

@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ground.exceptions import RuntimeStartError
+from ground.settings_defaults import PROJECT_ROOT
 from tritonflow.demo.config import LOOP_DAGS, SENTINEL_DAG, DemoConfig, apply_environment, environment
 from tritonflow.demo.driver import PARSE_TIMEOUT_S, Demo
-from tritonflow.exceptions import RuntimeStartError
-from tritonflow.settings_defaults import PROJECT_ROOT
 
 #: docker-compose.yaml's default host port of each published service (its ``*_PORT`` variables).
 COMPOSE_PORTS = {
@@ -177,7 +177,7 @@ ROUTE_CHAMPION = """
 import sys
 from repository_sync.router import TrafficPlan, wait_live
 from tritonflow.pipelines.canary import CanaryEnvironment
-from tritonflow.settings import get_settings
+from ground.settings import get_settings
 model, version = sys.argv[1], int(sys.argv[2])
 env = CanaryEnvironment.from_settings(get_settings())
 plan = TrafficPlan.single(model, version, name=f"{model}:initial")

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import pandas as pd
 
-from tritonflow.exceptions import DataError
+from ground.exceptions import DataError
 
 #: HTTP connections the traffic replay keeps open to the gateway.
 REPLAY_CONCURRENCY = 4

@@ -44,7 +44,7 @@ import json
 import logging
 from typing import Any, Mapping, Sequence
 
-from tritonflow.settings import Settings, get_settings
+from ground.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +125,9 @@ def promotion_holder(model: str, settings: Settings | None = None) -> str:
     """The holder of ``model``'s promotion lease in the shared database (``''`` when free).
 
     Read only, never taken. An expired lease, or one whose holder process on this host has died,
-    counts as free (as :meth:`repository_sync.coordination.CoordinationStore.try_acquire` would).
+    counts as free (as :meth:`ground.coordination.CoordinationStore.try_acquire` would).
     """
-    from repository_sync.coordination import PROMOTION, coordination_store, holder_died
+    from ground.coordination import PROMOTION, coordination_store, holder_died
 
     s = settings or get_settings()
     rec = coordination_store(s).holder_of(PROMOTION, model)
@@ -248,7 +248,7 @@ def rejected_challenger_decision(model: str, hour: Any, features: Sequence[str],
         model: Registered model name.
         hour: The alert's hour (ISO 8601 or timestamp; ``''`` when none).
         features: The alert's features.
-        error: The :class:`~tritonflow.exceptions.RejectedVersionError` (its message names the
+        error: The :class:`~ground.exceptions.RejectedVersionError` (its message names the
             version, the rejecting stage, the reason and how a person lifts it).
     """
     return make_decision(model, hour, features, "challenger_rejected", f"challenger refused: {error}")

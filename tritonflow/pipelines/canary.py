@@ -36,7 +36,7 @@ to it, then moves the alias back and unloads the rolled-back version.
 
 This module holds step 1 and what every step shares. Where things are
 (:class:`CanaryEnvironment`): by default everything comes from
-:class:`~tritonflow.settings.Settings` -- Triton's HTTP and metrics ports, the local NGINX gateway
+:class:`~ground.settings.Settings` -- Triton's HTTP and metrics ports, the local NGINX gateway
 (``settings.run_dir / "gateway"``, reloaded with ``NginxGateway.reload``), the repository, the
 trusted keys, the MLflow tracking URI and the inference-log root. Tests and benchmarks pass their
 own.
@@ -50,9 +50,9 @@ import socket
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ground.exceptions import DataError, RejectedVersionError, SettingsError
+from ground.settings import Settings, get_settings
 from model_registry.registry_entities import CHAMPION_ALIAS
-from tritonflow.exceptions import DataError, RejectedVersionError, SettingsError
-from tritonflow.settings import Settings, get_settings
 
 #: Model-version tag naming the Triton model a version was published as (written by publish).
 TRITON_NAME_TAG = "tritonflow.triton_model_name"
@@ -131,7 +131,7 @@ class CanaryEnvironment:
         """Environment of the local runtime described by ``settings`` (default: the environment).
 
         Args:
-            settings: Settings; default :func:`~tritonflow.settings.get_settings`.
+            settings: Settings; default :func:`~ground.settings.get_settings`.
             gateway: An ``NginxGateway`` (``conf_dir``, ``reload()``, ``url``); default the
                 runtime's gateway for ``settings`` (conf dir ``settings.run_dir / "gateway"``, URL
                 ``settings.resolved_gateway_url``: ``TRITONFLOW_GATEWAY_URL`` or its connection).
@@ -179,7 +179,7 @@ class CanaryEnvironment:
     # ------------------------------------------------------------------ clients
     def router(self):
         """The traffic router ``TRITONFLOW_TRAFFIC_ROUTER`` names (default: NGINX on the gateway's conf dir)."""
-        from repository_sync.coordination import coordination_store
+        from ground.coordination import coordination_store
         from repository_sync.router import make_router
 
         return make_router(self.settings.traffic_router, conf_dir=self.gateway_conf_dir,
@@ -196,7 +196,7 @@ class CanaryEnvironment:
         :class:`repository_sync.triton_replicas.TritonReplicaSet` when ``TRITONFLOW_TRITON_REPLICA_URLS``
         names several and ``triton_url`` was not overridden.
         """
-        from repository_sync.coordination import coordination_store
+        from ground.coordination import coordination_store
         from repository_sync.triton_replicas import triton_control
 
         return triton_control(self.settings, self.triton_url, repository=self.storage(),

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tritonflow.exceptions import DataError
+from ground.exceptions import DataError
 from tritonflow.pipelines.canary import CanaryEnvironment, _env
 
 

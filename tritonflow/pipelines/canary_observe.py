@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
-from tritonflow.exceptions import DataError, WindowError
+from ground.exceptions import DataError, WindowError
 from tritonflow.pipelines.shadow_compare import EXPECTED_TAG
 from tritonflow.pipelines.shadow_replay import OUTPUT_PREFIXES
 

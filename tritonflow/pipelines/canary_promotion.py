@@ -110,8 +110,8 @@ def gateway_statuses(env: Any, triton_model: str) -> Callable[[float, float], Ma
     Raises:
         MetricsUnavailableError: (from the returned callable) no status log, or not readable here.
     """
+    from ground.exceptions import MetricsUnavailableError
     from repository_sync.gateway_status import GatewayStatusLog
-    from tritonflow.exceptions import MetricsUnavailableError
 
     path = getattr(env, "gateway_status_log", None)
     if not path:

@@ -13,8 +13,8 @@ import contextlib
 import time
 from typing import Any
 
+from ground.exceptions import DataError, RegistryError
 from model_registry.registry_entities import CHAMPION_ALIAS
-from tritonflow.exceptions import DataError, RegistryError
 from tritonflow.pipelines.canary import (
     DEFAULT_LIVE_TIMEOUT_S,
     CanaryEnvironment,

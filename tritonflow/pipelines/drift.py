@@ -22,7 +22,7 @@ overwritten at the same paths, MLflow metrics are logged with the hour as step a
 start as timestamp (a rerun writes the same points), and the model version's verdict tags only
 move forward in time (a backfill of an old hour never overwrites a newer verdict).
 
-Where things live (all derived from :class:`tritonflow.settings.Settings`):
+Where things live (all derived from :class:`ground.settings.Settings`):
 
 * inference log and drift references: :func:`log_root` (``TRITONFLOW_INFERENCE_LOG_ROOT`` or
   ``<home>/inference_logs``); references are recorded at publish time by
@@ -41,8 +41,8 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from tritonflow.exceptions import ContractViolation, RegistryError, WindowError
-from tritonflow.settings import Settings, get_settings
+from ground.exceptions import ContractViolation, RegistryError, WindowError
+from ground.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ def streamed_summary(scan, prepared, settings: Settings | None = None, writes: l
         SettingsError: An unknown engine.
     """
     from drift_checks.streaming import stored_summary, summarize_window
-    from tritonflow.exceptions import SettingsError
+    from ground.exceptions import SettingsError
 
     s = _settings(settings)
     if s.drift_engine not in ("local", "spark"):

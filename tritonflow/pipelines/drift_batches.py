@@ -21,8 +21,8 @@ import dataclasses
 import logging
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from tritonflow.exceptions import ContractViolation, DataError, SettingsError
-from tritonflow.settings import Settings, get_settings
+from ground.exceptions import ContractViolation, DataError, SettingsError
+from ground.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 

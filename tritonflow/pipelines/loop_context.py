@@ -25,7 +25,7 @@ from typing import Any, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tritonflow.exceptions import SettingsError
+from ground.exceptions import SettingsError
 
 #: Conf key of the loop context in every DAG-to-DAG trigger.
 LOOP_CONF_KEY = "loop"

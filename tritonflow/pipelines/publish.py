@@ -54,12 +54,12 @@ publish was not chosen: the DAG runs its stages as separate tasks (separate proc
 queue gaps), so such a lease would have to outlive the processes that hold it, and a crashed run
 would block the version's publishes until it expired.
 
-Failures: a :class:`~tritonflow.exceptions.DataError` in conversion/validation/parity, profiling or
+Failures: a :class:`~ground.exceptions.DataError` in conversion/validation/parity, profiling or
 load/smoke tags the model version ``tritonflow.status = rejected`` with the stage and the reason
 (:meth:`model_registry.registry.RegistryClient.record_rejection`) and is re-raised; nothing is
 pushed when conversion, validation or parity fails, and nothing stays loaded when the load or the
 smoke test fails. Transient failures (a service not answering, a timeout) and failures of our tools
-(:class:`~tritonflow.exceptions.ToolingError`: the profiling environment, Model Analyzer, a local
+(:class:`~ground.exceptions.ToolingError`: the profiling environment, Model Analyzer, a local
 Triton) are re-raised untagged: they are infrastructure errors, never a verdict on the model, and
 may be retried. A successful publish removes an earlier rejection's ``rejected_*`` tags; a version
 rejected by the health sentinel or a failed canary is refused from :func:`resolve` on (no publish
@@ -89,7 +89,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from tritonflow.exceptions import DataError, ServiceUnavailableError, SettingsError
+from ground.exceptions import DataError, ServiceUnavailableError, SettingsError
+from ground.settings import Settings, get_settings
 from tritonflow.pipelines.publish_common import (
     DEFAULT_MAX_BATCH_SIZE,
     _endpoint,
@@ -109,7 +110,6 @@ from tritonflow.pipelines.publish_profile import perf_gate, profile
 from tritonflow.pipelines.publish_record import record
 from tritonflow.pipelines.publish_signing import ensure_signing_keys, sign_and_push
 from tritonflow.pipelines.publish_validate import convert_and_validate
-from tritonflow.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +135,8 @@ def default_selector(model: str, *, settings: Settings | None = None) -> str:
         RegistryError: The model does not exist or has no version.
         ServiceUnavailableError: MLflow did not answer.
     """
+    from ground.exceptions import RegistryError
     from model_registry.registry import CHAMPION_ALIAS
-    from tritonflow.exceptions import RegistryError
 
     reg = _registry(settings or get_settings())
     aliases = reg.aliases(model)
@@ -225,7 +225,7 @@ def resolve(model_ref: str, *, settings: Settings | None = None) -> dict[str, An
             health sentinel or a canary (:func:`refuse_lasting_rejection`).
         ServiceUnavailableError: MLflow did not answer.
     """
-    from tritonflow.exceptions import RegistryError
+    from ground.exceptions import RegistryError
 
     t0 = time.perf_counter()
     s = settings or get_settings()
@@ -278,7 +278,7 @@ def load_and_smoke(
     Returns:
         ``pushed`` plus ``load`` (``versions``, ``load_s``, ``signature_digest``, ``key_id``),
         ``smoke`` (rows sent, invalid requests, max abs error per output), ``triton_url`` and
-        ``fallback`` (the INT8 replica, :func:`model_registry.fallback.publish_fallback`).
+        ``fallback`` (the INT8 replica, :func:`tritonflow.pipelines.publish_fallback.publish_fallback`).
 
     Raises:
         SignatureVerificationError: Tampered, unsigned or untrusted version (names the file).
@@ -301,7 +301,7 @@ def load_and_smoke(
     ctl = None
     try:
         preflight = _preflight(pushed, s) if _is_local(url) else {"skipped": "Triton is not on this host"}
-        from repository_sync.coordination import coordination_store
+        from ground.coordination import coordination_store
 
         ctl = triton_control(s, triton_url, repository=pushed["repository_uri"],  # every replica
                              trusted_keys=str(keys.trusted_dir), endpoint_url=_endpoint(s),
@@ -322,7 +322,9 @@ def load_and_smoke(
             ctl.close()
     log.info("model %s version %s READY on %s (versions %s) and served the validation sample (%s)",
              name, version, url, info["versions"], smoke.summary())
-    from model_registry.fallback import publish_fallback  # the INT8 <model>__fallback (skipped with a reason)
+    from tritonflow.pipelines.publish_fallback import (
+        publish_fallback,  # the INT8 <model>__fallback (skipped with a reason)
+    )
 
     return _timed(pushed, "load_and_smoke", t0, triton_url=url, preflight=_json_safe(preflight),
                   load=_json_safe(info), smoke=_json_safe(smoke.summary()),

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
-from tritonflow.settings import Settings
+from ground.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def refuse_lasting_rejection(tags: Mapping[str, Any] | None, what: str) -> None:
         RejectedVersionError: The version carries a lasting rejection (stage, time and reason named,
             and how a person lifts it).
     """
-    from tritonflow.exceptions import RejectedVersionError
+    from ground.exceptions import RejectedVersionError
     from tritonflow.pipelines.loop_context import OVERRIDE_HINT, lasting_rejection
 
     why = lasting_rejection(tags)

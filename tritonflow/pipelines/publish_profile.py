@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from tritonflow.exceptions import DataError, MeasurementUnstableError, ProfilingError, SettingsError
+from ground.exceptions import DataError, MeasurementUnstableError, ProfilingError, SettingsError
+from ground.settings import Settings, get_settings
 from tritonflow.pipelines.publish_common import (
     CONFIG_FILENAME,
     GENERATED_CONFIG_FILENAME,
@@ -36,7 +37,6 @@ from tritonflow.pipelines.publish_common import (
     _version_ref,
     enter_staging,
 )
-from tritonflow.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def profile(
     (:func:`profiling_unavailable_reason`), the generated config is kept and
     ``state["profile"]["status"]`` says ``skipped``/``unavailable`` with the reason. When Model
     Analyzer ran but no configuration could be measured stably (a busy host:
-    :class:`~tritonflow.exceptions.MeasurementUnstableError`), the generated config is kept too,
+    :class:`~ground.exceptions.MeasurementUnstableError`), the generated config is kept too,
     status ``inconclusive``: noise is no verdict on the model and no config is chosen from it.
 
     Args:
@@ -273,8 +273,8 @@ def perf_gate(
 
 
 def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | None, s: Settings) -> dict[str, Any]:
+    from ground.exceptions import PerformanceRegressionError, RegistryError
     from model_registry.perf import perf_regression_gate
-    from tritonflow.exceptions import PerformanceRegressionError, RegistryError
 
     name = staged["triton_model_name"]
     if not enabled:

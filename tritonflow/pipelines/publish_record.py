@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from ground.exceptions import DataError
+from ground.settings import Settings, get_settings
 from model_registry.registry_client import pinned_mlflow_uris
-from tritonflow.exceptions import DataError
 from tritonflow.pipelines.publish_common import (
     PUBLISH_ARTIFACT_PATH,
     REAL_REFERENCE_PREFIX,
@@ -29,7 +30,6 @@ from tritonflow.pipelines.publish_common import (
     _version_ref,
     refuse_lasting_rejection,
 )
-from tritonflow.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 

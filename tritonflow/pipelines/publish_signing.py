@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from tritonflow.exceptions import RepositoryConflictError, SettingsError, SignatureVerificationError
+from ground.exceptions import RepositoryConflictError, SettingsError, SignatureVerificationError
+from ground.settings import Settings, get_settings
+from ground.settings_defaults import DEFAULT_SIGNING_KEY_PATH, DEFAULT_SIGNING_TRUSTED_KEYS_DIR
 from tritonflow.pipelines.publish_common import (
     MODEL_FILENAME,
     _endpoint,
@@ -28,8 +30,6 @@ from tritonflow.pipelines.publish_common import (
     _timed,
     _version_ref,
 )
-from tritonflow.settings import Settings, get_settings
-from tritonflow.settings_defaults import DEFAULT_SIGNING_KEY_PATH, DEFAULT_SIGNING_TRUSTED_KEYS_DIR
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ground.exceptions import DataError, ParityError, SettingsError
+from ground.settings import Settings, get_settings
 from model_registry.registry_client import pinned_mlflow_uris
-from tritonflow.exceptions import DataError, ParityError, SettingsError
 from tritonflow.pipelines.publish_common import (
     CONFIG_FILENAME,
     DEFAULT_MAX_BATCH_SIZE,
@@ -44,7 +45,6 @@ from tritonflow.pipelines.publish_common import (
     _write_npz,
     enter_staging,
 )
-from tritonflow.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 

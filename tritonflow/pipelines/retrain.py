@@ -28,11 +28,11 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from tritonflow.checksums import sha256_file
-from tritonflow.exceptions import DataError, RegistryError, SettingsError, WindowError
+from ground.checksums import sha256_file
+from ground.exceptions import DataError, RegistryError, SettingsError, WindowError
+from ground.settings import Settings, get_settings
 from tritonflow.pipelines import shared_work
 from tritonflow.pipelines.shadow import drift_event_json, log_root, utc
-from tritonflow.settings import Settings, get_settings
 
 #: Folder under ``settings.home`` holding training windows (``<model>/windows/<hash>.parquet``).
 RETRAIN_DIR = "retrain"

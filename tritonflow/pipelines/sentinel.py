@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tritonflow.exceptions import DataError, RegistryError, WindowError
+from ground.exceptions import DataError, RegistryError, WindowError
 
 log = logging.getLogger(__name__)
 

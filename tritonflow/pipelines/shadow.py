@@ -32,10 +32,10 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ground.exceptions import DataError, RegistryError, RejectedVersionError, WindowError
+from ground.settings import Settings, get_settings
 from model_registry.registry_entities import CHALLENGER_ALIAS, CHAMPION_ALIAS
-from tritonflow.exceptions import DataError, RegistryError, RejectedVersionError, WindowError
 from tritonflow.pipelines.loop_context import TRAINING_WINDOW_TAG, lift_hint, rejection
-from tritonflow.settings import Settings, get_settings
 
 #: Prefix of the model-version tags a shadow evaluation writes.
 SHADOW_TAG_PREFIX = "tritonflow.shadow."
@@ -88,7 +88,7 @@ def trusted_keys_dir(settings: Settings) -> Path:
     ``settings.signing_trusted_keys_dir`` when configured (not the default), else
     ``<settings.home>/keys/trusted``, where a publish generates the pair on first use.
     """
-    from tritonflow.settings_defaults import DEFAULT_SIGNING_TRUSTED_KEYS_DIR
+    from ground.settings_defaults import DEFAULT_SIGNING_TRUSTED_KEYS_DIR
 
     configured = Path(settings.signing_trusted_keys_dir)
     return configured if configured != DEFAULT_SIGNING_TRUSTED_KEYS_DIR else (

@@ -8,12 +8,12 @@ the arg-max class index) and the challenger's as ``expected.<column>`` per class
 predictions, named after the output columns the inference log holds (:func:`class_columns`), so
 the canary compares each logged probability column with its expected one.
 :func:`tritonflow.pipelines.shadow_compare.compare` then decides with the ``multiclass`` task
-(one-vs-rest AUC, log-loss, accuracy; :mod:`model_registry.multiclass`).
+(one-vs-rest AUC, log-loss, accuracy; :mod:`drift_checks.multiclass`).
 
 The class order is read from the ONNX model file each version serves from the Triton repository
 (:func:`class_labels_of`, the classifier node's ``classlabels_*``): labels logged as class names
 (``"setosa"``) or class values are mapped to probability-column indices with it
-(:func:`model_registry.multiclass.class_indices`), and a challenger whose columns are in another
+(:func:`drift_checks.multiclass.class_indices`), and a challenger whose columns are in another
 order than the champion's is re-ordered to the champion's.
 """
 
@@ -23,8 +23,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tritonflow.exceptions import DataError
-from tritonflow.settings import Settings
+from ground.exceptions import DataError
+from ground.settings import Settings
 
 #: Column prefixes of the per-class probabilities in the predictions file.
 CHAMPION_PROBA = "champion_proba_"
@@ -47,10 +47,10 @@ def class_labels_of(settings: Settings, info: Mapping[str, Any]) -> list[Any] | 
 
     Returns:
         The class labels in probability-column order
-        (:func:`model_registry.multiclass.onnx_class_labels`), or None when the version has no
+        (:func:`drift_checks.multiclass.onnx_class_labels`), or None when the version has no
         ONNX file or its graph names no classes (e.g. TorchScript).
     """
-    from model_registry.multiclass import onnx_class_labels
+    from drift_checks.multiclass import onnx_class_labels
     from repository_sync.layout import plan_version
     from repository_sync.storage import open_repository
 

@@ -30,8 +30,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from tritonflow.checksums import sha256_file
-from tritonflow.exceptions import DataError, WindowError
+from ground.checksums import sha256_file
+from ground.exceptions import DataError, WindowError
+from ground.settings import Settings
 from tritonflow.pipelines.shadow import (
     SHADOW_TAG_PREFIX,
     _endpoint,
@@ -42,7 +43,6 @@ from tritonflow.pipelines.shadow import (
     utc,
 )
 from tritonflow.pipelines.shadow_classes import CHALLENGER_PROBA, CHAMPION_PROBA, probabilities
-from tritonflow.settings import Settings
 
 #: Decision files written beside the predictions of a shadow run.
 EVIDENCE_FILE = "shadow_evidence.json"
@@ -126,7 +126,7 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
     import pandas as pd
 
     from drift_checks.inference_log import join_labels, read_labels
-    from model_registry.multiclass import class_indices
+    from drift_checks.multiclass import class_indices
     from model_registry.shadow import DecisionRule, evaluate
 
     s = _settings(settings)

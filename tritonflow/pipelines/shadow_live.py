@@ -30,8 +30,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tritonflow.exceptions import ChallengerUnavailableError, DataError, TransientError, WindowError
-from tritonflow.settings import Settings
+from ground.exceptions import ChallengerUnavailableError, DataError, TransientError, WindowError
+from ground.settings import Settings
 
 #: Seconds after the mirror stops during which the clients' log of the window is still awaited
 #: (records are written after their requests complete).
@@ -87,13 +87,13 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
     import pandas as pd
 
     from drift_checks.inference_log import read_window
+    from ground.checksums import sha256_file
+    from ground.coordination import coordination_store
     from repository_sync.canary_checks import scores_of
-    from repository_sync.coordination import coordination_store
     from repository_sync.locks import promotion_lock
     from repository_sync.mirror import MirrorRecorder
     from repository_sync.router import Mirror, TrafficPlan, wait_live
     from repository_sync.triton_replicas import triton_control
-    from tritonflow.checksums import sha256_file
     from tritonflow.pipelines.canary import DEFAULT_LIVE_TIMEOUT_S, CanaryEnvironment, default_holder
     from tritonflow.pipelines.shadow import _as_info, _endpoint, _settings, log_root, trusted_keys_dir
     from tritonflow.pipelines.shadow_classes import (

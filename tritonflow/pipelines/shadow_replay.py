@@ -6,7 +6,7 @@ Triton, in chunks of ``max_batch_size`` rows on a small thread pool (one HTTP cl
 tritonclient's clients are not thread-safe). The champion is never unloaded; a challenger this
 stage loaded is unloaded again afterwards (only that version: the model is reloaded with the
 versions READY before). A challenger that fails to load or to answer raises
-:class:`~tritonflow.exceptions.ChallengerUnavailableError` with the reason. Both versions' scores
+:class:`~ground.exceptions.ChallengerUnavailableError` with the reason. Both versions' scores
 (per-class probabilities for a multi-class model, :mod:`tritonflow.pipelines.shadow_classes`)
 are stored as Parquet (:data:`PREDICTION_COLUMNS`) under ``<settings.home>/shadow/<model>/<run>/``.
 
@@ -28,8 +28,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tritonflow.checksums import sha256_file
-from tritonflow.exceptions import (
+from ground.checksums import sha256_file
+from ground.exceptions import (
     ChallengerUnavailableError,
     DataError,
     InferenceRequestError,
@@ -37,6 +37,7 @@ from tritonflow.exceptions import (
     TransientError,
     WindowError,
 )
+from ground.settings import Settings
 from tritonflow.pipelines import shared_work
 from tritonflow.pipelines.shadow import _as_info, _endpoint, _settings, log_root, trusted_keys_dir, utc
 from tritonflow.pipelines.shadow_classes import (
@@ -48,7 +49,6 @@ from tritonflow.pipelines.shadow_classes import (
     is_multiclass,
     predictions_frame,
 )
-from tritonflow.settings import Settings
 
 #: Folder under ``settings.home`` holding one sub-folder per shadow run.
 SHADOW_DIR = "shadow"
@@ -306,7 +306,7 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
         frame = frame.iloc[-max_rows:]
     frame = frame.reset_index(drop=True)
 
-    from repository_sync.coordination import coordination_store
+    from ground.coordination import coordination_store
 
     control = triton_control(s, None, repository=s.resolved_repository_uri,
                              trusted_keys=str(trusted_keys_dir(s)),

@@ -24,9 +24,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tritonflow.exceptions import SettingsError
+from ground.exceptions import SettingsError
+from ground.settings import Settings
 from tritonflow.pipelines.publish_common import STAGING_MARKER
-from tritonflow.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ Usage::
 
 or ``tritonflow runtime start --services airflow``.
 
-Every service raises :class:`~tritonflow.exceptions.RuntimeStartError` with the log tail when it
+Every service raises :class:`~ground.exceptions.RuntimeStartError` with the log tail when it
 cannot start, and a failed :meth:`AirflowDeployment.start` leaves nothing running.
 """
 
@@ -56,10 +56,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from tritonflow.exceptions import RuntimeStartError
+from ground.exceptions import RuntimeStartError
+from ground.settings import Settings
 from tritonflow.runtime.airflow_config import AirflowConfig
 from tritonflow.runtime.services import Service, http_ok, log_tail, port_in_use
-from tritonflow.settings import Settings
 
 #: Seconds ``airflow db migrate`` may take.
 MIGRATE_TIMEOUT_S = 600.0

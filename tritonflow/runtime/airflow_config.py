@@ -17,8 +17,8 @@ import secrets
 from pathlib import Path
 from typing import Any, Mapping
 
-from tritonflow.settings import Settings
-from tritonflow.settings_defaults import PROJECT_ROOT
+from ground.settings import Settings
+from ground.settings_defaults import PROJECT_ROOT
 
 #: PostgreSQL server (no database part) holding the metadata DB; trust authentication.
 DEFAULT_POSTGRES_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432"

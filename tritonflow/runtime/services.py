@@ -11,7 +11,7 @@ Services (each on configurable ports, logs under ``<home>/logs/<service>.log``):
 * :class:`NginxGateway` -- NGINX in front of Triton; the canary router writes its split rules into
   ``<conf_dir>/http.d/*.conf`` and ``<conf_dir>/locations.d/*.conf``.
 
-A service that fails to start raises :class:`~tritonflow.exceptions.RuntimeStartError` saying why
+A service that fails to start raises :class:`~ground.exceptions.RuntimeStartError` saying why
 (port taken, binary missing, the process exited, or a timeout, with the log tail) and leaves
 nothing running.
 """
@@ -31,8 +31,8 @@ import urllib.request
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from tritonflow.exceptions import RuntimeStartError
-from tritonflow.settings import Settings
+from ground.exceptions import RuntimeStartError
+from ground.settings import Settings
 
 #: Lines of the service log quoted in a start-up error.
 LOG_TAIL_LINES = 25

@@ -14,7 +14,7 @@ Metrics (higher is better unless said):
 * ``log_loss`` (lower is better): ``-mean(log(max(P[i, y_i], 1e-15)))`` (``sklearn.metrics.log_loss``);
 * ``accuracy``: share of rows whose arg-max class is the label.
 
-The paired bootstrap is the one of :mod:`model_registry.shadow_metrics` (Efron & Tibshirani 1993,
+The paired bootstrap is the one of :mod:`drift_checks.shadow_metrics` (Efron & Tibshirani 1993,
 ch. 13): both versions scored on the same resampled rows, percentile interval of the
 sign-adjusted differences.
 """
@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tritonflow.exceptions import DataError
+from ground.exceptions import DataError
 
 #: Metrics of a multi-class classifier and whether higher is better.
 MULTICLASS_METRICS: dict[str, bool] = {"auc_ovr": True, "log_loss": False, "accuracy": True}
@@ -113,10 +113,10 @@ def paired_bootstrap_multiclass(labels: Any, champion: Any, challenger: Any, *, 
     """Paired percentile bootstrap of the challenger's improvement on each multi-class metric.
 
     Returns:
-        ``{metric: model_registry.shadow_metrics.MetricComparison}`` (improvement sign-adjusted: positive
+        ``{metric: drift_checks.shadow_metrics.MetricComparison}`` (improvement sign-adjusted: positive
         favours the challenger; log-loss improves when it drops).
     """
-    from model_registry.shadow_metrics import bootstrap_comparisons
+    from drift_checks.shadow_metrics import bootstrap_comparisons
 
     a = as_probabilities(champion, "champion outputs")
     b = as_probabilities(challenger, "challenger outputs", n_classes=a.shape[1])
@@ -134,7 +134,7 @@ def per_class_prediction_shift(champion: Any, canary: Any, *, bins: int = 10) ->
     """Per-class shift between champion and canary predictions (for canary prediction checks).
 
     For each class ``c``: the two-sample KS statistic (``scipy.stats.ks_2samp``) and the PSI
-    (:func:`model_registry.shadow_metrics.psi`, champion as reference) of ``P[:, c]``, and the change of
+    (:func:`drift_checks.shadow_metrics.psi`, champion as reference) of ``P[:, c]``, and the change of
     the share of rows predicted as ``c`` (arg-max) in percentage points. The rows need not be the
     same (canary traffic is split), so nothing is paired.
 
@@ -153,7 +153,7 @@ def per_class_prediction_shift(champion: Any, canary: Any, *, bins: int = 10) ->
     """
     from scipy.stats import ks_2samp
 
-    from model_registry.shadow_metrics import psi
+    from drift_checks.shadow_metrics import psi
 
     a = as_probabilities(champion, "champion outputs")
     b = as_probabilities(canary, "canary outputs", n_classes=a.shape[1])

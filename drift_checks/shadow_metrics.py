@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from tritonflow.exceptions import DataError
+from ground.exceptions import DataError
 
 # ------------------------------------------------------------------------------- defaults
 #: Two-sided confidence level of the bootstrap intervals.
@@ -44,7 +44,7 @@ class Task(str, enum.Enum):
 METRICS: dict[Task, dict[str, bool]] = {
     Task.CLASSIFICATION: {"auc": True, "accuracy": True, "f1": True},
     Task.REGRESSION: {"rmse": False, "mae": False},
-    # one-vs-rest AUC, log-loss, accuracy on [n, C] probabilities (model_registry.multiclass)
+    # one-vs-rest AUC, log-loss, accuracy on [n, C] probabilities (drift_checks.multiclass)
     Task.MULTICLASS: {"auc_ovr": True, "log_loss": False, "accuracy": True},
 }
 
@@ -295,7 +295,7 @@ def bootstrap_comparisons(metrics: Sequence[str], higher_is_better: Mapping[str,
     difference (positive favours the challenger) and takes the two-sided ``confidence`` percentile
     interval of the finite ones (Efron & Tibshirani 1993, ch. 13). Shared by
     :func:`paired_bootstrap` (binary and regression) and
-    :func:`model_registry.multiclass.paired_bootstrap_multiclass`.
+    :func:`drift_checks.multiclass.paired_bootstrap_multiclass`.
 
     Args:
         metrics: Metric names, in the order of the result.

@@ -16,7 +16,7 @@ Lease protocol (table ``tritonflow_leases``, one row per ``(purpose, name)``):
 * A holder renews its lease every ``ttl_s / 3`` from a heartbeat thread; a holder that stops
   (crash, killed worker, partition) loses it ``ttl_s`` seconds after its last heartbeat. A holder
   on this host whose process is gone is taken over at once (its pid is checked, same host only).
-* A refused acquire raises :class:`~tritonflow.exceptions.LeaseBusyError` naming the holder
+* A refused acquire raises :class:`~ground.exceptions.LeaseBusyError` naming the holder
   (its text, host, pid), since when it holds it and when the lease expires.
 * Release clears the holder only if the fencing token still matches (a taken-over lease is never
   released by its former holder).
@@ -44,7 +44,7 @@ from typing import Any, Iterator, Mapping
 
 import sqlalchemy as sa
 
-from tritonflow.exceptions import DataError, LeaseBusyError, LeaseLostError, ServiceUnavailableError
+from ground.exceptions import DataError, LeaseBusyError, LeaseLostError, ServiceUnavailableError
 
 #: Lease purposes (what a lease serialises).
 PROMOTION = "promotion"
@@ -95,7 +95,7 @@ def database_url(settings: Any = None) -> str:
     ``coordination_db_url``, else ``drift_history_db_url``, else SQLite at ``<home>/drift/history.db``.
     """
     if settings is None:
-        from tritonflow.settings import get_settings
+        from ground.settings import get_settings
 
         settings = get_settings()
     url = getattr(settings, "coordination_db_url", "") or getattr(settings, "drift_history_db_url", "")
@@ -314,7 +314,7 @@ class CoordinationStore:
     def from_settings(cls, settings: Any = None) -> "CoordinationStore":
         """Store at :func:`database_url` with ``settings.lease_ttl_s`` and ``model_control_lock_timeout_s``."""
         if settings is None:
-            from tritonflow.settings import get_settings
+            from ground.settings import get_settings
 
             settings = get_settings()
         return cls(database_url(settings), ttl_s=getattr(settings, "lease_ttl_s", DEFAULT_TTL_S),

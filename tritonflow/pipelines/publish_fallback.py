@@ -40,8 +40,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from tritonflow.exceptions import DataError, ParityError, ServiceUnavailableError, TransientError
-from tritonflow.settings import Settings, get_settings
+from ground.exceptions import DataError, ParityError, ServiceUnavailableError, TransientError
+from ground.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ def _load(name: str, version: int, feeds: Mapping[str, np.ndarray],
     Returns:
         The load info (``versions``, ``load_s``, ``signature_digest``, ``key_id``).
     """
-    from repository_sync.coordination import coordination_store
+    from ground.coordination import coordination_store
     from repository_sync.triton_client import TritonModelControl
     from tritonflow.pipelines.publish import _unload_version_if_ready
 
@@ -321,8 +321,8 @@ def _skip(result: FallbackResult, reason: str) -> None:
 
 def _build_and_serve(state: Mapping[str, Any], result: FallbackResult, s: Settings, triton_url: str | None) -> None:
     """Steps 1-4 of :func:`publish_fallback`, filling ``result``."""
+    from ground.exceptions import RepositoryConflictError, SignatureVerificationError
     from repository_sync.publish import publish_version
-    from tritonflow.exceptions import RepositoryConflictError, SignatureVerificationError
     from tritonflow.pipelines.publish_common import _read_npz
     from tritonflow.pipelines.publish_signing import ensure_signing_keys
 

@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from tritonflow.checksums import CHUNK_BYTES, sha256_file, sha256_stream
+from ground.checksums import CHUNK_BYTES, sha256_file, sha256_stream
 
 
 @pytest.mark.parametrize("size", [0, 1, CHUNK_BYTES, 2 * CHUNK_BYTES + 17])

@@ -1,7 +1,7 @@
 """Defaults of the tritonflow settings: one named constant per ``TRITONFLOW_*`` variable.
 
 Each constant is documented with its unit and the source of its value, grouped by the module
-that reads it. :class:`tritonflow.settings.Settings` takes its field defaults from here; code that
+that reads it. :class:`ground.settings.Settings` takes its field defaults from here; code that
 needs a default without building settings (a function's keyword default, the demo's port
 search) imports it from this module. Nothing here reads the environment.
 """

@@ -1,13 +1,13 @@
 """Typed settings of tritonflow, read from ``TRITONFLOW_*`` environment variables.
 
 One frozen dataclass field per variable, with its variable name and a one-line description; every
-default is a named constant of :mod:`tritonflow.settings_defaults`, documented there with its unit.
+default is a named constant of :mod:`ground.settings_defaults`, documented there with its unit.
 Nothing is read at import time: call :func:`get_settings` (or :meth:`Settings.from_env` with an
-explicit mapping in tests). Value checks beyond types are :mod:`tritonflow.settings_checks`.
+explicit mapping in tests). Value checks beyond types are :mod:`ground.settings_checks`.
 
 Example::
 
-    from tritonflow.settings import get_settings
+    from ground.settings import get_settings
     s = get_settings()
     s.triton_http_port  # 8000 unless TRITONFLOW_TRITON_HTTP_PORT is set
 """
@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from tritonflow import settings_defaults as defaults
-from tritonflow.exceptions import SettingsError
+from ground import settings_defaults as defaults
+from ground.exceptions import SettingsError
 
 ENV_PREFIX = "TRITONFLOW_"
 #: Set inside Airflow tasks: ``TRITONFLOW_X=conn_id,...``, the settings an Airflow connection gave
@@ -576,7 +576,7 @@ class Settings:
         Raises:
             DataError: An entry is not ``host:port``.
         """
-        from repository_sync.triton_replicas import parse_replica_urls
+        from ground.values import parse_replica_urls
 
         return parse_replica_urls(self.triton_replica_urls) or [self.triton_http_url]
 

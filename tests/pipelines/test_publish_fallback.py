@@ -26,11 +26,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from model_registry.fallback import QuantizationUnsupported, gate, quantize
+from ground.exceptions import DataError, WindowError
 from repository_sync.gateway_probe import FALLBACK_HEADER, answered_by, fallback_model_name, wait_live
 from repository_sync.nginx_router import NginxRouter
 from repository_sync.traffic_plan import TrafficPlan
-from tritonflow.exceptions import DataError, WindowError
+from tritonflow.pipelines.publish_fallback import QuantizationUnsupported, gate, quantize
 
 HEADER = "X-Tritonflow-Version"
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from repository_sync.coordination import PROMOTION, CoordinationStore
+from ground.coordination import PROMOTION, CoordinationStore
+from ground.exceptions import LeaseBusyError, LeaseLostError
 from repository_sync.locks import promotion_lock
-from tritonflow.exceptions import LeaseBusyError, LeaseLostError
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -40,7 +40,7 @@ def db_url(request, tmp_path):
         pytest.skip(f"PostgreSQL at {PG_ADMIN_URL} not reachable: {exc}")
     url = f"postgresql://postgres@127.0.0.1:5432/{name}"
     yield url
-    from repository_sync.coordination import _ENGINES
+    from ground.coordination import _ENGINES
 
     for key in [k for k in _ENGINES if name in k]:
         _ENGINES.pop(key).dispose()
@@ -52,8 +52,8 @@ RACER = textwrap.dedent("""
     import json, sys, time
     sys.path.insert(0, {root!r})
     from repository_sync.locks import promotion_lock
-    from tritonflow.settings import get_settings
-    from tritonflow.exceptions import LeaseBusyError
+    from ground.settings import get_settings
+    from ground.exceptions import LeaseBusyError
     start_at, holder = float(sys.argv[1]), sys.argv[2]
     while time.time() < start_at:
         time.sleep(0.001)
@@ -142,7 +142,7 @@ def test_lease_of_a_killed_process_on_this_host_is_taken_over_at_once(tmp_path):
 COUNTER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
-    from repository_sync.coordination import CoordinationStore
+    from ground.coordination import CoordinationStore
     store = CoordinationStore(sys.argv[1])
     for _ in range(40):
         with store.locked_state("test", "counter") as (conn, value):
@@ -212,7 +212,7 @@ def test_two_celery_workers_with_different_homes_race_for_one_promotion(tmp_path
             except subprocess.TimeoutExpired:
                 w.kill()
         os.environ.pop("TRITONFLOW_TEST_CELERY_BROKER", None)
-        from repository_sync.coordination import _ENGINES
+        from ground.coordination import _ENGINES
 
         for key in [k for k in _ENGINES if name in k]:
             _ENGINES.pop(key).dispose()

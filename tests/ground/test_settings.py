@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from tritonflow import settings as settings_module
-from tritonflow.exceptions import SettingsError
-from tritonflow.settings import Settings
-from tritonflow.settings_defaults import DEFAULT_TRITON_HTTP_PORT
+from ground import settings as settings_module
+from ground.exceptions import SettingsError
+from ground.settings import Settings
+from ground.settings_defaults import DEFAULT_TRITON_HTTP_PORT
 
 
 def test_defaults_apply_when_no_variable_is_set():

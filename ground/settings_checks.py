@@ -1,6 +1,6 @@
 """Checks of setting *values* beyond their types, for ``tritonflow settings``.
 
-:meth:`tritonflow.settings.Settings.from_env` converts each ``TRITONFLOW_*`` variable to its type
+:meth:`ground.settings.Settings.from_env` converts each ``TRITONFLOW_*`` variable to its type
 and checks ports. A value of the right type can still be one the code refuses only when it runs
 (``TRITONFLOW_DRIFT_ENGINE=sparc``, ``TRITONFLOW_CANARY_STEPS=5,50``): :func:`settings_problems`
 finds those up front, so ``tritonflow settings`` exits non-zero before a deployment starts with
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 
-from tritonflow.exceptions import SettingsError
-from tritonflow.settings import ENV_PREFIX, Settings
+from ground.exceptions import SettingsError
+from ground.settings import ENV_PREFIX, Settings
 
 #: Settings that take one of a few words, and those words (as the code that reads them accepts).
 CHOICES = {
@@ -53,7 +53,7 @@ def settings_problems(settings: Settings) -> list[str]:
 
     Each message names the variable, the value and what is expected.
     """
-    from repository_sync.canary import parse_steps
+    from ground.values import parse_steps
 
     problems = []
     for field, choices in CHOICES.items():
