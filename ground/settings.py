@@ -655,7 +655,7 @@ class Settings:
 
     @classmethod
     def describe(cls) -> list[tuple[str, str, str]]:
-        """Rows of (variable, default, description) for the README's configuration reference."""
+        """Rows of (variable, default, description) for the configuration reference (docs/configuration.md)."""
         return [
             (ENV_PREFIX + f.metadata["env"], str(f.default), f.metadata["doc"])
             for f in dataclasses.fields(cls)

@@ -4,7 +4,7 @@
 # api-server, LocalExecutor, SQLite) beside MLflow, Triton and the NGINX gateway, and write an
 # HTML report. The last line printed is one JSON object with the benchmarks.
 #
-#   bash scripts/demo.sh            # the full replay (see README for the time it takes)
+#   bash scripts/demo.sh            # the full replay (docs/main-job.md: the time it takes)
 #   bash scripts/demo.sh --quick    # the smallest sweep (a few minutes)
 #   bash scripts/demo.sh --keep-running   # leave the Airflow UI, MLflow UI and gateway up
 #   bash scripts/demo.sh --help     # every option

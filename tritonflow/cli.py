@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "exit 1 on a value that is not valid")
     st.add_argument("--reference", action="store_true",
                     help="print the reference instead (every variable, its default and meaning)")
-    st.add_argument("--markdown", action="store_true", help="the reference as a Markdown table (the README's)")
+    st.add_argument("--markdown", action="store_true", help="the reference as a Markdown table (docs/configuration.md)")
     va = sub.add_parser("validate", help="convert, parity-gate and generate config.pbtxt without publishing")
     va.add_argument("model_uri", help="models:/name/version, runs:/<run>/<path> or a local MLflow model folder")
     va.add_argument("--sample", required=True, help="validation rows: CSV or Parquet file (signature columns)")

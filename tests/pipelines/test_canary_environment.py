@@ -1,7 +1,7 @@
 """Where the canary, the manual rollback and the sentinel find the trusted keys and the gateway.
 
 Guards: with only ``TRITONFLOW_HOME`` set (an Airflow where tritonflow is pip-installed, as the
-README's own-Airflow recipe does), the canary looked in ``<site-packages>/.tritonflow/keys/trusted``
+own-Airflow recipe of docs/deployment.md does), the canary looked in ``<site-packages>/.tritonflow/keys/trusted``
 (the settings' default, relative to the installed package) while the publish pipeline had put
 the keys under ``<TRITONFLOW_HOME>/keys/trusted``: every ``canary_promotion`` pre-flight,
 ``canary_rollback`` and sentinel failed with "trusted key source ... does not exist". And

@@ -5,7 +5,7 @@ pipeline (convert, parity gate, sign, push, verified load, smoke test, record) i
 session: scikit-learn multi-class with string columns (palmerpenguins), XGBoost multi-class,
 LightGBM binary, PyTorch as ONNX and as TorchScript. The string model is then served through
 the gateway with tritonclient BYTES tensors, logged with its string columns and drift-checked
-with the categorical statistics. The README's model matrix is these tests' output.
+with the categorical statistics. The model matrix of docs/models.md is these tests' output.
 
 Also here, on the same services: the p99 regression gate rejecting a deliberately slower
 challenger, and the profile stage dropping an unstable config.

@@ -1,7 +1,7 @@
-"""The README's "Run it in your own Airflow" recipe, followed verbatim.
+"""The "Run it in your own Airflow" recipe of ``docs/deployment.md``, followed verbatim.
 
 Every fenced ``bash`` block of that section that starts with ``# recipe: own-airflow`` is run, in
-README order, as one ``bash -euo pipefail`` script from a copy of the checkout, with a fresh
+the page's order, as one ``bash -euo pipefail`` script from a copy of the checkout, with a fresh
 ``AIRFLOW_HOME`` and ``HOME`` under pytest's temporary folder. Only the *values* the recipe lets a
 user set beforehand (``TRITONFLOW_MLFLOW_TRACKING_URI``, ``TRITONFLOW_REPOSITORY_URI``, the Triton
 and gateway URLs) and the producers' ``TRITONFLOW_INFERENCE_LOG_ROOT`` are set, to the real MLflow,
@@ -59,6 +59,8 @@ from tests.conftest import TEST_AWS_ENV
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The page that holds the recipe (the README links to it) and the recipe's section.
+RECIPE_PAGE = Path("docs") / "deployment.md"
 SECTION = "## Run it in your own Airflow"
 MARK = "# recipe: own-airflow"
 #: Seconds the recipe (pip resolution, db migrate, parsing every DAG) may take on a loaded machine.
@@ -95,15 +97,15 @@ LOG_SPACING_S = 120
 CHAMPION_DAYS = (0, 8_000)
 
 
-def recipe_blocks(readme: str) -> list[str]:
-    """The ``# recipe: own-airflow`` bash blocks of the README's own-Airflow section, in order."""
-    assert SECTION in readme, f"README has no {SECTION!r} section"
-    section = readme.split(SECTION, 1)[1].split("\n## ", 1)[0]
+def recipe_blocks(page: str) -> list[str]:
+    """The ``# recipe: own-airflow`` bash blocks of the page's own-Airflow section, in order."""
+    assert SECTION in page, f"{RECIPE_PAGE} has no {SECTION!r} section"
+    section = page.split(SECTION, 1)[1].split("\n## ", 1)[0]
     return [b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if b.startswith(MARK)]
 
 
-def test_the_recipe_is_in_the_readme_and_uses_no_absolute_path_of_this_machine():
-    blocks = recipe_blocks((ROOT / "README.md").read_text())
+def test_the_recipe_is_in_the_deployment_guide_and_uses_no_absolute_path_of_this_machine():
+    blocks = recipe_blocks((ROOT / RECIPE_PAGE).read_text())
     assert len(blocks) >= 2
     script = "\n".join(blocks)
     assert str(ROOT) not in script and "/work/" not in script
@@ -197,7 +199,7 @@ def own_airflow(tmp_path_factory):
             **TEST_AWS_ENV,
         }
         script = work / "recipe.sh"
-        script.write_text("\n".join(recipe_blocks((checkout / "README.md").read_text())))
+        script.write_text("\n".join(recipe_blocks((checkout / RECIPE_PAGE).read_text())))
         proc = subprocess.run(["bash", "-euo", "pipefail", str(script)], cwd=checkout, env=env,
                               capture_output=True, text=True, timeout=RECIPE_TIMEOUT_S)
         (work / "recipe.log").write_text(proc.stdout + proc.stderr)

@@ -1,6 +1,6 @@
 """Headless Chromium through chromedriver for the UI tests, and the docs screenshots they can save.
 
-Set ``TRITONFLOW_DOCS_SCREENSHOTS=1`` to have the UI tests write the README's screenshots into
+Set ``TRITONFLOW_DOCS_SCREENSHOTS=1`` to have the UI tests write the screenshots of docs/operating.md into
 ``docs/`` (PNG, palette-reduced to stay small); without it they write nothing outside pytest's
 temporary folders.
 """
@@ -23,7 +23,7 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--window-size=1400,1000")
 #: Seconds the UI may take to render an element on a loaded machine.
 UI_WAIT_S = 90
-#: Where the README's screenshots live.
+#: Where the screenshots of docs/operating.md live.
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 #: Environment variable that turns the docs screenshots on.
 DOCS_SCREENSHOTS_ENV = "TRITONFLOW_DOCS_SCREENSHOTS"
@@ -54,7 +54,7 @@ def chromium(window: str = "1400,1000") -> Iterator[Any]:
 
 
 def docs_screenshots_wanted() -> bool:
-    """Whether this run should write the README's screenshots into ``docs/``."""
+    """Whether this run should write the docs' screenshots into ``docs/``."""
     return os.environ.get(DOCS_SCREENSHOTS_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
 

@@ -11,7 +11,7 @@ model's panel of the Grafana dashboard; "Evidently report" (nothing recorded) sh
 The MLflow page the button opens shows the version's description.
 
 With ``TRITONFLOW_DOCS_SCREENSHOTS=1`` the test also saves ``docs/run-links.png`` and
-``docs/mlflow-version.png`` for the README.
+``docs/mlflow-version.png`` for docs/operating.md's screenshots.
 """
 
 from __future__ import annotations

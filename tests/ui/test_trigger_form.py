@@ -199,7 +199,7 @@ def test_the_model_publish_form_opens_without_errors_and_with_readable_labels(st
     for title in ("Model", "Version or alias", "Absolute tolerance", "Largest batch", "Served format"):
         assert title in page, f"label {title!r} missing from the form"
     assert "empty only for runs started by a registry event" not in page
-    # TRITONFLOW_TRIGGER_FORM_SCREENSHOT=docs/trigger-form.png refreshes the README's picture
+    # TRITONFLOW_TRIGGER_FORM_SCREENSHOT=docs/trigger-form.png refreshes docs/operating.md's picture
     shot = Path(os.environ.get("TRITONFLOW_TRIGGER_FORM_SCREENSHOT") or tmp_path / "trigger_form.png")
     browser.save_screenshot(str(shot))
     print(f"screenshot: {shot}")
