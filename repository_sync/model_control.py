@@ -40,6 +40,7 @@ import sqlalchemy as sa
 
 from ground.coordination import MODEL_CONTROL, CoordinationStore, model_versions
 from ground.exceptions import DataError, ModelLoadRefusedError, VersionNotInRepositoryError
+from repository_sync.model_config import parse_config, to_json
 
 #: State scope of the config each model was last loaded with (JSON dict, per model key).
 CONFIG_SCOPE = "model-control.config"
@@ -113,8 +114,6 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
         ModelLoadRefusedError, ModelLoadError: Triton refused or a version is not READY in time;
             Triton is brought back to the desired set, which is unchanged.
     """
-    from repository_sync.triton_client import _config_json, _config_message
-
     store: CoordinationStore = control.coordination
     key = control.coordination_key(name)
     holder = control.holder or f"{socket.gethostname()}:{os.getpid()}"
@@ -168,16 +167,16 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
                 result["replicas"] = {s.url: {"versions": []} for s in servers}
             return result
         if config is not None:
-            msg = _config_message(config, name)
+            msg = parse_config(config, model_name=name, error=ModelLoadRefusedError)
         elif config_version is not None and int(config_version) in intended:
-            msg = _config_message(intended[int(config_version)], name)
+            msg = parse_config(intended[int(config_version)], model_name=name, error=ModelLoadRefusedError)
         elif recorded_config and not added:
-            msg = _config_message(json.dumps(recorded_config), name)
+            msg = parse_config(json.dumps(recorded_config), model_name=name, error=ModelLoadRefusedError)
         else:
-            msg = _config_message(intended[max(added or target)], name)
+            msg = parse_config(intended[max(added or target)], model_name=name, error=ModelLoadRefusedError)
         msg.version_policy.Clear()
         msg.version_policy.specific.versions.extend(sorted(target))
-        body = _config_json(msg)
+        body = to_json(msg)
         per_replica: dict[str, dict[str, Any]] = {}
         for i, server in enumerate(servers):  # in order: each READY before the next is touched
             started = time.monotonic()

@@ -18,9 +18,9 @@ from tritonflow.pipelines.canary import CanaryEnvironment, _env
 
 # ----------------------------------------------------------------------------------- pre-flight
 def _config_message(config_bytes: bytes, name: str):
-    from repository_sync.publish import parse_model_config
+    from repository_sync.model_config import parse_config
 
-    return parse_model_config(config_bytes, name)
+    return parse_config(config_bytes, model_name=name)
 
 
 def _gpu_free_for(config_msg: Any, env: CanaryEnvironment) -> Callable[[], int | None]:
