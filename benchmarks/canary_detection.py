@@ -60,7 +60,9 @@ import pandas as pd  # noqa: E402
 
 from drift_checks.inference_log import InferenceLogWriter, LogSchema  # noqa: E402
 from ground.settings import Settings  # noqa: E402
-from repository_sync.canary import CanaryPolicy, metrics_scraper, run_canary  # noqa: E402
+from repository_sync.canary.metrics import metrics_scraper  # noqa: E402
+from repository_sync.canary.policy import CanaryPolicy  # noqa: E402
+from repository_sync.canary.runner import run_canary  # noqa: E402
 from repository_sync.gateway_probe import wait_live  # noqa: E402
 from repository_sync.gateway_status import STATUS_LOG_NAME, GatewayStatusLog  # noqa: E402
 from repository_sync.mirror import MirrorRecorder  # noqa: E402

@@ -106,7 +106,7 @@ def models(tmp_path_factory):
 def expected_file(models: dict, key: str, name: str) -> str:
     """An expected-predictions file of model ``key`` on the iris rows: one ``expected.<column>``
     per logged probability column (the per-output-column comparison) and the inputs."""
-    from repository_sync.canary_checks import EXPECTED_SCORE_COLUMN
+    from repository_sync.canary.checks import EXPECTED_SCORE_COLUMN
 
     X = models["X"]
     probs = models["clf"][key].predict_proba(X)

@@ -28,21 +28,17 @@ from ground.exceptions import (
     SettingsError,
 )
 from ground.settings import Settings
-from repository_sync.canary import (
-    FAIL,
-    INCONCLUSIVE,
-    PASS,
-    CanaryPolicy,
-    analyse_step,
+from ground.values import parse_steps
+from repository_sync.canary.analysis import FAIL, INCONCLUSIVE, PASS, analyse_step
+from repository_sync.canary.metrics import (
     fetch_metrics_text,
     metrics_scraper,
-    parse_steps,
     parse_triton_metrics,
-    preflight_from_settings,
-    preflight_memory,
-    run_canary,
     version_window,
 )
+from repository_sync.canary.policy import CanaryPolicy
+from repository_sync.canary.preflight import preflight_from_settings, preflight_memory
+from repository_sync.canary.runner import run_canary
 from repository_sync.gateway_probe import wait_live
 from repository_sync.locks import promotion_lock
 from repository_sync.nginx_router import NginxRouter

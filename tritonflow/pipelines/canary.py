@@ -19,7 +19,7 @@ Sequence of a promotion (``canary_promotion``):
    re-verified (OpenSSF model-signing, trusted keys), then both loaded side by side with a
    ``specific`` version policy that keeps them.
 4. :func:`tritonflow.pipelines.canary_promotion.run_promotion` -- under the model's promotion lock
-   for the whole canary: drive :func:`repository_sync.canary.run_canary` through the real NGINX
+   for the whole canary: drive :func:`repository_sync.canary.runner.run_canary` through the real NGINX
    router, Triton's metrics endpoint and the inference log; record every step's figures and verdict
    on the challenger's MLflow model version; at 100 %: move the ``champion`` alias
    (``previous_champion`` kept; with ``use_stages`` Production/Archived), set Triton's version

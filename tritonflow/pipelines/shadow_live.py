@@ -89,7 +89,7 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
     from drift_checks.inference_log import read_window
     from ground.checksums import sha256_file
     from ground.coordination import coordination_store
-    from repository_sync.canary_checks import scores_of
+    from repository_sync.canary.checks import scores_of
     from repository_sync.locks import promotion_lock
     from repository_sync.mirror import MirrorRecorder
     from repository_sync.router import Mirror, TrafficPlan, wait_live
