@@ -141,7 +141,7 @@ def _finite(value: Any) -> Any:
 def _with_gateway(w: VersionWindow, counts: Mapping[int, Any] | None, version: int) -> VersionWindow:
     """``w`` with requests and failures the larger of Triton's and the gateway's for ``version``.
 
-    The gateway counts what clients got (:mod:`repository_sync.gateway_status`): error responses
+    The gateway counts what clients got (:mod:`repository_sync.routing.gateway_status`): error responses
     a model returned, which Triton 2.51 counts as successes, and requests for a version Triton does
     not serve, which are in no version's counters. Taking the larger of each never hides a failure
     either source saw.
@@ -198,7 +198,7 @@ def analyse_step(
     Requests and failures of a version are the larger of Triton's counter deltas and the
     gateway's counts (``gateway_counts`` for the step's window, ``gateway_recent`` for the last
     interval: ``{version: StatusCounts}`` from
-    :meth:`repository_sync.gateway_status.GatewayStatusLog.counts`); without them (``None``, with
+    :meth:`repository_sync.routing.gateway_status.GatewayStatusLog.counts`); without them (``None``, with
     ``gateway_error`` saying why) Triton's alone are used, and the record says so.
 
     Hard rules, at every analysis (any one fails the step at once):

@@ -62,7 +62,7 @@ from repository_sync.canary.analysis import (
 )
 from repository_sync.canary.checks import ExpectedBehaviour, Observations
 from repository_sync.canary.policy import CanaryPolicy
-from repository_sync.traffic_plan import TrafficPlan
+from repository_sync.routing.traffic_plan import TrafficPlan
 
 
 @dataclasses.dataclass

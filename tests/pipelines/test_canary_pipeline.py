@@ -35,9 +35,9 @@ import requests
 
 from ground.coordination import PROMOTION
 from ground.exceptions import ConcurrencyError, DataError, PreflightError, RegistryError
-from repository_sync.gateway_probe import served_by, wait_live
 from repository_sync.locks import store_for
-from repository_sync.traffic_plan import TrafficPlan
+from repository_sync.routing.gateway_probe import served_by, wait_live
+from repository_sync.routing.traffic_plan import TrafficPlan
 from tests.conftest import make_settings
 from tritonflow.pipelines.canary import CanaryEnvironment
 from tritonflow.pipelines.canary_loading import ensure_loaded

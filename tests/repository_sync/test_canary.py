@@ -39,10 +39,10 @@ from repository_sync.canary.metrics import (
 from repository_sync.canary.policy import CanaryPolicy
 from repository_sync.canary.preflight import preflight_from_settings, preflight_memory
 from repository_sync.canary.runner import run_canary
-from repository_sync.gateway_probe import wait_live
 from repository_sync.locks import promotion_lock
-from repository_sync.nginx_router import NginxRouter
-from repository_sync.traffic_plan import TrafficPlan
+from repository_sync.routing.gateway_probe import wait_live
+from repository_sync.routing.nginx_router import NginxRouter
+from repository_sync.routing.traffic_plan import TrafficPlan
 from tritonflow.runtime.services import free_port
 
 MODEL = "churn_model"

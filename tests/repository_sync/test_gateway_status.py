@@ -17,10 +17,10 @@ from repository_sync.canary.analysis import analyse_step
 from repository_sync.canary.metrics import metrics_scraper
 from repository_sync.canary.policy import CanaryPolicy
 from repository_sync.canary.runner import run_canary
-from repository_sync.gateway_probe import wait_live
-from repository_sync.gateway_status import GatewayStatusLog, StatusCounts, is_failure
-from repository_sync.nginx_router import NginxRouter
-from repository_sync.traffic_plan import TrafficPlan
+from repository_sync.routing.gateway_probe import wait_live
+from repository_sync.routing.gateway_status import GatewayStatusLog, StatusCounts, is_failure
+from repository_sync.routing.nginx_router import NginxRouter
+from repository_sync.routing.traffic_plan import TrafficPlan
 from tests.repository_sync.test_canary import triton_metrics_text
 
 
@@ -238,7 +238,7 @@ def test_challenger_returning_errors_is_rolled_back_on_its_gateway_error_rate(se
 
 @pytest.mark.integration
 def test_fallback_and_mirror_locations_log_too_and_formats_do_not_clash(served, tmp_path):
-    from repository_sync.traffic_plan import Mirror
+    from repository_sync.routing.traffic_plan import Mirror
     from tritonflow.runtime.fault_injection import set_mode
 
     gateway, url = served["gateway"], served["gateway"].url

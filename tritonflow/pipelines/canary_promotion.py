@@ -111,7 +111,7 @@ def gateway_statuses(env: Any, triton_model: str) -> Callable[[float, float], Ma
         MetricsUnavailableError: (from the returned callable) no status log, or not readable here.
     """
     from ground.exceptions import MetricsUnavailableError
-    from repository_sync.gateway_status import GatewayStatusLog
+    from repository_sync.routing.gateway_status import GatewayStatusLog
 
     path = getattr(env, "gateway_status_log", None)
     if not path:
@@ -198,7 +198,7 @@ def run_promotion(
     from repository_sync.canary.policy import CanaryPolicy
     from repository_sync.canary.runner import run_canary
     from repository_sync.locks import promotion_lock
-    from repository_sync.router import TrafficPlan
+    from repository_sync.routing.traffic_plan import TrafficPlan
 
     env = _env(env)
     settings = env.settings

@@ -59,7 +59,7 @@ def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder
         SignatureVerificationError: The target's files fail verification; nothing changed.
     """
     from repository_sync.locks import promotion_lock
-    from repository_sync.router import TrafficPlan
+    from repository_sync.routing.traffic_plan import TrafficPlan
 
     if not reason or not str(reason).strip():
         raise DataError("reason='' is empty: expected why the model is rolled back")
