@@ -57,7 +57,7 @@ from repository_sync.storage_base import RepositoryStorage
 from repository_sync.triton_inputs import (
     FLOAT64_EXACT_INT_LIMIT,
     InputSpec,
-    _check_array,
+    check_input_array,
     exact_integer,
     frame_to_inputs,
 )
@@ -419,7 +419,7 @@ class TritonModelControl:
         missing = sorted(set(specs) - set(inputs))
         if missing:
             raise DataError(f"inputs {missing} of model '{name}' are missing; given {sorted(inputs)}")
-        arrays = {n: _check_array(spec, inputs[n]) for n, spec in specs.items()}
+        arrays = {n: check_input_array(spec, inputs[n]) for n, spec in specs.items()}
         if outputs is None:
             meta = self._call("reading model metadata", self.client.get_model_metadata, name, str(version))
             outputs = [o["name"] for o in meta["outputs"]]
