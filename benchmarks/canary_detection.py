@@ -3,7 +3,7 @@
 Services: Triton 2.51 (``TritonServer``, explicit model control) serving
 :mod:`tritonflow.runtime.fault_injection`'s model (version ``v`` answers ``x * v``; a version can be
 switched at run time to raise errors or answer NaN), and NGINX (``NginxGateway``) in front of it,
-routed by :class:`repository_sync.router.NginxRouter`. A steady client (``--threads`` keep-alive
+routed by :class:`repository_sync.routing.nginx_router.NginxRouter`. A steady client (``--threads`` keep-alive
 HTTP/1.1 connections, paced to ``--rps`` requests per second in total) sends requests through the
 gateway and writes what it got to the inference log (flushed every ``--flush`` s, as a serving
 client's logger does); the canary reads Triton's metrics, the gateway's status log and that log
@@ -11,7 +11,7 @@ client's logger does); the canary reads Triton's metrics, the gateway's status l
 
 1. **Detection to switch.** For each failure mode (``error``: the challenger fails its requests;
    ``nan``: it answers NaN; ``returned``: it returns error responses, which Triton counts as
-   successes and only the gateway's status log shows, :mod:`repository_sync.gateway_status`) a
+   successes and only the gateway's status log shows, :mod:`repository_sync.routing.gateway_status`) a
    canary starts with the default policy (steps 5/25/50/100 %, a 300 s bake, analyses every 5 s;
    ``--percent`` sets the first step) and the challenger breaks in the first step, ``--offsets``
    seconds after its second analysis (10 s into the step: early in an analysis interval is the
@@ -22,8 +22,8 @@ client's logger does); the canary reads Triton's metrics, the gateway's status l
    after one resend on a fresh connection: what HTTP client pools do for a request a closing
    keep-alive connection never read).
 2. **Mirror cost.** The client's p99 latency with the champion alone, and with a
-   :class:`~repository_sync.router.Mirror` of ``settings.shadow_mirror_percent`` % (and of 100 %)
-   of its requests to the challenger through a :class:`~repository_sync.mirror.MirrorRecorder`,
+   :class:`~repository_sync.routing.traffic_plan.Mirror` of ``settings.shadow_mirror_percent`` % (and of 100 %)
+   of its requests to the challenger through a :class:`~repository_sync.routing.mirror.MirrorRecorder`,
    in alternating phases of ``--phase`` seconds (A B, B A, A B ...), so drift of the shared
    machine affects both sides alike; the figure is the median over the ``--reps`` adjacent pairs
    of (p99 with - p99 without), the pooled p99s are reported beside it.
@@ -60,12 +60,14 @@ import pandas as pd  # noqa: E402
 
 from drift_checks.inference_log import InferenceLogWriter, LogSchema  # noqa: E402
 from ground.settings import Settings  # noqa: E402
-from repository_sync.canary import CanaryPolicy, metrics_scraper, run_canary  # noqa: E402
-from repository_sync.gateway_probe import wait_live  # noqa: E402
-from repository_sync.gateway_status import STATUS_LOG_NAME, GatewayStatusLog  # noqa: E402
-from repository_sync.mirror import MirrorRecorder  # noqa: E402
-from repository_sync.nginx_router import NginxRouter  # noqa: E402
-from repository_sync.traffic_plan import Mirror, TrafficPlan  # noqa: E402
+from repository_sync.canary.metrics import metrics_scraper  # noqa: E402
+from repository_sync.canary.policy import CanaryPolicy  # noqa: E402
+from repository_sync.canary.runner import run_canary  # noqa: E402
+from repository_sync.routing.gateway_probe import wait_live  # noqa: E402
+from repository_sync.routing.gateway_status import STATUS_LOG_NAME, GatewayStatusLog  # noqa: E402
+from repository_sync.routing.mirror import MirrorRecorder  # noqa: E402
+from repository_sync.routing.nginx_router import NginxRouter  # noqa: E402
+from repository_sync.routing.traffic_plan import Mirror, TrafficPlan  # noqa: E402
 from tritonflow.pipelines.canary_observe import observer  # noqa: E402
 from tritonflow.runtime.fault_injection import set_mode, write_fault_model  # noqa: E402
 from tritonflow.runtime.services import NginxGateway, TritonServer, free_port  # noqa: E402

@@ -39,9 +39,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ground.settings import Settings  # noqa: E402
-from repository_sync.gateway_probe import FALLBACK_HEADER, fallback_model_name, wait_live  # noqa: E402
-from repository_sync.nginx_router import NginxRouter  # noqa: E402
-from repository_sync.traffic_plan import TrafficPlan  # noqa: E402
+from repository_sync.routing.gateway_probe import FALLBACK_HEADER, fallback_model_name, wait_live  # noqa: E402
+from repository_sync.routing.nginx_router import NginxRouter  # noqa: E402
+from repository_sync.routing.traffic_plan import TrafficPlan  # noqa: E402
 from tritonflow.runtime.services import NginxGateway, TritonServer, free_port  # noqa: E402
 
 MODEL, VERSION, FEATURES = "bench_fallback", 1, 16

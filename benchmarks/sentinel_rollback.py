@@ -3,7 +3,7 @@
 Services (all real, on loopback): Triton 2.51 (explicit model control) serving
 :mod:`tritonflow.runtime.fault_injection`'s model (version ``v`` answers ``x * v``; a version can
 be switched at run time to answer NaN), NGINX in front of it (``NginxGateway``, routed by
-:class:`repository_sync.router.NginxRouter`), and an MLflow tracking server holding the
+:class:`repository_sync.routing.nginx_router.NginxRouter`), and an MLflow tracking server holding the
 registered model with ``champion`` = 2 and ``previous_champion`` = 1. Both versions are signed
 (``repository_sync.signing``) so the rollback re-verifies the target exactly as in production.
 
@@ -48,10 +48,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from ground.settings import Settings  # noqa: E402
-from repository_sync.gateway_probe import wait_live  # noqa: E402
+from repository_sync.routing.gateway_probe import wait_live  # noqa: E402
+from repository_sync.routing.traffic_plan import TrafficPlan  # noqa: E402
 from repository_sync.sentinel import GoldenSet, SentinelPolicy, watch  # noqa: E402
 from repository_sync.signing import generate_key_pair, sign_version  # noqa: E402
-from repository_sync.traffic_plan import TrafficPlan  # noqa: E402
 from tritonflow.pipelines.canary import CanaryEnvironment  # noqa: E402
 from tritonflow.pipelines.canary_loading import ensure_loaded  # noqa: E402
 from tritonflow.pipelines.sentinel import sentinel_rollback  # noqa: E402

@@ -13,7 +13,7 @@ Inference records have the columns
 * the feature columns and the prediction columns named by :class:`LogSchema`;
 * optionally ``answered_by``: string, the Triton model that answered (the model itself, or its
   INT8 replica ``<model>__fallback`` when the gateway fell back; see
-  :func:`repository_sync.router.answered_by`). Written when the frame has it.
+  :func:`repository_sync.routing.gateway_probe.answered_by`). Written when the frame has it.
 
 Labels have ``request_id``, ``timestamp`` (when the label arrived, UTC) and label columns; they
 are joined to inference records by ``request_id`` (:func:`join_labels`).

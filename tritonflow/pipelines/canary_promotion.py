@@ -2,7 +2,7 @@
 
 Step 4 of a promotion (:mod:`tritonflow.pipelines.canary` describes the sequence):
 :func:`run_promotion` holds the model's promotion lock for the whole canary, drives
-:func:`repository_sync.canary.run_canary` step by step (analyses recorded on the challenger's
+:func:`repository_sync.canary.runner.run_canary` step by step (analyses recorded on the challenger's
 MLflow model version and in one MLflow run through
 :class:`~tritonflow.pipelines.canary_observe.CanaryRecord`), and at 100 % moves the ``champion``
 alias, sets Triton's version policy, writes the serving config and garbage-collects old version
@@ -111,7 +111,7 @@ def gateway_statuses(env: Any, triton_model: str) -> Callable[[float, float], Ma
         MetricsUnavailableError: (from the returned callable) no status log, or not readable here.
     """
     from ground.exceptions import MetricsUnavailableError
-    from repository_sync.gateway_status import GatewayStatusLog
+    from repository_sync.routing.gateway_status import GatewayStatusLog
 
     path = getattr(env, "gateway_status_log", None)
     if not path:
@@ -176,7 +176,7 @@ def run_promotion(
             evaluation's ``canary_conf``); default: the challenger version's
             ``tritonflow.shadow.expected_uri`` tag, else the prediction check is not evaluated.
         label_column: Label column of the inference-log labels (default: their only one).
-        policy_overrides: Other :class:`~repository_sync.canary.CanaryPolicy` fields.
+        policy_overrides: Other :class:`~repository_sync.canary.policy.CanaryPolicy` fields.
         garbage_collect: Delete old repository versions after a promotion.
         env: Where the systems are (default: from settings).
         sleep: Waits (``time.sleep``; injected by tests and benchmarks).
@@ -194,9 +194,11 @@ def run_promotion(
         ConcurrencyError: Another promotion of the model holds the lock (names the holder).
         DataError: Bad parameters (schedule, versions), pre-flight refused, signature invalid.
     """
-    from repository_sync.canary import CanaryPolicy, metrics_scraper, run_canary
+    from repository_sync.canary.metrics import metrics_scraper
+    from repository_sync.canary.policy import CanaryPolicy
+    from repository_sync.canary.runner import run_canary
     from repository_sync.locks import promotion_lock
-    from repository_sync.router import TrafficPlan
+    from repository_sync.routing.traffic_plan import TrafficPlan
 
     env = _env(env)
     settings = env.settings
@@ -207,7 +209,7 @@ def run_promotion(
         overrides["bake_s"] = float(bake_s)
     if min_requests is not None:
         overrides["min_requests"] = int(min_requests)
-        from repository_sync.canary import DEFAULT_MIN_PREDICTIONS
+        from repository_sync.canary.policy import DEFAULT_MIN_PREDICTIONS
 
         overrides.setdefault("min_predictions", min(DEFAULT_MIN_PREDICTIONS, int(min_requests)))
     policy = CanaryPolicy.from_settings(settings, **overrides)  # SettingsError: nothing touched
@@ -290,7 +292,7 @@ def run_promotion(
         except BaseException as exc:
             # Anything unexpected (MLflow down while recording a step, interrupt): traffic back to
             # the champion first, then the challenger unloaded, then the error propagates.
-            from repository_sync.canary import rollback
+            from repository_sync.canary.runner import rollback
 
             rec = rollback(model=name, champion=champ, apply_plan=apply_live,
                            unload_challenger=unload_challenger, reason=f"canary aborted: {exc}")

@@ -3,7 +3,7 @@
 Output health, its own expected behaviour, quality against the champion where labels arrived, and
 feature-space coverage.
 
-Pure functions on numpy arrays and pandas frames (no services); :func:`repository_sync.canary.analyse_step`
+Pure functions on numpy arrays and pandas frames (no services); :func:`repository_sync.canary.analysis.analyse_step`
 calls them on every analysis of a step, with the inference-log rows of the step's window
 (:class:`Observations`) and the challenger's expected behaviour (:class:`ExpectedBehaviour`).
 
