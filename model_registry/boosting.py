@@ -20,7 +20,7 @@ import copy
 from typing import Any
 
 from ground.exceptions import ModelConversionError
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
 from model_registry.conversion import (
     ConvertedModel,
     FlavorConverter,
@@ -58,7 +58,7 @@ def _finish(onx: Any, inputs: list, flavor: str, opset: int) -> ConvertedModel:
 
 
 def convert_xgboost(model: Any, signature: Any = None, *, schema: Any = None, model_name: str = "model",
-                    settings: Settings | None = None, input_name: str = "features") -> ConvertedModel:
+                    settings: Settings, input_name: str = "features") -> ConvertedModel:
     """Convert an XGBoost model (``XGBClassifier``/``XGBRegressor`` or ``Booster``) to ONNX.
 
     Feature names are dropped on a copy first: onnxmltools reads splits as ``f<index>``.
@@ -68,7 +68,7 @@ def convert_xgboost(model: Any, signature: Any = None, *, schema: Any = None, mo
     """
     from onnxmltools import convert_xgboost as _convert
 
-    s = settings or get_settings()
+    s = settings
     inputs = schema_from_signature(signature, schema, model_name=model_name, input_name=input_name)
     initial = _initial_types(inputs, model_name)
     native = copy.deepcopy(model)
@@ -85,7 +85,7 @@ def convert_xgboost(model: Any, signature: Any = None, *, schema: Any = None, mo
 
 
 def convert_lightgbm(model: Any, signature: Any = None, *, schema: Any = None, model_name: str = "model",
-                     settings: Settings | None = None, input_name: str = "features") -> ConvertedModel:
+                     settings: Settings, input_name: str = "features") -> ConvertedModel:
     """Convert a LightGBM model (``LGBMClassifier``/``LGBMRegressor`` or ``Booster``) to ONNX.
 
     Raises:
@@ -93,7 +93,7 @@ def convert_lightgbm(model: Any, signature: Any = None, *, schema: Any = None, m
     """
     from onnxmltools import convert_lightgbm as _convert
 
-    s = settings or get_settings()
+    s = settings
     inputs = schema_from_signature(signature, schema, model_name=model_name, input_name=input_name)
     initial = _initial_types(inputs, model_name)
     opset = _opset(s)

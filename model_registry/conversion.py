@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ground.exceptions import ModelConversionError
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
 from model_registry.triton_config import OnnxLike, load_onnx, model_io
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -336,7 +336,7 @@ def convert_sklearn(
     target_opset: int | None = None,
     model_name: str = "model",
     input_name: str = "features",
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> ConvertedModel:
     """Convert a scikit-learn estimator or pipeline to ONNX with ZipMap disabled.
 
@@ -348,7 +348,7 @@ def convert_sklearn(
             limit, capped by what skl2onnx supports). ``ai.onnx.ml`` uses ``max_onnx_ml_opset``.
         model_name: Used in messages and as the graph name.
         input_name: Tensor name for tabular signatures.
-        settings: Settings (default: from the environment).
+        settings: Settings the defaults come from.
 
     Returns:
         ConvertedModel whose classifier outputs are ``label`` (int64 ``[N]``) and
@@ -367,7 +367,6 @@ def convert_sklearn(
         StringTensorType,
     )
 
-    settings = settings or get_settings()
     inputs = schema_from_signature(signature, schema, model_name=model_name, input_name=input_name)
     types = {
         "float32": FloatTensorType, "float64": DoubleTensorType, "int64": Int64TensorType,
@@ -562,7 +561,7 @@ def _load(module: str) -> Callable[[str], Any]:
 
 
 def _onnx_convert(native: Any, signature: Any, *, schema: Any = None, model_name: str = "model",
-                  settings: Settings | None = None, **kwargs: Any) -> ConvertedModel:
+                  settings: Settings, **kwargs: Any) -> ConvertedModel:
     return convert_onnx(native, signature, schema=schema, model_name=model_name, **kwargs)
 
 
@@ -605,7 +604,7 @@ def convert_model(
     *,
     schema: Any = None,
     model_name: str = "model",
-    settings: Settings | None = None,
+    settings: Settings,
     **kwargs: Any,
 ) -> ConvertedModel:
     """Convert ``model`` of the given MLflow flavour with its registered converter.
@@ -627,7 +626,7 @@ def convert_mlflow_model(
     *,
     schema: Any = None,
     model_name: str | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
     export_format: str = "onnx",
     **kwargs: Any,
 ) -> ConvertedModel:
@@ -637,7 +636,7 @@ def convert_mlflow_model(
         model_uri: ``models:/name/1``, ``runs:/...`` or a local path.
         schema: Explicit schema for a model logged without a signature.
         model_name: Used in messages (default: last URI segment).
-        settings: Settings (default: from the environment).
+        settings: Settings the defaults come from.
         export_format: ``"onnx"`` (every flavour) or ``"torchscript"`` (PyTorch only).
         **kwargs: Passed to the flavour's converter (e.g. ``target_opset``).
 

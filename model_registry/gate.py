@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ def validate_model(
     max_batch_size: int = 32,
     export_format: str = "onnx",
     schema: Any = None,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> GateResult:
     """Convert, check, build the config and run the parity gate (see the module docstring).
 
@@ -268,7 +268,7 @@ def validate_model(
         max_batch_size: 0 disables batching (a fixed batch axis falls back to 0).
         export_format: ``onnx`` or ``torchscript`` (PyTorch only).
         schema: Explicit input schema for a model without signature.
-        settings: Settings (default: from the environment).
+        settings: Settings the defaults come from.
 
     Raises:
         ModelConversionError, ModelValidationError, ModelConfigError: Conversion or a pre-push
@@ -288,7 +288,7 @@ def validate_model(
         validation_sample,
     )
 
-    s = settings or get_settings()
+    s = settings
     a = s.parity_atol if atol is None else float(atol)
     r = s.parity_rtol if rtol is None else float(rtol)
     converted = convert_mlflow_model(model_uri, schema=schema, model_name=model_name, settings=s,

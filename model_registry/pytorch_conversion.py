@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ground.exceptions import ModelConversionError, ModelValidationError
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
 from model_registry.conversion import (
     SAFE_NAME,
     ConvertedModel,
@@ -57,7 +57,7 @@ def convert_pytorch(
     target_opset: int | None = None,
     export_format: str = "onnx",
     model_name: str = "model",
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> ConvertedModel:
     """Convert a PyTorch module to ONNX (dynamic batch axis) or TorchScript (traced in eval).
 
@@ -76,7 +76,7 @@ def convert_pytorch(
             highest the TorchScript-based exporter emits reliably).
         export_format: ``"onnx"`` or ``"torchscript"``.
         model_name: Used in messages.
-        settings: Settings (default: from the environment).
+        settings: Settings the defaults come from.
 
     Raises:
         ModelConversionError: No signature/schema, bad arguments, or the exporter failed.
@@ -84,7 +84,6 @@ def convert_pytorch(
     """
     import torch
 
-    settings = settings or get_settings()
     if export_format not in {"onnx", "torchscript"}:
         raise ModelConversionError(
             f"export_format={export_format!r} is invalid (expected 'onnx' or 'torchscript')"
@@ -151,7 +150,7 @@ def verify_torchscript(
     eager_module: Any,
     sample: Sequence[Any],
     *,
-    atol: float | None = None,
+    atol: float,
     model_name: str = "model",
 ) -> dict[str, float]:
     """Check a TorchScript module against the eager module in eval mode.
@@ -164,7 +163,7 @@ def verify_torchscript(
         scripted: ``torch.jit.ScriptModule`` to check.
         eager_module: The source ``nn.Module`` (deep-copied and put in eval; not modified).
         sample: Input tensors (a fixed sample).
-        atol: Max abs difference (default ``settings.torchscript_atol``, 1e-5).
+        atol: Max abs difference (the converter passes ``settings.torchscript_atol``, 1e-5).
         model_name: Used in messages.
 
     Returns:
@@ -175,7 +174,6 @@ def verify_torchscript(
     """
     import torch
 
-    atol = get_settings().torchscript_atol if atol is None else atol
     ref_net = copy.deepcopy(eager_module).eval()
     args = tuple(sample)
     with torch.no_grad():
@@ -239,7 +237,7 @@ def validate_torchscript_for_push(
     sample: Any,
     *,
     model_name: str | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> Any:
     """Pre-push checks of a TorchScript model and its config.
 

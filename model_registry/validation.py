@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ground.exceptions import ModelValidationError
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
 from model_registry.triton_config import OnnxLike, load_onnx, model_io, validate_config
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,14 +66,14 @@ class CompatReport:
 
 
 def check_onnx_compat(
-    model: OnnxLike, settings: Settings | None = None, *, model_name: str = "model"
+    model: OnnxLike, settings: Settings, *, model_name: str = "model"
 ) -> CompatReport:
     """Compare ``ir_version`` and every ``opset_import`` with the target release's limits.
 
     Limits: ``settings.max_onnx_ir_version``, ``max_onnx_opset`` (ai.onnx),
     ``max_onnx_ml_opset`` (ai.onnx.ml); the release is ``settings.target_triton_release``.
     """
-    s = settings or get_settings()
+    s = settings
     proto = load_onnx(model)
     opsets: dict[str, int] = {}
     for o in proto.opset_import:
@@ -103,7 +103,7 @@ def check_onnx_compat(
     return CompatReport(int(proto.ir_version), opsets, problems)
 
 
-def ensure_onnx_compat(model: OnnxLike, settings: Settings | None = None, *, model_name: str = "model") -> CompatReport:
+def ensure_onnx_compat(model: OnnxLike, settings: Settings, *, model_name: str = "model") -> CompatReport:
     """:func:`check_onnx_compat`, raising when a limit is exceeded.
 
     Raises:
@@ -192,7 +192,7 @@ def downconvert_ir_version(model: "onnx.ModelProto", max_ir: int, *, model_name:
 
 
 def make_compatible(
-    model: OnnxLike, settings: Settings | None = None, *, model_name: str = "model"
+    model: OnnxLike, settings: Settings, *, model_name: str = "model"
 ) -> tuple["onnx.ModelProto", list[str]]:
     """Bring a model within the target limits: opset via ``onnx.version_converter``, then IR.
 
@@ -207,7 +207,7 @@ def make_compatible(
     import onnx
     from onnx import version_converter
 
-    s = settings or get_settings()
+    s = settings
     proto = load_onnx(model)
     notes: list[str] = []
     # onnx.version_converter rewrites the default domain only: an ai.onnx.ml opset above the limit
@@ -445,7 +445,7 @@ def validate_for_push(
     sample: Mapping[str, np.ndarray],
     *,
     model_name: str | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> ValidationReport:
     """Run every pre-push check; the first failure raises and nothing may be pushed.
 
@@ -457,7 +457,7 @@ def validate_for_push(
         config: The ``ModelConfig`` that will serve it.
         sample: Validation feeds ``{input name: array}``.
         model_name: Used in messages (default ``config.name``).
-        settings: Settings (default: from the environment).
+        settings: Settings the defaults come from.
 
     Raises:
         ModelValidationError: (or :class:`ModelConfigError`) naming the model, the check and the
@@ -465,7 +465,7 @@ def validate_for_push(
     """
     import onnx
 
-    s = settings or get_settings()
+    s = settings
     name = model_name or config.name or "model"
     proto = load_onnx(model)
     try:
@@ -576,7 +576,7 @@ def validation_sample(
     rows: int | None = None,
     perturbation: float | None = None,
     seed: int = 0,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> dict[str, np.ndarray]:
     """Build the validation sample: the user's dataset, else the input example plus perturbations.
 
@@ -592,12 +592,12 @@ def validation_sample(
         rows: Rows in a perturbed sample (default ``settings.validation_sample_rows``).
         perturbation: Relative noise std (default ``settings.validation_perturbation``).
         seed: Seed of ``numpy.random.default_rng``.
-        settings: Settings (default: from the environment).
+        settings: Settings the defaults come from.
 
     Raises:
         ModelValidationError: Neither a dataset nor an input example, or they do not fit the schema.
     """
-    s = settings or get_settings()
+    s = settings
     if dataset is not None:
         feeds = to_feeds(dataset, inputs)
         return _rows(feeds, range(min(_n_rows(feeds), rows))) if rows else feeds
