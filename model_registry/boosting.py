@@ -1,7 +1,7 @@
 """Gradient boosting conversion: XGBoost and LightGBM models (their MLflow flavours) to ONNX.
 
-Registry entries of the ``xgboost`` and ``lightgbm`` MLflow flavours
-(:func:`model_registry.conversion.register_converter`). Both use ``onnxmltools``
+The converters of the ``xgboost`` and ``lightgbm`` MLflow flavours (registered in
+:mod:`model_registry.flavors`). Both use ``onnxmltools``
 (``convert_xgboost`` / ``convert_lightgbm``) at the highest default-domain opset that both the
 target Triton release and onnxmltools support; classifiers give ``label`` (``[N]``) and
 ``probabilities`` (``tensor(float) [N, C]``, never a ZipMap), regressors ``variable``
@@ -23,10 +23,7 @@ from ground.exceptions import ModelConversionError
 from ground.settings import Settings
 from model_registry.conversion import (
     ConvertedModel,
-    FlavorConverter,
-    _load,
     fix_output_batch_axes,
-    register_converter,
     sanitize_io_names,
     schema_from_signature,
 )
@@ -104,8 +101,3 @@ def convert_lightgbm(model: Any, signature: Any = None, *, schema: Any = None, m
                                    f"{type(model).__name__}: {exc}") from exc
     return _finish(onx, inputs, "lightgbm", opset)
 
-
-register_converter(FlavorConverter("xgboost", _load("mlflow.xgboost"), convert_xgboost,
-                                   ("xgboost", "onnxmltools")))
-register_converter(FlavorConverter("lightgbm", _load("mlflow.lightgbm"), convert_lightgbm,
-                                   ("lightgbm", "onnxmltools")))

@@ -143,7 +143,7 @@ class SourceModel:
             try:
                 self.raw = self.pyfunc.get_raw_model()
             except (NotImplementedError, AttributeError):
-                from model_registry.conversion import CONVERTERS
+                from model_registry.flavors import CONVERTERS
 
                 self.raw = CONVERTERS[flavor].load(model_uri)
 
@@ -275,7 +275,7 @@ def validate_model(
             check failed (nothing to publish).
     """
     from model_registry.analyzer_config import parse_int_list
-    from model_registry.conversion import convert_mlflow_model, converter_for
+    from model_registry.flavors import convert_mlflow_model, converter_for
     from model_registry.hardware import inventory, plan_instances
     from model_registry.parity import parity_check
     from model_registry.provenance import provenance

@@ -1,6 +1,6 @@
 """Pre-push checks of a converted model and its ``config.pbtxt``, and the numerical parity gate.
 
-Nothing is pushed unless :func:`validate_for_push` and :func:`parity_check` pass. The checks:
+Nothing is pushed unless :func:`validate_for_push` and :func:`model_registry.parity.parity_check` pass. The checks:
 
 1. ``onnx.checker.check_model``.
 2. IR version and every ``opset_import`` within the target serving release
@@ -14,7 +14,8 @@ Nothing is pushed unless :func:`validate_for_push` and :func:`parity_check` pass
    and each row's output does not depend on the batch it was in.
 6. No NaN/Inf in the outputs.
 
-Parity (:func:`parity_check`) compares the source model with the converted one per output with
+Parity (:func:`model_registry.parity.parity_check`, which runs the model through
+:func:`make_runner`) compares the source model with the converted one per output with
 ``|onnx - source| <= atol + rtol * |source|`` (the ``numpy.isclose`` formula) and, for label
 outputs (integer/bool/string), the fraction of agreeing rows.
 """
@@ -625,13 +626,3 @@ def validation_sample(
             tiled[n:] = (tiled[n:] + noise).astype(arr.dtype)
         out[name] = tiled
     return out
-
-
-
-
-# The parity gate lives in model_registry.parity; its names stay importable from here.
-from model_registry.parity import (  # noqa: E402,F401
-    OutputParity,
-    ParityResult,
-    parity_check,
-)
