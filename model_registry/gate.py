@@ -428,7 +428,7 @@ def local_model(model_uri: str, download_dir: str | None = None) -> tuple[str, A
     from mlflow.models import Model
 
     from ground.exceptions import ModelConversionError
-    from model_registry.registry_entities import ModelIO, _schema_to_tensors
+    from model_registry.registry_entities import ModelIO, schema_to_tensors
 
     path = model_uri[len("file://"):] if model_uri.startswith("file://") else model_uri
     if not os.path.isdir(path):
@@ -443,6 +443,6 @@ def local_model(model_uri: str, download_dir: str | None = None) -> tuple[str, A
     example = model.load_input_example(path) if model.saved_input_example_info else None
     if model.signature is None:
         return path, ModelIO((), (), "none", "none", has_signature=False, input_example=example)
-    inputs, in_kind = _schema_to_tensors(model.signature.inputs)
-    outputs, out_kind = _schema_to_tensors(model.signature.outputs)
+    inputs, in_kind = schema_to_tensors(model.signature.inputs)
+    outputs, out_kind = schema_to_tensors(model.signature.outputs)
     return path, ModelIO(inputs, outputs, in_kind, out_kind, True, example)

@@ -255,7 +255,7 @@ def validate_torchscript_for_push(
         ModelValidationError / ModelConfigError: Naming the model, the check and the tensor.
     """
     from model_registry.triton_config import declared_io, validate_config
-    from model_registry.validation import ValidationReport, _rows, _same, check_finite
+    from model_registry.validation import ValidationReport, check_finite, outputs_match, take_rows
 
     name = model_name or config.name or "model"
     if config.platform != "pytorch_libtorch":
@@ -269,14 +269,14 @@ def validate_torchscript_for_push(
     run = torchscript_runner(converted.torchscript, converted.inputs, converted.outputs)
     n = min(len(np.asarray(v)) for v in sample.values())
     try:
-        one = run(_rows(sample, [0]))
+        one = run(take_rows(sample, [0]))
         sizes = [1]
         b = min(int(config.max_batch_size), 3)
         if b >= 2:
-            many = run(_rows(sample, [i % n for i in range(b)]))
+            many = run(take_rows(sample, [i % n for i in range(b)]))
             sizes.append(b)
             for out, arr in one.items():
-                if many[out].shape[0] != b or not _same(many[out][:1], arr, 1e-5, 1e-4):
+                if many[out].shape[0] != b or not outputs_match(many[out][:1], arr, 1e-5, 1e-4):
                     raise ModelValidationError(
                         f"model {name!r}: output {out!r} of row 0 differs between batch 1 and batch "
                         f"{b} (or loses the batch axis); the outputs depend on the batch"

@@ -294,7 +294,8 @@ def make_runner(model: Any, model_name: str = "model") -> Callable[[Mapping[str,
     return lambda feeds: _run(sess, dict(feeds), model_name, batch=None)
 
 
-def _rows(feeds: Mapping[str, np.ndarray], idx: Sequence[int]) -> dict[str, np.ndarray]:
+def take_rows(feeds: Mapping[str, np.ndarray], idx: Sequence[int]) -> dict[str, np.ndarray]:
+    """The rows ``idx`` (repeats allowed) of every feed: ``{input: array [len(idx), ...]}``."""
     return {k: np.asarray(v)[list(idx)] for k, v in feeds.items()}
 
 
@@ -352,12 +353,12 @@ def check_batching(
     n = _n_rows(sample)
     if n < 1:
         raise ModelValidationError(f"model {model_name!r}: validation sample has no rows (expected >= 1)")
-    one = _run(sess, _rows(sample, [0]), model_name, batch=1)
+    one = _run(sess, take_rows(sample, [0]), model_name, batch=1)
     sizes = [1]
     b = min(max_batch_size, 3)
     if b >= 2:
         idx = [i % n for i in range(b)]
-        many = _run(sess, _rows(sample, idx), model_name, batch=b)
+        many = _run(sess, take_rows(sample, idx), model_name, batch=b)
         sizes.append(b)
         for name, arr in one.items():
             got = np.asarray(many[name])
@@ -366,7 +367,7 @@ def check_batching(
                     f"model {model_name!r}: output {name!r} has {got.shape[0]} rows for a batch of "
                     f"{b} (expected {b}); the graph does not keep the batch axis"
                 )
-            if not _same(got[:1], np.asarray(arr), atol, rtol):
+            if not outputs_match(got[:1], np.asarray(arr), atol, rtol):
                 raise ModelValidationError(
                     f"model {model_name!r}: output {name!r} of row 0 differs between batch 1 and "
                     f"batch {b}; the outputs depend on the batch (e.g. batch statistics)"
@@ -374,7 +375,8 @@ def check_batching(
     return {"batch_sizes": sizes, "outputs": one}
 
 
-def _same(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> bool:
+def outputs_match(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> bool:
+    """Same shape and values: floats within ``atol + rtol * |b|`` (NaN equals NaN), others equal."""
     if a.shape != b.shape:
         return False
     if a.dtype.kind in "fc":
@@ -601,7 +603,7 @@ def validation_sample(
     s = settings
     if dataset is not None:
         feeds = to_feeds(dataset, inputs)
-        return _rows(feeds, range(min(_n_rows(feeds), rows))) if rows else feeds
+        return take_rows(feeds, range(min(_n_rows(feeds), rows))) if rows else feeds
     if input_example is None:
         raise ModelValidationError(
             "no validation data: pass dataset=... or log the model with an input_example "
