@@ -138,7 +138,7 @@ def served(tmp_path_factory, mlflow_server):
     client.create_registered_model(MODEL)
     for version, c in ((1, 1.0), (2, 0.8)):
         clf = LogisticRegression(max_iter=500, C=c).fit(X, y)
-        conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=MODEL)
+        conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=MODEL, settings=settings)
         onnx_path = home / f"v{version}.onnx"
         onnx_path.write_bytes(conv.serialized())
         config = to_pbtxt(build_config(MODEL, conv.onnx_model, max_batch_size=16,

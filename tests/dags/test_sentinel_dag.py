@@ -101,7 +101,7 @@ def serve_unhealthy_champion(home, tracking_uri: str, model: str, *, sentinel_in
     client.create_registered_model(model)
     for version, c in ((1, 1.0), (2, 0.8)):
         clf = LogisticRegression(max_iter=500, C=c).fit(X, y)
-        conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=model)
+        conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=model, settings=settings)
         onnx_path = home / f"v{version}.onnx"
         onnx_path.write_bytes(conv.serialized())
         config = to_pbtxt(build_config(model, conv.onnx_model, max_batch_size=16,

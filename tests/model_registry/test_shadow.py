@@ -250,6 +250,7 @@ def test_onnx_classifier_names_its_classes_in_probability_column_order():
     from sklearn.linear_model import LogisticRegression
 
     from drift_checks.multiclass import onnx_class_labels
+    from ground.settings import get_settings
     from model_registry.conversion import convert_sklearn
 
     X, y = load_iris(return_X_y=True)
@@ -257,7 +258,8 @@ def test_onnx_classifier_names_its_classes_in_probability_column_order():
     names = np.array(["virginica", "setosa", "versicolor"])[y]  # sklearn sorts: setosa, versicolor, virginica
     for target, want in ((y, [0, 1, 2]), (names, ["setosa", "versicolor", "virginica"])):
         clf = LogisticRegression(max_iter=500).fit(X, target)
-        onnx_model = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name="m").onnx_model
+        onnx_model = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name="m",
+                                     settings=get_settings()).onnx_model
         assert onnx_class_labels(onnx_model) == want == list(clf.classes_)
 
 

@@ -68,10 +68,11 @@ class Onnx:
 def _convert(clf, X, name: str, folder: Path) -> Onnx:
     from mlflow.models import infer_signature
 
+    from ground.settings import get_settings
     from model_registry.conversion import convert_sklearn
     from model_registry.triton_config import InstanceGroupSpec, build_config, to_pbtxt
 
-    conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=name)
+    conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=name, settings=get_settings())
     path = folder / f"{name}.onnx"
     path.write_bytes(conv.serialized())
     cfg = build_config("placeholder", conv.onnx_model, max_batch_size=16,
