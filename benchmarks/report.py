@@ -5,12 +5,12 @@ or not) and ends with :func:`finish`, which prints::
 
     {"benchmark": "dag_parse", "summary": "...", "goals": {"cold_parse_median_s": "< 0.5 s"},
      "goals_met": {"cold_parse_median_s": true}, "measured": {"cold_parse_median_s": 0.31},
-     "not_measured": [], ...the benchmark's other figures...}
+     "not_measured": {}, ...the benchmark's other figures...}
 
 ``goals`` maps a goal's name to its target as text, ``goals_met`` the same names to a bool,
 ``measured`` the same names to the measured value (the unit is in the name, or the value is a
 small dict); a goal the run did not measure (an option skipped that part) is left out of those
-three and named in ``not_measured``. ``summary`` is one sentence (what was measured, at what
+three and given in ``not_measured`` (name -> target). ``summary`` is one sentence (what was measured, at what
 size, against what baseline) that the README's figures table shows. Benchmarks report and exit 0
 when they measured; ``python -m benchmarks`` decides what a missed goal means.
 """
@@ -99,7 +99,7 @@ def document(benchmark: str, summary: str, goals: dict[str, Goal], **figures: An
         "goals": {k: g.target for k, g in measured.items()},
         "goals_met": {k: bool(g.met) for k, g in measured.items()},
         "measured": {k: g.measured for k, g in measured.items()},
-        "not_measured": [f"{k} ({g.target})" for k, g in goals.items() if g.met is None],
+        "not_measured": {k: g.target for k, g in goals.items() if g.met is None},
     }
     doc.update(figures)
     return clean(doc)
