@@ -222,7 +222,10 @@ def _finish(doc: dict) -> None:
     ours = doc["policies"]["tritonflow"]
     delays = ours["delays"]
     worst = None if any(d is None for d in delays) else max(delays)  # a missed shift misses the goal
-    baselines = ", ".join(n for n in doc["policies"] if n != "tritonflow")
+    names = {"tritonflow_no_run_rule": "the same without the run rule",
+             "today": "the earlier policy (re-implemented in this benchmark)",
+             "evidently": "Evidently DataDriftPreset defaults"}
+    baselines = ", ".join(names.get(n, n) for n in doc["policies"] if n != "tritonflow")
     finish("drift_quality",
            f"Drift alarms of the default policy on NOAA ({doc['days_per_window']}-day windows, "
            f"{len(doc['shifts'])} known shifts, {ours['quiet_windows']} quiet windows; in-sample: the windows "

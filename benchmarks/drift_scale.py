@@ -457,8 +457,9 @@ def _finish(args, sizes: list[int], results: dict) -> None:
     }
     spark = "" if args.no_spark or not sizes else ", Spark local mode against one process on the largest window"
     finish("drift_scale",
-           f"The streamed hourly check (check_model_hour, each check a fresh process, median of {max(1, args.repeat)})"
-           f" on {', '.join(f'{n:,}' for n in sizes) or 'no'} rows x {args.features} features"
+           "The streamed hourly check (check_model_hour, each check a fresh process"
+           + (f", median of {args.repeat})" if args.repeat > 1 else ")")
+           + f" on {', '.join(f'{n:,}' for n in sizes) or 'no'} rows x {args.features} features"
            + (" against the exact path on 1 M rows" if "exact_baseline_1m" in results else "")
            + f"{spark}, the P95 lookup (50 x 3 x 720, per-series cache)"
            + (f" and one drift_monitor run for {args.airflow_models} models on a real Airflow" if args.airflow_models
