@@ -245,7 +245,9 @@ def run_backtest(
         strategy: Reference strategy (default: ``training``, the reference above).
         importance: ``{feature: importance}`` for the dataset weights (default: none, which the
             ``importance`` weighting treats as uniform).
-        config: Check knobs (default :meth:`CheckConfig.from_settings`; Evidently off).
+        config: Check knobs; the caller builds them from its settings with
+            :meth:`CheckConfig.from_settings` (default: the built-in defaults, ``CheckConfig()``,
+            which are the settings' defaults). Evidently is off either way.
         time_unit: Unit of a numeric time column (``"s"``, ``"D"``...; default seconds).
         replay_end: Stop replaying at this time (exclusive; default: the table's end).
         html_report: Also write ``index.html`` and the plots.
@@ -270,7 +272,7 @@ def run_backtest(
         raise DataError("give exactly one reference: --reference-rows N or --reference-range START END")
     win = window if isinstance(window, BacktestWindow) else BacktestWindow.parse(window)
     strategy = strategy or ReferenceStrategy()
-    cfg = config or CheckConfig.from_settings(evidently_sample_rows=0)
+    cfg = config or CheckConfig()
     cfg = dataclasses.replace(cfg, evidently_sample_rows=0, max_summary_bytes=1 << 30)
     times = _times(table, time_column, time_unit)
     order = np.argsort(times.to_numpy(), kind="stable")

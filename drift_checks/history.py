@@ -43,11 +43,14 @@ import datetime as dt
 import itertools
 import json
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from ground.exceptions import DataError
+
+if TYPE_CHECKING:
+    from ground.settings import Settings
 
 #: Days of taught values kept per series in the lookup cache (``drift_series_cache``).
 DEFAULT_CACHE_DAYS = 35.0
@@ -664,13 +667,17 @@ class HistoryStore:
         self.engine.dispose()
 
 
-def default_history_url(settings=None) -> str:
-    """``settings.drift_history_db_url`` or SQLite at ``<home>/drift/history.db``."""
-    from ground.settings import get_settings
+def default_history_url(settings: Settings) -> str:
+    """The drift history's SQLAlchemy URL.
 
-    s = settings or get_settings()
-    url = getattr(s, "drift_history_db_url", "")
-    return url or f"sqlite:///{s.home / 'drift' / 'history.db'}"
+    Args:
+        settings: The settings in effect, read by the caller.
+
+    Returns:
+        ``settings.drift_history_db_url``, or SQLite at ``<home>/drift/history.db`` when it is empty.
+    """
+    url = getattr(settings, "drift_history_db_url", "")
+    return url or f"sqlite:///{settings.home / 'drift' / 'history.db'}"
 
 
 def _feature_lookback(t: Any, model: str, feats: list[str], hour: dt.datetime, n: int,

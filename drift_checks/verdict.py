@@ -67,6 +67,7 @@ from drift_checks.thresholds import (
 
 if TYPE_CHECKING:
     from drift_checks.summaries import WindowSummary
+    from ground.settings import Settings
 
 SEVERITY_ORDER = ["ok", "warning", "invalid", "drift"]
 #: Largest summary returned (bytes); larger ones drop per-statistic details.
@@ -100,16 +101,20 @@ class CheckConfig:
     contract_sample_rows: int = DEFAULT_GX_SAMPLE_ROWS
 
     @classmethod
-    def from_settings(cls, settings=None, **overrides) -> "CheckConfig":
+    def from_settings(cls, settings: Settings, **overrides: Any) -> "CheckConfig":
         """Config from the ``drift_*`` settings (thresholds, alert policy, Evidently sample size).
 
         Args:
-            settings: A :class:`ground.settings.Settings` (default: :func:`get_settings`).
+            settings: The :class:`ground.settings.Settings` in effect, read by the caller.
             **overrides: Field values that replace the settings' ones.
-        """
-        from ground.settings import get_settings
 
-        s = settings or get_settings()
+        Returns:
+            The config.
+
+        Raises:
+            SettingsError: A threshold or alert setting fails its check.
+        """
+        s = settings
         return cls(**settings_fields(s, {"policy": ThresholdPolicy.from_settings(s),
                                          "alerts": AlertPolicy.from_settings(s), **overrides},
                                      evidently_sample_rows=("drift_evidently_sample_rows", 5000),
