@@ -16,12 +16,12 @@ import pandas as pd
 
 from drift_checks.column_facts import ColumnFacts
 from drift_checks.contract_types import (
-    _FLOAT_TYPES,
+    FLOAT_TYPES,
     ExpectationResult,
     ExpectationSpec,
-    _jsonable,
-    _snake,
     canonical_datetime,
+    jsonable,
+    snake_case,
 )
 from drift_checks.declared_schema import Unreadable
 
@@ -50,7 +50,7 @@ def exact_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
     set checks, ``mostly`` is a share of the non-null rows for sets and of all rows for nulls.
     """
     kw = spec.kwargs
-    name = _snake(spec.type)
+    name = snake_case(spec.type)
     allowed = _FAST_KWARGS.get(spec.type)
     if allowed is None or not set(kw) <= allowed:
         return None
@@ -101,8 +101,8 @@ def exact_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
         else:
             return None
         ok = _between(observed, kw)
-        return ExpectationResult(col, name, _jsonable(observed), ok, message="" if ok else
-                                 f"observed {_jsonable(observed)!r} outside [{bounds[0]!r}, {bounds[1]!r}]")
+        return ExpectationResult(col, name, jsonable(observed), ok, message="" if ok else
+                                 f"observed {jsonable(observed)!r} outside [{bounds[0]!r}, {bounds[1]!r}]")
     if spec.type == "ExpectColumnValuesToNotBeInSet":
         return _infinities_result(spec, facts)
     if spec.type in _DISTINCT_SET_CHECKS:
@@ -118,11 +118,11 @@ def exact_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
         except TypeError:  # unhashable values: leave it to GX
             return None
         ok = _DISTINCT_SET_CHECKS[spec.type](have, want)
-        observed = _jsonable(sorted(have, key=str))
+        observed = jsonable(sorted(have, key=str))
         missing, extra = sorted(want - have, key=str), sorted(have - want, key=str)
         return ExpectationResult(col, name, observed, ok, message="" if ok else
-                                 f"distinct values {observed[:20]}; missing {_jsonable(missing[:10])}, "
-                                 f"not in the set {_jsonable(extra[:10])}")
+                                 f"distinct values {observed[:20]}; missing {jsonable(missing[:10])}, "
+                                 f"not in the set {jsonable(extra[:10])}")
     if spec.type == "ExpectColumnValuesToBeInSet":
         value_set, mostly = kw.get("value_set"), kw.get("mostly", 1.0)
         if not isinstance(value_set, (list, tuple, set)) or not _is_number(mostly):
@@ -145,7 +145,7 @@ def exact_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
         pct = 100.0 * unexpected / nonnull if nonnull else None  # GX: undefined
         ok = nonnull == 0 or (nonnull - unexpected) / nonnull >= float(mostly)
         return ExpectationResult(col, name, {"unexpected_percent": pct,
-                                             "partial_unexpected_list": _jsonable([k for k, _ in bad[:10]])},
+                                             "partial_unexpected_list": jsonable([k for k, _ in bad[:10]])},
                                  ok, message="" if ok else f"{pct:.2f} % of values outside the set")
     return None
 
@@ -183,7 +183,7 @@ def _infinities_result(spec: ExpectationSpec, facts: ColumnFacts) -> Expectation
     share = count / facts.n if facts.n else 0.0
     observed = {"unexpected_count": count, "unexpected_percent": pct, "share_of_rows": round(share, 6),
                 "n_pos_inf": pos, "n_neg_inf": neg, "partial_unexpected_list": listed}
-    return ExpectationResult(spec.column, _snake(spec.type), observed, ok, message="" if ok else
+    return ExpectationResult(spec.column, snake_case(spec.type), observed, ok, message="" if ok else
                              f"column {spec.column!r} holds {count} infinite values (+inf {pos}, -inf {neg}) "
                              f"in {facts.n} rows ({100 * share:.2f} %); expected finite numbers")
 
@@ -200,7 +200,7 @@ def unreadable_result(bad: Unreadable, dtype: str | None = None) -> ExpectationR
         message name the column, the declared kind, the count, the share and the first values.
     """
     observed = {"dtype": dtype, "declared": bad.kind, "unreadable_count": bad.count,
-                "unreadable_share": round(bad.share, 6), "first_offending_values": _jsonable(list(bad.examples))}
+                "unreadable_share": round(bad.share, 6), "first_offending_values": jsonable(list(bad.examples))}
     return ExpectationResult(bad.column, "expect_column_values_to_be_in_type_list", observed, False,
                              message=bad.message)
 
@@ -221,13 +221,13 @@ def offending_values(s: pd.Series, type_list: Any = (), limit: int = 5) -> list[
     """
     wanted = {str(t) for t in type_list}
     values = s.dropna()
-    if wanted & set(_FLOAT_TYPES):
+    if wanted & set(FLOAT_TYPES):
         bad = values[pd.to_numeric(values, errors="coerce").isna()]
     elif wanted & {"bool", "boolean"}:
         bad = values[~values.map(lambda v: isinstance(v, (bool, np.bool_)))]
     else:
         bad = values
-    return _jsonable(list(pd.unique(bad.to_numpy(dtype=object))[:limit]))
+    return jsonable(list(pd.unique(bad.to_numpy(dtype=object))[:limit]))
 
 
 #: Expectations evaluated exactly by :func:`exact_result`, with the kwargs it understands.
