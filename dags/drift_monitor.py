@@ -98,7 +98,8 @@ PARAMS = {
         "seasonal: the same hour one period earlier. Empty: TRITONFLOW_DRIFT_REFERENCE_STRATEGY.",
         form.REFERENCE_STRATEGIES),
     "profile": Param(True, type="boolean", title="whylogs profile",
-                     description="Also store the hour's whylogs profile (merged into daily profiles)."),
+                     description="Also store the hour's whylogs profile (profiled once per hour; it decides "
+                                 "nothing)."),
 }
 
 
