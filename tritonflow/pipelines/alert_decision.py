@@ -159,8 +159,6 @@ def admission(model: str, hour: Any, features: Sequence[str], settings: Settings
     """
     s = settings or get_settings()
     if handed_over not in (None, "") and str(handed_over).strip().isdigit():
-        from tritonflow.pipelines.publish_common import _registry
-
         champion = _registry(s).champion(model)
         if champion is not None and int(str(handed_over).strip()) == int(champion.version):
             return make_decision(model, hour, features, "skip_already_champion",
@@ -179,10 +177,16 @@ def admission(model: str, hour: Any, features: Sequence[str], settings: Settings
     return None
 
 
+def _registry(s: Settings):
+    """The :class:`~model_registry.registry.RegistryClient` of the settings' tracking server (= registry)."""
+    from model_registry.registry import RegistryClient
+
+    uri = s.resolved_mlflow_tracking_uri
+    return RegistryClient(tracking_uri=uri, registry_uri=uri)
+
+
 def _client(s: Settings):
     """The MLflow client of :class:`~model_registry.registry.RegistryClient` (tracking server = registry)."""
-    from tritonflow.pipelines.publish_common import _registry
-
     return _registry(s).client
 
 
