@@ -164,9 +164,9 @@ def test_bootstrap_is_seeded_paired_and_reproducible(late):
 def test_vectorised_bootstrap_auc_equals_sklearn_roc_auc_score_on_resamples(late):
     y, champion, _ = late
     idx = np.random.default_rng(5).integers(0, y.size, size=(20, y.size))
-    vectorised = shadow_metrics._boot_metric("auc", y, champion, idx, 0.5)
+    vectorised = shadow_metrics.bootstrap_metric("auc", y, champion, idx, 0.5)
     np.testing.assert_allclose(vectorised, [roc_auc_score(y[i], champion[i]) for i in idx])
-    f1 = shadow_metrics._boot_metric("f1", y, champion, idx, 0.5)
+    f1 = shadow_metrics.bootstrap_metric("f1", y, champion, idx, 0.5)
     from sklearn.metrics import f1_score
     np.testing.assert_allclose(f1, [f1_score(y[i], champion[i] >= 0.5) for i in idx])
 
