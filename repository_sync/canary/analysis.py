@@ -13,7 +13,7 @@ import json
 import math
 from typing import Any, Mapping
 
-from ground.exceptions import MetricsUnavailableError
+from ground.exceptions import DataError, MetricsUnavailableError
 from repository_sync.canary.checks import (
     CoverageCheck,
     ExpectedBehaviour,
@@ -157,6 +157,27 @@ def _with_gateway(w: VersionWindow, counts: Mapping[int, Any] | None, version: i
                                error_rate=(failures / requests) if requests > 0 else None)
 
 
+@dataclasses.dataclass
+class _Findings:
+    """The reasons one analysis collects, by weight, in the order they were found.
+
+    ``hard`` fails at once (at any analysis), ``fails`` fails at the end of the bake, ``unsure``
+    makes it inconclusive, ``notes`` only inform; ``blind`` repeats the failures of measurement
+    (not of the challenger), so a verdict resting on them alone is marked unjudged.
+    """
+
+    hard: list[str] = dataclasses.field(default_factory=list)
+    fails: list[str] = dataclasses.field(default_factory=list)
+    unsure: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    blind: list[str] = dataclasses.field(default_factory=list)
+
+    def unmeasurable(self, reason: str) -> None:
+        """A hard failure of measurement: it fails the step but says nothing of the challenger."""
+        self.blind.append(reason)
+        self.hard.append(reason)
+
+
 def _error_rate_failure(policy: CanaryPolicy, failures: float, requests: float, what: str) -> str | None:
     """A hard error-rate failure: enough requests and the rate's lower bound above the limit."""
     if requests < policy.hard_min_requests or failures <= 0:
@@ -237,12 +258,34 @@ def analyse_step(
         step=step, percent=percent, attempt=attempt, window_start=window_start,
         window_end=window_end, verdict=PASS, reasons=[], final=final, thresholds=policy.thresholds(),
     )
-    hard: list[str] = []
-    fails: list[str] = []
-    unsure: list[str] = []
-    notes: list[str] = []
-    blind: list[str] = []  # failures of measurement, not of the challenger
+    found = _Findings()
+    before, after, recent, metrics_error = _parse_scrapes(
+        before_text, after_text, recent_before_text, metrics_error)
+    if metrics_error is not None:
+        found.unmeasurable(f"metrics unavailable, analysis impossible: {metrics_error}")
+    else:
+        assert before is not None and after is not None  # else metrics_error is set
+        _judge_traffic(a, policy, found, model=model, champion=champion, challenger=challenger,
+                       scrapes=(before, after, recent), final=final, gateway_counts=gateway_counts,
+                       gateway_recent=gateway_recent, gateway_error=gateway_error)
+    if observations_error is not None:
+        (found.fails if final else found.notes).append(
+            f"inference log unavailable, output checks impossible: {observations_error}")
+        found.blind.append((found.fails if final else found.notes)[-1])
+    elif observations is not None:
+        _observed(a, policy, observations, expected, coverage_reference, final, challenger, champion,
+                  found)
+    elif final:
+        found.notes.append("outputs not checked (no inference log)")
+    _decide(a, found, final)
+    return a
 
+
+def _parse_scrapes(
+    before_text: str | None, after_text: str | None, recent_before_text: str | None,
+    metrics_error: str | None,
+) -> tuple[Any, Any, Any, str | None]:
+    """The parsed scrapes (before, after, recent) and why the metrics are unavailable, if they are."""
     before = after = recent = None
     if metrics_error is None:
         try:
@@ -253,104 +296,121 @@ def analyse_step(
             metrics_error = str(exc)
         if metrics_error is None and (before is None or after is None):
             metrics_error = "a metrics scrape is missing"
-    if metrics_error is not None:
-        blind.append(f"metrics unavailable, analysis impossible: {metrics_error}")
-        hard.append(blind[-1])
+    return before, after, recent, metrics_error
+
+
+def _judge_traffic(
+    a: StepAnalysis, policy: CanaryPolicy, found: _Findings, *, model: str, champion: int,
+    challenger: int, scrapes: tuple[Any, Any, Any], final: bool,
+    gateway_counts: Mapping[int, Any] | None, gateway_recent: Mapping[int, Any] | None,
+    gateway_error: str | None,
+) -> None:
+    """The checks on the counters: presence, resets, error rates, latency and traffic volume."""
+    before, after, recent = scrapes
+    cw = version_window(before, after, model, challenger)
+    hw = version_window(before, after, model, champion)
+    a.triton_requests, a.triton_failures = cw.requests, cw.failures
+    _record_gateway_counts(a, gateway_counts, gateway_error, challenger)
+    cw = _with_gateway(cw, gateway_counts, challenger)
+    hw = _with_gateway(hw, gateway_counts, champion)
+    a.canary_requests, a.canary_failures = cw.requests, cw.failures
+    a.canary_error_rate, a.canary_mean_latency_ms = cw.error_rate, cw.mean_latency_ms
+    a.canary_error_rate_lower = binomial_lower_bound(cw.failures, cw.requests, policy.hard_confidence)
+    a.champion_requests, a.champion_mean_latency_ms = hw.requests, hw.mean_latency_ms
+    if not cw.present_after:
+        found.unmeasurable(
+            f"challenger {model!r} version {challenger} is not in Triton's metrics at the end of "
+            "the window (unloaded, failed, or Triton restarted)"
+        )
+        return
+    if cw.reset:
+        found.unmeasurable(
+            f"challenger {model!r} version {challenger} counters went backwards during the step "
+            "(Triton restarted or the version was reloaded)"
+        )
+        return
+    msg = _error_rate_failure(policy, cw.failures, cw.requests, "challenger error rate")
+    if msg:
+        found.hard.append(msg)
+    if recent is not None:
+        rw = _with_gateway(version_window(recent, after, model, challenger), gateway_recent, challenger)
+        a.recent_requests, a.recent_error_rate = rw.requests, rw.error_rate
+        msg = None if rw.reset else _error_rate_failure(
+            policy, rw.failures, rw.requests, "challenger error rate over the last interval")
+        if msg and not found.hard:
+            found.hard.append(msg)
+    _judge_latency(a, policy, found, cw, hw, final)
+    if final and not found.hard:
+        _judge_volume(policy, found, cw)
+
+
+def _record_gateway_counts(a: StepAnalysis, gateway_counts: Mapping[int, Any] | None,
+                           gateway_error: str | None, challenger: int) -> None:
+    """Record the gateway's counts for the challenger and which counts the error rate uses."""
+    if gateway_counts is not None:
+        g = gateway_counts.get(int(challenger))
+        a.gateway_requests = float(g.requests) if g is not None else 0.0
+        a.gateway_failures = float(g.failures) if g is not None else 0.0
+        a.error_counts_source = "max(triton, gateway)"
     else:
-        assert before is not None and after is not None  # else metrics_error is set above
-        cw = version_window(before, after, model, challenger)
-        hw = version_window(before, after, model, champion)
-        a.triton_requests, a.triton_failures = cw.requests, cw.failures
-        if gateway_counts is not None:
-            g = gateway_counts.get(int(challenger))
-            a.gateway_requests = float(g.requests) if g is not None else 0.0
-            a.gateway_failures = float(g.failures) if g is not None else 0.0
-            a.error_counts_source = "max(triton, gateway)"
-        else:
-            a.error_counts_source = "triton only" + (f": {gateway_error}" if gateway_error else "")
-        cw = _with_gateway(cw, gateway_counts, challenger)
-        hw = _with_gateway(hw, gateway_counts, champion)
-        a.canary_requests, a.canary_failures = cw.requests, cw.failures
-        a.canary_error_rate, a.canary_mean_latency_ms = cw.error_rate, cw.mean_latency_ms
-        a.canary_error_rate_lower = binomial_lower_bound(cw.failures, cw.requests, policy.hard_confidence)
-        a.champion_requests, a.champion_mean_latency_ms = hw.requests, hw.mean_latency_ms
-        if not cw.present_after:
-            blind.append(
-                f"challenger {model!r} version {challenger} is not in Triton's metrics at the end of "
-                "the window (unloaded, failed, or Triton restarted)"
-            )
-            hard.append(blind[-1])
-        elif cw.reset:
-            blind.append(
-                f"challenger {model!r} version {challenger} counters went backwards during the step "
-                "(Triton restarted or the version was reloaded)"
-            )
-            hard.append(blind[-1])
-        else:
-            msg = _error_rate_failure(policy, cw.failures, cw.requests, "challenger error rate")
-            if msg:
-                hard.append(msg)
-            if recent is not None:
-                rw = _with_gateway(version_window(recent, after, model, challenger), gateway_recent, challenger)
-                a.recent_requests, a.recent_error_rate = rw.requests, rw.error_rate
-                msg = None if rw.reset else _error_rate_failure(
-                    policy, rw.failures, rw.requests, "challenger error rate over the last interval")
-                if msg and not hard:
-                    hard.append(msg)
-            latency_min = max(policy.hard_min_requests, MIN_CHAMPION_REQUESTS_FOR_RATIO)
-            if cw.requests >= latency_min and cw.mean_latency_ms is not None:
-                if cw.mean_latency_ms > policy.max_mean_latency_ms:
-                    hard.append(
-                        f"challenger mean latency {cw.mean_latency_ms:.2f} ms > max_mean_latency_ms "
-                        f"{policy.max_mean_latency_ms:g}"
-                    )
-                if hw.mean_latency_ms and hw.requests >= MIN_CHAMPION_REQUESTS_FOR_RATIO:
-                    a.latency_ratio = cw.mean_latency_ms / hw.mean_latency_ms
-                    delta_ms = cw.mean_latency_ms - hw.mean_latency_ms
-                    if a.latency_ratio > policy.max_latency_ratio and delta_ms > policy.min_latency_delta_ms:
-                        hard.append(
-                            f"challenger/champion mean latency ratio {a.latency_ratio:.2f} "
-                            f"({cw.mean_latency_ms:.2f}/{hw.mean_latency_ms:.2f} ms) > "
-                            f"max_latency_ratio {policy.max_latency_ratio:g} and {delta_ms:.2f} ms > "
-                            f"min_latency_delta_ms {policy.min_latency_delta_ms:g}"
-                        )
-                    elif a.latency_ratio > policy.max_latency_ratio and final:
-                        notes.append(f"latency ratio {a.latency_ratio:.2f} above {policy.max_latency_ratio:g} but "
-                                     f"only {delta_ms:+.2f} ms (<= min_latency_delta_ms "
-                                     f"{policy.min_latency_delta_ms:g}): not a regression")
-                elif final:
-                    notes.append("latency ratio not evaluated (too few champion requests in the window)")
-            if final and not hard:
-                if cw.requests < policy.min_requests:
-                    if cw.failures > policy.max_error_rate * policy.min_requests:
-                        fails.append(
-                            f"{cw.failures:g} failed of {cw.requests:g} challenger requests: the error "
-                            f"rate cannot stay under {policy.max_error_rate:g} over "
-                            f"{policy.min_requests} requests"
-                        )
-                    else:
-                        unsure.append(
-                            f"only {cw.requests:g} challenger requests, fewer than min_requests="
-                            f"{policy.min_requests}: too little traffic to judge"
-                        )
-                elif cw.error_rate is not None and cw.error_rate > policy.max_error_rate:
-                    fails.append(
-                        f"challenger error rate {cw.error_rate:.4f} ({cw.failures:g}/{cw.requests:g}) "
-                        f"> max_error_rate {policy.max_error_rate:g}"
-                    )
+        a.error_counts_source = "triton only" + (f": {gateway_error}" if gateway_error else "")
 
-    if observations_error is not None:
-        (fails if final else notes).append(
-            f"inference log unavailable, output checks impossible: {observations_error}")
-        blind.append((fails if final else notes)[-1])
-    elif observations is not None:
-        _observed(a, policy, observations, expected, coverage_reference, final, challenger, champion,
-                  hard, fails, unsure, notes)
+
+def _judge_latency(a: StepAnalysis, policy: CanaryPolicy, found: _Findings, cw: VersionWindow,
+                   hw: VersionWindow, final: bool) -> None:
+    """The hard latency checks: the challenger's mean, and its ratio to the champion's."""
+    latency_min = max(policy.hard_min_requests, MIN_CHAMPION_REQUESTS_FOR_RATIO)
+    if cw.requests < latency_min or cw.mean_latency_ms is None:
+        return
+    if cw.mean_latency_ms > policy.max_mean_latency_ms:
+        found.hard.append(
+            f"challenger mean latency {cw.mean_latency_ms:.2f} ms > max_mean_latency_ms "
+            f"{policy.max_mean_latency_ms:g}"
+        )
+    if hw.mean_latency_ms and hw.requests >= MIN_CHAMPION_REQUESTS_FOR_RATIO:
+        a.latency_ratio = cw.mean_latency_ms / hw.mean_latency_ms
+        delta_ms = cw.mean_latency_ms - hw.mean_latency_ms
+        if a.latency_ratio > policy.max_latency_ratio and delta_ms > policy.min_latency_delta_ms:
+            found.hard.append(
+                f"challenger/champion mean latency ratio {a.latency_ratio:.2f} "
+                f"({cw.mean_latency_ms:.2f}/{hw.mean_latency_ms:.2f} ms) > "
+                f"max_latency_ratio {policy.max_latency_ratio:g} and {delta_ms:.2f} ms > "
+                f"min_latency_delta_ms {policy.min_latency_delta_ms:g}"
+            )
+        elif a.latency_ratio > policy.max_latency_ratio and final:
+            found.notes.append(f"latency ratio {a.latency_ratio:.2f} above {policy.max_latency_ratio:g} but "
+                               f"only {delta_ms:+.2f} ms (<= min_latency_delta_ms "
+                               f"{policy.min_latency_delta_ms:g}): not a regression")
     elif final:
-        notes.append("outputs not checked (no inference log)")
+        found.notes.append("latency ratio not evaluated (too few champion requests in the window)")
 
+
+def _judge_volume(policy: CanaryPolicy, found: _Findings, cw: VersionWindow) -> None:
+    """The end-of-bake traffic checks: enough challenger requests, and its error rate."""
+    if cw.requests < policy.min_requests:
+        if cw.failures > policy.max_error_rate * policy.min_requests:
+            found.fails.append(
+                f"{cw.failures:g} failed of {cw.requests:g} challenger requests: the error "
+                f"rate cannot stay under {policy.max_error_rate:g} over "
+                f"{policy.min_requests} requests"
+            )
+        else:
+            found.unsure.append(
+                f"only {cw.requests:g} challenger requests, fewer than min_requests="
+                f"{policy.min_requests}: too little traffic to judge"
+            )
+    elif cw.error_rate is not None and cw.error_rate > policy.max_error_rate:
+        found.fails.append(
+            f"challenger error rate {cw.error_rate:.4f} ({cw.failures:g}/{cw.requests:g}) "
+            f"> max_error_rate {policy.max_error_rate:g}"
+        )
+
+
+def _decide(a: StepAnalysis, found: _Findings, final: bool) -> None:
+    """Set the verdict and reasons: hard, then fail, then continue, inconclusive, pass."""
+    hard, fails, unsure, notes = found.hard, found.fails, found.unsure, found.notes
     # a fail only from what could not be measured says nothing of the challenger (no rejection)
-    a.unjudged = bool(hard or fails) and all(r in blind for r in hard + fails)
+    a.unjudged = bool(hard or fails) and all(r in found.blind for r in hard + fails)
     if hard:
         a.verdict, a.hard, a.reasons = FAIL, True, hard + fails + unsure + notes
     elif fails:
@@ -361,114 +421,143 @@ def analyse_step(
         a.verdict, a.reasons = INCONCLUSIVE, unsure + notes
     else:
         a.verdict, a.reasons = PASS, ["all checks within thresholds"] + notes
-    return a
 
 
 def _observed(a: StepAnalysis, policy: CanaryPolicy, obs: Observations,
               expected: ExpectedBehaviour | None, coverage_reference: CoverageReference | None,
-              final: bool, challenger: int, champion: int, hard: list[str], fails: list[str],
-              unsure: list[str], notes: list[str]) -> None:
+              final: bool, challenger: int, champion: int, found: _Findings) -> None:
     """The output, expected-behaviour, quality and coverage checks of :func:`analyse_step`."""
-    import numpy as np
-    import pandas as pd
-
     rows = obs.rows_of(challenger)
     champ_rows = obs.rows_of(champion)
     cols = list(obs.prediction_columns)
-    comparison = None
+    _judge_output_health(a, policy, found, rows, cols, _comparison_outputs(expected, cols, champ_rows))
+    if not final or found.hard:
+        return
+    _judge_expected_behaviour(a, policy, found, obs, _finite_rows(rows, cols), cols, expected)
+    _judge_quality(a, policy, found, obs, rows, champ_rows, cols)
+    _judge_coverage(a, policy, found, obs, coverage_reference, challenger)
+
+
+def _comparison_outputs(expected: ExpectedBehaviour | None, cols: list[str], champ_rows: Any) -> Any:
+    """What the challenger's outputs should vary like: its expected outputs, else the champion's."""
+    import numpy as np
+    import pandas as pd
+
     if expected is not None and expected.columns:
-        comparison = pd.DataFrame({k: np.asarray(v, dtype=float) for k, v in expected.columns.items()})
-    elif expected is not None and len(cols) in (1, 2):
-        comparison = pd.DataFrame({cols[-1]: expected.scores})
-    elif len(champ_rows):
-        comparison = champ_rows
+        return pd.DataFrame({k: np.asarray(v, dtype=float) for k, v in expected.columns.items()})
+    if expected is not None and len(cols) in (1, 2):
+        return pd.DataFrame({cols[-1]: expected.scores})
+    if len(champ_rows):
+        return champ_rows
+    return None
+
+
+def _judge_output_health(a: StepAnalysis, policy: CanaryPolicy, found: _Findings, rows: Any,
+                         cols: list[str], comparison: Any) -> None:
+    """The hard output checks: non-finite outputs, and outputs constant where they should vary."""
     health = output_health(rows, cols, comparison, policy.hard_min_requests)
     a.predictions_canary_n, a.predictions_nonfinite = health.n, health.nonfinite
     a.constant_outputs = health.constant_columns
     msg = _error_rate_failure(policy, health.nonfinite, health.n, "share of non-finite challenger outputs")
     if msg:
-        hard.append(msg)
+        found.hard.append(msg)
     if health.constant_columns:
-        hard.append(f"challenger outputs {health.constant_columns} are constant over {health.n} "
-                    f"predictions while its expected/champion outputs vary")
-    if not final or hard:
-        return
+        found.hard.append(f"challenger outputs {health.constant_columns} are constant over {health.n} "
+                          f"predictions while its expected/champion outputs vary")
 
-    # expected behaviour
-    finite = rows
+
+def _finite_rows(rows: Any, cols: list[str]) -> Any:
+    """The challenger's rows whose prediction columns are all finite."""
+    import numpy as np
+    import pandas as pd
+
     if cols and len(rows):
         values = rows[[c for c in cols if c in rows.columns]].apply(pd.to_numeric, errors="coerce")
-        finite = rows[np.isfinite(values.to_numpy(dtype=float)).all(axis=1)]
+        return rows[np.isfinite(values.to_numpy(dtype=float)).all(axis=1)]
+    return rows
+
+
+def _judge_expected_behaviour(a: StepAnalysis, policy: CanaryPolicy, found: _Findings,
+                              obs: Observations, finite: Any, cols: list[str],
+                              expected: ExpectedBehaviour | None) -> None:
+    """The challenger's predictions against its own expected behaviour (KS, PSI, class shift)."""
     if expected is None:
-        notes.append("prediction check not evaluated: no expected behaviour of the challenger "
-                     "(no shadow-evaluation predictions nor mirrored outputs given)")
-    elif len(finite) < policy.min_predictions:
-        unsure.append(f"only {len(finite)} challenger predictions, fewer than min_predictions="
-                      f"{policy.min_predictions}")
-    else:
-        from ground.exceptions import DataError
+        found.notes.append("prediction check not evaluated: no expected behaviour of the challenger "
+                           "(no shadow-evaluation predictions nor mirrored outputs given)")
+        return
+    if len(finite) < policy.min_predictions:
+        found.unsure.append(f"only {len(finite)} challenger predictions, fewer than min_predictions="
+                            f"{policy.min_predictions}")
+        return
+    try:
+        checks = expected_behaviour_checks(
+            finite, cols, obs.feature_columns, expected, confidence=policy.confidence,
+            max_ks=policy.max_prediction_ks, max_psi=policy.max_prediction_psi)
+    except DataError as exc:
+        found.fails.append(f"prediction check impossible: {exc}")
+        checks = []
+    if not checks:
+        return
+    worst = max(checks, key=lambda c: (c.ks or 0.0) - (c.ks_margin or 0.0))
+    a.prediction_source, a.predictions_expected_n = worst.source, worst.n_expected
+    a.prediction_ks, a.prediction_ks_pvalue = worst.ks, worst.ks_pvalue
+    a.prediction_ks_margin = worst.ks_margin
+    a.prediction_psi, a.prediction_psi_margin = worst.psi, worst.psi_margin
+    a.prediction_checks = [dataclasses.asdict(c) for c in checks]
+    for c in checks:
+        found.fails.extend(c.failed)
+    try:  # a multi-class challenger: the classes together (repository_sync.canary.class_shift)
+        a.prediction_classes = class_shift(finite, cols, obs.feature_columns, expected)
+    except DataError as exc:
+        found.notes.append(f"per-class prediction shift not computed: {exc}")
+    if a.prediction_classes is not None and any(c.failed for c in checks):
+        found.fails.append(class_shift_reason(a.prediction_classes))
 
-        try:
-            checks = expected_behaviour_checks(
-                finite, cols, obs.feature_columns, expected, confidence=policy.confidence,
-                max_ks=policy.max_prediction_ks, max_psi=policy.max_prediction_psi)
-        except DataError as exc:
-            fails.append(f"prediction check impossible: {exc}")
-            checks = []
-        if checks:
-            worst = max(checks, key=lambda c: (c.ks or 0.0) - (c.ks_margin or 0.0))
-            a.prediction_source, a.predictions_expected_n = worst.source, worst.n_expected
-            a.prediction_ks, a.prediction_ks_pvalue = worst.ks, worst.ks_pvalue
-            a.prediction_ks_margin = worst.ks_margin
-            a.prediction_psi, a.prediction_psi_margin = worst.psi, worst.psi_margin
-            a.prediction_checks = [dataclasses.asdict(c) for c in checks]
-            for c in checks:
-                fails.extend(c.failed)
-            try:  # a multi-class challenger: the classes together (repository_sync.canary.class_shift)
-                a.prediction_classes = class_shift(finite, cols, obs.feature_columns, expected)
-            except DataError as exc:
-                notes.append(f"per-class prediction shift not computed: {exc}")
-            if a.prediction_classes is not None and any(c.failed for c in checks):
-                fails.append(class_shift_reason(a.prediction_classes))
 
-    # quality where labels arrived
-    if obs.label_column and obs.label_column in obs.frame.columns:
-        def labelled(frame):
-            score = scores_of(frame, cols)
-            y = pd.to_numeric(frame[obs.label_column], errors="coerce").to_numpy(dtype=float)
-            if score is None:
-                return np.empty(0), np.empty(0)
-            return y, score
+def _judge_quality(a: StepAnalysis, policy: CanaryPolicy, found: _Findings, obs: Observations,
+                   rows: Any, champ_rows: Any, cols: list[str]) -> None:
+    """The challenger's quality against the champion's, where labels arrived."""
+    import numpy as np
+    import pandas as pd
 
-        from ground.exceptions import DataError
+    if not (obs.label_column and obs.label_column in obs.frame.columns):
+        found.notes.append("quality not compared (no label arrived for the window's requests)")
+        return
 
-        yc, sc = labelled(rows)
-        yh, sh = labelled(champ_rows)
-        try:
-            q = quality_check(yc, sc, yh, sh, metric=policy.quality_metric,
-                              min_labels=policy.min_labels, confidence=policy.confidence,
-                              max_drop=policy.max_quality_drop)
-        except DataError as exc:  # e.g. multi-class labels: noted, not a verdict on the model
-            notes.append(f"quality not compared: {exc}")
-            q = None
-        if q is not None:
-            a.quality = dataclasses.asdict(q)
-            if q.failed:
-                fails.append(f"quality: {q.note}")
-            elif not q.evaluated:
-                notes.append(q.note)
-    else:
-        notes.append("quality not compared (no label arrived for the window's requests)")
+    def labelled(frame):
+        score = scores_of(frame, cols)
+        y = pd.to_numeric(frame[obs.label_column], errors="coerce").to_numpy(dtype=float)
+        if score is None:
+            return np.empty(0), np.empty(0)
+        return y, score
 
-    # feature-space coverage
+    yc, sc = labelled(rows)
+    yh, sh = labelled(champ_rows)
+    try:
+        q = quality_check(yc, sc, yh, sh, metric=policy.quality_metric,
+                          min_labels=policy.min_labels, confidence=policy.confidence,
+                          max_drop=policy.max_quality_drop)
+    except DataError as exc:  # e.g. multi-class labels: noted, not a verdict on the model
+        found.notes.append(f"quality not compared: {exc}")
+        return
+    a.quality = dataclasses.asdict(q)
+    if q.failed:
+        found.fails.append(f"quality: {q.note}")
+    elif not q.evaluated:
+        found.notes.append(q.note)
+
+
+def _judge_coverage(a: StepAnalysis, policy: CanaryPolicy, found: _Findings, obs: Observations,
+                    coverage_reference: CoverageReference | None, challenger: int) -> None:
+    """The feature-space coverage of the reference's decile bins by the challenger's requests."""
     if coverage_reference is not None and policy.coverage_min_requests > 0 and len(obs.frame):
         mask = (obs.frame["model_version"].astype("int64") == int(challenger)).to_numpy()
         cov: CoverageCheck = coverage_check(coverage_reference.frame, coverage_reference.features,
                                             obs.frame, mask, min_requests=policy.coverage_min_requests)
         a.coverage, a.coverage_ratio = cov.to_dict(), cov.ratio
         if not cov.covered:
-            unsure.append(cov.note)
+            found.unsure.append(cov.note)
         elif cov.note:
-            notes.append(cov.note)
+            found.notes.append(cov.note)
     elif coverage_reference is None:
-        notes.append("feature-space coverage not evaluated (no drift reference)")
+        found.notes.append("feature-space coverage not evaluated (no drift reference)")

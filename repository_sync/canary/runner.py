@@ -161,6 +161,29 @@ def rollback(
     return rec
 
 
+@dataclasses.dataclass
+class _CanaryRun:
+    """What every step of one :func:`run_canary` shares: its inputs and the analyses so far."""
+
+    model: str
+    champion: int
+    challenger: int
+    policy: CanaryPolicy
+    apply_plan: Callable[[TrafficPlan], Any]
+    scrape_metrics: Callable[[], str]
+    unload_challenger: Callable[[], Any]
+    observe: Callable[[float, float], Observations] | None
+    expected: ExpectedBehaviour | None
+    coverage_reference: CoverageReference | None
+    sleep: Callable[[float], Any]
+    clock: Callable[[], float]
+    on_step: Callable[[StepAnalysis], Any] | None
+    on_analysis: Callable[[StepAnalysis], Any] | None
+    gateway_statuses: Callable[[float, float], Mapping[int, Any]] | None
+    steps: list[StepAnalysis] = dataclasses.field(default_factory=list)
+    analyses: list[StepAnalysis] = dataclasses.field(default_factory=list)
+
+
 def run_canary(
     *,
     model: str,
@@ -222,90 +245,129 @@ def run_canary(
         TrafficPlan.canary(model, champion, challenger, p, sticky_header=sticky_header)
         for p in policy.steps
     ]  # validated up front: a bad schedule moves no traffic
-    steps: list[StepAnalysis] = []
-    analyses: list[StepAnalysis] = []
-
-    def fail(reason: str) -> CanaryResult:
-        rec = rollback(
-            model=model, champion=champion, apply_plan=apply_plan,
-            unload_challenger=unload_challenger, reason=reason, clock=clock,
-        )
-        outcome = "rolled_back" if rec.gateway_ok else "rollback_failed"
-        return CanaryResult(model, champion, challenger, outcome, reason, steps, rec, analyses)
-
+    run = _CanaryRun(
+        model=model, champion=champion, challenger=challenger, policy=policy,
+        apply_plan=apply_plan, scrape_metrics=scrape_metrics, unload_challenger=unload_challenger,
+        observe=observe, expected=expected, coverage_reference=coverage_reference, sleep=sleep,
+        clock=clock, on_step=on_step, on_analysis=on_analysis, gateway_statuses=gateway_statuses,
+    )
     for index, (percent, plan) in enumerate(zip(policy.steps, plans, strict=True), start=1):
         try:
             apply_plan(plan)
         except Exception as exc:  # noqa: BLE001 -- the gateway kept the previous step; roll back
-            return fail(f"step {index} ({percent}%): applying the traffic plan failed: {exc}")
-        start = clock()
-        before_text: str | None = None
-        metrics_error: str | None = None
+            return _rolled_back(run, f"step {index} ({percent}%): applying the traffic plan failed: {exc}")
+        failure = _bake_step(run, index, percent)
+        if failure is not None:
+            return _rolled_back(run, failure)
+    return CanaryResult(model, champion, challenger, "promoted", "every step passed", run.steps,
+                        analyses=run.analyses)
+
+
+def _rolled_back(run: _CanaryRun, reason: str) -> CanaryResult:
+    """Roll the canary back for ``reason`` and say how it ended."""
+    rec = rollback(
+        model=run.model, champion=run.champion, apply_plan=run.apply_plan,
+        unload_challenger=run.unload_challenger, reason=reason, clock=run.clock,
+    )
+    outcome = "rolled_back" if rec.gateway_ok else "rollback_failed"
+    return CanaryResult(run.model, run.champion, run.challenger, outcome, reason, run.steps, rec,
+                        run.analyses)
+
+
+def _bake_step(run: _CanaryRun, index: int, percent: int) -> str | None:
+    """Bake one step (its plan already live), analysing as it goes, extended while inconclusive.
+
+    Returns:
+        ``None`` when the step passed, else why it failed (the canary then rolls back).
+    """
+    policy = run.policy
+    start = run.clock()
+    before_text: str | None = None
+    metrics_error: str | None = None
+    try:
+        before_text = run.scrape_metrics()
+    except Exception as exc:  # noqa: BLE001
+        metrics_error = str(exc)
+    recent_text, recent_start = before_text, start
+    attempt = 1
+    baked = 0.0
+    bake_until = float(policy.bake_s)
+    while True:
+        after_text = None
+        if metrics_error is None:
+            nap = max(0.0, min(policy.analysis_interval_s, bake_until - baked))
+            run.sleep(nap)
+            baked += nap
+            try:
+                after_text = run.scrape_metrics()
+            except Exception as exc:  # noqa: BLE001
+                metrics_error = str(exc)
+        final = baked >= bake_until - 1e-9
+        end = run.clock()
+        gateway_counts, gateway_recent, gateway_error = _gateway_counts(
+            run, start, recent_start, end, metrics_error)
+        observations, observations_error = _observations(run, start, end, metrics_error)
+        analysis = analyse_step(
+            policy=policy, model=run.model, champion=run.champion, challenger=run.challenger,
+            step=index, percent=percent, attempt=attempt, window_start=start, window_end=end,
+            before_text=before_text, after_text=after_text, metrics_error=metrics_error,
+            recent_before_text=recent_text, final=final, observations=observations,
+            observations_error=observations_error, expected=run.expected,
+            coverage_reference=run.coverage_reference, gateway_counts=gateway_counts,
+            gateway_recent=gateway_recent, gateway_error=gateway_error,
+        )
+        recent_text, recent_start = after_text, end
+        _record_analysis(run, analysis, attempt)
+        if analysis.verdict == PASS:
+            return None
+        if analysis.verdict == FAIL:
+            when = "" if analysis.final else f" after {baked:g} s of its bake"
+            return f"step {index} ({percent}%) failed{when}: {analysis.reasons[0]}"
+        if analysis.verdict == INCONCLUSIVE:
+            attempt += 1  # extend the step: same window start, one more bake
+            bake_until += float(policy.bake_s)
+
+
+def _gateway_counts(
+    run: _CanaryRun, start: float, recent_start: float, end: float, metrics_error: str | None,
+) -> tuple[Mapping[int, Any] | None, Mapping[int, Any] | None, str | None]:
+    """The gateway's per-version counts over the step and the last interval, or why there are none."""
+    gateway_counts = gateway_recent = None
+    gateway_error = None if run.gateway_statuses is not None else "no gateway status log given"
+    if run.gateway_statuses is not None and metrics_error is None:
         try:
-            before_text = scrape_metrics()
-        except Exception as exc:  # noqa: BLE001
-            metrics_error = str(exc)
-        recent_text, recent_start = before_text, start
-        attempt = 1
-        baked = 0.0
-        bake_until = float(policy.bake_s)
-        while True:
-            after_text = None
-            if metrics_error is None:
-                nap = max(0.0, min(policy.analysis_interval_s, bake_until - baked))
-                sleep(nap)
-                baked += nap
-                try:
-                    after_text = scrape_metrics()
-                except Exception as exc:  # noqa: BLE001
-                    metrics_error = str(exc)
-            final = baked >= bake_until - 1e-9
-            end = clock()
+            gateway_counts = run.gateway_statuses(start, end)
+            gateway_recent = run.gateway_statuses(recent_start, end)
+        except Exception as exc:  # noqa: BLE001 -- Triton's counters still judge
             gateway_counts = gateway_recent = None
-            gateway_error = None if gateway_statuses is not None else "no gateway status log given"
-            if gateway_statuses is not None and metrics_error is None:
-                try:
-                    gateway_counts = gateway_statuses(start, end)
-                    gateway_recent = gateway_statuses(recent_start, end)
-                except Exception as exc:  # noqa: BLE001 -- Triton's counters still judge
-                    gateway_counts = gateway_recent = None
-                    gateway_error = f"gateway status log unavailable: {exc}"
-            observations = observations_error = None
-            if observe is not None and metrics_error is None:
-                try:
-                    observations = observe(start, end)
-                except Exception as exc:  # noqa: BLE001
-                    observations_error = str(exc)
-            analysis = analyse_step(
-                policy=policy, model=model, champion=champion, challenger=challenger,
-                step=index, percent=percent, attempt=attempt, window_start=start, window_end=end,
-                before_text=before_text, after_text=after_text, metrics_error=metrics_error,
-                recent_before_text=recent_text, final=final, observations=observations,
-                observations_error=observations_error, expected=expected,
-                coverage_reference=coverage_reference, gateway_counts=gateway_counts,
-                gateway_recent=gateway_recent, gateway_error=gateway_error,
-            )
-            recent_text, recent_start = after_text, end
-            analysis.index = len(analyses) + 1
-            if analysis.verdict == INCONCLUSIVE and attempt > policy.max_extensions:
-                analysis.verdict, analysis.unjudged = FAIL, True
-                analysis.reasons.insert(
-                    0, f"still inconclusive after {policy.max_extensions} extension(s) of the step"
-                )
-            analyses.append(analysis)
-            if on_analysis is not None:
-                on_analysis(analysis)
-            if analysis.verdict != CONTINUE:
-                steps.append(analysis)
-                if on_step is not None:
-                    on_step(analysis)
-            if analysis.verdict == PASS:
-                break
-            if analysis.verdict == FAIL:
-                when = "" if analysis.final else f" after {baked:g} s of its bake"
-                return fail(f"step {index} ({percent}%) failed{when}: {analysis.reasons[0]}")
-            if analysis.verdict == INCONCLUSIVE:
-                attempt += 1  # extend the step: same window start, one more bake
-                bake_until += float(policy.bake_s)
-    return CanaryResult(model, champion, challenger, "promoted", "every step passed", steps,
-                        analyses=analyses)
+            gateway_error = f"gateway status log unavailable: {exc}"
+    return gateway_counts, gateway_recent, gateway_error
+
+
+def _observations(
+    run: _CanaryRun, start: float, end: float, metrics_error: str | None,
+) -> tuple[Observations | None, str | None]:
+    """The window's logged requests, or why they could not be read."""
+    if run.observe is None or metrics_error is not None:
+        return None, None
+    try:
+        return run.observe(start, end), None
+    except Exception as exc:  # noqa: BLE001
+        return None, str(exc)
+
+
+def _record_analysis(run: _CanaryRun, analysis: StepAnalysis, attempt: int) -> None:
+    """Number the analysis, fail a step inconclusive past its extensions, and report it."""
+    analysis.index = len(run.analyses) + 1
+    if analysis.verdict == INCONCLUSIVE and attempt > run.policy.max_extensions:
+        analysis.verdict, analysis.unjudged = FAIL, True
+        analysis.reasons.insert(
+            0, f"still inconclusive after {run.policy.max_extensions} extension(s) of the step"
+        )
+    run.analyses.append(analysis)
+    if run.on_analysis is not None:
+        run.on_analysis(analysis)
+    if analysis.verdict != CONTINUE:
+        run.steps.append(analysis)
+        if run.on_step is not None:
+            run.on_step(analysis)
