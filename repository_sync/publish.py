@@ -35,8 +35,8 @@ from repository_sync.layout import (
 )
 from repository_sync.model_config import model_filename_for, parse_config, to_pbtxt
 from repository_sync.signing import SignatureInfo, load_public_keys, sign_version, verify_version
-from repository_sync.storage import open_repository
-from repository_sync.storage_base import ProgressCallback, RepositoryStorage
+from repository_sync.storage.base import ProgressCallback, RepositoryStorage
+from repository_sync.storage.open import open_repository
 
 
 @dataclasses.dataclass(frozen=True)

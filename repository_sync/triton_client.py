@@ -52,8 +52,8 @@ from ground.settings_defaults import DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MODEL_CONTR
 from repository_sync.layout import INTENDED_CONFIG_FILENAME, VersionLayout, plan_version
 from repository_sync.model_config import model_filename_for, parse_config
 from repository_sync.signing import SignatureInfo, load_public_keys, verify_version
-from repository_sync.storage import open_repository
-from repository_sync.storage_base import RepositoryStorage
+from repository_sync.storage.base import RepositoryStorage
+from repository_sync.storage.open import open_repository
 from repository_sync.triton_inputs import (
     FLOAT64_EXACT_INT_LIMIT,
     InputSpec,

@@ -36,7 +36,7 @@ from ground.exceptions import DataError
 from ground.values import parse_replica_urls
 from repository_sync.layout import plan_version
 from repository_sync.signing import SignatureInfo
-from repository_sync.storage_base import RepositoryStorage
+from repository_sync.storage.base import RepositoryStorage
 from repository_sync.triton_client import (
     InputSpec,
     SmokeResult,

@@ -3,7 +3,7 @@
 No Docker engine runs on these machines (``../shared/DESIGN.md`` section 3), so the stack is checked
 statically: the file is validated against the Compose Specification JSON schema, interpolated the
 way ``docker compose`` does with the defaults it carries (``${VAR:-default}``), and its wiring is
-checked with the project's own validators (``repository_sync.storage.parse_s3_repository_url`` for
+checked with the project's own validators (``repository_sync.storage.s3.parse_s3_repository_url`` for
 this failure, ``model_registry.preflight.check_artifact_location`` for this failure, ``Settings.from_env``).
 
 The parts that can run here run for real: the gateway's ``deploy/nginx/nginx.conf`` with the
@@ -165,7 +165,7 @@ def test_triton_runs_nvidia_2_51_image_in_explicit_mode(services):
 
 
 def test_triton_repository_on_minio_matches_the_workers_s3_endpoint(services, worker_env):
-    from repository_sync.s3_storage import parse_s3_repository_url
+    from repository_sync.storage.s3 import parse_s3_repository_url
 
     repository = flag_value(triton_argv(services), "--model-repository")
     assert repository and repository.startswith("s3://http://"), repository
@@ -206,7 +206,7 @@ def test_triton_flags_exist_in_the_local_triton_2_51_server(services):
 
 def test_minio_init_creates_every_bucket_the_stack_uses(services, worker_env):
     from repository_sync.layout import find_layout_problems
-    from repository_sync.s3_storage import parse_s3_repository_url
+    from repository_sync.storage.s3 import parse_s3_repository_url
 
     buckets = minio_buckets(services)
     repository = parse_s3_repository_url(flag_value(triton_argv(services), "--model-repository"))

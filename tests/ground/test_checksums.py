@@ -32,10 +32,10 @@ def test_stream_digest_matches_the_file_digest(tmp_path, size):
 
 
 def test_storage_and_signing_use_the_same_helper():
-    from repository_sync import filesystem_storage, s3_storage, signing, storage, storage_base
+    from repository_sync import signing
+    from repository_sync.storage import base, filesystem, s3
 
-    assert storage.sha256_file is sha256_file
-    assert storage_base.sha256_file is sha256_file
-    assert filesystem_storage.sha256_file is sha256_file
-    assert s3_storage.sha256_stream is sha256_stream
+    assert base.sha256_file is sha256_file
+    assert filesystem.sha256_file is sha256_file
+    assert s3.sha256_stream is sha256_stream
     assert signing.sha256_file is sha256_file

@@ -10,10 +10,10 @@ import uuid
 import pytest
 
 from ground.exceptions import DataError, RepositoryConflictError, SettingsError
-from repository_sync.filesystem_storage import FileSystemStorage
 from repository_sync.layout import find_layout_problems, plan_version
-from repository_sync.s3_storage import S3Storage, parse_s3_repository_url
-from repository_sync.storage import open_repository
+from repository_sync.storage.filesystem import FileSystemStorage
+from repository_sync.storage.open import open_repository
+from repository_sync.storage.s3 import S3Storage, parse_s3_repository_url
 
 LAYOUT = plan_version("fraud_scorer", 7)
 
@@ -148,7 +148,7 @@ def test_crash_between_files_never_exposes_the_version_and_a_retry_succeeds(tmp_
         f"""
         import os
         from repository_sync.layout import plan_version
-        from repository_sync.storage import FileSystemStorage
+        from repository_sync.storage.filesystem import FileSystemStorage
         FileSystemStorage({str(tmp_path / 'repo')!r}).push_version(
             plan_version("fraud_scorer", 7), __import__("pathlib").Path({str(src)!r}),
             serving_config=b"cfg", on_progress=lambda name: os._exit(3))
@@ -283,7 +283,7 @@ def test_s3_crash_between_files_leaves_no_loadable_version_and_a_retry_succeeds(
         f"""
         import os, pathlib
         from repository_sync.layout import plan_version
-        from repository_sync.storage import S3Storage
+        from repository_sync.storage.s3 import S3Storage
         S3Storage({storage.uri!r}, endpoint_url={s3_server.endpoint_url!r}).push_version(
             plan_version("fraud_scorer", 7), pathlib.Path({str(src)!r}), serving_config=b"cfg",
             on_progress=lambda name: os._exit(3))
@@ -299,7 +299,9 @@ def test_s3_crash_between_files_leaves_no_loadable_version_and_a_retry_succeeds(
 
 def test_a_new_backend_registers_by_scheme_and_open_repository_picks_it(tmp_path):
     from ground.exceptions import SettingsError
-    from repository_sync.storage import FileSystemStorage, RepositoryStorage, open_repository
+    from repository_sync.storage.base import RepositoryStorage
+    from repository_sync.storage.filesystem import FileSystemStorage
+    from repository_sync.storage.open import open_repository
 
     class MemoryStorage(FileSystemStorage, scheme="memtest"):
         def __init__(self, uri, endpoint_url=None):

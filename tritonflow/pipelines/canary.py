@@ -206,7 +206,7 @@ class CanaryEnvironment:
 
     def storage(self):
         """The repository storage backend."""
-        from repository_sync.storage import open_repository
+        from repository_sync.storage.open import open_repository
 
         return open_repository(self.repository_uri, endpoint_url=self.endpoint_url)
 

@@ -333,7 +333,7 @@ def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | N
 def _champion_folder(repository: str, name: str, version: int, dest: Path, s: Settings) -> Path | None:
     """``dest`` with the champion's ``config.pbtxt`` (its signed intended config) and ``1/<model>``."""
     from repository_sync.layout import INTENDED_CONFIG_FILENAME, plan_version
-    from repository_sync.storage import open_repository
+    from repository_sync.storage.open import open_repository
 
     storage = open_repository(repository, endpoint_url=_endpoint(s))
     for filename in ("model.onnx", "model.pt"):

@@ -99,9 +99,10 @@ def ensure_signing_keys(settings: Settings | None = None, *, create: bool = True
 def _existing_identical(repository_uri: str, state: Mapping[str, Any], keys: SigningKeys, settings: Settings,
                         conflict: RepositoryConflictError) -> dict[str, Any]:
     """The already-published version when its model file equals the staged one, else raise."""
+    from ground.checksums import sha256_file
     from repository_sync.layout import INTENDED_CONFIG_FILENAME, plan_version
     from repository_sync.signing import verify_version
-    from repository_sync.storage import open_repository, sha256_file
+    from repository_sync.storage.open import open_repository
 
     storage = open_repository(repository_uri, endpoint_url=_endpoint(settings))
     filename = state.get("model_filename") or MODEL_FILENAME

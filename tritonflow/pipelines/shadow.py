@@ -322,7 +322,7 @@ def resolve_versions(model: str, challenger: int | str | None = None, *,
 def in_repository(settings: Settings, triton_name: str, triton_version: int) -> bool:
     """True when ``<name>/<version>/config.pbtxt.intended`` exists in the configured repository."""
     from repository_sync.layout import INTENDED_CONFIG_FILENAME
-    from repository_sync.storage import open_repository
+    from repository_sync.storage.open import open_repository
 
     storage = open_repository(settings.resolved_repository_uri, endpoint_url=_endpoint(settings))
     wanted = f"{triton_name}/{int(triton_version)}/{INTENDED_CONFIG_FILENAME}"

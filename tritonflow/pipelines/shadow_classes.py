@@ -52,7 +52,7 @@ def class_labels_of(settings: Settings, info: Mapping[str, Any]) -> list[Any] | 
     """
     from drift_checks.multiclass import onnx_class_labels
     from repository_sync.layout import plan_version
-    from repository_sync.storage import open_repository
+    from repository_sync.storage.open import open_repository
 
     storage = open_repository(settings.resolved_repository_uri, endpoint_url=settings.s3_endpoint_url or None)
     layout = plan_version(info["triton_model_name"], int(info["triton_model_version"]))

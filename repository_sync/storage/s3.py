@@ -30,7 +30,7 @@ from repository_sync.layout import (
     join_key,
     validate_model_name,
 )
-from repository_sync.storage_base import (
+from repository_sync.storage.base import (
     STALE_STAGING_AGE_S,
     PushOutcome,
     RepositoryStorage,

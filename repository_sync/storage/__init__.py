@@ -1,6 +1,6 @@
 """Triton model repository storage: one small interface, a filesystem/NFS and an S3 backend.
 
-Guarantees of :meth:`RepositoryStorage.push_version`:
+Guarantees of :meth:`~repository_sync.storage.base.RepositoryStorage.push_version`:
 
 * **Immutable versions.** A published ``<model>/<N>/`` is never overwritten. Pushing identical
   content again is a no-op (status ``"unchanged"``; the signature file is not compared because
@@ -38,75 +38,13 @@ promotion that wants the new config to be the on-disk default calls
 :meth:`RepositoryStorage.write_serving_config` explicitly.
 
 S3 URLs follow Triton's syntax: ``s3://bucket/prefix`` for AWS and
-``s3://http(s)://host:port/bucket/prefix`` for any other endpoint. See :func:`parse_s3_repository_url`.
+``s3://http(s)://host:port/bucket/prefix`` for any other endpoint. See
+:func:`repository_sync.storage.s3.parse_s3_repository_url`.
 
-Layout: the interface and shared helpers are in :mod:`repository_sync.storage_base`, the backends
-in :mod:`repository_sync.filesystem_storage` and :mod:`repository_sync.s3_storage`; this module
-chooses one for a URI (:func:`open_repository`) and re-exports their public names.
+Layout: the interface and the helpers the backends share are in :mod:`repository_sync.storage.base`,
+one module per backend beside it (:mod:`repository_sync.storage.filesystem`,
+:mod:`repository_sync.storage.s3`), and :mod:`repository_sync.storage.open` chooses one for a URI
+(:func:`~repository_sync.storage.open.open_repository`). A new backend (``gs://``) is a new module
+here defining ``class X(RepositoryStorage, scheme="gs")``, imported in
+:mod:`repository_sync.storage.open`.
 """
-
-from __future__ import annotations
-
-import os
-
-from ground.checksums import sha256_file
-from ground.exceptions import SettingsError
-from repository_sync.filesystem_storage import FileSystemStorage
-from repository_sync.s3_storage import (
-    SHA256_METADATA_KEY,
-    S3RepositoryURL,
-    S3Storage,
-    parse_s3_repository_url,
-)
-from repository_sync.storage_base import (
-    STALE_STAGING_AGE_S,
-    ProgressCallback,
-    PushOutcome,
-    RepositoryStorage,
-    VerifyCallback,
-)
-
-__all__ = [
-    "FileSystemStorage",
-    "ProgressCallback",
-    "PushOutcome",
-    "RepositoryStorage",
-    "S3RepositoryURL",
-    "S3Storage",
-    "SHA256_METADATA_KEY",
-    "STALE_STAGING_AGE_S",
-    "VerifyCallback",
-    "open_repository",
-    "parse_s3_repository_url",
-    "sha256_file",
-]
-
-
-def open_repository(uri: str | os.PathLike[str], *, endpoint_url: str | None = None) -> RepositoryStorage:
-    """Storage backend for a repository URI, by its scheme (``s3://...`` -> :class:`S3Storage`).
-
-    A folder path (``file://`` accepted) is a :class:`FileSystemStorage`. Backends register
-    themselves by scheme (:class:`RepositoryStorage`'s ``BACKENDS``); a new one is a module
-    defining ``class X(RepositoryStorage, scheme="...")``, imported here.
-
-    Args:
-        uri: Folder path (``file://`` accepted) or a URL of a registered scheme.
-        endpoint_url: Endpoint of an object store (S3: must match the URL's host:port); empty
-            means the URL's own endpoint.
-
-    Raises:
-        SettingsError: Empty URI, an unregistered scheme, or an invalid URL for its backend.
-    """
-    uri = str(uri)
-    if not uri:
-        raise SettingsError("repository URI is empty: expected a folder or an s3:// URL (TRITONFLOW_REPOSITORY_URI)")
-    if uri.startswith("file://"):
-        uri = uri[len("file://"):]
-    scheme = uri.split("://", 1)[0] if "://" in uri else ""
-    backend = RepositoryStorage.BACKENDS.get(scheme)
-    if backend is None:
-        expected = sorted(k + "://" for k in RepositoryStorage.BACKENDS if k)
-        raise SettingsError(f"repository URI {uri!r} has an unsupported scheme: expected a folder or one of {expected}")
-    if scheme:
-        return backend(uri, endpoint_url=endpoint_url or None)  # type: ignore[call-arg]
-    return backend(uri)  # type: ignore[call-arg]

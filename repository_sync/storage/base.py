@@ -140,7 +140,7 @@ class RepositoryStorage(abc.ABC):
 
     A backend registers itself for the URIs of one scheme with
     ``class MyStorage(RepositoryStorage, scheme="gs")`` (``""``: a local folder); its constructor
-    takes ``(uri, endpoint_url=None)``. :func:`repository_sync.storage.open_repository` picks it.
+    takes ``(uri, endpoint_url=None)``. :func:`repository_sync.storage.open.open_repository` picks it.
     """
 
     #: The repository URI as Triton is given it (folder path or normalised ``s3://`` URL).

@@ -27,7 +27,7 @@ from repository_sync.layout import (
     validate_model_name,
     walk_local_repository,
 )
-from repository_sync.storage_base import (
+from repository_sync.storage.base import (
     STALE_STAGING_AGE_S,
     PushOutcome,
     RepositoryStorage,
