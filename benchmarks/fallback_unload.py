@@ -6,7 +6,7 @@ Real Triton 2.51 (explicit model control) behind the runtime's real NGINX gatewa
 fallback is the same model dynamically quantized to INT8 (:func:`tritonflow.pipelines.publish_fallback.quantize`),
 gated with the fallback tolerances (:func:`tritonflow.pipelines.publish_fallback.gate`), both signed and pushed
 with :func:`repository_sync.publish.publish_version` and loaded through
-:class:`repository_sync.triton_client.TritonModelControl` (signature verified before each load).
+:class:`repository_sync.triton.client.TritonModelControl` (signature verified before each load).
 
 A paced client (``--rps`` requests per second over ``--threads`` kept-alive connections, real
 inference requests of one row) runs for ``--warm`` seconds on the champion, then the champion is
@@ -175,7 +175,7 @@ def main() -> int:
     ap.add_argument("--no-fallback", action="store_true", help="baseline: the gateway without the fallback route")
     args = ap.parse_args()
 
-    from repository_sync.triton_client import TritonModelControl
+    from repository_sync.triton.client import TritonModelControl
 
     with tempfile.TemporaryDirectory(prefix="tritonflow-bench-fallback-") as tmp_name:
         tmp = Path(tmp_name)

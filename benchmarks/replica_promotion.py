@@ -2,10 +2,10 @@
 
 Real Triton processes (explicit model control) read one moto S3 repository holding signed
 versions 1 and 2 of a small ONNX classifier (4 features -> 2 probabilities). The model-control
-steps of a canary are timed through :func:`repository_sync.model_control.reconcile` -- the path
+steps of a canary are timed through :func:`repository_sync.triton.model_control.reconcile` -- the path
 ``canary_loading``, ``canary_promotion`` and ``canary_rollback`` take -- once with a plain
-:class:`~repository_sync.triton_client.TritonModelControl` on one replica and once with a
-:class:`~repository_sync.triton_replicas.TritonReplicaSet` over two:
+:class:`~repository_sync.triton.client.TritonModelControl` on one replica and once with a
+:class:`~repository_sync.triton.replicas.TritonReplicaSet` over two:
 
 * **promotion**: challenger 2 loaded beside champion 1 (signature verified, READY awaited), then
   the old champion 1 unloaded (only 2 left);
@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ground.coordination import CoordinationStore  # noqa: E402
 from ground.settings import Settings  # noqa: E402
-from repository_sync.model_control import reconcile  # noqa: E402
-from repository_sync.triton_client import TritonModelControl  # noqa: E402
-from repository_sync.triton_replicas import TritonReplicaSet  # noqa: E402
+from repository_sync.triton.client import TritonModelControl  # noqa: E402
+from repository_sync.triton.model_control import reconcile  # noqa: E402
+from repository_sync.triton.replicas import TritonReplicaSet  # noqa: E402
 from tritonflow.runtime.services import S3Server, TritonServer, free_port  # noqa: E402
 
 NAME = "bench_replicas"

@@ -26,7 +26,7 @@ small part of ``ttl_s`` (default 60 s).
 
 The same database keeps small coordination state (table ``tritonflow_state``: the registry
 watcher's seen facts, the retrain guard) and the **desired versions** of each served model (table
-``tritonflow_model_versions``, see :mod:`repository_sync.model_control`).
+``tritonflow_model_versions``, see :mod:`repository_sync.triton.model_control`).
 """
 
 from __future__ import annotations

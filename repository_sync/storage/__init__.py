@@ -31,7 +31,7 @@ verifies the signature before every load, so a version prefix that lacks any sig
 Serving config (``<model>/config.pbtxt``): Triton has one config per model, the champion's. A push
 writes it only when the model has none yet (first version); otherwise it is left untouched. Every
 version carries the config it was built for in ``<N>/config.pbtxt.intended`` (signed with the model
-file) and :mod:`repository_sync.triton_client` loads a version by passing that config through the
+file) and :mod:`repository_sync.triton.client` loads a version by passing that config through the
 repository load API's ``config`` parameter, which overrides the on-disk config for that load. So
 publishing a challenger whose config differs never changes the champion's serving config; a
 promotion that wants the new config to be the on-disk default calls

@@ -146,7 +146,7 @@ def _stack_env(tmp_path, mlflow_server, triton, repo) -> dict:
 def _assert_served_and_recorded(tracking_uri, triton, repo, home, name, version) -> dict:
     import mlflow
 
-    from repository_sync.triton_client import TritonModelControl
+    from repository_sync.triton.client import TritonModelControl
 
     with TritonModelControl(triton.http_url, repository=str(repo),
                             trusted_keys=str(home / "keys" / "trusted")) as ctl:

@@ -36,7 +36,7 @@ import pytest
 
 from model_registry import datasets as ds
 from model_registry import training as tr
-from repository_sync.triton_client import TritonModelControl
+from repository_sync.triton.client import TritonModelControl
 from tests.conftest import make_settings
 from tests.pipelines.test_retrain_pipeline import INTERVAL, ts, write_noaa_log
 from tests.pipelines.test_shadow_pipeline import onnx_and_config, publish_directly

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from repository_sync.triton_client import TritonModelControl
+from repository_sync.triton.client import TritonModelControl
 from tests.conftest import make_settings
 from tests.pipelines import test_canary_pipeline as canary
 from tritonflow.pipelines.canary import CanaryEnvironment

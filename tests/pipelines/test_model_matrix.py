@@ -144,7 +144,7 @@ def _models(uri: str, tmp: Path) -> list[dict]:
 
 
 def test_every_flavour_is_converted_parity_gated_loaded_served_and_recorded(stack, tmp_path):
-    from repository_sync.triton_client import TritonModelControl
+    from repository_sync.triton.client import TritonModelControl
 
     s = stack["settings"]
     matrix = {}

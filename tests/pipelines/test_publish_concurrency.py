@@ -174,7 +174,7 @@ def test_model_publish_and_the_shadow_publish_of_one_challenger_at_once_both_end
     :func:`ensure_challenger_published` publish the same challenger at once; both conversions are
     done before either goes on. Both end published, the version is in the repository once, signed,
     READY, and no staging folder is left."""
-    from repository_sync.triton_client import TritonModelControl
+    from repository_sync.triton.client import TritonModelControl
     from tritonflow.pipelines.shadow import ensure_challenger_published
 
     home = tmp_path / "home"

@@ -236,7 +236,7 @@ def _tags(stack, name, version):
 
 @pytest.mark.integration
 def test_a_quantized_model_passes_its_looser_gate_and_is_served_as_model__fallback(stack, published_mlp):
-    from repository_sync.triton_client import TritonModelControl
+    from repository_sync.triton.client import TritonModelControl
     from tritonflow.pipelines.publish import triton_model_name
 
     name, version, summary = published_mlp
@@ -287,7 +287,7 @@ def test_a_model_quantization_cannot_handle_is_skipped_with_a_reason_and_the_pub
 def test_when_the_champion_is_unloaded_the_fallback_answers_and_the_log_records_it(
         stack, published_mlp, gateway_factory, tmp_path):
     from drift_checks.inference_log import InferenceLogWriter, LogSchema, read_window
-    from repository_sync.triton_client import TritonModelControl
+    from repository_sync.triton.client import TritonModelControl
     from tests.pipelines.test_publish_pipeline import churn_data
     from tritonflow.pipelines import publish as pipeline
 

@@ -144,7 +144,7 @@ def published(stack, classifier):
 
 
 def control(stack):
-    from repository_sync.triton_client import TritonModelControl
+    from repository_sync.triton.client import TritonModelControl
 
     keys = publish_signing.ensure_signing_keys(stack.settings, create=False)
     return TritonModelControl(stack.triton.http_url, repository=str(stack.repo),

@@ -2,7 +2,7 @@
 
 It replaces three parsers that differed: model_registry.triton_config.parse_config (pbtxt text,
 source in errors, no name pinning), repository_sync.publish (text, bytes or a message, name
-pinned, ModelConfigError) and repository_sync.triton_client (also JSON text and dicts, name
+pinned, ModelConfigError) and repository_sync.triton.client (also JSON text and dicts, name
 pinned, ModelLoadRefusedError). Each case one of them handled is checked here.
 """
 

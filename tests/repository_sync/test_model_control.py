@@ -23,9 +23,9 @@ import pytest
 
 from ground.coordination import CoordinationStore
 from ground.exceptions import TritonflowError
-from repository_sync.model_control import desired_versions, reconcile_model
 from repository_sync.publish import publish_version
-from repository_sync.triton_client import TritonModelControl
+from repository_sync.triton.client import TritonModelControl
+from repository_sync.triton.model_control import desired_versions, reconcile_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = """
@@ -134,7 +134,7 @@ def test_two_threads_loading_versions_of_one_model_both_stay_ready(served):
 LOADER = textwrap.dedent("""
     import json, sys, time
     sys.path.insert(0, {root!r})
-    from repository_sync.triton_client import TritonModelControl
+    from repository_sync.triton.client import TritonModelControl
     url, repo, keys, db, name, version = sys.argv[1:7]
     print("ready", flush=True)
     for line in sys.stdin:

@@ -18,8 +18,8 @@ import pytest
 
 from ground.exceptions import DataError, ParityError, SignatureVerificationError
 from repository_sync.publish import publish_version
-from repository_sync.triton_client import TritonModelControl
-from repository_sync.triton_inputs import InputSpec, exact_integer, frame_to_inputs
+from repository_sync.triton.client import TritonModelControl
+from repository_sync.triton.inputs import InputSpec, exact_integer, frame_to_inputs
 
 # Shadow requests with a missing item_id and a user_id of 2^53+1 (shadow_requests.csv), rebuilt
 SHADOW_CSV = "user_id,item_id\n100234,55012\n100235,\n100236,55019\n9007199254740993,55020\n"

@@ -16,10 +16,10 @@ import pytest
 from ground.coordination import CoordinationStore
 from ground.exceptions import DataError, ModelLoadError, ModelLoadRefusedError, ParityError
 from ground.values import parse_replica_urls
-from repository_sync.model_control import desired_versions, reconcile
 from repository_sync.publish import publish_version
-from repository_sync.triton_client import TritonModelControl
-from repository_sync.triton_replicas import TritonReplicaSet, triton_control
+from repository_sync.triton.client import TritonModelControl
+from repository_sync.triton.model_control import desired_versions, reconcile
+from repository_sync.triton.replicas import TritonReplicaSet, triton_control
 from tests.conftest import make_settings
 from tests.repository_sync.test_model_control import CONFIG, _fraud_onnx
 from tritonflow.runtime.services import NginxGateway

@@ -302,7 +302,7 @@ def _finished(own_airflow, dag_id: str, before: set[str], output: str) -> dict[s
 
 def test_a_default_param_model_publish_run_succeeds_there(own_airflow):
     from model_registry.training import Lineage, log_and_register, train_noaa
-    from repository_sync.triton_client import TritonModelControl
+    from repository_sync.triton.client import TritonModelControl
     from tests.pipelines.test_publish_pipeline import version_tags
 
     name, tracking_uri = own_airflow["model"], own_airflow["mlflow"].tracking_uri

@@ -192,12 +192,12 @@ class CanaryEnvironment:
     def triton(self):
         """The model-control client (verifies before loads): every Triton replica, or ``triton_url`` alone.
 
-        A :class:`repository_sync.triton_client.TritonModelControl`, or a
-        :class:`repository_sync.triton_replicas.TritonReplicaSet` when ``TRITONFLOW_TRITON_REPLICA_URLS``
+        A :class:`repository_sync.triton.client.TritonModelControl`, or a
+        :class:`repository_sync.triton.replicas.TritonReplicaSet` when ``TRITONFLOW_TRITON_REPLICA_URLS``
         names several and ``triton_url`` was not overridden.
         """
         from ground.coordination import coordination_store
-        from repository_sync.triton_replicas import triton_control
+        from repository_sync.triton.replicas import triton_control
 
         return triton_control(self.settings, self.triton_url, repository=self.storage(),
                               trusted_keys=self.trusted_keys,

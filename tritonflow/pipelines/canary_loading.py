@@ -4,7 +4,7 @@ Steps 2 and 3 of a promotion (:mod:`tritonflow.pipelines.canary` describes the s
 :func:`preflight` checks there is memory to load the challenger beside the champion before any
 traffic is touched; :func:`ensure_loaded` re-verifies both versions' signatures and loads them
 side by side. The promotion and the rollbacks unload a version through the same desired-state
-reconciliation (:func:`repository_sync.model_control.reconcile`).
+reconciliation (:func:`repository_sync.triton.model_control.reconcile`).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def ensure_loaded(model: str, versions: Sequence[int], *, triton_model: str | No
         raise DataError("versions=[] is empty: expected the champion and challenger versions")
     env = _env(env)
     name = triton_model or model
-    from repository_sync.model_control import reconcile
+    from repository_sync.triton.model_control import reconcile
 
     with env.triton() as tc:  # desired state + these versions, one request, under the lease
         done = reconcile(tc, name, add=[int(v) for v in versions], config_version=int(versions[-1]),
@@ -120,7 +120,7 @@ def ensure_loaded(model: str, versions: Sequence[int], *, triton_model: str | No
 
 
 def _unload_version(env: CanaryEnvironment, name: str, version: int, keep_config_of: int) -> None:
-    from repository_sync.model_control import reconcile
+    from repository_sync.triton.model_control import reconcile
 
     with env.triton() as tc:  # the desired set minus this version, one request, under the lease
         reconcile(tc, name, remove=[int(version)], config_version=int(keep_config_of))

@@ -73,7 +73,7 @@ def garbage_collect_repository(model: str, *, champion: int, rollback_target: in
     registry = registry or env.registry()
     storage = env.storage()
     from repository_sync.layout import plan_version
-    from repository_sync.model_control import desired_versions
+    from repository_sync.triton.model_control import desired_versions
 
     with env.triton() as tc:  # READY or meant to be loaded (e.g. by an evaluation starting now)
         on_any = getattr(tc, "ready_versions_any", tc.ready_versions)  # READY on any replica counts
@@ -335,7 +335,7 @@ def run_promotion(
         target = promo.previous_champion or champ
         apply_live(TrafficPlan.single(name, chal, name=f"{name}:champion"))  # live plan names it
         with env.triton() as tc:
-            from repository_sync.model_control import reconcile_model
+            from repository_sync.triton.model_control import reconcile_model
 
             versions = reconcile_model(tc, registry, model, triton_model=name,
                                        keep=[chal, int(target)])["versions"]

@@ -75,7 +75,7 @@ def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder
         name = _triton_name(target)
         with env.triton() as tc:
             info, _ = tc.verify(name, target.version)  # re-verified before any load
-            from repository_sync.model_control import reconcile
+            from repository_sync.triton.model_control import reconcile
 
             reconcile(tc, name, add=[target.version], config_version=target.version)
         plan = TrafficPlan.single(name, target.version, name=f"{name}:manual-rollback")

@@ -258,7 +258,7 @@ def load_and_smoke(
 ) -> dict[str, Any]:
     """Verify, load (explicit mode), wait READY, send the validation sample, compare with the source.
 
-    Uses :meth:`repository_sync.triton_client.TritonModelControl.load_and_smoke_test`: the version
+    Uses :meth:`repository_sync.triton.client.TritonModelControl.load_and_smoke_test`: the version
     is verified against its signature (a local copy for S3), loaded with its signed
     ``config.pbtxt.intended`` through the repository API keeping other READY versions loaded,
     awaited READY within ``settings.load_timeout_s``, then the first ``validation_sample_rows``
@@ -287,7 +287,7 @@ def load_and_smoke(
         ModelLoadError: not READY in time. InsufficientMemoryError: not enough free memory now.
         ServiceUnavailableError: Triton unreachable. (Infrastructure: not tagged, retried.)
     """
-    from repository_sync.triton_replicas import triton_control
+    from repository_sync.triton.replicas import triton_control
 
     t0 = time.perf_counter()
     s = settings or get_settings()

@@ -254,7 +254,7 @@ def _load(name: str, version: int, feeds: Mapping[str, np.ndarray],
         The load info (``versions``, ``load_s``, ``signature_digest``, ``key_id``).
     """
     from ground.coordination import coordination_store
-    from repository_sync.triton_client import TritonModelControl
+    from repository_sync.triton.client import TritonModelControl
     from tritonflow.pipelines.publish import _unload_version_if_ready
 
     with TritonModelControl(triton_url or settings.triton_http_url, repository=repository_uri,

@@ -70,7 +70,7 @@ def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> di
     """
     from drift_checks.reference import load_reference
     from repository_sync.sentinel import GoldenSet
-    from repository_sync.triton_client import frame_to_inputs
+    from repository_sync.triton.client import frame_to_inputs
     from tritonflow.pipelines.canary import _env, _triton_name
     from tritonflow.pipelines.publish_record import reference_root
 

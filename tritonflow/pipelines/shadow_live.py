@@ -94,7 +94,7 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
     from repository_sync.routing.gateway_probe import wait_live
     from repository_sync.routing.mirror import MirrorRecorder
     from repository_sync.routing.traffic_plan import Mirror, TrafficPlan
-    from repository_sync.triton_replicas import triton_control
+    from repository_sync.triton.replicas import triton_control
     from tritonflow.pipelines.canary import DEFAULT_LIVE_TIMEOUT_S, CanaryEnvironment, default_holder
     from tritonflow.pipelines.shadow import _as_info, _endpoint, _settings, log_root, trusted_keys_dir
     from tritonflow.pipelines.shadow_classes import (

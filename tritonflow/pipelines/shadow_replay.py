@@ -172,7 +172,7 @@ def _gather(futures: list[Any], where: str) -> np.ndarray:
 
 def _inputs(frame: Any, info: Mapping[str, Any], served: _Served, role: str):
     """Request arrays for ``served`` from the logged rows (signature columns, in order)."""
-    from repository_sync.triton_client import frame_to_inputs
+    from repository_sync.triton.client import frame_to_inputs
 
     columns = list(info.get("input_columns") or [])
     if columns:
@@ -278,7 +278,7 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
         TransientError: Triton did not answer or a load timed out (retry later).
     """
     from drift_checks.inference_log import read_window
-    from repository_sync.triton_replicas import triton_control
+    from repository_sync.triton.replicas import triton_control
 
     s = _settings(settings)
     t0 = time.monotonic()

@@ -2,12 +2,12 @@
 
 The gateway balances over N Triton servers that share one model repository (S3 or NFS).
 :class:`TritonReplicaSet` has the interface the pipelines use on a
-:class:`~repository_sync.triton_client.TritonModelControl` (load, unload, unload_versions,
+:class:`~repository_sync.triton.client.TritonModelControl` (load, unload, unload_versions,
 ready_versions, is_ready, wait_ready, verify, smoke_test, load_and_smoke_test, index,
 coordination_key, close) and acts on every replica:
 
 * **One lease per model, not per replica.** A change goes through
-  :func:`repository_sync.model_control.reconcile` under the model's ``model-control`` lease; the
+  :func:`repository_sync.triton.model_control.reconcile` under the model's ``model-control`` lease; the
   desired set of versions is recorded once (per model name) and every replica is brought to it.
 * **Verification once.** The replicas read the same repository, so a version's signature is
   verified once, before anything is sent to any replica; the digest is reported per replica.
@@ -37,7 +37,7 @@ from ground.values import parse_replica_urls
 from repository_sync.layout import plan_version
 from repository_sync.signing import SignatureInfo
 from repository_sync.storage.base import RepositoryStorage
-from repository_sync.triton_client import (
+from repository_sync.triton.client import (
     InputSpec,
     SmokeResult,
     TritonModelControl,
@@ -141,7 +141,7 @@ class TritonReplicaSet:
         Raises:
             ModelLoadError: A replica not READY in time (the message names it).
         """
-        from repository_sync.model_control import name_replica
+        from repository_sync.triton.model_control import name_replica
 
         start = time.monotonic()
         for i, r in enumerate(self.replicas):
@@ -169,13 +169,13 @@ class TritonReplicaSet:
 
     def unload(self, name: str) -> None:
         """Unload every version of ``name`` on every replica (registry-needed versions stay)."""
-        from repository_sync.model_control import reconcile
+        from repository_sync.triton.model_control import reconcile
 
         reconcile(self, name, exactly=())
 
     def unload_versions(self, name: str, versions: Sequence[int]) -> dict:
         """Unload ``versions`` of ``name`` on every replica, keeping the other desired ones."""
-        from repository_sync.model_control import reconcile
+        from repository_sync.triton.model_control import reconcile
 
         return reconcile(self, name, remove=[int(v) for v in versions])
 
@@ -201,7 +201,7 @@ class TritonReplicaSet:
                 in the message); the replicas changed before it and itself are back to the desired
                 set, the later ones untouched.
         """
-        from repository_sync.model_control import reconcile
+        from repository_sync.triton.model_control import reconcile
 
         version = plan_version(name, version).version
         start = time.monotonic()
@@ -229,7 +229,7 @@ class TritonReplicaSet:
             ParityError, DataError, InferenceRequestError: From the first replica that fails,
                 with the replica named.
         """
-        from repository_sync.model_control import name_replica
+        from repository_sync.triton.model_control import name_replica
 
         out: dict[str, SmokeResult] = {}
         for i, r in enumerate(self.replicas):

@@ -21,7 +21,7 @@ Here the set of versions a model keeps loaded is **desired state** in the coordi
 A model tritonflow has never controlled (no record) starts from what Triton has READY, read once
 under the lease. The desired set is per model name: every Triton serving the repository (replicas
 behind the gateway) is meant to serve the same set. With a
-:class:`repository_sync.triton_replicas.TritonReplicaSet` one lease covers every replica: the load
+:class:`repository_sync.triton.replicas.TritonReplicaSet` one lease covers every replica: the load
 request goes to the replicas in order, each READY before the next; when one fails, the replicas
 already changed and the failing one are brought back to the desired set, which is unchanged, and
 the error names the replica.
@@ -86,8 +86,8 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
     """Change the versions ``name`` keeps loaded in one Triton request, under its model-control lease.
 
     Args:
-        control: A :class:`repository_sync.triton_client.TritonModelControl` or a
-            :class:`repository_sync.triton_replicas.TritonReplicaSet` (every replica, one lease).
+        control: A :class:`repository_sync.triton.client.TritonModelControl` or a
+            :class:`repository_sync.triton.replicas.TritonReplicaSet` (every replica, one lease).
         name: Triton model name.
         add: Versions to load beside the desired ones.
         remove: Versions to unload (a version the registry still needs stays).

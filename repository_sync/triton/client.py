@@ -13,7 +13,7 @@ Loading:
   for that load. Its ``version_policy`` is set to ``specific`` = the requested version plus the
   versions the model is meant to keep loaded (``keep_loaded=True``), so loading a challenger does
   not unload the champion. That set is desired state in the shared coordination database, changed
-  under the model's ``model-control`` lease (:mod:`repository_sync.model_control`), never a
+  under the model's ``model-control`` lease (:mod:`repository_sync.triton.model_control`), never a
   read-modify-write of what is READY: two tasks loading versions of one model at once both keep
   theirs. Triton applies one config per loaded model: the kept versions are reloaded with the new
   config if it differs; pass ``keep_loaded=False`` (or load under another model name) when that is
@@ -28,7 +28,7 @@ float, so ``9007199254740993`` (2**53 + 1) arrives exactly. A row with a missing
 is not sent; it is reported in :attr:`SmokeResult.invalid_rows` and counted as an invalid request.
 
 Input building (:func:`frame_to_inputs`, :func:`exact_integer`, :class:`InputSpec`) lives in
-:mod:`repository_sync.triton_inputs` and is re-exported here.
+:mod:`repository_sync.triton.inputs` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from repository_sync.model_config import model_filename_for, parse_config
 from repository_sync.signing import SignatureInfo, load_public_keys, verify_version
 from repository_sync.storage.base import RepositoryStorage
 from repository_sync.storage.open import open_repository
-from repository_sync.triton_inputs import (
+from repository_sync.triton.inputs import (
     FLOAT64_EXACT_INT_LIMIT,
     InputSpec,
     check_input_array,
@@ -160,7 +160,7 @@ class TritonModelControl:
             URL) holding the model-control leases and desired versions. Default: a store private to
             this process (serialises its threads only; pipelines pass the shared one).
         needed_versions: ``name -> versions`` the registry needs loaded (e.g. from
-            :func:`repository_sync.model_control.registry_versions`); always kept loaded.
+            :func:`repository_sync.triton.model_control.registry_versions`); always kept loaded.
         holder: Who acts (dag/run/task), named when another task waits for the lease.
         lock_timeout_s: Seconds a load/unload waits for another one of the same model (default: the
             store's ``model_control_timeout_s``, i.e. ``TRITONFLOW_MODEL_CONTROL_LOCK_TIMEOUT_S``).
@@ -284,13 +284,13 @@ class TritonModelControl:
 
         Versions the registry needs (``needed_versions``) stay loaded.
         """
-        from repository_sync.model_control import reconcile
+        from repository_sync.triton.model_control import reconcile
 
         reconcile(self, name, exactly=())
 
     def unload_versions(self, name: str, versions: Sequence[int]) -> dict:
         """Unload ``versions`` of ``name`` and keep the other desired ones, in one request."""
-        from repository_sync.model_control import reconcile
+        from repository_sync.triton.model_control import reconcile
 
         return reconcile(self, name, remove=[int(v) for v in versions])
 
@@ -374,7 +374,7 @@ class TritonModelControl:
             ModelLoadRefusedError: Triton refused the load (its message included).
             ModelLoadError: Not READY in time.
         """
-        from repository_sync.model_control import reconcile
+        from repository_sync.triton.model_control import reconcile
 
         version = plan_version(name, version).version
         start = time.monotonic()
@@ -581,7 +581,7 @@ def load_then_smoke(control: Any, name: str, version: int, config: Any, *, keep_
     Raises:
         Whatever the load or the smoke test raised.
     """
-    from repository_sync.model_control import desired_versions, reconcile
+    from repository_sync.triton.model_control import desired_versions, reconcile
 
     was_desired = int(version) in desired_versions(control.coordination, control.coordination_key(name))
     info = control.load(name, version, config, keep_loaded=keep_loaded, timeout_s=timeout_s)

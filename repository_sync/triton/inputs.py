@@ -3,7 +3,7 @@
 Integer inputs are built from object/int columns value by value, never through float, so
 ``9007199254740993`` (2**53 + 1) arrives exactly (:func:`exact_integer`). A row with a missing or
 non-integer id is not sent; :func:`frame_to_inputs` reports it with its reason so the caller can
-count it as an invalid request. Used by :class:`repository_sync.triton_client.TritonModelControl`
+count it as an invalid request. Used by :class:`repository_sync.triton.client.TritonModelControl`
 and the pipelines that replay logged inputs.
 """
 
