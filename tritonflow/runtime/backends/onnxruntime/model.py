@@ -151,7 +151,9 @@ class TritonPythonModel:
     def execute(self, requests):
         """Triton Python backend hook: run a batch of requests, one response each."""
         responses = [None] * len(requests)
-        feeds, sizes, live = {}, [], []
+        feeds: dict[str, list] = {}
+        sizes: list[int] = []
+        live: list[int] = []
         for idx, request in enumerate(requests):
             try:
                 arrays = {}

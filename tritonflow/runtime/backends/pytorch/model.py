@@ -91,7 +91,9 @@ class TritonPythonModel:
     def execute(self, requests):
         """Triton Python backend hook: run a batch of requests, one response each."""
         responses = [None] * len(requests)
-        parts, sizes, live = {}, [], []
+        parts: dict[str, list] = {}
+        sizes: list[int] = []
+        live: list[int] = []
         for idx, request in enumerate(requests):
             try:
                 arrays = {n: self._array(request, n, t, d) for n, t, d in self.inputs}
