@@ -10,7 +10,7 @@ stage and by ``tritonflow validate`` (which publishes nothing). Steps:
 3. the validation sample: the dataset's rows, else the input example plus seeded perturbations;
 4. ``config.pbtxt`` with protobuf (``platform: "pytorch_libtorch"`` for TorchScript);
 5. pre-push checks (:func:`~model_registry.validation.validate_for_push` or
-   :func:`~model_registry.pytorch_conversion.validate_torchscript_for_push`);
+   :func:`~model_registry.validation.validate_torchscript_for_push`);
 6. the parity gate against the MLflow model as it predicts (pyfunc; ``predict_proba`` of
    classifiers), per output and per class, with label flips;
 7. for tree ensembles, the float32 split-threshold probes (:mod:`model_registry.probing`);
@@ -276,9 +276,9 @@ def _config_and_checks(converted: Any, sample: dict[str, Any], plan: Any, *, mod
         a TorchScript runner).
     """
     from model_registry.analyzer_config import parse_int_list
-    from model_registry.pytorch_conversion import torchscript_runner, validate_torchscript_for_push
+    from model_registry.pytorch_conversion import torchscript_runner
     from model_registry.triton_config import DynamicBatchingSpec, build_config, declared_io
-    from model_registry.validation import validate_for_push
+    from model_registry.validation import validate_for_push, validate_torchscript_for_push
 
     s = settings
     delay = parse_int_list(s.analyzer_queue_delays_us, "analyzer_queue_delays_us")[0]
