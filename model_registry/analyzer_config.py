@@ -104,7 +104,7 @@ def shape_flags(
 
     Raises:
         ProfilingError: An input name contains ``:`` (ambiguous with ``NAME:DIMS``; rename it with
-            :func:`model_registry.conversion.sanitize_io_names`), a variable input has no shape,
+            :func:`model_registry.conversion.common.sanitize_io_names`), a variable input has no shape,
             or a given shape does not fit the config's dims.
     """
     name = model_name or config.name
@@ -114,7 +114,7 @@ def shape_flags(
             raise ProfilingError(
                 f"model {name!r}: input {io_.name!r} contains ':' which perf_analyzer's --shape "
                 "NAME:DIMS cannot express; rename it to an identifier ([A-Za-z_][A-Za-z0-9_]*) with "
-                "model_registry.conversion.sanitize_io_names and regenerate config.pbtxt"
+                "model_registry.conversion.common.sanitize_io_names and regenerate config.pbtxt"
             )
     for io_ in config.input:
         dims = list(io_.dims)

@@ -66,7 +66,7 @@ def sample_frame(inputs: Sequence[Any], model_io: Any, sample: Mapping[str, Any]
     """
     import pandas as pd
 
-    from model_registry.conversion import MISSING_STRING
+    from model_registry.conversion.common import MISSING_STRING
 
     dtypes = {t.name: t.dtype for t in getattr(model_io, "inputs", ()) if t.name}
     data = {}
@@ -143,7 +143,7 @@ class SourceModel:
             try:
                 self.raw = self.pyfunc.get_raw_model()
             except (NotImplementedError, AttributeError):
-                from model_registry.flavors import CONVERTERS
+                from model_registry.conversion.flavors import CONVERTERS
 
                 self.raw = CONVERTERS[flavor].load(model_uri)
 
@@ -167,7 +167,7 @@ class GateResult:
 
     Attributes:
         model_name: Triton model name used in messages and the config.
-        converted: The :class:`~model_registry.conversion.ConvertedModel`.
+        converted: The :class:`~model_registry.conversion.common.ConvertedModel`.
         model_bytes: The served model file's bytes.
         model_filename: ``model.onnx`` or ``model.pt``.
         config: The ``ModelConfig``.
@@ -248,7 +248,7 @@ def _compatible_conversion(model_uri: str, *, schema: Any, model_name: str, expo
     Returns:
         ``(converted, notes, compat_problems_before)``.
     """
-    from model_registry.flavors import convert_mlflow_model
+    from model_registry.conversion.flavors import convert_mlflow_model
     from model_registry.validation import check_onnx_compat, make_compatible
 
     s = settings
@@ -276,7 +276,7 @@ def _config_and_checks(converted: Any, sample: dict[str, Any], plan: Any, *, mod
         a TorchScript runner).
     """
     from model_registry.analyzer_config import parse_int_list
-    from model_registry.pytorch_conversion import torchscript_runner
+    from model_registry.conversion.pytorch import torchscript_runner
     from model_registry.triton_config import DynamicBatchingSpec, build_config, declared_io
     from model_registry.validation import validate_for_push, validate_torchscript_for_push
 
@@ -318,7 +318,7 @@ def _probe_failure(probes: dict[str, Any], model_name: str) -> str:
 
 def _provenance_of(converted: Any, model_name: str, settings: Settings) -> dict[str, Any]:
     """The provenance record: converter packages, ONNX IR/opset, flavour, format, target release."""
-    from model_registry.flavors import converter_for
+    from model_registry.conversion.flavors import converter_for
     from model_registry.provenance import provenance
 
     conv = converter_for([converted.source_flavor], model_name=model_name)

@@ -214,7 +214,7 @@ def declared_io(inputs: Sequence[Any], outputs: Sequence[Any]) -> tuple[list[Ten
     Items have ``name``, ``dtype`` (numpy name) and ``shape`` (``-1`` axes become symbolic, axis 0
     ``"batch"``).
 
-    Used for models that are not ONNX (TorchScript: :class:`model_registry.conversion.TensorSchema`
+    Used for models that are not ONNX (TorchScript: :class:`model_registry.conversion.common.TensorSchema`
     items), so :func:`build_config` and :func:`check_config` treat them alike.
     """
     def info(t: Any) -> TensorInfo:

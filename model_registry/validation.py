@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnxruntime
     from tritonclient.grpc import model_config_pb2
 
-    from model_registry.conversion import ConvertedModel, TensorSchema
+    from model_registry.conversion.common import ConvertedModel, TensorSchema
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ def check_outputs_are_tensors(model: OnnxLike, *, model_name: str = "model") -> 
         raise ModelValidationError(
             f"model {model_name!r}: {listed}; Triton serves only tensors. Re-convert with "
             "ZipMap disabled: skl2onnx convert_sklearn(..., options={id(clf): {'zipmap': False}}) "
-            "(model_registry.conversion.convert_sklearn does this), which gives "
+            "(model_registry.conversion.common.convert_sklearn does this), which gives "
             "probabilities as tensor(float) [N, C]"
         )
 
@@ -507,7 +507,7 @@ def validate_torchscript_for_push(
     Checks: the config agrees with the traced module's tensors (names, dtypes, ranks; the config
     says ``platform: "pytorch_libtorch"``); the module runs at batch 1 and, when batching, at batch
     ``min(max_batch_size, 3)`` with row 0 unchanged; outputs are finite. The eval-mode
-    and determinism checks ran at conversion (:func:`model_registry.pytorch_conversion.verify_torchscript`).
+    and determinism checks ran at conversion (:func:`model_registry.conversion.pytorch.verify_torchscript`).
 
     Returns:
         :class:`ValidationReport` (IR version 0, no opsets).
@@ -515,7 +515,7 @@ def validate_torchscript_for_push(
     Raises:
         ModelValidationError / ModelConfigError: Naming the model, the check and the tensor.
     """
-    from model_registry.pytorch_conversion import torchscript_runner
+    from model_registry.conversion.pytorch import torchscript_runner
     from model_registry.triton_config import declared_io
 
     name = model_name or config.name or "model"
@@ -613,12 +613,12 @@ def to_feeds(data: Any, inputs: Sequence["TensorSchema"]) -> dict[str, np.ndarra
 def string_tensor(values: Any) -> np.ndarray:
     """A ``tensor(string)`` feed: an object array of ``str``; missing values become ``"nan"``.
 
-    ``None``/``NaN``/``pandas.NA`` become :data:`model_registry.conversion.MISSING_STRING` (the
+    ``None``/``NaN``/``pandas.NA`` become :data:`model_registry.conversion.common.MISSING_STRING` (the
     category skl2onnx writes for scikit-learn's ``NaN`` category); bytes are decoded as UTF-8.
     """
     import pandas as pd
 
-    from model_registry.conversion import MISSING_STRING
+    from model_registry.conversion.common import MISSING_STRING
 
     arr = np.asarray(values, dtype=object)
     out = np.empty(arr.shape, dtype=object)

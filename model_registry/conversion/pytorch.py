@@ -1,6 +1,6 @@
 """PyTorch conversion: ``nn.Module`` to ONNX (dynamic batch axis) or TorchScript (traced in eval).
 
-The converter of the ``pytorch`` MLflow flavour (registered in :mod:`model_registry.flavors`). Both
+The converter of the ``pytorch`` MLflow flavour (registered in :mod:`model_registry.conversion.flavors`). Both
 formats deep-copy the module, put it in ``eval()`` and export/trace under ``torch.no_grad()``;
 TorchScript results must pass :func:`verify_torchscript`. TorchScript tensors are named
 by NVIDIA's libtorch convention (``<name>__<index>``, outputs ``output__<index>``), so the same
@@ -19,7 +19,7 @@ import numpy as np
 
 from ground.exceptions import ModelConversionError, ModelValidationError
 from ground.settings import Settings
-from model_registry.conversion import (
+from model_registry.conversion.common import (
     SAFE_NAME,
     ConvertedModel,
     TensorSchema,
@@ -198,7 +198,7 @@ def verify_torchscript(
         raise ModelValidationError(
             f"model {model_name!r}: TorchScript check failed: " + "; ".join(problems)
             + ". The module was probably traced in train mode: call model.eval() and trace "
-            "under torch.no_grad() (model_registry.pytorch_conversion.convert_pytorch does this)"
+            "under torch.no_grad() (model_registry.conversion.pytorch.convert_pytorch does this)"
         )
     return {"max_abs_diff": diff, "repeat_max_abs_diff": rep}
 
