@@ -275,8 +275,8 @@ def _config_and_checks(converted: Any, sample: dict[str, Any], plan: Any, *, mod
         ``(config, validation_report, served)``; ``served`` is what parity runs (the ONNX model, or
         a TorchScript runner).
     """
-    from model_registry.analyzer_config import parse_int_list
     from model_registry.conversion.pytorch import torchscript_runner
+    from model_registry.profiling.analyzer_config import parse_int_list
     from model_registry.triton_config import DynamicBatchingSpec, build_config, declared_io
     from model_registry.validation import validate_for_push, validate_torchscript_for_push
 

@@ -5,7 +5,7 @@ Analyzer ``profile`` config (``cpu_only`` and only ``KIND_CPU`` instance groups 
 explicit perf_analyzer ``shape`` entry per variable-dim input, as a YAML list of ``NAME:D1,D2``
 strings), :func:`check_profile_config` refuses a config that breaks those rules, and
 :func:`perf_analyzer_argv` builds the same flags for a direct perf_analyzer run. Used by
-:mod:`model_registry.analyzer`.
+:mod:`model_registry.profiling.analyzer`.
 """
 
 from __future__ import annotations
