@@ -470,7 +470,7 @@ def local_model(model_uri: str, download_dir: str | None = None) -> tuple[str, A
     from mlflow.models import Model
 
     from ground.exceptions import ModelConversionError
-    from model_registry.registry_entities import ModelIO, schema_to_tensors
+    from model_registry.registry.entities import ModelIO, schema_to_tensors
 
     path = model_uri[len("file://"):] if model_uri.startswith("file://") else model_uri
     if not os.path.isdir(path):

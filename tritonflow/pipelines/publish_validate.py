@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 from ground.exceptions import DataError, ParityError, SettingsError
 from ground.settings import Settings, get_settings
-from model_registry.registry_client import pinned_mlflow_uris
+from model_registry.registry.client import pinned_mlflow_uris
 from tritonflow.pipelines.publish_common import (
     CONFIG_FILENAME,
     DEFAULT_MAX_BATCH_SIZE,
