@@ -18,8 +18,8 @@ import pandas as pd
 
 from ground.exceptions import DataError, TrainingError
 from model_registry.noaa_model import TrainedModel
-from model_registry.registry_client import pinned_mlflow_uris
-from model_registry.registry_entities import CHALLENGER_ALIAS, TAG_PREFIX
+from model_registry.registry.client import pinned_mlflow_uris
+from model_registry.registry.entities import CHALLENGER_ALIAS, TAG_PREFIX
 from model_registry.training_registration import (
     DEFAULT_EXPERIMENT,
     MODEL_ARTIFACT_NAME,

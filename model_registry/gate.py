@@ -10,7 +10,7 @@ stage and by ``tritonflow validate`` (which publishes nothing). Steps:
 3. the validation sample: the dataset's rows, else the input example plus seeded perturbations;
 4. ``config.pbtxt`` with protobuf (``platform: "pytorch_libtorch"`` for TorchScript);
 5. pre-push checks (:func:`~model_registry.validation.validate_for_push` or
-   :func:`~model_registry.pytorch_conversion.validate_torchscript_for_push`);
+   :func:`~model_registry.validation.validate_torchscript_for_push`);
 6. the parity gate against the MLflow model as it predicts (pyfunc; ``predict_proba`` of
    classifiers), per output and per class, with label flips;
 7. for tree ensembles, the float32 split-threshold probes (:mod:`model_registry.probing`);
@@ -66,7 +66,7 @@ def sample_frame(inputs: Sequence[Any], model_io: Any, sample: Mapping[str, Any]
     """
     import pandas as pd
 
-    from model_registry.conversion import MISSING_STRING
+    from model_registry.conversion.common import MISSING_STRING
 
     dtypes = {t.name: t.dtype for t in getattr(model_io, "inputs", ()) if t.name}
     data = {}
@@ -143,7 +143,7 @@ class SourceModel:
             try:
                 self.raw = self.pyfunc.get_raw_model()
             except (NotImplementedError, AttributeError):
-                from model_registry.flavors import CONVERTERS
+                from model_registry.conversion.flavors import CONVERTERS
 
                 self.raw = CONVERTERS[flavor].load(model_uri)
 
@@ -167,7 +167,7 @@ class GateResult:
 
     Attributes:
         model_name: Triton model name used in messages and the config.
-        converted: The :class:`~model_registry.conversion.ConvertedModel`.
+        converted: The :class:`~model_registry.conversion.common.ConvertedModel`.
         model_bytes: The served model file's bytes.
         model_filename: ``model.onnx`` or ``model.pt``.
         config: The ``ModelConfig``.
@@ -241,6 +241,93 @@ def _onnx_of(converted: Any, model_name: str) -> Any:
     return converted.onnx_model
 
 
+def _compatible_conversion(model_uri: str, *, schema: Any, model_name: str, export_format: str,
+                           settings: Settings) -> tuple[Any, list[str], list[str]]:
+    """Convert the model and, for ONNX, re-export it down to what the target Triton runs.
+
+    Returns:
+        ``(converted, notes, compat_problems_before)``.
+    """
+    from model_registry.conversion.flavors import convert_mlflow_model
+    from model_registry.validation import check_onnx_compat, make_compatible
+
+    s = settings
+    converted = convert_mlflow_model(model_uri, schema=schema, model_name=model_name, settings=s,
+                                     export_format=export_format)
+    notes = list(converted.notes)
+    compat_before: list[str] = []
+    if converted.format != "torchscript":
+        compat = check_onnx_compat(_onnx_of(converted, model_name), s, model_name=model_name)
+        compat_before = compat.problems
+        if not compat.ok:
+            converted.onnx_model, changed = make_compatible(_onnx_of(converted, model_name), s,
+                                                            model_name=model_name)
+            notes += changed
+            log.warning("model %s: IR/opset above %s, re-exported: %s", model_name, s.target_triton_release, changed)
+    return converted, notes, compat_before
+
+
+def _config_and_checks(converted: Any, sample: dict[str, Any], plan: Any, *, model_name: str,
+                       max_batch_size: int, settings: Settings) -> tuple[Any, Any, Any]:
+    """Build the ``config.pbtxt`` and run the pre-push checks against it.
+
+    Returns:
+        ``(config, validation_report, served)``; ``served`` is what parity runs (the ONNX model, or
+        a TorchScript runner).
+    """
+    from model_registry.conversion.pytorch import torchscript_runner
+    from model_registry.profiling.analyzer_config import parse_int_list
+    from model_registry.triton_config import DynamicBatchingSpec, build_config, declared_io
+    from model_registry.validation import validate_for_push, validate_torchscript_for_push
+
+    s = settings
+    delay = parse_int_list(s.analyzer_queue_delays_us, "analyzer_queue_delays_us")[0]
+    batching = DynamicBatchingSpec(max_queue_delay_us=delay) if max_batch_size > 0 else None
+    filename = MODEL_FILENAMES[converted.format]
+    if converted.format == "torchscript":
+        config = build_config(model_name, declared_io(converted.inputs, converted.outputs),
+                              max_batch_size=max_batch_size, dynamic_batching=batching,
+                              instance_groups=plan.instance_groups(), default_model_filename=filename,
+                              platform="pytorch_libtorch")
+        report = validate_torchscript_for_push(converted, config, sample, model_name=model_name, settings=s)
+        return config, report, torchscript_runner(converted.torchscript, converted.inputs, converted.outputs)
+    onnx_model = _onnx_of(converted, model_name)
+    config = build_config(model_name, onnx_model, max_batch_size=max_batch_size,
+                          dynamic_batching=batching, instance_groups=plan.instance_groups(),
+                          default_model_filename=filename)
+    report = validate_for_push(onnx_model, config, sample, model_name=model_name, settings=s)
+    return config, report, onnx_model
+
+
+def _expected_outputs(src_out: Any, parity: Any) -> dict[str, np.ndarray]:
+    """The source model's outputs by served output name (the smoke test's expected values)."""
+    if isinstance(src_out, Mapping):
+        return {k: np.asarray(v) for k, v in src_out.items()}
+    (only,) = parity.outputs  # parity_check matched the single source output to one output
+    return {only: np.asarray(src_out.to_numpy() if hasattr(src_out, "to_numpy") else src_out)}
+
+
+def _probe_failure(probes: dict[str, Any], model_name: str) -> str:
+    """The parity failure the threshold probes found, or ``""``."""
+    if probes.get("passed") is not False:
+        return ""
+    return (f"parity gate failed for model {model_name!r} on {probes['rows']} rows next to float32 "
+            f"split thresholds: max abs difference {probes['max_abs_diff']:.6g}, "
+            f"{probes['label_flips']} label flip(s); worst rows {probes['worst_rows'][:3]}")
+
+
+def _provenance_of(converted: Any, model_name: str, settings: Settings) -> dict[str, Any]:
+    """The provenance record: converter packages, ONNX IR/opset, flavour, format, target release."""
+    from model_registry.conversion.flavors import converter_for
+    from model_registry.provenance import provenance
+
+    conv = converter_for([converted.source_flavor], model_name=model_name)
+    return provenance(conv.packages,
+                      onnx_model=None if converted.format == "torchscript" else converted.onnx_model,
+                      source_flavor=converted.source_flavor, export_format=converted.format,
+                      converter=converted.converter, target_release=settings.target_triton_release)
+
+
 def validate_model(
     model_uri: str,
     model_io: Any,
@@ -274,36 +361,16 @@ def validate_model(
         ModelConversionError, ModelValidationError, ModelConfigError: Conversion or a pre-push
             check failed (nothing to publish).
     """
-    from model_registry.analyzer_config import parse_int_list
-    from model_registry.flavors import convert_mlflow_model, converter_for
     from model_registry.hardware import inventory, plan_instances
     from model_registry.parity import parity_check
-    from model_registry.provenance import provenance
-    from model_registry.pytorch_conversion import torchscript_runner, validate_torchscript_for_push
-    from model_registry.triton_config import DynamicBatchingSpec, build_config, declared_io
-    from model_registry.validation import (
-        check_onnx_compat,
-        make_compatible,
-        validate_for_push,
-        validation_sample,
-    )
+    from model_registry.validation import validation_sample
 
     s = settings
     a = s.parity_atol if atol is None else float(atol)
     r = s.parity_rtol if rtol is None else float(rtol)
-    converted = convert_mlflow_model(model_uri, schema=schema, model_name=model_name, settings=s,
-                                     export_format=export_format)
-    notes = list(converted.notes)
-    compat_before: list[str] = []
+    converted, notes, compat_before = _compatible_conversion(
+        model_uri, schema=schema, model_name=model_name, export_format=export_format, settings=s)
     torchscript = converted.format == "torchscript"
-    if not torchscript:
-        compat = check_onnx_compat(_onnx_of(converted, model_name), s, model_name=model_name)
-        compat_before = compat.problems
-        if not compat.ok:
-            converted.onnx_model, changed = make_compatible(_onnx_of(converted, model_name), s,
-                                                            model_name=model_name)
-            notes += changed
-            log.warning("model %s: IR/opset above %s, re-exported: %s", model_name, s.target_triton_release, changed)
     sample = validation_sample(converted.inputs, dataset=dataset, input_example=model_io.input_example,
                                rows=dataset_rows if dataset is not None else None, settings=s)
     round_integer_columns(sample, converted.inputs, model_io)
@@ -312,23 +379,8 @@ def validate_model(
     model_bytes = converted.serialized()
     hardware = inventory()
     plan = plan_instances(len(model_bytes), hardware=hardware, settings=s)
-    delay = parse_int_list(s.analyzer_queue_delays_us, "analyzer_queue_delays_us")[0]
-    batching = DynamicBatchingSpec(max_queue_delay_us=delay) if max_batch_size > 0 else None
-    filename = MODEL_FILENAMES[converted.format]
-    if torchscript:
-        config = build_config(model_name, declared_io(converted.inputs, converted.outputs),
-                              max_batch_size=max_batch_size, dynamic_batching=batching,
-                              instance_groups=plan.instance_groups(), default_model_filename=filename,
-                              platform="pytorch_libtorch")
-        report = validate_torchscript_for_push(converted, config, sample, model_name=model_name, settings=s)
-        served = torchscript_runner(converted.torchscript, converted.inputs, converted.outputs)
-    else:
-        onnx_model = _onnx_of(converted, model_name)
-        config = build_config(model_name, onnx_model, max_batch_size=max_batch_size,
-                              dynamic_batching=batching, instance_groups=plan.instance_groups(),
-                              default_model_filename=filename)
-        report = validate_for_push(onnx_model, config, sample, model_name=model_name, settings=s)
-        served = onnx_model
+    config, report, served = _config_and_checks(converted, sample, plan, model_name=model_name,
+                                                max_batch_size=max_batch_size, settings=s)
 
     source = SourceModel(model_uri, converted.source_flavor)
     src_in = source_input(model_io, converted.inputs, sample, dataset, n_rows)
@@ -336,25 +388,15 @@ def validate_model(
     parity = parity_check(lambda _x: src_out, served, sample, source_sample=src_in, atol=a, rtol=r,
                           raise_on_failure=False, model_name=model_name, settings=s)
     failure = "" if parity.passed else parity.describe_failures(model_name)
-    if isinstance(src_out, Mapping):
-        expected = {k: np.asarray(v) for k, v in src_out.items()}
-    else:
-        (only,) = parity.outputs  # parity_check matched the single source output to one output
-        expected = {only: np.asarray(src_out.to_numpy() if hasattr(src_out, "to_numpy") else src_out)}
+    expected = _expected_outputs(src_out, parity)
 
     probes: dict[str, Any] = {"probed": False, "note": "TorchScript (no tree ensemble)" if torchscript else ""}
     if not torchscript:
         probes = _probe_thresholds(converted, model_io, dataset, source, served, a, r, model_name, s)
-        if probes.get("passed") is False and not failure:
-            failure = (f"parity gate failed for model {model_name!r} on {probes['rows']} rows next to float32 "
-                       f"split thresholds: max abs difference {probes['max_abs_diff']:.6g}, "
-                       f"{probes['label_flips']} label flip(s); worst rows {probes['worst_rows'][:3]}")
-    conv = converter_for([converted.source_flavor], model_name=model_name)
-    record = provenance(conv.packages, onnx_model=None if torchscript else converted.onnx_model,
-                        source_flavor=converted.source_flavor, export_format=converted.format,
-                        converter=converted.converter, target_release=s.target_triton_release)
-    return GateResult(model_name, converted, model_bytes, filename, config, sample, expected, parity, probes,
-                      report, record, notes, compat_before, plan, hardware, failure)
+        failure = failure or _probe_failure(probes, model_name)
+    record = _provenance_of(converted, model_name, s)
+    return GateResult(model_name, converted, model_bytes, MODEL_FILENAMES[converted.format], config, sample,
+                      expected, parity, probes, report, record, notes, compat_before, plan, hardware, failure)
 
 
 def _probe_thresholds(converted, model_io, dataset, source, served, atol, rtol, model_name, s) -> dict[str, Any]:
@@ -428,7 +470,7 @@ def local_model(model_uri: str, download_dir: str | None = None) -> tuple[str, A
     from mlflow.models import Model
 
     from ground.exceptions import ModelConversionError
-    from model_registry.registry_entities import ModelIO, schema_to_tensors
+    from model_registry.registry.entities import ModelIO, schema_to_tensors
 
     path = model_uri[len("file://"):] if model_uri.startswith("file://") else model_uri
     if not os.path.isdir(path):

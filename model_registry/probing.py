@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
     import pandas as pd
 
-    from model_registry.conversion import TensorSchema
+    from model_registry.conversion.common import TensorSchema
 
 #: ONNX operators whose thresholds are float32 splits.
 TREE_OPS = ("TreeEnsembleClassifier", "TreeEnsembleRegressor", "TreeEnsemble")

@@ -350,6 +350,147 @@ def _worse_by(value: float, bound: float, higher_is_better: bool) -> float:
     return (bound - value) if higher_is_better else (value - bound)
 
 
+def _replayed_outputs(champion: Any, challenger: Any | None,
+                      multi: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """The champion's and challenger's outputs as arrays over the same replayed rows."""
+    if multi:
+        from drift_checks.multiclass import as_probabilities
+
+        a = as_probabilities(champion, "champion outputs")
+        b = None if challenger is None else as_probabilities(challenger, "challenger outputs", n_classes=a.shape[1])
+        if b is not None and b.shape[0] != a.shape[0]:
+            raise DataError(f"challenger outputs have {b.shape[0]} rows, champion outputs {a.shape[0]}; "
+                            "expected the same replayed rows")
+    else:
+        a = as_score_vector(champion, "champion outputs")
+        b = None
+        if challenger is not None:
+            a, b = paired_outputs(a, challenger)
+    if a.size == 0:
+        raise DataError("champion outputs are empty (expected at least one replayed row)")
+    return a, b
+
+
+def _label_vector(labels: Any | None, a: np.ndarray) -> np.ndarray:
+    """The labels per replayed row, ``NaN`` where none arrived."""
+    y = (np.full(a.shape[0], np.nan) if labels is None
+         else as_score_vector(labels, "labels", allow_nan=True))
+    if y.shape != a.shape[:1]:
+        raise DataError(f"labels have {y.size} rows, outputs {a.shape[0]}; expected equal")
+    return y
+
+
+def _agreement_and_shift(a: np.ndarray, b: np.ndarray | None, rule: DecisionRule,
+                         multi: bool) -> tuple[float | None, dict[str, float] | None]:
+    """How often the two models agree and how far the challenger's outputs moved (label-free)."""
+    if b is None:
+        return None, None
+    if not multi:
+        return (prediction_agreement(a, b, task=rule.task, threshold=rule.threshold),
+                output_shift(a, b))
+    from scipy.stats import ks_2samp
+
+    from drift_checks.multiclass import per_class_prediction_shift
+
+    agreement = float(np.mean(np.argmax(a, axis=1) == np.argmax(b, axis=1)))
+    per_class = per_class_prediction_shift(a, b)
+    worst = per_class["per_class"][per_class["worst_class"]]
+    shift = {"ks_statistic": per_class["max_ks"],
+             "ks_pvalue": float(ks_2samp(a[:, worst["class"]], b[:, worst["class"]]).pvalue),
+             "psi": per_class["max_psi"], "worst_class": float(per_class["worst_class"])}
+    return agreement, shift
+
+
+def _labelled_champion_metrics(y: np.ndarray, a: np.ndarray, mask: np.ndarray, rule: DecisionRule,
+                               multi: bool, reasons: list[str]) -> tuple[bool, dict[str, float]]:
+    """The champion's metrics on the labelled rows, and whether there are enough to judge."""
+    n_lab = int(mask.sum())
+    enough = n_lab >= rule.min_labels
+    champ_metrics: dict[str, float] = {}
+    if enough:
+        if multi:
+            from drift_checks.multiclass import multiclass_metrics
+
+            champ_metrics = multiclass_metrics(y[mask], a[mask])
+        else:
+            champ_metrics = task_metrics(y[mask], a[mask], task=rule.task, threshold=rule.threshold)
+    primary = champ_metrics.get(rule.primary_metric, float("nan"))
+    if not enough:
+        reasons.append(f"only {n_lab} labelled rows; at least min_labels={rule.min_labels} needed")
+    elif math.isnan(primary):
+        enough = False
+        reasons.append(f"{rule.primary_metric} is undefined on the {n_lab} labelled rows "
+                       "(a single class)")
+    return enough, champ_metrics
+
+
+def _champion_degraded(primary: float, rule: DecisionRule, champion_reference: float | None,
+                       reasons: list[str]) -> bool:
+    """Whether the champion's point estimate fell below the floor or too far below its reference."""
+    higher = METRICS[rule.task][rule.primary_metric]
+    degraded = False
+    if rule.champion_floor is not None and _worse_by(primary, rule.champion_floor, higher) > 0:
+        degraded = True
+        reasons.append(f"champion {rule.primary_metric}={primary:.4f} is worse than the "
+                       f"floor {rule.champion_floor}")
+    if champion_reference is not None:
+        drop = _worse_by(primary, float(champion_reference), higher)
+        if drop > rule.degradation_tolerance:
+            degraded = True
+            reasons.append(f"champion {rule.primary_metric}={primary:.4f} is worse than its "
+                           f"reference {champion_reference:.4f} by {drop:.4f} "
+                           f"(> tolerance {rule.degradation_tolerance})")
+    return degraded
+
+
+def _paired_comparisons(y: np.ndarray, a: np.ndarray, b: np.ndarray, rule: DecisionRule,
+                        multi: bool) -> dict[str, MetricComparison]:
+    """Paired-bootstrap comparisons on the labelled rows: primary metric, guardrails, the rest."""
+    names = [rule.primary_metric] + [g for g in rule.guardrail_metrics
+                                     if g != rule.primary_metric]
+    names += [m for m in METRICS[rule.task] if m not in names]
+    if multi:
+        from drift_checks.multiclass import paired_bootstrap_multiclass
+
+        return paired_bootstrap_multiclass(y, a, b, metrics=names, n_boot=rule.n_boot,
+                                           confidence=rule.confidence, seed=rule.seed)
+    return paired_bootstrap(y, a, b, metrics=names, task=rule.task, n_boot=rule.n_boot,
+                            confidence=rule.confidence, seed=rule.seed, threshold=rule.threshold)
+
+
+def _challenger_verdict(comparisons: dict[str, MetricComparison], rule: DecisionRule,
+                        reasons: list[str]) -> Verdict:
+    """The rule applied to the comparisons: a broken guardrail loses, a cleared margin wins."""
+    p = comparisons[rule.primary_metric]
+    broken = [g for g in rule.guardrail_metrics
+              if comparisons[g].improvement < -rule.guardrail_tolerance]
+    summary = (f"{rule.primary_metric} improvement {p.improvement:+.4f}, "
+               f"{rule.confidence:.0%} CI [{p.ci_low:+.4f}, {p.ci_high:+.4f}]")
+    if broken:
+        reasons.append(summary)
+        for g in broken:
+            reasons.append(f"guardrail {g}: challenger worse by {-comparisons[g].improvement:.4f}"
+                           f" (> tolerance {rule.guardrail_tolerance})")
+        return Verdict.CHALLENGER_LOSES
+    if p.ci_low >= rule.margin:
+        reasons.append(f"{summary} >= margin {rule.margin}")
+        return Verdict.CHALLENGER_WINS
+    if p.ci_high < 0:
+        reasons.append(f"{summary} entirely below 0: the champion is better")
+        return Verdict.CHALLENGER_LOSES
+    reasons.append(f"{summary} does not clear margin {rule.margin}")
+    return Verdict.NO_DIFFERENCE
+
+
+def _outcome(verdict: Verdict, degraded: bool | None) -> Outcome:
+    """What to do about the verdict: promote, retrain a degraded champion, or nothing."""
+    if verdict is Verdict.CHALLENGER_WINS:
+        return Outcome.PROMOTE_CHALLENGER
+    if verdict is Verdict.INCONCLUSIVE:
+        return Outcome.INCONCLUSIVE
+    return Outcome.RETRAIN if degraded else Outcome.NOTHING
+
+
 def evaluate(labels: Any | None, champion: Any, challenger: Any | None, *,
              rule: DecisionRule | None = None,
              champion_reference: float | None = None) -> ShadowDecision:
@@ -373,125 +514,30 @@ def evaluate(labels: Any | None, champion: Any, challenger: Any | None, *,
     """
     rule = rule or DecisionRule()
     multi = rule.task is Task.MULTICLASS
-    if multi:
-        from drift_checks.multiclass import as_probabilities, multiclass_metrics, paired_bootstrap_multiclass
-
-        a = as_probabilities(champion, "champion outputs")
-        b = None if challenger is None else as_probabilities(challenger, "challenger outputs", n_classes=a.shape[1])
-        if b is not None and b.shape[0] != a.shape[0]:
-            raise DataError(f"challenger outputs have {b.shape[0]} rows, champion outputs {a.shape[0]}; "
-                            "expected the same replayed rows")
-    else:
-        a = as_score_vector(champion, "champion outputs")
-        b = None
-        if challenger is not None:
-            a, b = paired_outputs(a, challenger)
-    if a.size == 0:
-        raise DataError("champion outputs are empty (expected at least one replayed row)")
-    y = (np.full(a.shape[0], np.nan) if labels is None
-         else as_score_vector(labels, "labels", allow_nan=True))
-    if y.shape != a.shape[:1]:
-        raise DataError(f"labels have {y.size} rows, outputs {a.shape[0]}; expected equal")
+    a, b = _replayed_outputs(champion, challenger, multi)
+    y = _label_vector(labels, a)
     mask = ~np.isnan(y)
-    n_lab = int(mask.sum())
     reasons: list[str] = []
-    higher = METRICS[rule.task][rule.primary_metric]
-
-    agreement = shift = None
-    if b is not None and multi:
-        from drift_checks.multiclass import per_class_prediction_shift
-
-        agreement = float(np.mean(np.argmax(a, axis=1) == np.argmax(b, axis=1)))
-        per_class = per_class_prediction_shift(a, b)
-        worst = per_class["per_class"][per_class["worst_class"]]
-        from scipy.stats import ks_2samp
-
-        shift = {"ks_statistic": per_class["max_ks"],
-                 "ks_pvalue": float(ks_2samp(a[:, worst["class"]], b[:, worst["class"]]).pvalue),
-                 "psi": per_class["max_psi"], "worst_class": float(per_class["worst_class"])}
-    elif b is not None:
-        agreement = prediction_agreement(a, b, task=rule.task, threshold=rule.threshold)
-        shift = output_shift(a, b)
-
-    enough = n_lab >= rule.min_labels
-    comparisons: dict[str, MetricComparison] = {}
-    champ_metrics: dict[str, float] = {}
-    if enough:
-        champ_metrics = (multiclass_metrics(y[mask], a[mask]) if multi else
-                         task_metrics(y[mask], a[mask], task=rule.task, threshold=rule.threshold))
+    agreement, shift = _agreement_and_shift(a, b, rule, multi)
+    enough, champ_metrics = _labelled_champion_metrics(y, a, mask, rule, multi, reasons)
     primary = champ_metrics.get(rule.primary_metric, float("nan"))
-    if not enough:
-        reasons.append(f"only {n_lab} labelled rows; at least min_labels={rule.min_labels} needed")
-    elif math.isnan(primary):
-        enough = False
-        reasons.append(f"{rule.primary_metric} is undefined on the {n_lab} labelled rows "
-                       "(a single class)")
+    degraded = _champion_degraded(primary, rule, champion_reference, reasons) if enough else None
 
-    # Champion degradation (point estimate on the labelled rows).
-    degraded: bool | None = None
-    if enough:
-        degraded = False
-        if rule.champion_floor is not None and _worse_by(primary, rule.champion_floor, higher) > 0:
-            degraded = True
-            reasons.append(f"champion {rule.primary_metric}={primary:.4f} is worse than the "
-                           f"floor {rule.champion_floor}")
-        if champion_reference is not None:
-            drop = _worse_by(primary, float(champion_reference), higher)
-            if drop > rule.degradation_tolerance:
-                degraded = True
-                reasons.append(f"champion {rule.primary_metric}={primary:.4f} is worse than its "
-                               f"reference {champion_reference:.4f} by {drop:.4f} "
-                               f"(> tolerance {rule.degradation_tolerance})")
-
+    comparisons: dict[str, MetricComparison] = {}
     if b is None:
         verdict = Verdict.NO_CHALLENGER if enough else Verdict.INCONCLUSIVE
         reasons.insert(0, "no challenger to compare")
     elif not enough:
         verdict = Verdict.INCONCLUSIVE
     else:
-        names = [rule.primary_metric] + [g for g in rule.guardrail_metrics
-                                         if g != rule.primary_metric]
-        names += [m for m in METRICS[rule.task] if m not in names]
-        if multi:
-            comparisons = paired_bootstrap_multiclass(y[mask], a[mask], b[mask], metrics=names,
-                                                      n_boot=rule.n_boot, confidence=rule.confidence,
-                                                      seed=rule.seed)
-        else:
-            comparisons = paired_bootstrap(y[mask], a[mask], b[mask], metrics=names, task=rule.task,
-                                           n_boot=rule.n_boot, confidence=rule.confidence,
-                                           seed=rule.seed, threshold=rule.threshold)
-        p = comparisons[rule.primary_metric]
-        broken = [g for g in rule.guardrail_metrics
-                  if comparisons[g].improvement < -rule.guardrail_tolerance]
-        summary = (f"{rule.primary_metric} improvement {p.improvement:+.4f}, "
-                   f"{rule.confidence:.0%} CI [{p.ci_low:+.4f}, {p.ci_high:+.4f}]")
-        if broken:
-            verdict = Verdict.CHALLENGER_LOSES
-            reasons.append(summary)
-            for g in broken:
-                reasons.append(f"guardrail {g}: challenger worse by {-comparisons[g].improvement:.4f}"
-                               f" (> tolerance {rule.guardrail_tolerance})")
-        elif p.ci_low >= rule.margin:
-            verdict = Verdict.CHALLENGER_WINS
-            reasons.append(f"{summary} >= margin {rule.margin}")
-        elif p.ci_high < 0:
-            verdict = Verdict.CHALLENGER_LOSES
-            reasons.append(f"{summary} entirely below 0: the champion is better")
-        else:
-            verdict = Verdict.NO_DIFFERENCE
-            reasons.append(f"{summary} does not clear margin {rule.margin}")
-
-    if verdict is Verdict.CHALLENGER_WINS:
-        outcome = Outcome.PROMOTE_CHALLENGER
-    elif verdict is Verdict.INCONCLUSIVE:
-        outcome = Outcome.INCONCLUSIVE
-    else:
-        outcome = Outcome.RETRAIN if degraded else Outcome.NOTHING
+        comparisons = _paired_comparisons(y[mask], a[mask], b[mask], rule, multi)
+        verdict = _challenger_verdict(comparisons, rule, reasons)
 
     return ShadowDecision(
-        verdict=verdict, outcome=outcome, champion_degraded=degraded, reasons=tuple(reasons),
-        rule=rule, n_rows=int(a.shape[0]), n_labelled=n_lab, agreement=agreement,
-        output_shift=shift, comparisons=comparisons, champion_metrics=champ_metrics,
+        verdict=verdict, outcome=_outcome(verdict, degraded), champion_degraded=degraded,
+        reasons=tuple(reasons), rule=rule, n_rows=int(a.shape[0]), n_labelled=int(mask.sum()),
+        agreement=agreement, output_shift=shift, comparisons=comparisons,
+        champion_metrics=champ_metrics,
         champion_reference=None if champion_reference is None else float(champion_reference),
     )
 

@@ -38,7 +38,7 @@ import pandas as pd
 from ground.exceptions import ConcurrencyError, DataError, RetrainCooldownError
 from model_registry.entry_points import EntryPoint, resolve_callable, run_entry_point
 from model_registry.noaa_model import MIN_TRAINING_ROWS, NoaaTrainingParams, TrainedModel, train_noaa
-from model_registry.registry_entities import CHALLENGER_ALIAS, TAG_PREFIX
+from model_registry.registry.entities import CHALLENGER_ALIAS, TAG_PREFIX
 from model_registry.training_registration import (
     DEFAULT_EXPERIMENT,
     INPUT_EXAMPLE_ROWS,

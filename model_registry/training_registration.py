@@ -19,8 +19,8 @@ import pandas as pd
 from ground.exceptions import DataError, RegistryError
 from model_registry.datasets import DAY_COLUMN, LABEL_COLUMN, TIMESTAMP_COLUMN
 from model_registry.noaa_model import TrainedModel
-from model_registry.registry_client import pinned_mlflow_uris
-from model_registry.registry_entities import CHALLENGER_ALIAS, TAG_PREFIX
+from model_registry.registry.client import pinned_mlflow_uris
+from model_registry.registry.entities import CHALLENGER_ALIAS, TAG_PREFIX
 
 #: MLflow experiment that retraining runs are logged to.
 DEFAULT_EXPERIMENT = "tritonflow-retrain"

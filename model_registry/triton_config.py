@@ -214,7 +214,7 @@ def declared_io(inputs: Sequence[Any], outputs: Sequence[Any]) -> tuple[list[Ten
     Items have ``name``, ``dtype`` (numpy name) and ``shape`` (``-1`` axes become symbolic, axis 0
     ``"batch"``).
 
-    Used for models that are not ONNX (TorchScript: :class:`model_registry.conversion.TensorSchema`
+    Used for models that are not ONNX (TorchScript: :class:`model_registry.conversion.common.TensorSchema`
     items), so :func:`build_config` and :func:`check_config` treat them alike.
     """
     def info(t: Any) -> TensorInfo:
@@ -251,6 +251,104 @@ class DynamicBatchingSpec:
 
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_us: int = 0
+
+
+def _servable_io(name: str, model: ModelIO) -> tuple[list[TensorInfo], list[TensorInfo]]:
+    """The model's inputs and outputs, each a dense tensor with a Triton type and a shape."""
+    inputs, outputs = model_io(model)
+    for t in inputs + outputs:
+        if not t.is_tensor:
+            raise ModelConfigError(
+                f"model {name!r}: tensor {t.name!r} has type {t.onnx_type}; Triton serves only "
+                "dense tensors (re-convert with ZipMap disabled, see model_registry.conversion)"
+            )
+        if t.triton_type is None:
+            raise ModelConfigError(f"model {name!r}: tensor {t.name!r} type {t.onnx_type} has no Triton data type")
+        if t.shape is None:
+            raise ModelConfigError(
+                f"model {name!r}: tensor {t.name!r} declares no shape; re-export with static ranks"
+            )
+    return inputs, outputs
+
+
+def _served_batch_size(name: str, tensors: Sequence[TensorInfo], max_batch_size: int,
+                       on_fixed_batch: str) -> int:
+    """``max_batch_size``, or ``0`` (with a warning) when a tensor fixes axis 0 and that is allowed."""
+    fixed = [t for t in tensors if not t.batch_axis_dynamic] if max_batch_size > 0 else []
+    if not fixed:
+        return max_batch_size
+    t = fixed[0]
+    msg = (
+        f"model {name!r}: max_batch_size {max_batch_size} needs a dynamic batch axis but "
+        f"tensor {t.name!r} has shape {t.shape_text()} (axis 0 fixed"
+        + (f" to {t.shape[0]}" if t.shape else "")
+        + "); re-export with a dynamic batch axis"
+    )
+    if on_fixed_batch == "refuse":
+        raise ModelConfigError(msg + ", or build with max_batch_size=0")
+    log.warning("%s; serving with max_batch_size 0, full dims and no dynamic batching", msg)
+    return 0
+
+
+def _add_tensors(cfg: "model_config_pb2.ModelConfig", inputs: Sequence[TensorInfo],
+                 outputs: Sequence[TensorInfo], batched: bool) -> None:
+    """Write the ``input``/``output`` entries; with batching, axis 0 is left out of ``dims``."""
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    for spec, group in ((inputs, cfg.input), (outputs, cfg.output)):
+        for t in spec:
+            io = group.add()
+            io.name = t.name
+            io.data_type = pb.DataType.Value(t.triton_type)
+            shape = t.shape
+            assert shape is not None  # every tensor's shape was checked by _servable_io
+            dims = [_config_dim(d) for d in (shape[1:] if batched else shape)]
+            if batched and not dims:
+                io.dims.extend([1])
+                io.reshape.SetInParent()  # reshape { shape: [] }: the tensor is [batch] in the model
+            else:
+                io.dims.extend(dims)
+
+
+def _apply_dynamic_batching(cfg: "model_config_pb2.ModelConfig", name: str,
+                            dynamic_batching: DynamicBatchingSpec | None, max_batch_size: int) -> None:
+    """Write the ``dynamic_batching`` block, or drop it (warning) when batching is disabled."""
+    if dynamic_batching is None:
+        return
+    if max_batch_size <= 0:
+        log.warning("model %r: dynamic_batching dropped because max_batch_size is 0", name)
+        return
+    too_big = [b for b in dynamic_batching.preferred_batch_sizes if b < 1 or b > max_batch_size]
+    if too_big:
+        raise ModelConfigError(
+            f"preferred_batch_sizes={list(dynamic_batching.preferred_batch_sizes)} has {too_big} "
+            f"(expected values in 1..max_batch_size={max_batch_size})"
+        )
+    if dynamic_batching.max_queue_delay_us < 0:
+        raise ModelConfigError(
+            f"max_queue_delay_us={dynamic_batching.max_queue_delay_us} is invalid (expected >= 0)"
+        )
+    db = cfg.dynamic_batching
+    db.SetInParent()
+    db.preferred_batch_size.extend(dynamic_batching.preferred_batch_sizes)
+    db.max_queue_delay_microseconds = int(dynamic_batching.max_queue_delay_us)
+
+
+def _add_instance_groups(cfg: "model_config_pb2.ModelConfig",
+                         instance_groups: Sequence[InstanceGroupSpec]) -> None:
+    """Write the ``instance_group`` entries, each checked for kind and count."""
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    for g in instance_groups:
+        if g.kind not in {"KIND_CPU", "KIND_GPU"}:
+            raise ModelConfigError(f"instance group kind={g.kind!r} is invalid (expected KIND_CPU or KIND_GPU)")
+        if g.count < 1:
+            raise ModelConfigError(f"instance group count={g.count} is invalid (expected >= 1)")
+        ig = cfg.instance_group.add()
+        ig.kind = pb.ModelInstanceGroup.Kind.Value(g.kind)
+        ig.count = g.count
+        if g.kind == "KIND_GPU":
+            ig.gpus.extend(g.gpus)
 
 
 def build_config(
@@ -307,36 +405,8 @@ def build_config(
         raise ModelConfigError(
             f"on_fixed_batch={on_fixed_batch!r} is invalid (expected 'disable_batching' or 'refuse')"
         )
-    inputs, outputs = model_io(model)
-    for t in inputs + outputs:
-        if not t.is_tensor:
-            raise ModelConfigError(
-                f"model {name!r}: tensor {t.name!r} has type {t.onnx_type}; Triton serves only "
-                "dense tensors (re-convert with ZipMap disabled, see model_registry.conversion)"
-            )
-        if t.triton_type is None:
-            raise ModelConfigError(f"model {name!r}: tensor {t.name!r} type {t.onnx_type} has no Triton data type")
-        if t.shape is None:
-            raise ModelConfigError(
-                f"model {name!r}: tensor {t.name!r} declares no shape; re-export with static ranks"
-            )
-
-    batched = max_batch_size > 0
-    if batched:
-        fixed = [t for t in inputs + outputs if not t.batch_axis_dynamic]
-        if fixed:
-            t = fixed[0]
-            msg = (
-                f"model {name!r}: max_batch_size {max_batch_size} needs a dynamic batch axis but "
-                f"tensor {t.name!r} has shape {t.shape_text()} (axis 0 fixed"
-                + (f" to {t.shape[0]}" if t.shape else "")
-                + "); re-export with a dynamic batch axis"
-            )
-            if on_fixed_batch == "refuse":
-                raise ModelConfigError(msg + ", or build with max_batch_size=0")
-            log.warning("%s; serving with max_batch_size 0, full dims and no dynamic batching", msg)
-            batched = False
-            max_batch_size = 0
+    inputs, outputs = _servable_io(name, model)
+    max_batch_size = _served_batch_size(name, inputs + outputs, max_batch_size, on_fixed_batch)
 
     cfg = pb.ModelConfig(name=name, max_batch_size=max_batch_size)
     if platform:
@@ -344,50 +414,9 @@ def build_config(
     else:
         cfg.backend = backend
     cfg.default_model_filename = default_model_filename
-    for spec, group in ((inputs, cfg.input), (outputs, cfg.output)):
-        for t in spec:
-            io = group.add()
-            io.name = t.name
-            io.data_type = pb.DataType.Value(t.triton_type)
-            shape = t.shape
-            assert shape is not None  # every tensor's shape was checked above
-            dims = [_config_dim(d) for d in (shape[1:] if batched else shape)]
-            if batched and not dims:
-                io.dims.extend([1])
-                io.reshape.SetInParent()  # reshape { shape: [] }: the tensor is [batch] in the model
-            else:
-                io.dims.extend(dims)
-
-    if dynamic_batching is not None:
-        if not batched:
-            log.warning("model %r: dynamic_batching dropped because max_batch_size is 0", name)
-        else:
-            too_big = [b for b in dynamic_batching.preferred_batch_sizes if b < 1 or b > max_batch_size]
-            if too_big:
-                raise ModelConfigError(
-                    f"preferred_batch_sizes={list(dynamic_batching.preferred_batch_sizes)} has {too_big} "
-                    f"(expected values in 1..max_batch_size={max_batch_size})"
-                )
-            if dynamic_batching.max_queue_delay_us < 0:
-                raise ModelConfigError(
-                    f"max_queue_delay_us={dynamic_batching.max_queue_delay_us} is invalid (expected >= 0)"
-                )
-            db = cfg.dynamic_batching
-            db.SetInParent()
-            db.preferred_batch_size.extend(dynamic_batching.preferred_batch_sizes)
-            db.max_queue_delay_microseconds = int(dynamic_batching.max_queue_delay_us)
-
-    for g in instance_groups:
-        if g.kind not in {"KIND_CPU", "KIND_GPU"}:
-            raise ModelConfigError(f"instance group kind={g.kind!r} is invalid (expected KIND_CPU or KIND_GPU)")
-        if g.count < 1:
-            raise ModelConfigError(f"instance group count={g.count} is invalid (expected >= 1)")
-        ig = cfg.instance_group.add()
-        ig.kind = pb.ModelInstanceGroup.Kind.Value(g.kind)
-        ig.count = g.count
-        if g.kind == "KIND_GPU":
-            ig.gpus.extend(g.gpus)
-
+    _add_tensors(cfg, inputs, outputs, batched=max_batch_size > 0)
+    _apply_dynamic_batching(cfg, name, dynamic_batching, max_batch_size)
+    _add_instance_groups(cfg, instance_groups)
     _apply_version_policy(cfg, version_policy)
     for key, value in (parameters or {}).items():
         cfg.parameters[key].string_value = str(value)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnxruntime
     from tritonclient.grpc import model_config_pb2
 
-    from model_registry.conversion import TensorSchema
+    from model_registry.conversion.common import ConvertedModel, TensorSchema
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ def check_outputs_are_tensors(model: OnnxLike, *, model_name: str = "model") -> 
         raise ModelValidationError(
             f"model {model_name!r}: {listed}; Triton serves only tensors. Re-convert with "
             "ZipMap disabled: skl2onnx convert_sklearn(..., options={id(clf): {'zipmap': False}}) "
-            "(model_registry.conversion.convert_sklearn does this), which gives "
+            "(model_registry.conversion.common.convert_sklearn does this), which gives "
             "probabilities as tensor(float) [N, C]"
         )
 
@@ -490,6 +490,68 @@ def validate_for_push(
 
 
 # ----------------------------------------------------------------------------- validation sample
+
+
+def validate_torchscript_for_push(
+    converted: "ConvertedModel",
+    config: Any,
+    sample: Any,
+    *,
+    model_name: str | None = None,
+    settings: Settings,
+) -> Any:
+    """Pre-push checks of a TorchScript model and its config.
+
+    The TorchScript analogue of :func:`validate_for_push`.
+
+    Checks: the config agrees with the traced module's tensors (names, dtypes, ranks; the config
+    says ``platform: "pytorch_libtorch"``); the module runs at batch 1 and, when batching, at batch
+    ``min(max_batch_size, 3)`` with row 0 unchanged; outputs are finite. The eval-mode
+    and determinism checks ran at conversion (:func:`model_registry.conversion.pytorch.verify_torchscript`).
+
+    Returns:
+        :class:`ValidationReport` (IR version 0, no opsets).
+
+    Raises:
+        ModelValidationError / ModelConfigError: Naming the model, the check and the tensor.
+    """
+    from model_registry.conversion.pytorch import torchscript_runner
+    from model_registry.triton_config import declared_io
+
+    name = model_name or config.name or "model"
+    if config.platform != "pytorch_libtorch":
+        raise ModelValidationError(
+            f"model {name!r}: a TorchScript config needs platform \"pytorch_libtorch\" (has "
+            f"platform {config.platform!r}, backend {config.backend!r})"
+        )
+    io = declared_io(converted.inputs, converted.outputs)
+    validate_config(config, io, model_name=name)
+    checks = ["torchscript_eval_determinism", "config"]
+    run = torchscript_runner(converted.torchscript, converted.inputs, converted.outputs)
+    n = min(len(np.asarray(v)) for v in sample.values())
+    try:
+        one = run(take_rows(sample, [0]))
+        sizes = [1]
+        b = min(int(config.max_batch_size), 3)
+        if b >= 2:
+            many = run(take_rows(sample, [i % n for i in range(b)]))
+            sizes.append(b)
+            for out, arr in one.items():
+                if many[out].shape[0] != b or not outputs_match(many[out][:1], arr, 1e-5, 1e-4):
+                    raise ModelValidationError(
+                        f"model {name!r}: output {out!r} of row 0 differs between batch 1 and batch "
+                        f"{b} (or loses the batch axis); the outputs depend on the batch"
+                    )
+    except ModelValidationError:
+        raise
+    except Exception as exc:  # torch raises RuntimeError for shape problems
+        raise ModelValidationError(f"model {name!r} fails in TorchScript: {str(exc).splitlines()[0][:300]}") from exc
+    checks.append("batching")
+    check_finite(one, model_name=name)
+    checks.append("finite")
+    return ValidationReport(name, 0, {}, sizes, checks)
+
+
 def to_feeds(data: Any, inputs: Sequence["TensorSchema"]) -> dict[str, np.ndarray]:
     """Turn an input example / dataset into ONNX feeds ``{input name: array}`` per the schema.
 
@@ -551,12 +613,12 @@ def to_feeds(data: Any, inputs: Sequence["TensorSchema"]) -> dict[str, np.ndarra
 def string_tensor(values: Any) -> np.ndarray:
     """A ``tensor(string)`` feed: an object array of ``str``; missing values become ``"nan"``.
 
-    ``None``/``NaN``/``pandas.NA`` become :data:`model_registry.conversion.MISSING_STRING` (the
+    ``None``/``NaN``/``pandas.NA`` become :data:`model_registry.conversion.common.MISSING_STRING` (the
     category skl2onnx writes for scikit-learn's ``NaN`` category); bytes are decoded as UTF-8.
     """
     import pandas as pd
 
-    from model_registry.conversion import MISSING_STRING
+    from model_registry.conversion.common import MISSING_STRING
 
     arr = np.asarray(values, dtype=object)
     out = np.empty(arr.shape, dtype=object)

@@ -114,7 +114,7 @@ def served(tmp_path_factory, mlflow_server):
     from sklearn.datasets import load_iris
     from sklearn.linear_model import LogisticRegression
 
-    from model_registry.conversion import convert_sklearn
+    from model_registry.conversion.common import convert_sklearn
     from model_registry.registry import RegistryClient
     from model_registry.triton_config import InstanceGroupSpec, build_config, to_pbtxt
     from repository_sync.publish import publish_version

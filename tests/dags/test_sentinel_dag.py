@@ -75,7 +75,7 @@ def serve_unhealthy_champion(home, tracking_uri: str, model: str, *, sentinel_in
     from sklearn.linear_model import LogisticRegression
 
     from drift_checks.reference import save_reference
-    from model_registry.conversion import convert_sklearn
+    from model_registry.conversion.common import convert_sklearn
     from model_registry.registry import RegistryClient
     from model_registry.triton_config import InstanceGroupSpec, build_config, to_pbtxt
     from repository_sync.publish import publish_version

@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from ground.exceptions import MeasurementUnstableError, ProfilingError, ToolingError
-from model_registry.analyzer import confirmation_repository
-from model_registry.analyzer_config import (
+from model_registry.hardware import GpuInfo, HardwareInventory
+from model_registry.profiling.analyzer import confirmation_repository
+from model_registry.profiling.analyzer_config import (
     SearchSpace,
     build_profile_config,
     check_profile_config,
@@ -21,7 +22,7 @@ from model_registry.analyzer_config import (
     shape_flags,
     write_profile_config,
 )
-from model_registry.analyzer_results import (
+from model_registry.profiling.analyzer_results import (
     ProfileRow,
     choose_best,
     read_perf_passes,
@@ -29,7 +30,6 @@ from model_registry.analyzer_results import (
     stability,
     unstable_configs_from_log,
 )
-from model_registry.hardware import GpuInfo, HardwareInventory
 from model_registry.triton_config import parse_config
 
 CPU_HOST = HardwareInventory((), False, "NVML unavailable (no NVIDIA driver/GPU)", 8 << 30, 4 << 30, 2)
@@ -320,7 +320,7 @@ def test_model_analyzer_profiles_a_cpu_model_and_the_chosen_config_fits_it(tmp_p
     from onnx import TensorProto, helper, numpy_helper
 
     from ground.settings import Settings
-    from model_registry.analyzer import profile_model
+    from model_registry.profiling.analyzer import profile_model
     from model_registry.triton_config import DynamicBatchingSpec, build_config, check_config, to_pbtxt
     from tritonflow.runtime.triton_tools import triton_tools
 
@@ -361,7 +361,7 @@ def test_confirmation_passes_measure_each_tried_config_on_a_scratch_triton(tmp_p
 
     from ground.exceptions import TransientError
     from ground.settings import Settings
-    from model_registry.analyzer import measure_config_passes
+    from model_registry.profiling.analyzer import measure_config_passes
     from model_registry.triton_config import build_config, to_pbtxt
     from tritonflow.runtime.triton_tools import triton_tools
 

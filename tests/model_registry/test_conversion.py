@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ground.exceptions import ModelConversionError, ModelValidationError
-from model_registry.conversion import (
+from model_registry.conversion.common import (
     TensorSchema,
     convert_onnx,
     convert_sklearn,
@@ -14,8 +14,8 @@ from model_registry.conversion import (
     sanitize_io_names,
     schema_from_signature,
 )
-from model_registry.flavors import convert_mlflow_model
-from model_registry.pytorch_conversion import convert_pytorch, verify_torchscript
+from model_registry.conversion.flavors import convert_mlflow_model
+from model_registry.conversion.pytorch import convert_pytorch, verify_torchscript
 from model_registry.triton_config import build_config, check_config, model_io
 from model_registry.validation import check_outputs_are_tensors, make_session
 

@@ -332,7 +332,7 @@ def test_per_class_prediction_shift_names_the_class_that_moved():
 
 # ------------------------------------------------------------------------------ p99 verdict
 def test_p99_regression_is_judged_beyond_the_noise_band():
-    from model_registry.perf import p99_regression
+    from model_registry.profiling.perf import p99_regression
 
     slow = p99_regression([2.0, 2.1, 2.2], [4.0, 4.1, 4.3], max_regression=0.10)
     assert slow.rejected and slow.regression == pytest.approx(4.1 / 2.1 - 1)
@@ -344,7 +344,7 @@ def test_p99_regression_is_judged_beyond_the_noise_band():
 
 def test_p99_regression_under_the_absolute_floor_passes_a_submillisecond_model():
     """A +40 % ratio that is 0.6 ms of scheduling noise is no regression; the same ratio at 15 ms is."""
-    from model_registry.perf import p99_regression
+    from model_registry.profiling.perf import p99_regression
 
     fast = p99_regression([1.50, 1.52, 1.55], [2.05, 2.10, 2.12], max_regression=0.10, min_regression_ms=1.0)
     assert fast.regression > fast.limit and not fast.rejected

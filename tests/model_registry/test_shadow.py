@@ -251,7 +251,7 @@ def test_onnx_classifier_names_its_classes_in_probability_column_order():
 
     from drift_checks.multiclass import onnx_class_labels
     from ground.settings import get_settings
-    from model_registry.conversion import convert_sklearn
+    from model_registry.conversion.common import convert_sklearn
 
     X, y = load_iris(return_X_y=True)
     X = X.astype(np.float32)

@@ -27,7 +27,7 @@ from ground.exceptions import (
 )
 from model_registry import datasets as ds
 from model_registry import training as tr
-from model_registry.registry_client import pinned_mlflow_uris
+from model_registry.registry.client import pinned_mlflow_uris
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

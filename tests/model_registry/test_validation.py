@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ground.exceptions import ModelConfigError, ModelValidationError, ParityError
-from model_registry.conversion import TensorSchema, convert_sklearn, sklearn_predict_fn
+from model_registry.conversion.common import TensorSchema, convert_sklearn, sklearn_predict_fn
 from model_registry.parity import parity_check
 from model_registry.triton_config import build_config, parse_config
 from model_registry.validation import (

@@ -69,7 +69,7 @@ def _convert(clf, X, name: str, folder: Path) -> Onnx:
     from mlflow.models import infer_signature
 
     from ground.settings import get_settings
-    from model_registry.conversion import convert_sklearn
+    from model_registry.conversion.common import convert_sklearn
     from model_registry.triton_config import InstanceGroupSpec, build_config, to_pbtxt
 
     conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=name, settings=get_settings())

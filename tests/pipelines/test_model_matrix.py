@@ -286,8 +286,8 @@ def test_profile_stage_drops_the_unstable_config_of_the_case_and_adopts_the_stea
     produced on demand); selection, adoption, checks and MLflow records are the real stage."""
     import onnxruntime as ort
 
-    from model_registry import analyzer
-    from model_registry.perf import PerfPass
+    from model_registry.profiling import analyzer
+    from model_registry.profiling.perf import PerfPass
     from model_registry.triton_config import build_config, to_pbtxt
 
     s = stack["settings"]

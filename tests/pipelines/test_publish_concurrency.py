@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from model_registry.registry_client import pinned_mlflow_uris
+from model_registry.registry.client import pinned_mlflow_uris
 from tests.conftest import make_settings
 from tests.pipelines.test_publish_pipeline import churn_data, register, unique
 from tritonflow.pipelines import publish as pipeline

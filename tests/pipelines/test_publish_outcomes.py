@@ -62,7 +62,7 @@ def _reject(settings, name, version, stage="profile", reason="ProfilingError: no
 
 def test_model_analyzer_failure_is_an_infrastructure_error_and_never_rejects(settings, classifier, tmp_path,
                                                                              monkeypatch):
-    from model_registry import analyzer
+    from model_registry.profiling import analyzer
     from tritonflow.runtime.triton_tools import triton_tools
 
     # the real model-analyzer, given a config it cannot run, exits non-zero: a tool failure
@@ -220,8 +220,8 @@ def test_profiling_runs_from_a_worker_with_a_minimal_environment(settings, class
            "TRITONFLOW_ANALYZER_QUEUE_DELAYS_US": "100", "TRITONFLOW_ANALYZER_CONCURRENCY": "1",
            "TRITONFLOW_ANALYZER_MEASUREMENT_MS": "1000", "TRITONFLOW_ANALYZER_STABILITY_CV": "0.5",
            "TRITONFLOW_ANALYZER_TIMEOUT_S": "500"}
-    from model_registry.analyzer import results_path
-    from model_registry.analyzer_results import read_results_csv
+    from model_registry.profiling.analyzer import results_path
+    from model_registry.profiling.analyzer_results import read_results_csv
 
     verdicts = []
     for _attempt in range(PROFILE_ATTEMPTS):
@@ -256,7 +256,7 @@ def test_a_host_too_busy_to_measure_keeps_the_generated_config_and_rejects_nothi
     """Model Analyzer measures for real; every confirmation pass then reports what perf_analyzer says
     on a busy host ("Failed to obtain stable measurement"). Nothing is chosen from those numbers and
     the model version is not judged by them: the generated config is kept, the profile says why."""
-    from model_registry.perf import PerfPass
+    from model_registry.profiling.perf import PerfPass
 
     reason = publish_profile.profiling_unavailable_reason(settings)
     if reason:

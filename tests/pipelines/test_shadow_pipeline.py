@@ -49,7 +49,7 @@ def publish_directly(settings, model: str, version: int, model_file_bytes: bytes
 
 def onnx_and_config(trained: tr.TrainedModel, model: str, settings):
     """skl2onnx conversion (ZipMap off) and a batched CPU config built with protobuf."""
-    from model_registry.conversion import convert_sklearn
+    from model_registry.conversion.common import convert_sklearn
     from model_registry.triton_config import InstanceGroupSpec, build_config
 
     converted = convert_sklearn(

@@ -52,7 +52,7 @@ from typing import Any, Callable, Mapping
 
 from ground.exceptions import DataError, RejectedVersionError, SettingsError
 from ground.settings import Settings, get_settings
-from model_registry.registry_entities import CHAMPION_ALIAS
+from model_registry.registry.entities import CHAMPION_ALIAS
 
 #: Model-version tag naming the Triton model a version was published as (written by publish).
 TRITON_NAME_TAG = "tritonflow.triton_model_name"

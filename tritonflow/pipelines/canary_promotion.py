@@ -20,7 +20,7 @@ import time
 import uuid
 from typing import Any, Callable, Mapping, Sequence
 
-from model_registry.registry_entities import CHAMPION_ALIAS, PREVIOUS_CHAMPION_ALIAS
+from model_registry.registry.entities import CHAMPION_ALIAS, PREVIOUS_CHAMPION_ALIAS
 from tritonflow.pipelines.canary import (
     CANARY_TAG_PREFIX,
     DEFAULT_LIVE_TIMEOUT_S,

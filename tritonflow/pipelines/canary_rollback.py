@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ground.exceptions import DataError, RegistryError
-from model_registry.registry_entities import CHAMPION_ALIAS
+from model_registry.registry.entities import CHAMPION_ALIAS
 from tritonflow.pipelines.canary import (
     DEFAULT_LIVE_TIMEOUT_S,
     CanaryEnvironment,

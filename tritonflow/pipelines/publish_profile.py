@@ -52,7 +52,7 @@ def profiling_unavailable_reason(settings: Settings | None = None) -> str:
     Needs ``model-analyzer``, ``perf_analyzer`` and ``tritonserver`` in the Triton tools
     environment (``settings.triton_venv``).
     """
-    from model_registry.analyzer import analyzer_binary
+    from model_registry.profiling.analyzer import analyzer_binary
     from tritonflow.runtime.services import triton_server_binary
 
     s = settings or get_settings()
@@ -71,7 +71,7 @@ def profiling_unavailable_reason(settings: Settings | None = None) -> str:
 
 
 def _search_space(bounds: Mapping[str, Any] | None, s: Settings, max_batch_size: int):
-    from model_registry.analyzer import SearchSpace, parse_int_list
+    from model_registry.profiling.analyzer import SearchSpace, parse_int_list
 
     b = dict(bounds or {})
     unknown = sorted(set(b) - set(PROFILE_BOUND_KEYS))
@@ -99,12 +99,12 @@ def profile(
 ) -> dict[str, Any]:
     """Profile the staged model with Triton Model Analyzer and adopt the best stable config.
 
-    The sweep is bounded (:class:`model_registry.analyzer.SearchSpace`: max batch sizes capped at
+    The sweep is bounded (:class:`model_registry.profiling.analyzer.SearchSpace`: max batch sizes capped at
     the requested ``max_batch_size``, instance counts, dynamic-batching delays, concurrencies,
     measurement window); objective throughput under ``p99 <= p99_latency_ms``; CPU-only hosts
     search KIND_CPU only; configs whose throughput CV exceeds the stability threshold or
     that perf_analyzer could not stabilise are dropped: Model Analyzer's ranking (one
-    measurement per config) is confirmed by :func:`model_registry.analyzer.confirm_selection`,
+    measurement per config) is confirmed by :func:`model_registry.profiling.analyzer.confirm_selection`,
     which re-measures the ``analyzer_confirm_top`` best configs in ``analyzer_confirm_passes``
     interleaved perf_analyzer passes on one Triton. The winning config replaces the
     staged ``config.pbtxt`` after the same pre-push checks; the results table, the chosen config
@@ -176,7 +176,7 @@ def profile(
 def _profile(staged, search, s: Settings, reg, ref, timeout_s, pass_runner=None) -> dict[str, Any]:
     import csv
 
-    from model_registry.analyzer import confirm_selection, profile_model
+    from model_registry.profiling.analyzer import confirm_selection, profile_model
     from model_registry.triton_config import config_summary, read_config, to_pbtxt
     from model_registry.validation import validate_for_push
     from tritonflow.runtime.triton_tools import triton_tools
@@ -247,7 +247,7 @@ def perf_gate(
 
     The champion is the version holding the ``champion`` alias (skipped when there is none, when it
     is this version, or when it is not in the repository). Both are measured on one local Triton
-    (:func:`model_registry.perf.perf_regression_gate`) at the champion's chosen concurrency (its
+    (:func:`model_registry.profiling.perf.perf_regression_gate`) at the champion's chosen concurrency (its
     ``tritonflow.profile`` tag, else the first ``analyzer_concurrency``), in interleaved
     perf_analyzer passes (``perf_gate_passes``, >= 3 each) with the validation sample as input
     data. The challenger is rejected when its median p99 is worse than the champion's by more
@@ -276,7 +276,7 @@ def perf_gate(
 
 def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | None, s: Settings) -> dict[str, Any]:
     from ground.exceptions import PerformanceRegressionError, RegistryError
-    from model_registry.perf import perf_regression_gate
+    from model_registry.profiling.perf import perf_regression_gate
     from tritonflow.runtime.triton_tools import triton_tools
 
     name = staged["triton_model_name"]
@@ -353,7 +353,7 @@ def _champion_folder(repository: str, name: str, version: int, dest: Path, s: Se
 
 def _champion_concurrency(champion: Any, s: Settings) -> int:
     """The champion's profiled concurrency (``tritonflow.profile`` tag), else the first searched one."""
-    from model_registry.analyzer import parse_int_list
+    from model_registry.profiling.analyzer import parse_int_list
 
     try:
         value = int(json.loads(champion.tags.get("tritonflow.profile", "{}")).get("concurrency") or 0)

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from ground.exceptions import DataError
 from ground.settings import Settings, get_settings
-from model_registry.registry_client import pinned_mlflow_uris
+from model_registry.registry.client import pinned_mlflow_uris
 from tritonflow.pipelines.publish_common import (
     PUBLISH_ARTIFACT_PATH,
     REAL_REFERENCE_PREFIX,

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 from ground.exceptions import DataError, ParityError, SettingsError
 from ground.settings import Settings, get_settings
-from model_registry.registry_client import pinned_mlflow_uris
+from model_registry.registry.client import pinned_mlflow_uris
 from tritonflow.pipelines.publish_common import (
     CONFIG_FILENAME,
     DEFAULT_MAX_BATCH_SIZE,
@@ -180,7 +180,7 @@ def convert_and_validate(
         dataset_uri: Optional validation dataset (CSV/Parquet, see :func:`load_dataset`); it is also
             the drift reference recorded by :func:`~tritonflow.pipelines.publish_record.record`.
         schema: Explicit input schema for a model logged without a signature (see
-            :func:`model_registry.conversion.schema_from_signature`).
+            :func:`model_registry.conversion.common.schema_from_signature`).
         export_format: ``"onnx"`` or ``"torchscript"`` (PyTorch models; ``platform:
             "pytorch_libtorch"``, file ``model.pt``).
         settings: Settings (default: from the environment).

@@ -110,7 +110,7 @@ def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> di
 
 def monitored_models(env: Any = None) -> list[str]:
     """Registered models holding a ``champion`` alias, sorted."""
-    from model_registry.registry_entities import CHAMPION_ALIAS
+    from model_registry.registry.entities import CHAMPION_ALIAS
     from tritonflow.pipelines.canary import _env
 
     env = _env(env)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping
 
 from ground.exceptions import DataError, RegistryError, RejectedVersionError, WindowError
 from ground.settings import Settings, get_settings
-from model_registry.registry_entities import CHALLENGER_ALIAS, CHAMPION_ALIAS
+from model_registry.registry.entities import CHALLENGER_ALIAS, CHAMPION_ALIAS
 from tritonflow.pipelines.loop_context import TRAINING_WINDOW_TAG, lift_hint, rejection
 
 #: Prefix of the model-version tags a shadow evaluation writes.

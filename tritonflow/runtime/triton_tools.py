@@ -1,6 +1,6 @@
 """The Triton tools of the local runtime, as the value the measurement code takes.
 
-:func:`triton_tools` builds a :class:`model_registry.triton_tools.TritonTools` from the settings:
+:func:`triton_tools` builds a :class:`model_registry.profiling.triton_tools.TritonTools` from the settings:
 the binaries and environment of the Triton tools environment (:mod:`tritonflow.runtime.services`)
 and :func:`scratch_triton`, which starts a throwaway :class:`~tritonflow.runtime.services.TritonServer`.
 The pipelines build it and pass it to Model Analyzer's and perf_analyzer's runners in
@@ -17,9 +17,9 @@ from typing import Iterator, Sequence
 
 from ground.exceptions import RuntimeStartError, TransientError
 from ground.settings import Settings
-from model_registry.analyzer import analyzer_binary
-from model_registry.perf import perf_analyzer_path
-from model_registry.triton_tools import TritonTools
+from model_registry.profiling.analyzer import analyzer_binary
+from model_registry.profiling.perf import perf_analyzer_path
+from model_registry.profiling.triton_tools import TritonTools
 from tritonflow.runtime.services import (
     TritonServer,
     free_port,
@@ -62,8 +62,8 @@ def scratch_triton(settings: Settings, repository: str | Path, models: Sequence[
     The server runs from a copy of ``settings`` with its own ``home`` and free HTTP, gRPC and
     metrics ports (explicit model control, the Triton tools environment), so it never collides
     with the serving Triton or another scratch one. Used by the perf gate
-    (:func:`model_registry.perf.perf_regression_gate`) and Model Analyzer's confirmation passes
-    (:func:`model_registry.analyzer.measure_config_passes`).
+    (:func:`model_registry.profiling.perf.perf_regression_gate`) and Model Analyzer's confirmation passes
+    (:func:`model_registry.profiling.analyzer.measure_config_passes`).
 
     Args:
         settings: Settings the scratch server's are copied from.

@@ -5,7 +5,7 @@ Analyzer ``profile`` config (``cpu_only`` and only ``KIND_CPU`` instance groups 
 explicit perf_analyzer ``shape`` entry per variable-dim input, as a YAML list of ``NAME:D1,D2``
 strings), :func:`check_profile_config` refuses a config that breaks those rules, and
 :func:`perf_analyzer_argv` builds the same flags for a direct perf_analyzer run. Used by
-:mod:`model_registry.analyzer`.
+:mod:`model_registry.profiling.analyzer`.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def shape_flags(
 
     Raises:
         ProfilingError: An input name contains ``:`` (ambiguous with ``NAME:DIMS``; rename it with
-            :func:`model_registry.conversion.sanitize_io_names`), a variable input has no shape,
+            :func:`model_registry.conversion.common.sanitize_io_names`), a variable input has no shape,
             or a given shape does not fit the config's dims.
     """
     name = model_name or config.name
@@ -114,7 +114,7 @@ def shape_flags(
             raise ProfilingError(
                 f"model {name!r}: input {io_.name!r} contains ':' which perf_analyzer's --shape "
                 "NAME:DIMS cannot express; rename it to an identifier ([A-Za-z_][A-Za-z0-9_]*) with "
-                "model_registry.conversion.sanitize_io_names and regenerate config.pbtxt"
+                "model_registry.conversion.common.sanitize_io_names and regenerate config.pbtxt"
             )
     for io_ in config.input:
         dims = list(io_.dims)
@@ -140,6 +140,53 @@ def shape_flags(
 
 
 # ----------------------------------------------------------------------------- profile config
+def _searched_cpu_only(model_name: str, hardware: "HardwareInventory | None",
+                       cpu_only: bool | None) -> bool:
+    """Whether only KIND_CPU is searched: as asked, else when the host has no GPU.
+
+    Raises:
+        ProfilingError: ``cpu_only=False`` on a host without a GPU.
+    """
+    if cpu_only is True:
+        return True
+    if hardware is None:
+        from model_registry.hardware import inventory
+
+        hardware = inventory()
+    if cpu_only is False and not hardware.has_gpu:
+        raise ProfilingError(
+            f"model {model_name!r}: cpu_only=False requested but this host has no GPU "
+            f"({hardware.reason}); KIND_GPU configs cannot load here"
+        )
+    return not hardware.has_gpu
+
+
+def _profile_model_entry(config: "model_config_pb2.ModelConfig", search: SearchSpace,
+                         shape_list: Sequence[str], *, cpu_only: bool,
+                         settings: Settings) -> dict[str, Any]:
+    """The model's ``profile_models`` entry: the searched config parameters and perf_analyzer flags."""
+    kind = "KIND_CPU" if cpu_only else "KIND_GPU"
+    params: dict[str, Any] = {
+        "instance_group": [{"kind": kind, "count": list(search.instance_counts)}],
+    }
+    if int(config.max_batch_size) > 0:
+        params["max_batch_size"] = list(search.max_batch_sizes)
+        params["dynamic_batching"] = {"max_queue_delay_microseconds": list(search.queue_delays_us)}
+    pa_flags: dict[str, Any] = {
+        "measurement-mode": "time_windows",
+        "measurement-interval": int(search.measurement_ms),
+        "stability-percentage": int(round(settings.analyzer_stability_cv * 100)),
+    }
+    if shape_list:
+        pa_flags["shape"] = list(shape_list)
+    return {
+        "cpu_only": bool(cpu_only),
+        "model_config_parameters": params,
+        "parameters": {"concurrency": list(search.concurrency), "batch_sizes": [1]},
+        "perf_analyzer_flags": pa_flags,
+    }
+
+
 def build_profile_config(
     model_name: str,
     config: "model_config_pb2.ModelConfig",
@@ -190,39 +237,9 @@ def build_profile_config(
     """
     s = settings
     search = search or SearchSpace.from_settings(s)
-    if cpu_only is None or cpu_only is False:
-        if hardware is None:
-            from model_registry.hardware import inventory
-
-            hardware = inventory()
-        if cpu_only is False and not hardware.has_gpu:
-            raise ProfilingError(
-                f"model {model_name!r}: cpu_only=False requested but this host has no GPU "
-                f"({hardware.reason}); KIND_GPU configs cannot load here"
-            )
-        cpu_only = not hardware.has_gpu
+    cpu_only = _searched_cpu_only(model_name, hardware, cpu_only)
     shape_list = shape_flags(config, shapes, model_name=model_name)
-    kind = "KIND_CPU" if cpu_only else "KIND_GPU"
-    batching = int(config.max_batch_size) > 0
-    params: dict[str, Any] = {
-        "instance_group": [{"kind": kind, "count": list(search.instance_counts)}],
-    }
-    if batching:
-        params["max_batch_size"] = list(search.max_batch_sizes)
-        params["dynamic_batching"] = {"max_queue_delay_microseconds": list(search.queue_delays_us)}
-    pa_flags: dict[str, Any] = {
-        "measurement-mode": "time_windows",
-        "measurement-interval": int(search.measurement_ms),
-        "stability-percentage": int(round(s.analyzer_stability_cv * 100)),
-    }
-    if shape_list:
-        pa_flags["shape"] = list(shape_list)
-    model_entry: dict[str, Any] = {
-        "cpu_only": bool(cpu_only),
-        "model_config_parameters": params,
-        "parameters": {"concurrency": list(search.concurrency), "batch_sizes": [1]},
-        "perf_analyzer_flags": pa_flags,
-    }
+    model_entry = _profile_model_entry(config, search, shape_list, cpu_only=cpu_only, settings=s)
     http, grpc, metrics = ports or (8000, 8001, 8002)
     cfg: dict[str, Any] = {
         "model_repository": str(Path(model_repository).resolve()),

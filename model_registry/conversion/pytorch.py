@@ -1,6 +1,6 @@
 """PyTorch conversion: ``nn.Module`` to ONNX (dynamic batch axis) or TorchScript (traced in eval).
 
-The converter of the ``pytorch`` MLflow flavour (registered in :mod:`model_registry.flavors`). Both
+The converter of the ``pytorch`` MLflow flavour (registered in :mod:`model_registry.conversion.flavors`). Both
 formats deep-copy the module, put it in ``eval()`` and export/trace under ``torch.no_grad()``;
 TorchScript results must pass :func:`verify_torchscript`. TorchScript tensors are named
 by NVIDIA's libtorch convention (``<name>__<index>``, outputs ``output__<index>``), so the same
@@ -19,7 +19,7 @@ import numpy as np
 
 from ground.exceptions import ModelConversionError, ModelValidationError
 from ground.settings import Settings
-from model_registry.conversion import (
+from model_registry.conversion.common import (
     SAFE_NAME,
     ConvertedModel,
     TensorSchema,
@@ -198,7 +198,7 @@ def verify_torchscript(
         raise ModelValidationError(
             f"model {model_name!r}: TorchScript check failed: " + "; ".join(problems)
             + ". The module was probably traced in train mode: call model.eval() and trace "
-            "under torch.no_grad() (model_registry.pytorch_conversion.convert_pytorch does this)"
+            "under torch.no_grad() (model_registry.conversion.pytorch.convert_pytorch does this)"
         )
     return {"max_abs_diff": diff, "repeat_max_abs_diff": rep}
 
@@ -229,63 +229,3 @@ def torchscript_runner(module: Any, inputs: Sequence[TensorSchema], outputs: Seq
         return dict(zip(out_names, values, strict=True))
 
     return run
-
-
-def validate_torchscript_for_push(
-    converted: ConvertedModel,
-    config: Any,
-    sample: Any,
-    *,
-    model_name: str | None = None,
-    settings: Settings,
-) -> Any:
-    """Pre-push checks of a TorchScript model and its config.
-
-    The TorchScript analogue of :func:`model_registry.validation.validate_for_push`.
-
-    Checks: the config agrees with the traced module's tensors (names, dtypes, ranks; the config
-    says ``platform: "pytorch_libtorch"``); the module runs at batch 1 and, when batching, at batch
-    ``min(max_batch_size, 3)`` with row 0 unchanged; outputs are finite. The eval-mode
-    and determinism checks ran at conversion (:func:`verify_torchscript`).
-
-    Returns:
-        :class:`model_registry.validation.ValidationReport` (IR version 0, no opsets).
-
-    Raises:
-        ModelValidationError / ModelConfigError: Naming the model, the check and the tensor.
-    """
-    from model_registry.triton_config import declared_io, validate_config
-    from model_registry.validation import ValidationReport, check_finite, outputs_match, take_rows
-
-    name = model_name or config.name or "model"
-    if config.platform != "pytorch_libtorch":
-        raise ModelValidationError(
-            f"model {name!r}: a TorchScript config needs platform \"pytorch_libtorch\" (has "
-            f"platform {config.platform!r}, backend {config.backend!r})"
-        )
-    io = declared_io(converted.inputs, converted.outputs)
-    validate_config(config, io, model_name=name)
-    checks = ["torchscript_eval_determinism", "config"]
-    run = torchscript_runner(converted.torchscript, converted.inputs, converted.outputs)
-    n = min(len(np.asarray(v)) for v in sample.values())
-    try:
-        one = run(take_rows(sample, [0]))
-        sizes = [1]
-        b = min(int(config.max_batch_size), 3)
-        if b >= 2:
-            many = run(take_rows(sample, [i % n for i in range(b)]))
-            sizes.append(b)
-            for out, arr in one.items():
-                if many[out].shape[0] != b or not outputs_match(many[out][:1], arr, 1e-5, 1e-4):
-                    raise ModelValidationError(
-                        f"model {name!r}: output {out!r} of row 0 differs between batch 1 and batch "
-                        f"{b} (or loses the batch axis); the outputs depend on the batch"
-                    )
-    except ModelValidationError:
-        raise
-    except Exception as exc:  # torch raises RuntimeError for shape problems
-        raise ModelValidationError(f"model {name!r} fails in TorchScript: {str(exc).splitlines()[0][:300]}") from exc
-    checks.append("batching")
-    check_finite(one, model_name=name)
-    checks.append("finite")
-    return ValidationReport(name, 0, {}, sizes, checks)

@@ -10,12 +10,12 @@ Supported sources:
   eager-eval outputs to agree within ``torchscript_atol`` (1e-5) and two calls to be identical.
   ``torch`` is imported lazily.
 * **XGBoost** and **LightGBM** (their MLflow flavours) through ``onnxmltools``
-  (:mod:`model_registry.boosting`).
+  (:mod:`model_registry.conversion.boosting`).
 * **ONNX** models pass through (loaded, checked, I/O names made safe).
 
-Flavours are a registry in :mod:`model_registry.flavors` (``register_converter``, ``CONVERTERS``,
+Flavours are a registry in :mod:`model_registry.conversion.flavors` (``register_converter``, ``CONVERTERS``,
 ``convert_mlflow_model``): the dispatcher above the flavour converters, this module's
-(scikit-learn, ONNX), :mod:`model_registry.pytorch_conversion`'s and :mod:`model_registry.boosting`'s.
+(scikit-learn, ONNX), :mod:`model_registry.conversion.pytorch`'s and :mod:`model_registry.conversion.boosting`'s.
 This module holds what every converter shares (tensor schemas, safe names, the result type).
 
 **String columns.** A tabular signature with a string column (e.g. a ``ColumnTransformer`` with a

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from ground.exceptions import RegistryError
-from model_registry.registry_client import RegistryClientBase
-from model_registry.registry_entities import GcPlan, ModelVersionRef, as_version, translate_mlflow_error
+from model_registry.registry.client import RegistryClientBase
+from model_registry.registry.entities import GcPlan, ModelVersionRef, as_version, translate_mlflow_error
 
 
 class CleanupMixin(RegistryClientBase):

@@ -1,7 +1,7 @@
 """Gradient boosting conversion: XGBoost and LightGBM models (their MLflow flavours) to ONNX.
 
 The converters of the ``xgboost`` and ``lightgbm`` MLflow flavours (registered in
-:mod:`model_registry.flavors`). Both use ``onnxmltools``
+:mod:`model_registry.conversion.flavors`). Both use ``onnxmltools``
 (``convert_xgboost`` / ``convert_lightgbm``) at the highest default-domain opset that both the
 target Triton release and onnxmltools support; classifiers give ``label`` (``[N]``) and
 ``probabilities`` (``tensor(float) [N, C]``, never a ZipMap), regressors ``variable``
@@ -21,7 +21,7 @@ from typing import Any
 
 from ground.exceptions import ModelConversionError
 from ground.settings import Settings
-from model_registry.conversion import (
+from model_registry.conversion.common import (
     ConvertedModel,
     fix_output_batch_axes,
     sanitize_io_names,

@@ -1,9 +1,9 @@
 """What the registry client speaks in: constants, reference parsing, frozen dataclasses, MLflow errors.
 
 Shared by :mod:`model_registry.registry` (the client, the public entry point), the promotion lock
-(:mod:`model_registry.registry_locks`), the promotion and rollback steps
-(:mod:`model_registry.registry_promotion`) and the version clean-up
-(:mod:`model_registry.registry_cleanup`). Nothing here talks to MLflow: the dataclasses are
+(:mod:`model_registry.registry.locks`), the promotion and rollback steps
+(:mod:`model_registry.registry.promotion`) and the version clean-up
+(:mod:`model_registry.registry.cleanup`). Nothing here talks to MLflow: the dataclasses are
 immutable snapshots, :func:`parse_model_reference` checks a reference string, and
 :func:`translate_mlflow_error` maps an MLflow exception to tritonflow's error hierarchy (a tooling failure is
 :class:`~ground.exceptions.ServiceUnavailableError`, never a verdict on the model).

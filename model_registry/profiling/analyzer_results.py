@@ -5,7 +5,7 @@
 exceeds ``analyzer_stability_cv`` (or that perf_analyzer reported unstable,
 :func:`unstable_configs_from_log`), and :func:`choose_best` picks the highest throughput among the
 stable configurations within the p99 latency limit; :func:`chosen_config` reads its
-``config.pbtxt``. Used by :mod:`model_registry.analyzer`.
+``config.pbtxt``. Used by :mod:`model_registry.profiling.analyzer`.
 """
 
 from __future__ import annotations

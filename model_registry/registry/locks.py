@@ -17,7 +17,7 @@ import uuid
 from typing import Any, Iterator, Protocol
 
 from ground.exceptions import ConcurrencyError
-from model_registry.registry_entities import is_not_found, mlflow_error_code, now_iso, translate_mlflow_error
+from model_registry.registry.entities import is_not_found, mlflow_error_code, now_iso, translate_mlflow_error
 
 #: Seconds a promotion waits for another promotion of the same model before failing.
 DEFAULT_LOCK_TIMEOUT_S = 60.0

@@ -4,7 +4,7 @@
 alias: resolving references, reading signatures and input examples, writing ``tritonflow.*`` tags,
 artifacts and the publish record, and the audit trail every promotion, rollback and deletion
 attempt writes. :class:`model_registry.registry.RegistryClient` adds promotion
-(:mod:`model_registry.registry_promotion`) and clean-up (:mod:`model_registry.registry_cleanup`).
+(:mod:`model_registry.registry.promotion`) and clean-up (:mod:`model_registry.registry.cleanup`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from ground.exceptions import ConcurrencyError, DataError, RegistryError
-from model_registry.registry_entities import (
+from model_registry.registry.entities import (
     AUDIT_TAG_PREFIX,
     CHAMPION_ALIAS,
     DEFAULT_PUBLISH_EXPERIMENT,
@@ -42,7 +42,7 @@ from model_registry.registry_entities import (
     schema_to_tensors,
     translate_mlflow_error,
 )
-from model_registry.registry_locks import DEFAULT_LOCK_TIMEOUT_S, DatabaseLock, PromotionLock
+from model_registry.registry.locks import DEFAULT_LOCK_TIMEOUT_S, DatabaseLock, PromotionLock
 
 #: What MLflow's store answers when another writer inserted the same new tag first (SQLite, PostgreSQL, MySQL).
 _TAG_INSERT_RACE = re.compile(r"UNIQUE constraint failed|duplicate key value|Duplicate entry|IntegrityError")

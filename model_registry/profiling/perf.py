@@ -17,7 +17,7 @@
   concurrency, and returns :class:`PerfGateResult`.
 
 The binaries, their environment and the server starter come in a
-:class:`~model_registry.triton_tools.TritonTools` that the caller builds
+:class:`~model_registry.profiling.triton_tools.TritonTools` that the caller builds
 (``tritonflow.runtime.triton_tools.triton_tools``); this module never imports the runtime.
 
 A failure of the tools (perf_analyzer missing, Triton not starting, a pass that errors) raises
@@ -42,7 +42,7 @@ import numpy as np
 
 from ground.exceptions import TransientError
 from ground.settings import Settings
-from model_registry.triton_tools import TritonTools
+from model_registry.profiling.triton_tools import TritonTools
 
 #: perf_analyzer's message when its stability criterion is not met.
 PA_UNSTABLE_MESSAGE = "Failed to obtain stable measurement"

@@ -3,9 +3,9 @@
 One :class:`FlavorConverter` per MLflow flavour says how to load the model, how to convert it,
 which formats it can produce and which packages' versions are its provenance. The built-in
 flavours are registered here, in detection order (a model logged with several flavours uses the
-first): ``sklearn`` and ``onnx`` (:mod:`model_registry.conversion`), ``pytorch``
-(:mod:`model_registry.pytorch_conversion`), ``xgboost`` and ``lightgbm``
-(:mod:`model_registry.boosting`). :func:`convert_mlflow_model` loads a model by URI and converts it
+first): ``sklearn`` and ``onnx`` (:mod:`model_registry.conversion.common`), ``pytorch``
+(:mod:`model_registry.conversion.pytorch`), ``xgboost`` and ``lightgbm``
+(:mod:`model_registry.conversion.boosting`). :func:`convert_mlflow_model` loads a model by URI and converts it
 with its flavour's converter.
 
 This module sits above the flavour converters, which never import it.
@@ -18,9 +18,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ground.exceptions import ModelConversionError
 from ground.settings import Settings
-from model_registry.boosting import convert_lightgbm, convert_xgboost
-from model_registry.conversion import ConvertedModel, convert_onnx, convert_sklearn
-from model_registry.pytorch_conversion import convert_pytorch
+from model_registry.conversion.boosting import convert_lightgbm, convert_xgboost
+from model_registry.conversion.common import ConvertedModel, convert_onnx, convert_sklearn
+from model_registry.conversion.pytorch import convert_pytorch
 
 __all__ = [
     "CONVERTERS",

@@ -20,8 +20,8 @@ Rules (in ``shared/cases``):
   aligned with the threshold (``stability-percentage`` = CV x 100).
 
 Layout: the inputs (search space, profile config, perf_analyzer flags) are in
-:mod:`model_registry.analyzer_config`, the outputs (results CSV, stability, choice) in
-:mod:`model_registry.analyzer_results`; this module runs Model Analyzer and confirms its choice.
+:mod:`model_registry.profiling.analyzer_config`, the outputs (results CSV, stability, choice) in
+:mod:`model_registry.profiling.analyzer_results`; this module runs Model Analyzer and confirms its choice.
 Their public names are re-exported here.
 """
 
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ground.exceptions import ProfilingError, ToolingError, TransientError
 from ground.settings import Settings
-from model_registry.analyzer_config import (
+from model_registry.profiling.analyzer_config import (
     SearchSpace,
     build_profile_config,
     check_profile_config,
@@ -45,7 +45,7 @@ from model_registry.analyzer_config import (
     shape_flags,
     write_profile_config,
 )
-from model_registry.analyzer_results import (
+from model_registry.profiling.analyzer_results import (
     PA_UNSTABLE_MESSAGE,
     RESULTS_CSV,
     ProfileRow,
@@ -58,7 +58,7 @@ from model_registry.analyzer_results import (
     stability,
     unstable_configs_from_log,
 )
-from model_registry.triton_tools import TritonTools
+from model_registry.profiling.triton_tools import TritonTools
 
 if TYPE_CHECKING:  # pragma: no cover
     from tritonclient.grpc import model_config_pb2
@@ -325,7 +325,7 @@ def measure_config_passes(output_model_repository: str | os.PathLike, configs: S
 
     Starts a local Triton (``tools.scratch_server``) over :func:`confirmation_repository` (each
     config a model folder named after it), loads ``configs`` and runs
-    :func:`model_registry.perf.measure_interleaved` with perf_analyzer's stability criterion
+    :func:`model_registry.profiling.perf.measure_interleaved` with perf_analyzer's stability criterion
     aligned with ``analyzer_stability_cv``.
 
     Args:
@@ -339,12 +339,12 @@ def measure_config_passes(output_model_repository: str | os.PathLike, configs: S
             ``settings.analyzer_measurement_ms``).
 
     Returns:
-        ``{config: [model_registry.perf.PerfPass, ...]}``.
+        ``{config: [model_registry.profiling.perf.PerfPass, ...]}``.
 
     Raises:
         TransientError: Triton or perf_analyzer failed.
     """
-    from model_registry.perf import measure_interleaved
+    from model_registry.profiling.perf import measure_interleaved
 
     s = settings
     home = Path(output_model_repository).parent / "confirm_home"

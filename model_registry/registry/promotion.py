@@ -1,6 +1,6 @@
 """Promotion and rollback: moving the ``champion`` alias under the model's lock, audited.
 
-:class:`PromotionMixin` re-reads the champion after taking the :class:`~model_registry.registry_locks.PromotionLock`
+:class:`PromotionMixin` re-reads the champion after taking the :class:`~model_registry.registry.locks.PromotionLock`
 (compare-and-set), moves ``previous_champion`` then ``champion`` in one call each, and rolls back only
 to the version ``previous_champion`` names, never "latest". Mixed into
 :class:`model_registry.registry.RegistryClient`.
@@ -12,8 +12,8 @@ import contextlib
 import warnings
 
 from ground.exceptions import ConcurrencyError, RegistryError
-from model_registry.registry_client import RegistryClientBase
-from model_registry.registry_entities import (
+from model_registry.registry.client import RegistryClientBase
+from model_registry.registry.entities import (
     CHAMPION_ALIAS,
     PREVIOUS_CHAMPION_ALIAS,
     PREVIOUS_CHAMPION_TAG,

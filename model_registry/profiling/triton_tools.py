@@ -1,6 +1,6 @@
 """The Triton tools a measurement needs, handed in by the layer that knows how to start them.
 
-Model Analyzer (:mod:`model_registry.analyzer`) and perf_analyzer (:mod:`model_registry.perf`)
+Model Analyzer (:mod:`model_registry.profiling.analyzer`) and perf_analyzer (:mod:`model_registry.profiling.perf`)
 run the binaries of the Triton tools environment and measure on throwaway local Triton servers.
 How that environment is assembled and how a server is started belongs to the local runtime
 (``tritonflow.runtime``), which sits above this package: the runtime builds one

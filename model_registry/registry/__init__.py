@@ -37,17 +37,17 @@ MLflow's stage API is deprecated since MLflow 2.9 (it still works in 3.17 and wa
 
 Heavy imports (``mlflow``) happen inside functions so that importing this module stays cheap.
 
-Layout: :mod:`model_registry.registry_entities` (constants, reference parsing, dataclasses, MLflow
-error mapping), :mod:`model_registry.registry_locks` (the promotion locks),
-:mod:`model_registry.registry_client` (reading, writing, audit trail),
-:mod:`model_registry.registry_promotion` (promotion and rollback) and
-:mod:`model_registry.registry_cleanup` (safe deletion). Import the public names from here.
+Layout: :mod:`model_registry.registry.entities` (constants, reference parsing, dataclasses, MLflow
+error mapping), :mod:`model_registry.registry.locks` (the promotion locks),
+:mod:`model_registry.registry.client` (reading, writing, audit trail),
+:mod:`model_registry.registry.promotion` (promotion and rollback) and
+:mod:`model_registry.registry.cleanup` (safe deletion). Import the public names from here.
 """
 
 from __future__ import annotations
 
-from model_registry.registry_cleanup import CleanupMixin
-from model_registry.registry_entities import (
+from model_registry.registry.cleanup import CleanupMixin
+from model_registry.registry.entities import (
     ACCEPTED_FORMS,
     AUDIT_TAG_PREFIX,
     CHALLENGER_ALIAS,
@@ -69,7 +69,7 @@ from model_registry.registry_entities import (
     TensorInfo,
     parse_model_reference,
 )
-from model_registry.registry_locks import (
+from model_registry.registry.locks import (
     DEFAULT_LOCK_TIMEOUT_S,
     LOCK_MODEL_PREFIX,
     LOCK_POLL_INTERVAL_S,
@@ -77,7 +77,7 @@ from model_registry.registry_locks import (
     PromotionLock,
     RegistryLock,
 )
-from model_registry.registry_promotion import PromotionMixin
+from model_registry.registry.promotion import PromotionMixin
 
 __all__ = [
     "ACCEPTED_FORMS",
