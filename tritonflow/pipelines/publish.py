@@ -91,6 +91,7 @@ from typing import Any, Mapping
 
 from ground.exceptions import DataError, ServiceUnavailableError, SettingsError
 from ground.settings import Settings, get_settings
+from tritonflow.pipelines.loop_context import refuse_lasting_rejection
 from tritonflow.pipelines.publish_common import (
     DEFAULT_MAX_BATCH_SIZE,
     _endpoint,
@@ -101,10 +102,10 @@ from tritonflow.pipelines.publish_common import (
     _timed,
     _version_ref,
     new_attempt,
-    refuse_lasting_rejection,
     remove_staging,
     staging_dir,
     sweep_staging,
+    unload_version_if_ready,
 )
 from tritonflow.pipelines.publish_profile import perf_gate, profile
 from tritonflow.pipelines.publish_record import record
@@ -313,7 +314,7 @@ def load_and_smoke(
         raise
     except Exception as exc:
         if ctl is not None:
-            _unload_version_if_ready(ctl, name, version)
+            unload_version_if_ready(ctl, name, version)
         if isinstance(exc, DataError):  # a verdict on the model; tool/service failures are not
             _reject(reg, _version_ref(reg, pushed), exc, "load_and_smoke")
         raise
@@ -340,17 +341,6 @@ def _preflight(state: Mapping[str, Any], s: Settings) -> dict[str, int]:
     count = sum(int(g.get("count", 1)) for g in groups)
     need = int(size * s.instance_memory_factor * max(count, 1))
     return preflight_memory_check(need, kind=kind, gpus=groups[0].get("gpus") or ())
-
-
-def _unload_version_if_ready(ctl: Any, name: str, version: int) -> None:
-    """Unload ``version`` if it is READY (e.g. loaded by an earlier run), keeping other versions."""
-    try:
-        if version not in getattr(ctl, "ready_versions_any", ctl.ready_versions)(name):  # on any replica
-            return
-        ctl.unload_versions(name, [version])  # the desired set minus it, under the model's lease
-        log.warning("model %s version %s was READY and failed the checks: unloaded", name, version)
-    except Exception as exc:  # noqa: BLE001 - best effort; the original error is raised
-        log.error("could not unload model %s version %s: %s", name, version, exc)
 
 
 def publish(

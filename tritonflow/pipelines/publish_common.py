@@ -7,7 +7,7 @@ publish attempt, so two publishes of one version never share one; :func:`remove_
 :func:`sweep_staging` clean them up), the stage names
 (:data:`STAGES`), the MLflow artifact folders, and small helpers that time a stage into the running
 state, open the model registry, point MLflow's fluent API at a tracking URI, tag a version
-rejected, refuse one rejected for good (:func:`refuse_lasting_rejection`), make values JSON-safe
+rejected, unload a version that failed its checks (:func:`unload_version_if_ready`), make values JSON-safe
 and write/read the validation arrays (``.npz`` without pickles).
 
 Plain Python (no Airflow import).
@@ -202,23 +202,25 @@ def _reject(registry: Any, ref: Any, exc: BaseException, stage: str) -> None:
                   ref.name, ref.version, tag_exc, reason)
 
 
-def refuse_lasting_rejection(tags: Mapping[str, Any] | None, what: str) -> None:
-    """Refuse to publish a version rejected by the health sentinel or a canary.
+def unload_version_if_ready(ctl: Any, name: str, version: int) -> None:
+    """Unload ``version`` if it is READY (e.g. loaded by an earlier run), keeping other versions.
 
-    See :func:`tritonflow.pipelines.loop_context.lasting_rejection` for the rule (a publish-stage
-    rejection is replaced by a successful publish; a sentinel or canary rejection is not).
+    Best effort, called when a loaded version failed its checks: a failure is logged, never raised,
+    so the caller raises the original error.
 
-    Raises:
-        RejectedVersionError: The version carries a lasting rejection (stage, time and reason named,
-            and how a person lifts it).
+    Args:
+        ctl: A :class:`repository_sync.triton_client.TritonModelControl` (or a replica set, whose
+            ``ready_versions_any`` looks at every replica).
+        name: Triton model name.
+        version: The version to unload.
     """
-    from ground.exceptions import RejectedVersionError
-    from tritonflow.pipelines.loop_context import OVERRIDE_HINT, lasting_rejection
-
-    why = lasting_rejection(tags)
-    if why:
-        raise RejectedVersionError(f"{what} was {why}; a publish never lifts a rejection by the health sentinel "
-                                   f"or a canary, so it is not published again: {OVERRIDE_HINT}")
+    try:
+        if version not in getattr(ctl, "ready_versions_any", ctl.ready_versions)(name):  # on any replica
+            return
+        ctl.unload_versions(name, [version])  # the desired set minus it, under the model's lease
+        log.warning("model %s version %s was READY and failed the checks: unloaded", name, version)
+    except Exception as exc:  # noqa: BLE001 - best effort; the original error is raised
+        log.error("could not unload model %s version %s: %s", name, version, exc)
 
 
 def _json_safe(value: Any) -> Any:

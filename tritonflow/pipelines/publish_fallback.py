@@ -255,7 +255,7 @@ def _load(name: str, version: int, feeds: Mapping[str, np.ndarray],
     """
     from ground.coordination import coordination_store
     from repository_sync.triton_client import TritonModelControl
-    from tritonflow.pipelines.publish import _unload_version_if_ready
+    from tritonflow.pipelines.publish_common import unload_version_if_ready
 
     with TritonModelControl(triton_url or settings.triton_http_url, repository=repository_uri,
                             trusted_keys=trusted_keys, endpoint_url=settings.s3_endpoint_url or None,
@@ -264,7 +264,7 @@ def _load(name: str, version: int, feeds: Mapping[str, np.ndarray],
         info, smoke = ctl.load_and_smoke_test(name, version, dict(feeds), None)
         problem = check(smoke.outputs)
         if problem:
-            _unload_version_if_ready(ctl, name, version)
+            unload_version_if_ready(ctl, name, version)
             raise ParityError(problem)
         return info
 

@@ -3,7 +3,8 @@
 * :func:`golden_set` -- before a sentinel starts: the champion version, its Triton name, golden
   samples (evenly spread rows of its drift reference, turned into request tensors with the served
   version's input specs) and the output ranges seen at validation (tag
-  :data:`OUTPUT_RANGE_TAG`, written at publish by :func:`output_ranges`). A version published
+  :data:`~tritonflow.pipelines.publish_record.OUTPUT_RANGE_TAG`, written at publish by
+  :func:`~tritonflow.pipelines.publish_record.output_ranges`). A version published
   before that tag existed gets the ranges of its own answers to the golden samples when the
   sentinel starts (noted in ``source``; finite and non-constant answers only).
 * :func:`sentinel_rollback` -- after ``unhealthy``: the same path as the ``canary_rollback`` DAG
@@ -26,27 +27,12 @@ from typing import Any
 import numpy as np
 
 from ground.exceptions import DataError, RegistryError, WindowError
+from tritonflow.pipelines.publish_record import OUTPUT_RANGE_TAG, output_ranges, reference_root  # written at publish
 
 log = logging.getLogger(__name__)
 
-#: Model-version tag: ``{output: [min, max]}`` of the outputs seen at validation (publish).
-OUTPUT_RANGE_TAG = "tritonflow.output_range"
 #: Prefix of the sentinel's tags on MLflow model versions.
 SENTINEL_TAG_PREFIX = "tritonflow.sentinel."
-
-
-def output_ranges(outputs: Mapping[str, Any]) -> dict[str, list[float]]:
-    """``{output: [min, max]}`` over the finite values of each numeric output (others skipped)."""
-    ranges: dict[str, list[float]] = {}
-    for name, values in outputs.items():
-        arr = np.asarray(values)
-        if arr.dtype.kind not in "fiub":
-            continue
-        arr = arr.astype(np.float64)
-        arr = arr[np.isfinite(arr)]
-        if arr.size:
-            ranges[str(name)] = [float(arr.min()), float(arr.max())]
-    return ranges
 
 
 def _spread_rows(frame, n: int):
@@ -72,7 +58,6 @@ def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> di
     from repository_sync.sentinel import GoldenSet
     from repository_sync.triton_client import frame_to_inputs
     from tritonflow.pipelines.canary import _env, _triton_name
-    from tritonflow.pipelines.publish_record import reference_root
 
     env = _env(env)
     n = int(samples or env.settings.sentinel_samples)
