@@ -20,7 +20,7 @@ conversion refusal) and 2 when it could not run (bad arguments, MLflow unreachab
     tritonflow registry webhook test [--event model_version_tag.set] [--url URL | --id ID]
 
 ``tritonflow registry webhook register`` creates on the MLflow server the webhook that delivers the
-events the receiver maps (``tritonflow_plugin.webhook.SUPPORTED_EVENTS``) to the receiver (default:
+events the receiver maps (``tritonflow.registry_events.SUPPORTED_EVENTS``) to the receiver (default:
 the local Airflow api-server's), signed with ``TRITONFLOW_WEBHOOK_SECRET``; run again, it updates
 that webhook instead of adding one. When MLflow refuses the URL, it exits 1 saying which MLflow
 server variables or which receiver fix it (:mod:`model_registry.webhooks`).
@@ -302,7 +302,7 @@ def _duration(text: str, option: str):
 
 def default_receiver_url(settings: Settings) -> str:
     """URL of the webhook receiver of the local Airflow api-server (the plugin mounts it)."""
-    from tritonflow_plugin.webhook import URL_PREFIX, WEBHOOK_PATH
+    from tritonflow.registry_events import URL_PREFIX, WEBHOOK_PATH
 
     return f"http://{settings.host}:{settings.airflow_api_port}{URL_PREFIX}{WEBHOOK_PATH}"
 
@@ -312,7 +312,7 @@ def _registry_webhook(args: argparse.Namespace) -> int:
     from mlflow import MlflowClient
 
     from model_registry import webhooks
-    from tritonflow_plugin.webhook import SUPPORTED_EVENTS
+    from tritonflow.registry_events import SUPPORTED_EVENTS
 
     settings = get_settings()
     uri = args.tracking_uri or settings.resolved_mlflow_tracking_uri

@@ -29,9 +29,10 @@ alias set) either lands in the same run, which acts on one change, or waits unco
 later event. One run per delivery keeps every registry change a run of its own.
 
 Register the webhook on MLflow (SQL backend) with ``tritonflow registry webhook register``
-(:mod:`model_registry.webhooks`): it subscribes exactly :data:`SUPPORTED_EVENTS` with
-``TRITONFLOW_WEBHOOK_SECRET`` and says which MLflow server variables an ``http`` or private-address
-receiver needs (MLflow refuses those by default).
+(:mod:`model_registry.webhooks`): it subscribes exactly
+:data:`~tritonflow.registry_events.SUPPORTED_EVENTS` with ``TRITONFLOW_WEBHOOK_SECRET`` and says
+which MLflow server variables an ``http`` or private-address receiver needs (MLflow refuses those
+by default).
 """
 
 from __future__ import annotations
@@ -51,11 +52,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ground.exceptions import DataError
+from tritonflow.registry_events import SUPPORTED_EVENTS, WEBHOOK_PATH  # shared with the CLI
 from tritonflow_plugin.event_mapping import (
-    ALIAS_DELETED,
-    ALIAS_SET,
-    TAG_SET,
-    VERSION_CREATED,
     Action,
     RegistryChange,
     Rule,
@@ -72,22 +70,10 @@ SIGNATURE_HEADER = "X-MLflow-Signature"
 TIMESTAMP_HEADER = "X-MLflow-Timestamp"
 DELIVERY_ID_HEADER = "X-MLflow-Delivery-Id"
 SIGNATURE_VERSION = "v1"
-#: Path of the receiver inside the mounted app.
-WEBHOOK_PATH = "/webhooks/mlflow"
-#: URL prefix the plugin mounts the app under.
-URL_PREFIX = "/tritonflow"
 #: Largest accepted body (bytes); MLflow registry payloads are a few hundred bytes.
 MAX_BODY_BYTES = 256 * 1024
 #: File name of the accepted-delivery store under ``Settings.home``.
 DELIVERY_STORE_FILE = "webhook_deliveries.sqlite"
-
-#: (entity, action) -> (change kind, required data fields).
-SUPPORTED_EVENTS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
-    ("model_version", "created"): (VERSION_CREATED, ("name", "version")),
-    ("model_version_alias", "created"): (ALIAS_SET, ("name", "alias", "version")),
-    ("model_version_alias", "deleted"): (ALIAS_DELETED, ("name", "alias")),
-    ("model_version_tag", "set"): (TAG_SET, ("name", "version", "key", "value")),
-}
 
 
 class WebhookRejected(DataError):

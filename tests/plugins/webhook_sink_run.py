@@ -27,9 +27,10 @@ from fastapi import FastAPI
 from mlflow import MlflowClient
 
 from model_registry.webhooks import register_webhook
+from tritonflow.registry_events import SUPPORTED_EVENTS
 from tritonflow.runtime.services import free_port
 from tritonflow_plugin.event_mapping import RegistryChange, actions_for, load_mapping
-from tritonflow_plugin.webhook import SUPPORTED_EVENTS, AssetEventSink
+from tritonflow_plugin.webhook import AssetEventSink
 
 DagBundlesManager().sync_bundles_to_db()
 bag = DagBag(sys.argv[1])
