@@ -196,7 +196,7 @@ def validate(model_uri: str, sample: str, *, out: str | None = None, name: str |
     from pathlib import Path
 
     from ground.exceptions import DataError
-    from tritonflow.pipelines.publish_common import _json_safe
+    from tritonflow.pipelines.publish_common import json_safe
     from tritonflow.pipelines.publish_validate import load_dataset
 
     s = settings or get_settings()
@@ -229,8 +229,8 @@ def validate(model_uri: str, sample: str, *, out: str | None = None, name: str |
             target.mkdir(parents=True, exist_ok=True)
             (target / gate.model_filename).write_bytes(gate.model_bytes)
             (target / "config.pbtxt").write_text(report["config_pbtxt"])
-            (target / "report.json").write_text(json.dumps(_json_safe(report), indent=2, sort_keys=True))
-        return (0 if gate.passed else 1), _json_safe(report)
+            (target / "report.json").write_text(json.dumps(json_safe(report), indent=2, sort_keys=True))
+        return (0 if gate.passed else 1), json_safe(report)
     except DataError as exc:
         report.update(passed=False, failure=f"{type(exc).__name__}: {exc}")
         return 1, report

@@ -159,9 +159,9 @@ def admission(model: str, hour: Any, features: Sequence[str], settings: Settings
     """
     s = settings or get_settings()
     if handed_over not in (None, "") and str(handed_over).strip().isdigit():
-        from tritonflow.pipelines.publish_common import _registry
+        from tritonflow.pipelines.publish_common import open_registry
 
-        champion = _registry(s).champion(model)
+        champion = open_registry(s).champion(model)
         if champion is not None and int(str(handed_over).strip()) == int(champion.version):
             return make_decision(model, hour, features, "skip_already_champion",
                                  f"version {champion.version} handed over for evaluation is already the champion "
@@ -181,9 +181,9 @@ def admission(model: str, hour: Any, features: Sequence[str], settings: Settings
 
 def _client(s: Settings):
     """The MLflow client of :class:`~model_registry.registry.RegistryClient` (tracking server = registry)."""
-    from tritonflow.pipelines.publish_common import _registry
+    from tritonflow.pipelines.publish_common import open_registry
 
-    return _registry(s).client
+    return open_registry(s).client
 
 
 def last_retrain_hour(model: str, before: Any, settings: Settings | None = None,

@@ -25,13 +25,13 @@ from tritonflow.pipelines.canary import (
     CANARY_TAG_PREFIX,
     DEFAULT_LIVE_TIMEOUT_S,
     CanaryEnvironment,
-    _apply_live,
-    _env,
-    _record,
     default_holder,
+    environment_or_default,
+    live_applier,
+    record_tags,
     resolve,
 )
-from tritonflow.pipelines.canary_loading import _unload_version, ensure_loaded, preflight
+from tritonflow.pipelines.canary_loading import ensure_loaded, preflight, unload_version
 
 #: Seconds a fixed overhead of one promotion may take on top of the bakes (loads, MLflow, GC);
 #: used by :func:`canary_time_budget_s`.
@@ -68,7 +68,7 @@ def garbage_collect_repository(model: str, *, champion: int, rollback_target: in
     Returns:
         ``{"deleted": [...], "kept": {version: reason}}``.
     """
-    env = _env(env)
+    env = environment_or_default(env)
     name = triton_model or model
     registry = registry or env.registry()
     storage = env.storage()
@@ -198,7 +198,7 @@ def run_promotion(
     from repository_sync.locks import promotion_lock
     from repository_sync.router import TrafficPlan
 
-    env = _env(env)
+    env = environment_or_default(env)
     settings = env.settings
     overrides: dict[str, Any] = dict(policy_overrides or {})
     if steps is not None:
@@ -223,7 +223,7 @@ def run_promotion(
         if res["noop"]:
             return {**base, "outcome": "noop", "reason": res["reason"]}
         router = env.router()
-        apply_live = _apply_live(router, env.gateway_url, DEFAULT_LIVE_TIMEOUT_S)
+        apply_live = live_applier(router, env.gateway_url, DEFAULT_LIVE_TIMEOUT_S)
         registry = env.registry()
         if champ == chal:
             if dry_run:
@@ -259,7 +259,7 @@ def run_promotion(
         record = CanaryRecord(env.tracking_uri, model=model, triton_model=name, champion=champ,
                               challenger=chal, canary_id=canary_id, thresholds=policy.thresholds(),
                               extra_tags={"tritonflow.holder": holder})
-        _record(registry, model, chal, {
+        record_tags(registry, model, chal, {
             f"{CANARY_TAG_PREFIX}latest": canary_id,
             prefix + "started": {"champion": champ, "challenger": chal, "holder": holder,
                                  "policy": policy.thresholds(), "preflight": pre,
@@ -269,12 +269,12 @@ def run_promotion(
         })
 
         def on_step(analysis) -> None:
-            _record(registry, model, chal, {
+            record_tags(registry, model, chal, {
                 f"{prefix}step.{analysis.step:02d}.{analysis.attempt}": analysis.to_json(),
             })
 
         def unload_challenger() -> None:
-            _unload_version(env, name, chal, keep_config_of=champ)
+            unload_version(env, name, chal, keep_config_of=champ)
 
         observe = (observer(env.inference_log_root, name, prediction_columns=prediction_columns,
                             label_column=label_column, endpoint_url=env.endpoint_url)
@@ -297,7 +297,7 @@ def run_promotion(
             with contextlib.suppress(Exception):
                 record.finish("aborted", str(exc))
             with contextlib.suppress(Exception):
-                _record(registry, model, chal, {prefix + "outcome": "aborted",
+                record_tags(registry, model, chal, {prefix + "outcome": "aborted",
                                                 prefix + "rollback": dataclasses.asdict(rec)})
             raise
 
@@ -308,14 +308,14 @@ def run_promotion(
         out = {**base, "canary_id": canary_id, "outcome": result.outcome, "reason": result.reason,
                "steps": summary, "preflight": pre, "canary_run": canary_run,
                "rollback": dataclasses.asdict(result.rollback) if result.rollback else None}
-        _record(registry, model, chal, {prefix + "run": canary_run})
+        record_tags(registry, model, chal, {prefix + "run": canary_run})
         if not result.promoted:
             if res["registry_champion"] == chal:
                 # The alias was moved to the challenger by hand (the event that started this run):
                 # it goes back to the version that serves, so MLflow says what serves.
                 registry.client.set_registered_model_alias(model, CHAMPION_ALIAS, str(champ))
                 out["alias_restored_to"] = champ
-            _record(registry, model, chal, {prefix + "outcome": result.outcome,
+            record_tags(registry, model, chal, {prefix + "outcome": result.outcome,
                                             prefix + "reason": result.reason,
                                             prefix + "rollback": out["rollback"]})
             out["rejected"] = _reject_judged_challenger(registry, model, chal, canary_id, result)
@@ -344,7 +344,7 @@ def run_promotion(
               if garbage_collect else None)
         out.update(promotion=dataclasses.asdict(promo), loaded_versions=versions, gc=gc,
                    rollback_target=int(target))
-        _record(registry, model, chal, {prefix + "outcome": "promoted",
+        record_tags(registry, model, chal, {prefix + "outcome": "promoted",
                                         prefix + "reason": result.reason,
                                         prefix + "loaded_versions": versions,
                                         prefix + "gc": gc or {}})

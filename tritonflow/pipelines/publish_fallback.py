@@ -291,7 +291,7 @@ def publish_fallback(state: Mapping[str, Any], *, settings: Settings | None = No
         SigningKeyError: No signing key.
     """
     from repository_sync.gateway_probe import fallback_model_name
-    from tritonflow.pipelines.publish_common import _registry, _version_ref
+    from tritonflow.pipelines.publish_common import open_registry, version_ref
 
     s = settings or get_settings()
     name, version = fallback_model_name(state["triton_model_name"]), int(state["version"])
@@ -307,8 +307,8 @@ def publish_fallback(state: Mapping[str, Any], *, settings: Settings | None = No
     stage = Path(state["model_path"]).parent
     (stage / FALLBACK_REPORT_FILENAME).write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True,
                                                              default=str))
-    reg = _registry(s, state.get("tracking_uri"))
-    reg.set_version_tags(_version_ref(reg, state), result.tags())
+    reg = open_registry(s, state.get("tracking_uri"))
+    reg.set_version_tags(version_ref(reg, state), result.tags())
     log.info("model %s version %s: fallback %s %s%s", state["model"], version, name, result.status,
              f" ({result.reason})" if result.reason else "")
     return result.to_dict()
@@ -323,7 +323,7 @@ def _build_and_serve(state: Mapping[str, Any], result: FallbackResult, s: Settin
     """Steps 1-4 of :func:`publish_fallback`, filling ``result``."""
     from ground.exceptions import RepositoryConflictError, SignatureVerificationError
     from repository_sync.publish import publish_version
-    from tritonflow.pipelines.publish_common import _read_npz
+    from tritonflow.pipelines.publish_common import read_npz
     from tritonflow.pipelines.publish_signing import ensure_signing_keys
 
     t0 = time.perf_counter()
@@ -336,8 +336,8 @@ def _build_and_serve(state: Mapping[str, Any], result: FallbackResult, s: Settin
     result.quantized_ops = quantize(model_path, out)
     result.bytes = {"fp32": model_path.stat().st_size, "int8": out.stat().st_size}
     t1 = time.perf_counter()
-    feeds = _read_npz(state["sample_path"])
-    expected = _read_npz(state["expected_path"])
+    feeds = read_npz(state["sample_path"])
+    expected = read_npz(state["expected_path"])
     parity = gate(out, feeds, expected, atol=result.atol, rtol=result.rtol,
                   min_label_agreement=result.min_label_agreement, model_name=result.triton_model_name)
     result.parity = parity.outputs

@@ -25,10 +25,10 @@ from tritonflow.pipelines.publish_common import (
     PUBLISH_ARTIFACT_PATH,
     REAL_REFERENCE_PREFIX,
     STAGES,
-    _endpoint,
-    _read_npz,
-    _registry,
-    _version_ref,
+    open_registry,
+    read_npz,
+    s3_endpoint,
+    version_ref,
 )
 
 log = logging.getLogger(__name__)
@@ -143,8 +143,8 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
 
     t0 = time.perf_counter()
     s = settings or get_settings()
-    reg = _registry(s, loaded.get("tracking_uri"))
-    ref = _version_ref(reg, loaded)
+    reg = open_registry(s, loaded.get("tracking_uri"))
+    ref = version_ref(reg, loaded)
     refuse_lasting_rejection(ref.tags, ref.uri)  # rejected by the sentinel or a canary since resolve
     reference: dict[str, Any]
     try:
@@ -154,7 +154,7 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         with pinned_mlflow_uris(reg.tracking_uri):
             importance, how = _reference_importance(ref.uri, loaded.get("source_flavor", ""), frame)
         saved = save_reference(reference_root(s), loaded["model"], int(loaded["version"]), frame,
-                               endpoint_url=_endpoint(s), importance=importance or None,
+                               endpoint_url=s3_endpoint(s), importance=importance or None,
                                importance_method=how)
         reference = {"uri": saved.uri, "rows": len(saved.frame), "source": loaded.get("reference_source", ""),
                      "importance": importance}
@@ -187,7 +187,7 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
     }
     if loaded.get("expected_path") and Path(loaded["expected_path"]).is_file():
         # the health sentinel judges served answers against the range seen at validation
-        extra[OUTPUT_RANGE_TAG] = json.dumps(output_ranges(_read_npz(loaded["expected_path"])), sort_keys=True)
+        extra[OUTPUT_RANGE_TAG] = json.dumps(output_ranges(read_npz(loaded["expected_path"])), sort_keys=True)
     written.update(reg.set_version_tags(ref, extra))
     run_id = reg.publish_run_id(ref)  # holds the artifacts above; the Airflow UI links to it
     summary = {

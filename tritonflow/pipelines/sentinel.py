@@ -57,9 +57,9 @@ def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> di
     from drift_checks.reference import load_reference
     from repository_sync.sentinel import GoldenSet
     from repository_sync.triton_client import frame_to_inputs
-    from tritonflow.pipelines.canary import _env, _triton_name
+    from tritonflow.pipelines.canary import environment_or_default, triton_name
 
-    env = _env(env)
+    env = environment_or_default(env)
     n = int(samples or env.settings.sentinel_samples)
     if n < 1:
         raise DataError(f"TRITONFLOW_SENTINEL_SAMPLES={n}: expected at least 1 golden sample")
@@ -67,7 +67,7 @@ def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> di
     champion = registry.champion(model)
     if champion is None:
         raise DataError(f"model {model!r} has no 'champion' alias: nothing for the sentinel to watch")
-    name = _triton_name(champion)
+    name = triton_name(champion)
     try:
         ref = load_reference(reference_root(env.settings), model, champion.version,
                              endpoint_url=env.endpoint_url, with_profile=False)
@@ -96,9 +96,9 @@ def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> di
 def monitored_models(env: Any = None) -> list[str]:
     """Registered models holding a ``champion`` alias, sorted."""
     from model_registry.registry_entities import CHAMPION_ALIAS
-    from tritonflow.pipelines.canary import _env
+    from tritonflow.pipelines.canary import environment_or_default
 
-    env = _env(env)
+    env = environment_or_default(env)
     client = env.registry().client
     names = []
     for rm in client.search_registered_models(max_results=1000):
@@ -132,12 +132,12 @@ def sentinel_rollback(outcome: Mapping[str, Any], *, holder: str = "", env: Any 
         DataError: ``outcome`` is not an unhealthy outcome.
         RegistryError: No rollback target (``previous_champion`` missing or dangling).
     """
-    from tritonflow.pipelines.canary import _env, _record
+    from tritonflow.pipelines.canary import environment_or_default, record_tags
     from tritonflow.pipelines.canary_rollback import manual_rollback
 
     if outcome.get("status") != "unhealthy":
         raise DataError(f"sentinel outcome status={outcome.get('status')!r}: expected 'unhealthy'")
-    env = _env(env)
+    env = environment_or_default(env)
     model, version = str(outcome["model"]), int(outcome["version"])
     reason = str(outcome.get("reason") or f"health sentinel: version {version} unhealthy")
     result = manual_rollback(model, reason, holder=holder, unload_rolled_back=True,
@@ -159,7 +159,7 @@ def sentinel_rollback(outcome: Mapping[str, Any], *, holder: str = "", env: Any 
         why=f"health sentinel rolled version {version} back to version {result.get('rolled_back_to')}: {reason}")
     for v in {version, int(result["rolled_back_to"])}:
         try:
-            _record(registry, model, v, tags)
+            record_tags(registry, model, v, tags)
         except RegistryError as exc:  # the rollback happened; a missing tag is only a weaker record
             log.warning("sentinel record on %s v%s failed: %s", model, v, exc)
     return result | {"reason": reason, "rejected": rejected}

@@ -33,13 +33,13 @@ import numpy as np
 from ground.checksums import sha256_file
 from ground.exceptions import DataError, WindowError
 from ground.settings import Settings
+from tritonflow.pipelines.publish_common import s3_endpoint
 from tritonflow.pipelines.shadow import (
     SHADOW_TAG_PREFIX,
-    _endpoint,
-    _registry,
-    _settings,
     drift_event_json,
     log_root,
+    open_registry,
+    settings_or_default,
     utc,
 )
 from tritonflow.pipelines.shadow_classes import CHALLENGER_PROBA, CHAMPION_PROBA, probabilities
@@ -129,7 +129,7 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
     from drift_checks.multiclass import class_indices
     from model_registry.shadow import DecisionRule, evaluate
 
-    s = _settings(settings)
+    s = settings_or_default(settings)
     model = replayed["model"]
     preds = _read_predictions(replayed, s)
     champ = replayed["champion"]
@@ -142,7 +142,7 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
         raise WindowError(f"labels_until={until.isoformat()} is not after window_start="
                           f"{start.isoformat()}")
     labels = read_labels(log_root(s), model, start.to_pydatetime(), until.to_pydatetime(),
-                         endpoint_url=_endpoint(s))
+                         endpoint_url=s3_endpoint(s))
     column = _label_column(labels, label_column)
     multi = probabilities(preds, CHAMPION_PROBA) is not None
     if column is not None and column in labels.columns:
@@ -240,7 +240,7 @@ def _record(settings: Settings, model: str, evidence: Mapping[str, Any], evidenc
     Tags and artifacts of the decision on the champion and the challenger versions (and the
     challenger's expected predictions on the challenger, tag :data:`EXPECTED_TAG`).
     """
-    registry = _registry(settings)
+    registry = open_registry(settings)
     compact = json.dumps(evidence, sort_keys=True, separators=(",", ":"), allow_nan=False)
     out: dict[str, Any] = {}
     roles = [("champion", champion, challenger)]

@@ -95,7 +95,8 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
     from repository_sync.router import Mirror, TrafficPlan, wait_live
     from repository_sync.triton_replicas import triton_control
     from tritonflow.pipelines.canary import DEFAULT_LIVE_TIMEOUT_S, CanaryEnvironment, default_holder
-    from tritonflow.pipelines.shadow import _as_info, _endpoint, _settings, log_root, trusted_keys_dir
+    from tritonflow.pipelines.publish_common import s3_endpoint
+    from tritonflow.pipelines.shadow import as_version_info, log_root, settings_or_default, trusted_keys_dir
     from tritonflow.pipelines.shadow_classes import (
         align,
         check_pair,
@@ -107,12 +108,12 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
     from tritonflow.pipelines.shadow_replay import (
         OUTPUT_PREFIXES,
         PREDICTIONS_FILE,
-        _run_dir,
-        _Served,
+        ServedVersion,
+        new_run_dir,
         write_expected,
     )
 
-    s = _settings(settings)
+    s = settings_or_default(settings)
     t_start = time.monotonic()
     duration = float(s.shadow_live_duration_s if duration_s is None else duration_s)
     share = int(s.shadow_mirror_percent if percent is None else percent)
@@ -121,8 +122,8 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
                         "integer percent 1-100")
     if challenger in (None, ""):
         raise DataError("live shadow needs a challenger (alias 'challenger' or a version)")
-    champ = _as_info(model, champion, s, "champion")
-    chal = _as_info(model, challenger, s, "challenger")
+    champ = as_version_info(model, champion, s, "champion")
+    chal = as_version_info(model, challenger, s, "challenger")
     name, cver = champ["triton_model_name"], int(champ["triton_model_version"])
     xver = int(chal["triton_model_version"])
     if chal["triton_model_name"] != name:
@@ -136,7 +137,7 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
         wait_live(env.gateway_url, plan, timeout_s=DEFAULT_LIVE_TIMEOUT_S)
 
     control = triton_control(s, None, repository=s.resolved_repository_uri,
-                             trusted_keys=str(trusted_keys_dir(s)), endpoint_url=_endpoint(s),
+                             trusted_keys=str(trusted_keys_dir(s)), endpoint_url=s3_endpoint(s),
                              load_timeout_s=s.load_timeout_s, coordination=coordination_store(s),
                              holder=holder or default_holder())
     loaded = False
@@ -160,7 +161,7 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
                         f"challenger {model!r} v{chal['version']} could not be loaded: {exc}; the "
                         "champion is untouched") from exc
                 loaded = True
-            output = _Served(control, name, xver).output
+            output = ServedVersion(control, name, xver).output
             bind = s.shadow_mirror_host if s.shadow_mirror_host in ("127.0.0.1", "localhost") else "0.0.0.0"
             recorder = MirrorRecorder(s.triton_http_url, name, xver, host=bind).start()
             try:
@@ -195,7 +196,7 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
     start, end = pd.Timestamp(t0, unit="s", tz="UTC"), pd.Timestamp(t1 + LOG_GRACE_S, unit="s", tz="UTC")
     deadline = time.monotonic() + LOG_GRACE_S
     while True:  # the clients' records of the last requests may land a moment later
-        logged = read_window(log_root(s), model, start, end, endpoint_url=_endpoint(s)).frame
+        logged = read_window(log_root(s), model, start, end, endpoint_url=s3_endpoint(s)).frame
         paired = (logged.merge(mirrored, on="request_id", how="inner")
                   if len(mirrored) and len(logged) else logged.iloc[0:0])
         if len(paired) >= len(mirrored) or time.monotonic() > deadline:
@@ -224,7 +225,7 @@ def live(model: str, champion: Any, challenger: Any, *, settings: Settings | Non
         columns = class_columns(out_cols, champion_scores.shape[1], output)
         multi = {"class_labels": labels_c, "class_columns": columns}
     predictions = predictions_frame(paired, champion_scores, challenger_scores)
-    run_dir = _run_dir(s, model)
+    run_dir = new_run_dir(s, model)
     path = run_dir / PREDICTIONS_FILE
     predictions.to_parquet(path, index=False)
     mirrored_path = run_dir / "mirrored.parquet"

@@ -39,7 +39,8 @@ from ground.exceptions import (
 )
 from ground.settings import Settings
 from tritonflow.pipelines import shared_work
-from tritonflow.pipelines.shadow import _as_info, _endpoint, _settings, log_root, trusted_keys_dir, utc
+from tritonflow.pipelines.publish_common import s3_endpoint
+from tritonflow.pipelines.shadow import as_version_info, log_root, settings_or_default, trusted_keys_dir, utc
 from tritonflow.pipelines.shadow_classes import (
     EXPECTED_PREFIX,
     align,
@@ -68,8 +69,23 @@ _FLOAT_TYPES = {"FP16", "FP32", "FP64"}
 
 
 # ----------------------------------------------------------------------------- 3. replay
-class _Served:
-    """What one version looks like on Triton: inputs, score output, batch size."""
+class ServedVersion:
+    """What one version looks like on Triton: inputs, score output, batch size.
+
+    Args:
+        control: A :class:`repository_sync.triton_client.TritonModelControl` (its ``client`` too).
+        name: Triton model name.
+        version: Model version (loaded).
+
+    Attributes:
+        name, version: As given.
+        specs: The version's input specs (``control.input_specs``).
+        output: The output scored: ``probabilities`` when served, else the first floating-point one.
+        max_batch: The model config's ``max_batch_size`` (0: no batching).
+
+    Raises:
+        DataError: The version has no floating-point output to score.
+    """
 
     def __init__(self, control: Any, name: str, version: int) -> None:
         self.name, self.version = name, int(version)
@@ -132,7 +148,7 @@ class _ClientPool:
                 pass
 
 
-def _infer_chunk(pool: _ClientPool, served: _Served, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+def _infer_chunk(pool: _ClientPool, served: ServedVersion, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
@@ -155,7 +171,7 @@ def _infer_chunk(pool: _ClientPool, served: _Served, arrays: Mapping[str, np.nda
     return result.as_numpy(served.output)
 
 
-def _replay_one(executor: ThreadPoolExecutor, pool: _ClientPool, served: _Served,
+def _replay_one(executor: ThreadPoolExecutor, pool: _ClientPool, served: ServedVersion,
                 arrays: Mapping[str, np.ndarray], n_rows: int) -> list[Any]:
     step = served.max_batch if served.max_batch > 0 else max(n_rows, 1)
     futures = []
@@ -170,7 +186,7 @@ def _gather(futures: list[Any], where: str) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0)
 
 
-def _inputs(frame: Any, info: Mapping[str, Any], served: _Served, role: str):
+def _inputs(frame: Any, info: Mapping[str, Any], served: ServedVersion, role: str):
     """Request arrays for ``served`` from the logged rows (signature columns, in order)."""
     from repository_sync.triton_client import frame_to_inputs
 
@@ -191,7 +207,8 @@ def _inputs(frame: Any, info: Mapping[str, Any], served: _Served, role: str):
     return frame_to_inputs(source.reset_index(drop=True), served.specs)
 
 
-def _run_dir(settings: Settings, model: str) -> Path:
+def new_run_dir(settings: Settings, model: str) -> Path:
+    """A new folder for one shadow run's files: ``<home>/shadow/<model>/<UTC stamp>-<8 hex>`` (created)."""
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = Path(settings.home) / SHADOW_DIR / model / f"{stamp}-{uuid.uuid4().hex[:8]}"
     path.mkdir(parents=True, exist_ok=True)
@@ -280,14 +297,14 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
     from drift_checks.inference_log import read_window
     from repository_sync.triton_replicas import triton_control
 
-    s = _settings(settings)
+    s = settings_or_default(settings)
     t0 = time.monotonic()
     start, end = utc(window_start, "window_start"), utc(window_end, "window_end")
     if end <= start:
         raise WindowError(f"window_end={end.isoformat()} is not after window_start="
                           f"{start.isoformat()}; expected start < end")
-    champ = _as_info(model, champion, s, "champion")
-    chal = None if challenger in (None, "") else _as_info(model, challenger, s, "challenger")
+    champ = as_version_info(model, champion, s, "champion")
+    chal = None if challenger in (None, "") else as_version_info(model, challenger, s, "challenger")
     # read only where a challenger exists (loaded, replayed): never the empty default
     chal_info: dict[str, Any] = chal if chal is not None else {}
     max_rows = int(s.shadow_max_replay_rows if max_rows is None else max_rows)
@@ -297,7 +314,7 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
 
     root = log_root(s)
     window = read_window(root, model, start.to_pydatetime(), end.to_pydatetime(),
-                         endpoint_url=_endpoint(s))
+                         endpoint_url=s3_endpoint(s))
     if window.empty:
         raise WindowError(f"inference log of model {model!r} under {root} has no record in "
                           f"[{start.isoformat()}, {end.isoformat()}); nothing to replay")
@@ -310,7 +327,7 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
 
     control = triton_control(s, None, repository=s.resolved_repository_uri,
                              trusted_keys=str(trusted_keys_dir(s)),
-                             endpoint_url=_endpoint(s), load_timeout_s=s.load_timeout_s,
+                             endpoint_url=s3_endpoint(s), load_timeout_s=s.load_timeout_s,
                              coordination=coordination_store(s), holder=f"shadow_evaluation/{model}")
     cname, cver = champ["triton_model_name"], int(champ["triton_model_version"])
     champion_loaded = challenger_loaded = challenger_unloaded = False
@@ -335,11 +352,11 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
                     ) from exc
                 challenger_loaded = True
         try:
-            served_c = _Served(control, cname, cver)
+            served_c = ServedVersion(control, cname, cver)
             served_x = None
             if chal is not None:
                 try:
-                    served_x = _Served(control, chal["triton_model_name"],
+                    served_x = ServedVersion(control, chal["triton_model_name"],
                                        int(chal["triton_model_version"]))
                 except Exception as exc:  # noqa: BLE001
                     raise ChallengerUnavailableError(
@@ -400,7 +417,7 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
         columns = class_columns(logged, scores_c.shape[1], served_c.output)
         multi = {"class_labels": labels_c, "class_columns": columns}
     predictions = predictions_frame(out, scores_c, scores_x)
-    run_dir = _run_dir(s, model)
+    run_dir = new_run_dir(s, model)
     path = run_dir / PREDICTIONS_FILE
     predictions.to_parquet(path, index=False)
     expected = (write_expected(run_dir, out, scores_x, chal_info, "shadow_replay", columns)
