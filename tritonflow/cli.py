@@ -369,10 +369,8 @@ def _add_registry_parser(sub: Any) -> None:
     wh.add_argument("--json", action="store_true", help="list as JSON")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``tritonflow`` command."""
-    parser = argparse.ArgumentParser(prog="tritonflow")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_runtime_parser(sub: Any) -> None:
+    """``tritonflow runtime start|status|stop`` arguments."""
     rt = sub.add_parser("runtime", help=f"start, check or stop the local services ({', '.join(KNOWN_SERVICES)})",
                         formatter_class=argparse.RawDescriptionHelpFormatter,
                         epilog="services (start order; ports from the settings, defaults shown):\n"
@@ -382,11 +380,19 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated subset of: {', '.join(KNOWN_SERVICES)} (default: all of them)")
     rt.add_argument("--repository", default=None, help="Triton repository: folder or s3://http://host:port/bucket/prefix")
     rt.add_argument("--json", action="store_true", help="status as JSON")
+
+
+def _add_settings_parser(sub: Any) -> None:
+    """``tritonflow settings`` arguments."""
     st = sub.add_parser("settings", help="print the settings in effect and where each comes from; "
                                          "exit 1 on a value that is not valid")
     st.add_argument("--reference", action="store_true",
                     help="print the reference instead (every variable, its default and meaning)")
     st.add_argument("--markdown", action="store_true", help="the reference as a Markdown table (docs/configuration.md)")
+
+
+def _add_validate_parser(sub: Any) -> None:
+    """``tritonflow validate`` arguments."""
     va = sub.add_parser("validate", help="convert, parity-gate and generate config.pbtxt without publishing")
     va.add_argument("model_uri", help="models:/name/version, runs:/<run>/<path> or a local MLflow model folder")
     va.add_argument("--sample", required=True, help="validation rows: CSV or Parquet file (signature columns)")
@@ -398,6 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     va.add_argument("--rtol", type=float, default=None)
     va.add_argument("--rows", type=int, default=1000, help="rows of the sample used (the first ones)")
     va.add_argument("--tracking-uri", default=None, help="MLflow tracking URI for models:/ and runs:/ URIs")
+
+
+def _add_drift_parser(sub: Any) -> None:
+    """``tritonflow drift backtest`` arguments."""
     dr = sub.add_parser("drift", help="drift tools")
     dsub = dr.add_subparsers(dest="drift_command", required=True)
     bt = dsub.add_parser("backtest", help="replay a historical table through the hourly drift check",
@@ -429,6 +439,24 @@ def main(argv: list[str] | None = None) -> int:
     bt.add_argument("--no-html", action="store_true", help="only backtest.json")
     bt.add_argument("--engine", choices=["exact", "streamed"], default="exact",
                     help="score each window whole (exact) or from its streamed bin counts and sketches")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``tritonflow`` command.
+
+    Args:
+        argv: The arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 on success, 1 on a failed check or a :class:`~ground.exceptions.TritonflowError`
+        (its message printed on stderr).
+    """
+    parser = argparse.ArgumentParser(prog="tritonflow")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_runtime_parser(sub)
+    _add_settings_parser(sub)
+    _add_validate_parser(sub)
+    _add_drift_parser(sub)
     _add_registry_parser(sub)
     args = parser.parse_args(argv)
     try:

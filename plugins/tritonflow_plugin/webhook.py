@@ -46,7 +46,7 @@ import logging
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -291,6 +291,91 @@ class DagRunSink:
         return f"dag run {getattr(run, 'run_id', run_id)} of {action.dag_id}"
 
 
+def _settings():
+    from ground.settings import get_settings
+
+    return get_settings()
+
+
+def _admit(raw: bytes, headers: Mapping[str, str], *, secret: str | None, tolerance_s: float | None,
+           deliveries: DeliveryStore | None,
+           clock: Callable[[], float]) -> tuple[RegistryChange | None, DeliveryStore]:
+    """Check one delivery (size, secret, headers, signature, timestamp, replay) and claim its id.
+
+    Args:
+        raw: The request body.
+        headers: The request headers.
+        secret: HMAC secret (``None``: ``Settings.webhook_secret``).
+        tolerance_s: Accepted clock skew in seconds (``None``: ``Settings.webhook_tolerance_s``).
+        deliveries: Accepted-delivery store (``None``: a :class:`DeliveryStore` under ``Settings.home``).
+        clock: Unix time now.
+
+    Returns:
+        ``(change, store)``: the registry change (``None``: a well-formed event that is not mapped)
+        and the store the delivery id was claimed in.
+
+    Raises:
+        WebhookRejected: The delivery is refused (its HTTP status and reason).
+    """
+    delivery_id = headers.get(DELIVERY_ID_HEADER, "")
+    if len(raw) > MAX_BODY_BYTES:
+        raise WebhookRejected(413, f"body has {len(raw)} bytes: expected at most {MAX_BODY_BYTES}")
+    settings = None
+    key = secret
+    if key is None:
+        settings = _settings()
+        key = settings.webhook_secret
+    if not key:
+        raise WebhookRejected(401, "no webhook secret configured (TRITONFLOW_WEBHOOK_SECRET)")
+    for name in (DELIVERY_ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER):
+        if not headers.get(name):
+            raise WebhookRejected(401 if name == SIGNATURE_HEADER else 400, f"header {name} is missing")
+    try:
+        body = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise WebhookRejected(400, "body is not UTF-8") from None
+    timestamp = headers[TIMESTAMP_HEADER]
+    verify_signature(key, delivery_id, timestamp, body, headers[SIGNATURE_HEADER])
+    tol = tolerance_s
+    if tol is None:
+        tol = (settings or _settings()).webhook_tolerance_s
+    now = clock()
+    check_timestamp(timestamp, now, tol)
+    change = parse_delivery(body)
+    store = deliveries or DeliveryStore(retention_s=max(2 * tol, 60))
+    if not store.claim(delivery_id, now):
+        raise WebhookRejected(409, f"{DELIVERY_ID_HEADER}={delivery_id} was already received (replay)")
+    return change, store
+
+
+def _deliver(change: RegistryChange, delivery_id: str, rules: Sequence[Rule] | None, sink: Sink | None,
+             store: DeliveryStore) -> Any:
+    """Hand each mapped action of ``change`` to the sink; the response to the delivery.
+
+    A sink failure releases the delivery id (MLflow's retry is then accepted) and answers 502 with
+    what was done before it.
+    """
+    from tritonflow_plugin.event_mapping import load_mapping
+
+    actions = actions_for(change, rules if rules is not None else load_mapping())
+    target = sink or DagRunSink()
+    done: list[dict[str, str]] = []
+    try:
+        for action in actions:
+            # Two rules may start the same DAG for one delivery: each gets its own run id.
+            same_dag = len([d for d in done if d["dag_id"] == action.dag_id])
+            key = f"{delivery_id}.{same_dag + 1}" if same_dag else delivery_id
+            done.append({"dag_id": action.dag_id, "result": target.deliver(action, key)})
+    except Exception as exc:
+        store.release(delivery_id)
+        log.error("MLflow webhook delivery %s: delivering actions failed: %s", delivery_id, exc)
+        return JSONResponse(
+            status_code=502, content={"detail": f"delivering actions failed: {exc}", "done": done}
+        )
+    log.info("MLflow webhook delivery %s: %s -> %s", delivery_id, change, done)
+    return {"status": "accepted", "delivery_id": delivery_id, "change": change.to_dict(), "actions": done}
+
+
 def create_app(
     *,
     secret: str | None = None,
@@ -312,11 +397,6 @@ def create_app(
     """
     app = FastAPI(title="tritonflow MLflow webhook receiver", docs_url=None, redoc_url=None)
 
-    def _settings():
-        from ground.settings import get_settings
-
-        return get_settings()
-
     @app.get("/health")
     def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -324,62 +404,16 @@ def create_app(
     @app.post(WEBHOOK_PATH)
     async def receive(request: Request) -> Any:
         raw = await request.body()
-        headers = request.headers
-        delivery_id = headers.get(DELIVERY_ID_HEADER, "")
+        delivery_id = request.headers.get(DELIVERY_ID_HEADER, "")
         try:
-            if len(raw) > MAX_BODY_BYTES:
-                raise WebhookRejected(413, f"body has {len(raw)} bytes: expected at most {MAX_BODY_BYTES}")
-            settings = None
-            key = secret
-            if key is None:
-                settings = _settings()
-                key = settings.webhook_secret
-            if not key:
-                raise WebhookRejected(401, "no webhook secret configured (TRITONFLOW_WEBHOOK_SECRET)")
-            for name in (DELIVERY_ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER):
-                if not headers.get(name):
-                    raise WebhookRejected(401 if name == SIGNATURE_HEADER else 400, f"header {name} is missing")
-            try:
-                body = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise WebhookRejected(400, "body is not UTF-8") from None
-            timestamp = headers[TIMESTAMP_HEADER]
-            verify_signature(key, delivery_id, timestamp, body, headers[SIGNATURE_HEADER])
-            tol = tolerance_s
-            if tol is None:
-                tol = (settings or _settings()).webhook_tolerance_s
-            now = clock()
-            check_timestamp(timestamp, now, tol)
-            change = parse_delivery(body)
-            store = deliveries or DeliveryStore(retention_s=max(2 * tol, 60))
-            if not store.claim(delivery_id, now):
-                raise WebhookRejected(409, f"{DELIVERY_ID_HEADER}={delivery_id} was already received (replay)")
+            change, store = _admit(raw, request.headers, secret=secret, tolerance_s=tolerance_s,
+                                   deliveries=deliveries, clock=clock)
         except WebhookRejected as exc:
             log.warning("MLflow webhook delivery %r refused (%s): %s", delivery_id, exc.status, exc.reason)
             return JSONResponse(status_code=exc.status, content={"detail": exc.reason})
-
         if change is None:
             log.info("MLflow webhook delivery %s ignored (event not mapped)", delivery_id)
             return {"status": "ignored", "delivery_id": delivery_id}
-
-        from tritonflow_plugin.event_mapping import load_mapping
-
-        actions = actions_for(change, rules if rules is not None else load_mapping())
-        target = sink or DagRunSink()
-        done: list[dict[str, str]] = []
-        try:
-            for action in actions:
-                # Two rules may start the same DAG for one delivery: each gets its own run id.
-                same_dag = len([d for d in done if d["dag_id"] == action.dag_id])
-                key = f"{delivery_id}.{same_dag + 1}" if same_dag else delivery_id
-                done.append({"dag_id": action.dag_id, "result": target.deliver(action, key)})
-        except Exception as exc:
-            store.release(delivery_id)
-            log.error("MLflow webhook delivery %s: delivering actions failed: %s", delivery_id, exc)
-            return JSONResponse(
-                status_code=502, content={"detail": f"delivering actions failed: {exc}", "done": done}
-            )
-        log.info("MLflow webhook delivery %s: %s -> %s", delivery_id, change, done)
-        return {"status": "accepted", "delivery_id": delivery_id, "change": change.to_dict(), "actions": done}
+        return _deliver(change, delivery_id, rules, sink, store)
 
     return app
