@@ -17,12 +17,11 @@ The receiver (:func:`create_app`) refuses, with a logged reason and a 4xx answer
 
 Accepted ``model_version.created``, ``model_version_alias.created/deleted`` and
 ``model_version_tag.set`` events become :class:`~tritonflow_plugin.event_mapping.RegistryChange`
-objects, mapped to DAGs by :mod:`tritonflow_plugin.event_mapping`; each action goes to a sink:
-:class:`DagRunSink` (default: one DAG run per delivery and mapped DAG, with the action's conf) or
-:class:`AssetEventSink` (an Airflow asset event on ``registry_asset(dag_id)`` whose ``extra`` is
-the conf). Other well-formed MLflow events are acknowledged and ignored (200).
+objects, mapped to DAGs by :mod:`tritonflow_plugin.event_mapping`; each action goes to a sink
+(:class:`Sink`): :class:`DagRunSink`, one DAG run per delivery and mapped DAG, with the action's
+conf. Other well-formed MLflow events are acknowledged and ignored (200).
 
-Why DAG runs and not asset events by default: Airflow's scheduler folds the asset events queued
+Why DAG runs and not asset events: Airflow's scheduler folds the asset events queued
 for a DAG into one run and consumes only those written before the DAG was first queued; a second
 delivery for the same DAG arriving while a run is being created (a version created, then its
 alias set) either lands in the same run, which acts on one change, or waits unconsumed until some
@@ -58,8 +57,6 @@ from tritonflow_plugin.event_mapping import (
     RegistryChange,
     Rule,
     actions_for,
-    registry_asset_name,
-    registry_asset_uri,
 )
 
 log = logging.getLogger(__name__)
@@ -222,40 +219,6 @@ class Sink(Protocol):
 
     def deliver(self, action: Action, delivery_id: str) -> str:
         """Start ``action``; return a short description of what was created."""
-
-
-class AssetEventSink:
-    """Emit an Airflow asset event on ``registry_asset(action.dag_id)`` (extra = the conf).
-
-    Runs inside the API server, which has metadata-DB access; the DAG must be scheduled on that
-    asset (and not paused) for a run to be queued.
-    """
-
-    def deliver(self, action: Action, delivery_id: str) -> str:
-        """Register the asset change.
-
-        Raises:
-            DataError: no DAG declares the asset (unknown in the metadata DB).
-        """
-        from airflow.assets.manager import asset_manager
-        from airflow.serialization.definitions.assets import SerializedAssetUniqueKey
-        from airflow.utils.session import create_session
-
-        key = SerializedAssetUniqueKey(
-            name=registry_asset_name(action.dag_id), uri=registry_asset_uri(action.dag_id)
-        )
-        extra = {**action.conf, "delivery_id": delivery_id}
-        with create_session() as session:
-            event = asset_manager.register_asset_change(
-                asset=key, extra=extra, session=session, source_is_api=True
-            )
-            if event is None:
-                raise DataError(
-                    f"asset {key.name!r} is unknown: expected DAG {action.dag_id!r} to be "
-                    f"scheduled on registry_asset({action.dag_id!r})"
-                )
-            event_id = event.id
-        return f"asset event {event_id} on {key.name}"
 
 
 class DagRunSink:
