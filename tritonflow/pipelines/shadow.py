@@ -30,7 +30,7 @@ import importlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NotRequired, TypedDict, cast
 
 from ground.exceptions import DataError, RegistryError, RejectedVersionError, WindowError
 from ground.settings import Settings, get_settings
@@ -44,6 +44,28 @@ SHADOW_TAG_PREFIX = "tritonflow.shadow."
 REFERENCE_TAG_PREFIX = "tritonflow.reference_"
 #: Module of the publish pipeline used for a challenger missing from the repository.
 PUBLISH_MODULE = "tritonflow.pipelines.publish"
+
+
+class VersionInfo(TypedDict):
+    """One model version as the shadow stages hand it on (:func:`version_info`; JSON, XCom-safe).
+
+    Attributes:
+        version: MLflow model version.
+        triton_model_name: The Triton model it is served as (publish record tag, else the name).
+        triton_model_version: Its Triton version (publish record tag, else the MLflow version).
+        input_columns: The signature's input columns in order (empty for a tensor signature).
+        aliases: Its MLflow aliases.
+        run_id: The MLflow run that logged it.
+        reference_metrics: ``{metric: value}`` recorded at training (``tritonflow.reference_*``).
+    """
+
+    version: int
+    triton_model_name: str
+    triton_model_version: int
+    input_columns: list[str]
+    aliases: NotRequired[list[str]]
+    run_id: NotRequired[str]
+    reference_metrics: NotRequired[dict[str, float]]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -115,7 +137,7 @@ def _reference_metrics(tags: Mapping[str, str]) -> dict[str, float]:
     return out
 
 
-def version_info(registry: Any, ref: Any) -> dict[str, Any]:
+def version_info(registry: Any, ref: Any) -> VersionInfo:
     """What the shadow stages need to know about one model version (JSON-serialisable).
 
     Args:
@@ -143,7 +165,7 @@ def version_info(registry: Any, ref: Any) -> dict[str, Any]:
     }
 
 
-def as_version_info(model: str, value: Any, settings: Settings, role: str) -> dict[str, Any]:
+def as_version_info(model: str, value: Any, settings: Settings, role: str) -> VersionInfo:
     """A version-info dict (:func:`version_info`): the one given, or built from a version or an alias.
 
     Args:
@@ -165,7 +187,7 @@ def as_version_info(model: str, value: Any, settings: Settings, role: str) -> di
         if missing:
             raise DataError(f"{role}={dict(value)!r} lacks keys {missing}; expected the dict "
                             "resolve_versions() returns, a version number or an alias")
-        return dict(value)
+        return cast(VersionInfo, dict(value))
     registry = open_registry(settings)
     text = str(value).strip()
     ref = registry.get_version(model, int(text)) if text.isdigit() else registry.resolve_alias(model, text)
@@ -428,7 +450,8 @@ def _small(value: Any) -> Any:
 
 
 __all__ = [
-    "CHALLENGER_ALIAS", "CHAMPION_ALIAS", "SHADOW_TAG_PREFIX", "drift_event_json",
+    "CHALLENGER_ALIAS", "CHAMPION_ALIAS", "SHADOW_TAG_PREFIX", "VersionInfo", "as_version_info", "drift_event_json",
     "ensure_challenger_published", "evaluation_window", "in_repository", "latest_drift_event",
-    "log_root", "resolve_versions", "trusted_keys_dir", "utc", "version_info",
+    "log_root", "open_registry", "resolve_versions", "settings_or_default", "trusted_keys_dir", "utc",
+    "version_info",
 ]

@@ -33,6 +33,7 @@ import numpy as np
 
 from ground.exceptions import ChallengerUnavailableError, DataError, TransientError, WindowError
 from ground.settings import Settings
+from tritonflow.pipelines.shadow import VersionInfo
 
 #: Seconds after the mirror stops during which the clients' log of the window is still awaited
 #: (records are written after their requests complete).
@@ -62,8 +63,8 @@ class _LivePair:
     """Champion and challenger of one live shadow, validated: one Triton model, two versions."""
 
     model: str
-    champ: dict[str, Any]
-    chal: dict[str, Any]
+    champ: VersionInfo
+    chal: VersionInfo
     duration_s: float
     percent: int
 

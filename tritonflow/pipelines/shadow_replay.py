@@ -41,7 +41,14 @@ from ground.exceptions import (
 from ground.settings import Settings
 from tritonflow.pipelines import shared_work
 from tritonflow.pipelines.publish_common import s3_endpoint
-from tritonflow.pipelines.shadow import as_version_info, log_root, settings_or_default, trusted_keys_dir, utc
+from tritonflow.pipelines.shadow import (
+    VersionInfo,
+    as_version_info,
+    log_root,
+    settings_or_default,
+    trusted_keys_dir,
+    utc,
+)
 from tritonflow.pipelines.shadow_classes import (
     EXPECTED_PREFIX,
     align,
@@ -265,15 +272,15 @@ class _ReplayWindow:
     """What a replay sends: the versions, the window's bounds, its logged rows and the concurrency."""
 
     model: str
-    champ: dict[str, Any]
-    chal: dict[str, Any] | None
+    champ: VersionInfo
+    chal: VersionInfo | None
     start: Any  # pandas.Timestamp, UTC
     end: Any
     frame: Any  # pandas.DataFrame of the logged rows replayed, index 0..n-1
     workers: int
 
     @property
-    def chal_info(self) -> dict[str, Any]:
+    def chal_info(self) -> Mapping[str, Any]:
         """The challenger's info; read only where a challenger exists (never the empty default)."""
         return self.chal if self.chal is not None else {}
 
@@ -542,6 +549,6 @@ def _write_replay(window: _ReplayWindow, s: Settings, answers: _Answers, loads: 
 
 
 __all__ = [
-    "EXPECTED_FILE", "OUTPUT_PREFIXES", "PREDICTIONS_FILE", "PREDICTION_COLUMNS", "replay",
-    "write_expected",
+    "EXPECTED_FILE", "OUTPUT_PREFIXES", "PREDICTIONS_FILE", "PREDICTION_COLUMNS", "ServedVersion", "new_run_dir",
+    "replay", "write_expected",
 ]
