@@ -35,8 +35,9 @@ Policies, side by side on the same windows:
 * ``evidently``: Evidently 0.7 ``DataDriftPreset`` defaults on each window (dataset drift when half
   of the columns drift, per-column tests chosen by Evidently).
 
-The last printed line is one JSON object with the figures (goals: every delay <= 2, and
-``alarms_per_100_quiet`` <= 1).
+The last printed line is the standard JSON object (:mod:`benchmarks.report`) with the figures of
+every policy; the goals (every delay <= 2 windows, ``alarms_per_100_quiet`` <= 1) are judged on
+``tritonflow``. These are the windows the run rule was tuned on: the figures are in-sample.
 """
 
 from __future__ import annotations
@@ -206,13 +207,33 @@ def main() -> None:
         print(f"{name:22s} alarms/100 quiet windows {results[name]['alarms_per_100_quiet']:6.2f} "
               f"({results[name]['quiet_alarms']}/{results[name]['quiet_windows']}); delays after shifts "
               f"{dict(zip(SCENARIOS, results[name]['delays'], strict=True))}; {timings[name]} s", flush=True)
-    doc = {"benchmark": "drift_quality", "shifts": list(SCENARIOS), "days_per_window": DAYS_PER_WINDOW,
-           "reference_days": REFERENCE_DAYS, "policies": results, "seconds": timings,
-           "goals": {"max_delay": 2, "max_alarms_per_100_quiet": 1}}
+    doc = {"shifts": list(SCENARIOS), "days_per_window": DAYS_PER_WINDOW,
+           "reference_days": REFERENCE_DAYS, "policies": results, "seconds": timings}
     if args.demo:
         doc["demo"] = demo_replays(noaa, features)
         print("demo replays:", json.dumps(doc["demo"]), flush=True)
-    print(json.dumps(doc))
+    _finish(doc)
+
+
+def _finish(doc: dict) -> None:
+    """The standard last line: tritonflow's policy against both goals, every policy's figures beside it."""
+    from report import at_most, finish
+
+    ours = doc["policies"]["tritonflow"]
+    delays = ours["delays"]
+    worst = None if any(d is None for d in delays) else max(delays)  # a missed shift misses the goal
+    names = {"tritonflow_no_run_rule": "the same without the run rule",
+             "today": "the earlier policy (re-implemented in this benchmark)",
+             "evidently": "Evidently DataDriftPreset defaults"}
+    baselines = ", ".join(names.get(n, n) for n in doc["policies"] if n != "tritonflow")
+    finish("drift_quality",
+           f"Drift alarms of the default policy on NOAA ({doc['days_per_window']}-day windows, "
+           f"{len(doc['shifts'])} known shifts, {ours['quiet_windows']} quiet windows; in-sample: the windows "
+           f"the run rule was tuned on) against {baselines} on the same windows.",
+           {"alarms_per_100_quiet": at_most(ours["alarms_per_100_quiet"], 1, "per 100 quiet windows"),
+            "max_delay_windows": at_most(worst, 2, "windows after every shift",
+                                         measured_as={"max": worst, "per_shift": delays})},
+           **doc)
 
 
 if __name__ == "__main__":

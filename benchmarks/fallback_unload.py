@@ -19,8 +19,8 @@ Usage::
 
     .venv/bin/python benchmarks/fallback_unload.py [--rps 150] [--threads 8] [--no-fallback]
 
-Last line: one JSON object (``failed_requests``, ``fallback_share``, ``fallback_p99_ms``,
-``champion_p99_ms``, ``achieved_rps``, ...).
+Last line: the standard JSON object (:mod:`benchmarks.report`) with both goals and the figures
+(``failed_requests``, ``fallback_share``, ``fallback_p99_ms``, ``champion_p99_ms``, ``achieved_rps``, ...).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ground.settings import Settings  # noqa: E402
-from repository_sync.gateway_probe import FALLBACK_HEADER, fallback_model_name, wait_live  # noqa: E402
-from repository_sync.nginx_router import NginxRouter  # noqa: E402
-from repository_sync.traffic_plan import TrafficPlan  # noqa: E402
+from repository_sync.routing.gateway_probe import FALLBACK_HEADER, fallback_model_name, wait_live  # noqa: E402
+from repository_sync.routing.nginx_router import NginxRouter  # noqa: E402
+from repository_sync.routing.traffic_plan import TrafficPlan  # noqa: E402
 from tritonflow.runtime.services import NginxGateway, TritonServer, free_port  # noqa: E402
 
 MODEL, VERSION, FEATURES = "bench_fallback", 1, 16
@@ -218,7 +218,6 @@ def main() -> int:
     during = [r for r in recs if t_unload <= r[0] < t_reload]
     champion_lat = [r[1] for r in recs if r[2] == 200 and r[3] == MODEL]
     result = {
-        "benchmark": "fallback_unload",
         "fallback_enabled": not args.no_fallback,
         "target_rps": args.rps,
         "achieved_rps": round(len(recs) / (t_end - start), 1),
@@ -245,8 +244,23 @@ def main() -> int:
         "threads": args.threads,
         "phases_s": {"warm": args.warm, "after_unload": args.after, "after_reload": args.recover},
     }
-    print(json.dumps(result, sort_keys=True))
+    _finish(args, result)
     return 0
+
+
+def _finish(args, result: dict) -> None:
+    """The standard last line: achieved rate and failed requests against the goals."""
+    from report import at_least, equals, finish
+
+    baseline = ("baseline: --no-fallback, a separate run" if result["fallback_enabled"]
+                else "this run is the --no-fallback baseline")
+    finish("fallback_unload",
+           f"Client requests through real NGINX + Triton at {args.rps:g} rps paced keep-alive while the champion "
+           f"is unloaded for {args.after:g} s and loaded again, with the INT8 fallback route ({baseline}, where "
+           f"every request after the unload fails).",
+           {"achieved_rps": at_least(result["achieved_rps"], 100, "rps"),
+            "failed_requests": equals(result["failed_requests"], 0)},
+           **result)
 
 
 if __name__ == "__main__":

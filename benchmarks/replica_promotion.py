@@ -19,8 +19,9 @@ Usage::
 
     .venv/bin/python benchmarks/replica_promotion.py [--repeats 5]
 
-Last line: one JSON object (``one_replica`` / ``two_replicas`` with ``promotion_s`` and
-``rollback_s`` medians and maxima, ``ratio_promotion``, ``ratio_rollback``).
+Last line: the standard JSON object (:mod:`benchmarks.report`; no stated goal) with
+``one_replica`` / ``two_replicas`` (``promotion_s`` and ``rollback_s`` medians and maxima),
+``ratio_promotion``, ``ratio_rollback``.
 """
 
 from __future__ import annotations
@@ -146,7 +147,12 @@ def main() -> None:
         ratio_promotion=round(results["two_replicas"]["promotion_s"] / results["one_replica"]["promotion_s"], 2),
         ratio_rollback=round(results["two_replicas"]["rollback_s"] / results["one_replica"]["rollback_s"], 2),
     )
-    print(json.dumps(results))
+    from report import finish
+
+    finish("replica_promotion",
+           f"Model control of a promotion and of a rollback (load beside, verify, READY, unload) on 2 real Triton "
+           f"replicas against 1, one moto S3 repository, median of {args.repeats}; no stated goal.",
+           {}, **results)
 
 
 if __name__ == "__main__":

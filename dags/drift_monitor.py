@@ -98,14 +98,13 @@ PARAMS = {
         "seasonal: the same hour one period earlier. Empty: TRITONFLOW_DRIFT_REFERENCE_STRATEGY.",
         form.REFERENCE_STRATEGIES),
     "profile": Param(True, type="boolean", title="whylogs profile",
-                     description="Also store the hour's whylogs profile (merged into daily profiles)."),
+                     description="Also store the hour's whylogs profile (profiled once per hour; it decides "
+                                 "nothing)."),
 }
 
 
-@tritonflow_dag("drift_monitor", schedule=_schedule(), topics=["drift"], description=DESCRIPTION, doc_md=DOC,
-                params=PARAMS, max_active_runs=4, max_active_tasks=8)
-def drift_monitor():
-    """Check every monitored model's hour of inference log for drift, a batch of models per task."""
+def _batches():
+    """The ``models`` task: the monitored models, cut into batches (one mapped box each)."""
     @data_task(execution_timeout=TIMEOUTS.listing)
     def models(params=None) -> list[list[dict]]:
         from tritonflow.pipelines.drift import monitored_models
@@ -114,6 +113,11 @@ def drift_monitor():
         form.refuse_unknown_conf_keys(get_current_context())
         return batch_models(monitored_models(only=list((params or {}).get("models") or []) or None))
 
+    return models()
+
+
+def _hour_stages(batches):
+    """``check``, ``evidently`` and ``profile`` of each batch's hour: (checked, evidently results, profiles)."""
     @data_task(links=True, execution_timeout=TIMEOUTS.drift_batch, map_index_template=BATCH_LABEL.format(arg="batch"))
     def check(batch: list, params=None) -> list[dict]:
         from tritonflow.pipelines.drift_batches import check_batch, retry_if_transient
@@ -149,6 +153,11 @@ def drift_monitor():
         retry_if_transient(out, "profile", _last_try(context))
         return out
 
+    return check.expand(batch=batches), evidently.expand(batch=batches), profile.expand(batch=batches)
+
+
+def _outcome_stages(checked, evidently_results):
+    """``record`` (MLflow) and ``decide`` (alert decisions) of each checked batch: (recorded, decided)."""
     @data_task(links=True, execution_timeout=TIMEOUTS.drift_batch, trigger_rule="all_done",
                      map_index_template=BATCH_LABEL.format(arg="checked"))
     def record(checked: list, evidently_results: list | None = None) -> list[dict]:
@@ -178,6 +187,11 @@ def drift_monitor():
         retry_if_transient(out, "decide", _last_try(context))
         return out
 
+    return record.partial(evidently_results=evidently_results).expand(checked=checked), decide.expand(checked=checked)
+
+
+def _alert_events(checked, recorded, decided):
+    """``alerts`` after ``record`` and ``decide``, then one ``drift_event`` box per alerting model."""
     @task(execution_timeout=TIMEOUTS.decision, trigger_rule="all_done")
     @limit_xcom_size
     def alerts(checked: list) -> list[dict]:
@@ -193,6 +207,13 @@ def drift_monitor():
         get_current_context()["outlet_events"][DRIFT_ALERTS].extra = extra
         return extra
 
+    alerting = alerts(checked)
+    [recorded, decided] >> alerting
+    return drift_event.expand(extra=alerting)
+
+
+def _quality_gate(batches, checked, recorded, decided, evidently_results, profiles, events):
+    """``data_quality_gate``: last, after every stage; fails the run naming each model that failed."""
     @data_task(execution_timeout=TIMEOUTS.decision, retries=0, trigger_rule="all_done")
     def data_quality_gate(batches: list, checked: list, recorded: list, decided: list, evidently_results: list,
                           profiles: list, events: list, params=None) -> dict:
@@ -207,15 +228,17 @@ def drift_monitor():
         found = problems(batches, checked, stages, events=events)
         return raise_problems(found, sum(len(b) for b in batches), *_window(get_current_context()))
 
-    batches = models()
-    checked = check.expand(batch=batches)
-    ev = evidently.expand(batch=batches)
-    profiled = profile.expand(batch=batches)
-    recorded = record.partial(evidently_results=ev).expand(checked=checked)
-    decided = decide.expand(checked=checked)
-    alerting = alerts(checked)
-    [recorded, decided] >> alerting
-    events = drift_event.expand(extra=alerting)
-    data_quality_gate(batches, checked, recorded, decided, ev, profiled, events)
+    return data_quality_gate(batches, checked, recorded, decided, evidently_results, profiles, events)
+
+
+@tritonflow_dag("drift_monitor", schedule=_schedule(), topics=["drift"], description=DESCRIPTION, doc_md=DOC,
+                params=PARAMS, max_active_runs=4, max_active_tasks=8)
+def drift_monitor():
+    """Check every monitored model's hour of inference log for drift, a batch of models per task."""
+    batches = _batches()
+    checked, ev, profiled = _hour_stages(batches)
+    recorded, decided = _outcome_stages(checked, ev)
+    events = _alert_events(checked, recorded, decided)
+    _quality_gate(batches, checked, recorded, decided, ev, profiled, events)
 
 drift_monitor()

@@ -40,7 +40,7 @@ from drift_checks.contract_types import Contract
 from drift_checks.history import HistoryStore
 from drift_checks.inference_log import LogSchema, arrow_to_pandas
 from drift_checks.strategies import ReferenceStrategy, served_reference
-from drift_checks.verdict import CheckConfig, check_window, json_default, prepare_reference
+from drift_checks.verdict import CheckConfig, PreparedReference, check_window, json_default, prepare_reference
 from ground.exceptions import DataError
 
 #: Logical start of window 0 (each window is one hourly run).
@@ -245,7 +245,9 @@ def run_backtest(
         strategy: Reference strategy (default: ``training``, the reference above).
         importance: ``{feature: importance}`` for the dataset weights (default: none, which the
             ``importance`` weighting treats as uniform).
-        config: Check knobs (default :meth:`CheckConfig.from_settings`; Evidently off).
+        config: Check knobs; the caller builds them from its settings with
+            :meth:`CheckConfig.from_settings` (default: the built-in defaults, ``CheckConfig()``,
+            which are the settings' defaults). Evidently is off either way.
         time_unit: Unit of a numeric time column (``"s"``, ``"D"``...; default seconds).
         replay_end: Stop replaying at this time (exclusive; default: the table's end).
         html_report: Also write ``index.html`` and the plots.
@@ -270,69 +272,23 @@ def run_backtest(
         raise DataError("give exactly one reference: --reference-rows N or --reference-range START END")
     win = window if isinstance(window, BacktestWindow) else BacktestWindow.parse(window)
     strategy = strategy or ReferenceStrategy()
-    cfg = config or CheckConfig.from_settings(evidently_sample_rows=0)
+    cfg = config or CheckConfig()
     cfg = dataclasses.replace(cfg, evidently_sample_rows=0, max_summary_bytes=1 << 30)
     times = _times(table, time_column, time_unit)
     order = np.argsort(times.to_numpy(), kind="stable")
     table, times = table.iloc[order], times.iloc[order]
-    if reference_rows is not None:
-        if reference_rows < 1 or reference_rows >= len(table):
-            raise DataError(f"--reference-rows {reference_rows}: expected 1..{len(table) - 1} (the table "
-                            f"has {len(table)} rows)")
-        ref_frame, replay = table.iloc[:reference_rows], table.iloc[reference_rows:]
-    else:
-        assert reference_range is not None  # exactly one of the two, checked above
-        a, b = (pd.Timestamp(x) for x in reference_range)
-        a, b = (x.tz_localize("UTC") if x.tzinfo is None else x.tz_convert("UTC") for x in (a, b))
-        inside = (times >= a) & (times < b)
-        if not inside.any():
-            raise DataError(f"--reference-range {a}..{b} holds no row (the table spans "
-                            f"{times.iloc[0]}..{times.iloc[-1]})")
-        ref_frame, replay = table[inside.to_numpy()], table[(times >= b).to_numpy()]
+    ref_frame, replay = _split_reference(table, times, reference_rows, reference_range)
     schema = _schema(ref_frame, features, categorical, time_column)  # declared by the reference rows
-    if replay_end is not None:
-        end = pd.Timestamp(replay_end)
-        end = end.tz_localize("UTC") if end.tzinfo is None else end.tz_convert("UTC")
-        replay = replay[(times.loc[replay.index] < end).to_numpy()]
-    if replay.empty:
-        raise DataError("no rows left to replay after the reference")
+    replay = _until(replay, times, replay_end)
     cols = list(schema.features)
     training = prepare_reference(ref_frame[cols].reset_index(drop=True), schema, reference_id="backtest:training",
                                  importance=importance, time_ordered=True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    windows: list[dict[str, Any]] = []
-    series: dict[str, list[Any]] = {c: [] for c in cols}
-    with tempfile.TemporaryDirectory(prefix="tritonflow-backtest-") as tmp:
-        history = HistoryStore(f"sqlite:///{Path(tmp) / 'history.db'}")
-        try:
-            for i, (t_start, t_end, rows) in enumerate(_cut(replay, times, win)):
-                reference, note = training, "training"
-                span = strategy.served_range(t_start, t_end)
-                if span is not None:
-                    mask = ((times >= span[0]) & (times < span[1])).to_numpy()
-                    served = served_reference(table[mask], cols)
-                    if served is not None:
-                        reference = prepare_reference(served, schema, importance=importance, time_ordered=True,
-                                                      reference_id=f"backtest:{strategy.name}")
-                        note = strategy.name
-                    else:
-                        note = "training (too few served rows)"
-                start = LOGICAL_START + dt.timedelta(hours=i)
-                current = rows[cols].reset_index(drop=True)
-                if engine == "streamed":
-                    from drift_checks.sketches import DEFAULT_SKETCH_K
-                    from drift_checks.summaries import summarize_frame
-
-                    current = summarize_frame(current, reference, sketch_k=sketch_k or DEFAULT_SKETCH_K)
-                summary = check_window(model=model, frame=current, start=start,
-                                       end=start + dt.timedelta(hours=1), reference=reference,
-                                       history=history, config=cfg, contract=contract)
-                windows.append(_window_row(i, t_start, t_end, summary, note))
-                for c in cols:
-                    series[c].append(_plot_point(summary, c))
-        finally:
-            history.engine.dispose()
+    replayer = _Replayer(table=table, times=times, schema=schema, training=training, strategy=strategy,
+                         importance=importance, cfg=cfg, contract=contract, model=model, engine=engine,
+                         sketch_k=sketch_k)
+    windows, series = replayer.replay(_cut(replay, times, win))
     doc = {"data": {"rows": int(len(table)), "time_column": time_column, "features": schema.to_dict()["features"],
                     "reference_rows": int(len(ref_frame)),
                     "reference_span": [str(times.loc[ref_frame.index[0]]), str(times.loc[ref_frame.index[-1]])],
@@ -344,6 +300,96 @@ def run_backtest(
     if html_report:
         write_html(out, doc, series)
     return doc
+
+
+def _split_reference(table: pd.DataFrame, times: pd.Series, reference_rows: int | None,
+                     reference_range: tuple[Any, Any] | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(reference rows, rows to replay) of the time-sorted ``table``: the first N rows, or a time range."""
+    if reference_rows is not None:
+        if reference_rows < 1 or reference_rows >= len(table):
+            raise DataError(f"--reference-rows {reference_rows}: expected 1..{len(table) - 1} (the table "
+                            f"has {len(table)} rows)")
+        return table.iloc[:reference_rows], table.iloc[reference_rows:]
+    assert reference_range is not None  # exactly one of the two, checked by the caller
+    a, b = (pd.Timestamp(x) for x in reference_range)
+    a, b = (x.tz_localize("UTC") if x.tzinfo is None else x.tz_convert("UTC") for x in (a, b))
+    inside = (times >= a) & (times < b)
+    if not inside.any():
+        raise DataError(f"--reference-range {a}..{b} holds no row (the table spans "
+                        f"{times.iloc[0]}..{times.iloc[-1]})")
+    return table[inside.to_numpy()], table[(times >= b).to_numpy()]
+
+
+def _until(replay: pd.DataFrame, times: pd.Series, replay_end: Any) -> pd.DataFrame:
+    """The replayed rows before ``replay_end`` (all of them when ``None``); never empty."""
+    if replay_end is not None:
+        end = pd.Timestamp(replay_end)
+        end = end.tz_localize("UTC") if end.tzinfo is None else end.tz_convert("UTC")
+        replay = replay[(times.loc[replay.index] < end).to_numpy()]
+    if replay.empty:
+        raise DataError("no rows left to replay after the reference")
+    return replay
+
+
+@dataclasses.dataclass
+class _Replayer:
+    """Replays windows through :func:`check_window` on a temporary history, as hourly runs."""
+
+    table: pd.DataFrame
+    times: pd.Series
+    schema: LogSchema
+    training: PreparedReference
+    strategy: ReferenceStrategy
+    importance: Mapping[str, float] | None
+    cfg: CheckConfig
+    contract: Contract | None
+    model: str
+    engine: str
+    sketch_k: int | None
+
+    def replay(self, cut: list[tuple[Any, Any, pd.DataFrame]]
+               ) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+        """(``backtest.json`` window rows, ``{feature: plot points}``) of the windows in ``cut``."""
+        cols = list(self.schema.features)
+        windows: list[dict[str, Any]] = []
+        series: dict[str, list[Any]] = {c: [] for c in cols}
+        with tempfile.TemporaryDirectory(prefix="tritonflow-backtest-") as tmp:
+            history = HistoryStore(f"sqlite:///{Path(tmp) / 'history.db'}")
+            try:
+                for i, (t_start, t_end, rows) in enumerate(cut):
+                    reference, note = self.reference_for(t_start, t_end)
+                    summary = self.check(i, rows[cols].reset_index(drop=True), reference, history)
+                    windows.append(_window_row(i, t_start, t_end, summary, note))
+                    for c in cols:
+                        series[c].append(_plot_point(summary, c))
+            finally:
+                history.engine.dispose()
+        return windows, series
+
+    def reference_for(self, t_start: Any, t_end: Any) -> tuple[PreparedReference, str]:
+        """The window's reference under the strategy, and the note saying which it was."""
+        span = self.strategy.served_range(t_start, t_end)
+        if span is None:
+            return self.training, "training"
+        mask = ((self.times >= span[0]) & (self.times < span[1])).to_numpy()
+        served = served_reference(self.table[mask], list(self.schema.features))
+        if served is None:
+            return self.training, "training (too few served rows)"
+        return (prepare_reference(served, self.schema, importance=self.importance, time_ordered=True,
+                                  reference_id=f"backtest:{self.strategy.name}"), self.strategy.name)
+
+    def check(self, i: int, current: pd.DataFrame, reference: PreparedReference,
+              history: HistoryStore) -> dict[str, Any]:
+        """Window ``i`` checked as hourly run ``i`` (summarised first by the streamed engine)."""
+        start = LOGICAL_START + dt.timedelta(hours=i)
+        frame: Any = current
+        if self.engine == "streamed":
+            from drift_checks.sketches import DEFAULT_SKETCH_K
+            from drift_checks.summaries import summarize_frame
+
+            frame = summarize_frame(current, reference, sketch_k=self.sketch_k or DEFAULT_SKETCH_K)
+        return check_window(model=self.model, frame=frame, start=start, end=start + dt.timedelta(hours=1),
+                            reference=reference, history=history, config=self.cfg, contract=self.contract)
 
 
 def _policy_doc(cfg: CheckConfig) -> dict[str, Any]:

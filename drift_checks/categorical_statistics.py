@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from drift_checks.binning import PSI_EPSILON
-from drift_checks.statistic_types import StatisticResult, Status, _degenerate
+from drift_checks.statistic_types import StatisticResult, Status, degenerate_result
 
 #: Most categories listed by name in a result (unseen / vanished), largest share first.
 MAX_LISTED_CATEGORIES = 20
@@ -93,7 +93,7 @@ def jensen_shannon(pair: CategoricalPair) -> StatisticResult:
         value >= 0 (direction ``distance``).
     """
     if (status := pair.degenerate) is not None:
-        return _degenerate("jensen_shannon", status)
+        return degenerate_result("jensen_shannon", status)
     from scipy.spatial import distance
 
     r, c = pair.vectors()
@@ -118,7 +118,7 @@ def chi_square_p_value(pair: CategoricalPair) -> StatisticResult:
         value = p-value (direction ``p_value``); ``extra["statistic"]``, ``extra["dof"]``.
     """
     if (status := pair.degenerate) is not None:
-        return _degenerate("chi_square_p_value", status)
+        return degenerate_result("chi_square_p_value", status)
     if len(pair.categories) < 2:
         return StatisticResult("chi_square_p_value", 1.0, "constant", {"statistic": 0.0, "dof": 0})
     from scipy import stats
@@ -149,7 +149,7 @@ def unseen_share(pair: CategoricalPair) -> StatisticResult:
         ``extra["n_vanished"]`` = how many categories in all.
     """
     if (status := pair.degenerate) is not None:
-        return _degenerate("unseen_share", status)
+        return degenerate_result("unseen_share", status)
     unseen = [k for k in pair.current if k not in pair.reference]
     vanished = [k for k in pair.reference if k not in pair.current]
     total = sum(pair.current.values())

@@ -16,12 +16,12 @@ import pandas as pd
 
 from drift_checks.column_facts import ColumnFacts
 from drift_checks.contract_types import (
-    _FLOAT_TYPES,
+    FLOAT_TYPES,
     ExpectationResult,
     ExpectationSpec,
-    _jsonable,
-    _snake,
     canonical_datetime,
+    jsonable,
+    snake_case,
 )
 from drift_checks.declared_schema import Unreadable
 
@@ -43,111 +43,140 @@ def exact_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> Expe
     """Exact evaluation of the standard column expectations on the FULL window.
 
     Computed from the window's :class:`~drift_checks.column_facts.ColumnFacts` (the whole column, or a
-    streamed window's merged batches).
-
-    Returns ``None`` when the expectation (type, kwargs or column dtype) is not one handled here;
-    it then goes to Great Expectations. Semantics follow GX 1.x: nulls are ignored by range and
+    streamed window's merged batches). Semantics follow GX 1.x: nulls are ignored by range and
     set checks, ``mostly`` is a share of the non-null rows for sets and of all rows for nulls.
+
+    Args:
+        spec: The expectation.
+        facts: The window's facts about ``spec.column``.
+        is_dt: Whether the column is a datetime one (its bounds and sets are in the canonical form).
+
+    Returns:
+        The result, or ``None`` when the expectation (type, kwargs or column dtype) is not one
+        handled here; it then goes to Great Expectations.
     """
-    kw = spec.kwargs
-    name = _snake(spec.type)
     allowed = _FAST_KWARGS.get(spec.type)
-    if allowed is None or not set(kw) <= allowed:
+    if allowed is None or not set(spec.kwargs) <= allowed:
         return None
-    col = spec.column
-    n = facts.n
-    if spec.type == "ExpectColumnValuesToBeInTypeList":
-        if is_dt or not isinstance(kw.get("type_list"), (list, tuple)):
-            return None
-        dtype = str(facts.dtype)
-        if facts.unreadable is not None and facts.unreadable.count:
-            return unreadable_result(facts.unreadable, dtype)
-        ok = dtype in {str(t) for t in kw["type_list"]}
-        if ok or (n > 0 and facts.n_null == n):  # no value to judge: the null check reports it
-            return ExpectationResult(col, name, dtype, True)
-        bad = offending_values(facts.values_for_messages, kw["type_list"])
-        return ExpectationResult(col, name, {"dtype": dtype, "first_offending_values": bad}, False,
-                                 message=f"column {col!r} has dtype {dtype}, not one of "
-                                         f"{list(kw['type_list'])}; first offending values: {bad}")
-    if spec.type == "ExpectColumnValuesToNotBeNull":
-        mostly = kw.get("mostly", 1.0)
-        if not _is_number(mostly):
-            return None
-        nulls = facts.n_null - (facts.unreadable.count if facts.unreadable else 0)  # unreadable: not null
-        pct = 100.0 * nulls / n if n else None
-        ok = n == 0 or (n - nulls) / n >= float(mostly)
-        return ExpectationResult(col, name, {"unexpected_percent": pct, "partial_unexpected_list": []},
-                                 ok, message="" if ok else f"{pct:.2f} % null (mostly={mostly})")
-    if spec.type in ("ExpectColumnMinToBeBetween", "ExpectColumnMaxToBeBetween"):
-        bounds = [kw.get("min_value"), kw.get("max_value")]
-        if all(b is None for b in bounds):
-            return None
-        if facts.n_null == n:
-            return None
-        numeric = pd.api.types.is_numeric_dtype(facts.dtype) and not pd.api.types.is_bool_dtype(facts.dtype)
-        if not is_dt and not numeric:
-            return None
-        v = facts.vmin if spec.type == "ExpectColumnMinToBeBetween" else facts.vmax
-        if v is None:
-            return None
-        if is_dt:  # bounds were normalised to the canonical string form
-            if not all(b is None or isinstance(b, str) for b in bounds):
-                return None
-            observed: Any = canonical_datetime(v)
-        elif numeric and all(b is None or _is_number(b) for b in bounds):
-            observed = float(v)
-            if math.isnan(observed):
-                return None
-        else:
-            return None
-        ok = _between(observed, kw)
-        return ExpectationResult(col, name, _jsonable(observed), ok, message="" if ok else
-                                 f"observed {_jsonable(observed)!r} outside [{bounds[0]!r}, {bounds[1]!r}]")
     if spec.type == "ExpectColumnValuesToNotBeInSet":
         return _infinities_result(spec, facts)
     if spec.type in _DISTINCT_SET_CHECKS:
-        value_set = kw.get("value_set")
-        if not isinstance(value_set, (list, tuple, set)):
+        return _distinct_set_result(spec, facts, is_dt)
+    handler = _EXACT_CHECKS.get(spec.type)
+    return handler(spec, facts, is_dt) if handler is not None else None
+
+
+def _type_list_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> ExpectationResult | None:
+    """``ExpectColumnValuesToBeInTypeList``: the column's dtype (an unreadable value fails it)."""
+    kw, col, n = spec.kwargs, spec.column, facts.n
+    if is_dt or not isinstance(kw.get("type_list"), (list, tuple)):
+        return None
+    dtype = str(facts.dtype)
+    if facts.unreadable is not None and facts.unreadable.count:
+        return unreadable_result(facts.unreadable, dtype)
+    ok = dtype in {str(t) for t in kw["type_list"]}
+    name = snake_case(spec.type)
+    if ok or (n > 0 and facts.n_null == n):  # no value to judge: the null check reports it
+        return ExpectationResult(col, name, dtype, True)
+    bad = offending_values(facts.values_for_messages, kw["type_list"])
+    return ExpectationResult(col, name, {"dtype": dtype, "first_offending_values": bad}, False,
+                             message=f"column {col!r} has dtype {dtype}, not one of "
+                                     f"{list(kw['type_list'])}; first offending values: {bad}")
+
+
+def _not_null_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> ExpectationResult | None:
+    """``ExpectColumnValuesToNotBeNull``: the null share of all rows against ``mostly``."""
+    mostly, n = spec.kwargs.get("mostly", 1.0), facts.n
+    if not _is_number(mostly):
+        return None
+    nulls = facts.n_null - (facts.unreadable.count if facts.unreadable else 0)  # unreadable: not null
+    pct = 100.0 * nulls / n if n else None
+    ok = n == 0 or (n - nulls) / n >= float(mostly)
+    return ExpectationResult(spec.column, snake_case(spec.type),
+                             {"unexpected_percent": pct, "partial_unexpected_list": []},
+                             ok, message="" if ok else f"{pct:.2f} % null (mostly={mostly})")
+
+
+def _min_max_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> ExpectationResult | None:
+    """``ExpectColumnMinToBeBetween`` / ``ExpectColumnMaxToBeBetween`` on a numeric or datetime column."""
+    kw = spec.kwargs
+    bounds = [kw.get("min_value"), kw.get("max_value")]
+    if all(b is None for b in bounds) or facts.n_null == facts.n:
+        return None
+    numeric = pd.api.types.is_numeric_dtype(facts.dtype) and not pd.api.types.is_bool_dtype(facts.dtype)
+    if not is_dt and not numeric:
+        return None
+    v = facts.vmin if spec.type == "ExpectColumnMinToBeBetween" else facts.vmax
+    if v is None:
+        return None
+    if is_dt:  # bounds were normalised to the canonical string form
+        if not all(b is None or isinstance(b, str) for b in bounds):
             return None
-        if facts.counts is None:
+        observed: Any = canonical_datetime(v)
+    elif numeric and all(b is None or _is_number(b) for b in bounds):
+        observed = float(v)
+        if math.isnan(observed):
             return None
-        keys = [canonical_datetime(k) if is_dt else (k.item() if hasattr(k, "item") else k)
-                for k, c in facts.counts.items() if c > 0]
-        try:
-            have, want = set(keys), set(value_set)
-        except TypeError:  # unhashable values: leave it to GX
-            return None
-        ok = _DISTINCT_SET_CHECKS[spec.type](have, want)
-        observed = _jsonable(sorted(have, key=str))
-        missing, extra = sorted(want - have, key=str), sorted(have - want, key=str)
-        return ExpectationResult(col, name, observed, ok, message="" if ok else
-                                 f"distinct values {observed[:20]}; missing {_jsonable(missing[:10])}, "
-                                 f"not in the set {_jsonable(extra[:10])}")
-    if spec.type == "ExpectColumnValuesToBeInSet":
-        value_set, mostly = kw.get("value_set"), kw.get("mostly", 1.0)
-        if not isinstance(value_set, (list, tuple, set)) or not _is_number(mostly):
-            return None
-        if facts.counts is None:
-            return None
-        vc = facts.value_counts()
-        keys = list(vc.index)
-        if is_dt:
-            keys = [canonical_datetime(k) for k in keys]
-        elif pd.api.types.is_bool_dtype(facts.dtype) and all(isinstance(x, str) for x in value_set):
-            keys = [str(k) for k in keys]  # derive_contract writes booleans as "True"/"False"
-        allowed_values = set(value_set)
-        try:
-            bad = [(k, int(c)) for k, c in zip(keys, vc.to_numpy(), strict=True) if k not in allowed_values]
-        except TypeError:  # unhashable values: leave it to GX
-            return None
-        nonnull = int(vc.sum())
-        unexpected = sum(c for _, c in bad)
-        pct = 100.0 * unexpected / nonnull if nonnull else None  # GX: undefined
-        ok = nonnull == 0 or (nonnull - unexpected) / nonnull >= float(mostly)
-        return ExpectationResult(col, name, {"unexpected_percent": pct,
-                                             "partial_unexpected_list": _jsonable([k for k, _ in bad[:10]])},
-                                 ok, message="" if ok else f"{pct:.2f} % of values outside the set")
-    return None
+    else:
+        return None
+    ok = _between(observed, kw)
+    return ExpectationResult(spec.column, snake_case(spec.type), jsonable(observed), ok, message="" if ok else
+                             f"observed {jsonable(observed)!r} outside [{bounds[0]!r}, {bounds[1]!r}]")
+
+
+def _distinct_set_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> ExpectationResult | None:
+    """The distinct-value set expectations (:data:`_DISTINCT_SET_CHECKS`) from the window's counts."""
+    value_set = spec.kwargs.get("value_set")
+    if not isinstance(value_set, (list, tuple, set)) or facts.counts is None:
+        return None
+    keys = [canonical_datetime(k) if is_dt else (k.item() if hasattr(k, "item") else k)
+            for k, c in facts.counts.items() if c > 0]
+    try:
+        have, want = set(keys), set(value_set)
+    except TypeError:  # unhashable values: leave it to GX
+        return None
+    ok = _DISTINCT_SET_CHECKS[spec.type](have, want)
+    observed = jsonable(sorted(have, key=str))
+    missing, extra = sorted(want - have, key=str), sorted(have - want, key=str)
+    return ExpectationResult(spec.column, snake_case(spec.type), observed, ok, message="" if ok else
+                             f"distinct values {observed[:20]}; missing {jsonable(missing[:10])}, "
+                             f"not in the set {jsonable(extra[:10])}")
+
+
+def _in_set_result(spec: ExpectationSpec, facts: ColumnFacts, is_dt: bool) -> ExpectationResult | None:
+    """``ExpectColumnValuesToBeInSet``: the share of non-null values outside the set against ``mostly``."""
+    value_set, mostly = spec.kwargs.get("value_set"), spec.kwargs.get("mostly", 1.0)
+    if not isinstance(value_set, (list, tuple, set)) or not _is_number(mostly) or facts.counts is None:
+        return None
+    vc = facts.value_counts()
+    keys = list(vc.index)
+    if is_dt:
+        keys = [canonical_datetime(k) for k in keys]
+    elif pd.api.types.is_bool_dtype(facts.dtype) and all(isinstance(x, str) for x in value_set):
+        keys = [str(k) for k in keys]  # derive_contract writes booleans as "True"/"False"
+    allowed_values = set(value_set)
+    try:
+        bad = [(k, int(c)) for k, c in zip(keys, vc.to_numpy(), strict=True) if k not in allowed_values]
+    except TypeError:  # unhashable values: leave it to GX
+        return None
+    nonnull = int(vc.sum())
+    unexpected = sum(c for _, c in bad)
+    pct = 100.0 * unexpected / nonnull if nonnull else None  # GX: undefined
+    ok = nonnull == 0 or (nonnull - unexpected) / nonnull >= float(mostly)
+    return ExpectationResult(spec.column, snake_case(spec.type),
+                             {"unexpected_percent": pct,
+                              "partial_unexpected_list": jsonable([k for k, _ in bad[:10]])},
+                             ok, message="" if ok else f"{pct:.2f} % of values outside the set")
+
+
+#: Exact evaluators by expectation type (the distinct-set ones and the finiteness check aside).
+_EXACT_CHECKS = {
+    "ExpectColumnValuesToBeInTypeList": _type_list_result,
+    "ExpectColumnValuesToNotBeNull": _not_null_result,
+    "ExpectColumnMinToBeBetween": _min_max_result,
+    "ExpectColumnMaxToBeBetween": _min_max_result,
+    "ExpectColumnValuesToBeInSet": _in_set_result,
+}
 
 
 def _infinity(v: Any) -> float | None:
@@ -183,7 +212,7 @@ def _infinities_result(spec: ExpectationSpec, facts: ColumnFacts) -> Expectation
     share = count / facts.n if facts.n else 0.0
     observed = {"unexpected_count": count, "unexpected_percent": pct, "share_of_rows": round(share, 6),
                 "n_pos_inf": pos, "n_neg_inf": neg, "partial_unexpected_list": listed}
-    return ExpectationResult(spec.column, _snake(spec.type), observed, ok, message="" if ok else
+    return ExpectationResult(spec.column, snake_case(spec.type), observed, ok, message="" if ok else
                              f"column {spec.column!r} holds {count} infinite values (+inf {pos}, -inf {neg}) "
                              f"in {facts.n} rows ({100 * share:.2f} %); expected finite numbers")
 
@@ -200,7 +229,7 @@ def unreadable_result(bad: Unreadable, dtype: str | None = None) -> ExpectationR
         message name the column, the declared kind, the count, the share and the first values.
     """
     observed = {"dtype": dtype, "declared": bad.kind, "unreadable_count": bad.count,
-                "unreadable_share": round(bad.share, 6), "first_offending_values": _jsonable(list(bad.examples))}
+                "unreadable_share": round(bad.share, 6), "first_offending_values": jsonable(list(bad.examples))}
     return ExpectationResult(bad.column, "expect_column_values_to_be_in_type_list", observed, False,
                              message=bad.message)
 
@@ -221,13 +250,13 @@ def offending_values(s: pd.Series, type_list: Any = (), limit: int = 5) -> list[
     """
     wanted = {str(t) for t in type_list}
     values = s.dropna()
-    if wanted & set(_FLOAT_TYPES):
+    if wanted & set(FLOAT_TYPES):
         bad = values[pd.to_numeric(values, errors="coerce").isna()]
     elif wanted & {"bool", "boolean"}:
         bad = values[~values.map(lambda v: isinstance(v, (bool, np.bool_)))]
     else:
         bad = values
-    return _jsonable(list(pd.unique(bad.to_numpy(dtype=object))[:limit]))
+    return jsonable(list(pd.unique(bad.to_numpy(dtype=object))[:limit]))
 
 
 #: Expectations evaluated exactly by :func:`exact_result`, with the kwargs it understands.

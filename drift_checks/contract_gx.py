@@ -17,9 +17,9 @@ import pandas as pd
 from drift_checks.contract_types import (
     ExpectationResult,
     ExpectationSpec,
-    _canonical_series,
-    _jsonable,
-    _snake,
+    canonical_series,
+    jsonable,
+    snake_case,
 )
 
 #: Prefixes of row-wise GX expectations (a share of rows, ``mostly``): the only ones that may be
@@ -53,25 +53,34 @@ def _batch_definition():
 
 def _observed(result: Mapping[str, Any]) -> Any:
     if "observed_value" in result:
-        return _jsonable(result["observed_value"])
+        return jsonable(result["observed_value"])
     if "unexpected_percent" in result:
-        return {"unexpected_percent": _jsonable(result.get("unexpected_percent")),
-                "partial_unexpected_list": _jsonable(result.get("partial_unexpected_list", [])[:10])}
-    return _jsonable(dict(result)) if result else None
+        return {"unexpected_percent": jsonable(result.get("unexpected_percent")),
+                "partial_unexpected_list": jsonable(result.get("partial_unexpected_list", [])[:10])}
+    return jsonable(dict(result)) if result else None
 
 
-def _run_gx_streamed(specs: list[tuple[int, ExpectationSpec]], summary: Any,
+def run_gx_streamed(specs: list[tuple[int, ExpectationSpec]], summary: Any,
                      dt_cols: set[str]) -> list[tuple[int, ExpectationResult]]:
     """GX on a streamed window: row-wise expectations on its seeded sample.
 
     Aggregate ones cannot be judged without every row and are errors of the check.
+
+    Args:
+        specs: ``(index in the contract, expectation)`` pairs GX evaluates.
+        summary: The window's :class:`~drift_checks.summaries.WindowSummary` (``n_rows``,
+            ``sample_frame()``).
+        dt_cols: Datetime columns, compared in the canonical form.
+
+    Returns:
+        ``(index, result)`` pairs, one per spec.
     """
     row_wise = [(i, sp) for i, sp in specs if sp.type.startswith(ROW_WISE_PREFIXES)]
     out = []
     for i, sp in specs:
         if (i, sp) not in row_wise:
             out.append((i, ExpectationResult(
-                sp.column, _snake(sp.type), None, False, True,
+                sp.column, snake_case(sp.type), None, False, True,
                 f"{sp.type} needs every row of the window, and this window ({summary.n_rows} rows) was "
                 "streamed; expected a window of at most TRITONFLOW_DRIFT_EXACT_MAX_ROWS rows, or a "
                 "row-wise expectation")))
@@ -81,17 +90,28 @@ def _run_gx_streamed(specs: list[tuple[int, ExpectationSpec]], summary: Any,
         note = f"evaluated on a seeded sample of {len(sample)} of {summary.n_rows} rows"
         out.extend((i, dataclasses.replace(r, message=r.message or note, sample_rows=len(sample))) for i, r in res)
     elif row_wise:
-        out.extend((i, ExpectationResult(sp.column, _snake(sp.type), None, False, True,
+        out.extend((i, ExpectationResult(sp.column, snake_case(sp.type), None, False, True,
                                          "the streamed window kept no sample rows")) for i, sp in row_wise)
     return out
 
 
-def _run_gx(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt_cols: set[str],
+def run_gx(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt_cols: set[str],
             sample_rows: int, seed: int) -> list[tuple[int, ExpectationResult]]:
     """Evaluate ``specs`` with Great Expectations.
 
     Row-wise ones run on a seeded sample of a large window, aggregate ones (set, min/max, counts...) on
     the whole window.
+
+    Args:
+        specs: ``(index in the contract, expectation)`` pairs GX evaluates.
+        frame: The window.
+        dt_cols: Datetime columns, compared in the canonical form.
+        sample_rows: Rows of the seeded sample for row-wise expectations (0: every row).
+        seed: Seed of that sample.
+
+    Returns:
+        ``(index, result)`` pairs, one per spec; an expectation GX cannot build or that raises
+        is an error of the check (``check_error``), not a data failure.
     """
     row_wise = [(i, sp) for i, sp in specs if sp.type.startswith(ROW_WISE_PREFIXES)]
     aggregate = [(i, sp) for i, sp in specs if not sp.type.startswith(ROW_WISE_PREFIXES)]
@@ -112,7 +132,7 @@ def _run_gx_on(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt
     data = frame.sample(n=sample_rows, random_state=seed).sort_index() if sampled else frame
     data = data.copy(deep=False)
     for c in dt_cols:
-        data[c] = _canonical_series(data[c])
+        data[c] = canonical_series(data[c])
     note = f"evaluated on a seeded sample of {len(data)} of {len(frame)} rows" if sampled else ""
     results: list[tuple[int, ExpectationResult]] = []
     if specs:
@@ -123,7 +143,7 @@ def _run_gx_on(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt
             try:
                 exp = getattr(gxe, spec.type)(**spec.kwargs, meta={"tritonflow_index": i})
             except Exception as exc:  # unknown class or bad kwargs: an error of the check
-                results.append((i, ExpectationResult(spec.column, _snake(spec.type), None, False,
+                results.append((i, ExpectationResult(spec.column, snake_case(spec.type), None, False,
                                                      True, f"invalid expectation: {exc}")))
                 continue
             suite.add_expectation(exp)
@@ -139,7 +159,7 @@ def _run_gx_on(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt
                 raised = bool(info.get("raised_exception"))
                 msg = str(info.get("exception_message") or "") if raised else ""
                 results.append((i, ExpectationResult(
-                    spec.column, _snake(spec.type), None if raised else _observed(r.result or {}),
+                    spec.column, snake_case(spec.type), None if raised else _observed(r.result or {}),
                     bool(r.success) and not raised, raised, msg or note,
                     len(data) if sampled else None)))
     return results

@@ -19,12 +19,14 @@ import pandas as pd
 #: The one datetime representation used during validation.
 DATETIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%f"
 
-_FLOAT_TYPES = ["float64", "float32", "float16", "Float64", "Float32", "int64", "int32", "int16",
+#: Dtype names a ``float`` column may have in GX's ``expect_column_values_to_be_in_type_list``.
+FLOAT_TYPES = ["float64", "float32", "float16", "Float64", "Float32", "int64", "int32", "int16",
                 "int8", "uint64", "uint32", "uint16", "uint8", "Int64", "Int32"]
 _INT_TYPES = ["int64", "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8", "Int64",
               "Int32"]
 _STR_TYPES = ["object", "str", "string", "category", "StringDtype"]
-_TYPE_LISTS = {"float": _FLOAT_TYPES, "int": _INT_TYPES, "category": _STR_TYPES,
+#: ``{declared kind: dtype names}`` of the derived type-list expectation.
+TYPE_LISTS = {"float": FLOAT_TYPES, "int": _INT_TYPES, "category": _STR_TYPES,
                "string": _STR_TYPES, "bool": ["bool", "boolean"]}
 
 
@@ -70,8 +72,8 @@ class ExpectationSpec:
 
         Read back by :meth:`Contract.from_dict`.
         """
-        return {"type": self.type, "kwargs": _jsonable(dict(self.kwargs)), "severity": self.severity,
-                "meta": _jsonable(dict(self.meta)), "source": self.source}
+        return {"type": self.type, "kwargs": jsonable(dict(self.kwargs)), "severity": self.severity,
+                "meta": jsonable(dict(self.meta)), "source": self.source}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,14 +223,31 @@ def canonical_datetime(value: Any) -> str:
     return t.strftime(DATETIME_FORMAT)
 
 
-def _canonical_series(s: pd.Series) -> pd.Series:
+def canonical_series(s: pd.Series) -> pd.Series:
+    """A datetime column in the one representation used during validation.
+
+    Args:
+        s: A datetime64 Series (naive is read as UTC; aware is converted to UTC).
+
+    Returns:
+        An object Series of :data:`DATETIME_FORMAT` strings, ``None`` where ``s`` is null.
+    """
     if getattr(s.dt, "tz", None) is not None:
         s = s.dt.tz_convert("UTC").dt.tz_localize(None)
     out = s.dt.strftime(DATETIME_FORMAT)
     return out.where(s.notna(), None).astype(object)
 
 
-def _normalise_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def normalise_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """An expectation's kwargs with its datetime bounds and value set in the canonical form.
+
+    Args:
+        kwargs: The expectation's kwargs (``min_value``, ``max_value``, ``value``, ``value_set``...).
+
+    Returns:
+        A copy whose bounds are :func:`canonical_datetime` strings and whose ``value_set`` is the
+        sorted set of them; other keys unchanged.
+    """
     out = dict(kwargs)
     for k in ("min_value", "max_value", "value"):
         if out.get(k) is not None:
@@ -244,15 +263,33 @@ def _camel(name: str) -> str:
     return "".join(p[:1].upper() + p[1:] for p in name.split("_")) if "_" in name or name.islower() else name
 
 
-def _snake(name: str) -> str:
+def snake_case(name: str) -> str:
+    """A GX expectation class name as its snake-case expectation name.
+
+    Args:
+        name: ``ExpectColumnValuesToNotBeNull`` (a snake-case name is returned unchanged).
+
+    Returns:
+        ``expect_column_values_to_not_be_null``.
+    """
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-def _jsonable(v: Any) -> Any:
+def jsonable(v: Any) -> Any:
+    """A value made JSON-safe for results and summaries.
+
+    Args:
+        v: Any value: containers, numpy scalars, timestamps...
+
+    Returns:
+        Dicts (string keys) and lists recursively; numpy scalars as Python ones; infinite floats
+        as ``"inf"`` / ``"-inf"`` and NaN as ``None``; timestamps as :func:`canonical_datetime`;
+        anything else as its ``str``.
+    """
     if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
+        return {str(k): jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple, set)):
-        return [_jsonable(x) for x in v]
+        return [jsonable(x) for x in v]
     if isinstance(v, (np.bool_, bool)):
         return bool(v)
     if isinstance(v, (np.integer,)):

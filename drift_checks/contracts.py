@@ -66,19 +66,19 @@ from drift_checks.contract_exact import (
     offending_values,
     unreadable_result,
 )
-from drift_checks.contract_gx import ROW_WISE_PREFIXES, _run_gx, _run_gx_streamed
+from drift_checks.contract_gx import ROW_WISE_PREFIXES, run_gx, run_gx_streamed
 from drift_checks.contract_types import (
-    _TYPE_LISTS,
     DATETIME_FORMAT,
     SEVERITIES,
     SOURCES,
+    TYPE_LISTS,
     Contract,
     ContractResult,
     ExpectationResult,
     ExpectationSpec,
-    _normalise_kwargs,
-    _snake,
     canonical_datetime,
+    normalise_kwargs,
+    snake_case,
 )
 from drift_checks.declared_schema import (
     CATEGORICAL_KINDS,
@@ -155,9 +155,9 @@ def derive_contract(
             continue
         s = reference[col]
         exps.append(ExpectationSpec("ExpectColumnToExist", {"column": col}))
-        if kind in _TYPE_LISTS:
+        if kind in TYPE_LISTS:
             exps.append(ExpectationSpec("ExpectColumnValuesToBeInTypeList",
-                                        {"column": col, "type_list": _TYPE_LISTS[kind]}))
+                                        {"column": col, "type_list": TYPE_LISTS[kind]}))
         plain_float = kind in ("float", "int") and isinstance(s.dtype, np.dtype) and s.dtype.kind == "f"
         if plain_float:  # numpy float column: the same facts without pandas' null handling
             v = s.to_numpy()
@@ -327,7 +327,7 @@ def run_contract(contract: Contract, frame: Any, *,
         try:
             spec = ExpectationSpec(spec.type, _window_kwargs(spec, col in categorical, col in dt_cols))
         except (ValueError, TypeError) as exc:
-            pre.append((i, ExpectationResult(col, _snake(spec.type), None, False, True,
+            pre.append((i, ExpectationResult(col, snake_case(spec.type), None, False, True,
                                              f"cannot read a datetime bound/value set: {exc}")))
             continue
         fast = exact_result(spec, facts_of[col], col in dt_cols) if col is not None else None
@@ -336,9 +336,9 @@ def run_contract(contract: Contract, frame: Any, *,
         else:
             specs.append((i, spec))
     if specs and streamed:
-        pre.extend(_run_gx_streamed(specs, frame, dt_cols))
+        pre.extend(run_gx_streamed(specs, frame, dt_cols))
     elif specs:
-        pre.extend(_run_gx(specs, frame, dt_cols, gx_sample_rows, seed))
+        pre.extend(run_gx(specs, frame, dt_cols, gx_sample_rows, seed))
     pre.sort(key=lambda x: x[0])
     exps = contract.expectations
     out = [dataclasses.replace(r, severity=exps[i].severity, meta=dict(exps[i].meta), source=exps[i].source)
@@ -387,4 +387,4 @@ def _window_kwargs(spec: ExpectationSpec, categorical: bool, datetime: bool) -> 
     kwargs = dict(spec.kwargs)
     if categorical and isinstance(kwargs.get("value_set"), (list, tuple, set)):
         kwargs["value_set"] = sorted({category_name(v) for v in kwargs["value_set"] if v is not None})
-    return _normalise_kwargs(kwargs) if datetime else kwargs
+    return normalise_kwargs(kwargs) if datetime else kwargs

@@ -13,7 +13,7 @@ Inference records have the columns
 * the feature columns and the prediction columns named by :class:`LogSchema`;
 * optionally ``answered_by``: string, the Triton model that answered (the model itself, or its
   INT8 replica ``<model>__fallback`` when the gateway fell back; see
-  :func:`repository_sync.router.answered_by`). Written when the frame has it.
+  :func:`repository_sync.routing.gateway_probe.answered_by`). Written when the frame has it.
 
 Labels have ``request_id``, ``timestamp`` (when the label arrived, UTC) and label columns; they
 are joined to inference records by ``request_id`` (:func:`join_labels`).
@@ -105,7 +105,17 @@ def _kind_of(s: pd.Series) -> str:
     return "category"
 
 
-def _arrow_type_ok(kind: str, t) -> bool:
+def arrow_type_ok(kind: str, t: Any) -> bool:
+    """Whether an Arrow column type can hold a log column of ``kind``.
+
+    Args:
+        kind: The column's kind in the log contract (``float``, ``int``, ``bool``, ``category``,
+            ``string``, ``datetime``, ``timestamp``).
+        t: A ``pyarrow.DataType``.
+
+    Returns:
+        ``True`` when the type fits (a ``timestamp`` must be timezone-aware).
+    """
     import pyarrow as pa
 
     if kind == "float":
@@ -125,7 +135,8 @@ def _arrow_type_ok(kind: str, t) -> bool:
     return False
 
 
-_EXPECTED = {
+#: ``{kind: what a column of that kind must be}``, for error messages.
+EXPECTED_TYPES = {
     "float": "a floating-point or integer column",
     "int": "an integer column",
     "bool": "a boolean column",
@@ -163,10 +174,23 @@ def offending_values(values: Any, kind: str, limit: int = 5) -> list[Any]:
     return out
 
 
-def _type_error(where: str, col: str, t: Any, kind: str, values: Any) -> WindowError:
+def type_error(where: str, col: str, t: Any, kind: str, values: Any) -> WindowError:
+    """The error for a log column of the wrong type.
+
+    Args:
+        where: What was read (a file's URI, ``labels``, a frame's source).
+        col: The column.
+        t: Its type, as shown in the message.
+        kind: The kind it should have (a key of :data:`EXPECTED_TYPES`).
+        values: The column's values (pandas Series or pyarrow array), for the first offending ones.
+
+    Returns:
+        A :class:`WindowError` naming the source, column, type, what was expected and the first
+        offending values (to raise).
+    """
     bad = offending_values(values, kind)
     first = f"; first offending values: {bad!r}" if bad else ""
-    return WindowError(f"{where}: column {col!r} has type {t}; expected {_EXPECTED[kind]}{first}")
+    return WindowError(f"{where}: column {col!r} has type {t}; expected {EXPECTED_TYPES[kind]}{first}")
 
 
 def validate_frame(frame: pd.DataFrame, schema: LogSchema, source: str) -> None:
@@ -180,18 +204,29 @@ def validate_frame(frame: pd.DataFrame, schema: LogSchema, source: str) -> None:
 
     for col, kind in schema.columns.items():
         if col not in frame.columns:
-            raise WindowError(f"{source}: column {col!r} is missing; expected {_EXPECTED[kind]}")
+            raise WindowError(f"{source}: column {col!r} is missing; expected {EXPECTED_TYPES[kind]}")
         try:
             t = pa.Array.from_pandas(frame[col]).type
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             bad = offending_values(frame[col], kind)
             raise WindowError(f"{source}: column {col!r} cannot be stored ({exc}); "
-                              f"expected {_EXPECTED[kind]}; first offending values: {bad!r}") from None
-        if not _arrow_type_ok(kind, t):
-            raise _type_error(source, col, f"{t} (pandas {frame[col].dtype})", kind, frame[col])
+                              f"expected {EXPECTED_TYPES[kind]}; first offending values: {bad!r}") from None
+        if not arrow_type_ok(kind, t):
+            raise type_error(source, col, f"{t} (pandas {frame[col].dtype})", kind, frame[col])
 
 
-def _hour_floor(ts: dt.datetime) -> pd.Timestamp:
+def hour_floor(ts: dt.datetime) -> pd.Timestamp:
+    """The UTC hour a time falls in.
+
+    Args:
+        ts: A timezone-aware datetime (or anything ``pd.Timestamp`` reads as one).
+
+    Returns:
+        The start of its hour, in UTC.
+
+    Raises:
+        WindowError: ``ts`` is naive.
+    """
     t = pd.Timestamp(ts)
     if t.tzinfo is None:
         raise WindowError(f"time {ts!r} is naive; expected a timezone-aware (UTC) datetime")
@@ -200,7 +235,7 @@ def _hour_floor(ts: dt.datetime) -> pd.Timestamp:
 
 def partition_prefix(model: str, hour: dt.datetime, labels: bool = False) -> str:
     """``<model>[/labels]/date=YYYY-MM-DD/hour=HH`` of the hour containing ``hour``."""
-    h = _hour_floor(hour)
+    h = hour_floor(hour)
     base = f"{model}/labels" if labels else model
     return f"{base}/date={h:%Y-%m-%d}/hour={h:%H}"
 
@@ -220,7 +255,15 @@ def _write_partitions(store: Store, model: str, frame: pd.DataFrame, labels: boo
     return uris
 
 
-def _check_model(model: str) -> None:
+def check_model_name(model: str) -> None:
+    """Check that a model name can be a folder of the inference log.
+
+    Args:
+        model: The model name.
+
+    Raises:
+        WindowError: Empty, holding ``/``, starting with ``.``, or ``labels`` (the labels' folder).
+    """
     if not model or "/" in model or model.startswith(".") or model == "labels":
         raise WindowError(f"model name {model!r} is not usable as a folder; expected e.g. 'fraud_v2'")
 
@@ -242,7 +285,7 @@ class InferenceLogWriter:
 
     def __init__(self, root: str, model: str, schema: LogSchema | None = None,
                  endpoint_url: str | None = None):
-        _check_model(model)
+        check_model_name(model)
         self.store = Store(root, endpoint_url)
         self.model = model
         self.schema = schema
@@ -284,12 +327,12 @@ class InferenceLogWriter:
         """
         for col, kind in LABEL_BASE_COLUMNS.items():
             if col not in labels.columns:
-                raise WindowError(f"labels: column {col!r} is missing; expected {_EXPECTED[kind]}")
+                raise WindowError(f"labels: column {col!r} is missing; expected {EXPECTED_TYPES[kind]}")
         import pyarrow as pa
 
         t = pa.Array.from_pandas(labels["timestamp"]).type
-        if not _arrow_type_ok("timestamp", t):
-            raise WindowError(f"labels: column 'timestamp' has type {t}; expected {_EXPECTED['timestamp']}")
+        if not arrow_type_ok("timestamp", t):
+            raise WindowError(f"labels: column 'timestamp' has type {t}; expected {EXPECTED_TYPES['timestamp']}")
         if labels.empty:
             return []
         return _write_partitions(self.store, self.model, labels, labels=True)
@@ -318,7 +361,16 @@ class Window:
         return len(self.frame) == 0
 
 
-def _hours(start: pd.Timestamp, end: pd.Timestamp) -> list[pd.Timestamp]:
+def hours_between(start: pd.Timestamp, end: pd.Timestamp) -> list[pd.Timestamp]:
+    """The hours whose partitions a ``[start, end)`` window reads.
+
+    Args:
+        start: Window start (its hour is the first one).
+        end: Window end (exclusive).
+
+    Returns:
+        Hour starts from ``start``'s hour while before ``end``, oldest first.
+    """
     out, h = [], start.floor("h")
     while h < end:
         out.append(h)
@@ -355,14 +407,14 @@ def _read_parquet(store: Store, key: str, required: Mapping[str, str]) -> pd.Dat
         raise WindowError(f"{uri}: not a readable Parquet file ({exc})") from None
     for col, kind in required.items():
         if col not in table.column_names:
-            raise WindowError(f"{uri}: column {col!r} is missing; expected {_EXPECTED[kind]}")
-        if not _arrow_type_ok(kind, table.schema.field(col).type):
-            raise _type_error(uri, col, table.schema.field(col).type, kind, table.column(col))
+            raise WindowError(f"{uri}: column {col!r} is missing; expected {EXPECTED_TYPES[kind]}")
+        if not arrow_type_ok(kind, table.schema.field(col).type):
+            raise type_error(uri, col, table.schema.field(col).type, kind, table.column(col))
     return arrow_to_pandas(table)
 
 
 def _read_range(store: Store, model: str, start, end, required, labels: bool):
-    s, e = _hour_floor(start), pd.Timestamp(end)
+    s, e = hour_floor(start), pd.Timestamp(end)
     if e.tzinfo is None:
         raise WindowError(f"window end {end!r} is naive; expected a timezone-aware (UTC) datetime")
     e = e.tz_convert("UTC")
@@ -370,7 +422,7 @@ def _read_range(store: Store, model: str, start, end, required, labels: bool):
     if e <= s_exact:
         raise WindowError(f"window end {e} is not after start {s_exact}")
     frames, files = [], []
-    for h in _hours(s, e):
+    for h in hours_between(s, e):
         for key in store.list(partition_prefix(model, h, labels)):
             if not key.endswith(".parquet"):
                 continue
@@ -404,7 +456,7 @@ def read_window(root: str, model: str, start: dt.datetime, end: dt.datetime,
         WindowError: Naive or inverted bounds, a malformed file, a missing column or a column of
             the wrong type; the message names the file, the column and the expected type.
     """
-    _check_model(model)
+    check_model_name(model)
     store = Store(root, endpoint_url)
     required = schema.columns if schema is not None else dict(BASE_COLUMNS)
     frame, files, s, e = _read_range(store, model, start, end, required, labels=False)
@@ -421,7 +473,7 @@ def read_labels(root: str, model: str, start: dt.datetime, end: dt.datetime,
     Raises:
         WindowError: As :func:`read_window`.
     """
-    _check_model(model)
+    check_model_name(model)
     store = Store(root, endpoint_url)
     frame, _, _, _ = _read_range(store, model, start, end, LABEL_BASE_COLUMNS, labels=True)
     return _empty_frame(LABEL_BASE_COLUMNS) if frame is None else frame.reset_index(drop=True)

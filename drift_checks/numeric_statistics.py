@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterable, cast
 import numpy as np
 
 from drift_checks.binning import PsiBins, bin_counts, psi_cap, psi_edges, psi_from_counts
-from drift_checks.statistic_types import StatisticResult, Status, _degenerate
+from drift_checks.statistic_types import StatisticResult, Status, degenerate_result
 
 if TYPE_CHECKING:  # sketches imports this module; the sketched window is a NumericSample subclass
     from drift_checks.sketches import SketchSample
@@ -90,8 +90,16 @@ class NumericSample:
         return "ok"
 
 
-def _as_float_array(values: Any) -> np.ndarray:
-    """1-D float64 array; pandas nullable dtypes (``Int64``, ``Float64``) give NaN for NA."""
+def as_float_array(values: Any) -> np.ndarray:
+    """Values as a 1-D float64 array.
+
+    Args:
+        values: A pandas Series (nullable ``Int64`` / ``Float64`` included), numpy array, pyarrow
+            array or sequence of numbers.
+
+    Returns:
+        The flattened float64 array; NA values are NaN.
+    """
     to_numpy = getattr(values, "to_numpy", None)
     if to_numpy is not None and not isinstance(values, np.ndarray):
         try:
@@ -114,7 +122,7 @@ def prepare_numeric(values: Iterable[float] | np.ndarray) -> NumericSample:
     Returns:
         A :class:`NumericSample` (nulls and ``+/-inf`` counted separately).
     """
-    arr = _as_float_array(values)
+    arr = as_float_array(values)
     n = int(arr.size)
     mask = np.isfinite(arr)
     if mask.all():
@@ -265,7 +273,7 @@ def ks_p_value(pair: NumericPair) -> StatisticResult:
         value = p-value (direction ``p_value``); ``extra["statistic"]`` = D in [0, 1].
     """
     if (status := pair.degenerate) is not None:
-        return _degenerate("ks_p_value", status)
+        return degenerate_result("ks_p_value", status)
     from scipy import stats
 
     a, b = pair.reference.values, pair.current.values
@@ -295,7 +303,7 @@ def psi(pair: NumericPair) -> StatisticResult:
         ``extra["cap"]`` = the largest value these bins allow (a value at the cap is saturated).
     """
     if (status := pair.degenerate) is not None:
-        return _degenerate("psi", status)
+        return degenerate_result("psi", status)
     bins = pair.psi_bins
     ra = bin_counts(pair.reference.values, bins, is_sorted=True)
     value = psi_from_counts(ra, pair.current_bin_counts())
@@ -315,7 +323,7 @@ def wasserstein_normed(pair: NumericPair) -> StatisticResult:
         value >= 0 in reference standard deviations (direction ``distance``).
     """
     if (status := pair.degenerate) is not None:
-        return _degenerate("wasserstein_normed", status)
+        return degenerate_result("wasserstein_normed", status)
     w = pair.d_and_w1[1]
     std = pair.reference.std
     norm = max(std, WASSERSTEIN_STD_FLOOR)

@@ -74,7 +74,22 @@ class MetricComparison:
     n_boot_used: int
 
 
-def _as_vector(values: Any, field: str, *, allow_nan: bool = False) -> np.ndarray:
+def as_score_vector(values: Any, field: str, *, allow_nan: bool = False) -> np.ndarray:
+    """One score per row from a model's outputs.
+
+    Args:
+        values: Shape (n,) scores, (n, 1), or (n, 2) binary class probabilities (the positive
+            class, column 1, is kept).
+        field: Name used in error messages ("champion outputs").
+        allow_nan: Accept non-finite values (labels that have not arrived yet).
+
+    Returns:
+        Shape (n,) float64 array.
+
+    Raises:
+        DataError: Another shape, or a non-finite value where ``allow_nan`` is false; the message
+            names the field and the first bad row.
+    """
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim == 2 and arr.shape[1] == 2:
         arr = arr[:, 1]  # (n, 2) class probabilities: keep the positive class
@@ -104,15 +119,27 @@ def prediction_agreement(champion: Any, challenger: Any, *, task: Task | str = T
     Raises:
         DataError: Shapes differ, are empty, or hold non-finite values.
     """
-    a, b = _pair(champion, challenger)
+    a, b = paired_outputs(champion, challenger)
     if Task(task) is Task.CLASSIFICATION:
         return float(np.mean((a >= threshold) == (b >= threshold)))
     return float(np.mean(np.abs(a - b)))
 
 
-def _pair(champion: Any, challenger: Any) -> tuple[np.ndarray, np.ndarray]:
-    a = _as_vector(champion, "champion outputs")
-    b = _as_vector(challenger, "challenger outputs")
+def paired_outputs(champion: Any, challenger: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The champion's and the challenger's scores on the same replayed rows.
+
+    Args:
+        champion: Champion outputs (see :func:`as_score_vector` for the shapes).
+        challenger: Challenger outputs on the same rows.
+
+    Returns:
+        Two shape (n,) float64 arrays, n >= 1.
+
+    Raises:
+        DataError: Non-finite values, different row counts, or no rows.
+    """
+    a = as_score_vector(champion, "champion outputs")
+    b = as_score_vector(challenger, "challenger outputs")
     if a.shape != b.shape:
         raise DataError(
             f"challenger outputs have {b.shape[0]} rows, champion outputs {a.shape[0]}; "
@@ -139,8 +166,8 @@ def psi(reference: Any, current: Any, *, bins: int = DEFAULT_PSI_BINS, eps: floa
 
     if bins < 2:
         raise DataError(f"bins={bins!r} must be >= 2")
-    ref = _as_vector(reference, "reference")
-    cur = _as_vector(current, "current")
+    ref = as_score_vector(reference, "reference")
+    cur = as_score_vector(current, "current")
     if ref.size == 0 or cur.size == 0:
         raise DataError("psi needs non-empty reference and current samples")
     ref = np.sort(ref)
@@ -158,7 +185,7 @@ def output_shift(champion: Any, challenger: Any, *, bins: int = DEFAULT_PSI_BINS
     """
     from drift_checks import statistics as st
 
-    a, b = _pair(champion, challenger)
+    a, b = paired_outputs(champion, challenger)
     d, p = st.ks_test(a, b)
     return {"ks_statistic": d, "ks_pvalue": p, "psi": psi(a, b, bins=bins)}
 
@@ -179,8 +206,8 @@ def task_metrics(labels: Any, outputs: Any, *, task: Task | str = Task.CLASSIFIC
     """
     from sklearn.metrics import accuracy_score, f1_score, mean_absolute_error, roc_auc_score
 
-    y = _as_vector(labels, "labels")
-    s = _as_vector(outputs, "outputs")
+    y = as_score_vector(labels, "labels")
+    s = as_score_vector(outputs, "outputs")
     if y.shape != s.shape:
         raise DataError(f"labels have {y.size} rows, outputs {s.size}; expected equal")
     if Task(task) is Task.REGRESSION:
@@ -202,9 +229,20 @@ def _check_binary(y: np.ndarray) -> None:
 
 
 # ------------------------------------------------------------------------- bootstrap
-def _boot_metric(name: str, y: np.ndarray, s: np.ndarray, idx: np.ndarray,
-                 threshold: float) -> np.ndarray:
-    """Metric ``name`` on each resample (rows of ``idx``), vectorised; NaN where undefined."""
+def bootstrap_metric(name: str, y: np.ndarray, s: np.ndarray, idx: np.ndarray,
+                     threshold: float) -> np.ndarray:
+    """Metric ``name`` on each bootstrap resample, vectorised.
+
+    Args:
+        name: ``auc``, ``accuracy``, ``f1``, ``rmse`` or ``mae``.
+        y: Labels, shape (n,).
+        s: Scores, shape (n,).
+        idx: Resample row indices, shape (b, n): one resample per row.
+        threshold: Classification threshold for the label-based metrics.
+
+    Returns:
+        Shape (b,) metric per resample; NaN where it is undefined (AUC of a one-class resample).
+    """
     yb, sb = y[idx], s[idx]
     if name == "rmse":
         return np.sqrt(np.mean((yb - sb) ** 2, axis=1))
@@ -262,8 +300,8 @@ def paired_bootstrap(labels: Any, champion: Any, challenger: Any, *,
         DataError: Shapes differ, values are not finite, or a metric is unknown for the task.
     """
     task = Task(task)
-    y = _as_vector(labels, "labels")
-    a, b = _pair(champion, challenger)
+    y = as_score_vector(labels, "labels")
+    a, b = paired_outputs(champion, challenger)
     if y.shape != a.shape:
         raise DataError(f"labels have {y.size} rows, outputs {a.size}; expected equal")
     if task is Task.CLASSIFICATION:
@@ -274,7 +312,7 @@ def paired_bootstrap(labels: Any, champion: Any, challenger: Any, *,
             raise DataError(f"metric={m!r} is not a {task.value} metric "
                             f"(expected one of {sorted(direction)})")
     def resampled(m: str, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return _boot_metric(m, y, a, idx, threshold), _boot_metric(m, y, b, idx, threshold)
+        return bootstrap_metric(m, y, a, idx, threshold), bootstrap_metric(m, y, b, idx, threshold)
 
     return bootstrap_comparisons(
         metrics, direction, resampled,

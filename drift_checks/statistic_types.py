@@ -93,5 +93,14 @@ class Statistic:
         return max(float(threshold), self.minimum_effect)
 
 
-def _degenerate(name: str, status: str) -> StatisticResult:
+def degenerate_result(name: str, status: str) -> StatisticResult:
+    """The result of a statistic that cannot be computed on its inputs.
+
+    Args:
+        name: The statistic's registry name (``"psi"``, ``"ks_p_value"``...).
+        status: Why it is undefined (``"empty"``, ``"constant"``..., as the input checks say).
+
+    Returns:
+        A :class:`StatisticResult` with ``value=None`` and that status: never read as "no drift".
+    """
     return StatisticResult(name=name, value=None, status=status)

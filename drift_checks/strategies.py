@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from ground.exceptions import SettingsError
+
+if TYPE_CHECKING:
+    from ground.settings import Settings
 
 #: Reference strategies.
 STRATEGIES = ("training", "trailing", "seasonal")
@@ -61,15 +64,21 @@ class ReferenceStrategy:
                                 "expected positive durations")
 
     @classmethod
-    def from_settings(cls, settings=None, name: str | None = None) -> "ReferenceStrategy":
+    def from_settings(cls, settings: Settings, name: str | None = None) -> "ReferenceStrategy":
         """Reference strategy from the settings.
 
-        Reads ``drift_reference_strategy``, ``drift_trailing_days`` and ``drift_seasonal_period_hours``;
-        ``name`` overrides the strategy (e.g. a DAG param).
-        """
-        from ground.settings import get_settings
+        Args:
+            settings: The settings in effect, read by the caller; ``drift_reference_strategy``,
+                ``drift_trailing_days`` and ``drift_seasonal_period_hours`` are used.
+            name: Strategy that overrides the setting (e.g. a DAG param; ``None``: the setting).
 
-        s = settings or get_settings()
+        Returns:
+            The strategy.
+
+        Raises:
+            SettingsError: Unknown strategy name or a non-positive span.
+        """
+        s = settings
         return cls(name=str(name or getattr(s, "drift_reference_strategy", "training")),
                    trailing=dt.timedelta(days=getattr(s, "drift_trailing_days", DEFAULT_TRAILING_DAYS)),
                    period=dt.timedelta(hours=getattr(s, "drift_seasonal_period_hours",

@@ -32,15 +32,15 @@ import pandas as pd
 from drift_checks.binning import PsiBins
 from drift_checks.column_facts import ColumnFacts
 from drift_checks.inference_log import (
-    _EXPECTED,
     BASE_COLUMNS,
+    EXPECTED_TYPES,
     LogSchema,
-    _arrow_type_ok,
-    _check_model,
-    _hour_floor,
-    _hours,
-    _type_error,
+    arrow_type_ok,
+    check_model_name,
+    hour_floor,
+    hours_between,
     partition_prefix,
+    type_error,
 )
 from drift_checks.sketches import DEFAULT_SKETCH_K
 from drift_checks.storage import S3Store, Store
@@ -105,8 +105,8 @@ def open_window(root: str, model: str, start, end, schema: LogSchema | None = No
     import pyarrow as pa
     import pyarrow.dataset as ds
 
-    _check_model(model)
-    s = _hour_floor(start)
+    check_model_name(model)
+    s = hour_floor(start)
     e = pd.Timestamp(end)
     if e.tzinfo is None:
         raise WindowError(f"window end {end!r} is naive; expected a timezone-aware (UTC) datetime")
@@ -115,7 +115,7 @@ def open_window(root: str, model: str, start, end, schema: LogSchema | None = No
         raise WindowError(f"window end {e} is not after start {s_exact}")
     store = Store(root, endpoint_url)
     fs, path_of = arrow_filesystem(store)
-    keys = [k for h in _hours(s, e) for k in store.list(partition_prefix(model, h)) if k.endswith(".parquet")]
+    keys = [k for h in hours_between(s, e) for k in store.list(partition_prefix(model, h)) if k.endswith(".parquet")]
     required = schema.columns if schema is not None else dict(BASE_COLUMNS)
     files, paths, groups, n_rows = [], [], [], 0
     for key in keys:
@@ -128,10 +128,10 @@ def open_window(root: str, model: str, start, end, schema: LogSchema | None = No
         phys = frag.physical_schema
         for col, kind in required.items():
             if col not in phys.names:
-                raise WindowError(f"{uri}: column {col!r} is missing; expected {_EXPECTED[kind]}")
-            if not _arrow_type_ok(kind, phys.field(col).type):
+                raise WindowError(f"{uri}: column {col!r} is missing; expected {EXPECTED_TYPES[kind]}")
+            if not arrow_type_ok(kind, phys.field(col).type):
                 column = frag.to_table(columns=[col]).column(col)
-                raise _type_error(uri, col, phys.field(col).type, kind, column)
+                raise type_error(uri, col, phys.field(col).type, kind, column)
         files.append(uri)
         paths.append(path)
         groups.append(int(meta.num_row_groups))

@@ -47,7 +47,7 @@ from drift_checks.binning import PsiBins, bin_counts
 from drift_checks.column_facts import ColumnFacts
 from drift_checks.declared_schema import apply_column
 from drift_checks.inference_log import LogSchema, categorical_columns, numeric_columns
-from drift_checks.numeric_statistics import _as_float_array
+from drift_checks.numeric_statistics import as_float_array
 from drift_checks.sketches import DEFAULT_SKETCH_K, new_sketch, sketch_from_bytes, sketch_sample, update_sketch
 
 #: Format version of :meth:`WindowSummary.to_bytes`.
@@ -316,7 +316,7 @@ class WindowSummarizer:
             sm.sample = _smallest(both, self.sample_rows).reset_index(drop=True)
 
     def _add_numeric(self, state: NumericState, values: Any, col: str) -> None:
-        arr = _as_float_array(values)
+        arr = as_float_array(values)
         finite = np.isfinite(arr)
         n_fin = int(np.count_nonzero(finite))
         if n_fin < arr.size:

@@ -47,7 +47,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
-from typing import Any, Callable, ClassVar, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping
 
 import numpy as np
 
@@ -55,6 +55,9 @@ from drift_checks import statistics as st
 from drift_checks.history import HistoryStore
 from drift_checks.statistics import REGISTRY
 from ground.exceptions import SettingsError
+
+if TYPE_CHECKING:
+    from ground.settings import Settings
 
 #: Default look-back of the dynamic threshold (days).
 DEFAULT_WINDOW_DAYS = 30
@@ -77,7 +80,7 @@ def settings_fields(settings: Any, overrides: dict[str, Any], **fields: tuple) -
     """Keyword arguments of a drift policy object, from the settings in effect.
 
     Args:
-        settings: A :class:`ground.settings.Settings` (``None``: :func:`get_settings`); an
+        settings: The :class:`ground.settings.Settings` in effect (the caller reads them); an
             object without one of the attributes gives that field its default.
         overrides: Field values that replace the settings' ones (taken as given).
         **fields: ``field=(settings attribute, default)`` or ``(attribute, default, convert)``,
@@ -86,12 +89,9 @@ def settings_fields(settings: Any, overrides: dict[str, Any], **fields: tuple) -
     Returns:
         ``{field: value}``.
     """
-    from ground.settings import get_settings
-
-    s = settings or get_settings()
     kw: dict[str, Any] = {}
     for field, (attr, default, *convert) in fields.items():
-        value = getattr(s, attr, default)
+        value = getattr(settings, attr, default)
         kw[field] = convert[0](value) if convert else value
     kw.update(overrides)
     return kw
@@ -121,8 +121,15 @@ class SettingsPolicy:
                 raise SettingsError(f"{field}={value!r}; expected {expected}")
 
     @classmethod
-    def from_settings(cls, settings: Any = None, **overrides: Any) -> Any:
+    def from_settings(cls, settings: Settings, **overrides: Any) -> Any:
         """The policy from the settings in effect (``SETTINGS``), then ``overrides``.
+
+        Args:
+            settings: The settings in effect, read by the caller (a pipeline, the CLI).
+            **overrides: Field values that replace the settings' ones.
+
+        Returns:
+            The policy (an instance of the subclass).
 
         Raises:
             SettingsError: A value fails its check.

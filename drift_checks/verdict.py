@@ -49,7 +49,9 @@ from drift_checks.declared_schema import apply_schema, typed_reference
 from drift_checks.history import HistoryStore, StatisticRow
 from drift_checks.inference_log import LogSchema, categorical_columns, numeric_columns
 from drift_checks.policy import (
+    AlertDecision,
     AlertPolicy,
+    FeatureVerdict,
     decide_alert,
     feature_verdict,
     importance_weights,
@@ -57,6 +59,7 @@ from drift_checks.policy import (
 )
 from drift_checks.thresholds import (
     Calibration,
+    Threshold,
     ThresholdPolicy,
     calibrate_from_reference,
     chunk_rows_for,
@@ -67,6 +70,7 @@ from drift_checks.thresholds import (
 
 if TYPE_CHECKING:
     from drift_checks.summaries import WindowSummary
+    from ground.settings import Settings
 
 SEVERITY_ORDER = ["ok", "warning", "invalid", "drift"]
 #: Largest summary returned (bytes); larger ones drop per-statistic details.
@@ -100,16 +104,20 @@ class CheckConfig:
     contract_sample_rows: int = DEFAULT_GX_SAMPLE_ROWS
 
     @classmethod
-    def from_settings(cls, settings=None, **overrides) -> "CheckConfig":
+    def from_settings(cls, settings: Settings, **overrides: Any) -> "CheckConfig":
         """Config from the ``drift_*`` settings (thresholds, alert policy, Evidently sample size).
 
         Args:
-            settings: A :class:`ground.settings.Settings` (default: :func:`get_settings`).
+            settings: The :class:`ground.settings.Settings` in effect, read by the caller.
             **overrides: Field values that replace the settings' ones.
-        """
-        from ground.settings import get_settings
 
-        s = settings or get_settings()
+        Returns:
+            The config.
+
+        Raises:
+            SettingsError: A threshold or alert setting fails its check.
+        """
+        s = settings
         return cls(**settings_fields(s, {"policy": ThresholdPolicy.from_settings(s),
                                          "alerts": AlertPolicy.from_settings(s), **overrides},
                                      evidently_sample_rows=("drift_evidently_sample_rows", 5000),
@@ -250,6 +258,236 @@ def _reference_degenerate(reference: PreparedReference, col: str) -> bool:
     return not reference.categorical.get(col)
 
 
+@dataclasses.dataclass
+class _ContractOutcome:
+    """What the window's contract decided, before any statistic.
+
+    Attributes:
+        frame: The window read as its declared schema (a streamed summary unchanged).
+        result: The contract's result.
+        status: ``ok``, ``contract_failed`` or ``check_error``.
+        invalid: ``{feature: reason}`` of the columns a CRITICAL expectation failed.
+        unscored: ``{feature: reason}`` of the columns the reference has no value for.
+        alerts: Data-quality alerts and warnings so far (the drift alert is added later).
+    """
+
+    frame: Any
+    result: ContractResult
+    status: str
+    invalid: dict[str, str]
+    unscored: dict[str, str]
+    alerts: list[dict[str, Any]]
+
+
+@dataclasses.dataclass
+class _Votes:
+    """The per-feature votes of one window and the history they were judged with.
+
+    Attributes:
+        thresholds: ``{(feature, statistic): Threshold}`` applied this hour.
+        verdicts: ``{feature: FeatureVerdict}`` of every scored feature.
+        previous: ``{feature: flags of the k - 1 windows before}``, oldest first.
+        sustained: Features the run rule calls sustained.
+    """
+
+    thresholds: dict[tuple[str, str], Threshold]
+    verdicts: dict[str, FeatureVerdict]
+    previous: dict[str, list[bool]]
+    sustained: set[str]
+
+
+def _no_data_summary(base: dict[str, Any], model: str, start: Any, history: HistoryStore,
+                     model_version: int | None) -> dict[str, Any]:
+    """Record an empty hour (the statistics history untouched) and summarise it as ``no_data``."""
+    summary = {**base, "status": "no_data", "severity": "no_data", "drift": False, "dataset_drift": False,
+               "dataset_score": None, "features": {}, "contract": None, "evidently": None,
+               "alerts": [{"kind": "data_availability", "severity": "no_data",
+                           "message": f"no inference records for {model!r} in "
+                                      f"[{base['window_start']}, {base['window_end']})"}],
+               "alert_features": [], "alert_reason": "", "artefacts": {}}
+    history.record_hour(model, start, status="no_data", n_rows=0, model_version=model_version,
+                        reference_id=base["reference_id"], summary={"status": "no_data"})
+    return summary
+
+
+def _check_contract(frame: Any, reference: PreparedReference, contract: Contract | None,
+                    cfg: CheckConfig, streamed: bool) -> _ContractOutcome:
+    """Read the window as its declared schema and run the derived contract (plus a user's suite)."""
+    schema = reference.schema
+    unreadable = None
+    if not streamed:  # the declared schema first (a streamed window was read with it)
+        applied = apply_schema(frame, schema.features)
+        frame, unreadable = applied.frame, applied.unreadable
+    contract = with_derived(contract, derive_contract(reference.frame, schema))  # a user's suite adds
+    cres: ContractResult = run_contract(contract, frame, gx_sample_rows=cfg.contract_sample_rows,
+                                        schema=schema.features, unreadable=unreadable)
+    status = {"passed": "ok", "failed": "contract_failed", "error": "check_error"}[cres.status]
+    invalid = {c: "contract failed: " + ", ".join(
+        f"{r.expectation} observed {json.dumps(r.observed)[:80]}" for r in cres.failures if r.column == c)
+        for c in cres.invalid_columns if c in schema.features}
+    alerts = _quality_alerts(cres, frame)
+    unscored = {c: "the reference has no value for this column" for c in schema.features
+                if c not in invalid and c in _columns(frame) and _reference_degenerate(reference, c)}
+    for c in unscored:
+        alerts.append({"kind": "data_quality_warning", "severity": "warning", "column": c,
+                       "message": f"column {c!r} cannot be scored: {unscored[c]}"})
+    return _ContractOutcome(frame, cres, status, invalid, unscored, alerts)
+
+
+def _score_features(frame: Any, reference: PreparedReference, checked: _ContractOutcome, cfg: CheckConfig,
+                    n_rows: int) -> tuple[dict[str, dict[str, st.StatisticResult]], dict[str, st.NumericSample]]:
+    """Every statistic of every valid, scorable feature; and the window's numeric samples."""
+    schema = reference.schema
+    skip = checked.invalid.keys() | checked.unscored.keys()
+    num_cols = [c for c in numeric_columns(schema) if c not in skip]
+    cat_cols = [c for c in categorical_columns(schema) if c not in skip]
+    streamed = not isinstance(frame, pd.DataFrame)
+    names = cfg.statistics
+    samples: dict[str, st.NumericSample] = {}
+
+    def score_num(c):
+        samples[c] = cur = frame.numeric_sample(c) if streamed else st.prepare_numeric(frame[c])
+        return c, st.score_numeric(reference.numeric[c], cur, names)
+
+    with ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
+        scored: dict[str, dict[str, st.StatisticResult]] = dict(pool.map(score_num, num_cols))
+    for c in cat_cols:
+        counts = frame.category_counts(c) if streamed else st.category_counts(frame[c])
+        scored[c] = st.score_categorical(reference.categorical[c], counts, reference_rows=len(reference.frame),
+                                         current_rows=n_rows, names=names)
+    # (infinite values never get here: the derived contract's finiteness check made the column invalid)
+    return scored, samples
+
+
+def _vote(model: str, start: Any, scored: dict[str, dict[str, st.StatisticResult]],
+          reference: PreparedReference, history: HistoryStore, cfg: CheckConfig, n_rows: int) -> _Votes:
+    """Thresholds for every (feature, statistic), each feature's vote, its past flags and the run rule."""
+    ref_id = reference.reference_id
+    names = cfg.statistics
+    series = [(f, s) for f, res in scored.items() for s in res]
+    calibration = reference.calibration(n_rows, cfg.policy.quantile, names) if series else None
+    thresholds = resolve_thresholds(history, model, start, series, cfg.policy,
+                                    reference_id=ref_id, calibration=calibration)
+    k = cfg.alerts.consecutive_windows
+    prev = history.previous_flags(model, list(scored), start, k - 1, reference_id=ref_id)
+    verdicts = {f: feature_verdict(res, {n: thresholds[(f, n)] for n in res}) for f, res in scored.items()}
+    n_run = cfg.alerts.sustained_windows
+    sustained = set(sustained_features(
+        cfg.alerts, {f: v.flagged and not v.undefined for f, v in verdicts.items()},
+        history.previous_evidence(model, list(scored), start, n_run - 1, reference_id=ref_id)
+        if n_run >= 2 else {}))
+    return _Votes(thresholds, verdicts, prev, sustained)
+
+
+def _scored_feature(f: str, v: FeatureVerdict, results: Mapping[str, st.StatisticResult], votes: _Votes,
+                    cfg: CheckConfig) -> dict[str, Any]:
+    """Severity, flag, reason and per-statistic detail of one scored feature (weight and counts added later)."""
+    k, n_run = cfg.alerts.consecutive_windows, cfg.alerts.sustained_windows
+    persistent = all(votes.previous.get(f, []))
+    if v.undefined:
+        sev = "invalid"
+    elif v.strong or (v.flagged and persistent) or f in votes.sustained:
+        sev = "drift"
+    else:
+        sev = "warning" if v.flagged else "ok"
+    reason = v.reason
+    if sev == "drift" and not v.strong and persistent:
+        reason += f" in {k} consecutive windows"
+    if f in votes.sustained:
+        reason += f"; sustained: evidence in {cfg.alerts.sustained_evidence} of the last {n_run} windows"
+    stats_out = {}
+    for vote in v.votes:
+        stats_out[vote.name] = {**results[vote.name].to_dict(), "threshold": vote.threshold.value,
+                                "threshold_source": vote.threshold.source,
+                                "ceiling": vote.threshold.ceiling,
+                                "n_history": vote.threshold.n_history, "flagged": vote.flagged,
+                                "strong": vote.strong, **({"abstains": vote.reason} if vote.reason else {})}
+    return {"severity": sev, "flagged": bool(v.flagged or v.undefined), "strong": v.strong,
+            "reason": reason, "statistics": stats_out}
+
+
+def _feature_report(checked: _ContractOutcome, scored: dict[str, dict[str, st.StatisticResult]],
+                    samples: Mapping[str, st.NumericSample], votes: _Votes, weights: Mapping[str, float],
+                    cfg: CheckConfig) -> dict[str, dict[str, Any]]:
+    """``{feature: severity, flagged, strong, reason, weight, statistics[, n_null, n_infinite]}``."""
+    features: dict[str, dict[str, Any]] = {}
+    for c, reason in checked.invalid.items():
+        features[c] = {"severity": "invalid", "flagged": True, "strong": False, "reason": reason,
+                       "weight": weights.get(c, 1.0), "statistics": {}}
+    for c, reason in checked.unscored.items():
+        features[c] = {"severity": "unscored", "flagged": False, "strong": False, "reason": reason,
+                       "weight": weights.get(c, 1.0), "statistics": {}}
+    for f, v in votes.verdicts.items():
+        entry = _scored_feature(f, v, scored[f], votes, cfg)
+        extra = {}
+        if f in samples:
+            extra = {"n_null": samples[f].n_null, "n_infinite": samples[f].n_infinite}
+        features[f] = {"severity": entry["severity"], "flagged": entry["flagged"], "strong": entry["strong"],
+                       "reason": entry["reason"], "weight": weights.get(f, 1.0),
+                       "statistics": entry["statistics"], **extra}
+    return features
+
+
+def _decide(model: str, start: Any, features: Mapping[str, dict[str, Any]], votes: _Votes,
+            checked: _ContractOutcome, weights: Mapping[str, float], history: HistoryStore,
+            cfg: CheckConfig, ref_id: str) -> tuple[float, bool, AlertDecision]:
+    """The weighted dataset score, the dataset verdict and the alert decision of the window."""
+    in_score = {f: info["flagged"] for f, info in features.items() if info["severity"] != "unscored"}
+    score = weighted_score(in_score, weights)
+    dataset_drift = bool(in_score) and score >= cfg.alerts.dataset_share
+    k = cfg.alerts.consecutive_windows
+    decision = decide_alert(
+        cfg.alerts, window_start=pd.Timestamp(start).tz_convert("UTC").to_pydatetime(),
+        dataset_drift=dataset_drift,
+        previous_drift=history.previous_windows(model, start, k - 1, reference_id=ref_id),
+        strong_features=[f for f, v in votes.verdicts.items() if v.strong],
+        persistent_features=[f for f, info in features.items() if info["severity"] == "drift"
+                             or (info["severity"] == "invalid" and f in checked.invalid)],
+        last_alert=history.last_alert(model, start, reference_id=ref_id),
+        contract_failed=checked.status != "ok", sustained=sorted(votes.sustained))
+    return score, dataset_drift, decision
+
+
+def _window_severity(decision: AlertDecision, status: str, dataset_drift: bool,
+                     features: Mapping[str, dict[str, Any]]) -> str:
+    """The window's severity: ``drift`` (an alert candidate on a passed contract), ``warning``, ``invalid``, ``ok``."""
+    sevs = {v["severity"] for v in features.values()}
+    if decision.candidate and status == "ok":
+        return "drift"
+    if dataset_drift or "drift" in sevs or "warning" in sevs:
+        return "warning"
+    if "invalid" in sevs:
+        return "invalid"
+    return "ok"
+
+
+def _record_window(model: str, start: Any, summary: Mapping[str, Any], features: Mapping[str, dict[str, Any]],
+                   votes: _Votes, history: HistoryStore, *, status: str, dataset_drift: bool, fired: bool,
+                   n_rows: int, model_version: int | None, ref_id: str) -> None:
+    """Store the hour: its statistics (taught when the window may teach), verdicts and small summary."""
+    teach_window = status == "ok" and not dataset_drift and not fired
+    rows = [StatisticRow(f, vote.name, float(vote.value), taught=teach_window and not v.strong,
+                         threshold=vote.threshold.value, source=vote.threshold.source)
+            for f, v in votes.verdicts.items() if not v.undefined for vote in v.votes if vote.value is not None]
+    history.record_hour(model, start, status=status, n_rows=n_rows, statistics=rows,
+                        verdicts={f: (info["severity"], info["flagged"], info["strong"])
+                                  for f, info in features.items()},
+                        model_version=model_version, reference_id=ref_id, dataset_drift=dataset_drift,
+                        alert=fired,
+                        summary={k_: summary[k_] for k_ in ("status", "severity", "drift", "dataset_drift",
+                                                             "dataset_score", "alert_features")})
+
+
+def _write_summary(summary: dict[str, Any], artefact_dir: str | Path | None) -> None:
+    """Write the full summary as ``drift_summary.json`` in ``artefact_dir`` and name it in ``artefacts``."""
+    if artefact_dir is None:
+        return
+    p = Path(artefact_dir) / "drift_summary.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(summary, indent=1, sort_keys=True))
+    summary["artefacts"] = {**summary["artefacts"], "summary_json": str(p)}
+
+
 def check_window(
     *,
     model: str,
@@ -264,6 +502,10 @@ def check_window(
     artefact_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run the hourly drift check of one model's window and record it.
+
+    The steps, in order: contract (:func:`_check_contract`), statistics (:func:`_score_features`),
+    thresholds and votes (:func:`_vote`), per-feature severities (:func:`_feature_report`),
+    dataset verdict and alert (:func:`_decide`), history (:func:`_record_window`), artefact.
 
     Args:
         model: Model name.
@@ -294,169 +536,46 @@ def check_window(
         causes), ``alert_features``, ``alert_reason``, ``evidently`` (``None``) and ``artefacts``.
     """
     cfg = config or CheckConfig()
-    schema = reference.schema
     ref_id = reference.reference_id
     streamed = not isinstance(frame, pd.DataFrame)
     n_rows = int(frame.n_rows if not isinstance(frame, pd.DataFrame) else len(frame))
     base: dict[str, Any] = {"model": model, "model_version": model_version, "reference_id": ref_id,
-            "window_start": _iso(start), "window_end": _iso(end), "n_rows": n_rows}
+                            "window_start": _iso(start), "window_end": _iso(end), "n_rows": n_rows}
     if streamed:
         base["engine"] = "streamed"
-    artefacts: dict[str, str] = {}
     if n_rows == 0:
-        summary = {**base, "status": "no_data", "severity": "no_data", "drift": False, "dataset_drift": False,
-                   "dataset_score": None, "features": {}, "contract": None, "evidently": None,
-                   "alerts": [{"kind": "data_availability", "severity": "no_data",
-                               "message": f"no inference records for {model!r} in "
-                                          f"[{base['window_start']}, {base['window_end']})"}],
-                   "alert_features": [], "alert_reason": "", "artefacts": artefacts}
-        history.record_hour(model, start, status="no_data", n_rows=0, model_version=model_version,
-                            reference_id=ref_id, summary={"status": "no_data"})
-        return summary
+        return _no_data_summary(base, model, start, history, model_version)
 
-    # ---------------------------------------------------------------- contract
-    unreadable = None
-    if not streamed:  # the declared schema first (a streamed window was read with it)
-        applied = apply_schema(frame, schema.features)
-        frame, unreadable = applied.frame, applied.unreadable
-    contract = with_derived(contract, derive_contract(reference.frame, schema))  # a user's suite adds
-    cres: ContractResult = run_contract(contract, frame, gx_sample_rows=cfg.contract_sample_rows,
-                                        schema=schema.features, unreadable=unreadable)
-    status = {"passed": "ok", "failed": "contract_failed", "error": "check_error"}[cres.status]
-    invalid = {c: "contract failed: " + ", ".join(
-        f"{r.expectation} observed {json.dumps(r.observed)[:80]}" for r in cres.failures if r.column == c)
-        for c in cres.invalid_columns if c in schema.features}
-    alerts = _quality_alerts(cres, frame)
-    unscored = {c: "the reference has no value for this column" for c in schema.features
-                if c not in invalid and c in _columns(frame) and _reference_degenerate(reference, c)}
-    for c in unscored:
-        alerts.append({"kind": "data_quality_warning", "severity": "warning", "column": c,
-                       "message": f"column {c!r} cannot be scored: {unscored[c]}"})
-
-    # ---------------------------------------------------------------- statistics
-    num_cols = [c for c in numeric_columns(schema) if c not in invalid and c not in unscored]
-    cat_cols = [c for c in categorical_columns(schema) if c not in invalid and c not in unscored]
-    names = cfg.statistics
-    samples = {}
-
-    def score_num(c):
-        samples[c] = cur = frame.numeric_sample(c) if streamed else st.prepare_numeric(frame[c])
-        return c, st.score_numeric(reference.numeric[c], cur, names)
-
-    with ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
-        scored: dict[str, dict[str, st.StatisticResult]] = dict(pool.map(score_num, num_cols))
-    for c in cat_cols:
-        counts = frame.category_counts(c) if not isinstance(frame, pd.DataFrame) else st.category_counts(frame[c])
-        scored[c] = st.score_categorical(reference.categorical[c], counts, reference_rows=len(reference.frame),
-                                         current_rows=n_rows, names=names)
-    # (infinite values never get here: the derived contract's finiteness check made the column invalid)
-
-    # ---------------------------------------------------------------- thresholds and votes
-    series = [(f, s) for f, res in scored.items() for s in res]
-    calibration = reference.calibration(n_rows, cfg.policy.quantile, names) if series else None
-    thresholds = resolve_thresholds(history, model, start, series, cfg.policy,
-                                    reference_id=ref_id, calibration=calibration)
-    k = cfg.alerts.consecutive_windows
-    prev = history.previous_flags(model, list(scored), start, k - 1, reference_id=ref_id)
-    verdicts = {f: feature_verdict(res, {n: thresholds[(f, n)] for n in res}) for f, res in scored.items()}
-    n_run = cfg.alerts.sustained_windows
-    sustained = set(sustained_features(
-        cfg.alerts, {f: v.flagged and not v.undefined for f, v in verdicts.items()},
-        history.previous_evidence(model, list(scored), start, n_run - 1, reference_id=ref_id)
-        if n_run >= 2 else {}))
+    checked = _check_contract(frame, reference, contract, cfg, streamed)
+    scored, samples = _score_features(checked.frame, reference, checked, cfg, n_rows)
+    votes = _vote(model, start, scored, reference, history, cfg, n_rows)
     weights, weighting = ((dict(cfg.weights), "explicit") if cfg.weights else
-                          importance_weights(list(schema.features), reference.importance,
+                          importance_weights(list(reference.schema.features), reference.importance,
                                              cfg.alerts.weighting))
-
-    features: dict[str, dict[str, Any]] = {}
-    for c, reason in invalid.items():
-        features[c] = {"severity": "invalid", "flagged": True, "strong": False, "reason": reason,
-                       "weight": weights.get(c, 1.0), "statistics": {}}
-    for c, reason in unscored.items():
-        features[c] = {"severity": "unscored", "flagged": False, "strong": False, "reason": reason,
-                       "weight": weights.get(c, 1.0), "statistics": {}}
-    for f, v in verdicts.items():
-        if v.undefined:
-            sev = "invalid"
-        elif v.strong or (v.flagged and all(prev.get(f, []))) or f in sustained:
-            sev = "drift"
-        else:
-            sev = "warning" if v.flagged else "ok"
-        reason = v.reason
-        if sev == "drift" and not v.strong and all(prev.get(f, [])):
-            reason += f" in {k} consecutive windows"
-        if f in sustained:
-            reason += f"; sustained: evidence in {cfg.alerts.sustained_evidence} of the last {n_run} windows"
-        stats_out = {}
-        for vote in v.votes:
-            r = scored[f][vote.name]
-            stats_out[vote.name] = {**r.to_dict(), "threshold": vote.threshold.value,
-                                    "threshold_source": vote.threshold.source,
-                                    "ceiling": vote.threshold.ceiling,
-                                    "n_history": vote.threshold.n_history, "flagged": vote.flagged,
-                                    "strong": vote.strong, **({"abstains": vote.reason} if vote.reason else {})}
-        extra = {}
-        if f in samples:
-            extra = {"n_null": samples[f].n_null, "n_infinite": samples[f].n_infinite}
-        features[f] = {"severity": sev, "flagged": bool(v.flagged or v.undefined), "strong": v.strong,
-                       "reason": reason, "weight": weights.get(f, 1.0), "statistics": stats_out, **extra}
-
-    # ---------------------------------------------------------------- dataset verdict and alert
-    in_score = {f: info["flagged"] for f, info in features.items() if info["severity"] != "unscored"}
-    score = weighted_score(in_score, weights)
-    dataset_drift = bool(in_score) and score >= cfg.alerts.dataset_share
-    decision = decide_alert(
-        cfg.alerts, window_start=pd.Timestamp(start).tz_convert("UTC").to_pydatetime(),
-        dataset_drift=dataset_drift,
-        previous_drift=history.previous_windows(model, start, k - 1, reference_id=ref_id),
-        strong_features=[f for f, v in verdicts.items() if v.strong],
-        persistent_features=[f for f, info in features.items() if info["severity"] == "drift"
-                             or (info["severity"] == "invalid" and f in invalid)],
-        last_alert=history.last_alert(model, start, reference_id=ref_id),
-        contract_failed=status != "ok", sustained=sorted(sustained))
+    features = _feature_report(checked, scored, samples, votes, weights, cfg)
+    score, dataset_drift, decision = _decide(model, start, features, votes, checked, weights, history, cfg,
+                                             ref_id)
+    alerts = checked.alerts
     if decision.fire:
-        causes = [{"feature": f, **c} for f in decision.features if f in verdicts
-                  for c in verdicts[f].causes()]
+        causes = [{"feature": f, **c} for f in decision.features if f in votes.verdicts
+                  for c in votes.verdicts[f].causes()]
         alerts.append({"kind": "drift", "severity": "drift", "features": list(decision.features),
                        "causes": causes, "dataset_score": score, "reason": decision.reason})
-    sevs = {v["severity"] for v in features.values()}
-    if decision.candidate and status == "ok":
-        severity = "drift"
-    elif dataset_drift or "drift" in sevs or "warning" in sevs:
-        severity = "warning"
-    elif "invalid" in sevs:
-        severity = "invalid"
-    else:
-        severity = "ok"
     sources: dict[str, int] = {}
-    for t in thresholds.values():
+    for t in votes.thresholds.values():
         sources[t.source] = sources.get(t.source, 0) + 1
 
-    summary = {**base, "status": status, "severity": severity, "drift": decision.fire,
-               "dataset_drift": dataset_drift, "dataset_score": score, "weighting": weighting,
-               "threshold_sources": sources, "features": features, "contract": cres.to_dict(),
-               "evidently": None, "alerts": alerts, "alert_features": list(decision.features),
-               "alert_reason": decision.reason, "artefacts": artefacts}
+    summary = {**base, "status": checked.status,
+               "severity": _window_severity(decision, checked.status, dataset_drift, features),
+               "drift": decision.fire, "dataset_drift": dataset_drift, "dataset_score": score,
+               "weighting": weighting, "threshold_sources": sources, "features": features,
+               "contract": checked.result.to_dict(), "evidently": None, "alerts": alerts,
+               "alert_features": list(decision.features), "alert_reason": decision.reason, "artefacts": {}}
     summary = json.loads(json.dumps(summary, default=json_default))
-
-    # ---------------------------------------------------------------- history
-    teach_window = status == "ok" and not dataset_drift and not decision.fire
-    rows = [StatisticRow(f, vote.name, float(vote.value), taught=teach_window and not v.strong,
-                         threshold=vote.threshold.value, source=vote.threshold.source)
-            for f, v in verdicts.items() if not v.undefined for vote in v.votes if vote.value is not None]
-    history.record_hour(model, start, status=status, n_rows=n_rows, statistics=rows,
-                        verdicts={f: (info["severity"], info["flagged"], info["strong"])
-                                  for f, info in features.items()},
-                        model_version=model_version, reference_id=ref_id, dataset_drift=dataset_drift,
-                        alert=decision.fire,
-                        summary={k_: summary[k_] for k_ in ("status", "severity", "drift", "dataset_drift",
-                                                             "dataset_score", "alert_features")})
-    if artefact_dir is not None:
-        p = Path(artefact_dir) / "drift_summary.json"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(summary, indent=1, sort_keys=True))
-        artefacts["summary_json"] = str(p)
-        summary["artefacts"] = dict(artefacts)
+    _record_window(model, start, summary, features, votes, history, status=checked.status,
+                   dataset_drift=dataset_drift, fired=decision.fire, n_rows=n_rows,
+                   model_version=model_version, ref_id=ref_id)
+    _write_summary(summary, artefact_dir)
     return _cap(summary, cfg.max_summary_bytes)
 
 

@@ -1,15 +1,23 @@
 """Typed settings of tritonflow, read from ``TRITONFLOW_*`` environment variables.
 
-One frozen dataclass field per variable, with its variable name and a one-line description; every
-default is a named constant of :mod:`ground.settings_defaults`, documented there with its unit.
+Each setting is declared once, as one field of :class:`Settings` (the way MLflow's
+``environment_variables.py`` declares its variables): ``setting(variable, default, doc, check=)``
+gives the variable's name without the ``TRITONFLOW_`` prefix, its default, the one-line description
+the configuration reference (``docs/configuration.md``) prints, and the check its value must pass
+(from :mod:`ground.values`). The ``#:`` comment above a field gives its unit and the source of its
+default. Code that needs a default without reading the environment (a policy's field, a keyword
+default, the demo's port search) reads it from :data:`DEFAULTS`; nothing writes a default twice.
+
 Nothing is read at import time: call :func:`get_settings` (or :meth:`Settings.from_env` with an
-explicit mapping in tests). Value checks beyond types are :mod:`ground.settings_checks`.
+explicit mapping in tests). :func:`ground.settings_checks.settings_problems` runs every field's
+check and the rules that relate two settings.
 
 Example::
 
-    from ground.settings import get_settings
+    from ground.settings import DEFAULTS, get_settings
     s = get_settings()
     s.triton_http_port  # 8000 unless TRITONFLOW_TRITON_HTTP_PORT is set
+    DEFAULTS.canary_bake_s  # 300.0, whatever the environment says
 """
 
 from __future__ import annotations
@@ -19,518 +27,586 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from ground import settings_defaults as defaults
 from ground.exceptions import SettingsError
+from ground.values import (
+    FRACTION,
+    JSON_OBJECT,
+    NON_NEGATIVE,
+    PERCENT,
+    STEP_SCHEDULE,
+    Check,
+    at_least,
+    one_of,
+    whole_numbers,
+)
 
 ENV_PREFIX = "TRITONFLOW_"
 #: Set inside Airflow tasks: ``TRITONFLOW_X=conn_id,...``, the settings an Airflow connection gave
 #: (``tritonflow_plugin.connections``); read by :meth:`Settings.effective` to name the source.
 CONNECTION_SOURCES_ENV = "TRITONFLOW_FROM_CONNECTIONS"
+#: Project root (the folder holding ``requirements.txt``); the default home and Triton tools
+#: environment lie under it.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+_DEFAULT_HOME = PROJECT_ROOT / ".tritonflow"
 
 
-def _field(default: Any, env: str, doc: str) -> Any:
-    return dataclasses.field(default=default, metadata={"env": env, "doc": doc})
+def setting(env: str, default: Any, doc: str, *, check: Check | None = None) -> Any:
+    """Declare one setting: a dataclass field of :class:`Settings`.
+
+    Args:
+        env: The variable's name without ``TRITONFLOW_`` (``"CANARY_BAKE_S"``).
+        default: Its value when the variable is unset; its type converts the variable's text.
+        doc: One line for the configuration reference, with the unit.
+        check: What a value of the right type must also satisfy (:mod:`ground.values`); run by
+            :func:`ground.settings_checks.settings_problems`.
+
+    Returns:
+        A :func:`dataclasses.field` whose metadata holds ``env``, ``doc`` and ``check``.
+    """
+    return dataclasses.field(default=default, metadata={"env": env, "doc": doc, "check": check})
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """All tritonflow settings. Build with :meth:`from_env`; fields are immutable."""
 
-    home: Path = _field(defaults.DEFAULT_HOME, "HOME", "State folder: logs, pids, local repository, stores.")
-    triton_venv: Path = _field(defaults.DEFAULT_TRITON_VENV, "TRITON_VENV", "Triton tools virtualenv.")
-    host: str = _field(defaults.DEFAULT_HOST, "HOST", "Loopback address the local services bind to.")
-    triton_http_port: int = _field(defaults.DEFAULT_TRITON_HTTP_PORT, "TRITON_HTTP_PORT", "Triton HTTP port.")
-    triton_grpc_port: int = _field(defaults.DEFAULT_TRITON_GRPC_PORT, "TRITON_GRPC_PORT", "Triton gRPC port.")
-    triton_metrics_port: int = _field(
-        defaults.DEFAULT_TRITON_METRICS_PORT, "TRITON_METRICS_PORT", "Triton Prometheus metrics port."
+    #: State folder for logs, pid files, the local repository and stores (``TRITONFLOW_HOME``).
+    home: Path = setting("HOME", _DEFAULT_HOME, "State folder: logs, pids, local repository, stores.")
+    #: Virtual environment holding the Triton tools (server, perf_analyzer, Model Analyzer).
+    triton_venv: Path = setting("TRITON_VENV", PROJECT_ROOT / ".venv-triton", "Triton tools virtualenv.")
+    host: str = setting("HOST", "127.0.0.1", "Loopback address the local services bind to.")
+    triton_http_port: int = setting("TRITON_HTTP_PORT", 8000, "Triton HTTP port.")
+    triton_grpc_port: int = setting("TRITON_GRPC_PORT", 8001, "Triton gRPC port.")
+    triton_metrics_port: int = setting("TRITON_METRICS_PORT", 8002, "Triton Prometheus metrics port.")
+    mlflow_port: int = setting("MLFLOW_PORT", 5000, "MLflow tracking server port.")
+    s3_port: int = setting("S3_PORT", 5555, "Local S3-compatible endpoint (moto) port.")
+    gateway_port: int = setting("GATEWAY_PORT", 8080, "NGINX gateway port.")
+    #: Seconds to wait for a started service to report healthy.
+    start_timeout_s: float = setting("START_TIMEOUT_S", 180.0, "Seconds to wait for a service to be healthy.")
+    #: MLflow tracking server backend; empty means SQLite under ``<home>/mlflow/mlflow.db``.
+    mlflow_backend_uri: str = setting("MLFLOW_BACKEND_URI", "", "MLflow server store URI (empty: SQLite).")
+    #: Tracking URI the clients use; empty means ``http://<host>:<mlflow_port>``.
+    mlflow_tracking_uri: str = setting("MLFLOW_TRACKING_URI", "", "Tracking URI (empty: local server).")
+    repository_uri: str = setting(
+        "REPOSITORY_URI", "", "Triton model repository: a folder or s3://http://host:port/bucket/prefix.",
     )
-    mlflow_port: int = _field(defaults.DEFAULT_MLFLOW_PORT, "MLFLOW_PORT", "MLflow tracking server port.")
-    s3_port: int = _field(defaults.DEFAULT_S3_PORT, "S3_PORT", "Local S3-compatible endpoint (moto) port.")
-    gateway_port: int = _field(defaults.DEFAULT_GATEWAY_PORT, "GATEWAY_PORT", "NGINX gateway port.")
-    start_timeout_s: float = _field(
-        defaults.DEFAULT_START_TIMEOUT_S, "START_TIMEOUT_S", "Seconds to wait for a service to be healthy."
-    )
-    mlflow_backend_uri: str = _field(
-        defaults.DEFAULT_MLFLOW_BACKEND_URI, "MLFLOW_BACKEND_URI", "MLflow server store URI (empty: SQLite)."
-    )
-    mlflow_tracking_uri: str = _field(
-        defaults.DEFAULT_MLFLOW_TRACKING_URI, "MLFLOW_TRACKING_URI", "Tracking URI (empty: local server)."
-    )
-    repository_uri: str = _field(
-        "", "REPOSITORY_URI", "Triton model repository: a folder or s3://http://host:port/bucket/prefix."
-    )
-    max_onnx_ir_version: int = _field(
-        defaults.DEFAULT_MAX_ONNX_IR_VERSION, "MAX_ONNX_IR_VERSION", "Highest ONNX IR version Triton loads."
-    )
-    max_onnx_opset: int = _field(defaults.DEFAULT_MAX_ONNX_OPSET, "MAX_ONNX_OPSET", "Highest ONNX opset.")
-    load_timeout_s: float = _field(
-        defaults.DEFAULT_LOAD_TIMEOUT_S, "LOAD_TIMEOUT_S", "Seconds to wait for a model version to be READY."
-    )
-    max_xcom_bytes: int = _field(
-        defaults.DEFAULT_MAX_XCOM_BYTES, "MAX_XCOM_BYTES", "Largest XCom a task may return (bytes)."
-    )
+    #: Highest ONNX IR version the target Triton release's ONNX Runtime loads (Triton 2.51 ships
+    #: ONNX Runtime 1.19, which supports IR 10; see ONNX Runtime's compatibility table).
+    max_onnx_ir_version: int = setting("MAX_ONNX_IR_VERSION", 10, "Highest ONNX IR version Triton loads.")
+    #: Highest default-domain opset the target ONNX Runtime implements (ORT 1.19: opset 21).
+    max_onnx_opset: int = setting("MAX_ONNX_OPSET", 21, "Highest ONNX opset.")
+    #: Seconds to wait for a model version to become READY after a load request.
+    load_timeout_s: float = setting("LOAD_TIMEOUT_S", 120.0, "Seconds to wait for a model version to be READY.")
+    #: Largest serialised return value (bytes) a tritonflow task may push to XCom.
+    max_xcom_bytes: int = setting("MAX_XCOM_BYTES", 48 * 1024, "Largest XCom a task may return (bytes).")
 
-    # ------------------------------------------------------------------ repository_sync: canary
-    canary_steps: str = _field(
-        defaults.DEFAULT_CANARY_STEPS, "CANARY_STEPS", "Canary steps, percent of traffic, comma-separated."
+    # ------------------------------------------------------------------ canary, sentinel, coordination
+    #: Canary traffic steps for the challenger, percent of requests, comma-separated.
+    canary_steps: str = setting(
+        "CANARY_STEPS", "5,25,50,100", "Canary steps, percent of traffic, comma-separated.", check=STEP_SCHEDULE,
     )
-    canary_bake_s: float = _field(defaults.DEFAULT_CANARY_BAKE_S, "CANARY_BAKE_S", "Seconds each step bakes.")
-    canary_min_requests: int = _field(
-        defaults.DEFAULT_CANARY_MIN_REQUESTS, "CANARY_MIN_REQUESTS", "Fewest canary requests per step."
+    #: Seconds each canary step bakes before its analysis.
+    canary_bake_s: float = setting("CANARY_BAKE_S", 300.0, "Seconds each step bakes.")
+    #: Fewest canary requests a step needs; fewer makes the step inconclusive, never a pass.
+    canary_min_requests: int = setting("CANARY_MIN_REQUESTS", 100, "Fewest canary requests per step.")
+    #: How many times an inconclusive step is extended (one more bake each) before the canary fails.
+    canary_max_extensions: int = setting("CANARY_MAX_EXTENSIONS", 2, "Extensions of an inconclusive step.")
+    #: Highest canary error rate (failed / all requests, 0-1) a step may show.
+    canary_max_error_rate: float = setting(
+        "CANARY_MAX_ERROR_RATE", 0.01, "Highest canary error rate (0-1).", check=FRACTION,
     )
-    canary_max_extensions: int = _field(
-        defaults.DEFAULT_CANARY_MAX_EXTENSIONS, "CANARY_MAX_EXTENSIONS", "Extensions of an inconclusive step."
+    #: Highest canary mean request latency (milliseconds, Triton's nv_inference_request_duration_us).
+    canary_max_mean_latency_ms: float = setting(
+        "CANARY_MAX_MEAN_LATENCY_MS", 1000.0, "Highest canary mean latency (ms).",
     )
-    canary_max_error_rate: float = _field(
-        defaults.DEFAULT_CANARY_MAX_ERROR_RATE, "CANARY_MAX_ERROR_RATE", "Highest canary error rate (0-1)."
+    #: Highest ratio of canary to champion mean latency over the same step (dimensionless).
+    canary_max_latency_ratio: float = setting("CANARY_MAX_LATENCY_RATIO", 1.5, "Highest canary/champion latency ratio.")
+    #: Smallest mean-latency difference (milliseconds, challenger minus champion) that lets the latency
+    #: ratio fail a canary step: a model answering in 2 ms had its live mean move from 1.83 to 2.90 ms on
+    #: a loaded host (ratio 1.59) with nothing wrong. 5 ms is 2.5 % of the 200 ms p99 red line of the
+    #: practitioners' serving dashboard (``shared/references``, notebook-to-production, section 4.3).
+    canary_min_latency_delta_ms: float = setting(
+        "CANARY_MIN_LATENCY_DELTA_MS", 5.0, "Smallest latency difference (ms) the ratio may fail a step on.",
     )
-    canary_max_mean_latency_ms: float = _field(
-        defaults.DEFAULT_CANARY_MAX_MEAN_LATENCY_MS, "CANARY_MAX_MEAN_LATENCY_MS", "Highest canary mean latency (ms)."
+    #: Highest two-sample KS statistic between the challenger's live predictions and its own expected
+    #: predictions (shadow replay or mirrored live requests) on comparable inputs (0-1).
+    canary_max_prediction_ks: float = setting("CANARY_MAX_PREDICTION_KS", 0.2, "Highest prediction KS statistic.")
+    #: Highest PSI between the challenger's live and expected predictions (0.25 = "significant
+    #: shift", Siddiqi 2006).
+    canary_max_prediction_psi: float = setting("CANARY_MAX_PREDICTION_PSI", 0.25, "Highest prediction PSI.")
+    #: Seconds between two analyses during a step's bake; hard failures roll back at the first
+    #: analysis that sees them (the reference setup switches back 4.7 s after detection).
+    canary_analysis_interval_s: float = setting(
+        "CANARY_ANALYSIS_INTERVAL_S", 5.0, "Seconds between analyses during a bake (hard failures roll back at once).",
     )
-    canary_max_latency_ratio: float = _field(defaults.DEFAULT_CANARY_MAX_LATENCY_RATIO, "CANARY_MAX_LATENCY_RATIO",
-                                             "Highest canary/champion latency ratio.")
-    canary_min_latency_delta_ms: float = _field(defaults.DEFAULT_CANARY_MIN_LATENCY_DELTA_MS,
-                                                "CANARY_MIN_LATENCY_DELTA_MS",
-                                                "Smallest latency difference (ms) the ratio may fail a step on.")
-    canary_max_prediction_ks: float = _field(
-        defaults.DEFAULT_CANARY_MAX_PREDICTION_KS, "CANARY_MAX_PREDICTION_KS", "Highest prediction KS statistic."
+    #: Seconds between two probes of a champion by the health sentinel (``champion_sentinel``).
+    sentinel_interval_s: float = setting(
+        "SENTINEL_INTERVAL_S", 10.0, "Seconds between two sentinel probes of a champion.",
     )
-    canary_max_prediction_psi: float = _field(
-        defaults.DEFAULT_CANARY_MAX_PREDICTION_PSI, "CANARY_MAX_PREDICTION_PSI", "Highest prediction PSI."
+    #: Consecutive failed probes after which the sentinel rolls a champion back to previous_champion.
+    sentinel_failures: int = setting(
+        "SENTINEL_FAILURES", 3, "Consecutive failed sentinel probes that roll a champion back.",
     )
-    canary_analysis_interval_s: float = _field(
-        defaults.DEFAULT_CANARY_ANALYSIS_INTERVAL_S, "CANARY_ANALYSIS_INTERVAL_S",
-        "Seconds between analyses during a bake (hard failures roll back at once).",
-    )
-    sentinel_interval_s: float = _field(defaults.DEFAULT_SENTINEL_INTERVAL_S, "SENTINEL_INTERVAL_S",
-                                        "Seconds between two sentinel probes of a champion.")
-    sentinel_failures: int = _field(defaults.DEFAULT_SENTINEL_FAILURES, "SENTINEL_FAILURES",
-                                    "Consecutive failed sentinel probes that roll a champion back.")
-    sentinel_latency_s: float = _field(
-        defaults.DEFAULT_SENTINEL_LATENCY_S, "SENTINEL_LATENCY_S", "Latency limit of one sentinel probe (s).",
-    )
-    sentinel_samples: int = _field(
-        defaults.DEFAULT_SENTINEL_SAMPLES, "SENTINEL_SAMPLES", "Golden samples sent in each sentinel probe.",
-    )
-    canary_hard_min_requests: int = _field(
-        defaults.DEFAULT_CANARY_HARD_MIN_REQUESTS, "CANARY_HARD_MIN_REQUESTS",
+    #: Seconds a sentinel probe (one request with every golden sample) may take before it fails.
+    sentinel_latency_s: float = setting("SENTINEL_LATENCY_S", 2.0, "Latency limit of one sentinel probe (s).")
+    #: Golden samples (rows of the champion's drift reference) sent in each sentinel probe.
+    sentinel_samples: int = setting("SENTINEL_SAMPLES", 8, "Golden samples sent in each sentinel probe.")
+    #: Fewest challenger requests (or logged predictions) before an error rate, non-finite or constant
+    #: outputs roll back in the middle of a bake.
+    canary_hard_min_requests: int = setting(
+        "CANARY_HARD_MIN_REQUESTS", 10,
         "Fewest challenger requests before a mid-bake rollback on errors or bad outputs.",
     )
-    canary_confidence: float = _field(
-        defaults.DEFAULT_CANARY_CONFIDENCE, "CANARY_CONFIDENCE", "Confidence (0-1) of the canary's bounds."
+    #: Confidence (0-1) of the canary's bounds: error-rate lower bound (Clopper-Pearson), KS/PSI
+    #: sampling margins and the quality interval.
+    canary_confidence: float = setting(
+        "CANARY_CONFIDENCE", 0.95, "Confidence (0-1) of the canary's bounds.", check=FRACTION,
     )
-    canary_min_labels: int = _field(defaults.DEFAULT_CANARY_MIN_LABELS, "CANARY_MIN_LABELS",
-                                    "Fewest labelled requests per version to compare quality.")
-    canary_quality_metric: str = _field(
-        defaults.DEFAULT_CANARY_QUALITY_METRIC, "CANARY_QUALITY_METRIC", "Quality metric with labels (auc, accuracy)."
+    #: Fewest labelled requests per version before the canary compares quality.
+    canary_min_labels: int = setting(
+        "CANARY_MIN_LABELS", 30, "Fewest labelled requests per version to compare quality.",
     )
-    canary_max_quality_drop: float = _field(
-        defaults.DEFAULT_CANARY_MAX_QUALITY_DROP, "CANARY_MAX_QUALITY_DROP",
+    #: Quality metric compared when labels arrive during a canary (``auc`` or ``accuracy``).
+    canary_quality_metric: str = setting(
+        "CANARY_QUALITY_METRIC", "auc", "Quality metric with labels (auc, accuracy).", check=one_of("auc", "accuracy"),
+    )
+    #: Largest quality drop (metric units) of the challenger vs the champion tolerated at the upper
+    #: confidence bound; a bigger drop with confidence fails the step.
+    canary_max_quality_drop: float = setting(
+        "CANARY_MAX_QUALITY_DROP", 0.02,
         "Largest quality drop vs the champion at the upper confidence bound (metric units).",
     )
-    canary_coverage_min_requests: int = _field(
-        defaults.DEFAULT_CANARY_COVERAGE_MIN_REQUESTS, "CANARY_COVERAGE_MIN_REQUESTS",
-        "Fewest challenger requests per reached reference decile bin.",
+    #: Feature-space coverage: fewest challenger requests in every reference decile bin that live
+    #: traffic reaches, per important feature; fewer makes a step inconclusive (extended).
+    canary_coverage_min_requests: int = setting(
+        "CANARY_COVERAGE_MIN_REQUESTS", 5, "Fewest challenger requests per reached reference decile bin.",
     )
-    canary_coverage_features: int = _field(defaults.DEFAULT_CANARY_COVERAGE_FEATURES, "CANARY_COVERAGE_FEATURES",
-                                           "Most important features checked for coverage (0 = all).")
-    gateway_response_header: str = _field(
-        defaults.DEFAULT_GATEWAY_RESPONSE_HEADER, "GATEWAY_RESPONSE_HEADER", "Header naming the serving version."
+    #: Feature-space coverage: most important features checked (by the reference's importances;
+    #: all features when the reference has none; 0 = all features).
+    canary_coverage_features: int = setting(
+        "CANARY_COVERAGE_FEATURES", 5, "Most important features checked for coverage (0 = all).",
     )
-    promotion_lock_timeout_s: float = _field(
-        defaults.DEFAULT_PROMOTION_LOCK_TIMEOUT_S, "PROMOTION_LOCK_TIMEOUT_S", "Seconds to wait for a promotion lock."
+    #: Response header the gateway adds to name the model version that served a request.
+    gateway_response_header: str = setting(
+        "GATEWAY_RESPONSE_HEADER", "X-Tritonflow-Version", "Header naming the serving version.",
     )
-    coordination_db_url: str = _field(defaults.DEFAULT_COORDINATION_DB_URL, "COORDINATION_DB_URL",
-                                      "Shared DB of leases and coordination state (empty: the drift history DB).")
-    lease_ttl_s: float = _field(
-        defaults.DEFAULT_LEASE_TTL_S, "LEASE_TTL_S", "Seconds a lease lives without a heartbeat."
+    #: Seconds a second promotion of the same model waits for the lock (0: fail at once).
+    promotion_lock_timeout_s: float = setting("PROMOTION_LOCK_TIMEOUT_S", 0.0, "Seconds to wait for a promotion lock.")
+    #: SQLAlchemy URL of the coordination database (leases, watcher and retrain state, the versions each
+    #: model keeps loaded); empty means the drift history database (``TRITONFLOW_DRIFT_HISTORY_DB_URL``).
+    coordination_db_url: str = setting(
+        "COORDINATION_DB_URL", "", "Shared DB of leases and coordination state (empty: the drift history DB).",
     )
-    model_control_lock_timeout_s: float = _field(
-        defaults.DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S, "MODEL_CONTROL_LOCK_TIMEOUT_S",
-        "Seconds a Triton load/unload waits for another one of the same model.",
+    #: Seconds a lease lives without a heartbeat; its holder renews it every third of that.
+    lease_ttl_s: float = setting("LEASE_TTL_S", 60.0, "Seconds a lease lives without a heartbeat.")
+    #: Seconds a model-control operation (a Triton load/unload) waits for another one of the same model.
+    model_control_lock_timeout_s: float = setting(
+        "MODEL_CONTROL_LOCK_TIMEOUT_S", 600.0, "Seconds a Triton load/unload waits for another one of the same model.",
     )
-    preflight_memory_factor: float = _field(
-        defaults.DEFAULT_PREFLIGHT_MEMORY_FACTOR, "PREFLIGHT_MEMORY_FACTOR", "Challenger memory / model file size."
-    )
-    preflight_memory_margin_mib: int = _field(
-        defaults.DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB, "PREFLIGHT_MEMORY_MARGIN_MIB", "Memory kept free (MiB)."
-    )
+    #: Memory a challenger needs, as a multiple of its model files' size (pre-flight estimate).
+    preflight_memory_factor: float = setting("PREFLIGHT_MEMORY_FACTOR", 2.0, "Challenger memory / model file size.")
+    #: Extra memory (MiB) the pre-flight keeps free beside the challenger estimate.
+    preflight_memory_margin_mib: int = setting("PREFLIGHT_MEMORY_MARGIN_MIB", 512, "Memory kept free (MiB).")
 
-    # -------------------------------------------------------------- model_registry (conversion,
-    # validation, parity gate, Model Analyzer, hardware)
-    max_onnx_ml_opset: int = _field(
-        defaults.DEFAULT_MAX_ONNX_ML_OPSET, "MAX_ONNX_ML_OPSET", "Highest ai.onnx.ml opset Triton's ORT runs."
+    # -------------------------------------------------------------- conversion, validation, parity gate,
+    # Model Analyzer, hardware
+    #: Highest ``ai.onnx.ml`` opset the target ONNX Runtime implements (ORT 1.19: ai.onnx.ml 4).
+    max_onnx_ml_opset: int = setting("MAX_ONNX_ML_OPSET", 4, "Highest ai.onnx.ml opset Triton's ORT runs.")
+    #: The serving image the ONNX limits describe, quoted in every IR/opset refusal.
+    target_triton_release: str = setting(
+        "TARGET_TRITON_RELEASE", "nvcr.io/nvidia/tritonserver:24.10-py3 (Triton 2.51, ONNX Runtime 1.19)",
+        "Serving release the limits describe.",
     )
-    target_triton_release: str = _field(
-        defaults.DEFAULT_TARGET_TRITON_RELEASE, "TARGET_TRITON_RELEASE", "Serving release the limits describe."
+    #: Parity gate: absolute tolerance per output element (|onnx - source| <= atol + rtol * |source|).
+    parity_atol: float = setting("PARITY_ATOL", 1e-5, "Parity gate absolute tolerance.")
+    #: Parity gate: relative tolerance per output element (same formula as ``numpy.isclose``).
+    parity_rtol: float = setting("PARITY_RTOL", 1e-4, "Parity gate relative tolerance.")
+    #: Parity gate: smallest fraction (0-1) of rows whose classifier label must agree.
+    parity_min_label_agreement: float = setting(
+        "PARITY_MIN_LABEL_AGREEMENT", 1.0, "Min label agreement (0-1).", check=FRACTION,
     )
-    parity_atol: float = _field(defaults.DEFAULT_PARITY_ATOL, "PARITY_ATOL", "Parity gate absolute tolerance.")
-    parity_rtol: float = _field(defaults.DEFAULT_PARITY_RTOL, "PARITY_RTOL", "Parity gate relative tolerance.")
-    parity_min_label_agreement: float = _field(
-        defaults.DEFAULT_PARITY_MIN_LABEL_AGREEMENT, "PARITY_MIN_LABEL_AGREEMENT", "Min label agreement (0-1)."
+    #: Rows in a validation sample built from an input example (example rows + seeded perturbations).
+    validation_sample_rows: int = setting("VALIDATION_SAMPLE_ROWS", 64, "Rows of a perturbed validation sample.")
+    #: Std of the seeded Gaussian perturbation, relative to each float column's scale (unitless).
+    validation_perturbation: float = setting("VALIDATION_PERTURBATION", 0.05, "Relative std of perturbations.")
+    #: Fallback replica: build, gate and serve an INT8 ``<model>__fallback`` beside each published version.
+    fallback_enabled: bool = setting("FALLBACK_ENABLED", True, "Publish + route to an INT8 <model>__fallback.")
+    #: Fallback parity gate: absolute tolerance per output element (looser: INT8 weights, dynamic
+    #: activations; same formula as the main gate). Recorded on the MLflow model version.
+    fallback_atol: float = setting("FALLBACK_ATOL", 0.05, "Fallback parity absolute tolerance.")
+    #: Fallback parity gate: relative tolerance per output element.
+    fallback_rtol: float = setting("FALLBACK_RTOL", 0.05, "Fallback parity relative tolerance.")
+    #: Fallback parity gate: smallest fraction (0-1) of rows whose classifier label must agree.
+    fallback_min_label_agreement: float = setting(
+        "FALLBACK_MIN_LABEL_AGREEMENT", 0.95, "Fallback min label agreement (0-1).", check=FRACTION,
     )
-    validation_sample_rows: int = _field(
-        defaults.DEFAULT_VALIDATION_SAMPLE_ROWS, "VALIDATION_SAMPLE_ROWS", "Rows of a perturbed validation sample."
+    #: Seconds the gateway waits for the serving version's answer before retrying on the fallback.
+    fallback_timeout_s: float = setting("FALLBACK_TIMEOUT_S", 10.0, "Gateway wait before retrying on the fallback.")
+    #: Max abs difference allowed between TorchScript and eager-eval outputs.
+    torchscript_atol: float = setting("TORCHSCRIPT_ATOL", 1e-5, "TorchScript vs eager-eval max abs diff.")
+    #: Model Analyzer bounded search: candidate max_batch_size values (comma-separated ints).
+    analyzer_max_batch_sizes: str = setting(
+        "ANALYZER_MAX_BATCH_SIZES", "8,32", "Searched max_batch_size values.", check=whole_numbers(1),
     )
-    validation_perturbation: float = _field(
-        defaults.DEFAULT_VALIDATION_PERTURBATION, "VALIDATION_PERTURBATION", "Relative std of perturbations."
+    #: Model Analyzer bounded search: candidate instance counts per group (comma-separated ints).
+    analyzer_instance_counts: str = setting(
+        "ANALYZER_INSTANCE_COUNTS", "1", "Searched instance counts.", check=whole_numbers(1),
     )
-    fallback_enabled: bool = _field(
-        defaults.DEFAULT_FALLBACK_ENABLED, "FALLBACK_ENABLED", "Publish + route to an INT8 <model>__fallback."
+    #: Model Analyzer bounded search: dynamic batching max queue delays (microseconds, comma-separated).
+    analyzer_queue_delays_us: str = setting(
+        "ANALYZER_QUEUE_DELAYS_US", "500", "Searched queue delays (us).", check=whole_numbers(0),
     )
-    fallback_atol: float = _field(
-        defaults.DEFAULT_FALLBACK_ATOL, "FALLBACK_ATOL", "Fallback parity absolute tolerance."
+    #: Model Analyzer bounded search: client concurrencies (comma-separated ints).
+    analyzer_concurrency: str = setting(
+        "ANALYZER_CONCURRENCY", "4", "Searched client concurrencies.", check=whole_numbers(1),
     )
-    fallback_rtol: float = _field(
-        defaults.DEFAULT_FALLBACK_RTOL, "FALLBACK_RTOL", "Fallback parity relative tolerance."
+    #: perf_analyzer measurement window (milliseconds, time_windows mode).
+    analyzer_measurement_ms: int = setting("ANALYZER_MEASUREMENT_MS", 1000, "perf_analyzer window (ms).")
+    #: Latency constraint of the profiling objective: p99 latency at most this many milliseconds.
+    analyzer_p99_latency_ms: float = setting("ANALYZER_P99_LATENCY_MS", 100.0, "p99 latency constraint (ms).")
+    #: A config whose throughput coefficient of variation across passes exceeds this is unstable.
+    analyzer_stability_cv: float = setting("ANALYZER_STABILITY_CV", 0.1, "Max throughput CV of a stable config.")
+    #: Seconds a Model Analyzer ``profile`` run may take before it is stopped.
+    analyzer_timeout_s: float = setting("ANALYZER_TIMEOUT_S", 600.0, "Model Analyzer run timeout (s).")
+    #: Passes per top-ranked config that confirm Model Analyzer's ranking before a config is adopted
+    #: (perf_analyzer, interleaved; a config whose throughput CV exceeds analyzer_stability_cv or that
+    #: perf_analyzer could not stabilise is dropped).
+    analyzer_confirm_passes: int = setting("ANALYZER_CONFIRM_PASSES", 3, "Passes confirming the top configs (>= 3).")
+    #: How many of Model Analyzer's best configs are confirmed with repeated passes.
+    analyzer_confirm_top: int = setting("ANALYZER_CONFIRM_TOP", 2, "Top configs confirmed with repeated passes.")
+    #: Largest p99 latency regression (fraction, 0.10 = 10 %) a challenger may show against the champion,
+    #: on top of the measured noise band, before it is rejected (the practitioners' latency gate).
+    max_p99_regression: float = setting(
+        "MAX_P99_REGRESSION", 0.10, "Allowed challenger p99 regression beyond noise (0.1 = 10 %).", check=NON_NEGATIVE,
     )
-    fallback_min_label_agreement: float = _field(
-        defaults.DEFAULT_FALLBACK_MIN_LABEL_AGREEMENT, "FALLBACK_MIN_LABEL_AGREEMENT",
-        "Fallback min label agreement (0-1)."
+    #: Smallest p99 latency regression (milliseconds, challenger median p99 minus champion's) that may
+    #: reject a challenger, whatever the ratio: on models answering in about a millisecond, a busy CPU
+    #: host moves p99 by fractions of a millisecond, and a +40 % ratio can be 0.6 ms of scheduling noise.
+    #: 1 ms is 0.5 % of the 200 ms p99 red line of the practitioners' serving dashboard
+    #: (``shared/references``, notebook-to-production, section 4.3).
+    min_p99_regression_ms: float = setting(
+        "MIN_P99_REGRESSION_MS", 1.0, "Smallest p99 regression (ms) the perf gate rejects on.", check=NON_NEGATIVE,
     )
-    fallback_timeout_s: float = _field(
-        defaults.DEFAULT_FALLBACK_TIMEOUT_S, "FALLBACK_TIMEOUT_S", "Gateway wait before retrying on the fallback."
-    )
-    torchscript_atol: float = _field(
-        defaults.DEFAULT_TORCHSCRIPT_ATOL, "TORCHSCRIPT_ATOL", "TorchScript vs eager-eval max abs diff."
-    )
-    analyzer_max_batch_sizes: str = _field(
-        defaults.DEFAULT_ANALYZER_MAX_BATCH_SIZES, "ANALYZER_MAX_BATCH_SIZES", "Searched max_batch_size values."
-    )
-    analyzer_instance_counts: str = _field(
-        defaults.DEFAULT_ANALYZER_INSTANCE_COUNTS, "ANALYZER_INSTANCE_COUNTS", "Searched instance counts."
-    )
-    analyzer_queue_delays_us: str = _field(
-        defaults.DEFAULT_ANALYZER_QUEUE_DELAYS_US, "ANALYZER_QUEUE_DELAYS_US", "Searched queue delays (us)."
-    )
-    analyzer_concurrency: str = _field(
-        defaults.DEFAULT_ANALYZER_CONCURRENCY, "ANALYZER_CONCURRENCY", "Searched client concurrencies."
-    )
-    analyzer_measurement_ms: int = _field(
-        defaults.DEFAULT_ANALYZER_MEASUREMENT_MS, "ANALYZER_MEASUREMENT_MS", "perf_analyzer window (ms)."
-    )
-    analyzer_p99_latency_ms: float = _field(
-        defaults.DEFAULT_ANALYZER_P99_LATENCY_MS, "ANALYZER_P99_LATENCY_MS", "p99 latency constraint (ms)."
-    )
-    analyzer_stability_cv: float = _field(
-        defaults.DEFAULT_ANALYZER_STABILITY_CV, "ANALYZER_STABILITY_CV", "Max throughput CV of a stable config."
-    )
-    analyzer_timeout_s: float = _field(
-        defaults.DEFAULT_ANALYZER_TIMEOUT_S, "ANALYZER_TIMEOUT_S", "Model Analyzer run timeout (s)."
-    )
-    analyzer_confirm_passes: int = _field(
-        defaults.DEFAULT_ANALYZER_CONFIRM_PASSES, "ANALYZER_CONFIRM_PASSES", "Passes confirming the top configs (>= 3)."
-    )
-    analyzer_confirm_top: int = _field(
-        defaults.DEFAULT_ANALYZER_CONFIRM_TOP, "ANALYZER_CONFIRM_TOP", "Top configs confirmed with repeated passes."
-    )
-    max_p99_regression: float = _field(defaults.DEFAULT_MAX_P99_REGRESSION, "MAX_P99_REGRESSION",
-                                       "Allowed challenger p99 regression beyond noise (0.1 = 10 %).")
-    min_p99_regression_ms: float = _field(defaults.DEFAULT_MIN_P99_REGRESSION_MS, "MIN_P99_REGRESSION_MS",
-                                          "Smallest p99 regression (ms) the perf gate rejects on.")
-    publish_profile: bool = _field(
-        True, "PUBLISH_PROFILE",
+    publish_profile: bool = setting(
+        "PUBLISH_PROFILE", True,
         "model_publish profiles with Model Analyzer unless its 'profile' param says otherwise.",
     )
-    publish_perf_gate: bool = _field(
-        True, "PUBLISH_PERF_GATE",
-        "Publishes run the p99 gate (model_publish unless its 'perf_gate' param says otherwise; "
-        "shadow_evaluation's challenger publish always follows this setting).",
+    publish_perf_gate: bool = setting(
+        "PUBLISH_PERF_GATE", True,
+        ("Publishes run the p99 gate (model_publish unless its 'perf_gate' param says otherwise; shadow_evaluation's"
+         " challenger publish always follows this setting)."),
     )
-    perf_gate_passes: int = _field(
-        defaults.DEFAULT_PERF_GATE_PASSES, "PERF_GATE_PASSES", "perf_analyzer passes per model of the p99 gate (>= 3)."
+    #: perf_analyzer passes per model of the p99 regression gate (interleaved, >= 3).
+    perf_gate_passes: int = setting("PERF_GATE_PASSES", 3, "perf_analyzer passes per model of the p99 gate (>= 3).")
+    #: perf_analyzer measurement window of the p99 regression gate (milliseconds).
+    perf_gate_measurement_ms: int = setting("PERF_GATE_MEASUREMENT_MS", 1000, "p99 gate measurement window (ms).")
+    #: Fraction (0-1) of a GPU's free memory the instances of one model may plan to use.
+    gpu_memory_budget_fraction: float = setting(
+        "GPU_MEMORY_BUDGET_FRACTION", 0.8, "Share of free GPU memory.", check=FRACTION,
     )
-    perf_gate_measurement_ms: int = _field(
-        defaults.DEFAULT_PERF_GATE_MEASUREMENT_MS, "PERF_GATE_MEASUREMENT_MS", "p99 gate measurement window (ms)."
+    #: Fraction (0-1) of available host memory the CPU instances of one model may plan to use.
+    host_memory_budget_fraction: float = setting(
+        "HOST_MEMORY_BUDGET_FRACTION", 0.5, "Share of free host memory.", check=FRACTION,
     )
-    gpu_memory_budget_fraction: float = _field(
-        defaults.DEFAULT_GPU_MEMORY_BUDGET_FRACTION, "GPU_MEMORY_BUDGET_FRACTION", "Share of free GPU memory."
+    #: Planned memory per model instance, as a multiple of the model file size (weights + arenas).
+    instance_memory_factor: float = setting("INSTANCE_MEMORY_FACTOR", 2.0, "Instance memory / model file size.")
+    #: Upper bound on instances of one model per device (or on the host for KIND_CPU).
+    max_instance_count: int = setting("MAX_INSTANCE_COUNT", 4, "Most instances of a model per device.")
+
+    # -------------------------------------------------------------- Airflow tasks and links
+    #: HMAC secret shared with the MLflow webhook (empty: the receiver refuses every delivery).
+    webhook_secret: str = setting("WEBHOOK_SECRET", "", "HMAC secret of the MLflow webhook.")
+    #: Seconds a webhook's X-MLflow-Timestamp may differ from now (Standard Webhooks uses 5 minutes).
+    webhook_tolerance_s: int = setting("WEBHOOK_TOLERANCE_S", 300, "Accepted webhook clock skew (s).")
+    #: URL that failure notifications are POSTed to as JSON (empty: log only).
+    alert_webhook_url: str = setting("ALERT_WEBHOOK_URL", "", "Failure notifications POST URL (empty: log).")
+    #: Seconds to wait for the alert webhook to answer.
+    alert_timeout_s: float = setting("ALERT_TIMEOUT_S", 10.0, "Alert webhook timeout (s).")
+    #: YAML/JSON file mapping registry changes to DAG ids (empty: the built-in default mapping).
+    event_mapping_path: str = setting("EVENT_MAPPING_PATH", "", "Registry-event-to-DAG mapping file.")
+    #: Seconds between two polls of the MLflow registry by the registry watcher.
+    registry_poll_interval_s: float = setting("REGISTRY_POLL_INTERVAL_S", 60.0, "Registry watcher poll (s).")
+    #: Base URL of the MLflow UI for extra links (empty: the resolved tracking URI).
+    mlflow_ui_url: str = setting("MLFLOW_UI_URL", "", "MLflow UI base URL for links (empty: tracking URI).")
+    #: Triton HTTP base URL a browser reaches, for the "Triton model" extra link (empty: the URL the
+    #: task used, e.g. ``http://127.0.0.1:8000``; docker-compose sets ``http://localhost:8000``).
+    triton_public_url: str = setting(
+        "TRITON_PUBLIC_URL", "", "Triton HTTP base URL for links (empty: the URL the task used).",
     )
-    host_memory_budget_fraction: float = _field(
-        defaults.DEFAULT_HOST_MEMORY_BUDGET_FRACTION, "HOST_MEMORY_BUDGET_FRACTION", "Share of free host memory."
-    )
-    instance_memory_factor: float = _field(
-        defaults.DEFAULT_INSTANCE_MEMORY_FACTOR, "INSTANCE_MEMORY_FACTOR", "Instance memory / model file size."
-    )
-    max_instance_count: int = _field(
-        defaults.DEFAULT_MAX_INSTANCE_COUNT, "MAX_INSTANCE_COUNT", "Most instances of a model per device."
+    #: URL of the Grafana serving dashboard for the "Grafana panel" extra link (empty: no such link);
+    #: the compose stack's is ``http://localhost:3000/d/tritonflow-triton``.
+    grafana_dashboard_url: str = setting(
+        "GRAFANA_DASHBOARD_URL", "", "Grafana serving dashboard URL for links (empty: no Grafana link).",
     )
 
-    # -------------------------------------------------------------- plugins (Airflow)
-    webhook_secret: str = _field(
-        defaults.DEFAULT_WEBHOOK_SECRET, "WEBHOOK_SECRET", "HMAC secret of the MLflow webhook."
+    # -------------------------------------------------------------- shadow evaluation and retraining decisions
+    #: Fewest labelled rows a shadow comparison needs; fewer is "inconclusive", never a win.
+    shadow_min_labels: int = setting("SHADOW_MIN_LABELS", 200, "Fewest labelled rows to decide (else inconclusive).")
+    #: Two-sided confidence level (0-1) of the paired bootstrap intervals of the shadow comparison.
+    shadow_confidence: float = setting(
+        "SHADOW_CONFIDENCE", 0.95, "Bootstrap interval confidence (0-1).", check=FRACTION,
     )
-    webhook_tolerance_s: int = _field(
-        defaults.DEFAULT_WEBHOOK_TOLERANCE_S, "WEBHOOK_TOLERANCE_S", "Accepted webhook clock skew (s)."
+    #: Improvement (primary-metric units, e.g. AUC points) the challenger must show at the lower bound.
+    shadow_margin: float = setting("SHADOW_MARGIN", 0.01, "Required primary-metric gain at the lower bound.")
+    #: Largest worsening (metric units) tolerated on a guardrail metric.
+    shadow_guardrail_tolerance: float = setting("SHADOW_GUARDRAIL_TOLERANCE", 0.02, "Tolerated guardrail loss.")
+    #: Bootstrap resamples of the shadow comparison.
+    shadow_n_boot: int = setting("SHADOW_N_BOOT", 1000, "Bootstrap resamples.")
+    #: Champion counts as degraded when worse than its reference metric by more (metric units).
+    shadow_degradation_tolerance: float = setting(
+        "SHADOW_DEGRADATION_TOLERANCE", 0.05, "Champion drop below its reference that counts as degraded.",
     )
-    alert_webhook_url: str = _field(
-        defaults.DEFAULT_ALERT_WEBHOOK_URL, "ALERT_WEBHOOK_URL", "Failure notifications POST URL (empty: log)."
-    )
-    alert_timeout_s: float = _field(
-        defaults.DEFAULT_ALERT_TIMEOUT_S, "ALERT_TIMEOUT_S", "Alert webhook timeout (s)."
-    )
-    event_mapping_path: str = _field(
-        defaults.DEFAULT_EVENT_MAPPING_PATH, "EVENT_MAPPING_PATH", "Registry-event-to-DAG mapping file."
-    )
-    registry_poll_interval_s: float = _field(
-        defaults.DEFAULT_REGISTRY_POLL_INTERVAL_S, "REGISTRY_POLL_INTERVAL_S", "Registry watcher poll (s)."
-    )
-    mlflow_ui_url: str = _field(
-        defaults.DEFAULT_MLFLOW_UI_URL, "MLFLOW_UI_URL", "MLflow UI base URL for links (empty: tracking URI)."
-    )
-    triton_public_url: str = _field(
-        defaults.DEFAULT_TRITON_PUBLIC_URL, "TRITON_PUBLIC_URL",
-        "Triton HTTP base URL for links (empty: the URL the task used).",
-    )
-    grafana_dashboard_url: str = _field(
-        defaults.DEFAULT_GRAFANA_DASHBOARD_URL, "GRAFANA_DASHBOARD_URL",
-        "Grafana serving dashboard URL for links (empty: no Grafana link).",
+    #: Champion counts as degraded below this primary metric value (NaN: check off).
+    shadow_champion_floor: float = setting("SHADOW_CHAMPION_FLOOR", float("nan"), "Champion metric floor (nan: off).")
+    #: Seconds after a successful retraining of a model before another one may start.
+    retrain_cooldown_s: float = setting("RETRAIN_COOLDOWN_S", 6 * 3600.0, "Seconds between retrainings of a model.")
+    #: Seconds after which an unfinished retraining lock is treated as abandoned (crashed worker).
+    retrain_stale_after_s: float = setting(
+        "RETRAIN_STALE_AFTER_S", 12 * 3600.0, "Age (s) of an abandoned retrain lock.",
     )
 
-    # -------------------------------------------------------------- model_registry: shadow/retrain
-    shadow_min_labels: int = _field(
-        defaults.DEFAULT_SHADOW_MIN_LABELS, "SHADOW_MIN_LABELS", "Fewest labelled rows to decide (else inconclusive)."
+    # -------------------------------------------------------------- drift statistics and thresholds
+    #: Look-back of the dynamic drift threshold (days of hourly windows).
+    drift_history_window_days: float = setting("DRIFT_HISTORY_WINDOW_DAYS", 30.0, "Dynamic threshold look-back (days).")
+    #: Quantile of a distance statistic's history used as threshold (P95; p-values use 1 - q).
+    drift_quantile: float = setting(
+        "DRIFT_QUANTILE", 0.95, "Threshold quantile of distances (p-values: 1 - q).", check=FRACTION,
     )
-    shadow_confidence: float = _field(
-        defaults.DEFAULT_SHADOW_CONFIDENCE, "SHADOW_CONFIDENCE", "Bootstrap interval confidence (0-1)."
-    )
-    shadow_margin: float = _field(
-        defaults.DEFAULT_SHADOW_MARGIN, "SHADOW_MARGIN", "Required primary-metric gain at the lower bound."
-    )
-    shadow_guardrail_tolerance: float = _field(
-        defaults.DEFAULT_SHADOW_GUARDRAIL_TOLERANCE, "SHADOW_GUARDRAIL_TOLERANCE", "Tolerated guardrail loss."
-    )
-    shadow_n_boot: int = _field(defaults.DEFAULT_SHADOW_N_BOOT, "SHADOW_N_BOOT", "Bootstrap resamples.")
-    shadow_degradation_tolerance: float = _field(
-        defaults.DEFAULT_SHADOW_DEGRADATION_TOLERANCE, "SHADOW_DEGRADATION_TOLERANCE",
-        "Champion drop below its reference that counts as degraded.",
-    )
-    shadow_champion_floor: float = _field(
-        defaults.DEFAULT_SHADOW_CHAMPION_FLOOR, "SHADOW_CHAMPION_FLOOR", "Champion metric floor (nan: off)."
-    )
-    retrain_cooldown_s: float = _field(
-        defaults.DEFAULT_RETRAIN_COOLDOWN_S, "RETRAIN_COOLDOWN_S", "Seconds between retrainings of a model."
-    )
-    retrain_stale_after_s: float = _field(
-        defaults.DEFAULT_RETRAIN_STALE_AFTER_S, "RETRAIN_STALE_AFTER_S", "Age (s) of an abandoned retrain lock."
-    )
-
-    # -------------------------------------------------------------- drift_checks
-    drift_history_window_days: float = _field(
-        defaults.DEFAULT_DRIFT_HISTORY_WINDOW_DAYS, "DRIFT_HISTORY_WINDOW_DAYS", "Dynamic threshold look-back (days)."
-    )
-    drift_quantile: float = _field(
-        defaults.DEFAULT_DRIFT_QUANTILE, "DRIFT_QUANTILE", "Threshold quantile of distances (p-values: 1 - q)."
-    )
-    drift_min_history_windows: int = _field(
-        defaults.DEFAULT_DRIFT_MIN_HISTORY_WINDOWS, "DRIFT_MIN_HISTORY_WINDOWS", "Windows before dynamic thresholds."
-    )
-    drift_evidently_sample_rows: int = _field(
-        defaults.DEFAULT_DRIFT_EVIDENTLY_SAMPLE_ROWS, "DRIFT_EVIDENTLY_SAMPLE_ROWS", "Rows per side sent to Evidently."
-    )
-    drift_history_db_url: str = _field(
-        defaults.DEFAULT_DRIFT_HISTORY_DB_URL, "DRIFT_HISTORY_DB_URL", "Drift history DB URL (empty: SQLite)."
-    )
-    drift_reference_strategy: str = _field(
-        defaults.DEFAULT_DRIFT_REFERENCE_STRATEGY, "DRIFT_REFERENCE_STRATEGY",
+    #: Hourly windows needed before the dynamic threshold replaces the static one (windows).
+    drift_min_history_windows: int = setting("DRIFT_MIN_HISTORY_WINDOWS", 48, "Windows before dynamic thresholds.")
+    #: Rows of each side passed to Evidently's DataDriftPreset (rows).
+    drift_evidently_sample_rows: int = setting("DRIFT_EVIDENTLY_SAMPLE_ROWS", 5000, "Rows per side sent to Evidently.")
+    #: SQLAlchemy URL of the drift history store; empty means SQLite at ``<home>/drift/history.db``.
+    drift_history_db_url: str = setting("DRIFT_HISTORY_DB_URL", "", "Drift history DB URL (empty: SQLite).")
+    #: What a window is compared with: ``training`` (the version's reference), ``trailing`` (the last
+    #: N days of served traffic) or ``seasonal`` (the same window one period earlier).
+    drift_reference_strategy: str = setting(
+        "DRIFT_REFERENCE_STRATEGY", "training",
         "Drift reference: training, trailing (last N days served) or seasonal (one period earlier).",
+        check=one_of("training", "trailing", "seasonal"),
     )
-    drift_trailing_days: float = _field(
-        defaults.DEFAULT_DRIFT_TRAILING_DAYS, "DRIFT_TRAILING_DAYS", "Span of the trailing reference (days)."
+    #: Span of the ``trailing`` reference (days of served traffic).
+    drift_trailing_days: float = setting("DRIFT_TRAILING_DAYS", 7.0, "Span of the trailing reference (days).")
+    #: Period of the ``seasonal`` reference (hours; 168 = "the same hour last week").
+    drift_seasonal_period_hours: float = setting(
+        "DRIFT_SEASONAL_PERIOD_HOURS", 168.0, "Period of the seasonal reference (hours; 168 = same hour last week).",
     )
-    drift_seasonal_period_hours: float = _field(
-        defaults.DEFAULT_DRIFT_SEASONAL_PERIOD_HOURS, "DRIFT_SEASONAL_PERIOD_HOURS",
-        "Period of the seasonal reference (hours; 168 = same hour last week).",
+    #: How features weigh in the dataset verdict: ``importance`` (the model version's permutation
+    #: importance, stored with its reference at publish time) or ``uniform``.
+    drift_weighting: str = setting(
+        "DRIFT_WEIGHTING", "importance",
+        "Dataset verdict weights: importance or uniform.",
+        check=one_of("importance", "uniform"),
     )
-    drift_weighting: str = _field(
-        defaults.DEFAULT_DRIFT_WEIGHTING, "DRIFT_WEIGHTING", "Dataset verdict weights: importance or uniform."
+    #: Consecutive dataset-drift windows before a drift alert (windows).
+    drift_consecutive_windows: int = setting(
+        "DRIFT_CONSECUTIVE_WINDOWS", 2, "Dataset-drift windows in a row before a drift alert.",
     )
-    drift_consecutive_windows: int = _field(
-        defaults.DEFAULT_DRIFT_CONSECUTIVE_WINDOWS, "DRIFT_CONSECUTIVE_WINDOWS",
-        "Dataset-drift windows in a row before a drift alert.",
-    )
-    drift_sustained_windows: int = _field(
-        defaults.DEFAULT_DRIFT_SUSTAINED_WINDOWS, "DRIFT_SUSTAINED_WINDOWS",
+    #: Sustained-drift run rule (``drift_checks.policy``): one feature alerts, whatever its weight, when
+    #: it is flagged in a window and had evidence (a statistic beyond its threshold) in
+    #: ``DEFAULT_DRIFT_SUSTAINED_EVIDENCE - 1`` of the ``DEFAULT_DRIFT_SUSTAINED_WINDOWS - 1`` windows
+    #: before: 4 of 5, the Western Electric / Nelson run rule (0 windows: rule off).
+    drift_sustained_windows: int = setting(
+        "DRIFT_SUSTAINED_WINDOWS", 5,
         "Run rule span: a feature flagged now with evidence in most of these windows alerts (0: off).",
+        check=at_least(0, what="a whole number"),
     )
-    drift_sustained_evidence: int = _field(
-        defaults.DEFAULT_DRIFT_SUSTAINED_EVIDENCE, "DRIFT_SUSTAINED_EVIDENCE",
+    drift_sustained_evidence: int = setting(
+        "DRIFT_SUSTAINED_EVIDENCE", 4,
         "Windows of the run rule span (this one included) that must show evidence.",
+        check=at_least(2, what="a whole number"),
     )
-    drift_alert_cooldown_hours: float = _field(
-        defaults.DEFAULT_DRIFT_ALERT_COOLDOWN_HOURS, "DRIFT_ALERT_COOLDOWN_HOURS",
+    #: Quiet time after a drift alert of a model for alerts naming no new feature (hours of logical
+    #: time: window starts, so replays and backfills behave like live runs).
+    drift_alert_cooldown_hours: float = setting(
+        "DRIFT_ALERT_COOLDOWN_HOURS", 24.0,
         "Hours (logical time) after a drift alert before one naming no new feature.",
     )
-    drift_ceiling_factor: float = _field(
-        defaults.DEFAULT_DRIFT_CEILING_FACTOR, "DRIFT_CEILING_FACTOR",
+    #: A learned threshold never exceeds this multiple of the reference's own threshold (nor the
+    #: statistic's strong effect); a value above that ceiling is a strong effect that alerts at once.
+    drift_ceiling_factor: float = setting(
+        "DRIFT_CEILING_FACTOR", 2.0,
         "Learned thresholds stop at this multiple of the reference's (strong effect above).",
     )
-    drift_exact_max_rows: int = _field(
-        defaults.DEFAULT_DRIFT_EXACT_MAX_ROWS, "DRIFT_EXACT_MAX_ROWS",
+    #: Largest window (rows) read whole and scored exactly; larger windows are streamed in record
+    #: batches into exact bin counts and KLL sketches (constant memory; ``drift_checks.summaries``).
+    drift_exact_max_rows: int = setting(
+        "DRIFT_EXACT_MAX_ROWS", 200_000,
         "Largest window (rows) scored exactly in memory; larger ones are streamed (bins + sketches).",
     )
-    drift_sketch_k: int = _field(
-        defaults.DEFAULT_DRIFT_SKETCH_K, "DRIFT_SKETCH_K",
-        "KLL sketch k of streamed windows (4096: rank error 9.6e-4).",
+    #: KLL sketch size ``k`` of streamed windows (4096: stated rank error 9.6e-4, ~97 KB per feature).
+    drift_sketch_k: int = setting("DRIFT_SKETCH_K", 4096, "KLL sketch k of streamed windows (4096: rank error 9.6e-4).")
+    #: Rows per record batch when a window is streamed (memory per batch: rows x columns x 8 bytes).
+    drift_stream_batch_rows: int = setting(
+        "DRIFT_STREAM_BATCH_ROWS", 131_072, "Rows per record batch of a streamed window.",
     )
-    drift_stream_batch_rows: int = _field(
-        defaults.DEFAULT_DRIFT_STREAM_BATCH_ROWS, "DRIFT_STREAM_BATCH_ROWS",
-        "Rows per record batch of a streamed window.",
-    )
-    drift_stream_workers: int = _field(
-        defaults.DEFAULT_DRIFT_STREAM_WORKERS, "DRIFT_STREAM_WORKERS",
+    #: Most processes summarising a streamed window's files in parallel, the check's own included (0: one per CPU core).
+    drift_stream_workers: int = setting(
+        "DRIFT_STREAM_WORKERS", 0,
         "Most processes summarising a streamed window's files, this one included (0: one per CPU core).",
     )
-    drift_engine: str = _field(
-        defaults.DEFAULT_DRIFT_ENGINE, "DRIFT_ENGINE", "Summaries of streamed windows: local or spark.",
+    #: Who summarises a streamed window: ``local`` (this process and its workers) or ``spark``
+    #: (per-partition summaries computed by Spark, merged on the driver; ``drift_checks.spark``).
+    drift_engine: str = setting(
+        "DRIFT_ENGINE", "local", "Summaries of streamed windows: local or spark.", check=one_of("local", "spark"),
     )
-    spark_master: str = _field(
-        defaults.DEFAULT_SPARK_MASTER, "SPARK_MASTER", "Spark master URL of the spark drift engine.",
+    #: Spark master URL of the ``spark`` drift engine (``local[N]`` runs Spark inside the task).
+    spark_master: str = setting("SPARK_MASTER", "local[2]", "Spark master URL of the spark drift engine.")
+    #: Inference-log root (folder or s3://bucket/prefix); empty means ``<home>/inference_logs``.
+    inference_log_root: str = setting("INFERENCE_LOG_ROOT", "", "Inference-log root: folder or s3://bucket/prefix.")
+
+    # -------------------------------------------------------------- publishing to the repository
+    #: PEM ECDSA private key used to sign model versions (OpenSSF model-signing); never logged.
+    signing_key_path: Path = setting(
+        "SIGNING_KEY_PATH", _DEFAULT_HOME / "keys" / "model_signing.pem",
+        "Private key (PEM) that signs model versions.",
     )
-    inference_log_root: str = _field(
-        defaults.DEFAULT_INFERENCE_LOG_ROOT, "INFERENCE_LOG_ROOT", "Inference-log root: folder or s3://bucket/prefix."
+    #: Folder of trusted PEM public keys (``*.pub``/``*.pem``); several allow key rotation.
+    signing_trusted_keys_dir: Path = setting(
+        "SIGNING_TRUSTED_KEYS_DIR", _DEFAULT_HOME / "keys" / "trusted", "Trusted public keys (PEM) folder.",
+    )
+    #: boto3 ``endpoint_url`` for an S3 repository; empty: the endpoint written in the s3:// URL.
+    s3_endpoint_url: str = setting("S3_ENDPOINT_URL", "", "boto3 S3 endpoint (empty: from the s3:// URL).")
+    staging_uri: str = setting(
+        "STAGING_URI", "",
+        ("s3://bucket/prefix where tasks share the work files they hand on (publish staging, shadow replays, "
+         "training windows), so each may run on another worker (empty: one host or a shared home)."),
     )
 
-    # -------------------------------------------------------------- repository_sync: publish
-    signing_key_path: Path = _field(
-        defaults.DEFAULT_SIGNING_KEY_PATH, "SIGNING_KEY_PATH", "Private key (PEM) that signs model versions."
-    )
-    signing_trusted_keys_dir: Path = _field(
-        defaults.DEFAULT_SIGNING_TRUSTED_KEYS_DIR, "SIGNING_TRUSTED_KEYS_DIR", "Trusted public keys (PEM) folder."
-    )
-    s3_endpoint_url: str = _field(
-        defaults.DEFAULT_S3_ENDPOINT_URL, "S3_ENDPOINT_URL", "boto3 S3 endpoint (empty: from the s3:// URL)."
-    )
-    staging_uri: str = _field(
-        "", "STAGING_URI",
-        "s3://bucket/prefix where tasks share the work files they hand on (publish staging, shadow "
-        "replays, training windows), so each may run on another worker (empty: one host or a shared home).",
-    )
-
-    # -------------------------------------------------------------- tritonflow/pipelines: shadow/retrain
-    shadow_window_hours: float = _field(
-        defaults.DEFAULT_SHADOW_WINDOW_HOURS, "SHADOW_WINDOW_HOURS", "Hours replayed without a drift window."
-    )
-    shadow_label_lag_hours: float = _field(
-        defaults.DEFAULT_SHADOW_LABEL_LAG_HOURS, "SHADOW_LABEL_LAG_HOURS", "Hours labels may arrive after a window."
-    )
-    shadow_replay_concurrency: int = _field(
-        defaults.DEFAULT_SHADOW_REPLAY_CONCURRENCY, "SHADOW_REPLAY_CONCURRENCY", "Concurrent replay requests."
-    )
-    shadow_max_replay_rows: int = _field(
-        defaults.DEFAULT_SHADOW_MAX_REPLAY_ROWS, "SHADOW_MAX_REPLAY_ROWS", "Most rows a shadow replay sends."
-    )
-    shadow_mirror_percent: int = _field(
-        defaults.DEFAULT_SHADOW_MIRROR_PERCENT, "SHADOW_MIRROR_PERCENT",
+    # -------------------------------------------------------------- shadow and retraining runs
+    #: Hours of inference log a shadow evaluation replays when no drift window is given (hours).
+    shadow_window_hours: float = setting("SHADOW_WINDOW_HOURS", 24.0, "Hours replayed without a drift window.")
+    #: Hours after a window's end during which its labels may still arrive (labels read window).
+    shadow_label_lag_hours: float = setting("SHADOW_LABEL_LAG_HOURS", 72.0, "Hours labels may arrive after a window.")
+    #: Concurrent inference requests of a shadow replay (threads, one HTTP client each).
+    shadow_replay_concurrency: int = setting("SHADOW_REPLAY_CONCURRENCY", 4, "Concurrent replay requests.")
+    #: Most logged rows a shadow replay sends (the most recent are kept; rows).
+    shadow_max_replay_rows: int = setting("SHADOW_MAX_REPLAY_ROWS", 100_000, "Most rows a shadow replay sends.")
+    #: Live shadow: percent (1-100) of the champion's requests the gateway mirrors to the challenger.
+    shadow_mirror_percent: int = setting(
+        "SHADOW_MIRROR_PERCENT", 10,
         "Live shadow: percent of champion requests mirrored to the challenger.",
+        check=PERCENT,
     )
-    shadow_live_duration_s: float = _field(
-        defaults.DEFAULT_SHADOW_LIVE_DURATION_S, "SHADOW_LIVE_DURATION_S", "Live shadow: seconds of mirrored traffic."
+    #: Live shadow: seconds the mirror collects the challenger's outputs on live requests.
+    shadow_live_duration_s: float = setting(
+        "SHADOW_LIVE_DURATION_S", 600.0, "Live shadow: seconds of mirrored traffic.",
     )
-    shadow_mirror_host: str = _field(
-        defaults.DEFAULT_SHADOW_MIRROR_HOST, "SHADOW_MIRROR_HOST",
-        "Live shadow: host the gateway reaches the recorder at."
+    #: Live shadow: address the gateway reaches the mirror recorder at (the worker's host).
+    shadow_mirror_host: str = setting(
+        "SHADOW_MIRROR_HOST", "127.0.0.1", "Live shadow: host the gateway reaches the recorder at.",
     )
-    retrain_window_days: float = _field(
-        defaults.DEFAULT_RETRAIN_WINDOW_DAYS, "RETRAIN_WINDOW_DAYS", "Days of labelled log a retraining uses."
+    #: Days of inference log (joined with labels) a retraining trains on (days).
+    retrain_window_days: float = setting("RETRAIN_WINDOW_DAYS", 30.0, "Days of labelled log a retraining uses.")
+    #: Share (0-1) of the training window taken from the version's reference data.
+    retrain_mix_reference_fraction: float = setting(
+        "RETRAIN_MIX_REFERENCE_FRACTION", 0.0, "Share (0-1) of reference rows in a training window.", check=FRACTION,
     )
-    retrain_mix_reference_fraction: float = _field(
-        defaults.DEFAULT_RETRAIN_MIX_REFERENCE_FRACTION, "RETRAIN_MIX_REFERENCE_FRACTION",
-        "Share (0-1) of reference rows in a training window.",
+    #: Training entry point of models without their own (``module:function`` or ``project:<uri>``).
+    retrain_entry_point: str = setting(
+        "RETRAIN_ENTRY_POINT", "model_registry.training:train_noaa", "Default training entry point.",
     )
-    retrain_entry_point: str = _field(
-        defaults.DEFAULT_RETRAIN_ENTRY_POINT, "RETRAIN_ENTRY_POINT", "Default training entry point."
+    #: Per-model entry points, a JSON object ``{"model": "module:function"}`` (empty: none).
+    retrain_entry_points: str = setting(
+        "RETRAIN_ENTRY_POINTS", "", "Per-model entry points (JSON object).", check=JSON_OBJECT,
     )
-    retrain_entry_points: str = _field(
-        defaults.DEFAULT_RETRAIN_ENTRY_POINTS, "RETRAIN_ENTRY_POINTS", "Per-model entry points (JSON object)."
-    )
-    retrain_schedule: str = _field(
-        defaults.DEFAULT_RETRAIN_SCHEDULE, "RETRAIN_SCHEDULE", "Schedule of the retrain DAG (empty: none)."
-    )
-    retrain_default_model: str = _field(
-        defaults.DEFAULT_RETRAIN_DEFAULT_MODEL, "RETRAIN_DEFAULT_MODEL", "Model a scheduled retrain retrains."
-    )
+    #: Schedule of the ``retrain`` DAG (cron or preset such as ``@daily``; empty: none).
+    retrain_schedule: str = setting("RETRAIN_SCHEDULE", "", "Schedule of the retrain DAG (empty: none).")
+    #: Model the scheduled ``retrain`` runs retrain (empty: the model must be given as a param).
+    retrain_default_model: str = setting("RETRAIN_DEFAULT_MODEL", "", "Model a scheduled retrain retrains.")
 
-    # -------------------------------------------------------------- tritonflow/pipelines: drift monitor
-    monitored_models: str = _field(
-        defaults.DEFAULT_MONITORED_MODELS, "MONITORED_MODELS",
-        "Models the drift monitor checks, comma-separated (empty: all)."
+    # -------------------------------------------------------------- drift monitor runs
+    #: Registered models the hourly drift monitor checks, comma-separated; empty means every model
+    #: with a ``champion`` alias.
+    monitored_models: str = setting(
+        "MONITORED_MODELS", "", "Models the drift monitor checks, comma-separated (empty: all).",
     )
-    drift_models_per_task: int = _field(
-        defaults.DEFAULT_DRIFT_MODELS_PER_TASK, "DRIFT_MODELS_PER_TASK",
+    #: Models one drift_monitor task instance checks (and records, decides) in turn (models): fewer,
+    #: larger task instances, since each costs seconds of process start-up on a small deployment.
+    drift_models_per_task: int = setting(
+        "DRIFT_MODELS_PER_TASK", 10,
         "Models one drift_monitor task instance checks, records and decides (>= 1).",
+        check=at_least(1, what="a whole number"),
     )
 
     # remote deployment (docker-compose): services addressed by name instead of host + port
-    triton_url: str = _field(
-        "", "TRITON_URL", "host:port of Triton's HTTP endpoint (empty: <host>:<triton_http_port>)."
+    triton_url: str = setting(
+        "TRITON_URL", "", "host:port of Triton's HTTP endpoint (empty: <host>:<triton_http_port>).",
     )
-    triton_replica_urls: str = _field(
-        "", "TRITON_REPLICA_URLS",
-        "host:port of every Triton replica behind the gateway, comma-separated, sharing one repository "
-        "(empty: just triton_url).",
+    triton_replica_urls: str = setting(
+        "TRITON_REPLICA_URLS", "",
+        ("host:port of every Triton replica behind the gateway, comma-separated, sharing one repository (empty: just"
+         " triton_url)."),
     )
-    triton_metrics_url: str = _field(
-        "", "TRITON_METRICS_URL", "Triton metrics URL (empty: http://<host>:<triton_metrics_port>/metrics)."
+    triton_metrics_url: str = setting(
+        "TRITON_METRICS_URL", "", "Triton metrics URL (empty: http://<host>:<triton_metrics_port>/metrics).",
     )
-    gateway_url: str = _field("", "GATEWAY_URL", "Gateway base URL (empty: http://<host>:<gateway_port>).")
+    gateway_url: str = setting("GATEWAY_URL", "", "Gateway base URL (empty: http://<host>:<gateway_port>).")
 
     # Airflow connections (read by every tritonflow task when it starts; a defined one wins over
     # the matching settings above; empty id: not looked up)
-    mlflow_conn_id: str = _field(
-        "mlflow_default", "MLFLOW_CONN_ID", "Airflow connection (type mlflow) giving the MLflow tracking URI.",
+    mlflow_conn_id: str = setting(
+        "MLFLOW_CONN_ID", "mlflow_default", "Airflow connection (type mlflow) giving the MLflow tracking URI.",
     )
-    triton_conn_id: str = _field(
-        "triton_default", "TRITON_CONN_ID", "Airflow connection (type triton) giving Triton's HTTP and metrics URLs.",
+    triton_conn_id: str = setting(
+        "TRITON_CONN_ID", "triton_default", "Airflow connection (type triton) giving Triton's HTTP and metrics URLs.",
     )
-    gateway_conn_id: str = _field(
-        "tritonflow_gateway", "GATEWAY_CONN_ID", "Airflow connection (type http) giving the gateway URL.",
+    gateway_conn_id: str = setting(
+        "GATEWAY_CONN_ID", "tritonflow_gateway", "Airflow connection (type http) giving the gateway URL.",
     )
-    aws_conn_id: str = _field(
-        "aws_default", "AWS_CONN_ID",
+    aws_conn_id: str = setting(
+        "AWS_CONN_ID", "aws_default",
         "Airflow connection (type aws) giving the S3 endpoint (extra endpoint_url) and credentials.",
     )
-    gateway_conf_dir: str = _field(
-        "", "GATEWAY_CONF_DIR", "Gateway config folder the router writes (empty: <home>/run/gateway)."
+    gateway_conf_dir: str = setting(
+        "GATEWAY_CONF_DIR", "", "Gateway config folder the router writes (empty: <home>/run/gateway).",
     )
-    gateway_reload: str = _field(
-        defaults.DEFAULT_GATEWAY_RELOAD, "GATEWAY_RELOAD",
+    #: Gateway reload mechanism: "local" signals NGINX on this host; "watcher" asks the gateway
+    #: container's reload watcher through ``<conf_dir>/reload.request`` (docker-compose).
+    gateway_reload: str = setting(
+        "GATEWAY_RELOAD", "local",
         "How the router reloads NGINX: 'local' (nginx -s reload) or 'watcher' (reload.request file).",
+        check=one_of("local", "watcher"),
     )
-    gateway_access_log: str = _field(
-        "", "GATEWAY_ACCESS_LOG",
-        "Gateway status log (one JSON line per routed request) the canary counts per-version errors "
-        "from (empty: <gateway conf dir>/tritonflow-router/gateway_access.jsonl, written only where "
-        "NGINX runs on the worker's host; 'off': not used).",
+    gateway_access_log: str = setting(
+        "GATEWAY_ACCESS_LOG", "",
+        ("Gateway status log (one JSON line per routed request) the canary counts per-version errors from (empty: "
+         "<gateway conf dir>/tritonflow-router/gateway_access.jsonl, written only where NGINX runs on the worker's "
+         "host; 'off': not used)."),
     )
-    traffic_router: str = _field(
-        defaults.DEFAULT_TRAFFIC_ROUTER, "TRAFFIC_ROUTER",
+    #: Traffic router in front of Triton (``repository_sync.router.ROUTERS`` names the choices).
+    traffic_router: str = setting(
+        "TRAFFIC_ROUTER", "nginx",
         "Traffic router that splits a model's requests between versions: 'nginx' (the only one so far).",
     )
 
-    # -------------------------------------------------------------- tritonflow.runtime.airflow (local)
-    airflow_database_url: str = _field(
-        defaults.DEFAULT_AIRFLOW_DATABASE_URL, "AIRFLOW_DATABASE_URL",
+    # -------------------------------------------------------------- the local Airflow
+    #: Metadata DB of the local Airflow deployment; empty: SQLite (WAL) under ``<home>/airflow``.
+    airflow_database_url: str = setting(
+        "AIRFLOW_DATABASE_URL", "",
         "Metadata DB of the local Airflow (SQLAlchemy URL, e.g. PostgreSQL); empty: SQLite under <home>/airflow.",
     )
-    airflow_api_port: int = _field(
-        defaults.DEFAULT_AIRFLOW_API_PORT, "AIRFLOW_API_PORT", "Local Airflow API server and UI port.",
+    #: API server / UI port of the local Airflow deployment (8080 is the gateway's).
+    airflow_api_port: int = setting("AIRFLOW_API_PORT", 8280, "Local Airflow API server and UI port.")
+    #: LocalExecutor task slots of the local Airflow deployment.
+    airflow_parallelism: int = setting(
+        "AIRFLOW_PARALLELISM", 4, "Local Airflow LocalExecutor task slots (>= 4).",
+        check=at_least(4, what="", why="runs of different DAGs overlap"),
     )
-    airflow_parallelism: int = _field(
-        defaults.DEFAULT_AIRFLOW_PARALLELISM, "AIRFLOW_PARALLELISM", "Local Airflow LocalExecutor task slots (>= 4).",
-    )
-    airflow_worker_log_port: int = _field(
-        defaults.DEFAULT_AIRFLOW_WORKER_LOG_PORT, "AIRFLOW_WORKER_LOG_PORT", "Local Airflow port serving task logs.",
-    )
-    airflow_triggerer_log_port: int = _field(
-        defaults.DEFAULT_AIRFLOW_TRIGGERER_LOG_PORT, "AIRFLOW_TRIGGERER_LOG_PORT",
-        "Local Airflow port serving trigger logs.",
+    #: Ports the local Airflow's scheduler (task logs) and triggerer (trigger logs) serve logs on.
+    airflow_worker_log_port: int = setting("AIRFLOW_WORKER_LOG_PORT", 8793, "Local Airflow port serving task logs.")
+    airflow_triggerer_log_port: int = setting(
+        "AIRFLOW_TRIGGERER_LOG_PORT", 8794, "Local Airflow port serving trigger logs.",
     )
 
-    # -------------------------------------------------------------- tritonflow.demo (main job)
-    drift_dataset_share: float = _field(
-        defaults.DEFAULT_DRIFT_DATASET_SHARE, "DRIFT_DATASET_SHARE",
+    # -------------------------------------------------------------- the main job
+    #: Weighted share (0-1) of flagged features that makes a window's dataset verdict ``drift``
+    #: (Evidently's default share 0.5; weights per ``TRITONFLOW_DRIFT_WEIGHTING``). A drift alert
+    #: needs it in ``TRITONFLOW_DRIFT_CONSECUTIVE_WINDOWS`` windows in a row, or one strong effect.
+    drift_dataset_share: float = setting(
+        "DRIFT_DATASET_SHARE", 0.5,
         "Weighted share of flagged features for a dataset-drift window (0-1).",
+        check=FRACTION,
     )
 
     # ------------------------------------------------------------------ derived values
@@ -693,6 +769,11 @@ def _convert(name: str, raw: str, default: Any) -> Any:
         raise SettingsError(
             f"{name}={raw!r} is not a valid {kind.__name__} (expected e.g. {default!r})"
         ) from None
+
+
+#: Every setting at its default, whatever the environment holds: the one source of a default for
+#: code that needs it without settings (policies' fields, keyword defaults, the demo's port search).
+DEFAULTS = Settings()
 
 
 def get_settings(**overrides: Any) -> Settings:

@@ -48,7 +48,7 @@ DEFAULT_LOAD_TIMEOUT_S = 120.0
 #: Gateway reload mechanism: "local" signals NGINX on this host; "watcher" asks the gateway
 #: container's reload watcher through ``<conf_dir>/reload.request`` (docker-compose).
 DEFAULT_GATEWAY_RELOAD = "local"
-#: Traffic router in front of Triton (``repository_sync.router.ROUTERS`` names the choices).
+#: Traffic router in front of Triton (``repository_sync.routing.router.ROUTERS`` names the choices).
 DEFAULT_TRAFFIC_ROUTER = "nginx"
 
 #: Largest serialised return value (bytes) a tritonflow task may push to XCom.

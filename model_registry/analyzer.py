@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ground.exceptions import ProfilingError, ToolingError, TransientError
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
 from model_registry.analyzer_config import (
     SearchSpace,
     build_profile_config,
@@ -58,6 +58,7 @@ from model_registry.analyzer_results import (
     stability,
     unstable_configs_from_log,
 )
+from model_registry.triton_tools import TritonTools
 
 if TYPE_CHECKING:  # pragma: no cover
     from tritonclient.grpc import model_config_pb2
@@ -97,23 +98,41 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- running
-def analyzer_binary(settings: Settings | None = None) -> Path:
-    """``model-analyzer`` in the Triton tools environment."""
-    return (settings or get_settings()).triton_venv / "bin" / "model-analyzer"
+def analyzer_binary(settings: Settings) -> Path:
+    """``model-analyzer`` in the Triton tools environment.
+
+    Args:
+        settings: Where the Triton tools environment is (``settings.triton_venv``).
+
+    Returns:
+        Path of the ``model-analyzer`` console script (it may not exist).
+    """
+    return settings.triton_venv / "bin" / "model-analyzer"
 
 
 def run_profile(
     profile_config_path: str | os.PathLike,
     *,
-    settings: Settings | None = None,
+    tools: TritonTools,
+    settings: Settings,
     timeout_s: float | None = None,
     log_path: str | os.PathLike | None = None,
 ) -> subprocess.CompletedProcess:
     """Run ``model-analyzer profile -f <config>`` with the environment Triton needs.
 
-    The environment comes from :func:`tritonflow.runtime.services.triton_environment`
-    (``LD_LIBRARY_PATH`` = the Triton venv's ``nvidia_pytriton.libs`` and
-    ``nvidia/cuda_runtime/lib``; ``PYTHONPATH``; ``PATH``). Output goes to ``log_path`` when given.
+    The binary and environment come from ``tools`` (``LD_LIBRARY_PATH`` = the Triton venv's
+    ``nvidia_pytriton.libs`` and ``nvidia/cuda_runtime/lib``; ``PYTHONPATH``; ``PATH``). Output
+    goes to ``log_path`` when given, else beside the config (``.log``).
+
+    Args:
+        profile_config_path: The profile YAML (:func:`write_profile_config`).
+        tools: The Triton tools (``model-analyzer`` and its environment).
+        settings: Default limit (``analyzer_timeout_s``).
+        timeout_s: Limit for the run, seconds.
+        log_path: Where Model Analyzer's output goes.
+
+    Returns:
+        The finished process; ``stdout`` holds the log's last 3000 characters.
 
     Raises:
         ToolingError: Model Analyzer exited non-zero (the log tail is included): an
@@ -121,12 +140,9 @@ def run_profile(
         TransientError: It ran past ``timeout_s`` (default ``settings.analyzer_timeout_s``) and was
             stopped.
     """
-    from tritonflow.runtime.services import triton_environment
-
-    s = settings or get_settings()
-    env = triton_environment(s)
-    cmd = [str(analyzer_binary(s)), "profile", "-f", str(profile_config_path)]
-    limit = s.analyzer_timeout_s if timeout_s is None else timeout_s
+    env = dict(tools.environment)
+    cmd = [str(tools.model_analyzer), "profile", "-f", str(profile_config_path)]
+    limit = settings.analyzer_timeout_s if timeout_s is None else timeout_s
     out_path = Path(log_path) if log_path else Path(profile_config_path).with_suffix(".log")
     with open(out_path, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -184,13 +200,14 @@ def profile_model(
     search: SearchSpace | None = None,
     hardware: "HardwareInventory | None" = None,
     passes: Mapping[str, Sequence[float]] | None = None,
-    settings: Settings | None = None,
+    tools: TritonTools,
+    settings: Settings,
     timeout_s: float | None = None,
 ) -> ProfileOutcome:
     """Profile a model with Model Analyzer on a local Triton and choose its config.
 
     Builds the bounded profile config (Triton binary, perf_analyzer, backend directory and
-    environment from :mod:`tritonflow.runtime.services`, free loopback ports), runs it, reads the
+    environment from ``tools``, free loopback ports), runs it, reads the
     results, flags configs perf_analyzer could not stabilise (from the Model Analyzer log and
     ``perf_analyzer_error.log``) and picks the best stable config under the p99 constraint.
 
@@ -203,8 +220,12 @@ def profile_model(
         search: Bounded search (default from settings).
         hardware: Inventory (default: :func:`model_registry.hardware.inventory`).
         passes: Optional repeated-pass throughputs for the stability check.
-        settings: Settings (default: from the environment).
+        tools: The Triton tools (binaries, backends, environment, free ports).
+        settings: Search defaults, p99 constraint, stability threshold and run limit.
         timeout_s: Limit for the Model Analyzer run.
+
+    Returns:
+        The selection, the chosen config, every measurement and the paths of the YAML and log.
 
     Raises:
         ProfilingError: Bad names/shapes, or no stable config met the constraint (names the
@@ -212,31 +233,24 @@ def profile_model(
         ToolingError: Model Analyzer failed or measured nothing (the profiling environment).
         TransientError: The run timed out.
     """
-    from tritonflow.runtime.services import (
-        free_port,
-        triton_backend_directory,
-        triton_environment,
-        triton_server_binary,
-    )
-
-    s = settings or get_settings()
+    s = settings
     work = Path(work_dir)
     export = work / "export"
     export.mkdir(parents=True, exist_ok=True)
-    env = triton_environment(s, {})
+    env = tools.own_environment
     profile = build_profile_config(
         model_name, config, model_repository=model_repository,
         output_model_repository=work / "output_model_repository", export_path=export,
         hardware=hardware, shapes=shapes, search=search, settings=s,
-        triton_server_path=triton_server_binary(s), perf_analyzer_path=s.triton_venv / "bin" / "perf_analyzer",
-        backend_directory=triton_backend_directory(s), ports=(free_port(), free_port(), free_port()),
+        triton_server_path=tools.tritonserver, perf_analyzer_path=tools.perf_analyzer,
+        backend_directory=tools.backend_directory, ports=(tools.free_port(), tools.free_port(), tools.free_port()),
         environment={k: env[k] for k in ("LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONNOUSERSITE", "PATH") if k in env},
     )
     triton_log = work / "triton.log"  # Triton's own output: why a config did not load (e.g. the stub's imports)
     profile["triton_output_path"] = str(triton_log)
     path = write_profile_config(profile, work / "profile.yaml")
     log_path = work / "model_analyzer.log"
-    run_profile(path, settings=s, timeout_s=timeout_s, log_path=log_path)
+    run_profile(path, tools=tools, settings=s, timeout_s=timeout_s, log_path=log_path)
     csv_path = results_path(export)
     rows = read_results_csv(csv_path) if csv_path.is_file() else []
     logs = log_path.read_text()
@@ -305,13 +319,24 @@ def confirmation_repository(output_model_repository: str | os.PathLike, configs:
 
 
 def measure_config_passes(output_model_repository: str | os.PathLike, configs: Sequence[str], concurrency: int, *,
-                          passes: int, settings: Settings | None = None,
+                          passes: int, tools: TritonTools, settings: Settings,
                           measurement_ms: int | None = None) -> dict[str, list]:
     """Repeated, interleaved perf_analyzer passes of Model Analyzer's tried configs on one Triton.
 
-    Starts a local Triton over :func:`confirmation_repository` (each config a model folder named
-    after it), loads ``configs`` and runs :func:`model_registry.perf.measure_interleaved` with perf_analyzer's
-    stability criterion aligned with ``analyzer_stability_cv``.
+    Starts a local Triton (``tools.scratch_server``) over :func:`confirmation_repository` (each
+    config a model folder named after it), loads ``configs`` and runs
+    :func:`model_registry.perf.measure_interleaved` with perf_analyzer's stability criterion
+    aligned with ``analyzer_stability_cv``.
+
+    Args:
+        output_model_repository: Model Analyzer's output repository (the tried configs).
+        configs: Configs measured.
+        concurrency: Client concurrency.
+        passes: Stable passes wanted per config.
+        tools: The Triton tools (perf_analyzer, the scratch Triton starter).
+        settings: Stability threshold and default measurement window.
+        measurement_ms: perf_analyzer's window, milliseconds (default
+            ``settings.analyzer_measurement_ms``).
 
     Returns:
         ``{config: [model_registry.perf.PerfPass, ...]}``.
@@ -319,14 +344,14 @@ def measure_config_passes(output_model_repository: str | os.PathLike, configs: S
     Raises:
         TransientError: Triton or perf_analyzer failed.
     """
-    from model_registry.perf import measure_interleaved, scratch_triton
+    from model_registry.perf import measure_interleaved
 
-    s = settings or get_settings()
+    s = settings
     home = Path(output_model_repository).parent / "confirm_home"
     repository = confirmation_repository(output_model_repository, configs,
                                          Path(output_model_repository).parent / "confirm_repository")
-    with scratch_triton(s, repository, configs, home=home, purpose="the confirmation passes") as url:
-        return measure_interleaved(list(configs), url, concurrency, passes=passes, settings=s,
+    with tools.scratch_server(repository, configs, home=home, purpose="the confirmation passes") as url:
+        return measure_interleaved(list(configs), url, concurrency, tools=tools, passes=passes, settings=s,
                                    measurement_ms=measurement_ms or s.analyzer_measurement_ms,
                                    stability_percentage=int(round(s.analyzer_stability_cv * 100)))
 
@@ -337,7 +362,8 @@ def confirm_selection(
     *,
     passes: int | None = None,
     top: int | None = None,
-    settings: Settings | None = None,
+    tools: TritonTools | None = None,
+    settings: Settings,
     pass_runner: Any = None,
 ) -> ProfileOutcome:
     """Confirm Model Analyzer's single-measurement ranking with repeated passes.
@@ -352,7 +378,9 @@ def confirm_selection(
         output_model_repository: Model Analyzer's output repository (the tried configs).
         passes: Passes per config (default ``settings.analyzer_confirm_passes``, at least 3).
         top: Configs confirmed (default ``settings.analyzer_confirm_top``).
-        settings: Settings (default: from the environment).
+        tools: The Triton tools the default ``pass_runner`` measures with (required without
+            ``pass_runner``).
+        settings: Default passes and top, stability threshold.
         pass_runner: ``(configs, concurrency) -> {config: [PerfPass]}``; default
             :func:`measure_config_passes` (real Triton and perf_analyzer).
 
@@ -362,15 +390,20 @@ def confirm_selection(
     Raises:
         ProfilingError: No confirmed config is stable (names each reason).
         TransientError: The measurement tools failed.
+        ValueError: Neither ``tools`` nor ``pass_runner`` was given.
     """
-    s = settings or get_settings()
+    s = settings
     n = max(3, int(passes or s.analyzer_confirm_passes))
     k = max(1, int(top or s.analyzer_confirm_top))
     candidates = [c for c, _ in outcome.selection.ranking[:k]]
     concurrency = int(outcome.selection.best_row.concurrency) or 1
-    runner = pass_runner or (lambda configs, conc: measure_config_passes(
-        output_model_repository, configs, conc, passes=n, settings=s))
-    measured = runner(candidates, concurrency)
+    if pass_runner is not None:
+        measured = pass_runner(candidates, concurrency)
+    elif tools is not None:
+        measured = measure_config_passes(output_model_repository, candidates, concurrency, passes=n, tools=tools,
+                                         settings=s)
+    else:
+        raise ValueError("confirm_selection needs the Triton tools to measure with, or a pass_runner")
     throughput = {c: [p.throughput for p in measured.get(c, []) if p.stable] for c in candidates}
     flagged = {c for c in candidates if any(not p.stable for p in measured.get(c, [])) or not throughput[c]}
     rows = [r for r in outcome.rows if r.config in candidates]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ground.exceptions import ProfilingError, SettingsError
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
 
 if TYPE_CHECKING:  # pragma: no cover
     from tritonclient.grpc import model_config_pb2
@@ -66,9 +66,9 @@ class SearchSpace:
     max_auto_adjusts: int = 2
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> "SearchSpace":
+    def from_settings(cls, settings: Settings) -> "SearchSpace":
         """Search space from the ``analyzer_*`` settings."""
-        s = settings or get_settings()
+        s = settings
         return cls(
             parse_int_list(s.analyzer_max_batch_sizes, "analyzer_max_batch_sizes"),
             parse_int_list(s.analyzer_instance_counts, "analyzer_instance_counts"),
@@ -157,7 +157,7 @@ def build_profile_config(
     backend_directory: str | os.PathLike | None = None,
     ports: tuple[int, int, int] | None = None,
     environment: Mapping[str, str] | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> dict[str, Any]:
     """Build a Model Analyzer ``profile`` config (a dict; write it with :func:`write_profile_config`).
 
@@ -182,13 +182,13 @@ def build_profile_config(
         backend_directory: Triton ``--backend-directory``.
         ports: (http, grpc, metrics) ports for the server Model Analyzer starts.
         environment: Extra environment for tritonserver (``triton_server_environment``).
-        settings: Settings (default: from the environment).
+        settings: Settings the defaults come from.
 
     Raises:
         ProfilingError: Tensor names with ``:`` or variable dims without shapes, or
             ``cpu_only=False`` on a host without a GPU.
     """
-    s = settings or get_settings()
+    s = settings
     search = search or SearchSpace.from_settings(s)
     if cpu_only is None or cpu_only is False:
         if hardware is None:

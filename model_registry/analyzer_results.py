@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from ground.exceptions import MeasurementUnstableError, ProfilingError
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
 
 if TYPE_CHECKING:  # pragma: no cover
     from tritonclient.grpc import model_config_pb2
@@ -145,7 +145,7 @@ def stability(
     *,
     threshold: float | None = None,
     unstable_flags: Iterable[str] = (),
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> dict[str, Stability]:
     """Coefficient of variation of each config's throughput passes.
 
@@ -154,11 +154,11 @@ def stability(
         threshold: Largest stable CV (default ``settings.analyzer_stability_cv``, 0.1).
         unstable_flags: Configs for which perf_analyzer reported "Failed to obtain stable
             measurement".
-        settings: Settings (default: from the environment).
+        settings: Settings the defaults come from.
     """
     import numpy as np
 
-    limit = (settings or get_settings()).analyzer_stability_cv if threshold is None else threshold
+    limit = settings.analyzer_stability_cv if threshold is None else threshold
     flagged = set(unstable_flags)
     out = {}
     for config, values in passes.items():
@@ -244,7 +244,7 @@ def choose_best(
     unstable: Iterable[str] = (),
     p99_latency_ms: float | None = None,
     stability_cv: float | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> Selection:
     """Pick the highest-throughput config whose p99 latency meets the constraint, among stable ones.
 
@@ -259,7 +259,7 @@ def choose_best(
         unstable: Configs perf_analyzer reported unstable.
         p99_latency_ms: Constraint (default ``settings.analyzer_p99_latency_ms``).
         stability_cv: CV threshold (default ``settings.analyzer_stability_cv``).
-        settings: Settings (default: from the environment).
+        settings: Settings the defaults come from.
 
     Raises:
         ProfilingError: No candidate survived; the message names the model and each reason. An
@@ -268,7 +268,7 @@ def choose_best(
             latency): the measurements say nothing about the model (a busy host), so this is an
             infrastructure error, not a :class:`ProfilingError`.
     """
-    s = settings or get_settings()
+    s = settings
     limit = s.analyzer_p99_latency_ms if p99_latency_ms is None else p99_latency_ms
     stab = stability(passes or {}, threshold=stability_cv, unstable_flags=unstable, settings=s)
     flagged = set(unstable)

@@ -1,7 +1,7 @@
 """Gradient boosting conversion: XGBoost and LightGBM models (their MLflow flavours) to ONNX.
 
-Registry entries of the ``xgboost`` and ``lightgbm`` MLflow flavours
-(:func:`model_registry.conversion.register_converter`). Both use ``onnxmltools``
+The converters of the ``xgboost`` and ``lightgbm`` MLflow flavours (registered in
+:mod:`model_registry.flavors`). Both use ``onnxmltools``
 (``convert_xgboost`` / ``convert_lightgbm``) at the highest default-domain opset that both the
 target Triton release and onnxmltools support; classifiers give ``label`` (``[N]``) and
 ``probabilities`` (``tensor(float) [N, C]``, never a ZipMap), regressors ``variable``
@@ -20,13 +20,10 @@ import copy
 from typing import Any
 
 from ground.exceptions import ModelConversionError
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
 from model_registry.conversion import (
     ConvertedModel,
-    FlavorConverter,
-    _load,
     fix_output_batch_axes,
-    register_converter,
     sanitize_io_names,
     schema_from_signature,
 )
@@ -58,7 +55,7 @@ def _finish(onx: Any, inputs: list, flavor: str, opset: int) -> ConvertedModel:
 
 
 def convert_xgboost(model: Any, signature: Any = None, *, schema: Any = None, model_name: str = "model",
-                    settings: Settings | None = None, input_name: str = "features") -> ConvertedModel:
+                    settings: Settings, input_name: str = "features") -> ConvertedModel:
     """Convert an XGBoost model (``XGBClassifier``/``XGBRegressor`` or ``Booster``) to ONNX.
 
     Feature names are dropped on a copy first: onnxmltools reads splits as ``f<index>``.
@@ -68,7 +65,7 @@ def convert_xgboost(model: Any, signature: Any = None, *, schema: Any = None, mo
     """
     from onnxmltools import convert_xgboost as _convert
 
-    s = settings or get_settings()
+    s = settings
     inputs = schema_from_signature(signature, schema, model_name=model_name, input_name=input_name)
     initial = _initial_types(inputs, model_name)
     native = copy.deepcopy(model)
@@ -85,7 +82,7 @@ def convert_xgboost(model: Any, signature: Any = None, *, schema: Any = None, mo
 
 
 def convert_lightgbm(model: Any, signature: Any = None, *, schema: Any = None, model_name: str = "model",
-                     settings: Settings | None = None, input_name: str = "features") -> ConvertedModel:
+                     settings: Settings, input_name: str = "features") -> ConvertedModel:
     """Convert a LightGBM model (``LGBMClassifier``/``LGBMRegressor`` or ``Booster``) to ONNX.
 
     Raises:
@@ -93,7 +90,7 @@ def convert_lightgbm(model: Any, signature: Any = None, *, schema: Any = None, m
     """
     from onnxmltools import convert_lightgbm as _convert
 
-    s = settings or get_settings()
+    s = settings
     inputs = schema_from_signature(signature, schema, model_name=model_name, input_name=input_name)
     initial = _initial_types(inputs, model_name)
     opset = _opset(s)
@@ -104,8 +101,3 @@ def convert_lightgbm(model: Any, signature: Any = None, *, schema: Any = None, m
                                    f"{type(model).__name__}: {exc}") from exc
     return _finish(onx, inputs, "lightgbm", opset)
 
-
-register_converter(FlavorConverter("xgboost", _load("mlflow.xgboost"), convert_xgboost,
-                                   ("xgboost", "onnxmltools")))
-register_converter(FlavorConverter("lightgbm", _load("mlflow.lightgbm"), convert_lightgbm,
-                                   ("lightgbm", "onnxmltools")))

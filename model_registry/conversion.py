@@ -13,9 +13,10 @@ Supported sources:
   (:mod:`model_registry.boosting`).
 * **ONNX** models pass through (loaded, checked, I/O names made safe).
 
-Flavours are a registry (:func:`register_converter`, :data:`CONVERTERS`): one
-:class:`FlavorConverter` per MLflow flavour says how to load the model, how to convert it, which
-formats it can produce and which packages' versions are its provenance.
+Flavours are a registry in :mod:`model_registry.flavors` (``register_converter``, ``CONVERTERS``,
+``convert_mlflow_model``): the dispatcher above the flavour converters, this module's
+(scikit-learn, ONNX), :mod:`model_registry.pytorch_conversion`'s and :mod:`model_registry.boosting`'s.
+This module holds what every converter shares (tensor schemas, safe names, the result type).
 
 **String columns.** A tabular signature with a string column (e.g. a ``ColumnTransformer`` with a
 ``OneHotEncoder``) becomes one ``[-1, 1]`` tensor per column, named after the column (skl2onnx
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ground.exceptions import ModelConversionError
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
 from model_registry.triton_config import OnnxLike, load_onnx, model_io
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -336,7 +337,7 @@ def convert_sklearn(
     target_opset: int | None = None,
     model_name: str = "model",
     input_name: str = "features",
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> ConvertedModel:
     """Convert a scikit-learn estimator or pipeline to ONNX with ZipMap disabled.
 
@@ -348,7 +349,7 @@ def convert_sklearn(
             limit, capped by what skl2onnx supports). ``ai.onnx.ml`` uses ``max_onnx_ml_opset``.
         model_name: Used in messages and as the graph name.
         input_name: Tensor name for tabular signatures.
-        settings: Settings (default: from the environment).
+        settings: Settings the defaults come from.
 
     Returns:
         ConvertedModel whose classifier outputs are ``label`` (int64 ``[N]``) and
@@ -367,7 +368,6 @@ def convert_sklearn(
         StringTensorType,
     )
 
-    settings = settings or get_settings()
     inputs = schema_from_signature(signature, schema, model_name=model_name, input_name=input_name)
     types = {
         "float32": FloatTensorType, "float64": DoubleTensorType, "int64": Int64TensorType,
@@ -454,7 +454,7 @@ def _dedupe_opsets(model: "onnx.ModelProto") -> "onnx.ModelProto":
 
 
 def sklearn_predict_fn(model: Any) -> Callable[[Any], dict[str, np.ndarray]]:
-    """Source predictor for :func:`model_registry.validation.parity_check`.
+    """Source predictor for :func:`model_registry.parity.parity_check`.
 
     Returns a callable mapping the input array to ``{"label": predict(X), "probabilities":
     predict_proba(X)}`` for classifiers, ``{"variable": predict(X)}`` (skl2onnx's regressor
@@ -519,158 +519,3 @@ def _onnx_to_numpy(onnx_type: str) -> str:
     from model_registry.triton_config import ONNX_TO_TRITON, TRITON_TO_NUMPY
 
     return TRITON_TO_NUMPY.get(ONNX_TO_TRITON.get(onnx_type, ""), "float32")
-
-
-# ----------------------------------------------------------------------------- registry
-@dataclasses.dataclass(frozen=True)
-class FlavorConverter:
-    """How one MLflow flavour is loaded and converted (one registry entry).
-
-    Attributes:
-        flavor: MLflow flavour name (a key of ``MLmodel``'s ``flavors``).
-        load: ``model_uri -> native model`` (e.g. ``mlflow.sklearn.load_model``).
-        convert: ``(native, signature, *, schema, model_name, settings, **kwargs) -> ConvertedModel``.
-        packages: Distributions whose versions are the conversion's provenance (the training
-            library and the converter), see :mod:`model_registry.provenance`.
-        formats: Formats it can produce (``"onnx"``, ``"torchscript"``).
-    """
-
-    flavor: str
-    load: Callable[[str], Any]
-    convert: Callable[..., ConvertedModel]
-    packages: tuple[str, ...]
-    formats: tuple[str, ...] = ("onnx",)
-
-
-#: The registry, in detection order (a model logged with several flavours uses the first).
-CONVERTERS: dict[str, FlavorConverter] = {}
-
-
-def register_converter(converter: FlavorConverter) -> FlavorConverter:
-    """Add (or replace) the converter of ``converter.flavor``; returns it."""
-    CONVERTERS[converter.flavor] = converter
-    return converter
-
-
-def _load(module: str) -> Callable[[str], Any]:
-    def load(uri: str) -> Any:
-        import importlib
-
-        return importlib.import_module(module).load_model(uri)
-
-    return load
-
-
-def _onnx_convert(native: Any, signature: Any, *, schema: Any = None, model_name: str = "model",
-                  settings: Settings | None = None, **kwargs: Any) -> ConvertedModel:
-    return convert_onnx(native, signature, schema=schema, model_name=model_name, **kwargs)
-
-
-register_converter(FlavorConverter("sklearn", _load("mlflow.sklearn"), convert_sklearn,
-                                   ("scikit-learn", "skl2onnx")))
-register_converter(FlavorConverter("pytorch", _load("mlflow.pytorch"),
-                                   lambda *a, **k: convert_pytorch(*a, **k), ("torch",),
-                                   ("onnx", "torchscript")))
-register_converter(FlavorConverter("onnx", _load("mlflow.onnx"), _onnx_convert, ()))
-
-
-def _builtin_converters() -> dict[str, FlavorConverter]:
-    """The registry with the optional flavours (XGBoost, LightGBM) registered."""
-    import model_registry.boosting  # noqa: F401 - registers xgboost and lightgbm
-
-    return CONVERTERS
-
-
-def converter_for(flavors: Sequence[str] | Mapping[str, Any], *, model_name: str = "model") -> FlavorConverter:
-    """The registered converter of the first supported flavour in ``flavors``.
-
-    Raises:
-        ModelConversionError: No flavour is supported (names the flavours and the supported ones).
-    """
-    registry = _builtin_converters()
-    known = set(flavors)
-    for flavor, conv in registry.items():
-        if flavor in known:
-            return conv
-    raise ModelConversionError(
-        f"model {model_name!r} has flavors {sorted(known)}; expected one of {', '.join(registry)}"
-    )
-
-
-# ----------------------------------------------------------------------------- dispatch
-def convert_model(
-    model: Any,
-    flavor: str,
-    signature: Any = None,
-    *,
-    schema: Any = None,
-    model_name: str = "model",
-    settings: Settings | None = None,
-    **kwargs: Any,
-) -> ConvertedModel:
-    """Convert ``model`` of the given MLflow flavour with its registered converter.
-
-    Raises:
-        ModelConversionError: Unknown flavour, or the flavour's converter failed.
-    """
-    registry = _builtin_converters()
-    if flavor not in registry:
-        raise ModelConversionError(
-            f"flavor={flavor!r} is not supported (expected one of {', '.join(repr(f) for f in registry)})"
-        )
-    return registry[flavor].convert(model, signature, schema=schema, model_name=model_name,
-                                    settings=settings, **kwargs)
-
-
-def convert_mlflow_model(
-    model_uri: str,
-    *,
-    schema: Any = None,
-    model_name: str | None = None,
-    settings: Settings | None = None,
-    export_format: str = "onnx",
-    **kwargs: Any,
-) -> ConvertedModel:
-    """Load an MLflow model by URI, pick its flavour's converter and convert it with its signature.
-
-    Args:
-        model_uri: ``models:/name/1``, ``runs:/...`` or a local path.
-        schema: Explicit schema for a model logged without a signature.
-        model_name: Used in messages (default: last URI segment).
-        settings: Settings (default: from the environment).
-        export_format: ``"onnx"`` (every flavour) or ``"torchscript"`` (PyTorch only).
-        **kwargs: Passed to the flavour's converter (e.g. ``target_opset``).
-
-    Raises:
-        ModelConversionError: No supported flavour, a format the flavour cannot produce, no
-            signature and no schema, or conversion failed.
-    """
-    import mlflow
-
-    info = mlflow.models.get_model_info(model_uri)
-    name = model_name or model_uri.rstrip("/").split("/")[-1]
-    conv = converter_for(info.flavors, model_name=name)
-    if export_format not in conv.formats:
-        raise ModelConversionError(
-            f"model {name!r} ({conv.flavor}): export_format={export_format!r} is not available "
-            f"(expected one of {list(conv.formats)})"
-        )
-    if "torchscript" in conv.formats:
-        kwargs["export_format"] = export_format
-    native = conv.load(model_uri)
-    return convert_model(native, conv.flavor, info.signature, schema=schema, model_name=name,
-                         settings=settings, **kwargs)
-
-
-def convert_pytorch(*args: Any, **kwargs: Any) -> ConvertedModel:
-    """:func:`model_registry.pytorch_conversion.convert_pytorch` (PyTorch to ONNX or TorchScript)."""
-    from model_registry.pytorch_conversion import convert_pytorch as _convert
-
-    return _convert(*args, **kwargs)
-
-
-def verify_torchscript(*args: Any, **kwargs: Any) -> dict[str, float]:
-    """:func:`model_registry.pytorch_conversion.verify_torchscript`."""
-    from model_registry.pytorch_conversion import verify_torchscript as _verify
-
-    return _verify(*args, **kwargs)

@@ -18,17 +18,17 @@ import pandas as pd
 
 from ground.exceptions import DataError, TrainingError
 from model_registry.noaa_model import TrainedModel
+from model_registry.registry_client import pinned_mlflow_uris
 from model_registry.registry_entities import CHALLENGER_ALIAS, TAG_PREFIX
 from model_registry.training_registration import (
     DEFAULT_EXPERIMENT,
     MODEL_ARTIFACT_NAME,
     Lineage,
     RegisteredVersion,
-    _experiment_id,
-    _lineage_records,
-    _register,
-    _tracking,
+    experiment_id_for,
+    lineage_records,
     log_and_register,
+    register_with_rollback,
     window_lineage,
 )
 
@@ -131,7 +131,7 @@ def _register_logged(client: Any, *, model_uri: str, run_id: str, window: pd.Dat
     if run_id:
         with contextlib.suppress(Exception):
             metrics = dict(client.get_run(run_id).data.metrics)
-    params, tags = _lineage_records(metrics, info, lineage)
+    params, tags = lineage_records(metrics, info, lineage)
     if run_id:
         existing = client.get_run(run_id).data.params
         for key, value in params.items():
@@ -139,7 +139,7 @@ def _register_logged(client: Any, *, model_uri: str, run_id: str, window: pd.Dat
                 client.log_param(run_id, key, value)
         for key, value in tags.items():
             client.set_tag(run_id, key, value)
-    return _register(client, name=name, model_uri=model_uri, run_id=run_id,
+    return register_with_rollback(client, name=name, model_uri=model_uri, run_id=run_id,
                      tags={**tags, TAG_PREFIX + "training_run_id": run_id}, alias=alias,
                      description=f"Retrained ({lineage.reason}) on {info['window_start']} .. "
                                  f"{info['window_end']}, {info['window_rows']} rows.")
@@ -179,7 +179,7 @@ def run_entry_point(entry: EntryPoint | str | Mapping[str, Any], window: pd.Data
     if ep.kind == "callable":
         fn = resolve_callable(ep.target)
         ok = False
-        with _tracking(tracking_uri):
+        with pinned_mlflow_uris(tracking_uri):
             try:
                 result = fn(window, params=merged)
                 ok = True
@@ -208,10 +208,10 @@ def run_entry_point(entry: EntryPoint | str | Mapping[str, Any], window: pd.Data
     # MLflow Project
     import mlflow.projects
 
-    with tempfile.TemporaryDirectory(prefix="tritonflow-window-") as tmp, _tracking(tracking_uri):
+    with tempfile.TemporaryDirectory(prefix="tritonflow-window-") as tmp, pinned_mlflow_uris(tracking_uri):
         path = Path(tmp) / "window.parquet"
         window.to_parquet(path, index=False)
-        exp_id = _experiment_id(client, experiment)
+        exp_id = experiment_id_for(client, experiment)
         try:
             submitted = mlflow.projects.run(
                 ep.target, entry_point=ep.entry_point,

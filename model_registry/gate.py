@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class SourceModel:
             try:
                 self.raw = self.pyfunc.get_raw_model()
             except (NotImplementedError, AttributeError):
-                from model_registry.conversion import CONVERTERS
+                from model_registry.flavors import CONVERTERS
 
                 self.raw = CONVERTERS[flavor].load(model_uri)
 
@@ -253,7 +253,7 @@ def validate_model(
     max_batch_size: int = 32,
     export_format: str = "onnx",
     schema: Any = None,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> GateResult:
     """Convert, check, build the config and run the parity gate (see the module docstring).
 
@@ -268,14 +268,14 @@ def validate_model(
         max_batch_size: 0 disables batching (a fixed batch axis falls back to 0).
         export_format: ``onnx`` or ``torchscript`` (PyTorch only).
         schema: Explicit input schema for a model without signature.
-        settings: Settings (default: from the environment).
+        settings: Settings the defaults come from.
 
     Raises:
         ModelConversionError, ModelValidationError, ModelConfigError: Conversion or a pre-push
             check failed (nothing to publish).
     """
     from model_registry.analyzer_config import parse_int_list
-    from model_registry.conversion import convert_mlflow_model, converter_for
+    from model_registry.flavors import convert_mlflow_model, converter_for
     from model_registry.hardware import inventory, plan_instances
     from model_registry.parity import parity_check
     from model_registry.provenance import provenance
@@ -288,7 +288,7 @@ def validate_model(
         validation_sample,
     )
 
-    s = settings or get_settings()
+    s = settings
     a = s.parity_atol if atol is None else float(atol)
     r = s.parity_rtol if rtol is None else float(rtol)
     converted = convert_mlflow_model(model_uri, schema=schema, model_name=model_name, settings=s,
@@ -428,7 +428,7 @@ def local_model(model_uri: str, download_dir: str | None = None) -> tuple[str, A
     from mlflow.models import Model
 
     from ground.exceptions import ModelConversionError
-    from model_registry.registry_entities import ModelIO, _schema_to_tensors
+    from model_registry.registry_entities import ModelIO, schema_to_tensors
 
     path = model_uri[len("file://"):] if model_uri.startswith("file://") else model_uri
     if not os.path.isdir(path):
@@ -443,6 +443,6 @@ def local_model(model_uri: str, download_dir: str | None = None) -> tuple[str, A
     example = model.load_input_example(path) if model.saved_input_example_info else None
     if model.signature is None:
         return path, ModelIO((), (), "none", "none", has_signature=False, input_example=example)
-    inputs, in_kind = _schema_to_tensors(model.signature.inputs)
-    outputs, out_kind = _schema_to_tensors(model.signature.outputs)
+    inputs, in_kind = schema_to_tensors(model.signature.inputs)
+    outputs, out_kind = schema_to_tensors(model.signature.outputs)
     return path, ModelIO(inputs, outputs, in_kind, out_kind, True, example)

@@ -20,7 +20,7 @@ import os
 from typing import Any, Sequence
 
 from ground.exceptions import InsufficientMemoryError, SettingsError
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +260,7 @@ def plan_instances(
     hardware: HardwareInventory | None = None,
     prefer_gpu: bool = True,
     max_instances: int | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> InstancePlan:
     """Choose KIND_GPU or KIND_CPU and the instance count within a memory budget.
 
@@ -276,13 +276,13 @@ def plan_instances(
         hardware: Inventory (default: :func:`inventory`).
         prefer_gpu: Use GPUs when present and one instance fits.
         max_instances: Upper bound on the count.
-        settings: Settings (default: from the environment).
+        settings: Settings the defaults come from.
 
     Raises:
         SettingsError: ``model_bytes`` or ``max_instances`` is not positive.
         InsufficientMemoryError: Not even one instance fits on the host (and no GPU fits).
     """
-    s = settings or get_settings()
+    s = settings
     if model_bytes <= 0:
         raise SettingsError(f"model_bytes={model_bytes} is invalid (expected > 0 bytes)")
     limit = s.max_instance_count if max_instances is None else max_instances

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ground.exceptions import ParityError
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnxruntime
@@ -112,12 +112,17 @@ class ParityResult:
         return f"parity gate failed for model {model_name!r}: " + "; ".join(parts)
 
 
-def _per_output(value: float | Mapping[str, float] | None, name: str, default: float) -> float:
-    if value is None:
-        return default
+def _tolerance(value: float | Mapping[str, float] | None, name: str, settings: Settings | None,
+               field: str) -> float:
+    """``value`` for output ``name``; ``settings.<field>`` when it is None or a mapping without ``name``."""
     if isinstance(value, Mapping):
-        return float(value.get(name, default))
-    return float(value)
+        if name in value:
+            return float(value[name])
+    elif value is not None:
+        return float(value)
+    if settings is None:
+        raise ValueError(f"parity_check needs settings for the {field} of output {name!r}: none was given")
+    return float(getattr(settings, field))
 
 
 def _as_outputs(result: Any) -> dict[str, np.ndarray] | np.ndarray:
@@ -171,24 +176,25 @@ def parity_check(
         worst_k: How many worst rows to report per output.
         raise_on_failure: Raise :class:`ParityError` when any output fails (default True).
         model_name: Used in messages.
-        settings: Settings (default: from the environment).
+        settings: Where ``atol``, ``rtol`` and ``min_label_agreement`` come from when they are
+            None (or an output is missing from a mapping); may be None when all are given.
 
     Returns:
         ParityResult with per-output max abs/rel error and worst rows.
 
     Raises:
+        ValueError: A tolerance is needed from ``settings`` and none were given.
         ParityError: An output is out of tolerance (names the output, the worst rows, the max
             absolute and relative errors), or source and ONNX outputs cannot be matched.
     """
     from model_registry.validation import make_runner
 
-    s = settings or get_settings()
     onnx_out = make_runner(onnx_model, model_name)(dict(sample))
     if source_sample is None:
         source_sample = next(iter(sample.values())) if len(sample) == 1 else dict(sample)
     src = _as_outputs(source_predict(source_sample))
     pairs = _match_outputs(src, onnx_out, output_map, model_name)
-    min_agree = s.parity_min_label_agreement if min_label_agreement is None else min_label_agreement
+    min_agree = _tolerance(min_label_agreement, "(label outputs)", settings, "parity_min_label_agreement")
     labels = set(label_outputs or ())
     rows = _n_rows(sample)
     results: dict[str, OutputParity] = {}
@@ -215,8 +221,8 @@ def parity_check(
                                          int(bad.size), bad[:worst_k].tolist(), agreement >= min_agree,
                                          label_flips=int(bad.size))
             continue
-        a = _per_output(atol, name, s.parity_atol)
-        r = _per_output(rtol, name, s.parity_rtol)
+        a = _tolerance(atol, name, settings, "parity_atol")
+        r = _tolerance(rtol, name, settings, "parity_rtol")
         w = w.astype(np.float64)
         g = g.astype(np.float64)
         diff = np.abs(g - w)

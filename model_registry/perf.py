@@ -11,11 +11,14 @@
   band is the larger relative spread (max - min) / median of either model's p99 passes (what
   repeating the same measurement moves). The practitioners' pipeline this comes
   from blocks a release whose p99 latency regresses (``shared/references``).
-* :func:`scratch_triton` starts a throwaway local Triton on free ports with some models loaded
-  (the perf gate and Model Analyzer's confirmation passes measure on one).
-* :func:`perf_regression_gate` starts a local Triton (the Triton tools environment, explicit
-  model control) over a temporary repository holding the champion and the challenger side by
-  side, measures both at the champion's concurrency, and returns :class:`PerfGateResult`.
+* :func:`perf_regression_gate` starts a throwaway local Triton (``tools.scratch_server``: the
+  Triton tools environment, explicit model control, free ports) over a temporary repository
+  holding the champion and the challenger side by side, measures both at the champion's
+  concurrency, and returns :class:`PerfGateResult`.
+
+The binaries, their environment and the server starter come in a
+:class:`~model_registry.triton_tools.TritonTools` that the caller builds
+(``tritonflow.runtime.triton_tools.triton_tools``); this module never imports the runtime.
 
 A failure of the tools (perf_analyzer missing, Triton not starting, a pass that errors) raises
 :class:`~ground.exceptions.TransientError`: it is never a verdict on the model.
@@ -23,7 +26,6 @@ A failure of the tools (perf_analyzer missing, Triton not starting, a pass that 
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
 import io
@@ -34,12 +36,13 @@ import statistics
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ground.exceptions import TransientError
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
+from model_registry.triton_tools import TritonTools
 
 #: perf_analyzer's message when its stability criterion is not met.
 PA_UNSTABLE_MESSAGE = "Failed to obtain stable measurement"
@@ -96,7 +99,7 @@ def input_data_json(config: Any, sample: Mapping[str, np.ndarray], path: str | P
     return p
 
 
-def run_pass(model: str, url: str, concurrency: int, *, settings: Settings | None = None,
+def run_pass(model: str, url: str, concurrency: int, *, tools: TritonTools, settings: Settings,
              measurement_ms: int = 1000, input_data: str | Path | None = None, max_trials: int = 5,
              stability_percentage: int | None = None, timeout_s: float = 120.0) -> PerfPass:
     """One perf_analyzer pass over HTTP at one concurrency (batch 1).
@@ -105,16 +108,28 @@ def run_pass(model: str, url: str, concurrency: int, *, settings: Settings | Non
     ``analyzer_stability_cv * 100``); p99 comes from its CSV report. A pass it could not stabilise
     is returned with ``stable=False`` and NaN figures.
 
+    Args:
+        model: Model loaded on the Triton at ``url``.
+        url: Triton's HTTP endpoint (``host:port``).
+        concurrency: Client concurrency.
+        tools: The Triton tools (``perf_analyzer`` and its environment).
+        settings: Source of the default stability criterion (``analyzer_stability_cv``).
+        measurement_ms: perf_analyzer's measurement window, milliseconds.
+        input_data: perf_analyzer ``--input-data`` JSON (None: random data).
+        max_trials: perf_analyzer's trials before it gives up stabilising.
+        stability_percentage: perf_analyzer's stability criterion, percent.
+        timeout_s: Limit for the pass, seconds.
+
+    Returns:
+        The pass: throughput (inferences/s), p99 latency (ms) and perf_analyzer's stability verdict.
+
     Raises:
         TransientError: perf_analyzer is missing, timed out or failed (the output tail included).
     """
-    from tritonflow.runtime.services import triton_environment
-
-    s = settings or get_settings()
-    binary = perf_analyzer_path(s)
+    binary = tools.perf_analyzer
     if not binary.is_file():
         raise TransientError(f"perf_analyzer not found at {binary}; run scripts/setup.sh")
-    stab = int(round(s.analyzer_stability_cv * 100)) if stability_percentage is None else stability_percentage
+    stab = int(round(settings.analyzer_stability_cv * 100)) if stability_percentage is None else stability_percentage
     with tempfile.TemporaryDirectory(prefix="tritonflow-pa-") as tmp:
         report = Path(tmp) / "report.csv"
         argv = [str(binary), "-m", model, "-u", url, "-i", "http", f"--concurrency-range={concurrency}",
@@ -123,7 +138,7 @@ def run_pass(model: str, url: str, concurrency: int, *, settings: Settings | Non
         if input_data:
             argv.append(f"--input-data={input_data}")
         try:
-            proc = subprocess.run(argv, env=triton_environment(s), capture_output=True, text=True, timeout=timeout_s)
+            proc = subprocess.run(argv, env=dict(tools.environment), capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as exc:
             raise TransientError(f"perf_analyzer on {model!r} ran past {timeout_s:g} s") from exc
         out = proc.stdout + proc.stderr
@@ -140,15 +155,32 @@ def run_pass(model: str, url: str, concurrency: int, *, settings: Settings | Non
                     not unstable and proc.returncode == 0)
 
 
-def measure_interleaved(models: Sequence[str], url: str, concurrency: int, *, passes: int = MIN_PASSES,
-                        settings: Settings | None = None, measurement_ms: int = 1000,
+def measure_interleaved(models: Sequence[str], url: str, concurrency: int, *, tools: TritonTools,
+                        settings: Settings, passes: int = MIN_PASSES, measurement_ms: int = 1000,
                         input_data: Mapping[str, str | Path | None] | None = None,
                         stability_percentage: int | None = None, max_trials: int = 5) -> dict[str, list[PerfPass]]:
     """At least ``passes`` stable perf_analyzer passes per model on one Triton, interleaved.
 
     The order is reversed every other round (A B, B A, ...). Rounds go on while a model has fewer than
-    ``passes`` stable passes, at most ``2 * passes`` rounds. Returns ``{model: [PerfPass, ...]}`` in
-    measurement order (unstable passes included, flagged).
+    ``passes`` stable passes, at most ``2 * passes`` rounds.
+
+    Args:
+        models: Models loaded on the Triton at ``url``.
+        url: Triton's HTTP endpoint (``host:port``).
+        concurrency: Client concurrency.
+        tools: The Triton tools (``perf_analyzer`` and its environment).
+        settings: Source of the default stability criterion (:func:`run_pass`).
+        passes: Stable passes wanted per model.
+        measurement_ms: perf_analyzer's measurement window, milliseconds.
+        input_data: ``{model: --input-data JSON}`` (missing: random data).
+        stability_percentage: perf_analyzer's stability criterion, percent.
+        max_trials: perf_analyzer's trials per pass.
+
+    Returns:
+        ``{model: [PerfPass, ...]}`` in measurement order (unstable passes included, flagged).
+
+    Raises:
+        TransientError: A pass failed (:func:`run_pass`).
     """
     out: dict[str, list[PerfPass]] = {m: [] for m in models}
     for rnd in range(2 * passes):
@@ -156,61 +188,10 @@ def measure_interleaved(models: Sequence[str], url: str, concurrency: int, *, pa
             break
         order = list(models) if rnd % 2 == 0 else list(reversed(models))
         for m in order:
-            out[m].append(run_pass(m, url, concurrency, settings=settings, measurement_ms=measurement_ms,
+            out[m].append(run_pass(m, url, concurrency, tools=tools, settings=settings, measurement_ms=measurement_ms,
                                    input_data=(input_data or {}).get(m), max_trials=max_trials,
                                    stability_percentage=stability_percentage))
     return out
-
-
-@contextlib.contextmanager
-def scratch_triton(settings: Settings, repository: str | Path, models: Sequence[str], *, home: str | Path,
-                   purpose: str) -> Iterator[str]:
-    """A throwaway local Triton over ``repository`` with ``models`` loaded, stopped on exit.
-
-    The server runs from a copy of ``settings`` with its own ``home`` and free HTTP, gRPC and
-    metrics ports (explicit model control, the Triton tools environment), so it never collides
-    with the serving Triton or another scratch one. Used by the perf gate
-    (:func:`perf_regression_gate`) and Model Analyzer's confirmation passes
-    (:func:`model_registry.analyzer.measure_config_passes`).
-
-    Args:
-        settings: Settings the scratch server's are copied from.
-        repository: Model repository folder; each of ``models`` is a folder in it.
-        models: Model names to load before yielding.
-        home: Folder for the server's state and logs.
-        purpose: What the server is for, named in error messages (e.g. ``"the perf gate"``).
-
-    Yields:
-        The server's HTTP URL (``http://127.0.0.1:<port>``).
-
-    Raises:
-        TransientError: Triton did not start or a model did not load: the tool failed, which is
-            never a verdict on the model.
-    """
-    from ground.exceptions import RuntimeStartError
-    from tritonflow.runtime.services import TritonServer, free_port
-
-    ts = dataclasses.replace(settings, home=Path(home), triton_http_port=free_port(),
-                             triton_grpc_port=free_port(), triton_metrics_port=free_port())
-    server = TritonServer(ts, repository=str(repository))
-    try:
-        server.start()
-    except RuntimeStartError as exc:
-        raise TransientError(f"Triton for {purpose} did not start: {exc}") from exc
-    try:
-        import tritonclient.http as httpclient
-
-        client = httpclient.InferenceServerClient(server.http_url, network_timeout=300.0)
-        try:
-            for model in models:
-                client.load_model(model)
-        except Exception as exc:  # noqa: BLE001 - a load failure here is the tool's, not a verdict
-            raise TransientError(f"could not load {list(models)} for {purpose}: {exc}") from exc
-        finally:
-            client.close()
-        yield server.http_url
-    finally:
-        server.stop()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,7 +292,7 @@ def perf_regression_gate(champion_dir: str | Path, challenger_dir: str | Path, *
                          passes: int = MIN_PASSES, max_regression: float | None = None,
                          min_regression_ms: float | None = None,
                          measurement_ms: int = 1000, samples: Mapping[str, Mapping[str, np.ndarray]] | None = None,
-                         stability_percentage: int = 30, settings: Settings | None = None) -> PerfGateResult:
+                         stability_percentage: int = 30, tools: TritonTools, settings: Settings) -> PerfGateResult:
     """Measure champion and challenger on one local Triton, interleaved, and decide on p99.
 
     Args:
@@ -326,15 +307,20 @@ def perf_regression_gate(champion_dir: str | Path, challenger_dir: str | Path, *
         samples: ``{"champion"|"challenger": validation feeds}`` used as ``--input-data``.
         stability_percentage: perf_analyzer's stability criterion per pass (the gate's own noise
             band handles pass-to-pass variation, so it is looser than profiling's).
-        settings: Settings (default: from the environment).
+        tools: The Triton tools (``perf_analyzer``, the scratch Triton starter).
+        settings: Default ``max_regression``, ``min_regression_ms`` and stability criterion.
+
+    Returns:
+        The verdict, the concurrency and every measured pass per model.
 
     Raises:
+        ValueError: ``passes`` is below 3.
         TransientError: perf_analyzer or Triton failed, or fewer than 3 passes per model were
             stable (never a verdict on the model).
     """
     from model_registry.triton_config import read_config, to_pbtxt
 
-    s = settings or get_settings()
+    s = settings
     limit = s.max_p99_regression if max_regression is None else max_regression
     if passes < MIN_PASSES:
         raise ValueError(f"passes={passes} is invalid (expected >= {MIN_PASSES})")
@@ -350,8 +336,9 @@ def perf_regression_gate(champion_dir: str | Path, challenger_dir: str | Path, *
             (dest / "config.pbtxt").write_text(to_pbtxt(cfg))
             sample = (samples or {}).get(role)
             data[role] = input_data_json(cfg, sample, work / f"{role}.json") if sample is not None else None
-        with scratch_triton(s, repo, ["champion", "challenger"], home=work / "home", purpose="the perf gate") as url:
-            measured = measure_interleaved(["champion", "challenger"], url, concurrency,
+        with tools.scratch_server(repo, ["champion", "challenger"], home=work / "home",
+                                  purpose="the perf gate") as url:
+            measured = measure_interleaved(["champion", "challenger"], url, concurrency, tools=tools,
                                            passes=passes, settings=s, measurement_ms=measurement_ms,
                                            input_data=data, stability_percentage=stability_percentage,
                                            max_trials=10)

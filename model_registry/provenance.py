@@ -5,7 +5,7 @@ publish pipeline writes :func:`provenance` as ``tritonflow.provenance.*`` tags o
 version (:func:`provenance_tags`) and as the ``provenance`` field of the validation report.
 
 Recorded: the training library and the converter of the model's flavour
-(:attr:`model_registry.conversion.FlavorConverter.packages`: scikit-learn, xgboost, lightgbm,
+(:attr:`model_registry.flavors.FlavorConverter.packages`: scikit-learn, xgboost, lightgbm,
 torch, skl2onnx, onnxmltools), always onnx and onnxruntime (the parity gate's runtime), the ONNX
 IR version and every opset of the converted file, and the target serving release.
 """

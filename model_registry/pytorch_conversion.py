@@ -1,6 +1,6 @@
 """PyTorch conversion: ``nn.Module`` to ONNX (dynamic batch axis) or TorchScript (traced in eval).
 
-The registry entry of the ``pytorch`` MLflow flavour (:mod:`model_registry.conversion`). Both
+The converter of the ``pytorch`` MLflow flavour (registered in :mod:`model_registry.flavors`). Both
 formats deep-copy the module, put it in ``eval()`` and export/trace under ``torch.no_grad()``;
 TorchScript results must pass :func:`verify_torchscript`. TorchScript tensors are named
 by NVIDIA's libtorch convention (``<name>__<index>``, outputs ``output__<index>``), so the same
@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ground.exceptions import ModelConversionError, ModelValidationError
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
 from model_registry.conversion import (
     SAFE_NAME,
     ConvertedModel,
@@ -57,7 +57,7 @@ def convert_pytorch(
     target_opset: int | None = None,
     export_format: str = "onnx",
     model_name: str = "model",
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> ConvertedModel:
     """Convert a PyTorch module to ONNX (dynamic batch axis) or TorchScript (traced in eval).
 
@@ -76,7 +76,7 @@ def convert_pytorch(
             highest the TorchScript-based exporter emits reliably).
         export_format: ``"onnx"`` or ``"torchscript"``.
         model_name: Used in messages.
-        settings: Settings (default: from the environment).
+        settings: Settings the defaults come from.
 
     Raises:
         ModelConversionError: No signature/schema, bad arguments, or the exporter failed.
@@ -84,7 +84,6 @@ def convert_pytorch(
     """
     import torch
 
-    settings = settings or get_settings()
     if export_format not in {"onnx", "torchscript"}:
         raise ModelConversionError(
             f"export_format={export_format!r} is invalid (expected 'onnx' or 'torchscript')"
@@ -151,7 +150,7 @@ def verify_torchscript(
     eager_module: Any,
     sample: Sequence[Any],
     *,
-    atol: float | None = None,
+    atol: float,
     model_name: str = "model",
 ) -> dict[str, float]:
     """Check a TorchScript module against the eager module in eval mode.
@@ -164,7 +163,7 @@ def verify_torchscript(
         scripted: ``torch.jit.ScriptModule`` to check.
         eager_module: The source ``nn.Module`` (deep-copied and put in eval; not modified).
         sample: Input tensors (a fixed sample).
-        atol: Max abs difference (default ``settings.torchscript_atol``, 1e-5).
+        atol: Max abs difference (the converter passes ``settings.torchscript_atol``, 1e-5).
         model_name: Used in messages.
 
     Returns:
@@ -175,7 +174,6 @@ def verify_torchscript(
     """
     import torch
 
-    atol = get_settings().torchscript_atol if atol is None else atol
     ref_net = copy.deepcopy(eager_module).eval()
     args = tuple(sample)
     with torch.no_grad():
@@ -200,7 +198,7 @@ def verify_torchscript(
         raise ModelValidationError(
             f"model {model_name!r}: TorchScript check failed: " + "; ".join(problems)
             + ". The module was probably traced in train mode: call model.eval() and trace "
-            "under torch.no_grad() (model_registry.conversion.convert_pytorch does this)"
+            "under torch.no_grad() (model_registry.pytorch_conversion.convert_pytorch does this)"
         )
     return {"max_abs_diff": diff, "repeat_max_abs_diff": rep}
 
@@ -239,7 +237,7 @@ def validate_torchscript_for_push(
     sample: Any,
     *,
     model_name: str | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> Any:
     """Pre-push checks of a TorchScript model and its config.
 
@@ -257,7 +255,7 @@ def validate_torchscript_for_push(
         ModelValidationError / ModelConfigError: Naming the model, the check and the tensor.
     """
     from model_registry.triton_config import declared_io, validate_config
-    from model_registry.validation import ValidationReport, _rows, _same, check_finite
+    from model_registry.validation import ValidationReport, check_finite, outputs_match, take_rows
 
     name = model_name or config.name or "model"
     if config.platform != "pytorch_libtorch":
@@ -271,14 +269,14 @@ def validate_torchscript_for_push(
     run = torchscript_runner(converted.torchscript, converted.inputs, converted.outputs)
     n = min(len(np.asarray(v)) for v in sample.values())
     try:
-        one = run(_rows(sample, [0]))
+        one = run(take_rows(sample, [0]))
         sizes = [1]
         b = min(int(config.max_batch_size), 3)
         if b >= 2:
-            many = run(_rows(sample, [i % n for i in range(b)]))
+            many = run(take_rows(sample, [i % n for i in range(b)]))
             sizes.append(b)
             for out, arr in one.items():
-                if many[out].shape[0] != b or not _same(many[out][:1], arr, 1e-5, 1e-4):
+                if many[out].shape[0] != b or not outputs_match(many[out][:1], arr, 1e-5, 1e-4):
                     raise ModelValidationError(
                         f"model {name!r}: output {out!r} of row 0 differs between batch 1 and batch "
                         f"{b} (or loses the batch axis); the outputs depend on the batch"

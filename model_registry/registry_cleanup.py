@@ -12,7 +12,7 @@ from typing import Mapping
 
 from ground.exceptions import RegistryError
 from model_registry.registry_client import RegistryClientBase
-from model_registry.registry_entities import GcPlan, ModelVersionRef, _as_version, _translate
+from model_registry.registry_entities import GcPlan, ModelVersionRef, as_version, translate_mlflow_error
 
 
 class CleanupMixin(RegistryClientBase):
@@ -46,7 +46,7 @@ class CleanupMixin(RegistryClientBase):
         """
         if keep_latest < 0:
             raise RegistryError(f"keep_latest={keep_latest!r} must be >= 0")
-        deployed = {_as_version(v, "deployed_versions item") for v in deployed_versions}
+        deployed = {as_version(v, "deployed_versions item") for v in deployed_versions}
         aliases = self.aliases(name)
         versions = self.versions(name)
         newest = {r.version for r in versions[len(versions) - keep_latest:]} if keep_latest else set()
@@ -73,8 +73,8 @@ class CleanupMixin(RegistryClientBase):
             RegistryError: The version is still needed (the message names the reason) or missing.
             ConcurrencyError: Lock not acquired in time.
         """
-        v = _as_version(version)
-        deployed = {_as_version(x, "deployed_versions item") for x in deployed_versions}
+        v = as_version(version)
+        deployed = {as_version(x, "deployed_versions item") for x in deployed_versions}
         with self._attempt(name, "delete", requested_version=v) as rec:
             with self.lock.hold(name, self.lock_timeout_s):
                 ref = self.get_version(name, v)
@@ -84,7 +84,7 @@ class CleanupMixin(RegistryClientBase):
                 try:
                     self.client.delete_model_version(name, str(v))
                 except Exception as exc:  # noqa: BLE001
-                    raise _translate(exc, f"deleting model {name!r} version {v}") from exc
+                    raise translate_mlflow_error(exc, f"deleting model {name!r} version {v}") from exc
                 rec["outcome"] = "deleted"
 
     def apply_garbage_collection(self, plan: GcPlan,

@@ -23,24 +23,24 @@ from typing import Any, Iterator, Mapping
 
 from ground.exceptions import ConcurrencyError, DataError, RegistryError
 from model_registry.registry_entities import (
-    _TAG_KEY_RE,
     AUDIT_TAG_PREFIX,
     CHAMPION_ALIAS,
     DEFAULT_PUBLISH_EXPERIMENT,
     MAX_TAG_VALUE_LENGTH,
+    TAG_KEY_RE,
     AuditEntry,
     ModelIO,
     ModelReference,
     ModelVersionRef,
     PublishRecord,
-    _as_version,
-    _error_code,
-    _is_not_found,
-    _now_iso,
-    _quote,
-    _schema_to_tensors,
-    _translate,
+    as_version,
+    is_not_found,
+    mlflow_error_code,
+    now_iso,
     parse_model_reference,
+    quote_filter_value,
+    schema_to_tensors,
+    translate_mlflow_error,
 )
 from model_registry.registry_locks import DEFAULT_LOCK_TIMEOUT_S, DatabaseLock, PromotionLock
 
@@ -130,13 +130,13 @@ class RegistryClientBase:
             RegistryError: The model or version does not exist (message names both).
             ServiceUnavailableError: MLflow did not answer.
         """
-        v = _as_version(version)
+        v = as_version(version)
         try:
             return self._to_ref(self.client.get_model_version(name, str(v)))
         except Exception as exc:  # noqa: BLE001
-            if _is_not_found(exc):
+            if is_not_found(exc):
                 raise RegistryError(f"model {name!r} has no version {v} (deleted or never registered)") from None
-            raise _translate(exc, f"reading model {name!r} version {v}") from exc
+            raise translate_mlflow_error(exc, f"reading model {name!r} version {v}") from exc
 
     def aliases(self, name: str) -> dict[str, int]:
         """Alias -> version of registered model ``name`` (as MLflow stores them).
@@ -147,9 +147,9 @@ class RegistryClientBase:
         try:
             rm = self.client.get_registered_model(name)
         except Exception as exc:  # noqa: BLE001
-            if _is_not_found(exc):
+            if is_not_found(exc):
                 raise RegistryError(f"registered model {name!r} does not exist") from None
-            raise _translate(exc, f"reading registered model {name!r}") from exc
+            raise translate_mlflow_error(exc, f"reading registered model {name!r}") from exc
         return {a: int(v) for a, v in (rm.aliases or {}).items()}
 
     def resolve_alias(self, name: str, alias: str) -> ModelVersionRef:
@@ -173,9 +173,9 @@ class RegistryClientBase:
     def versions(self, name: str) -> list[ModelVersionRef]:
         """All versions of model ``name``, ascending by version number, with their aliases."""
         try:
-            mvs = self.client.search_model_versions(f"name='{_quote(name)}'")
+            mvs = self.client.search_model_versions(f"name='{quote_filter_value(name)}'")
         except Exception as exc:  # noqa: BLE001
-            raise _translate(exc, f"listing versions of model {name!r}") from exc
+            raise translate_mlflow_error(exc, f"listing versions of model {name!r}") from exc
         # search_model_versions does not fill in aliases: take them from the registered model.
         by_version: dict[int, list[str]] = {}
         for alias, v in (self.aliases(name) if mvs else {}).items():
@@ -265,7 +265,7 @@ class RegistryClientBase:
         try:
             location = self.client.get_model_version_download_uri(ref.name, str(ref.version))
         except Exception as exc:  # noqa: BLE001
-            raise _translate(exc, f"locating artifacts of {ref.uri}") from exc
+            raise translate_mlflow_error(exc, f"locating artifacts of {ref.uri}") from exc
         with tempfile.TemporaryDirectory(prefix="tritonflow-mlmodel-") as tmp:
             try:
                 mlflow.artifacts.download_artifacts(
@@ -273,7 +273,7 @@ class RegistryClientBase:
                 )
                 model = Model.load(os.path.join(tmp, "MLmodel"))
             except Exception as exc:  # noqa: BLE001
-                raise _translate(exc, f"reading MLmodel of {ref.uri} at {location}") from exc
+                raise translate_mlflow_error(exc, f"reading MLmodel of {ref.uri} at {location}") from exc
             signature = model.signature
             if signature is None:
                 if require_signature:
@@ -285,8 +285,8 @@ class RegistryClientBase:
                 return ModelIO((), (), "none", "none", has_signature=False,
                                input_example=self._load_example(model, location, tmp, ref))
             example = self._load_example(model, location, tmp, ref)
-        inputs, in_kind = _schema_to_tensors(signature.inputs)
-        outputs, out_kind = _schema_to_tensors(signature.outputs)
+        inputs, in_kind = schema_to_tensors(signature.inputs)
+        outputs, out_kind = schema_to_tensors(signature.outputs)
         return ModelIO(inputs, outputs, in_kind, out_kind, True, example)
 
     def _load_example(self, model: Any, location: str, tmp: str, ref: ModelVersionRef) -> Any:
@@ -302,7 +302,7 @@ class RegistryClientBase:
             )
             return model.load_input_example(tmp)
         except Exception as exc:  # noqa: BLE001
-            raise _translate(exc, f"reading the input example of {ref.uri}") from exc
+            raise translate_mlflow_error(exc, f"reading the input example of {ref.uri}") from exc
 
     # ------------------------------------------------------------------ writing
     def set_version_tags(self, ref: ModelVersionRef, tags: Mapping[str, Any]) -> dict[str, str]:
@@ -321,7 +321,7 @@ class RegistryClientBase:
         """
         written: dict[str, str] = {}
         for key, value in tags.items():
-            if not isinstance(key, str) or not _TAG_KEY_RE.match(key) or len(key) > 250:
+            if not isinstance(key, str) or not TAG_KEY_RE.match(key) or len(key) > 250:
                 raise RegistryError(f"tag key {key!r} must be 1-250 of letters, digits, '_-./ '")
             text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
             if len(text) > MAX_TAG_VALUE_LENGTH:
@@ -341,7 +341,7 @@ class RegistryClientBase:
                     # now, so writing it again is an update.
                     if attempt == 1 and _TAG_INSERT_RACE.search(str(exc)):
                         continue
-                    raise _translate(exc, f"setting tag {key!r} on {ref.uri}") from exc
+                    raise translate_mlflow_error(exc, f"setting tag {key!r} on {ref.uri}") from exc
         if any(key.startswith("tritonflow.") for key in written):
             self.refresh_description(ref)
         return written
@@ -366,7 +366,7 @@ class RegistryClientBase:
             if (mv.description or "") != text:
                 self.client.update_model_version(ref.name, str(ref.version), description=text)
         except Exception as exc:  # noqa: BLE001
-            raise _translate(exc, f"updating the description of {ref.uri}") from exc
+            raise translate_mlflow_error(exc, f"updating the description of {ref.uri}") from exc
         return text
 
     def publish_run_id(self, ref: ModelVersionRef) -> str:
@@ -379,11 +379,11 @@ class RegistryClientBase:
             exp = self.client.get_experiment_by_name(self.publish_experiment)
             exp_id = exp.experiment_id if exp else self.client.create_experiment(self.publish_experiment)
         except Exception as exc:  # noqa: BLE001
-            if _error_code(exc) == "RESOURCE_ALREADY_EXISTS":
+            if mlflow_error_code(exc) == "RESOURCE_ALREADY_EXISTS":
                 exp_id = self.client.get_experiment_by_name(self.publish_experiment).experiment_id
             else:
-                raise _translate(exc, f"opening experiment {self.publish_experiment!r}") from exc
-        filt = (f"tags.`tritonflow.model_name` = '{_quote(ref.name)}' and "
+                raise translate_mlflow_error(exc, f"opening experiment {self.publish_experiment!r}") from exc
+        filt = (f"tags.`tritonflow.model_name` = '{quote_filter_value(ref.name)}' and "
                 f"tags.`tritonflow.model_version` = '{ref.version}'")
         try:
             runs = self.client.search_runs([exp_id], filter_string=filt, max_results=1,
@@ -398,7 +398,7 @@ class RegistryClientBase:
             self.client.set_terminated(run.info.run_id)
             return run.info.run_id
         except Exception as exc:  # noqa: BLE001
-            raise _translate(exc, f"creating the publish run of {ref.uri}") from exc
+            raise translate_mlflow_error(exc, f"creating the publish run of {ref.uri}") from exc
 
     def log_version_artifact(self, ref: ModelVersionRef, local_path: str | os.PathLike[str],
                              artifact_path: str | None = None) -> str:
@@ -425,7 +425,7 @@ class RegistryClientBase:
                 self.client.log_artifact(run_id, str(p), artifact_path)
             base = self.client.get_run(run_id).info.artifact_uri.rstrip("/")
         except Exception as exc:  # noqa: BLE001
-            raise _translate(exc, f"logging {p} for {ref.uri}") from exc
+            raise translate_mlflow_error(exc, f"logging {p} for {ref.uri}") from exc
         rel = "/".join(x for x in (artifact_path, p.name) if x)
         uri = f"{base}/{rel}"
         key = "tritonflow.artifact." + re.sub(r"[^\w\-./ ]", "_", rel)[:200]
@@ -448,7 +448,7 @@ class RegistryClientBase:
         for field in ("repository_uri", "triton_model_name", "signature_digest", "signature_key_id"):
             if not str(getattr(record, field) or "").strip():
                 raise RegistryError(f"PublishRecord.{field} is empty (expected a non-empty string)")
-        tv = _as_version(record.triton_model_version, "PublishRecord.triton_model_version")
+        tv = as_version(record.triton_model_version, "PublishRecord.triton_model_version")
         tags = {
             "tritonflow.repository_uri": record.repository_uri,
             "tritonflow.triton_model_name": record.triton_model_name,
@@ -458,7 +458,7 @@ class RegistryClientBase:
             "tritonflow.parity_errors": {k: dict(v) for k, v in record.parity_errors.items()},
             "tritonflow.config_summary": dict(record.config_summary),
             "tritonflow.timings_s": {k: round(float(v), 6) for k, v in record.timings_s.items()},
-            "tritonflow.published_at": _now_iso(),
+            "tritonflow.published_at": now_iso(),
             "tritonflow.status": "published",
         }
         return self.set_version_tags(ref, tags)
@@ -473,7 +473,7 @@ class RegistryClientBase:
             "tritonflow.status": "rejected",
             "tritonflow.rejected_stage": stage,
             "tritonflow.rejection_reason": reason[:MAX_TAG_VALUE_LENGTH],
-            "tritonflow.rejected_at": _now_iso(),
+            "tritonflow.rejected_at": now_iso(),
         })
 
     # ------------------------------------------------------------------ audit trail
@@ -483,14 +483,14 @@ class RegistryClientBase:
                 name, AUDIT_TAG_PREFIX + attempt_id, json.dumps(record, sort_keys=True, default=str)
             )
         except Exception as exc:  # noqa: BLE001
-            raise _translate(exc, f"writing audit record {attempt_id} of model {name!r}") from exc
+            raise translate_mlflow_error(exc, f"writing audit record {attempt_id} of model {name!r}") from exc
 
     def audit_log(self, name: str) -> list[AuditEntry]:
         """Every promotion/rollback/delete attempt recorded for model ``name``, oldest first."""
         try:
             tags = dict(self.client.get_registered_model(name).tags or {})
         except Exception as exc:  # noqa: BLE001
-            raise _translate(exc, f"reading the audit trail of model {name!r}") from exc
+            raise translate_mlflow_error(exc, f"reading the audit trail of model {name!r}") from exc
         out = []
         for key, value in tags.items():
             if key.startswith(AUDIT_TAG_PREFIX):
@@ -504,7 +504,7 @@ class RegistryClientBase:
         """Audit one attempt: written as ``pending`` first, then with its outcome."""
         attempt_id = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}"
         rec: dict[str, Any] = {"attempt_id": attempt_id, "action": action, "actor": self.actor,
-                               "started_at": _now_iso(), "outcome": "pending", **fields}
+                               "started_at": now_iso(), "outcome": "pending", **fields}
         self._audit(name, attempt_id, rec)
         try:
             yield rec
@@ -519,5 +519,5 @@ class RegistryClientBase:
             rec["error"] = str(exc)
             raise
         finally:
-            rec["finished_at"] = _now_iso()
+            rec["finished_at"] = now_iso()
             self._audit(name, attempt_id, rec)

@@ -5,7 +5,7 @@ Shared by :mod:`model_registry.registry` (the client, the public entry point), t
 (:mod:`model_registry.registry_promotion`) and the version clean-up
 (:mod:`model_registry.registry_cleanup`). Nothing here talks to MLflow: the dataclasses are
 immutable snapshots, :func:`parse_model_reference` checks a reference string, and
-:func:`_translate` maps an MLflow exception to tritonflow's error hierarchy (a tooling failure is
+:func:`translate_mlflow_error` maps an MLflow exception to tritonflow's error hierarchy (a tooling failure is
 :class:`~ground.exceptions.ServiceUnavailableError`, never a verdict on the model).
 """
 
@@ -50,10 +50,10 @@ ACCEPTED_FORMS = (
 )
 _ALIAS_RE = re.compile(r"^[\w\-]+$")
 _RESERVED_ALIAS_RE = re.compile(r"^[vV]\d+$")
-_TAG_KEY_RE = re.compile(r"^[\w\-./ ]+$")
+TAG_KEY_RE = re.compile(r"^[\w\-./ ]+$")
 
 
-class _Unchecked:
+class Unchecked:
     """Sentinel type: promotion does not check which version is champion (lock only)."""
 
     def __repr__(self) -> str:  # pragma: no cover - trivial
@@ -61,7 +61,7 @@ class _Unchecked:
 
 
 #: Pass as ``expected_champion`` to serialise a promotion without a compare-and-set condition.
-UNCHECKED = _Unchecked()
+UNCHECKED = Unchecked()
 
 
 # ---------------------------------------------------------------------------- dataclasses
@@ -337,7 +337,19 @@ def parse_model_reference(ref: str) -> ModelReference:
     raise bad(f"{sel!r} is neither a version number nor a stage ({', '.join(LEGACY_STAGES[1:])})")
 
 
-def _as_version(version: int | str, what: str = "version") -> int:
+def as_version(version: int | str, what: str = "version") -> int:
+    """A model version number from user input.
+
+    Args:
+        version: ``3`` or ``"3"`` (surrounding spaces allowed).
+        what: The argument's name, for the message.
+
+    Returns:
+        The version, an int >= 1.
+
+    Raises:
+        RegistryError: Not an integer >= 1.
+    """
     try:
         v = int(str(version).strip())
     except (TypeError, ValueError):
@@ -347,20 +359,32 @@ def _as_version(version: int | str, what: str = "version") -> int:
     return v
 
 
-def _now_iso() -> str:
+def now_iso() -> str:
+    """The current UTC time as ISO 8601 with milliseconds (``2025-03-01T10:00:00.000+00:00``)."""
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def _quote(value: str) -> str:
+def quote_filter_value(value: str) -> str:
+    """``value`` escaped for a single-quoted string in an MLflow search filter (backslashes, quotes)."""
     return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
-def _error_code(exc: BaseException) -> str:
+def mlflow_error_code(exc: BaseException) -> str:
+    """MLflow's ``error_code`` of ``exc`` (``"RESOURCE_DOES_NOT_EXIST"``, ...), '' when it has none."""
     return str(getattr(exc, "error_code", "") or "")
 
 
-def _is_not_found(exc: BaseException) -> bool:
-    code = _error_code(exc)
+def is_not_found(exc: BaseException) -> bool:
+    """True when MLflow says the model, version or alias does not exist.
+
+    Args:
+        exc: An exception raised by an MLflow client call.
+
+    Returns:
+        ``RESOURCE_DOES_NOT_EXIST``, or ``INVALID_PARAMETER_VALUE`` saying "not found" (an unknown
+        alias).
+    """
+    code = mlflow_error_code(exc)
     if code == "RESOURCE_DOES_NOT_EXIST":
         return True
     # MLflow 3.17 reports an unknown alias as INVALID_PARAMETER_VALUE "... alias X not found".
@@ -370,12 +394,22 @@ def _is_not_found(exc: BaseException) -> bool:
 _TRANSIENT_CODES = {"TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "REQUEST_LIMIT_EXCEEDED"}
 
 
-def _translate(exc: BaseException, what: str) -> Exception:
-    """Map an MLflow exception to tritonflow's hierarchy (message names the operation)."""
+def translate_mlflow_error(exc: BaseException, what: str) -> Exception:
+    """Map an MLflow exception to tritonflow's hierarchy (message names the operation).
+
+    Args:
+        exc: What the MLflow call raised.
+        what: The operation, first in the message (``"setting alias 'champion' of model 'm'"``).
+
+    Returns:
+        ``exc`` itself when it is already a data, service or concurrency error;
+        :class:`ServiceUnavailableError` when MLflow did not answer (transient codes, connection
+        errors); else :class:`RegistryError`.
+    """
     if isinstance(exc, (DataError, ServiceUnavailableError, ConcurrencyError)):
         return exc
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if _error_code(exc) in _TRANSIENT_CODES or isinstance(exc, (ConnectionError, OSError)):
+    if mlflow_error_code(exc) in _TRANSIENT_CODES or isinstance(exc, (ConnectionError, OSError)):
         return ServiceUnavailableError(f"{what}: MLflow did not answer ({msg})")
     if "Max retries exceeded" in msg or "Connection refused" in msg or "API request to" in msg:
         return ServiceUnavailableError(f"{what}: MLflow did not answer ({msg})")
@@ -383,7 +417,7 @@ def _translate(exc: BaseException, what: str) -> Exception:
 
 
 # ---------------------------------------------------------------------------- signature helpers
-def _schema_to_tensors(schema: Any) -> tuple[tuple[TensorInfo, ...], str]:
+def schema_to_tensors(schema: Any) -> tuple[tuple[TensorInfo, ...], str]:
     """Convert an MLflow ``Schema`` to :class:`TensorInfo` items and its kind."""
     if schema is None:
         return (), "none"

@@ -17,7 +17,7 @@ import uuid
 from typing import Any, Iterator, Protocol
 
 from ground.exceptions import ConcurrencyError
-from model_registry.registry_entities import _error_code, _is_not_found, _now_iso, _translate
+from model_registry.registry_entities import is_not_found, mlflow_error_code, now_iso, translate_mlflow_error
 
 #: Seconds a promotion waits for another promotion of the same model before failing.
 DEFAULT_LOCK_TIMEOUT_S = 60.0
@@ -115,13 +115,13 @@ class RegistryLock:
             try:
                 self.client.create_registered_model(
                     lock,
-                    tags={"tritonflow.lock.holder": holder, "tritonflow.lock.since": _now_iso()},
+                    tags={"tritonflow.lock.holder": holder, "tritonflow.lock.since": now_iso()},
                     description=f"tritonflow promotion lock of {name!r}; deleted on release.",
                 )
                 break
             except Exception as exc:  # noqa: BLE001 - classify below
-                if _error_code(exc) != "RESOURCE_ALREADY_EXISTS":
-                    raise _translate(exc, f"taking promotion lock {lock!r}") from exc
+                if mlflow_error_code(exc) != "RESOURCE_ALREADY_EXISTS":
+                    raise translate_mlflow_error(exc, f"taking promotion lock {lock!r}") from exc
                 if time.monotonic() >= deadline:
                     raise ConcurrencyError(
                         f"model {name!r}: another promotion holds registry lock {lock!r} "
@@ -135,7 +135,7 @@ class RegistryLock:
             try:
                 self.client.delete_registered_model(lock)
             except Exception as exc:  # noqa: BLE001
-                raise _translate(exc, f"releasing promotion lock {lock!r}") from exc
+                raise translate_mlflow_error(exc, f"releasing promotion lock {lock!r}") from exc
 
     def force_release(self, name: str) -> bool:
         """Delete a stale lock of ``name`` (operator action). Returns True if one existed."""
@@ -143,6 +143,6 @@ class RegistryLock:
             self.client.delete_registered_model(self.lock_name(name))
             return True
         except Exception as exc:  # noqa: BLE001
-            if _is_not_found(exc):
+            if is_not_found(exc):
                 return False
-            raise _translate(exc, f"releasing promotion lock of {name!r}") from exc
+            raise translate_mlflow_error(exc, f"releasing promotion lock of {name!r}") from exc

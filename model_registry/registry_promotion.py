@@ -20,10 +20,10 @@ from model_registry.registry_entities import (
     UNCHECKED,
     ModelVersionRef,
     PromotionResult,
-    _as_version,
-    _now_iso,
-    _translate,
-    _Unchecked,
+    Unchecked,
+    as_version,
+    now_iso,
+    translate_mlflow_error,
 )
 
 
@@ -34,7 +34,8 @@ class PromotionMixin(RegistryClientBase):
         try:
             self.client.set_registered_model_alias(name, alias, str(version))
         except Exception as exc:  # noqa: BLE001
-            raise _translate(exc, f"setting alias {alias!r} of model {name!r} to version {version}") from exc
+            raise translate_mlflow_error(
+                exc, f"setting alias {alias!r} of model {name!r} to version {version}") from exc
 
     def _transition_production(self, name: str, version: int) -> None:
         with warnings.catch_warnings():
@@ -45,9 +46,10 @@ class PromotionMixin(RegistryClientBase):
                     name, str(version), "Production", archive_existing_versions=True
                 )
             except Exception as exc:  # noqa: BLE001
-                raise _translate(exc, f"moving model {name!r} version {version} to stage Production") from exc
+                raise translate_mlflow_error(
+                    exc, f"moving model {name!r} version {version} to stage Production") from exc
 
-    def promote(self, name: str, version: int | str, *, expected_champion: int | None | _Unchecked = UNCHECKED,
+    def promote(self, name: str, version: int | str, *, expected_champion: int | None | Unchecked = UNCHECKED,
                 use_stages: bool = False, reason: str = "") -> PromotionResult:
         """Make ``version`` the champion of model ``name``.
 
@@ -75,19 +77,19 @@ class PromotionMixin(RegistryClientBase):
                 ``expected_champion`` (names both versions).
             RegistryError: The version does not exist or is not READY, or the stage check failed.
         """
-        v = _as_version(version)
-        exp = None if isinstance(expected_champion, _Unchecked) else expected_champion
+        v = as_version(version)
+        exp = None if isinstance(expected_champion, Unchecked) else expected_champion
         with self._attempt(name, "promote", requested_version=v, reason=reason, use_stages=use_stages,
-                           expected_champion="unchecked" if isinstance(expected_champion, _Unchecked) else exp) as rec:
+                           expected_champion="unchecked" if isinstance(expected_champion, Unchecked) else exp) as rec:
             with self.lock.hold(name, self.lock_timeout_s):
-                rec["lock_acquired_at"] = _now_iso()
+                rec["lock_acquired_at"] = now_iso()
                 target = self.get_version(name, v)
                 if target.status != "READY":
                     raise RegistryError(f"model {name!r} version {v} has status {target.status!r}, expected 'READY'")
                 aliases = self.aliases(name)  # re-read under the lock: compare-and-set
                 current = aliases.get(CHAMPION_ALIAS)
                 rec["observed_champion"] = current
-                if not isinstance(expected_champion, _Unchecked) and current != exp:
+                if not isinstance(expected_champion, Unchecked) and current != exp:
                     rec["outcome"] = "conflict"
                     raise ConcurrencyError(
                         f"model {name!r}: champion is version {current}, not the expected version "
@@ -101,7 +103,7 @@ class PromotionMixin(RegistryClientBase):
                         self.client.set_registered_model_tag(name, PREVIOUS_CHAMPION_TAG, str(current))
                         previous = current
                     self._set_alias(name, CHAMPION_ALIAS, v)  # one step: the alias moves
-                    now = _now_iso()
+                    now = now_iso()
                     self.set_version_tags(target, {"tritonflow.promoted_at": now,
                                                    "tritonflow.promotion_attempt": rec["attempt_id"],
                                                    "tritonflow.replaced_version": str(current or "")})
@@ -145,7 +147,7 @@ class PromotionMixin(RegistryClientBase):
         try:
             recorded = dict(self.client.get_registered_model(name).tags or {}).get(PREVIOUS_CHAMPION_TAG)
         except Exception as exc:  # noqa: BLE001
-            raise _translate(exc, f"reading registered model {name!r}") from exc
+            raise translate_mlflow_error(exc, f"reading registered model {name!r}") from exc
         if recorded:
             exists = True
             try:
@@ -183,11 +185,12 @@ class PromotionMixin(RegistryClientBase):
                     self.client.delete_registered_model_alias(name, PREVIOUS_CHAMPION_ALIAS)
                     self.client.delete_registered_model_tag(name, PREVIOUS_CHAMPION_TAG)
                 except Exception as exc:  # noqa: BLE001
-                    raise _translate(exc, f"clearing {PREVIOUS_CHAMPION_ALIAS!r} of model {name!r}") from exc
+                    raise translate_mlflow_error(
+                        exc, f"clearing {PREVIOUS_CHAMPION_ALIAS!r} of model {name!r}") from exc
                 if current is not None and current != target.version:
                     with contextlib.suppress(RegistryError):
                         self.set_version_tags(self.get_version(name, current),
-                                              {"tritonflow.rolled_back_at": _now_iso(),
+                                              {"tritonflow.rolled_back_at": now_iso(),
                                                "tritonflow.rolled_back_to": str(target.version)})
                 if use_stages:
                     self._transition_production(name, target.version)

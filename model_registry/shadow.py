@@ -69,10 +69,10 @@ from drift_checks.shadow_metrics import (
     PSI_EPS,
     MetricComparison,
     Task,
-    _as_vector,
-    _pair,
+    as_score_vector,
     output_shift,
     paired_bootstrap,
+    paired_outputs,
     prediction_agreement,
     psi,
     task_metrics,
@@ -382,14 +382,14 @@ def evaluate(labels: Any | None, champion: Any, challenger: Any | None, *,
             raise DataError(f"challenger outputs have {b.shape[0]} rows, champion outputs {a.shape[0]}; "
                             "expected the same replayed rows")
     else:
-        a = _as_vector(champion, "champion outputs")
+        a = as_score_vector(champion, "champion outputs")
         b = None
         if challenger is not None:
-            a, b = _pair(a, challenger)
+            a, b = paired_outputs(a, challenger)
     if a.size == 0:
         raise DataError("champion outputs are empty (expected at least one replayed row)")
     y = (np.full(a.shape[0], np.nan) if labels is None
-         else _as_vector(labels, "labels", allow_nan=True))
+         else as_score_vector(labels, "labels", allow_nan=True))
     if y.shape != a.shape[:1]:
         raise DataError(f"labels have {y.size} rows, outputs {a.shape[0]}; expected equal")
     mask = ~np.isnan(y)

@@ -142,10 +142,16 @@ def sklearn_requirements() -> list[str]:
                                                  "scipy", "cloudpickle")]
 
 
-_tracking = pinned_mlflow_uris  # the fluent API and the registry, on the given server only
+def experiment_id_for(client: Any, name: str) -> str:
+    """The id of MLflow experiment ``name``, created when missing (a concurrent creation is fine).
 
+    Args:
+        client: An ``mlflow.MlflowClient``.
+        name: Experiment name.
 
-def _experiment_id(client: Any, name: str) -> str:
+    Returns:
+        The experiment id.
+    """
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
@@ -157,9 +163,18 @@ def _experiment_id(client: Any, name: str) -> str:
         return client.get_experiment_by_name(name).experiment_id
 
 
-def _lineage_records(model_metrics: Mapping[str, float], window_info: Mapping[str, Any],
-                     lineage: Lineage) -> tuple[dict[str, str], dict[str, str]]:
-    """(run params, tags shared by the run and the version)."""
+def lineage_records(model_metrics: Mapping[str, float], window_info: Mapping[str, Any],
+                    lineage: Lineage) -> tuple[dict[str, str], dict[str, str]]:
+    """The run params and the tags shared by the training run and the model version.
+
+    Args:
+        model_metrics: The model's metrics; ``validation_*`` ones become ``reference_*`` tags.
+        window_info: The training window's description (dates, rows).
+        lineage: Why it was trained (reason, drift event, extra tags).
+
+    Returns:
+        ``(params, tags)``, both ``{str: str}``; tags carry the ``tritonflow.`` prefix.
+    """
     params = {k: str(v) for k, v in window_info.items()}
     params["retrain_reason"] = lineage.reason
     params["drift_event"] = lineage.drift_event or ""
@@ -174,9 +189,25 @@ def _lineage_records(model_metrics: Mapping[str, float], window_info: Mapping[st
     return params, tags
 
 
-def _register(client: Any, *, name: str, model_uri: str, run_id: str, tags: Mapping[str, str],
-              alias: str, description: str) -> RegisteredVersion:
-    """Register ``model_uri``; on any failure after creation, delete what was created."""
+def register_with_rollback(client: Any, *, name: str, model_uri: str, run_id: str, tags: Mapping[str, str],
+                           alias: str, description: str) -> RegisteredVersion:
+    """Register ``model_uri``; on any failure after creation, delete what was created.
+
+    Args:
+        client: An ``mlflow.MlflowClient``.
+        name: Registered model name (created when missing).
+        model_uri: The logged model (``runs:/<run_id>/model``).
+        run_id: The training run.
+        tags: Version tags.
+        alias: Alias set on the new version (``challenger``).
+        description: Version description.
+
+    Returns:
+        The registered version.
+
+    Raises:
+        RegistryError: Registration failed (the version, and a model created here, are deleted).
+    """
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -191,7 +222,7 @@ def _register(client: Any, *, name: str, model_uri: str, run_id: str, tags: Mapp
             pass  # created concurrently
     mv = None
     try:
-        with _tracking(client.tracking_uri):
+        with pinned_mlflow_uris(client.tracking_uri):
             mv = mlflow.register_model(model_uri, name, tags=dict(tags))
         client.update_model_version(name, mv.version, description=description)
         client.set_registered_model_alias(name, alias, mv.version)
@@ -251,10 +282,10 @@ def log_and_register(model: TrainedModel, window: pd.DataFrame, *, tracking_uri:
         raise DataError(f"registered model name={name!r}; expected a non-empty string")
     client = mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     info = window_lineage(window, label_column=model.label_column)
-    params, tags = _lineage_records(model.metrics, info, lineage)
+    params, tags = lineage_records(model.metrics, info, lineage)
     X = window.loc[:, list(model.feature_columns)].astype(np.float64)
-    with _tracking(tracking_uri):
-        exp_id = _experiment_id(client, experiment)
+    with pinned_mlflow_uris(tracking_uri):
+        exp_id = experiment_id_for(client, experiment)
         with mlflow.start_run(experiment_id=exp_id, run_name=f"retrain-{name}") as run:
             mlflow.log_params({**{f"model_{k}": v for k, v in model.params.items()}, **params})
             mlflow.log_metrics(model.metrics)
@@ -268,7 +299,7 @@ def log_and_register(model: TrainedModel, window: pd.DataFrame, *, tracking_uri:
             )
             run_id = run.info.run_id
         version_tags = {**tags, TAG_PREFIX + "training_run_id": run_id}
-        return _register(client, name=name, model_uri=logged.model_uri, run_id=run_id,
+        return register_with_rollback(client, name=name, model_uri=logged.model_uri, run_id=run_id,
                          tags=version_tags, alias=alias,
                          description=f"Retrained ({lineage.reason}) on {info['window_start']} .. "
                                      f"{info['window_end']}, {info['window_rows']} rows.")

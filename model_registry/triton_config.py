@@ -1,7 +1,8 @@
 """Build, parse and check Triton ``config.pbtxt`` files with protobuf (never string templates).
 
 The message type is :class:`tritonclient.grpc.model_config_pb2.ModelConfig` (Triton's own
-``model_config.proto``); text is produced and read with :mod:`google.protobuf.text_format`.
+``model_config.proto``); text is produced and read by :mod:`repository_sync.model_config` (the one
+parser and serialiser, re-exported here as :func:`parse_config` and :func:`to_pbtxt`).
 
 Rules applied (Triton model configuration documentation, "Maximum Batch Size" and "Inputs and
 Outputs" in ``shared/cases``):
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union, cast
 
 from ground.exceptions import ModelConfigError
+from repository_sync.model_config import parse_config as parse_config  # the one config.pbtxt parser
+from repository_sync.model_config import to_pbtxt as to_pbtxt
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -424,33 +427,6 @@ def _apply_version_policy(cfg: Any, policy: str | Sequence[int] | None) -> None:
 
 
 # ----------------------------------------------------------------------------- text <-> message
-def to_pbtxt(config: "model_config_pb2.ModelConfig") -> str:
-    """Render a ``ModelConfig`` as ``config.pbtxt`` text (``text_format.MessageToString``)."""
-    from google.protobuf import text_format
-
-    return text_format.MessageToString(config)
-
-
-def parse_config(text: str, source: str = "config.pbtxt") -> "model_config_pb2.ModelConfig":
-    """Parse ``config.pbtxt`` text into a ``ModelConfig``.
-
-    Args:
-        text: The file content (comments allowed).
-        source: Name used in error messages (path or model name).
-
-    Raises:
-        ModelConfigError: The text is not a valid ModelConfig; the message carries protobuf's
-            line and column.
-    """
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2 as pb
-
-    try:
-        return text_format.Parse(text, pb.ModelConfig())
-    except text_format.ParseError as exc:
-        raise ModelConfigError(f"{source}: not a valid Triton model configuration: {exc}") from exc
-
-
 def read_config(path: str | os.PathLike) -> "model_config_pb2.ModelConfig":
     """Read and parse a ``config.pbtxt`` file.
 

@@ -1,6 +1,6 @@
 """Pre-push checks of a converted model and its ``config.pbtxt``, and the numerical parity gate.
 
-Nothing is pushed unless :func:`validate_for_push` and :func:`parity_check` pass. The checks:
+Nothing is pushed unless :func:`validate_for_push` and :func:`model_registry.parity.parity_check` pass. The checks:
 
 1. ``onnx.checker.check_model``.
 2. IR version and every ``opset_import`` within the target serving release
@@ -14,7 +14,8 @@ Nothing is pushed unless :func:`validate_for_push` and :func:`parity_check` pass
    and each row's output does not depend on the batch it was in.
 6. No NaN/Inf in the outputs.
 
-Parity (:func:`parity_check`) compares the source model with the converted one per output with
+Parity (:func:`model_registry.parity.parity_check`, which runs the model through
+:func:`make_runner`) compares the source model with the converted one per output with
 ``|onnx - source| <= atol + rtol * |source|`` (the ``numpy.isclose`` formula) and, for label
 outputs (integer/bool/string), the fraction of agreeing rows.
 """
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ground.exceptions import ModelValidationError
-from ground.settings import Settings, get_settings
+from ground.settings import Settings
 from model_registry.triton_config import OnnxLike, load_onnx, model_io, validate_config
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,14 +67,14 @@ class CompatReport:
 
 
 def check_onnx_compat(
-    model: OnnxLike, settings: Settings | None = None, *, model_name: str = "model"
+    model: OnnxLike, settings: Settings, *, model_name: str = "model"
 ) -> CompatReport:
     """Compare ``ir_version`` and every ``opset_import`` with the target release's limits.
 
     Limits: ``settings.max_onnx_ir_version``, ``max_onnx_opset`` (ai.onnx),
     ``max_onnx_ml_opset`` (ai.onnx.ml); the release is ``settings.target_triton_release``.
     """
-    s = settings or get_settings()
+    s = settings
     proto = load_onnx(model)
     opsets: dict[str, int] = {}
     for o in proto.opset_import:
@@ -103,7 +104,7 @@ def check_onnx_compat(
     return CompatReport(int(proto.ir_version), opsets, problems)
 
 
-def ensure_onnx_compat(model: OnnxLike, settings: Settings | None = None, *, model_name: str = "model") -> CompatReport:
+def ensure_onnx_compat(model: OnnxLike, settings: Settings, *, model_name: str = "model") -> CompatReport:
     """:func:`check_onnx_compat`, raising when a limit is exceeded.
 
     Raises:
@@ -192,7 +193,7 @@ def downconvert_ir_version(model: "onnx.ModelProto", max_ir: int, *, model_name:
 
 
 def make_compatible(
-    model: OnnxLike, settings: Settings | None = None, *, model_name: str = "model"
+    model: OnnxLike, settings: Settings, *, model_name: str = "model"
 ) -> tuple["onnx.ModelProto", list[str]]:
     """Bring a model within the target limits: opset via ``onnx.version_converter``, then IR.
 
@@ -207,7 +208,7 @@ def make_compatible(
     import onnx
     from onnx import version_converter
 
-    s = settings or get_settings()
+    s = settings
     proto = load_onnx(model)
     notes: list[str] = []
     # onnx.version_converter rewrites the default domain only: an ai.onnx.ml opset above the limit
@@ -293,7 +294,8 @@ def make_runner(model: Any, model_name: str = "model") -> Callable[[Mapping[str,
     return lambda feeds: _run(sess, dict(feeds), model_name, batch=None)
 
 
-def _rows(feeds: Mapping[str, np.ndarray], idx: Sequence[int]) -> dict[str, np.ndarray]:
+def take_rows(feeds: Mapping[str, np.ndarray], idx: Sequence[int]) -> dict[str, np.ndarray]:
+    """The rows ``idx`` (repeats allowed) of every feed: ``{input: array [len(idx), ...]}``."""
     return {k: np.asarray(v)[list(idx)] for k, v in feeds.items()}
 
 
@@ -351,12 +353,12 @@ def check_batching(
     n = _n_rows(sample)
     if n < 1:
         raise ModelValidationError(f"model {model_name!r}: validation sample has no rows (expected >= 1)")
-    one = _run(sess, _rows(sample, [0]), model_name, batch=1)
+    one = _run(sess, take_rows(sample, [0]), model_name, batch=1)
     sizes = [1]
     b = min(max_batch_size, 3)
     if b >= 2:
         idx = [i % n for i in range(b)]
-        many = _run(sess, _rows(sample, idx), model_name, batch=b)
+        many = _run(sess, take_rows(sample, idx), model_name, batch=b)
         sizes.append(b)
         for name, arr in one.items():
             got = np.asarray(many[name])
@@ -365,7 +367,7 @@ def check_batching(
                     f"model {model_name!r}: output {name!r} has {got.shape[0]} rows for a batch of "
                     f"{b} (expected {b}); the graph does not keep the batch axis"
                 )
-            if not _same(got[:1], np.asarray(arr), atol, rtol):
+            if not outputs_match(got[:1], np.asarray(arr), atol, rtol):
                 raise ModelValidationError(
                     f"model {model_name!r}: output {name!r} of row 0 differs between batch 1 and "
                     f"batch {b}; the outputs depend on the batch (e.g. batch statistics)"
@@ -373,7 +375,8 @@ def check_batching(
     return {"batch_sizes": sizes, "outputs": one}
 
 
-def _same(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> bool:
+def outputs_match(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> bool:
+    """Same shape and values: floats within ``atol + rtol * |b|`` (NaN equals NaN), others equal."""
     if a.shape != b.shape:
         return False
     if a.dtype.kind in "fc":
@@ -445,7 +448,7 @@ def validate_for_push(
     sample: Mapping[str, np.ndarray],
     *,
     model_name: str | None = None,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> ValidationReport:
     """Run every pre-push check; the first failure raises and nothing may be pushed.
 
@@ -457,7 +460,7 @@ def validate_for_push(
         config: The ``ModelConfig`` that will serve it.
         sample: Validation feeds ``{input name: array}``.
         model_name: Used in messages (default ``config.name``).
-        settings: Settings (default: from the environment).
+        settings: Settings the defaults come from.
 
     Raises:
         ModelValidationError: (or :class:`ModelConfigError`) naming the model, the check and the
@@ -465,7 +468,7 @@ def validate_for_push(
     """
     import onnx
 
-    s = settings or get_settings()
+    s = settings
     name = model_name or config.name or "model"
     proto = load_onnx(model)
     try:
@@ -576,7 +579,7 @@ def validation_sample(
     rows: int | None = None,
     perturbation: float | None = None,
     seed: int = 0,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> dict[str, np.ndarray]:
     """Build the validation sample: the user's dataset, else the input example plus perturbations.
 
@@ -592,15 +595,15 @@ def validation_sample(
         rows: Rows in a perturbed sample (default ``settings.validation_sample_rows``).
         perturbation: Relative noise std (default ``settings.validation_perturbation``).
         seed: Seed of ``numpy.random.default_rng``.
-        settings: Settings (default: from the environment).
+        settings: Settings the defaults come from.
 
     Raises:
         ModelValidationError: Neither a dataset nor an input example, or they do not fit the schema.
     """
-    s = settings or get_settings()
+    s = settings
     if dataset is not None:
         feeds = to_feeds(dataset, inputs)
-        return _rows(feeds, range(min(_n_rows(feeds), rows))) if rows else feeds
+        return take_rows(feeds, range(min(_n_rows(feeds), rows))) if rows else feeds
     if input_example is None:
         raise ModelValidationError(
             "no validation data: pass dataset=... or log the model with an input_example "
@@ -625,13 +628,3 @@ def validation_sample(
             tiled[n:] = (tiled[n:] + noise).astype(arr.dtype)
         out[name] = tiled
     return out
-
-
-
-
-# The parity gate lives in model_registry.parity; its names stay importable from here.
-from model_registry.parity import (  # noqa: E402,F401
-    OutputParity,
-    ParityResult,
-    parity_check,
-)

@@ -32,7 +32,7 @@ from repository_sync.storage_base import (
     PushOutcome,
     RepositoryStorage,
     StagedPush,
-    _compare_digests,
+    compare_digests,
 )
 
 
@@ -84,7 +84,7 @@ class FileSystemStorage(RepositoryStorage, scheme=""):
             return False
         if not final.is_dir():
             raise RepositoryConflictError(f"{str(final)!r} exists and is not a folder")
-        _compare_digests(layout, str(final), _local_digests(final), staged)
+        compare_digests(layout, str(final), _local_digests(final), staged)
         return True
 
     def _write_serving_config_if_absent(self, model_dir: Path, data: bytes | None) -> bool:

@@ -40,6 +40,7 @@ import sqlalchemy as sa
 
 from ground.coordination import MODEL_CONTROL, CoordinationStore, model_versions
 from ground.exceptions import DataError, ModelLoadRefusedError, VersionNotInRepositoryError
+from repository_sync.model_config import parse_config, to_json
 
 #: State scope of the config each model was last loaded with (JSON dict, per model key).
 CONFIG_SCOPE = "model-control.config"
@@ -113,8 +114,6 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
         ModelLoadRefusedError, ModelLoadError: Triton refused or a version is not READY in time;
             Triton is brought back to the desired set, which is unchanged.
     """
-    from repository_sync.triton_client import _config_json, _config_message
-
     store: CoordinationStore = control.coordination
     key = control.coordination_key(name)
     holder = control.holder or f"{socket.gethostname()}:{os.getpid()}"
@@ -126,17 +125,8 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
             ready = getattr(control, "ready_versions_any", control.ready_versions)  # any replica
             before = {v: "adopted" for v in ready(name)}
         added = {int(v) for v in add}
-        if exactly is not None:
-            target = {int(v): before.get(int(v), purpose) for v in exactly}
-        else:
-            target = {v: p for v, p in before.items() if v not in {int(r) for r in remove}}
-            target.update({v: purpose for v in added})
-        registry_only = {int(v) for v in optional} - added
-        if control.needed_versions is not None:
-            for v in control.needed_versions(name):
-                if int(v) not in target:
-                    registry_only.add(int(v))
-                target.setdefault(int(v), "registry")
+        target, registry_only = _target_versions(control, name, before, added, remove, exactly,
+                                                 optional, purpose)
         result: dict[str, Any] = {"model_name": name, "versions": [], "before": sorted(before),
                                   "signatures": {}, "key_ids": {}, "skipped": {}}
         intended: dict[int, bytes] = {}
@@ -160,24 +150,16 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
                 f"({result['skipped']}); refusing to unload what serves")
         servers = replicas_of(control)
         if not target:
-            lease.check()
-            for server in servers:
-                server._call(f"unloading '{name}'", server.client.unload_model, name)
+            _unload_everywhere(servers, name, lease)
             _write_desired(store, key, {}, holder, recorded_config or {})
             if len(servers) > 1:
                 result["replicas"] = {s.url: {"versions": []} for s in servers}
             return result
-        if config is not None:
-            msg = _config_message(config, name)
-        elif config_version is not None and int(config_version) in intended:
-            msg = _config_message(intended[int(config_version)], name)
-        elif recorded_config and not added:
-            msg = _config_message(json.dumps(recorded_config), name)
-        else:
-            msg = _config_message(intended[max(added or target)], name)
+        chosen = _config_to_load(config, config_version, intended, recorded_config, added, target)
+        msg = parse_config(chosen, model_name=name, error=ModelLoadRefusedError)
         msg.version_policy.Clear()
         msg.version_policy.specific.versions.extend(sorted(target))
-        body = _config_json(msg)
+        body = to_json(msg)
         per_replica: dict[str, dict[str, Any]] = {}
         for i, server in enumerate(servers):  # in order: each READY before the next is touched
             started = time.monotonic()
@@ -207,6 +189,56 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
         if len(servers) > 1:
             result["replicas"] = per_replica
         return result
+
+
+def _unload_everywhere(servers: list[Any], name: str, lease: Any) -> None:
+    """Unload every version of ``name`` on each server, after checking the lease is still held."""
+    lease.check()  # fencing: never send an unload after losing the lease
+    for server in servers:
+        server._call(f"unloading '{name}'", server.client.unload_model, name)
+
+
+def _target_versions(control: Any, name: str, before: Mapping[int, str], added: set[int],
+                     remove: Iterable[int], exactly: Iterable[int] | None, optional: Iterable[int],
+                     purpose: str) -> tuple[dict[int, str], set[int]]:
+    """The new desired set ``{version: purpose}`` of :func:`reconcile`, and the registry-only versions.
+
+    ``exactly`` replaces the set (a version keeps the purpose it had); otherwise ``remove`` leaves
+    it and ``added`` joins it with ``purpose``. Every version the registry needs
+    (``control.needed_versions``) stays, with purpose ``registry``; those and ``optional`` ones
+    that were not asked for explicitly are the registry-only versions, skipped when absent from
+    the repository.
+    """
+    if exactly is not None:
+        target = {int(v): before.get(int(v), purpose) for v in exactly}
+    else:
+        removed = {int(r) for r in remove}
+        target = {v: p for v, p in before.items() if v not in removed}
+        target.update({v: purpose for v in added})
+    registry_only = {int(v) for v in optional} - added
+    if control.needed_versions is not None:
+        for v in control.needed_versions(name):
+            if int(v) not in target:
+                registry_only.add(int(v))
+            target.setdefault(int(v), "registry")
+    return target, registry_only
+
+
+def _config_to_load(config: Any, config_version: int | None, intended: Mapping[int, bytes],
+                    recorded_config: Any, added: set[int], target: Mapping[int, str]) -> Any:
+    """Which config :func:`reconcile` loads with, in any encoding :func:`parse_config` reads.
+
+    The caller's ``config``; else ``config_version``'s signed intended config; else, when nothing
+    is added, the config recorded at the last change; else the intended config of the newest
+    added (or, adding nothing, newest desired) version.
+    """
+    if config is not None:
+        return config
+    if config_version is not None and int(config_version) in intended:
+        return intended[int(config_version)]
+    if recorded_config and not added:
+        return json.dumps(recorded_config)
+    return intended[max(added or target)]
 
 
 #: Seconds a version may stay absent from Triton's repository index after its load returned.

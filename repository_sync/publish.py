@@ -27,13 +27,13 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ground.exceptions import DataError, ModelConfigError
+from ground.exceptions import DataError
 from repository_sync.layout import (
     INTENDED_CONFIG_FILENAME,
     VersionLayout,
-    default_model_filename,
     plan_version,
 )
+from repository_sync.model_config import model_filename_for, parse_config, to_pbtxt
 from repository_sync.signing import SignatureInfo, load_public_keys, sign_version, verify_version
 from repository_sync.storage import open_repository
 from repository_sync.storage_base import ProgressCallback, RepositoryStorage
@@ -75,53 +75,6 @@ class PublishResult:
         d = dataclasses.asdict(self)
         d["signed_files"] = list(self.signed_files)
         return d
-
-
-def parse_model_config(config: str | bytes | object, model_name: str):
-    """Parse a ``config.pbtxt`` (text, bytes or a ``ModelConfig`` message) and pin its name.
-
-    Args:
-        config: pbtxt text/bytes, or a ``tritonclient.grpc.model_config_pb2.ModelConfig``.
-        model_name: The Triton model name the config must carry (an empty name is filled in).
-
-    Returns:
-        A new ``ModelConfig`` message.
-
-    Raises:
-        ModelConfigError: Not parseable, or ``name`` differs from ``model_name``.
-    """
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    if isinstance(config, model_config_pb2.ModelConfig):
-        msg = model_config_pb2.ModelConfig()
-        msg.CopyFrom(config)
-    else:
-        text = config.decode() if isinstance(config, bytes) else str(config)
-        msg = model_config_pb2.ModelConfig()
-        try:
-            text_format.Parse(text, msg)
-        except text_format.ParseError as exc:
-            raise ModelConfigError(f"config.pbtxt for model '{model_name}' does not parse: {exc}") from None
-    if msg.name and msg.name != model_name:
-        raise ModelConfigError(
-            f"config.pbtxt name {msg.name!r} differs from the model name {model_name!r}; Triton "
-            "refuses a config whose name is not its folder's"
-        )
-    msg.name = model_name
-    return msg
-
-
-def model_filename_for(config) -> str:
-    """The file name Triton will open for this config (``default_model_filename`` or default).
-
-    Raises:
-        RepositoryLayoutError: Neither ``default_model_filename``, a known platform nor a known
-            backend is set.
-    """
-    if config.default_model_filename:
-        return config.default_model_filename
-    return default_model_filename(config.platform or config.backend)
 
 
 def publish_version(
@@ -169,11 +122,9 @@ def publish_version(
     model_file = Path(model_file)
     if not model_file.is_file():
         raise DataError(f"model_file {str(model_file)!r} does not exist: expected the converted model file")
-    from google.protobuf import text_format
-
-    msg = parse_model_config(config, model_name)
+    msg = parse_config(config, model_name=model_name)
     layout: VersionLayout = plan_version(model_name, version, model_filename_for(msg))
-    config_bytes = text_format.MessageToString(msg).encode()
+    config_bytes = to_pbtxt(msg).encode()
     storage = repository if isinstance(repository, RepositoryStorage) else open_repository(
         repository, endpoint_url=endpoint_url
     )

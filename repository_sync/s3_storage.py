@@ -35,7 +35,7 @@ from repository_sync.storage_base import (
     PushOutcome,
     RepositoryStorage,
     StagedPush,
-    _compare_digests,
+    compare_digests,
 )
 
 #: S3 object metadata key holding the SHA-256 hex of the object's bytes (for idempotency checks).
@@ -300,7 +300,7 @@ class S3Storage(RepositoryStorage, scheme="s3"):
                 existing = {o["Key"][len(final_prefix):]: o for o in self._list(final_prefix)}
                 if layout.model_filename in existing:
                     digests = {n: self._object_sha256(final_prefix + n) for n in existing if "/" not in n}
-                    _compare_digests(layout, self.version_uri(layout), digests, staged)
+                    compare_digests(layout, self.version_uri(layout), digests, staged)
                     written = self._write_serving_config_if_absent(layout, push.serving_config)
                     self._check_listing(layout, final_prefix)
                     return push.outcome(self.version_uri(layout), "unchanged", written)

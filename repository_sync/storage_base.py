@@ -101,10 +101,21 @@ class StagedPush:
             self.on_progress(name)
 
 
-def _compare_digests(
+def compare_digests(
     layout: VersionLayout, where: str, existing: dict[str, str], staged: dict[str, str]
 ) -> None:
-    """Raise :class:`RepositoryConflictError` unless both digest maps match (signature ignored)."""
+    """Refuse to publish over an existing version whose files differ from the staged ones.
+
+    Args:
+        layout: The version being published (its signature file is left out of the comparison).
+        where: The existing version's location, for the message (path or ``s3://`` URI).
+        existing: ``{relative path: SHA-256 hex digest}`` of the files already there.
+        staged: The same map for the staged files.
+
+    Raises:
+        RepositoryConflictError: The existing version has no signature file, or a file differs,
+            is missing or is extra; the message names them.
+    """
     sig = layout.signature_filename
     if sig not in existing:
         raise RepositoryConflictError(

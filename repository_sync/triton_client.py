@@ -44,20 +44,20 @@ from ground.exceptions import (
     DataError,
     InferenceRequestError,
     ModelLoadError,
-    ModelLoadRefusedError,
     ParityError,
     ServiceUnavailableError,
     SignatureVerificationError,
 )
 from ground.settings_defaults import DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S
 from repository_sync.layout import INTENDED_CONFIG_FILENAME, VersionLayout, plan_version
+from repository_sync.model_config import model_filename_for, parse_config
 from repository_sync.signing import SignatureInfo, load_public_keys, verify_version
 from repository_sync.storage import open_repository
 from repository_sync.storage_base import RepositoryStorage
 from repository_sync.triton_inputs import (
     FLOAT64_EXACT_INT_LIMIT,
     InputSpec,
-    _check_array,
+    check_input_array,
     exact_integer,
     frame_to_inputs,
 )
@@ -107,37 +107,6 @@ class SmokeResult:
             "invalid_rows": [[i, r] for i, r in self.invalid_rows[:20]],
             "max_abs_error": self.max_abs_error,
         }
-
-
-def _config_message(config: Any, name: str):
-    """A ModelConfig from pbtxt text/bytes, a JSON string, a dict or a ModelConfig."""
-    from google.protobuf import json_format, text_format
-    from tritonclient.grpc import model_config_pb2
-
-    msg = model_config_pb2.ModelConfig()
-    if isinstance(config, model_config_pb2.ModelConfig):
-        msg.CopyFrom(config)
-    elif isinstance(config, Mapping):
-        json_format.ParseDict(dict(config), msg, ignore_unknown_fields=True)
-    else:
-        text = config.decode() if isinstance(config, bytes) else str(config)
-        try:
-            if text.lstrip().startswith("{"):
-                json_format.Parse(text, msg, ignore_unknown_fields=True)
-            else:
-                text_format.Parse(text, msg)
-        except (text_format.ParseError, json_format.ParseError) as exc:
-            raise ModelLoadRefusedError(f"config for model '{name}' does not parse: {exc}") from None
-    if msg.name and msg.name != name:
-        raise ModelLoadRefusedError(f"config names model {msg.name!r}, expected {name!r}")
-    msg.name = name
-    return msg
-
-
-def _config_json(msg) -> str:
-    from google.protobuf import json_format
-
-    return json_format.MessageToJson(msg, preserving_proto_field_name=True, indent=None)
 
 
 def coordination_store(coordination: Any, private_prefix: str) -> tuple[Any, str]:
@@ -353,8 +322,6 @@ class TritonModelControl:
                 "verification before load needs the repository and trusted keys: pass repository= "
                 "and trusted_keys= (TRITONFLOW_SIGNING_TRUSTED_KEYS_DIR)"
             )
-        from repository_sync.publish import model_filename_for
-
         probe: VersionLayout = plan_version(name, version)
         with self.storage.local_version(probe) as local:
             intended = local / INTENDED_CONFIG_FILENAME
@@ -365,7 +332,7 @@ class TritonModelControl:
                 )
             config_bytes = intended.read_bytes()
             try:
-                filename = model_filename_for(_config_message(config_bytes, name))
+                filename = model_filename_for(parse_config(config_bytes, model_name=name))
             except Exception as exc:
                 raise SignatureVerificationError(
                     f"{self.storage.version_uri(probe)}/{INTENDED_CONFIG_FILENAME} is unreadable "
@@ -452,7 +419,7 @@ class TritonModelControl:
         missing = sorted(set(specs) - set(inputs))
         if missing:
             raise DataError(f"inputs {missing} of model '{name}' are missing; given {sorted(inputs)}")
-        arrays = {n: _check_array(spec, inputs[n]) for n, spec in specs.items()}
+        arrays = {n: check_input_array(spec, inputs[n]) for n, spec in specs.items()}
         if outputs is None:
             meta = self._call("reading model metadata", self.client.get_model_metadata, name, str(version))
             outputs = [o["name"] for o in meta["outputs"]]

@@ -171,7 +171,20 @@ def frame_to_inputs(
     return arrays, rows, sorted(invalid.items())
 
 
-def _check_array(spec: InputSpec, array: np.ndarray) -> np.ndarray:
+def check_input_array(spec: InputSpec, array: np.ndarray) -> np.ndarray:
+    """``array`` in the numpy dtype of ``spec``'s Triton datatype, refusing lossy float ids.
+
+    Args:
+        spec: The model input it is sent as (name, Triton datatype).
+        array: The values, any shape.
+
+    Returns:
+        The array, converted to the input's dtype when it was another (``object`` for ``BYTES``).
+
+    Raises:
+        DataError: The input is an integer datatype but ``array`` holds floats (ids above 2**53
+            would lose digits).
+    """
     from tritonclient.utils import triton_to_np_dtype
 
     target = np.dtype(triton_to_np_dtype(spec.datatype)) if spec.datatype != "BYTES" else np.dtype(object)

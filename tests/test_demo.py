@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from model_registry.datasets import KNOWN_SHIFTS, LABEL_COLUMN
-from repository_sync.canary import CanaryPolicy
+from repository_sync.canary.policy import CanaryPolicy
 from tests.demo_run import get_quick_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

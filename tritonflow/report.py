@@ -192,7 +192,7 @@ def timing_rows(summary: Mapping[str, Any]) -> list[tuple[str, float]]:
         rows.append((f"canary v{e.get('challenger') or '?'} ({e.get('outcome')})", float(e["seconds"])))
         rb = e.get("rollback") or {}
         if isinstance(rb, Mapping) and isinstance(rb.get("decided_at"), (int, float)):
-            # repository_sync.canary.RollbackRecord: actions are [name, unix time, detail]
+            # repository_sync.canary.runner.RollbackRecord: actions are [name, unix time, detail]
             for name, at, *_ in rb.get("actions") or []:
                 if name == "gateway_to_champion":
                     rows.append((f"rollback: decision -> gateway 100 % champion (v{e.get('challenger')} out)",

@@ -11,7 +11,7 @@
 #   3. it waits until /gateway/reload-token answers the token, i.e. the new config is live;
 #   4. it writes "<token> ok" or "<token> failed" as the first line of reload.result
 #      (atomically), followed by NGINX's own output. A client waits for its token and raises on
-#      "failed", so repository_sync.nginx_router.NginxRouter restores the previous snippets.
+#      "failed", so repository_sync.routing.nginx_router.NginxRouter restores the previous snippets.
 #
 # Environment:
 #   TRITONFLOW_GATEWAY_CONF_DIR        folder to watch (default /etc/nginx/tritonflow)

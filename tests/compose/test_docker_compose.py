@@ -471,7 +471,7 @@ def test_prometheus_scrapes_triton_metrics_port_and_every_target_exists(services
 
 
 def test_grafana_dashboard_uses_the_provisioned_datasource_and_triton_metrics(services):
-    from repository_sync import canary
+    from repository_sync.canary.metrics import DURATION_METRIC, FAILURE_METRIC, QUEUE_METRIC, SUCCESS_METRIC
 
     grafana = services["grafana"]
     mounts = bind_mounts(grafana)
@@ -493,7 +493,7 @@ def test_grafana_dashboard_uses_the_provisioned_datasource_and_triton_metrics(se
                 assert target["datasource"]["uid"] == uid
                 exprs.append(target["expr"])
     text = "\n".join(exprs)
-    for metric in (canary.SUCCESS_METRIC, canary.FAILURE_METRIC, canary.DURATION_METRIC, canary.QUEUE_METRIC):
+    for metric in (SUCCESS_METRIC, FAILURE_METRIC, DURATION_METRIC, QUEUE_METRIC):
         per_version = [e for e in exprs if metric in e and re.search(r"by \([^)]*version", e)]
         assert per_version, f"no panel shows {metric} per model version"
     assert "nv_inference_request_failure" in text and "nv_inference_queue_duration_us" in text

@@ -57,7 +57,7 @@ def nginx_blocks(text: str) -> list[tuple[tuple[str, ...], str]]:
 
 
 def test_gateway_shares_its_snippet_folders_with_the_workers(services):
-    from repository_sync.nginx_router import NginxRouter
+    from repository_sync.routing.nginx_router import NginxRouter
 
     gateway, worker = services["gateway"], services["airflow-worker"]
     gateway_dir = env_of(gateway)["TRITONFLOW_GATEWAY_CONF_DIR"]
@@ -119,7 +119,7 @@ class LocalGateway:
 
 def request_reload(conf_dir: Path, timeout_s: float = 30.0) -> str:
     """Client side of the reload-watcher protocol, as the canary router uses it."""
-    from repository_sync.nginx_router import WatcherReload
+    from repository_sync.routing.nginx_router import WatcherReload
 
     return WatcherReload(conf_dir, timeout_s=timeout_s)()
 
@@ -205,8 +205,8 @@ def _get(url: str, data: bytes | None = None) -> tuple[int, dict, dict]:
 
 
 def test_workers_canary_plan_reaches_the_gateway_through_the_reload_watcher(local_gateway):
-    from repository_sync.nginx_router import NginxRouter
-    from repository_sync.traffic_plan import TrafficPlan
+    from repository_sync.routing.nginx_router import NginxRouter
+    from repository_sync.routing.traffic_plan import TrafficPlan
 
     gw = local_gateway
     router = NginxRouter(gw.conf_dir, reload=lambda: request_reload(gw.conf_dir), test=None)
@@ -224,8 +224,8 @@ def test_workers_canary_plan_reaches_the_gateway_through_the_reload_watcher(loca
 
 
 def test_reload_watcher_reports_a_refused_config_and_nginx_keeps_serving(local_gateway):
-    from repository_sync.nginx_router import NginxRouter
-    from repository_sync.traffic_plan import TrafficPlan
+    from repository_sync.routing.nginx_router import NginxRouter
+    from repository_sync.routing.traffic_plan import TrafficPlan
 
     gw = local_gateway
     from ground.exceptions import GatewayConfigError
@@ -246,8 +246,8 @@ def test_the_canary_counts_per_version_failures_from_the_log_the_stack_gateway_w
     from types import SimpleNamespace
 
     from ground.settings import Settings
-    from repository_sync.nginx_router import NginxRouter
-    from repository_sync.traffic_plan import TrafficPlan
+    from repository_sync.routing.nginx_router import NginxRouter
+    from repository_sync.routing.traffic_plan import TrafficPlan
     from tritonflow.pipelines.canary import CanaryEnvironment
     from tritonflow.pipelines.canary_promotion import gateway_statuses
 

@@ -117,10 +117,10 @@ def served(tmp_path_factory, mlflow_server):
     from model_registry.conversion import convert_sklearn
     from model_registry.registry import RegistryClient
     from model_registry.triton_config import InstanceGroupSpec, build_config, to_pbtxt
-    from repository_sync.gateway_probe import wait_live
     from repository_sync.publish import publish_version
+    from repository_sync.routing.gateway_probe import wait_live
+    from repository_sync.routing.traffic_plan import TrafficPlan
     from repository_sync.signing import generate_key_pair
-    from repository_sync.traffic_plan import TrafficPlan
     from tritonflow.pipelines.canary import CanaryEnvironment
     from tritonflow.pipelines.canary_loading import ensure_loaded
 
@@ -138,7 +138,7 @@ def served(tmp_path_factory, mlflow_server):
     client.create_registered_model(MODEL)
     for version, c in ((1, 1.0), (2, 0.8)):
         clf = LogisticRegression(max_iter=500, C=c).fit(X, y)
-        conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=MODEL)
+        conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=MODEL, settings=settings)
         onnx_path = home / f"v{version}.onnx"
         onnx_path.write_bytes(conv.serialized())
         config = to_pbtxt(build_config(MODEL, conv.onnx_model, max_batch_size=16,
@@ -234,7 +234,7 @@ def test_promotion_dag_run_for_the_serving_champion_is_a_noop(dag_runs):
 
 def test_rollback_dag_routes_back_moves_the_alias_and_unloads(served, dag_runs):
     from model_registry.registry import RegistryClient
-    from repository_sync.gateway_probe import served_by
+    from repository_sync.routing.gateway_probe import served_by
 
     assert dag_runs["rolled_back"]["state"] == "success", dag_runs["rolled_back"]
     env = served["env"]

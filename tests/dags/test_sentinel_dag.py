@@ -78,10 +78,10 @@ def serve_unhealthy_champion(home, tracking_uri: str, model: str, *, sentinel_in
     from model_registry.conversion import convert_sklearn
     from model_registry.registry import RegistryClient
     from model_registry.triton_config import InstanceGroupSpec, build_config, to_pbtxt
-    from repository_sync.gateway_probe import wait_live
     from repository_sync.publish import publish_version
+    from repository_sync.routing.gateway_probe import wait_live
+    from repository_sync.routing.traffic_plan import TrafficPlan
     from repository_sync.signing import generate_key_pair
-    from repository_sync.traffic_plan import TrafficPlan
     from tritonflow.pipelines.canary import CanaryEnvironment
     from tritonflow.pipelines.canary_loading import ensure_loaded
     from tritonflow.pipelines.publish_record import reference_root
@@ -101,7 +101,7 @@ def serve_unhealthy_champion(home, tracking_uri: str, model: str, *, sentinel_in
     client.create_registered_model(model)
     for version, c in ((1, 1.0), (2, 0.8)):
         clf = LogisticRegression(max_iter=500, C=c).fit(X, y)
-        conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=model)
+        conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=model, settings=settings)
         onnx_path = home / f"v{version}.onnx"
         onnx_path.write_bytes(conv.serialized())
         config = to_pbtxt(build_config(model, conv.onnx_model, max_batch_size=16,
@@ -133,7 +133,7 @@ def serve_unhealthy_champion(home, tracking_uri: str, model: str, *, sentinel_in
 
 
 def test_sentinel_dag_defers_detects_and_rolls_back_to_the_previous_champion(served, tmp_path, airflow_home):
-    from repository_sync.gateway_probe import served_by
+    from repository_sync.routing.gateway_probe import served_by
 
     folder = tmp_path / "dags"
     folder.mkdir()

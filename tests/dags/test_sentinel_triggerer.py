@@ -57,7 +57,7 @@ def deployment(tmp_path_factory, mlflow_server):
 
 
 def test_the_triggerer_detects_an_unhealthy_champion_and_the_task_rolls_it_back(deployment):
-    from repository_sync.gateway_probe import served_by
+    from repository_sync.routing.gateway_probe import served_by
 
     dep, reg, gateway = deployment["deployment"], deployment["reg"], deployment["gateway"]
     api = AirflowApi(dep.api_url)

@@ -138,7 +138,7 @@ def test_the_null_expectation_carries_the_reference_missing_share(null_and_empty
 def test_vectorised_checks_agree_with_great_expectations_on_the_same_window(null_and_empty_windows):
     """The exact fast path and GX give the same verdicts and observed values (small window)."""
     from drift_checks.contract_exact import exact_result
-    from drift_checks.contract_gx import _run_gx
+    from drift_checks.contract_gx import run_gx
 
     ref, all_null, _ = null_and_empty_windows
     cur = all_null.assign(session_minutes=all_null.session_minutes * 3,
@@ -151,7 +151,7 @@ def test_vectorised_checks_agree_with_great_expectations_on_the_same_window(null
 
     fast = {i: exact_result(s, ColumnFacts.of_series(cur[s.column]), False) for i, s in specs}
     assert all(r is not None for r in fast.values())
-    gx = dict(_run_gx(specs, cur, set(), 10_000, 0))
+    gx = dict(run_gx(specs, cur, set(), 10_000, 0))
     assert {i: r.success for i, r in fast.items()} == {i: r.success for i, r in gx.items()}
     assert any(not r.success for r in fast.values()) and any(r.success for r in fast.values())
     for i, r in fast.items():
@@ -234,7 +234,7 @@ def test_a_value_that_cannot_be_read_as_its_declared_type_fails_the_contract_nam
 
 # ------------------------------------------------------------------ non-finite values
 def test_infinite_values_in_a_numeric_feature_fail_the_contract_by_name_count_and_share(null_and_empty_windows):
-    from drift_checks.contract_gx import _run_gx
+    from drift_checks.contract_gx import run_gx
     from drift_checks.summaries import summarize_frame
     from drift_checks.verdict import prepare_reference
 
@@ -254,7 +254,7 @@ def test_infinite_values_in_a_numeric_feature_fail_the_contract_by_name_count_an
     # the exact check is GX's own expectation: GX gives the same verdict on the same window
     spec = next(s for s in contract.expectations if s.type == "ExpectColumnValuesToNotBeInSet"
                 and s.column == "session_minutes")
-    ((_, gx),) = _run_gx([(0, spec)], cur, set(), 10_000, 0)
+    ((_, gx),) = run_gx([(0, spec)], cur, set(), 10_000, 0)
     assert gx.success is False and not gx.raised and gx.observed["unexpected_percent"] == 20.0
     # a stored (JSON) contract writes the infinities as text: the same check
     again = run_contract(Contract.from_dict(json.loads(json.dumps(contract.to_dict()))), cur)

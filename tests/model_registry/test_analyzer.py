@@ -322,6 +322,7 @@ def test_model_analyzer_profiles_a_cpu_model_and_the_chosen_config_fits_it(tmp_p
     from ground.settings import Settings
     from model_registry.analyzer import profile_model
     from model_registry.triton_config import DynamicBatchingSpec, build_config, check_config, to_pbtxt
+    from tritonflow.runtime.triton_tools import triton_tools
 
     s = Settings.from_env({}, home=tmp_path / "home", triton_venv=TRITON_VENV, analyzer_stability_cv=0.5)
     w = numpy_helper.from_array(np.random.default_rng(7).normal(size=(4, 2)).astype(np.float32), "w")
@@ -338,7 +339,7 @@ def test_model_analyzer_profiles_a_cpu_model_and_the_chosen_config_fits_it(tmp_p
     search = SearchSpace(max_batch_sizes=(8,), instance_counts=(1,), queue_delays_us=(100,), concurrency=(1,),
                          measurement_ms=1000, max_auto_adjusts=2)
     outcome = profile_model("tabular", cfg, model_repository=repo, work_dir=tmp_path / "work", search=search,
-                            hardware=CPU_HOST, settings=s, timeout_s=400)
+                            hardware=CPU_HOST, tools=triton_tools(s), settings=s, timeout_s=400)
     profile = yaml.safe_load(outcome.profile_config_path.read_text())
     assert profile["profile_models"]["tabular"]["cpu_only"] is True
     assert outcome.rows and all(r.throughput > 0 for r in outcome.rows)
@@ -362,6 +363,7 @@ def test_confirmation_passes_measure_each_tried_config_on_a_scratch_triton(tmp_p
     from ground.settings import Settings
     from model_registry.analyzer import measure_config_passes
     from model_registry.triton_config import build_config, to_pbtxt
+    from tritonflow.runtime.triton_tools import triton_tools
 
     s = Settings.from_env({}, home=tmp_path / "home", triton_venv=TRITON_VENV, analyzer_stability_cv=0.5)
     w = numpy_helper.from_array(np.random.default_rng(3).normal(size=(4, 2)).astype(np.float32), "w")
@@ -381,11 +383,13 @@ def test_confirmation_passes_measure_each_tried_config_on_a_scratch_triton(tmp_p
                                                                                       max_batch_size=8)))
 
     configs = ["tabular_config_0", "tabular_config_default"]
-    measured = measure_config_passes(out, configs, 1, passes=1, settings=s, measurement_ms=500)
+    tools = triton_tools(s)
+    measured = measure_config_passes(out, configs, 1, passes=1, tools=tools, settings=s, measurement_ms=500)
     assert set(measured) == set(configs)
     assert all(measured[c] and all(p.model == c for p in measured[c]) for c in configs)
     # perf_analyzer reached each config (a model it cannot reach fails the pass); on a loaded
     # machine a pass may be unstable (NaN figures), a stable one has real figures
     assert all(p.throughput > 0 and p.p99_ms > 0 for c in configs for p in measured[c] if p.stable)
     with pytest.raises(TransientError, match="tabular_config_broken"):
-        measure_config_passes(out, ["tabular_config_broken"], 1, passes=1, settings=s, measurement_ms=500)
+        measure_config_passes(out, ["tabular_config_broken"], 1, passes=1, tools=tools, settings=s,
+                              measurement_ms=500)

@@ -8,15 +8,14 @@ import pytest
 from ground.exceptions import ModelConversionError, ModelValidationError
 from model_registry.conversion import (
     TensorSchema,
-    convert_mlflow_model,
     convert_onnx,
-    convert_pytorch,
     convert_sklearn,
     safe_tensor_name,
     sanitize_io_names,
     schema_from_signature,
-    verify_torchscript,
 )
+from model_registry.flavors import convert_mlflow_model
+from model_registry.pytorch_conversion import convert_pytorch, verify_torchscript
 from model_registry.triton_config import build_config, check_config, model_io
 from model_registry.validation import check_outputs_are_tensors, make_session
 

@@ -164,9 +164,9 @@ def test_bootstrap_is_seeded_paired_and_reproducible(late):
 def test_vectorised_bootstrap_auc_equals_sklearn_roc_auc_score_on_resamples(late):
     y, champion, _ = late
     idx = np.random.default_rng(5).integers(0, y.size, size=(20, y.size))
-    vectorised = shadow_metrics._boot_metric("auc", y, champion, idx, 0.5)
+    vectorised = shadow_metrics.bootstrap_metric("auc", y, champion, idx, 0.5)
     np.testing.assert_allclose(vectorised, [roc_auc_score(y[i], champion[i]) for i in idx])
-    f1 = shadow_metrics._boot_metric("f1", y, champion, idx, 0.5)
+    f1 = shadow_metrics.bootstrap_metric("f1", y, champion, idx, 0.5)
     from sklearn.metrics import f1_score
     np.testing.assert_allclose(f1, [f1_score(y[i], champion[i] >= 0.5) for i in idx])
 
@@ -250,6 +250,7 @@ def test_onnx_classifier_names_its_classes_in_probability_column_order():
     from sklearn.linear_model import LogisticRegression
 
     from drift_checks.multiclass import onnx_class_labels
+    from ground.settings import get_settings
     from model_registry.conversion import convert_sklearn
 
     X, y = load_iris(return_X_y=True)
@@ -257,7 +258,8 @@ def test_onnx_classifier_names_its_classes_in_probability_column_order():
     names = np.array(["virginica", "setosa", "versicolor"])[y]  # sklearn sorts: setosa, versicolor, virginica
     for target, want in ((y, [0, 1, 2]), (names, ["setosa", "versicolor", "virginica"])):
         clf = LogisticRegression(max_iter=500).fit(X, target)
-        onnx_model = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name="m").onnx_model
+        onnx_model = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name="m",
+                                     settings=get_settings()).onnx_model
         assert onnx_class_labels(onnx_model) == want == list(clf.classes_)
 
 

@@ -27,7 +27,7 @@ from ground.exceptions import (
 )
 from model_registry import datasets as ds
 from model_registry import training as tr
-from model_registry import training_registration
+from model_registry.registry_client import pinned_mlflow_uris
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -191,7 +191,7 @@ def test_registered_challenger_loads_with_signature_and_predicts_like_the_traine
         mlflow_server, registered, recent_window):
     name, result = registered
     uri = f"models:/{name}@challenger"
-    with training_registration._tracking(mlflow_server.tracking_uri):
+    with pinned_mlflow_uris(mlflow_server.tracking_uri):
         info = mlflow.models.get_model_info(uri)
         loaded = mlflow.sklearn.load_model(uri)
     assert [c.name for c in info.signature.inputs] == list(ds.FEATURE_COLUMNS)
@@ -266,7 +266,7 @@ def test_mlflow_project_entry_point_trains_and_registers(mlflow_server, tmp_path
     assert mv.tags["tritonflow.data_sha256"] == tr.data_sha256(recent_window)
     run = client.get_run(result.run_id)
     assert run.data.params["C"] == "0.5" and run.data.params["retrain_reason"] == "schedule"
-    with training_registration._tracking(mlflow_server.tracking_uri):
+    with pinned_mlflow_uris(mlflow_server.tracking_uri):
         loaded = mlflow.sklearn.load_model(f"models:/{name}@challenger")
     assert loaded.named_steps["classify"].C == 0.5
     with pytest.raises(TrainingError, match="entry point 'nope' failed"):

@@ -9,6 +9,7 @@ import pytest
 
 from ground.exceptions import ModelConfigError, ModelValidationError, ParityError
 from model_registry.conversion import TensorSchema, convert_sklearn, sklearn_predict_fn
+from model_registry.parity import parity_check
 from model_registry.triton_config import build_config, parse_config
 from model_registry.validation import (
     check_batching,
@@ -17,7 +18,6 @@ from model_registry.validation import (
     ensure_onnx_compat,
     make_compatible,
     make_session,
-    parity_check,
     validate_for_push,
     validation_sample,
 )

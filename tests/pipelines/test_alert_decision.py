@@ -67,9 +67,10 @@ def test_the_retrain_cooldown_counts_in_logical_time_not_wall_clock(tmp_path):
 
 
 def _hold_promotion_lock(home: str, model: str, ready, release) -> None:
+    from ground.settings import get_settings
     from repository_sync.locks import promotion_lock
 
-    with promotion_lock(model, home=home, holder="canary_promotion/run_1/canary"):
+    with promotion_lock(model, settings=get_settings(home=home), holder="canary_promotion/run_1/canary"):
         ready.set()
         release.wait(30)
 

@@ -35,9 +35,9 @@ import requests
 
 from ground.coordination import PROMOTION
 from ground.exceptions import ConcurrencyError, DataError, PreflightError, RegistryError
-from repository_sync.gateway_probe import served_by, wait_live
 from repository_sync.locks import store_for
-from repository_sync.traffic_plan import TrafficPlan
+from repository_sync.routing.gateway_probe import served_by, wait_live
+from repository_sync.routing.traffic_plan import TrafficPlan
 from tests.conftest import make_settings
 from tritonflow.pipelines.canary import CanaryEnvironment
 from tritonflow.pipelines.canary_loading import ensure_loaded
@@ -68,10 +68,11 @@ class Onnx:
 def _convert(clf, X, name: str, folder: Path) -> Onnx:
     from mlflow.models import infer_signature
 
+    from ground.settings import get_settings
     from model_registry.conversion import convert_sklearn
     from model_registry.triton_config import InstanceGroupSpec, build_config, to_pbtxt
 
-    conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=name)
+    conv = convert_sklearn(clf, infer_signature(X, clf.predict_proba(X)), model_name=name, settings=get_settings())
     path = folder / f"{name}.onnx"
     path.write_bytes(conv.serialized())
     cfg = build_config("placeholder", conv.onnx_model, max_batch_size=16,
@@ -106,7 +107,7 @@ def models(tmp_path_factory):
 def expected_file(models: dict, key: str, name: str) -> str:
     """An expected-predictions file of model ``key`` on the iris rows: one ``expected.<column>``
     per logged probability column (the per-output-column comparison) and the inputs."""
-    from repository_sync.canary_checks import EXPECTED_SCORE_COLUMN
+    from repository_sync.canary.checks import EXPECTED_SCORE_COLUMN
 
     X = models["X"]
     probs = models["clf"][key].predict_proba(X)

@@ -27,9 +27,9 @@ import pandas as pd
 import pytest
 
 from ground.exceptions import DataError, WindowError
-from repository_sync.gateway_probe import FALLBACK_HEADER, answered_by, fallback_model_name, wait_live
-from repository_sync.nginx_router import NginxRouter
-from repository_sync.traffic_plan import TrafficPlan
+from repository_sync.routing.gateway_probe import FALLBACK_HEADER, answered_by, fallback_model_name, wait_live
+from repository_sync.routing.nginx_router import NginxRouter
+from repository_sync.routing.traffic_plan import TrafficPlan
 from tritonflow.pipelines.publish_fallback import QuantizationUnsupported, gate, quantize
 
 HEADER = "X-Tritonflow-Version"

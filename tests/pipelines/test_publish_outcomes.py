@@ -63,6 +63,7 @@ def _reject(settings, name, version, stage="profile", reason="ProfilingError: no
 def test_model_analyzer_failure_is_an_infrastructure_error_and_never_rejects(settings, classifier, tmp_path,
                                                                              monkeypatch):
     from model_registry import analyzer
+    from tritonflow.runtime.triton_tools import triton_tools
 
     # the real model-analyzer, given a config it cannot run, exits non-zero: a tool failure
     bad = tmp_path / "profile.yaml"
@@ -70,7 +71,8 @@ def test_model_analyzer_failure_is_an_infrastructure_error_and_never_rejects(set
     if not analyzer.analyzer_binary(settings).is_file():
         pytest.skip(f"model-analyzer is not installed at {analyzer.analyzer_binary(settings)}")
     with pytest.raises(ToolingError, match="model-analyzer profile failed"):
-        analyzer.run_profile(bad, settings=settings, timeout_s=300, log_path=tmp_path / "ma.log")
+        analyzer.run_profile(bad, tools=triton_tools(settings), settings=settings, timeout_s=300,
+                             log_path=tmp_path / "ma.log")
 
     model, X = classifier
     name = unique("outcome_tool")

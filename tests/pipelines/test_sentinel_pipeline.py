@@ -16,9 +16,9 @@ import json
 import pandas as pd
 import pytest
 
-from repository_sync.gateway_probe import served_by, wait_live
+from repository_sync.routing.gateway_probe import served_by, wait_live
+from repository_sync.routing.traffic_plan import TrafficPlan
 from repository_sync.sentinel import SentinelPolicy
-from repository_sync.traffic_plan import TrafficPlan
 from tests.pipelines.test_canary_pipeline import FEATURES, deploy, models, registry, stack  # noqa: F401
 from tests.plugins import airflow_env  # noqa: F401  (plugins/ on sys.path for the trigger)
 from tritonflow.pipelines.canary_loading import ensure_loaded

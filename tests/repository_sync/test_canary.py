@@ -27,26 +27,22 @@ from ground.exceptions import (
     PreflightError,
     SettingsError,
 )
-from ground.settings import Settings
-from repository_sync.canary import (
-    FAIL,
-    INCONCLUSIVE,
-    PASS,
-    CanaryPolicy,
-    analyse_step,
+from ground.settings import Settings, get_settings
+from ground.values import parse_steps
+from repository_sync.canary.analysis import FAIL, INCONCLUSIVE, PASS, analyse_step
+from repository_sync.canary.metrics import (
     fetch_metrics_text,
     metrics_scraper,
-    parse_steps,
     parse_triton_metrics,
-    preflight_from_settings,
-    preflight_memory,
-    run_canary,
     version_window,
 )
-from repository_sync.gateway_probe import wait_live
+from repository_sync.canary.policy import CanaryPolicy
+from repository_sync.canary.preflight import preflight_from_settings, preflight_memory
+from repository_sync.canary.runner import run_canary
 from repository_sync.locks import promotion_lock
-from repository_sync.nginx_router import NginxRouter
-from repository_sync.traffic_plan import TrafficPlan
+from repository_sync.routing.gateway_probe import wait_live
+from repository_sync.routing.nginx_router import NginxRouter
+from repository_sync.routing.traffic_plan import TrafficPlan
 from tritonflow.runtime.services import free_port
 
 MODEL = "churn_model"
@@ -345,16 +341,16 @@ def test_invalid_schedule_moves_no_traffic():
 
 # ------------------------------------------------------------------------------ promotion lock
 def test_second_promotion_of_a_model_fails_naming_model_and_holder(tmp_path):
-    with promotion_lock(MODEL, home=tmp_path, holder="canary_promotion/run-1"):
+    with promotion_lock(MODEL, settings=get_settings(home=tmp_path), holder="canary_promotion/run-1"):
         with pytest.raises(ConcurrencyError) as exc:
-            with promotion_lock(MODEL, home=tmp_path, holder="canary_promotion/run-2"):
+            with promotion_lock(MODEL, settings=get_settings(home=tmp_path), holder="canary_promotion/run-2"):
                 pass
         assert "'churn_model'" in str(exc.value)
         assert "canary_promotion/run-1" in str(exc.value)
         # another model is independent
-        with promotion_lock("other_model", home=tmp_path, holder="run-3"):
+        with promotion_lock("other_model", settings=get_settings(home=tmp_path), holder="run-3"):
             pass
-    with promotion_lock(MODEL, home=tmp_path, holder="run-4"):
+    with promotion_lock(MODEL, settings=get_settings(home=tmp_path), holder="run-4"):
         pass  # released after the first holder left
 
 
@@ -364,7 +360,7 @@ def test_second_promotion_waits_for_the_lock_when_given_a_timeout(tmp_path):
     order: list[str] = []
 
     def first():
-        with promotion_lock(MODEL, home=tmp_path, holder="first"):
+        with promotion_lock(MODEL, settings=get_settings(home=tmp_path), holder="first"):
             held.set()
             release.wait(10)
             order.append("first leaving")
@@ -373,7 +369,7 @@ def test_second_promotion_waits_for_the_lock_when_given_a_timeout(tmp_path):
     t.start()
     assert held.wait(10)
     threading.Timer(0.2, release.set).start()
-    with promotion_lock(MODEL, home=tmp_path, holder="second", timeout_s=10):
+    with promotion_lock(MODEL, settings=get_settings(home=tmp_path), holder="second", timeout_s=10):
         # the second holder got in by waiting for the first to let go, never beside it
         order.append("second acquired")
         assert order == ["first leaving", "second acquired"]
@@ -384,8 +380,9 @@ def test_lock_held_by_another_process_is_reported_and_freed_when_it_dies(tmp_pat
     code = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(__import__('pathlib').Path(__file__).resolve().parents[2])!r})
+        from ground.settings import get_settings
         from repository_sync.locks import promotion_lock
-        with promotion_lock({MODEL!r}, home={str(tmp_path)!r}, holder="airflow-worker-7"):
+        with promotion_lock({MODEL!r}, settings=get_settings(home={str(tmp_path)!r}), holder="airflow-worker-7"):
             print("held", flush=True)
             time.sleep(60)
     """)
@@ -393,12 +390,12 @@ def test_lock_held_by_another_process_is_reported_and_freed_when_it_dies(tmp_pat
     try:
         assert proc.stdout.readline().strip() == "held"
         with pytest.raises(ConcurrencyError, match=f"(?s)'churn_model'.*airflow-worker-7.*pid {proc.pid}"):
-            with promotion_lock(MODEL, home=tmp_path):
+            with promotion_lock(MODEL, settings=get_settings(home=tmp_path)):
                 pass
     finally:
         proc.kill()
         proc.wait()
-    with promotion_lock(MODEL, home=tmp_path, holder="after crash"):
+    with promotion_lock(MODEL, settings=get_settings(home=tmp_path), holder="after crash"):
         pass
 
 

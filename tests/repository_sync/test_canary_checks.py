@@ -15,8 +15,15 @@ import pandas as pd
 import pytest
 
 from ground.exceptions import DataError
-from repository_sync.canary import CONTINUE, FAIL, INCONCLUSIVE, PASS, CanaryPolicy, CoverageReference, analyse_step
-from repository_sync.canary_checks import (
+from repository_sync.canary.analysis import (
+    CONTINUE,
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    CoverageReference,
+    analyse_step,
+)
+from repository_sync.canary.checks import (
     EXPECTED_SCORE_COLUMN,
     ExpectedBehaviour,
     Observations,
@@ -27,6 +34,7 @@ from repository_sync.canary_checks import (
     quality_check,
     scores_of,
 )
+from repository_sync.canary.policy import CanaryPolicy
 from tests.repository_sync.test_canary import MODEL, triton_metrics_text
 
 POLICY = CanaryPolicy(steps=(50, 100), bake_s=60, min_requests=100, max_extensions=1,

@@ -12,8 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from repository_sync.canary import CONTINUE, FAIL, PASS, CanaryPolicy, run_canary
-from repository_sync.canary_checks import Observations
+from repository_sync.canary.analysis import CONTINUE, FAIL, PASS
+from repository_sync.canary.checks import Observations
+from repository_sync.canary.policy import CanaryPolicy
+from repository_sync.canary.runner import run_canary
 from tests.repository_sync.test_canary import MODEL, triton_metrics_text
 
 POLICY = CanaryPolicy(steps=(25, 100), bake_s=300, min_requests=100, max_extensions=1,

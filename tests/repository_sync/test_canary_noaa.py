@@ -2,8 +2,8 @@
 after the concept drift pass the canary, a challenger trained on flipped labels is rolled back.
 
 Real data (``model_registry.datasets.load_noaa``), real models (``model_registry.training.train_noaa``)
-and the real analysis (:func:`repository_sync.canary.run_canary` with the default
-:class:`~repository_sync.canary.CanaryPolicy`: steps 5/25/50/100 %, 300 s bakes analysed every
+and the real analysis (:func:`repository_sync.canary.runner.run_canary` with the default
+:class:`~repository_sync.canary.policy.CanaryPolicy`: steps 5/25/50/100 %, 300 s bakes analysed every
 5 s, KS 0.2, PSI 0.25). The traffic is simulated on a virtual clock (what the gateway and Triton
 would count, what clients would log, labels that arrive within the step), so a 20-minute canary
 runs in seconds; the same driver runs against a real Triton and NGINX in the integration tests.
@@ -20,8 +20,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repository_sync.canary import CanaryPolicy, CoverageReference, run_canary
-from repository_sync.canary_checks import EXPECTED_SCORE_COLUMN, ExpectedBehaviour, Observations
+from repository_sync.canary.analysis import CoverageReference
+from repository_sync.canary.checks import EXPECTED_SCORE_COLUMN, ExpectedBehaviour, Observations
+from repository_sync.canary.policy import CanaryPolicy
+from repository_sync.canary.runner import run_canary
 from tests.repository_sync.test_canary import triton_metrics_text
 
 DAYS_PER_HOUR = 48

@@ -17,11 +17,13 @@ import types
 import pandas as pd
 import pytest
 
-from repository_sync.canary import CanaryPolicy, metrics_scraper, run_canary
-from repository_sync.canary_checks import Observations
-from repository_sync.gateway_probe import wait_live
-from repository_sync.nginx_router import NginxRouter
-from repository_sync.traffic_plan import TrafficPlan
+from repository_sync.canary.checks import Observations
+from repository_sync.canary.metrics import metrics_scraper
+from repository_sync.canary.policy import CanaryPolicy
+from repository_sync.canary.runner import run_canary
+from repository_sync.routing.gateway_probe import wait_live
+from repository_sync.routing.nginx_router import NginxRouter
+from repository_sync.routing.traffic_plan import TrafficPlan
 from tritonflow.runtime.fault_injection import set_mode, write_fault_model
 
 pytestmark = pytest.mark.integration

@@ -13,11 +13,14 @@ import time
 import pytest
 
 from ground.exceptions import DataError, MetricsUnavailableError
-from repository_sync.canary import CanaryPolicy, analyse_step, metrics_scraper, run_canary
-from repository_sync.gateway_probe import wait_live
-from repository_sync.gateway_status import GatewayStatusLog, StatusCounts, is_failure
-from repository_sync.nginx_router import NginxRouter
-from repository_sync.traffic_plan import TrafficPlan
+from repository_sync.canary.analysis import analyse_step
+from repository_sync.canary.metrics import metrics_scraper
+from repository_sync.canary.policy import CanaryPolicy
+from repository_sync.canary.runner import run_canary
+from repository_sync.routing.gateway_probe import wait_live
+from repository_sync.routing.gateway_status import GatewayStatusLog, StatusCounts, is_failure
+from repository_sync.routing.nginx_router import NginxRouter
+from repository_sync.routing.traffic_plan import TrafficPlan
 from tests.repository_sync.test_canary import triton_metrics_text
 
 
@@ -182,7 +185,7 @@ def test_returned_errors_and_unknown_versions_are_counted_at_the_gateway(served)
     counts = GatewayStatusLog(served["status_log"]).counts(MODEL, start, time.time() + 1)
     n2 = sum(1 for _s, v, _d in got if v == "2")
     assert counts[1] == StatusCounts(40 - n2, 0) and counts[2] == StatusCounts(n2, n2)
-    from repository_sync.canary import parse_triton_metrics
+    from repository_sync.canary.metrics import parse_triton_metrics
 
     triton_v2 = parse_triton_metrics(scrape())[(MODEL, "2")]
     assert triton_v2.failure == 0  # Triton 2.51 counts the returned errors as successes
@@ -235,7 +238,7 @@ def test_challenger_returning_errors_is_rolled_back_on_its_gateway_error_rate(se
 
 @pytest.mark.integration
 def test_fallback_and_mirror_locations_log_too_and_formats_do_not_clash(served, tmp_path):
-    from repository_sync.traffic_plan import Mirror
+    from repository_sync.routing.traffic_plan import Mirror
     from tritonflow.runtime.fault_injection import set_mode
 
     gateway, url = served["gateway"], served["gateway"].url

@@ -2,7 +2,7 @@
 challenger on a real Triton; clients only ever get the champion's answers.
 
 Real services: Triton (``triton_factory``), NGINX (``gateway_factory``) and the aiohttp recorder
-(:class:`repository_sync.mirror.MirrorRecorder`). The model is the Python-backend model of
+(:class:`repository_sync.routing.mirror.MirrorRecorder`). The model is the Python-backend model of
 ``test_canary.py`` (version ``v`` answers ``x * v``), so whose answer is whose is visible.
 """
 
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from ground.exceptions import TrafficPlanError
-from repository_sync.gateway_probe import wait_live
-from repository_sync.mirror import MirrorRecorder, output_columns
-from repository_sync.nginx_router import NginxRouter
-from repository_sync.traffic_plan import Mirror, TrafficPlan
+from repository_sync.routing.gateway_probe import wait_live
+from repository_sync.routing.mirror import MirrorRecorder, output_columns
+from repository_sync.routing.nginx_router import NginxRouter
+from repository_sync.routing.traffic_plan import Mirror, TrafficPlan
 from tests.repository_sync.test_canary import served  # noqa: F401 -- the fixture
 
 

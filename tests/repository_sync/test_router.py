@@ -25,9 +25,9 @@ from ground.exceptions import (
     GatewayReloadError,
     TrafficPlanError,
 )
-from repository_sync.gateway_probe import PLAN_HEADER, served_by, wait_live
-from repository_sync.nginx_router import NginxRouter
-from repository_sync.traffic_plan import Route, TrafficPlan
+from repository_sync.routing.gateway_probe import PLAN_HEADER, served_by, wait_live
+from repository_sync.routing.nginx_router import NginxRouter
+from repository_sync.routing.traffic_plan import Route, TrafficPlan
 
 pytestmark = pytest.mark.integration
 
@@ -334,7 +334,7 @@ def test_router_works_with_the_gateway_handle_reload(gateway):
 
 def test_router_chosen_by_the_setting_routes_through_the_real_gateway(gateway):
     from ground.settings import Settings
-    from repository_sync.router import make_router
+    from repository_sync.routing.router import make_router
 
     r = make_router(Settings.from_env({}).traffic_router, conf_dir=gateway.conf_dir, reload=gateway.reload)
     plan = r.apply(TrafficPlan.single("churn_model", 4))

@@ -6,8 +6,8 @@ import pytest
 
 from ground.exceptions import SettingsError
 from ground.settings import Settings
-from repository_sync.nginx_router import NginxRouter
-from repository_sync.router import ROUTERS, make_router
+from repository_sync.routing.nginx_router import NginxRouter
+from repository_sync.routing.router import ROUTERS, make_router
 
 
 def test_the_default_setting_builds_the_nginx_router_with_its_options(tmp_path):

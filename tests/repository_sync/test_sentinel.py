@@ -103,9 +103,9 @@ def served(tmp_path_factory):
     """Real Triton serving the fault model's versions 1 and 2, real NGINX routing 100 % to 1."""
     import tritonclient.http as httpclient
 
-    from repository_sync.gateway_probe import wait_live
-    from repository_sync.nginx_router import NginxRouter
-    from repository_sync.traffic_plan import TrafficPlan
+    from repository_sync.routing.gateway_probe import wait_live
+    from repository_sync.routing.nginx_router import NginxRouter
+    from repository_sync.routing.traffic_plan import TrafficPlan
     from tests.conftest import make_settings
     from tritonflow.runtime.fault_injection import write_fault_model
     from tritonflow.runtime.services import NginxGateway, TritonServer

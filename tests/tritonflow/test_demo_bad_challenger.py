@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ground.settings import Settings
-from repository_sync.canary import CanaryPolicy
+from repository_sync.canary.policy import CanaryPolicy
 from tritonflow.demo import bad_challenger as bc
 from tritonflow.demo.config import LOOP_DAGS, config_from_args, environment
 from tritonflow.report import _bad_challenger_html

@@ -8,7 +8,7 @@ alias to ``model_publish`` then ``canary_promotion``: the registry watcher of ``
 sees the alias, ``registry_events`` starts ``model_publish``, which starts ``canary_promotion``
 when it succeeds. While the canary runs the driver's canary traffic goes on, and the labels of
 those requests arrive at once, so the canary's quality check with labels (challenger AUC against
-the champion's, bootstrap interval; :func:`repository_sync.canary_checks.quality_check`) can
+the champion's, bootstrap interval; :func:`repository_sync.canary.checks.quality_check`) can
 judge it under the default thresholds.
 
 What the record says (outcome, reason, step verdicts) is read back from the scheduler's runs:

@@ -298,7 +298,8 @@ class Demo:
 
     def route_champion(self, version: int) -> None:
         """Point the gateway at the first champion (100 %); the canary DAG owns later changes."""
-        from repository_sync.router import TrafficPlan, wait_live
+        from repository_sync.routing.gateway_probe import wait_live
+        from repository_sync.routing.traffic_plan import TrafficPlan
         from tritonflow.pipelines.canary import CanaryEnvironment
 
         env = CanaryEnvironment.from_settings(self.settings, gateway=self._rt.gateway)

@@ -175,7 +175,8 @@ def exec_python(project: str, service: str, code: str, *args: str, files: tuple[
 #: Routing code run in an Airflow container (argv: model, version): the first champion at 100 %.
 ROUTE_CHAMPION = """
 import sys
-from repository_sync.router import TrafficPlan, wait_live
+from repository_sync.routing.gateway_probe import wait_live
+from repository_sync.routing.traffic_plan import TrafficPlan
 from tritonflow.pipelines.canary import CanaryEnvironment
 from ground.settings import get_settings
 model, version = sys.argv[1], int(sys.argv[2])

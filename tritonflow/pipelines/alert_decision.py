@@ -159,9 +159,7 @@ def admission(model: str, hour: Any, features: Sequence[str], settings: Settings
     """
     s = settings or get_settings()
     if handed_over not in (None, "") and str(handed_over).strip().isdigit():
-        from tritonflow.pipelines.publish_common import open_registry
-
-        champion = open_registry(s).champion(model)
+        champion = _registry(s).champion(model)
         if champion is not None and int(str(handed_over).strip()) == int(champion.version):
             return make_decision(model, hour, features, "skip_already_champion",
                                  f"version {champion.version} handed over for evaluation is already the champion "
@@ -179,11 +177,17 @@ def admission(model: str, hour: Any, features: Sequence[str], settings: Settings
     return None
 
 
+def _registry(s: Settings):
+    """The :class:`~model_registry.registry.RegistryClient` of the settings' tracking server (= registry)."""
+    from model_registry.registry import RegistryClient
+
+    uri = s.resolved_mlflow_tracking_uri
+    return RegistryClient(tracking_uri=uri, registry_uri=uri)
+
+
 def _client(s: Settings):
     """The MLflow client of :class:`~model_registry.registry.RegistryClient` (tracking server = registry)."""
-    from tritonflow.pipelines.publish_common import open_registry
-
-    return open_registry(s).client
+    return _registry(s).client
 
 
 def last_retrain_hour(model: str, before: Any, settings: Settings | None = None,

@@ -19,7 +19,7 @@ Sequence of a promotion (``canary_promotion``):
    re-verified (OpenSSF model-signing, trusted keys), then both loaded side by side with a
    ``specific`` version policy that keeps them.
 4. :func:`tritonflow.pipelines.canary_promotion.run_promotion` -- under the model's promotion lock
-   for the whole canary: drive :func:`repository_sync.canary.run_canary` through the real NGINX
+   for the whole canary: drive :func:`repository_sync.canary.runner.run_canary` through the real NGINX
    router, Triton's metrics endpoint and the inference log; record every step's figures and verdict
    on the challenger's MLflow model version; at 100 %: move the ``champion`` alias
    (``previous_champion`` kept; with ``use_stages`` Production/Archived), set Triton's version
@@ -70,7 +70,7 @@ def _status_log(s: Settings, conf_dir: Path) -> tuple[str | None, str]:
     with the reload watcher (NGINX in another container, which sees the conf dir at another path)
     none unless the setting names a path both see.
     """
-    from repository_sync.gateway_status import STATUS_LOG_NAME
+    from repository_sync.routing.gateway_status import STATUS_LOG_NAME
 
     value = (s.gateway_access_log or "").strip()
     if value.lower() == "off":
@@ -103,7 +103,7 @@ class CanaryEnvironment:
         endpoint_url: S3 endpoint for the repository and the log (``None``: from the URL).
         gpu_free_bytes: Callable giving free GPU memory in bytes (``None`` result: no GPU);
             default: pynvml through :mod:`model_registry.hardware`.
-        gateway_status_log: The gateway's status log (:mod:`repository_sync.gateway_status`), the
+        gateway_status_log: The gateway's status log (:mod:`repository_sync.routing.gateway_status`), the
             path as NGINX and this host both see it: the router makes NGINX write it and the canary
             counts per-version failures from it. ``None``: not used (``gateway_status_note`` says
             why), and the canary's error rate comes from Triton's metrics alone.
@@ -142,7 +142,7 @@ class CanaryEnvironment:
         s = settings or get_settings()
         if gateway is None and s.gateway_reload == "watcher":
             # docker-compose: NGINX runs in its own container and reloads through its watcher.
-            from repository_sync.router import WatcherReload
+            from repository_sync.routing.nginx_router import WatcherReload
 
             gateway_url, conf_dir = s.resolved_gateway_url, s.resolved_gateway_conf_dir
             reload = WatcherReload(conf_dir)
@@ -180,7 +180,7 @@ class CanaryEnvironment:
     def router(self):
         """The traffic router ``TRITONFLOW_TRAFFIC_ROUTER`` names (default: NGINX on the gateway's conf dir)."""
         from ground.coordination import coordination_store
-        from repository_sync.router import make_router
+        from repository_sync.routing.router import make_router
 
         return make_router(self.settings.traffic_router, conf_dir=self.gateway_conf_dir,
                            reload=self.gateway_reload, test=self.gateway_test,
@@ -366,10 +366,10 @@ def live_applier(router: Any, gateway_url: str, timeout_s: float) -> Callable[[A
         timeout_s: Seconds to wait for every probe to see the plan's digest.
 
     Returns:
-        ``apply(plan) -> plan``; it raises what :func:`repository_sync.router.wait_live` raises when
+        ``apply(plan) -> plan``; it raises what :func:`repository_sync.routing.gateway_probe.wait_live` raises when
         the plan is not live in time.
     """
-    from repository_sync.router import wait_live
+    from repository_sync.routing.gateway_probe import wait_live
 
     def apply(plan):
         router.apply(plan)

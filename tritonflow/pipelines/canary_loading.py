@@ -18,9 +18,9 @@ from tritonflow.pipelines.canary import CanaryEnvironment, environment_or_defaul
 
 # ----------------------------------------------------------------------------------- pre-flight
 def _config_message(config_bytes: bytes, name: str):
-    from repository_sync.publish import parse_model_config
+    from repository_sync.model_config import parse_config
 
-    return parse_model_config(config_bytes, name)
+    return parse_config(config_bytes, model_name=name)
 
 
 def _gpu_free_for(config_msg: Any, env: CanaryEnvironment) -> Callable[[], int | None]:
@@ -51,7 +51,7 @@ def preflight(model: str, champion: int, challenger: int, *, triton_model: str |
 
     The challenger's files in the repository are measured; it needs about
     ``settings.preflight_memory_factor`` times that plus ``settings.preflight_memory_margin_mib``
-    (:func:`repository_sync.canary.preflight_memory`). The comparison is with the free memory of
+    (:func:`repository_sync.canary.preflight.preflight_memory`). The comparison is with the free memory of
     the GPU (pynvml, via :mod:`model_registry.hardware`) when the challenger's config may run on a
     GPU and one is present, else with the host's ``MemAvailable``. A challenger that is already
     READY needs nothing more.
@@ -64,7 +64,7 @@ def preflight(model: str, champion: int, challenger: int, *, triton_model: str |
         PreflightError: Not enough memory; raised before any traffic is touched.
         DataError: The challenger is not in the repository.
     """
-    from repository_sync.canary import preflight_from_settings
+    from repository_sync.canary.preflight import preflight_from_settings
     from repository_sync.layout import INTENDED_CONFIG_FILENAME, plan_version
 
     env = environment_or_default(env)
@@ -78,7 +78,7 @@ def preflight(model: str, champion: int, challenger: int, *, triton_model: str |
         intended = Path(local) / INTENDED_CONFIG_FILENAME
         msg = _config_message(intended.read_bytes(), name) if intended.is_file() else None
         if out["already_loaded"]:
-            from repository_sync.canary import model_files_bytes
+            from repository_sync.canary.preflight import model_files_bytes
 
             size = model_files_bytes(local)
             out.update(model_bytes=size, required_bytes=0, available_bytes=None, source="loaded")

@@ -117,7 +117,7 @@ def observer(root: str, log_model: str, *, prediction_columns: Sequence[str] | N
              prefixes: Sequence[str] = OUTPUT_PREFIXES,
              label_column: str | None = None, endpoint_url: str | None = None
              ) -> Callable[[float, float], Any]:
-    """``observe(start, end)`` for :func:`repository_sync.canary.run_canary`.
+    """``observe(start, end)`` for :func:`repository_sync.canary.runner.run_canary`.
 
     Reads the records of ``[start, end)`` (unix seconds) and the labels that arrived in the same
     window, joined by ``request_id``.
@@ -135,7 +135,7 @@ def observer(root: str, log_model: str, *, prediction_columns: Sequence[str] | N
             have several columns and none is named.
     """
     from drift_checks.inference_log import BASE_COLUMNS, join_labels
-    from repository_sync.canary_checks import Observations
+    from repository_sync.canary.checks import Observations
 
     records = LogTail(root, log_model, endpoint_url=endpoint_url)
     labels = LogTail(root, log_model, labels=True, endpoint_url=endpoint_url)
@@ -180,7 +180,7 @@ def load_expected(uri: str, *, tracking_uri: str | None = None):
     Raises:
         DataError: The file cannot be found or read, or lacks the expected score column.
     """
-    from repository_sync.canary_checks import ExpectedBehaviour
+    from repository_sync.canary.checks import ExpectedBehaviour
 
     path = Path(uri)
     if not path.is_file():
@@ -251,8 +251,8 @@ def coverage_reference_for(root: str, model: str, version: int, top: int, *,
         ``(CoverageReference or None, note)``.
     """
     from drift_checks.reference import load_reference
-    from repository_sync.canary import CoverageReference
-    from repository_sync.canary_checks import important_features
+    from repository_sync.canary.analysis import CoverageReference
+    from repository_sync.canary.checks import important_features
 
     try:
         ref = load_reference(root, model, int(version), endpoint_url=endpoint_url, with_profile=False)

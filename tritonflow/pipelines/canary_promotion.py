@@ -2,7 +2,7 @@
 
 Step 4 of a promotion (:mod:`tritonflow.pipelines.canary` describes the sequence):
 :func:`run_promotion` holds the model's promotion lock for the whole canary, drives
-:func:`repository_sync.canary.run_canary` step by step (analyses recorded on the challenger's
+:func:`repository_sync.canary.runner.run_canary` step by step (analyses recorded on the challenger's
 MLflow model version and in one MLflow run through
 :class:`~tritonflow.pipelines.canary_observe.CanaryRecord`), and at 100 % moves the ``champion``
 alias, sets Triton's version policy, writes the serving config and garbage-collects old version
@@ -111,7 +111,7 @@ def gateway_statuses(env: Any, triton_model: str) -> Callable[[float, float], Ma
         MetricsUnavailableError: (from the returned callable) no status log, or not readable here.
     """
     from ground.exceptions import MetricsUnavailableError
-    from repository_sync.gateway_status import GatewayStatusLog
+    from repository_sync.routing.gateway_status import GatewayStatusLog
 
     path = getattr(env, "gateway_status_log", None)
     if not path:
@@ -154,7 +154,7 @@ class PromotionRequest:
             evaluation's ``canary_conf``); default: the challenger version's
             ``tritonflow.shadow.expected_uri`` tag, else the prediction check is not evaluated.
         label_column: Label column of the inference-log labels (default: their only one).
-        policy_overrides: Other :class:`~repository_sync.canary.CanaryPolicy` fields.
+        policy_overrides: Other :class:`~repository_sync.canary.policy.CanaryPolicy` fields.
         garbage_collect: Delete old repository versions after a promotion.
     """
 
@@ -175,12 +175,12 @@ class PromotionRequest:
     garbage_collect: bool = True
 
     def policy(self, settings: Any) -> Any:
-        """The :class:`~repository_sync.canary.CanaryPolicy`: the settings, then this request's values.
+        """The :class:`~repository_sync.canary.policy.CanaryPolicy`: the settings, then this request's values.
 
         Raises:
             SettingsError: A bad schedule or threshold (nothing has been touched).
         """
-        from repository_sync.canary import CanaryPolicy
+        from repository_sync.canary.policy import CanaryPolicy
 
         overrides: dict[str, Any] = dict(self.policy_overrides or {})
         if self.steps is not None:
@@ -189,7 +189,7 @@ class PromotionRequest:
             overrides["bake_s"] = float(self.bake_s)
         if self.min_requests is not None:
             overrides["min_requests"] = int(self.min_requests)
-            from repository_sync.canary import DEFAULT_MIN_PREDICTIONS
+            from repository_sync.canary.policy import DEFAULT_MIN_PREDICTIONS
 
             overrides.setdefault("min_predictions", min(DEFAULT_MIN_PREDICTIONS, int(self.min_requests)))
         return CanaryPolicy.from_settings(settings, **overrides)
@@ -265,7 +265,7 @@ def run_promotion(
         DataError: Bad parameters (schedule, versions), pre-flight refused, signature invalid.
     """
     from repository_sync.locks import promotion_lock
-    from repository_sync.router import TrafficPlan
+    from repository_sync.routing.traffic_plan import TrafficPlan
 
     env = environment_or_default(env)
     settings = env.settings
@@ -306,7 +306,7 @@ def _base(request: PromotionRequest, res: Mapping[str, Any], policy: Any) -> dic
 
 def _route_without_canary(run: _Promotion) -> dict[str, Any]:
     """The challenger is the serving champion: route it 100 % and move the alias, without a canary."""
-    from repository_sync.router import TrafficPlan
+    from repository_sync.routing.traffic_plan import TrafficPlan
 
     request, res, name, chal = run.request, run.resolved, run.name, run.challenger
     if request.dry_run:
@@ -346,12 +346,13 @@ def _start_record(run: _Promotion, pre: Mapping[str, Any], loaded: Mapping[str, 
 
 def _drive_canary(run: _Promotion, pre: Mapping[str, Any], loaded: Mapping[str, Any], *,
                   sleep: Callable[[float], Any], clock: Callable[[], float]) -> Any:
-    """Run the canary's steps (:func:`repository_sync.canary.run_canary`), each analysis recorded.
+    """Run the canary's steps (:func:`repository_sync.canary.runner.run_canary`), each analysis recorded.
 
     Anything unexpected (MLflow down while recording a step, an interrupt) sends the traffic back
     to the champion first, then unloads the challenger, records ``aborted``, and propagates.
     """
-    from repository_sync.canary import metrics_scraper, run_canary
+    from repository_sync.canary.metrics import metrics_scraper
+    from repository_sync.canary.runner import run_canary
     from tritonflow.pipelines.canary_observe import observer
 
     env, request = run.env, run.request
@@ -372,7 +373,7 @@ def _drive_canary(run: _Promotion, pre: Mapping[str, Any], loaded: Mapping[str, 
             on_analysis=run.record.add, gateway_statuses=gateway_statuses(env, run.name),
         )
     except BaseException as exc:
-        from repository_sync.canary import rollback
+        from repository_sync.canary.runner import rollback
 
         rec = rollback(model=run.name, champion=run.champion, apply_plan=run.apply_live,
                        unload_challenger=run.unload_challenger, reason=f"canary aborted: {exc}")
@@ -411,7 +412,7 @@ def _after_rollback(run: _Promotion, result: Any, out: dict[str, Any]) -> dict[s
 
 def _promote(run: _Promotion, result: Any, out: dict[str, Any]) -> dict[str, Any]:
     """At 100 %: move the aliases, route the champion, set Triton's versions, the serving config, GC."""
-    from repository_sync.router import TrafficPlan
+    from repository_sync.routing.traffic_plan import TrafficPlan
 
     model, name, chal, registry = run.request.model, run.name, run.challenger, run.registry
     if run.resolved["registry_champion"] == chal:

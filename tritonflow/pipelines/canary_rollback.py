@@ -4,7 +4,7 @@
 (refusing, with the alias and the version named, when it dangles), re-verifies its signature,
 makes sure it is loaded, routes 100 % to it, then moves the alias back and unloads the
 rolled-back version. The health sentinel (:mod:`tritonflow.pipelines.sentinel`) takes the same
-path. The automatic rollback of a failed canary step is :func:`repository_sync.canary.rollback`.
+path. The automatic rollback of a failed canary step is :func:`repository_sync.canary.runner.rollback`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder
         SignatureVerificationError: The target's files fail verification; nothing changed.
     """
     from repository_sync.locks import promotion_lock
-    from repository_sync.router import TrafficPlan
+    from repository_sync.routing.traffic_plan import TrafficPlan
 
     if not reason or not str(reason).strip():
         raise DataError("reason='' is empty: expected why the model is rolled back")

@@ -375,7 +375,7 @@ def evidently_for_hour(model: str, version: int, start: Any, end: Any,
 
 def profile_for_hour(model: str, version: int, start: Any, end: Any,
                      settings: Settings | None = None) -> dict[str, Any]:
-    """Profile the hour with whylogs once and store it (mergeable into daily profiles).
+    """Profile the hour with whylogs once and store it, for inspection (it decides nothing).
 
     Off the critical path (about 12 s per 1M x 20 window). A rerun returns the stored profile.
 

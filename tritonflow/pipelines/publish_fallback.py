@@ -1,7 +1,7 @@
 """The fallback replica: an INT8 copy of each published version, served as ``<model>__fallback``.
 
 When the serving version answers 5xx or times out, the gateway retries the request on this replica
-(:class:`repository_sync.router.NginxRouter` with ``fallback=True``) instead of returning the
+(:class:`repository_sync.routing.nginx_router.NginxRouter` with ``fallback=True``) instead of returning the
 error: a lower-precision copy that answers is worth more than a 503 (the circuit-breaking pattern
 of the reference article on degraded replicas).
 
@@ -290,7 +290,7 @@ def publish_fallback(state: Mapping[str, Any], *, settings: Settings | None = No
         SignatureVerificationError: The pushed replica does not verify (never loaded).
         SigningKeyError: No signing key.
     """
-    from repository_sync.gateway_probe import fallback_model_name
+    from repository_sync.routing.gateway_probe import fallback_model_name
     from tritonflow.pipelines.publish_common import open_registry, version_ref
 
     s = settings or get_settings()

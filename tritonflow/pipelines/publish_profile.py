@@ -179,6 +179,7 @@ def _profile(staged, search, s: Settings, reg, ref, timeout_s, pass_runner=None)
     from model_registry.analyzer import confirm_selection, profile_model
     from model_registry.triton_config import config_summary, read_config, to_pbtxt
     from model_registry.validation import validate_for_push
+    from tritonflow.runtime.triton_tools import triton_tools
 
     name = staged["triton_model_name"]
     stage = enter_staging(staged)  # this attempt's own folder, marked alive for sweep_staging
@@ -193,11 +194,12 @@ def _profile(staged, search, s: Settings, reg, ref, timeout_s, pass_runner=None)
     (repo / name / CONFIG_FILENAME).write_text(to_pbtxt(generated))
     log.info("model %s: Model Analyzer sweep %s (p99 <= %s ms, CV <= %s)", name, search,
              s.analyzer_p99_latency_ms, s.analyzer_stability_cv)
+    tools = triton_tools(s)
     outcome = profile_model(name, generated, model_repository=repo, work_dir=work / "run", search=search,
-                            settings=s, timeout_s=float(timeout_s) if timeout_s is not None else None)
+                            tools=tools, settings=s, timeout_s=float(timeout_s) if timeout_s is not None else None)
     # Model Analyzer measured each config once: its best ones are confirmed with repeated passes,
     # and unstable ones (CV or perf_analyzer's own verdict) are dropped before adoption.
-    outcome = confirm_selection(outcome, work / "run" / "output_model_repository", settings=s,
+    outcome = confirm_selection(outcome, work / "run" / "output_model_repository", tools=tools, settings=s,
                                 pass_runner=pass_runner)
     chosen = outcome.config
     chosen.name = name
@@ -275,6 +277,7 @@ def perf_gate(
 def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | None, s: Settings) -> dict[str, Any]:
     from ground.exceptions import PerformanceRegressionError, RegistryError
     from model_registry.perf import perf_regression_gate
+    from tritonflow.runtime.triton_tools import triton_tools
 
     name = staged["triton_model_name"]
     if not enabled:
@@ -305,7 +308,8 @@ def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | N
     sample = read_npz(staged["sample_path"])
     result = perf_regression_gate(champ_dir, chal_dir, concurrency=concurrency, passes=max(3, s.perf_gate_passes),
                                   measurement_ms=s.perf_gate_measurement_ms,
-                                  samples={"champion": sample, "challenger": sample}, settings=s)
+                                  samples={"champion": sample, "challenger": sample}, tools=triton_tools(s),
+                                  settings=s)
     info = {"status": "rejected" if result.verdict.rejected else "passed", "champion_version": int(champion.version),
             **result.to_dict()}
     path = Path(staged["staging_dir"]) / PERF_GATE_FILENAME

@@ -11,8 +11,8 @@ same dict, so :func:`tritonflow.pipelines.shadow_compare.compare` decides and re
    (and unloaded again at the end, only that version);
 2. under the model's promotion lock (the live shadow changes what the gateway does, so it never
    overlaps a canary of the same model) and only while the gateway routes 100 % of the model to the
-   champion, a :class:`repository_sync.mirror.MirrorRecorder` starts and the gateway's plan gains a
-   :class:`repository_sync.router.Mirror` of ``settings.shadow_mirror_percent`` % of the champion's
+   champion, a :class:`repository_sync.routing.mirror.MirrorRecorder` starts and the gateway's plan gains a
+   :class:`repository_sync.routing.traffic_plan.Mirror` of ``settings.shadow_mirror_percent`` % of the champion's
    requests; after ``settings.shadow_live_duration_s`` seconds the previous plan is restored
    exactly and the recorder drains;
 3. the mirrored answers are paired with the champion's logged records (inference log) by
@@ -161,8 +161,9 @@ def _mirror_window(pair: _LivePair, s: Settings, holder: str, sleep: Callable[[f
     """
     from ground.coordination import coordination_store
     from repository_sync.locks import promotion_lock
-    from repository_sync.mirror import MirrorRecorder
-    from repository_sync.router import Mirror, TrafficPlan, wait_live
+    from repository_sync.routing.gateway_probe import wait_live
+    from repository_sync.routing.mirror import MirrorRecorder
+    from repository_sync.routing.traffic_plan import Mirror, TrafficPlan
     from repository_sync.triton_replicas import triton_control
     from tritonflow.pipelines.canary import DEFAULT_LIVE_TIMEOUT_S, CanaryEnvironment, default_holder
     from tritonflow.pipelines.publish_common import s3_endpoint
@@ -303,7 +304,7 @@ def _champion_scores(paired: Any, out_cols: list[str], model: str) -> np.ndarray
     """
     import pandas as pd
 
-    from repository_sync.canary_checks import scores_of
+    from repository_sync.canary.checks import scores_of
 
     scores = scores_of(paired, out_cols)
     if scores is None and len(out_cols) > 2:  # one logged column per class, in class order

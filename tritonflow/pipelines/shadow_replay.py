@@ -239,7 +239,7 @@ def write_expected(run_dir: Path, rows: Any, scores: np.ndarray, info: Mapping[s
     """
     import pandas as pd
 
-    from repository_sync.canary_checks import EXPECTED_SCORE_COLUMN
+    from repository_sync.canary.checks import EXPECTED_SCORE_COLUMN
 
     columns = [c for c in (info.get("input_columns") or []) if c in rows.columns]
     if not columns:

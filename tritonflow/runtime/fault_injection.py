@@ -9,7 +9,7 @@ an error response per request (``pb_utils.InferenceResponse(error=...)``: the cl
 Triton 2.51 counts a *successful* request in ``nv_inference_request_success``/``_failure``, checked
 on this server), ``nan`` answers NaN (a success for Triton). Errors Triton counts as successes are
 invisible to a canary that reads only Triton's metrics; the gateway's status log
-(:mod:`repository_sync.gateway_status`) sees them.
+(:mod:`repository_sync.routing.gateway_status`) sees them.
 """
 
 from __future__ import annotations

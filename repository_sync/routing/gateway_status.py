@@ -1,6 +1,6 @@
 """Per-version response statuses counted at the gateway, read from its JSON status log.
 
-:class:`repository_sync.nginx_router.NginxRouter` (given ``status_log``) makes NGINX write one JSON
+:class:`repository_sync.routing.nginx_router.NginxRouter` (given ``status_log``) makes NGINX write one JSON
 line per request of a routed model (:data:`LOG_FIELDS`)::
 
     {"t": 1764558000.123, "model": "churn_model", "version": "7", "status": 500,

@@ -15,7 +15,7 @@ from typing import Mapping
 
 from ground.exceptions import DataError, ServiceUnavailableError
 from ground.settings_defaults import DEFAULT_GATEWAY_RESPONSE_HEADER
-from repository_sync.traffic_plan import MODEL_NAME_RE, TrafficPlan
+from repository_sync.routing.traffic_plan import MODEL_NAME_RE, TrafficPlan
 
 #: Response header carrying the digest of the plan that routed a request.
 PLAN_HEADER = "X-Tritonflow-Plan"

@@ -5,7 +5,7 @@ is an integer percent 0-100 and the weights sum to exactly 100, names end up in 
 file names so they are checked against :data:`MODEL_NAME_RE`, and a :class:`Mirror` names a
 ``host:port`` recorder. Anything else raises :class:`~ground.exceptions.TrafficPlanError` naming
 the plan, the model and each problem; nothing is ever normalised. :class:`TrafficRouter` is the
-interface every router implements (:class:`repository_sync.nginx_router.NginxRouter` for NGINX).
+interface every router implements (:class:`repository_sync.routing.nginx_router.NginxRouter` for NGINX).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Mirror:
 
     The gateway sends a copy of ``percent`` % of the inference requests it routes to the plan's
     champion (drawn independently of the routing) to the mirror recorder at ``target``, which
-    forwards them to ``version`` (:mod:`repository_sync.mirror`). NGINX discards the mirror's
+    forwards them to ``version`` (:mod:`repository_sync.routing.mirror`). NGINX discards the mirror's
     answer: clients never see it.
 
     Attributes:

@@ -1,9 +1,9 @@
-"""Canary step analysis: Triton's per-version counters and the judgement of one window.
+"""Canary step analysis: the judgement of one window of a canary step.
 
-:func:`analyse_step` judges the window of a canary step (see :mod:`repository_sync.canary` for the
-rules and the driver) from two scrapes of Triton's Prometheus metrics, parsed here
-(:func:`parse_triton_metrics`, :func:`version_window`), and from the logged requests, judged by
-:mod:`repository_sync.canary_checks`.
+:func:`analyse_step` judges the window of a canary step (see :mod:`repository_sync.canary.runner`
+for the rules and the driver) from two scrapes of Triton's Prometheus metrics, parsed by
+:mod:`repository_sync.canary.metrics`, and from the logged requests, judged by
+:mod:`repository_sync.canary.checks`.
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import urllib.error
-import urllib.request
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Mapping
 
 from ground.exceptions import MetricsUnavailableError
-from repository_sync.canary_checks import (
+from repository_sync.canary.checks import (
     CoverageCheck,
     ExpectedBehaviour,
     Observations,
@@ -27,10 +25,9 @@ from repository_sync.canary_checks import (
     quality_check,
     scores_of,
 )
-from repository_sync.canary_classes import class_shift, class_shift_reason
-
-if TYPE_CHECKING:
-    from repository_sync.canary import CanaryPolicy
+from repository_sync.canary.class_shift import class_shift, class_shift_reason
+from repository_sync.canary.metrics import VersionWindow, parse_triton_metrics, version_window
+from repository_sync.canary.policy import CanaryPolicy
 
 PASS = "pass"
 FAIL = "fail"
@@ -38,156 +35,9 @@ INCONCLUSIVE = "inconclusive"
 #: Verdict of an intermediate analysis that found no hard failure: the bake goes on.
 CONTINUE = "continue"
 
-#: Fewest challenger predictions for the expected-behaviour comparison to be judged.
-DEFAULT_MIN_PREDICTIONS = 30
 #: Fewest champion requests in the window for the canary/champion latency ratio to be judged.
 MIN_CHAMPION_REQUESTS_FOR_RATIO = 20
-#: Seconds a metrics scrape may take.
-DEFAULT_SCRAPE_TIMEOUT_S = 5.0
 
-SUCCESS_METRIC = "nv_inference_request_success"
-FAILURE_METRIC = "nv_inference_request_failure"
-COUNT_METRIC = "nv_inference_count"
-DURATION_METRIC = "nv_inference_request_duration_us"
-QUEUE_METRIC = "nv_inference_queue_duration_us"
-
-# ------------------------------------------------------------------------------------ metrics
-@dataclasses.dataclass(frozen=True)
-class VersionCounters:
-    """Triton's cumulative per-version counters at one scrape.
-
-    Attributes:
-        success, failure: Request counts (failure summed over every ``reason`` label).
-        inference_count: Inferences performed (a batched request counts its batch size).
-        request_duration_us, queue_duration_us: Cumulative microseconds.
-    """
-
-    success: float = 0.0
-    failure: float = 0.0
-    inference_count: float = 0.0
-    request_duration_us: float = 0.0
-    queue_duration_us: float = 0.0
-
-
-_FIELD_OF = {
-    SUCCESS_METRIC: "success",
-    FAILURE_METRIC: "failure",
-    COUNT_METRIC: "inference_count",
-    DURATION_METRIC: "request_duration_us",
-    QUEUE_METRIC: "queue_duration_us",
-}
-
-
-def parse_triton_metrics(text: str) -> dict[tuple[str, str], VersionCounters]:
-    """Parse Triton's Prometheus exposition text into per-(model, version) counters.
-
-    Args:
-        text: Body of ``GET http://<triton>:8002/metrics``.
-
-    Returns:
-        ``{(model, version): VersionCounters}`` for every model version Triton reports.
-
-    Raises:
-        MetricsUnavailableError: The text is not valid Prometheus exposition format.
-    """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    acc: dict[tuple[str, str], dict[str, float]] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            # prometheus_client names a counter family without "_total" and its samples with it
-            field = _FIELD_OF.get(family.name) or _FIELD_OF.get(family.name.removesuffix("_total"))
-            if field is None:
-                continue
-            for sample in family.samples:
-                if sample.name.endswith("_created"):
-                    continue
-                key = (sample.labels.get("model", ""), sample.labels.get("version", ""))
-                slot = acc.setdefault(key, {})
-                slot[field] = slot.get(field, 0.0) + float(sample.value)
-    except (ValueError, TypeError) as exc:
-        raise MetricsUnavailableError(f"Triton metrics text is not Prometheus exposition format: {exc}") from exc
-    return {key: VersionCounters(**fields) for key, fields in acc.items()}
-
-
-def fetch_metrics_text(url: str, timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S) -> str:
-    """``GET`` Triton's metrics endpoint.
-
-    Raises:
-        MetricsUnavailableError: No answer, a non-200 status, or a timeout; the message names the URL.
-    """
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-            if resp.status != 200:
-                raise MetricsUnavailableError(f"metrics endpoint {url} answered HTTP {resp.status}")
-            return resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as exc:
-        raise MetricsUnavailableError(f"metrics endpoint {url} answered HTTP {exc.code}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        raise MetricsUnavailableError(f"metrics endpoint {url} unreachable: {exc}") from exc
-
-
-def metrics_scraper(url: str, timeout_s: float = DEFAULT_SCRAPE_TIMEOUT_S) -> Callable[[], str]:
-    """A ``scrape_metrics`` callable for :func:`run_canary` reading ``url``."""
-    return lambda: fetch_metrics_text(url, timeout_s)
-
-
-@dataclasses.dataclass(frozen=True)
-class VersionWindow:
-    """One version's traffic between two scrapes (counter deltas).
-
-    Attributes:
-        requests: Successful plus failed requests in the window.
-        failures: Failed requests.
-        error_rate: ``failures / requests`` (``None`` without requests).
-        mean_latency_ms: Mean request duration of successful requests, ms (``None`` without any);
-            Triton accumulates ``nv_inference_request_duration_us`` for successful requests.
-        present_before, present_after: Whether Triton reported the version in each scrape.
-        reset: A counter went backwards (Triton restarted or the version was reloaded).
-    """
-
-    requests: float
-    failures: float
-    error_rate: float | None
-    mean_latency_ms: float | None
-    present_before: bool
-    present_after: bool
-    reset: bool
-
-
-def version_window(
-    before: Mapping[tuple[str, str], VersionCounters],
-    after: Mapping[tuple[str, str], VersionCounters],
-    model: str,
-    version: int | str,
-) -> VersionWindow:
-    """Deltas of one version's counters between two parsed scrapes.
-
-    A version absent from ``before`` counts from zero (it was just loaded). When a counter went
-    backwards the window is taken from zero (Prometheus ``increase`` semantics) and ``reset`` is set.
-    """
-    key = (model, str(version))
-    b = before.get(key)
-    a = after.get(key)
-    if a is None:
-        return VersionWindow(0.0, 0.0, None, None, b is not None, False, False)
-    b0 = b or VersionCounters()
-    reset = any(getattr(a, f) < getattr(b0, f) for f in _FIELD_OF.values())
-    if reset:
-        b0 = VersionCounters()
-    succ = a.success - b0.success
-    fail = a.failure - b0.failure
-    dur = a.request_duration_us - b0.request_duration_us
-    reqs = succ + fail
-    return VersionWindow(
-        requests=reqs,
-        failures=fail,
-        error_rate=(fail / reqs) if reqs > 0 else None,
-        mean_latency_ms=(dur / succ / 1000.0) if succ > 0 else None,
-        present_before=b is not None,
-        present_after=True,
-        reset=reset,
-    )
 
 # ------------------------------------------------------------------------------------ analysis
 @dataclasses.dataclass(frozen=True)
@@ -195,7 +45,7 @@ class CoverageReference:
     """What the coverage check measures against: the drift reference sample and the features.
 
     The features to check come most important first
-    (:func:`repository_sync.canary_checks.important_features`).
+    (:func:`repository_sync.canary.checks.important_features`).
     """
 
     frame: Any
@@ -218,7 +68,7 @@ class StepAnalysis:
     ``gateway_failures``, ``None`` when its status log was not read); ``error_counts_source`` says
     which were used and, when the gateway's were not, why. ``prediction_classes`` is the per-class
     shift of a multi-class challenger from its expected predictions
-    (:func:`repository_sync.canary_classes.class_shift`).
+    (:func:`repository_sync.canary.class_shift.class_shift`).
     """
 
     model: str
@@ -291,7 +141,7 @@ def _finite(value: Any) -> Any:
 def _with_gateway(w: VersionWindow, counts: Mapping[int, Any] | None, version: int) -> VersionWindow:
     """``w`` with requests and failures the larger of Triton's and the gateway's for ``version``.
 
-    The gateway counts what clients got (:mod:`repository_sync.gateway_status`): error responses
+    The gateway counts what clients got (:mod:`repository_sync.routing.gateway_status`): error responses
     a model returned, which Triton 2.51 counts as successes, and requests for a version Triton does
     not serve, which are in no version's counters. Taking the larger of each never hides a failure
     either source saw.
@@ -348,7 +198,7 @@ def analyse_step(
     Requests and failures of a version are the larger of Triton's counter deltas and the
     gateway's counts (``gateway_counts`` for the step's window, ``gateway_recent`` for the last
     interval: ``{version: StatusCounts}`` from
-    :meth:`repository_sync.gateway_status.GatewayStatusLog.counts`); without them (``None``, with
+    :meth:`repository_sync.routing.gateway_status.GatewayStatusLog.counts`); without them (``None``, with
     ``gateway_error`` saying why) Triton's alone are used, and the record says so.
 
     Hard rules, at every analysis (any one fails the step at once):
@@ -574,7 +424,7 @@ def _observed(a: StepAnalysis, policy: CanaryPolicy, obs: Observations,
             a.prediction_checks = [dataclasses.asdict(c) for c in checks]
             for c in checks:
                 fails.extend(c.failed)
-            try:  # a multi-class challenger: the classes together (repository_sync.canary_classes)
+            try:  # a multi-class challenger: the classes together (repository_sync.canary.class_shift)
                 a.prediction_classes = class_shift(finite, cols, obs.feature_columns, expected)
             except DataError as exc:
                 notes.append(f"per-class prediction shift not computed: {exc}")

@@ -4,7 +4,7 @@
 and ``locations.d/tritonflow-route-<model>.conf`` (the rewriting ``location``) atomically, runs
 ``nginx -t`` and ``nginx -s reload``, and restores both files byte for byte when either fails.
 :class:`WatcherReload` reloads an NGINX in another container through its reload watcher. See
-:mod:`repository_sync.router` for the routing contract.
+:mod:`repository_sync.routing.router` for the routing contract.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from ground.exceptions import (
     TrafficPlanError,
 )
 from ground.settings_defaults import DEFAULT_GATEWAY_RESPONSE_HEADER
-from repository_sync.gateway_probe import FALLBACK_HEADER, PLAN_HEADER, fallback_model_name
-from repository_sync.traffic_plan import (
+from repository_sync.routing.gateway_probe import FALLBACK_HEADER, PLAN_HEADER, fallback_model_name
+from repository_sync.routing.traffic_plan import (
     HEADER_NAME_RE,
     MODEL_NAME_RE,
     TrafficPlan,
@@ -145,7 +145,7 @@ class NginxRouter(TrafficRouter):
             Default: SQLite in ``state_dir`` (only for a gateway whose writers share one host).
         lock_timeout_s: Seconds an update waits for another update of this gateway.
         status_log: File NGINX appends one JSON line per request of a routed model to (the path as
-            NGINX sees it; :mod:`repository_sync.gateway_status` reads it), so the canary counts
+            NGINX sees it; :mod:`repository_sync.routing.gateway_status` reads it), so the canary counts
             the statuses clients got per version. ``None``: not written. Routed requests then go
             to this file instead of the regular access log (a ``location``'s ``access_log``
             replaces the inherited one).
@@ -273,7 +273,7 @@ class NginxRouter(TrafficRouter):
         return "".join(http).encode(), (locations + fallback).encode()
 
     def _render_log_format(self, plan: TrafficPlan, ident: str, version_var: str) -> str:
-        """The ``log_format`` of the status log (:data:`repository_sync.gateway_status.LOG_FIELDS`).
+        """The ``log_format`` of the status log (:data:`repository_sync.routing.gateway_status.LOG_FIELDS`).
 
         The model name is written literally (``MODEL_NAME_RE`` allows no quote nor backslash);
         ``escape=json`` escapes the variables.
@@ -332,7 +332,7 @@ class NginxRouter(TrafficRouter):
         share, else it ends at once with 204. The gateway returns the request id it passes to the
         recorder (the client's ``X-Request-Id``, else ``$request_id``) as ``X-Request-Id``.
         """
-        from repository_sync.mirror import MIRROR_PATH, SERVED_HEADER
+        from repository_sync.routing.mirror import MIRROR_PATH, SERVED_HEADER
 
         m = plan.mirror
         if m is None:  # only plans with a mirror are rendered here

@@ -1,7 +1,7 @@
 """Live shadow: the recorder behind the gateway's NGINX ``mirror``.
 
 The gateway mirrors a share of the champion's inference requests (``TrafficPlan.mirror``, see
-:mod:`repository_sync.router`) to this recorder. NGINX discards a mirror subrequest's response,
+:mod:`repository_sync.routing.router`) to this recorder. NGINX discards a mirror subrequest's response,
 so nothing the recorder or the challenger answers ever reaches a client. The recorder answers
 ``204`` at once (so the mirror costs the client next to nothing: NGINX finishes a request only
 when its mirror subrequest is done), queues the request, and forwards it to the challenger's

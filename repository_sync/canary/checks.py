@@ -3,7 +3,7 @@
 Output health, its own expected behaviour, quality against the champion where labels arrived, and
 feature-space coverage.
 
-Pure functions on numpy arrays and pandas frames (no services); :func:`repository_sync.canary.analyse_step`
+Pure functions on numpy arrays and pandas frames (no services); :func:`repository_sync.canary.analysis.analyse_step`
 calls them on every analysis of a step, with the inference-log rows of the step's window
 (:class:`Observations`) and the challenger's expected behaviour (:class:`ExpectedBehaviour`).
 
@@ -483,7 +483,7 @@ def quality_check(challenger_y: Any, challenger_s: Any, champion_y: Any, champio
     Raises:
         DataError: Unknown metric, or labels that are not 0/1.
     """
-    from drift_checks.shadow_metrics import _boot_metric
+    from drift_checks.shadow_metrics import bootstrap_metric
 
     if metric not in QUALITY_METRICS:
         raise DataError(f"canary quality metric {metric!r} is unknown; expected one of {QUALITY_METRICS}")
@@ -509,14 +509,14 @@ def quality_check(challenger_y: Any, challenger_s: Any, champion_y: Any, champio
     rng = np.random.default_rng(seed)
     all_c = np.arange(yc.size)[None, :]
     all_h = np.arange(yh.size)[None, :]
-    q.challenger = float(_boot_metric(used, yc, sc, all_c, threshold)[0])
-    q.champion = float(_boot_metric(used, yh, sh, all_h, threshold)[0])
+    q.challenger = float(bootstrap_metric(used, yc, sc, all_c, threshold)[0])
+    q.champion = float(bootstrap_metric(used, yh, sh, all_h, threshold)[0])
     q.difference = q.challenger - q.champion
     diffs = []
     for start in range(0, n_boot, 200):
         size = min(200, n_boot - start)
-        bc = _boot_metric(used, yc, sc, rng.integers(0, yc.size, (size, yc.size)), threshold)
-        bh = _boot_metric(used, yh, sh, rng.integers(0, yh.size, (size, yh.size)), threshold)
+        bc = bootstrap_metric(used, yc, sc, rng.integers(0, yc.size, (size, yc.size)), threshold)
+        bh = bootstrap_metric(used, yh, sh, rng.integers(0, yh.size, (size, yh.size)), threshold)
         diffs.append(bc - bh)
     d = np.concatenate(diffs)
     d = d[np.isfinite(d)]

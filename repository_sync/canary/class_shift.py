@@ -2,12 +2,12 @@
 
 A multi-class challenger logs one probability column per class; its expected predictions (a
 shadow evaluation's, :func:`tritonflow.pipelines.shadow_replay.write_expected`) hold the same
-columns as ``expected.<column>``. :func:`repository_sync.canary_checks.expected_behaviour_checks`
+columns as ``expected.<column>``. :func:`repository_sync.canary.checks.expected_behaviour_checks`
 judges each column on its own (KS and PSI with sampling margins); :func:`class_shift` looks at the
 classes together with :func:`drift_checks.multiclass.per_class_prediction_shift`: per class the
 KS and PSI of ``P[:, c]`` and the share of rows predicted as ``c`` (arg-max), expected vs live,
 and the class that moved most. The expected rows are matched to the live inputs as the
-per-column checks do (:func:`repository_sync.canary_checks.match_on_inputs`, the same
+per-column checks do (:func:`repository_sync.canary.checks.match_on_inputs`, the same
 neighbours for every class so a row's probabilities stay together; a repeated live input counts
 once). The result is recorded on the step (``prediction_classes``) and, when a column fails, its
 reason names the class and how its predicted share moved (:func:`class_shift_reason`).
@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from repository_sync.canary_checks import ExpectedBehaviour, match_on_inputs
+from repository_sync.canary.checks import ExpectedBehaviour, match_on_inputs
 
 #: Fewest probability columns that make a model multi-class (two are a binary model's).
 MIN_CLASSES = 3

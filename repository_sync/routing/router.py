@@ -40,10 +40,11 @@ and the error is raised, so live routing never changes to a config NGINX refused
 were live before the last successful apply are kept under ``conf_dir/tritonflow-router/`` (not
 included by NGINX) and :meth:`NginxRouter.restore_previous` brings them back.
 
-Layout: plans and the :class:`TrafficRouter` interface are in :mod:`repository_sync.traffic_plan`,
-the NGINX implementation in :mod:`repository_sync.nginx_router`, and reading who answered a
-request (fallback header, plan digest, :func:`wait_live`) in :mod:`repository_sync.gateway_probe`.
-Their public names are re-exported here.
+Layout: plans and the :class:`TrafficRouter` interface are in
+:mod:`repository_sync.routing.traffic_plan`, the NGINX implementation in
+:mod:`repository_sync.routing.nginx_router`, and reading who answered a request (fallback header,
+plan digest, :func:`wait_live`) in :mod:`repository_sync.routing.gateway_probe`; import each name
+from the module that defines it. This module holds the routers by name (:data:`ROUTERS`).
 """
 
 from __future__ import annotations
@@ -51,66 +52,8 @@ from __future__ import annotations
 from typing import Any
 
 from ground.exceptions import SettingsError
-from repository_sync.gateway_probe import (
-    FALLBACK_HEADER,
-    FALLBACK_SUFFIX,
-    PLAN_HEADER,
-    answered_by,
-    fallback_model_name,
-    served_by,
-    wait_live,
-)
-from repository_sync.nginx_router import (
-    COMMAND_TIMEOUT_S,
-    FALLBACK_STATUSES,
-    FILE_PREFIX,
-    MIRROR_LOCATION,
-    PLAN_MARKER,
-    ApplyRecord,
-    Command,
-    NginxRouter,
-    WatcherReload,
-)
-from repository_sync.traffic_plan import (
-    HEADER_NAME_RE,
-    MIRROR_TARGET_RE,
-    MODEL_NAME_RE,
-    Mirror,
-    Route,
-    TrafficPlan,
-    TrafficRouter,
-    coerce_plan,
-)
-
-__all__ = [
-    "ApplyRecord",
-    "COMMAND_TIMEOUT_S",
-    "Command",
-    "FALLBACK_HEADER",
-    "FALLBACK_STATUSES",
-    "FALLBACK_SUFFIX",
-    "FILE_PREFIX",
-    "HEADER_NAME_RE",
-    "MIRROR_LOCATION",
-    "MIRROR_TARGET_RE",
-    "MODEL_NAME_RE",
-    "ROUTERS",
-    "Mirror",
-    "NginxRouter",
-    "PLAN_HEADER",
-    "PLAN_MARKER",
-    "Route",
-    "TrafficPlan",
-    "TrafficRouter",
-    "WatcherReload",
-    "answered_by",
-    "coerce_plan",
-    "fallback_model_name",
-    "make_router",
-    "served_by",
-    "wait_live",
-]
-
+from repository_sync.routing.nginx_router import NginxRouter
+from repository_sync.routing.traffic_plan import TrafficRouter
 
 #: Traffic routers by the name ``TRITONFLOW_TRAFFIC_ROUTER`` (``settings.traffic_router``) gives.
 ROUTERS: dict[str, type[TrafficRouter]] = {"nginx": NginxRouter}

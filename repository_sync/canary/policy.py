@@ -1,0 +1,151 @@
+"""The canary's schedule and thresholds: :class:`CanaryPolicy`, built from the settings.
+
+The canary's code takes a policy, never the settings: the pipelines build it with
+:meth:`CanaryPolicy.from_settings` (DAG params as overrides) and pass it to
+:func:`repository_sync.canary.runner.run_canary`, which hands it to every analysis
+(:func:`repository_sync.canary.analysis.analyse_step`). The defaults are the settings' defaults
+(:mod:`ground.settings_defaults`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from ground.exceptions import SettingsError
+from ground.settings import Settings
+from ground.settings_defaults import (
+    DEFAULT_CANARY_ANALYSIS_INTERVAL_S,
+    DEFAULT_CANARY_BAKE_S,
+    DEFAULT_CANARY_CONFIDENCE,
+    DEFAULT_CANARY_COVERAGE_FEATURES,
+    DEFAULT_CANARY_COVERAGE_MIN_REQUESTS,
+    DEFAULT_CANARY_HARD_MIN_REQUESTS,
+    DEFAULT_CANARY_MAX_ERROR_RATE,
+    DEFAULT_CANARY_MAX_EXTENSIONS,
+    DEFAULT_CANARY_MAX_LATENCY_RATIO,
+    DEFAULT_CANARY_MAX_MEAN_LATENCY_MS,
+    DEFAULT_CANARY_MAX_PREDICTION_KS,
+    DEFAULT_CANARY_MAX_PREDICTION_PSI,
+    DEFAULT_CANARY_MAX_QUALITY_DROP,
+    DEFAULT_CANARY_MIN_LABELS,
+    DEFAULT_CANARY_MIN_LATENCY_DELTA_MS,
+    DEFAULT_CANARY_MIN_REQUESTS,
+    DEFAULT_CANARY_QUALITY_METRIC,
+    DEFAULT_CANARY_STEPS,
+)
+from ground.values import parse_steps
+
+#: Fewest challenger predictions for the expected-behaviour comparison to be judged.
+DEFAULT_MIN_PREDICTIONS = 30
+
+
+@dataclasses.dataclass(frozen=True)
+class CanaryPolicy:
+    """Schedule and thresholds of a canary (see the settings of the same names for units).
+
+    Attributes:
+        steps, bake_s, min_requests, max_extensions: Schedule (``canary_*`` settings).
+        analysis_interval_s: Seconds between analyses during a bake.
+        hard_min_requests: Fewest challenger requests/predictions for a mid-bake rollback on
+            errors, non-finite or constant outputs, or latency.
+        max_error_rate, max_mean_latency_ms, max_latency_ratio: Hard limits.
+        min_latency_delta_ms: The latency ratio fails a step only when the challenger's mean is
+            also this many milliseconds above the champion's (scheduling noise on fast models).
+        max_prediction_ks, max_prediction_psi: Expected-behaviour limits (with sampling margins).
+        confidence: Confidence of the error-rate bound, the KS/PSI margins and the quality interval.
+        min_predictions: Fewest challenger predictions for the expected-behaviour comparison.
+        min_labels, quality_metric, max_quality_drop: The quality comparison with labels.
+        coverage_min_requests, coverage_features: Feature-space coverage (``m`` and top features).
+
+    Raises:
+        SettingsError: A field is out of range; the message names it.
+    """
+
+    steps: tuple[int, ...] = parse_steps(DEFAULT_CANARY_STEPS)
+    bake_s: float = DEFAULT_CANARY_BAKE_S
+    min_requests: int = DEFAULT_CANARY_MIN_REQUESTS
+    max_extensions: int = DEFAULT_CANARY_MAX_EXTENSIONS
+    max_error_rate: float = DEFAULT_CANARY_MAX_ERROR_RATE
+    max_mean_latency_ms: float = DEFAULT_CANARY_MAX_MEAN_LATENCY_MS
+    max_latency_ratio: float = DEFAULT_CANARY_MAX_LATENCY_RATIO
+    min_latency_delta_ms: float = DEFAULT_CANARY_MIN_LATENCY_DELTA_MS
+    max_prediction_ks: float = DEFAULT_CANARY_MAX_PREDICTION_KS
+    max_prediction_psi: float = DEFAULT_CANARY_MAX_PREDICTION_PSI
+    min_predictions: int = DEFAULT_MIN_PREDICTIONS
+    analysis_interval_s: float = DEFAULT_CANARY_ANALYSIS_INTERVAL_S
+    hard_min_requests: int = DEFAULT_CANARY_HARD_MIN_REQUESTS
+    confidence: float = DEFAULT_CANARY_CONFIDENCE
+    min_labels: int = DEFAULT_CANARY_MIN_LABELS
+    quality_metric: str = DEFAULT_CANARY_QUALITY_METRIC
+    max_quality_drop: float = DEFAULT_CANARY_MAX_QUALITY_DROP
+    coverage_min_requests: int = DEFAULT_CANARY_COVERAGE_MIN_REQUESTS
+    coverage_features: int = DEFAULT_CANARY_COVERAGE_FEATURES
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "steps", parse_steps(self.steps, "steps"))
+        checks = {
+            "bake_s": self.bake_s >= 0,
+            "min_requests": self.min_requests >= 1,
+            "max_extensions": self.max_extensions >= 0,
+            "max_error_rate": 0 <= self.max_error_rate <= 1,
+            "max_mean_latency_ms": self.max_mean_latency_ms > 0,
+            "max_latency_ratio": self.max_latency_ratio > 0,
+            "min_latency_delta_ms": self.min_latency_delta_ms >= 0,
+            "max_prediction_ks": 0 <= self.max_prediction_ks <= 1,
+            "max_prediction_psi": self.max_prediction_psi >= 0,
+            "min_predictions": self.min_predictions >= 1,
+            "analysis_interval_s": self.analysis_interval_s > 0,
+            "hard_min_requests": self.hard_min_requests >= 1,
+            "confidence": 0 < self.confidence < 1,
+            "min_labels": self.min_labels >= 2,
+            "quality_metric": self.quality_metric in ("auc", "accuracy"),
+            "max_quality_drop": self.max_quality_drop >= 0,
+            "coverage_min_requests": self.coverage_min_requests >= 0,
+            "coverage_features": self.coverage_features >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise SettingsError(f"canary policy: {name}={getattr(self, name)!r} is out of range")
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> "CanaryPolicy":
+        """Policy from ``settings.canary_*`` fields, with keyword overrides (e.g. DAG params)."""
+        values: dict[str, Any] = dict(
+            steps=parse_steps(settings.canary_steps),
+            bake_s=settings.canary_bake_s,
+            min_requests=settings.canary_min_requests,
+            max_extensions=settings.canary_max_extensions,
+            max_error_rate=settings.canary_max_error_rate,
+            max_mean_latency_ms=settings.canary_max_mean_latency_ms,
+            max_latency_ratio=settings.canary_max_latency_ratio,
+            min_latency_delta_ms=settings.canary_min_latency_delta_ms,
+            max_prediction_ks=settings.canary_max_prediction_ks,
+            max_prediction_psi=settings.canary_max_prediction_psi,
+            analysis_interval_s=settings.canary_analysis_interval_s,
+            hard_min_requests=settings.canary_hard_min_requests,
+            confidence=settings.canary_confidence,
+            min_labels=settings.canary_min_labels,
+            quality_metric=settings.canary_quality_metric,
+            max_quality_drop=settings.canary_max_quality_drop,
+            coverage_min_requests=settings.canary_coverage_min_requests,
+            coverage_features=settings.canary_coverage_features,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+    @property
+    def hard_confidence(self) -> float:
+        """Per-analysis confidence of the hard checks (Bonferroni over one bake).
+
+        Confidence of the hard checks' error-rate bound: ``confidence`` with its error level
+        split over the analyses of one bake (Bonferroni), since every analysis is another look at
+        the same step: ``1 - (1 - confidence) / ceil(bake_s / analysis_interval_s)``.
+        """
+        looks = max(1, math.ceil(self.bake_s / self.analysis_interval_s)) if self.bake_s > 0 else 1
+        return 1.0 - (1.0 - self.confidence) / looks
+
+    def thresholds(self) -> dict[str, Any]:
+        """The thresholds as a JSON-serialisable dict (recorded with every verdict)."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
