@@ -118,108 +118,114 @@ def _request(params: dict, context) -> dict:
     return req
 
 
+@data_task(execution_timeout=TIMEOUTS.promotion_step)
+def resolve_versions() -> dict:
+    """Resolve challenger/champion; refuse a schedule the promotion task cannot hold."""
+    from ground.exceptions import SettingsError
+    from ground.settings import get_settings
+    from ground.values import parse_steps
+    from tritonflow.pipelines.canary import resolve
+    from tritonflow.pipelines.canary_promotion import canary_time_budget_s
+
+    context = get_current_context()
+    req = _request(context["params"], context)
+    steps = list(parse_steps(req["steps"], "steps"))
+    budget = canary_time_budget_s(steps, req["bake_s"], get_settings().canary_max_extensions)
+    if budget > TIMEOUTS.canary.total_seconds():
+        raise SettingsError(
+            f"steps={steps} with bake_s={req['bake_s']} may take {budget:.0f} s, more than the "
+            f"promotion task's execution_timeout of {TIMEOUTS.canary.total_seconds():.0f} s; "
+            "use fewer steps or a shorter bake"
+        )
+    res = resolve(req["model"], req["challenger"], req["champion"])
+    return {**res, "steps": steps, "bake_s": req["bake_s"], "min_requests": req["min_requests"],
+            "use_stages": bool(req["use_stages"]), "dry_run": bool(req["dry_run"]),
+            "expected_predictions": req.get("expected_predictions") or None}
+
+
+@data_task(execution_timeout=TIMEOUTS.promotion_step)
+def preflight(plan: dict) -> dict:
+    """Enough GPU/host memory for the challenger beside the champion; traffic untouched."""
+    if plan["noop"] or plan["champion"] == plan["challenger"]:
+        return {"skipped": plan["reason"]}
+    from tritonflow.pipelines.canary_loading import preflight as check
+
+    return check(plan["model"], plan["champion"], plan["challenger"], triton_model=plan["triton_model"])
+
+
+@data_task(execution_timeout=TIMEOUTS.promotion_step)
+def load_side_by_side(plan: dict, memory: dict) -> dict:
+    """Signatures re-verified, champion and challenger loaded side by side."""
+    if plan["noop"] or plan["dry_run"] or plan["champion"] == plan["challenger"]:
+        return {"skipped": "no-op or dry run"}
+    from tritonflow.pipelines.canary_loading import ensure_loaded
+
+    return ensure_loaded(plan["model"], [plan["champion"], plan["challenger"]],
+                         triton_model=plan["triton_model"])
+
+
+# One retry: a worker lost mid-canary (killed, its host gone) leaves the gateway on a step's split
+# and the promotion lease held until its TTL. The retry, on any worker once the scheduler has
+# failed the lost attempt (its heartbeat timeout, longer than the lease's TTL), takes the lease
+# and runs the canary again from its first step, whose plan replaces what the lost attempt left.
+# A verdict (rollback) is final: it raises AirflowFailException, which is never retried.
+@data_task(links=True, when_locked="fail", execution_timeout=TIMEOUTS.canary, retries=1, outlets=[CHAMPION_CHANGED])
+def canary(plan: dict, loaded: dict) -> dict:
+    """Steps with analysis under the promotion lock; promote at 100 % or roll back."""
+    from tritonflow.pipelines.canary_promotion import PromotionRequest, run_promotion
+    from tritonflow_plugin.canary_grid import push_step_results
+
+    if plan["noop"]:
+        push_step_results(get_current_context(), {"outcome": "noop", "reason": plan["reason"]})
+        return {"outcome": "noop", "reason": plan["reason"]}
+    record_link_info(model_name=plan["model"], model_version=str(plan["challenger"]),
+                     triton_model=plan["triton_model"], triton_version=str(plan["challenger"]))
+    result = run_promotion(PromotionRequest(
+        model=plan["model"], champion=plan["champion"], challenger=str(plan["challenger"]),
+        steps=plan["steps"], bake_s=plan["bake_s"], min_requests=plan["min_requests"],
+        use_stages=plan["use_stages"], dry_run=plan["dry_run"], holder=_holder(get_current_context()),
+        expected_predictions=plan.get("expected_predictions"),
+    ))
+    push_step_results(get_current_context(), result)  # before a rollback fails this task
+    record_link_info(mlflow_run_id=(result.get("canary_run") or {}).get("run_id"))  # analyses and plot
+    if result["outcome"] in ("rolled_back", "rollback_failed"):
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(
+            f"canary of model {plan['model']!r} version {plan['challenger']} {result['outcome']}: "
+            f"{result['reason']}" + (f"; rollback: {result['rollback'].get('error')}"
+                                     if result.get("rollback", {}) and result["rollback"].get("error") else "")
+        )
+    # champion_sentinel restarts the model's sentinel on this event (only when it changed)
+    get_current_context()["outlet_events"][CHAMPION_CHANGED].extra = {
+        "model": plan["model"], "champion": result.get("challenger"),
+        "changed": result["outcome"] == "promoted"}
+    return {k: result.get(k) for k in ("outcome", "reason", "model", "champion", "challenger",
+                                       "canary_id", "steps", "promotion", "gc", "rollback_target",
+                                       "canary_run")}
+
+
+@task(execution_timeout=TIMEOUTS.promotion_step, trigger_rule="all_done", retries=0, on_failure_callback=None,
+      map_index_template="{{ task.op_kwargs['percent'] }} %")
+@limit_xcom_size
+def canary_step(percent: int) -> dict:
+    """One box per traffic step in the grid: passed (success), failed, or never reached (skipped)."""
+    from tritonflow_plugin.canary_grid import show_step, step_results
+
+    return show_step(percent, step_results(get_current_context()))
+
+
+@task(execution_timeout=TIMEOUTS.promotion_step)
+@limit_xcom_size
+def traffic_steps(plan: dict) -> list[int]:
+    """The challenger's traffic percents, one ``canary_step`` box each."""
+    return [int(p) for p in plan["steps"]]
+
+
 @tritonflow_dag("canary_promotion", schedule=[registry_asset("canary_promotion")], topics=["canary"],
                 description=DESCRIPTION, doc_md=DOC_MD, params=PARAMS)
 def canary_promotion():
     """Canary-promote a challenger through the gateway, with automatic rollback."""
-    @data_task(execution_timeout=TIMEOUTS.promotion_step)
-    def resolve_versions() -> dict:
-        """Resolve challenger/champion; refuse a schedule the promotion task cannot hold."""
-        from ground.exceptions import SettingsError
-        from ground.settings import get_settings
-        from ground.values import parse_steps
-        from tritonflow.pipelines.canary import resolve
-        from tritonflow.pipelines.canary_promotion import canary_time_budget_s
-
-        context = get_current_context()
-        req = _request(context["params"], context)
-        steps = list(parse_steps(req["steps"], "steps"))
-        budget = canary_time_budget_s(steps, req["bake_s"], get_settings().canary_max_extensions)
-        if budget > TIMEOUTS.canary.total_seconds():
-            raise SettingsError(
-                f"steps={steps} with bake_s={req['bake_s']} may take {budget:.0f} s, more than the "
-                f"promotion task's execution_timeout of {TIMEOUTS.canary.total_seconds():.0f} s; "
-                "use fewer steps or a shorter bake"
-            )
-        res = resolve(req["model"], req["challenger"], req["champion"])
-        return {**res, "steps": steps, "bake_s": req["bake_s"], "min_requests": req["min_requests"],
-                "use_stages": bool(req["use_stages"]), "dry_run": bool(req["dry_run"]),
-                "expected_predictions": req.get("expected_predictions") or None}
-
-    @data_task(execution_timeout=TIMEOUTS.promotion_step)
-    def preflight(plan: dict) -> dict:
-        """Enough GPU/host memory for the challenger beside the champion; traffic untouched."""
-        if plan["noop"] or plan["champion"] == plan["challenger"]:
-            return {"skipped": plan["reason"]}
-        from tritonflow.pipelines.canary_loading import preflight as check
-
-        return check(plan["model"], plan["champion"], plan["challenger"], triton_model=plan["triton_model"])
-
-    @data_task(execution_timeout=TIMEOUTS.promotion_step)
-    def load_side_by_side(plan: dict, memory: dict) -> dict:
-        """Signatures re-verified, champion and challenger loaded side by side."""
-        if plan["noop"] or plan["dry_run"] or plan["champion"] == plan["challenger"]:
-            return {"skipped": "no-op or dry run"}
-        from tritonflow.pipelines.canary_loading import ensure_loaded
-
-        return ensure_loaded(plan["model"], [plan["champion"], plan["challenger"]],
-                             triton_model=plan["triton_model"])
-
-    # One retry: a worker lost mid-canary (killed, its host gone) leaves the gateway on a step's split
-    # and the promotion lease held until its TTL. The retry, on any worker once the scheduler has
-    # failed the lost attempt (its heartbeat timeout, longer than the lease's TTL), takes the lease
-    # and runs the canary again from its first step, whose plan replaces what the lost attempt left.
-    # A verdict (rollback) is final: it raises AirflowFailException, which is never retried.
-    @data_task(links=True, when_locked="fail", execution_timeout=TIMEOUTS.canary, retries=1, outlets=[CHAMPION_CHANGED])
-    def canary(plan: dict, loaded: dict) -> dict:
-        """Steps with analysis under the promotion lock; promote at 100 % or roll back."""
-        from tritonflow.pipelines.canary_promotion import run_promotion
-        from tritonflow_plugin.canary_grid import push_step_results
-
-        if plan["noop"]:
-            push_step_results(get_current_context(), {"outcome": "noop", "reason": plan["reason"]})
-            return {"outcome": "noop", "reason": plan["reason"]}
-        record_link_info(model_name=plan["model"], model_version=str(plan["challenger"]),
-                         triton_model=plan["triton_model"], triton_version=str(plan["challenger"]))
-        result = run_promotion(
-            plan["model"], plan["champion"], str(plan["challenger"]), steps=plan["steps"],
-            bake_s=plan["bake_s"], min_requests=plan["min_requests"], use_stages=plan["use_stages"],
-            dry_run=plan["dry_run"], holder=_holder(get_current_context()),
-            expected_predictions=plan.get("expected_predictions"),
-        )
-        push_step_results(get_current_context(), result)  # before a rollback fails this task
-        record_link_info(mlflow_run_id=(result.get("canary_run") or {}).get("run_id"))  # analyses and plot
-        if result["outcome"] in ("rolled_back", "rollback_failed"):
-            from airflow.sdk.exceptions import AirflowFailException
-
-            raise AirflowFailException(
-                f"canary of model {plan['model']!r} version {plan['challenger']} {result['outcome']}: "
-                f"{result['reason']}" + (f"; rollback: {result['rollback'].get('error')}"
-                                         if result.get("rollback", {}) and result["rollback"].get("error") else "")
-            )
-        # champion_sentinel restarts the model's sentinel on this event (only when it changed)
-        get_current_context()["outlet_events"][CHAMPION_CHANGED].extra = {
-            "model": plan["model"], "champion": result.get("challenger"),
-            "changed": result["outcome"] == "promoted"}
-        return {k: result.get(k) for k in ("outcome", "reason", "model", "champion", "challenger",
-                                           "canary_id", "steps", "promotion", "gc", "rollback_target",
-                                           "canary_run")}
-
-    @task(execution_timeout=TIMEOUTS.promotion_step, trigger_rule="all_done", retries=0, on_failure_callback=None,
-          map_index_template="{{ task.op_kwargs['percent'] }} %")
-    @limit_xcom_size
-    def canary_step(percent: int) -> dict:
-        """One box per traffic step in the grid: passed (success), failed, or never reached (skipped)."""
-        from tritonflow_plugin.canary_grid import show_step, step_results
-
-        return show_step(percent, step_results(get_current_context()))
-
-    @task(execution_timeout=TIMEOUTS.promotion_step)
-    @limit_xcom_size
-    def traffic_steps(plan: dict) -> list[int]:
-        """The challenger's traffic percents, one ``canary_step`` box each."""
-        return [int(p) for p in plan["steps"]]
-
     plan = resolve_versions()
     memory = preflight(plan)
     loaded = load_side_by_side(plan, memory)

@@ -105,144 +105,152 @@ def _settings():
     return get_settings()
 
 
+@data_task(links=True, execution_timeout=TIMEOUTS.short)
+def resolve() -> dict:
+    """Model + version/alias (params, or the registry event) -> one model version."""
+    from ground.exceptions import SettingsError
+    from tritonflow.pipelines import publish as pipeline
+    from tritonflow_plugin.loop import loop_context
+    from tritonflow_plugin.registry_watcher import registry_conf_from_context
+
+    context = get_current_context()
+    params = context["params"]
+    loop = loop_context(context)  # validated first: a bad conf fails before any work
+    event = registry_conf_from_context(context)
+    conf = dict(getattr(context.get("dag_run"), "conf", None) or {})
+    if event:
+        model = event.get("model_name") or ""
+        selector = event.get("model_version") or event.get("alias") or ""
+    elif loop is not None:
+        model, selector = loop.model, loop.version or str(params.get("version_or_alias") or "").strip()
+        conf.setdefault("then", list(loop.then))
+    else:
+        model = (params.get("model") or "").strip()
+        selector = str(params.get("version_or_alias") or "").strip()
+    if not model:
+        raise SettingsError("model is empty; expected the name of a registered MLflow model (field "
+                            "'Model'), or a run started by a registry event")
+    if not selector:
+        selector = pipeline.default_selector(model, settings=_settings())
+    then = event.get("then") if event else conf.get("then")
+    then = list(then or [])
+    if not all(isinstance(d, str) and d.strip() for d in then):
+        raise SettingsError(f"then={then!r} is invalid; expected a list of DAG ids")
+    state = pipeline.resolve(pipeline.model_reference(model, selector), settings=_settings())
+    record_link_info(model_name=state["model"], model_version=str(state["version"]))
+    return {**state, "then": then,
+            "loop": loop.model_dump(mode="json", exclude_none=True) if loop is not None else None}
+
+
+@data_task(links=True, execution_timeout=TIMEOUTS.convert)
+@shared_staging
+def convert_and_validate(state: dict) -> dict:
+    """Convert, check, build config.pbtxt, parity gate (rejects the version on failure)."""
+    from tritonflow.pipelines import publish_validate
+    from tritonflow_plugin.loop import param_or_setting
+
+    record_link_info(model_name=state["model"], model_version=str(state["version"]))
+    params = get_current_context()["params"]
+    settings = _settings()
+    dataset_uri = params.get("dataset_uri") or (state.get("loop") or {}).get("dataset_uri") or None
+    return publish_validate.convert_and_validate(
+        state, atol=param_or_setting(params, "atol", "parity_atol", settings),
+        rtol=param_or_setting(params, "rtol", "parity_rtol", settings),
+        max_batch_size=params["max_batch_size"], dataset_uri=dataset_uri,
+        export_format=params.get("export_format") or "onnx", settings=settings,
+    )
+
+
+@data_task(links=True, execution_timeout=TIMEOUTS.profile)
+@shared_staging
+def profile(state: dict) -> dict:
+    """Model Analyzer bounded sweep; keeps the generated config when off or unavailable."""
+    from tritonflow.pipelines import publish_profile
+
+    record_link_info(model_name=state["model"], model_version=str(state["version"]))
+    params = get_current_context()["params"]
+    return publish_profile.profile(state, enabled=_flag(params.get("profile"), _settings().publish_profile),
+                                   settings=_settings())
+
+
+@data_task(execution_timeout=TIMEOUTS.profile)
+@shared_staging
+def perf_gate(state: dict) -> dict:
+    """p99 regression gate: challenger vs champion on one Triton, interleaved perf_analyzer passes."""
+    from tritonflow.pipelines import publish_profile
+
+    params = get_current_context()["params"]
+    return publish_profile.perf_gate(
+        state, enabled=_flag(params.get("perf_gate"), _settings().publish_perf_gate),
+        repository_uri=params.get("repository") or None, settings=_settings())
+
+
+@data_task(execution_timeout=TIMEOUTS.push)
+@shared_staging
+def sign_and_push(state: dict) -> dict:
+    """Sign (model-signing) and push atomically; verified at the destination."""
+    from tritonflow.pipelines import publish_signing
+
+    params = get_current_context()["params"]
+    return publish_signing.sign_and_push(state, repository_uri=params.get("repository") or None,
+                                         settings=_settings())
+
+
+@data_task(links=True, execution_timeout=TIMEOUTS.load)
+@shared_staging
+def load_and_smoke(state: dict) -> dict:
+    """Verify, load (explicit mode), wait READY, smoke inference vs the source model."""
+    from tritonflow.pipelines import publish as pipeline
+
+    record_link_info(model_name=state["model"], model_version=str(state["version"]))
+    out = pipeline.load_and_smoke(state, settings=_settings())
+    record_link_info(triton_model=out["triton_model_name"], triton_version=str(out["version"]),
+                     triton_http_url=out["triton_url"])
+    return out
+
+
+@data_task(links=True, execution_timeout=TIMEOUTS.short, outlets=[MODEL_PUBLISHED])
+@shared_staging
+def record(state: dict) -> dict:
+    """Publish record on the MLflow version, drift reference; event on MODEL_PUBLISHED.
+
+    The run's staging folder is removed once recorded (a failed run's is swept after a day).
+    """
+    from tritonflow.pipelines import publish_record
+    from tritonflow.pipelines.publish_common import remove_staging
+    from tritonflow.pipelines.shared_work import discard
+
+    context = get_current_context()
+    record_link_info(model_name=state["model"], model_version=str(state["version"]),
+                     triton_model=state["triton_model_name"], triton_version=str(state["version"]),
+                     triton_http_url=state.get("triton_url"))
+    summary = publish_record.record(state, settings=_settings())
+    remove_staging(state)
+    discard(_settings(), state["staging_dir"])
+    record_link_info(mlflow_run_id=summary["publish_run_id"],
+                     mlflow_experiment_id=summary["publish_experiment_id"])
+    context["outlet_events"][MODEL_PUBLISHED].extra = {
+        k: summary[k] for k in ("model", "version", "triton_model_name", "repository_uri",
+                                "signature_digest", "key_id")
+    }
+    return {**summary, "then": state.get("then") or [], "loop": state.get("loop")}
+
+
+@task(execution_timeout=TIMEOUTS.short)
+@limit_xcom_size
+def then_triggers(summary: dict) -> list[dict]:
+    """One trigger per DAG in the ``then`` list; conf: the loop context handed on."""
+    from tritonflow.pipelines.loop_context import publish_handoff
+
+    run_id = get_current_context()["run_id"]
+    conf = publish_handoff(summary, triggered_by=DAG_ID, run_id=run_id)
+    return [{"trigger_dag_id": dag_id, "conf": conf} for dag_id in summary.get("then") or []]
+
+
 @tritonflow_dag(DAG_ID, schedule=registry_asset(DAG_ID), topics=["publish"], description=DESCRIPTION,
                 doc_md=DOC_MD, params=PARAMS)
 def model_publish():
     """Convert, validate, sign and publish a registered model version to Triton."""
-    @data_task(links=True, execution_timeout=TIMEOUTS.short)
-    def resolve() -> dict:
-        """Model + version/alias (params, or the registry event) -> one model version."""
-        from ground.exceptions import SettingsError
-        from tritonflow.pipelines import publish as pipeline
-        from tritonflow_plugin.loop import loop_context
-        from tritonflow_plugin.registry_watcher import registry_conf_from_context
-
-        context = get_current_context()
-        params = context["params"]
-        loop = loop_context(context)  # validated first: a bad conf fails before any work
-        event = registry_conf_from_context(context)
-        conf = dict(getattr(context.get("dag_run"), "conf", None) or {})
-        if event:
-            model = event.get("model_name") or ""
-            selector = event.get("model_version") or event.get("alias") or ""
-        elif loop is not None:
-            model, selector = loop.model, loop.version or str(params.get("version_or_alias") or "").strip()
-            conf.setdefault("then", list(loop.then))
-        else:
-            model = (params.get("model") or "").strip()
-            selector = str(params.get("version_or_alias") or "").strip()
-        if not model:
-            raise SettingsError("model is empty; expected the name of a registered MLflow model (field "
-                                "'Model'), or a run started by a registry event")
-        if not selector:
-            selector = pipeline.default_selector(model, settings=_settings())
-        then = event.get("then") if event else conf.get("then")
-        then = list(then or [])
-        if not all(isinstance(d, str) and d.strip() for d in then):
-            raise SettingsError(f"then={then!r} is invalid; expected a list of DAG ids")
-        state = pipeline.resolve(pipeline.model_reference(model, selector), settings=_settings())
-        record_link_info(model_name=state["model"], model_version=str(state["version"]))
-        return {**state, "then": then,
-                "loop": loop.model_dump(mode="json", exclude_none=True) if loop is not None else None}
-
-    @data_task(links=True, execution_timeout=TIMEOUTS.convert)
-    @shared_staging
-    def convert_and_validate(state: dict) -> dict:
-        """Convert, check, build config.pbtxt, parity gate (rejects the version on failure)."""
-        from tritonflow.pipelines import publish_validate
-        from tritonflow_plugin.loop import param_or_setting
-
-        record_link_info(model_name=state["model"], model_version=str(state["version"]))
-        params = get_current_context()["params"]
-        settings = _settings()
-        dataset_uri = params.get("dataset_uri") or (state.get("loop") or {}).get("dataset_uri") or None
-        return publish_validate.convert_and_validate(
-            state, atol=param_or_setting(params, "atol", "parity_atol", settings),
-            rtol=param_or_setting(params, "rtol", "parity_rtol", settings),
-            max_batch_size=params["max_batch_size"], dataset_uri=dataset_uri,
-            export_format=params.get("export_format") or "onnx", settings=settings,
-        )
-
-    @data_task(links=True, execution_timeout=TIMEOUTS.profile)
-    @shared_staging
-    def profile(state: dict) -> dict:
-        """Model Analyzer bounded sweep; keeps the generated config when off or unavailable."""
-        from tritonflow.pipelines import publish_profile
-
-        record_link_info(model_name=state["model"], model_version=str(state["version"]))
-        params = get_current_context()["params"]
-        return publish_profile.profile(state, enabled=_flag(params.get("profile"), _settings().publish_profile),
-                                       settings=_settings())
-
-    @data_task(execution_timeout=TIMEOUTS.profile)
-    @shared_staging
-    def perf_gate(state: dict) -> dict:
-        """p99 regression gate: challenger vs champion on one Triton, interleaved perf_analyzer passes."""
-        from tritonflow.pipelines import publish_profile
-
-        params = get_current_context()["params"]
-        return publish_profile.perf_gate(
-            state, enabled=_flag(params.get("perf_gate"), _settings().publish_perf_gate),
-            repository_uri=params.get("repository") or None, settings=_settings())
-
-    @data_task(execution_timeout=TIMEOUTS.push)
-    @shared_staging
-    def sign_and_push(state: dict) -> dict:
-        """Sign (model-signing) and push atomically; verified at the destination."""
-        from tritonflow.pipelines import publish_signing
-
-        params = get_current_context()["params"]
-        return publish_signing.sign_and_push(state, repository_uri=params.get("repository") or None,
-                                             settings=_settings())
-
-    @data_task(links=True, execution_timeout=TIMEOUTS.load)
-    @shared_staging
-    def load_and_smoke(state: dict) -> dict:
-        """Verify, load (explicit mode), wait READY, smoke inference vs the source model."""
-        from tritonflow.pipelines import publish as pipeline
-
-        record_link_info(model_name=state["model"], model_version=str(state["version"]))
-        out = pipeline.load_and_smoke(state, settings=_settings())
-        record_link_info(triton_model=out["triton_model_name"], triton_version=str(out["version"]),
-                         triton_http_url=out["triton_url"])
-        return out
-
-    @data_task(links=True, execution_timeout=TIMEOUTS.short, outlets=[MODEL_PUBLISHED])
-    @shared_staging
-    def record(state: dict) -> dict:
-        """Publish record on the MLflow version, drift reference; event on MODEL_PUBLISHED.
-
-        The run's staging folder is removed once recorded (a failed run's is swept after a day).
-        """
-        from tritonflow.pipelines import publish_record
-        from tritonflow.pipelines.publish_common import remove_staging
-        from tritonflow.pipelines.shared_work import discard
-
-        context = get_current_context()
-        record_link_info(model_name=state["model"], model_version=str(state["version"]),
-                         triton_model=state["triton_model_name"], triton_version=str(state["version"]),
-                         triton_http_url=state.get("triton_url"))
-        summary = publish_record.record(state, settings=_settings())
-        remove_staging(state)
-        discard(_settings(), state["staging_dir"])
-        record_link_info(mlflow_run_id=summary["publish_run_id"],
-                         mlflow_experiment_id=summary["publish_experiment_id"])
-        context["outlet_events"][MODEL_PUBLISHED].extra = {
-            k: summary[k] for k in ("model", "version", "triton_model_name", "repository_uri",
-                                    "signature_digest", "key_id")
-        }
-        return {**summary, "then": state.get("then") or [], "loop": state.get("loop")}
-
-    @task(execution_timeout=TIMEOUTS.short)
-    @limit_xcom_size
-    def then_triggers(summary: dict) -> list[dict]:
-        """One trigger per DAG in the ``then`` list; conf: the loop context handed on."""
-        from tritonflow.pipelines.loop_context import publish_handoff
-
-        run_id = get_current_context()["run_id"]
-        conf = publish_handoff(summary, triggered_by=DAG_ID, run_id=run_id)
-        return [{"trigger_dag_id": dag_id, "conf": conf} for dag_id in summary.get("then") or []]
-
     summary = record(load_and_smoke(sign_and_push(perf_gate(profile(convert_and_validate(resolve()))))))
     fire_and_forget_mapped("trigger_then").expand_kwargs(then_triggers(summary))
 

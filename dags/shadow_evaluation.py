@@ -134,95 +134,102 @@ def _plan_request(context) -> dict:
             "loop": loop.model_dump(mode="json", exclude_none=True) if loop else None}
 
 
+@data_task(execution_timeout=TIMEOUTS.short)
+def plan() -> dict:
+    """Model, challenger and replay window from the params and the drift event."""
+    return _plan_request(get_current_context())
+
+
+@task.short_circuit(execution_timeout=TIMEOUTS.short)
+@fail_fast_on_bad_data
+@limit_xcom_size
+def admit(request: dict) -> bool:
+    """Skip the run (decision recorded): handed-over version already champion, retraining running, lock held."""
+    from tritonflow.pipelines.alert_decision import XCOM_KEY, admission, record_decision
+
+    handed_over = request["challenger"] if request.get("loop") else None  # from model_publish/retrain
+    skip = admission(request["model"], request["hour"], request["features"], handed_over=handed_over)
+    if skip is None:
+        return True
+    get_current_context()["ti"].xcom_push(key=XCOM_KEY, value=skip)
+    record_decision(skip)
+    return False
+
+
+@data_task(execution_timeout=TIMEOUTS.short)
+def resolve(request: dict) -> dict:
+    """Champion and challenger versions in the MLflow registry."""
+    from tritonflow.pipelines.shadow import resolve_versions
+
+    with _decided_if_rejected(request):
+        return resolve_versions(request["model"], request["challenger"] or None)
+
+
+@data_task(links=True, execution_timeout=TIMEOUTS.publish)
+def publish_challenger(request: dict, resolved: dict) -> dict:
+    """Publish the challenger through the publish pipeline unless it is in the repository."""
+    from tritonflow.pipelines.shadow import ensure_challenger_published
+
+    with _decided_if_rejected(request):
+        out = ensure_challenger_published(resolved)
+    if out.get("version") is not None:
+        record_link_info(model_name=out["model"], model_version=str(out["version"]),
+                         triton_model=out["triton_model_name"], triton_version=str(out["triton_model_version"]))
+    return out
+
+
+@data_task(execution_timeout=TIMEOUTS.replay)
+def replay(request: dict, resolved: dict, published: dict) -> dict:
+    """Replay the window's logged inputs through both versions, or mirror live traffic."""
+    context = get_current_context()
+    if context["params"].get("mode") == "live":
+        from tritonflow.pipelines.shadow_live import live
+
+        ti = context["ti"]
+        return live(resolved["model"], resolved["champion"], resolved["challenger"],
+                    duration_s=context["params"].get("live_duration_s"),
+                    holder=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}")
+    from tritonflow.pipelines.shadow_replay import replay as run_replay
+
+    return run_replay(resolved["model"], resolved["champion"], resolved["challenger"],
+                      request["window_start"], request["window_end"])
+
+
+@data_task(links=True, execution_timeout=TIMEOUTS.compare)
+def compare(request: dict, replayed: dict) -> dict:
+    """Decide with confidence and record the decision on both model versions."""
+    from tritonflow.pipelines.loop_context import shadow_handoffs
+    from tritonflow.pipelines.shadow_compare import compare as run_compare
+
+    context = get_current_context()
+    params = context["params"]
+    overrides = {k: params.get(k) for k in ("min_labels", "confidence", "margin")}
+    out = run_compare(replayed, label_column=params.get("label_column") or None,
+                      rule_overrides=overrides, drift_event=request["drift_event"])
+    out["canary_conf"], out["retrain_conf"] = shadow_handoffs(request, out, run_id=context["run_id"])
+    role = "challenger" if out.get("challenger") is not None else "champion"  # whose record holds the report
+    record_link_info(model_name=out["model"], model_version=str(out[role]),
+                     mlflow_run_id=(out.get("recorded") or {}).get(role, {}).get("run_id"))
+    return out
+
+
+@task.branch(execution_timeout=TIMEOUTS.short)
+@limit_xcom_size
+def choose(request: dict, decision: dict) -> str:
+    """The alert's decision (recorded under XCom key ``alert_decision``): canary, retraining, or nothing."""
+    from tritonflow.pipelines.alert_decision import XCOM_KEY, record_decision, shadow_decision
+
+    made = shadow_decision(request["model"], request["hour"], request["features"], decision["outcome"],
+                           decision.get("reasons") or [])
+    get_current_context()["ti"].xcom_push(key=XCOM_KEY, value=made)
+    record_decision(made)
+    return {"promote": "trigger_canary", "retrain": "trigger_retrain"}.get(made["decision"], "no_action")
+
+
 @tritonflow_dag("shadow_evaluation", schedule=DRIFT_ALERTS, topics=["shadow"], description=DESCRIPTION,
                 doc_md=DOC_MD, render_template_as_native_obj=True, params=PARAMS)
 def shadow_evaluation():
     """Compare the challenger with the champion on the same inputs and decide what follows."""
-    @data_task(execution_timeout=TIMEOUTS.short)
-    def plan() -> dict:
-        """Model, challenger and replay window from the params and the drift event."""
-        return _plan_request(get_current_context())
-
-    @task.short_circuit(execution_timeout=TIMEOUTS.short)
-    @fail_fast_on_bad_data
-    @limit_xcom_size
-    def admit(request: dict) -> bool:
-        """Skip the run (decision recorded): handed-over version already champion, retraining running, lock held."""
-        from tritonflow.pipelines.alert_decision import XCOM_KEY, admission, record_decision
-
-        handed_over = request["challenger"] if request.get("loop") else None  # from model_publish/retrain
-        skip = admission(request["model"], request["hour"], request["features"], handed_over=handed_over)
-        if skip is None:
-            return True
-        get_current_context()["ti"].xcom_push(key=XCOM_KEY, value=skip)
-        record_decision(skip)
-        return False
-
-    @data_task(execution_timeout=TIMEOUTS.short)
-    def resolve(request: dict) -> dict:
-        """Champion and challenger versions in the MLflow registry."""
-        from tritonflow.pipelines.shadow import resolve_versions
-
-        with _decided_if_rejected(request):
-            return resolve_versions(request["model"], request["challenger"] or None)
-
-    @data_task(links=True, execution_timeout=TIMEOUTS.publish)
-    def publish_challenger(request: dict, resolved: dict) -> dict:
-        """Publish the challenger through the publish pipeline unless it is in the repository."""
-        from tritonflow.pipelines.shadow import ensure_challenger_published
-
-        with _decided_if_rejected(request):
-            out = ensure_challenger_published(resolved)
-        if out.get("version") is not None:
-            record_link_info(model_name=out["model"], model_version=str(out["version"]),
-                             triton_model=out["triton_model_name"], triton_version=str(out["triton_model_version"]))
-        return out
-
-    @data_task(execution_timeout=TIMEOUTS.replay)
-    def replay(request: dict, resolved: dict, published: dict) -> dict:
-        """Replay the window's logged inputs through both versions, or mirror live traffic."""
-        context = get_current_context()
-        if context["params"].get("mode") == "live":
-            from tritonflow.pipelines.shadow_live import live
-
-            ti = context["ti"]
-            return live(resolved["model"], resolved["champion"], resolved["challenger"],
-                        duration_s=context["params"].get("live_duration_s"),
-                        holder=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}")
-        from tritonflow.pipelines.shadow_replay import replay as run_replay
-
-        return run_replay(resolved["model"], resolved["champion"], resolved["challenger"],
-                          request["window_start"], request["window_end"])
-
-    @data_task(links=True, execution_timeout=TIMEOUTS.compare)
-    def compare(request: dict, replayed: dict) -> dict:
-        """Decide with confidence and record the decision on both model versions."""
-        from tritonflow.pipelines.loop_context import shadow_handoffs
-        from tritonflow.pipelines.shadow_compare import compare as run_compare
-
-        context = get_current_context()
-        params = context["params"]
-        overrides = {k: params.get(k) for k in ("min_labels", "confidence", "margin")}
-        out = run_compare(replayed, label_column=params.get("label_column") or None,
-                          rule_overrides=overrides, drift_event=request["drift_event"])
-        out["canary_conf"], out["retrain_conf"] = shadow_handoffs(request, out, run_id=context["run_id"])
-        role = "challenger" if out.get("challenger") is not None else "champion"  # whose record holds the report
-        record_link_info(model_name=out["model"], model_version=str(out[role]),
-                         mlflow_run_id=(out.get("recorded") or {}).get(role, {}).get("run_id"))
-        return out
-
-    @task.branch(execution_timeout=TIMEOUTS.short)
-    @limit_xcom_size
-    def choose(request: dict, decision: dict) -> str:
-        """The alert's decision (recorded under XCom key ``alert_decision``): canary, retraining, or nothing."""
-        from tritonflow.pipelines.alert_decision import XCOM_KEY, record_decision, shadow_decision
-
-        made = shadow_decision(request["model"], request["hour"], request["features"], decision["outcome"],
-                               decision.get("reasons") or [])
-        get_current_context()["ti"].xcom_push(key=XCOM_KEY, value=made)
-        record_decision(made)
-        return {"promote": "trigger_canary", "retrain": "trigger_retrain"}.get(made["decision"], "no_action")
-
     trigger_canary = fire_and_forget(
         "trigger_canary", trigger_dag_id="canary_promotion",
         conf="{{ ti.xcom_pull(task_ids='compare')['canary_conf'] }}",
@@ -232,7 +239,6 @@ def shadow_evaluation():
         conf="{{ ti.xcom_pull(task_ids='compare')['retrain_conf'] }}",
     )
     no_action = EmptyOperator(task_id="no_action", execution_timeout=TIMEOUTS.short)
-
     request = plan()
     resolved = resolve(request)
     admit(request) >> resolved

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
+from tritonflow.registry_events import URL_PREFIX
 from tritonflow_plugin.links import TRITONFLOW_LINKS
-from tritonflow_plugin.webhook import URL_PREFIX
 
 
 def _webhook_app():

@@ -20,7 +20,7 @@ conversion refusal) and 2 when it could not run (bad arguments, MLflow unreachab
     tritonflow registry webhook test [--event model_version_tag.set] [--url URL | --id ID]
 
 ``tritonflow registry webhook register`` creates on the MLflow server the webhook that delivers the
-events the receiver maps (``tritonflow_plugin.webhook.SUPPORTED_EVENTS``) to the receiver (default:
+events the receiver maps (``tritonflow.registry_events.SUPPORTED_EVENTS``) to the receiver (default:
 the local Airflow api-server's), signed with ``TRITONFLOW_WEBHOOK_SECRET``; run again, it updates
 that webhook instead of adding one. When MLflow refuses the URL, it exits 1 saying which MLflow
 server variables or which receiver fix it (:mod:`model_registry.webhooks`).
@@ -196,7 +196,7 @@ def validate(model_uri: str, sample: str, *, out: str | None = None, name: str |
     from pathlib import Path
 
     from ground.exceptions import DataError
-    from tritonflow.pipelines.publish_common import _json_safe
+    from tritonflow.pipelines.publish_common import json_safe
     from tritonflow.pipelines.publish_validate import load_dataset
 
     s = settings or get_settings()
@@ -229,8 +229,8 @@ def validate(model_uri: str, sample: str, *, out: str | None = None, name: str |
             target.mkdir(parents=True, exist_ok=True)
             (target / gate.model_filename).write_bytes(gate.model_bytes)
             (target / "config.pbtxt").write_text(report["config_pbtxt"])
-            (target / "report.json").write_text(json.dumps(_json_safe(report), indent=2, sort_keys=True))
-        return (0 if gate.passed else 1), _json_safe(report)
+            (target / "report.json").write_text(json.dumps(json_safe(report), indent=2, sort_keys=True))
+        return (0 if gate.passed else 1), json_safe(report)
     except DataError as exc:
         report.update(passed=False, failure=f"{type(exc).__name__}: {exc}")
         return 1, report
@@ -302,7 +302,7 @@ def _duration(text: str, option: str):
 
 def default_receiver_url(settings: Settings) -> str:
     """URL of the webhook receiver of the local Airflow api-server (the plugin mounts it)."""
-    from tritonflow_plugin.webhook import URL_PREFIX, WEBHOOK_PATH
+    from tritonflow.registry_events import URL_PREFIX, WEBHOOK_PATH
 
     return f"http://{settings.host}:{settings.airflow_api_port}{URL_PREFIX}{WEBHOOK_PATH}"
 
@@ -312,7 +312,7 @@ def _registry_webhook(args: argparse.Namespace) -> int:
     from mlflow import MlflowClient
 
     from model_registry import webhooks
-    from tritonflow_plugin.webhook import SUPPORTED_EVENTS
+    from tritonflow.registry_events import SUPPORTED_EVENTS
 
     settings = get_settings()
     uri = args.tracking_uri or settings.resolved_mlflow_tracking_uri
@@ -369,10 +369,8 @@ def _add_registry_parser(sub: Any) -> None:
     wh.add_argument("--json", action="store_true", help="list as JSON")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``tritonflow`` command."""
-    parser = argparse.ArgumentParser(prog="tritonflow")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_runtime_parser(sub: Any) -> None:
+    """``tritonflow runtime start|status|stop`` arguments."""
     rt = sub.add_parser("runtime", help=f"start, check or stop the local services ({', '.join(KNOWN_SERVICES)})",
                         formatter_class=argparse.RawDescriptionHelpFormatter,
                         epilog="services (start order; ports from the settings, defaults shown):\n"
@@ -382,11 +380,19 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated subset of: {', '.join(KNOWN_SERVICES)} (default: all of them)")
     rt.add_argument("--repository", default=None, help="Triton repository: folder or s3://http://host:port/bucket/prefix")
     rt.add_argument("--json", action="store_true", help="status as JSON")
+
+
+def _add_settings_parser(sub: Any) -> None:
+    """``tritonflow settings`` arguments."""
     st = sub.add_parser("settings", help="print the settings in effect and where each comes from; "
                                          "exit 1 on a value that is not valid")
     st.add_argument("--reference", action="store_true",
                     help="print the reference instead (every variable, its default and meaning)")
     st.add_argument("--markdown", action="store_true", help="the reference as a Markdown table (docs/configuration.md)")
+
+
+def _add_validate_parser(sub: Any) -> None:
+    """``tritonflow validate`` arguments."""
     va = sub.add_parser("validate", help="convert, parity-gate and generate config.pbtxt without publishing")
     va.add_argument("model_uri", help="models:/name/version, runs:/<run>/<path> or a local MLflow model folder")
     va.add_argument("--sample", required=True, help="validation rows: CSV or Parquet file (signature columns)")
@@ -398,6 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     va.add_argument("--rtol", type=float, default=None)
     va.add_argument("--rows", type=int, default=1000, help="rows of the sample used (the first ones)")
     va.add_argument("--tracking-uri", default=None, help="MLflow tracking URI for models:/ and runs:/ URIs")
+
+
+def _add_drift_parser(sub: Any) -> None:
+    """``tritonflow drift backtest`` arguments."""
     dr = sub.add_parser("drift", help="drift tools")
     dsub = dr.add_subparsers(dest="drift_command", required=True)
     bt = dsub.add_parser("backtest", help="replay a historical table through the hourly drift check",
@@ -429,6 +439,24 @@ def main(argv: list[str] | None = None) -> int:
     bt.add_argument("--no-html", action="store_true", help="only backtest.json")
     bt.add_argument("--engine", choices=["exact", "streamed"], default="exact",
                     help="score each window whole (exact) or from its streamed bin counts and sketches")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``tritonflow`` command.
+
+    Args:
+        argv: The arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 on success, 1 on a failed check or a :class:`~ground.exceptions.TritonflowError`
+        (its message printed on stderr).
+    """
+    parser = argparse.ArgumentParser(prog="tritonflow")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_runtime_parser(sub)
+    _add_settings_parser(sub)
+    _add_validate_parser(sub)
+    _add_drift_parser(sub)
     _add_registry_parser(sub)
     args = parser.parse_args(argv)
     try:

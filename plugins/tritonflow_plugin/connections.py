@@ -32,35 +32,12 @@ from typing import Any, Callable, Mapping
 
 from ground.exceptions import SettingsError
 from ground.settings import CONNECTION_SOURCES_ENV, ENV_PREFIX, Settings
+from tritonflow_plugin.hooks import MlflowHook, TritonHook, gateway_url_from_connection
 
 log = logging.getLogger(__name__)
 
 
-def _mlflow_values(conn: Any) -> dict[str, str]:
-    from tritonflow_plugin.hooks import tracking_uri_from_connection
-
-    values = {"MLFLOW_TRACKING_URI": tracking_uri_from_connection(conn)}
-    if conn.login:  # MLflow's REST client reads its credentials from these variables
-        values["@MLFLOW_TRACKING_USERNAME"] = conn.login
-        values["@MLFLOW_TRACKING_PASSWORD"] = conn.password or ""
-    from tritonflow_plugin.hooks import connection_extra
-
-    token = connection_extra(conn, "token")
-    if token:
-        values["@MLFLOW_TRACKING_TOKEN"] = token
-    return values
-
-
-def _triton_values(conn: Any) -> dict[str, str]:
-    from tritonflow_plugin.hooks import triton_urls_from_connection
-
-    urls = triton_urls_from_connection(conn)
-    return {"TRITON_URL": urls["http_url"], "TRITON_METRICS_URL": urls["metrics_url"]}
-
-
 def _gateway_values(conn: Any) -> dict[str, str]:
-    from tritonflow_plugin.hooks import gateway_url_from_connection
-
     return {"GATEWAY_URL": gateway_url_from_connection(conn)}
 
 
@@ -81,12 +58,13 @@ def _aws_values(conn: Any) -> dict[str, str]:
     return values
 
 
-#: ``(Settings field naming the connection id, what the connection fills)``. A value key starting
-#: with ``@`` is a third-party variable (credentials) set as is; the others are ``TRITONFLOW_``
-#: settings.
+#: ``(Settings field naming the connection id, what the connection fills)``: tritonflow's own
+#: connection types through their hooks, the gateway's ``http`` and the amazon provider's ``aws``
+#: here. A value key starting with ``@`` is a third-party variable (credentials) set as is; the
+#: others are ``TRITONFLOW_`` settings.
 CONNECTION_KINDS: tuple[tuple[str, Callable[[Any], dict[str, str]]], ...] = (
-    ("mlflow_conn_id", _mlflow_values),
-    ("triton_conn_id", _triton_values),
+    ("mlflow_conn_id", MlflowHook.settings_values),
+    ("triton_conn_id", TritonHook.settings_values),
     ("gateway_conn_id", _gateway_values),
     ("aws_conn_id", _aws_values),
 )

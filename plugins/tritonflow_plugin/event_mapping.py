@@ -48,14 +48,14 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ground.exceptions import SettingsError
-
-#: Kinds of registry change.
-VERSION_CREATED = "version_created"
-ALIAS_SET = "alias_set"
-ALIAS_DELETED = "alias_deleted"
-TAG_SET = "tag_set"
-STAGE_CHANGED = "stage_changed"
-CHANGE_KINDS = (VERSION_CREATED, ALIAS_SET, ALIAS_DELETED, TAG_SET, STAGE_CHANGED)
+from tritonflow.registry_events import (  # the kinds of registry change, shared with the CLI
+    ALIAS_DELETED,
+    ALIAS_SET,
+    CHANGE_KINDS,
+    STAGE_CHANGED,
+    TAG_SET,
+    VERSION_CREATED,
+)
 
 #: Keys a rule may have.
 RULE_KEYS = ("on", "model", "alias", "stage", "tag_key", "tag_value", "dags")

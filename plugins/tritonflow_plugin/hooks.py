@@ -9,6 +9,11 @@
 * S3 goes through the amazon provider's ``S3Hook`` and an ``aws`` connection (endpoint URL in
   the connection's extra ``endpoint_url``); tritonflow has no S3 hook of its own.
 
+Each hook also says what its connection sets in a task's process (:meth:`MlflowHook.settings_values`,
+:meth:`TritonHook.settings_values`): every tritonflow task applies the defined connections through
+them when it starts (:func:`tritonflow_plugin.connections.apply_connections`), so the pipelines use
+the endpoints the connections name.
+
 Connections are read only when ``get_conn()`` runs (task run time), never at DAG parse time.
 
 Example connection, as an environment variable::
@@ -123,6 +128,30 @@ class MlflowHook(BaseHook):
         super().__init__(**kwargs)
         self.mlflow_conn_id = mlflow_conn_id
 
+    @staticmethod
+    def settings_values(conn: Any) -> dict[str, str]:
+        """What an ``mlflow`` connection sets in a task's process.
+
+        Args:
+            conn: An Airflow ``Connection`` of type ``mlflow``.
+
+        Returns:
+            ``{"MLFLOW_TRACKING_URI": uri}`` (a ``TRITONFLOW_`` setting) plus, when the connection
+            has them, MLflow's own credential variables, keyed with a leading ``@``
+            (``@MLFLOW_TRACKING_USERNAME``/``PASSWORD`` from ``login``/``password``,
+            ``@MLFLOW_TRACKING_TOKEN`` from the extra ``token``): MLflow's REST client reads them.
+
+        Raises:
+            SettingsError: No host, or a scheme other than http/https.
+        """
+        values = {"MLFLOW_TRACKING_URI": tracking_uri_from_connection(conn)}
+        if conn.login:
+            values["@MLFLOW_TRACKING_USERNAME"] = conn.login
+            values["@MLFLOW_TRACKING_PASSWORD"] = conn.password or ""
+        token = connection_extra(conn, "token")
+        if token:
+            values["@MLFLOW_TRACKING_TOKEN"] = token
+        return values
 
     def get_tracking_uri(self) -> str:
         """Return the tracking URI of the connection (reads the connection now)."""
@@ -135,14 +164,9 @@ class MlflowHook(BaseHook):
         ``MLFLOW_TRACKING_USERNAME``/``PASSWORD``/``TOKEN`` variables of this process, which is
         how MLflow's REST client reads them.
         """
-        conn = self.get_connection(self.mlflow_conn_id)
-        uri = tracking_uri_from_connection(conn)
-        if conn.login:
-            os.environ["MLFLOW_TRACKING_USERNAME"] = conn.login
-            os.environ["MLFLOW_TRACKING_PASSWORD"] = conn.password or ""
-        token = connection_extra(conn, "token")
-        if token:
-            os.environ["MLFLOW_TRACKING_TOKEN"] = token
+        values = self.settings_values(self.get_connection(self.mlflow_conn_id))
+        os.environ.update({k[1:]: v for k, v in values.items() if k.startswith("@")})
+        uri = values["MLFLOW_TRACKING_URI"]
         from mlflow import MlflowClient
 
         return MlflowClient(tracking_uri=uri, registry_uri=uri)
@@ -172,6 +196,22 @@ class TritonHook(BaseHook):
         super().__init__(**kwargs)
         self.triton_conn_id = triton_conn_id
 
+    @staticmethod
+    def settings_values(conn: Any) -> dict[str, str]:
+        """What a ``triton`` connection sets in a task's process.
+
+        Args:
+            conn: An Airflow ``Connection`` of type ``triton``.
+
+        Returns:
+            ``{"TRITON_URL": "host:port", "TRITON_METRICS_URL": url}`` (``TRITONFLOW_`` settings;
+            see :func:`triton_urls_from_connection`).
+
+        Raises:
+            SettingsError: No host, or a scheme other than http/https.
+        """
+        urls = triton_urls_from_connection(conn)
+        return {"TRITON_URL": urls["http_url"], "TRITON_METRICS_URL": urls["metrics_url"]}
 
     def get_urls(self) -> dict[str, str]:
         """Return ``http_url``, ``metrics_url``, ``grpc_url`` (reads the connection now)."""

@@ -339,7 +339,7 @@ def registry_conf_from_context(context: Any) -> dict[str, Any]:
     DAG runs started by the webhook receiver or by ``registry_events`` carry it in
     ``dag_run.conf``; runs scheduled on :func:`registry_asset` carry it in the triggering asset
     event's extra (``payload`` for watcher events, the conf itself for events a custom receiver
-    wrote with :class:`~tritonflow_plugin.webhook.AssetEventSink`).
+    wrote with the conf as their extra).
 
     Returns:
         The conf dict, or ``{}`` for runs not started by a registry change.

@@ -17,21 +17,21 @@ The receiver (:func:`create_app`) refuses, with a logged reason and a 4xx answer
 
 Accepted ``model_version.created``, ``model_version_alias.created/deleted`` and
 ``model_version_tag.set`` events become :class:`~tritonflow_plugin.event_mapping.RegistryChange`
-objects, mapped to DAGs by :mod:`tritonflow_plugin.event_mapping`; each action goes to a sink:
-:class:`DagRunSink` (default: one DAG run per delivery and mapped DAG, with the action's conf) or
-:class:`AssetEventSink` (an Airflow asset event on ``registry_asset(dag_id)`` whose ``extra`` is
-the conf). Other well-formed MLflow events are acknowledged and ignored (200).
+objects, mapped to DAGs by :mod:`tritonflow_plugin.event_mapping`; each action goes to a sink
+(:class:`Sink`): :class:`DagRunSink`, one DAG run per delivery and mapped DAG, with the action's
+conf. Other well-formed MLflow events are acknowledged and ignored (200).
 
-Why DAG runs and not asset events by default: Airflow's scheduler folds the asset events queued
+Why DAG runs and not asset events: Airflow's scheduler folds the asset events queued
 for a DAG into one run and consumes only those written before the DAG was first queued; a second
 delivery for the same DAG arriving while a run is being created (a version created, then its
 alias set) either lands in the same run, which acts on one change, or waits unconsumed until some
 later event. One run per delivery keeps every registry change a run of its own.
 
 Register the webhook on MLflow (SQL backend) with ``tritonflow registry webhook register``
-(:mod:`model_registry.webhooks`): it subscribes exactly :data:`SUPPORTED_EVENTS` with
-``TRITONFLOW_WEBHOOK_SECRET`` and says which MLflow server variables an ``http`` or private-address
-receiver needs (MLflow refuses those by default).
+(:mod:`model_registry.webhooks`): it subscribes exactly
+:data:`~tritonflow.registry_events.SUPPORTED_EVENTS` with ``TRITONFLOW_WEBHOOK_SECRET`` and says
+which MLflow server variables an ``http`` or private-address receiver needs (MLflow refuses those
+by default).
 """
 
 from __future__ import annotations
@@ -45,23 +45,18 @@ import logging
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ground.exceptions import DataError
+from tritonflow.registry_events import SUPPORTED_EVENTS, WEBHOOK_PATH  # shared with the CLI
 from tritonflow_plugin.event_mapping import (
-    ALIAS_DELETED,
-    ALIAS_SET,
-    TAG_SET,
-    VERSION_CREATED,
     Action,
     RegistryChange,
     Rule,
     actions_for,
-    registry_asset_name,
-    registry_asset_uri,
 )
 
 log = logging.getLogger(__name__)
@@ -72,22 +67,10 @@ SIGNATURE_HEADER = "X-MLflow-Signature"
 TIMESTAMP_HEADER = "X-MLflow-Timestamp"
 DELIVERY_ID_HEADER = "X-MLflow-Delivery-Id"
 SIGNATURE_VERSION = "v1"
-#: Path of the receiver inside the mounted app.
-WEBHOOK_PATH = "/webhooks/mlflow"
-#: URL prefix the plugin mounts the app under.
-URL_PREFIX = "/tritonflow"
 #: Largest accepted body (bytes); MLflow registry payloads are a few hundred bytes.
 MAX_BODY_BYTES = 256 * 1024
 #: File name of the accepted-delivery store under ``Settings.home``.
 DELIVERY_STORE_FILE = "webhook_deliveries.sqlite"
-
-#: (entity, action) -> (change kind, required data fields).
-SUPPORTED_EVENTS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
-    ("model_version", "created"): (VERSION_CREATED, ("name", "version")),
-    ("model_version_alias", "created"): (ALIAS_SET, ("name", "alias", "version")),
-    ("model_version_alias", "deleted"): (ALIAS_DELETED, ("name", "alias")),
-    ("model_version_tag", "set"): (TAG_SET, ("name", "version", "key", "value")),
-}
 
 
 class WebhookRejected(DataError):
@@ -238,40 +221,6 @@ class Sink(Protocol):
         """Start ``action``; return a short description of what was created."""
 
 
-class AssetEventSink:
-    """Emit an Airflow asset event on ``registry_asset(action.dag_id)`` (extra = the conf).
-
-    Runs inside the API server, which has metadata-DB access; the DAG must be scheduled on that
-    asset (and not paused) for a run to be queued.
-    """
-
-    def deliver(self, action: Action, delivery_id: str) -> str:
-        """Register the asset change.
-
-        Raises:
-            DataError: no DAG declares the asset (unknown in the metadata DB).
-        """
-        from airflow.assets.manager import asset_manager
-        from airflow.serialization.definitions.assets import SerializedAssetUniqueKey
-        from airflow.utils.session import create_session
-
-        key = SerializedAssetUniqueKey(
-            name=registry_asset_name(action.dag_id), uri=registry_asset_uri(action.dag_id)
-        )
-        extra = {**action.conf, "delivery_id": delivery_id}
-        with create_session() as session:
-            event = asset_manager.register_asset_change(
-                asset=key, extra=extra, session=session, source_is_api=True
-            )
-            if event is None:
-                raise DataError(
-                    f"asset {key.name!r} is unknown: expected DAG {action.dag_id!r} to be "
-                    f"scheduled on registry_asset({action.dag_id!r})"
-                )
-            event_id = event.id
-        return f"asset event {event_id} on {key.name}"
-
-
 class DagRunSink:
     """Create a DAG run of ``action.dag_id`` with the action's conf (run id per delivery).
 
@@ -305,6 +254,91 @@ class DagRunSink:
         return f"dag run {getattr(run, 'run_id', run_id)} of {action.dag_id}"
 
 
+def _settings():
+    from ground.settings import get_settings
+
+    return get_settings()
+
+
+def _admit(raw: bytes, headers: Mapping[str, str], *, secret: str | None, tolerance_s: float | None,
+           deliveries: DeliveryStore | None,
+           clock: Callable[[], float]) -> tuple[RegistryChange | None, DeliveryStore]:
+    """Check one delivery (size, secret, headers, signature, timestamp, replay) and claim its id.
+
+    Args:
+        raw: The request body.
+        headers: The request headers.
+        secret: HMAC secret (``None``: ``Settings.webhook_secret``).
+        tolerance_s: Accepted clock skew in seconds (``None``: ``Settings.webhook_tolerance_s``).
+        deliveries: Accepted-delivery store (``None``: a :class:`DeliveryStore` under ``Settings.home``).
+        clock: Unix time now.
+
+    Returns:
+        ``(change, store)``: the registry change (``None``: a well-formed event that is not mapped)
+        and the store the delivery id was claimed in.
+
+    Raises:
+        WebhookRejected: The delivery is refused (its HTTP status and reason).
+    """
+    delivery_id = headers.get(DELIVERY_ID_HEADER, "")
+    if len(raw) > MAX_BODY_BYTES:
+        raise WebhookRejected(413, f"body has {len(raw)} bytes: expected at most {MAX_BODY_BYTES}")
+    settings = None
+    key = secret
+    if key is None:
+        settings = _settings()
+        key = settings.webhook_secret
+    if not key:
+        raise WebhookRejected(401, "no webhook secret configured (TRITONFLOW_WEBHOOK_SECRET)")
+    for name in (DELIVERY_ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER):
+        if not headers.get(name):
+            raise WebhookRejected(401 if name == SIGNATURE_HEADER else 400, f"header {name} is missing")
+    try:
+        body = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise WebhookRejected(400, "body is not UTF-8") from None
+    timestamp = headers[TIMESTAMP_HEADER]
+    verify_signature(key, delivery_id, timestamp, body, headers[SIGNATURE_HEADER])
+    tol = tolerance_s
+    if tol is None:
+        tol = (settings or _settings()).webhook_tolerance_s
+    now = clock()
+    check_timestamp(timestamp, now, tol)
+    change = parse_delivery(body)
+    store = deliveries or DeliveryStore(retention_s=max(2 * tol, 60))
+    if not store.claim(delivery_id, now):
+        raise WebhookRejected(409, f"{DELIVERY_ID_HEADER}={delivery_id} was already received (replay)")
+    return change, store
+
+
+def _deliver(change: RegistryChange, delivery_id: str, rules: Sequence[Rule] | None, sink: Sink | None,
+             store: DeliveryStore) -> Any:
+    """Hand each mapped action of ``change`` to the sink; the response to the delivery.
+
+    A sink failure releases the delivery id (MLflow's retry is then accepted) and answers 502 with
+    what was done before it.
+    """
+    from tritonflow_plugin.event_mapping import load_mapping
+
+    actions = actions_for(change, rules if rules is not None else load_mapping())
+    target = sink or DagRunSink()
+    done: list[dict[str, str]] = []
+    try:
+        for action in actions:
+            # Two rules may start the same DAG for one delivery: each gets its own run id.
+            same_dag = len([d for d in done if d["dag_id"] == action.dag_id])
+            key = f"{delivery_id}.{same_dag + 1}" if same_dag else delivery_id
+            done.append({"dag_id": action.dag_id, "result": target.deliver(action, key)})
+    except Exception as exc:
+        store.release(delivery_id)
+        log.error("MLflow webhook delivery %s: delivering actions failed: %s", delivery_id, exc)
+        return JSONResponse(
+            status_code=502, content={"detail": f"delivering actions failed: {exc}", "done": done}
+        )
+    log.info("MLflow webhook delivery %s: %s -> %s", delivery_id, change, done)
+    return {"status": "accepted", "delivery_id": delivery_id, "change": change.to_dict(), "actions": done}
+
+
 def create_app(
     *,
     secret: str | None = None,
@@ -326,11 +360,6 @@ def create_app(
     """
     app = FastAPI(title="tritonflow MLflow webhook receiver", docs_url=None, redoc_url=None)
 
-    def _settings():
-        from ground.settings import get_settings
-
-        return get_settings()
-
     @app.get("/health")
     def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -338,62 +367,16 @@ def create_app(
     @app.post(WEBHOOK_PATH)
     async def receive(request: Request) -> Any:
         raw = await request.body()
-        headers = request.headers
-        delivery_id = headers.get(DELIVERY_ID_HEADER, "")
+        delivery_id = request.headers.get(DELIVERY_ID_HEADER, "")
         try:
-            if len(raw) > MAX_BODY_BYTES:
-                raise WebhookRejected(413, f"body has {len(raw)} bytes: expected at most {MAX_BODY_BYTES}")
-            settings = None
-            key = secret
-            if key is None:
-                settings = _settings()
-                key = settings.webhook_secret
-            if not key:
-                raise WebhookRejected(401, "no webhook secret configured (TRITONFLOW_WEBHOOK_SECRET)")
-            for name in (DELIVERY_ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER):
-                if not headers.get(name):
-                    raise WebhookRejected(401 if name == SIGNATURE_HEADER else 400, f"header {name} is missing")
-            try:
-                body = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise WebhookRejected(400, "body is not UTF-8") from None
-            timestamp = headers[TIMESTAMP_HEADER]
-            verify_signature(key, delivery_id, timestamp, body, headers[SIGNATURE_HEADER])
-            tol = tolerance_s
-            if tol is None:
-                tol = (settings or _settings()).webhook_tolerance_s
-            now = clock()
-            check_timestamp(timestamp, now, tol)
-            change = parse_delivery(body)
-            store = deliveries or DeliveryStore(retention_s=max(2 * tol, 60))
-            if not store.claim(delivery_id, now):
-                raise WebhookRejected(409, f"{DELIVERY_ID_HEADER}={delivery_id} was already received (replay)")
+            change, store = _admit(raw, request.headers, secret=secret, tolerance_s=tolerance_s,
+                                   deliveries=deliveries, clock=clock)
         except WebhookRejected as exc:
             log.warning("MLflow webhook delivery %r refused (%s): %s", delivery_id, exc.status, exc.reason)
             return JSONResponse(status_code=exc.status, content={"detail": exc.reason})
-
         if change is None:
             log.info("MLflow webhook delivery %s ignored (event not mapped)", delivery_id)
             return {"status": "ignored", "delivery_id": delivery_id}
-
-        from tritonflow_plugin.event_mapping import load_mapping
-
-        actions = actions_for(change, rules if rules is not None else load_mapping())
-        target = sink or DagRunSink()
-        done: list[dict[str, str]] = []
-        try:
-            for action in actions:
-                # Two rules may start the same DAG for one delivery: each gets its own run id.
-                same_dag = len([d for d in done if d["dag_id"] == action.dag_id])
-                key = f"{delivery_id}.{same_dag + 1}" if same_dag else delivery_id
-                done.append({"dag_id": action.dag_id, "result": target.deliver(action, key)})
-        except Exception as exc:
-            store.release(delivery_id)
-            log.error("MLflow webhook delivery %s: delivering actions failed: %s", delivery_id, exc)
-            return JSONResponse(
-                status_code=502, content={"detail": f"delivering actions failed: {exc}", "done": done}
-            )
-        log.info("MLflow webhook delivery %s: %s -> %s", delivery_id, change, done)
-        return {"status": "accepted", "delivery_id": delivery_id, "change": change.to_dict(), "actions": done}
+        return _deliver(change, delivery_id, rules, sink, store)
 
     return app

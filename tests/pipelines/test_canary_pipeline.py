@@ -41,7 +41,7 @@ from repository_sync.routing.traffic_plan import TrafficPlan
 from tests.conftest import make_settings
 from tritonflow.pipelines.canary import CanaryEnvironment
 from tritonflow.pipelines.canary_loading import ensure_loaded
-from tritonflow.pipelines.canary_promotion import run_promotion
+from tritonflow.pipelines.canary_promotion import PromotionRequest, run_promotion
 from tritonflow.pipelines.canary_rollback import manual_rollback
 from tritonflow.runtime.services import NginxGateway, TritonServer, free_port
 
@@ -277,8 +277,8 @@ def promote(stack: Stack, name: str, challenger, **kw):
     kw.setdefault("bake_s", BAKE_S)
     kw.setdefault("min_requests", MIN_REQUESTS)
     kw.setdefault("policy_overrides", TEST_POLICY)
-    kw.setdefault("env", stack.env)
-    return run_promotion(name, kw.pop("champion", None), challenger, **kw)
+    runtime = {"env": kw.pop("env", stack.env), **{k: kw.pop(k) for k in ("sleep", "clock") if k in kw}}
+    return run_promotion(PromotionRequest(name, challenger, champion=kw.pop("champion", None), **kw), **runtime)
 
 
 # ------------------------------------------------------------------------------------ promotion

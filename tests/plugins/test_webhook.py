@@ -28,8 +28,9 @@ from mlflow.webhooks.types import (
     ModelVersionTagSetPayload,
 )
 
+from tritonflow.registry_events import WEBHOOK_PATH
 from tritonflow_plugin.event_mapping import load_mapping
-from tritonflow_plugin.webhook import WEBHOOK_PATH, DeliveryStore, create_app
+from tritonflow_plugin.webhook import DeliveryStore, create_app
 
 SECRET = "s3cr3t-for-tests"
 

@@ -20,9 +20,10 @@ from mlflow import MlflowClient
 
 from tests.conftest import make_settings
 from tritonflow.cli import main
+from tritonflow.registry_events import URL_PREFIX, WEBHOOK_PATH
 from tritonflow.runtime.services import MlflowServer, free_port
 from tritonflow_plugin.event_mapping import DEFAULT_RULES, parse_rules
-from tritonflow_plugin.webhook import URL_PREFIX, WEBHOOK_PATH, DeliveryStore, create_app
+from tritonflow_plugin.webhook import DeliveryStore, create_app
 
 pytestmark = pytest.mark.integration
 

@@ -4,8 +4,8 @@ Parses a dags folder whose DAG is scheduled on registry_asset("model_publish"), 
 metadata DB (AIRFLOW_HOME), unpauses it, serves the app Airflow mounts at /tritonflow with uvicorn
 on a free loopback port, registers the webhook on the MLflow server (``model_registry.webhooks``,
 the events the receiver maps), registers two model versions back to back, waits for their runs,
-then hands one action to the optional asset-event sink, and prints the DAG runs, asset events and
-queued DAGs as one JSON line. Usage: webhook_sink_run.py DAGS MLFLOW_TRACKING_URI
+and prints the DAG runs and the asset events of those deliveries as one JSON line.
+Usage: webhook_sink_run.py DAGS MLFLOW_TRACKING_URI
 """
 
 import json
@@ -19,7 +19,7 @@ import uvicorn
 from airflow import plugins_manager
 from airflow.dag_processing.bundles.manager import DagBundlesManager
 from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
-from airflow.models.asset import AssetDagRunQueue, AssetEvent, AssetModel
+from airflow.models.asset import AssetEvent, AssetModel
 from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from airflow.utils.session import create_session
@@ -27,9 +27,8 @@ from fastapi import FastAPI
 from mlflow import MlflowClient
 
 from model_registry.webhooks import register_webhook
+from tritonflow.registry_events import SUPPORTED_EVENTS
 from tritonflow.runtime.services import free_port
-from tritonflow_plugin.event_mapping import RegistryChange, actions_for, load_mapping
-from tritonflow_plugin.webhook import SUPPORTED_EVENTS, AssetEventSink
 
 DagBundlesManager().sync_bundles_to_db()
 bag = DagBag(sys.argv[1])
@@ -77,15 +76,10 @@ finally:
     client.delete_webhook(hook.webhook_id)  # the MLflow server is the session's
     server.should_exit = True
 deliveries = [r["conf"]["delivery_id"] for r in runs]
-# The optional sink: an asset event on registry_asset("model_publish") for the same change.
-(action,) = actions_for(RegistryChange(**runs[-1]["conf"]["registry_event"]), load_mapping(""))
-asset_delivery = str(uuid.uuid4())
-asset_result = AssetEventSink().deliver(action, asset_delivery)
 with create_session() as s:
     # Only this test's rows: the metadata DB is shared with other tests of the session.
     events = [{"asset": m.name, "extra": e.extra} for e, m in
               s.query(AssetEvent, AssetModel).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
-              if (e.extra or {}).get("delivery_id") in deliveries + [asset_delivery]]
-    queued = [q.target_dag_id for q in s.query(AssetDagRunQueue)]
+              if (e.extra or {}).get("delivery_id") in deliveries]
 print("RESULT " + json.dumps({"model": model, "versions": versions, "deliveries": deliveries, "runs": runs,
-                              "events": events, "asset_result": asset_result, "queued": queued}, default=str))
+                              "events": events}, default=str))

@@ -108,7 +108,7 @@ def test_replicas_on_one_s3_repository_load_unload_and_roll_back_together(
 
         # canary: champion 1 and challenger 2 side by side on every replica (the canary's own path)
         from tritonflow.pipelines.canary import CanaryEnvironment
-        from tritonflow.pipelines.canary_loading import _unload_version, ensure_loaded
+        from tritonflow.pipelines.canary_loading import ensure_loaded, unload_version
 
         env = CanaryEnvironment(settings=settings, triton_url=settings.triton_http_url, metrics_url="",
                                 gateway_url="", gateway_conf_dir=tmp_path / "gw", gateway_reload=None,
@@ -120,13 +120,13 @@ def test_replicas_on_one_s3_repository_load_unload_and_roll_back_together(
         assert loaded["versions"] == [1, 2] and loaded["loaded_now"] == [2]
         assert replicas.ready_by_replica(NAME) == {a.http_url: [1, 2], b.http_url: [1, 2]}
         # promotion: the old champion leaves every replica
-        _unload_version(env, NAME, 1, keep_config_of=2)
+        unload_version(env, NAME, 1, keep_config_of=2)
         assert replicas.ready_by_replica(NAME) == {a.http_url: [2], b.http_url: [2]}
         # rollback: the target back on every replica, then the rolled-back version removed
         with env.triton() as tc:
             tc.verify(NAME, 1)
             reconcile(tc, NAME, add=[1], config_version=1)
-        _unload_version(env, NAME, 2, keep_config_of=1)
+        unload_version(env, NAME, 2, keep_config_of=1)
         assert replicas.ready_by_replica(NAME) == {a.http_url: [1], b.http_url: [1]}
         assert set(desired_versions(store, NAME)) == {1}
         replicas.unload(NAME)

@@ -199,7 +199,16 @@ class Progress:
         print(f"[{t:7.1f} s] {message}", file=self.stream, flush=True)
 
 
-def _port(preferred: int, taken: set[int]) -> int:
+def pick_port(preferred: int, taken: set[int]) -> int:
+    """``preferred`` when it is free on 127.0.0.1 and not ``taken``, else a free port; added to ``taken``.
+
+    Args:
+        preferred: The port wanted (0: any).
+        taken: Ports already given to other services of this run (updated).
+
+    Returns:
+        The port.
+    """
     from tritonflow.runtime.services import free_port, port_in_use
 
     port = preferred
@@ -217,16 +226,16 @@ def stop_leftovers(home: Path) -> list[str]:
     Stop services a previous demo run left behind (pid files under ``home/run`` and
     ``home/airflow/run``), never by process name.
     """
-    from tritonflow.runtime.services import _read_pid, _terminate_group
+    from tritonflow.runtime.services import read_pid, terminate_group
 
     stopped = []
     for run_dir in (home / "airflow" / "run", home / "run"):
         if not run_dir.is_dir():
             continue
         for pid_file in sorted(run_dir.glob("*.pid")):
-            pid = _read_pid(pid_file)
+            pid = read_pid(pid_file)
             if pid is not None:
-                _terminate_group(pid, None)
+                terminate_group(pid, None)
                 stopped.append(pid_file.stem)
             pid_file.unlink(missing_ok=True)
     return stopped

@@ -33,9 +33,9 @@ from tritonflow.demo.config import (
     SENTINEL_DAG,
     DemoConfig,
     Progress,
-    _port,
     apply_environment,
     environment,
+    pick_port,
     stop_leftovers,
 )
 from tritonflow.demo.runs import HourRecord
@@ -140,14 +140,14 @@ class Demo:
 
         taken: set[int] = set()
         self.ports = {
-            "triton_http": _port(st.DEFAULT_TRITON_HTTP_PORT, taken),
-            "triton_grpc": _port(st.DEFAULT_TRITON_GRPC_PORT, taken),
-            "triton_metrics": _port(st.DEFAULT_TRITON_METRICS_PORT, taken),
-            "mlflow": _port(st.DEFAULT_MLFLOW_PORT, taken),
-            "gateway": _port(st.DEFAULT_GATEWAY_PORT, taken),
-            "airflow": _port(st.DEFAULT_AIRFLOW_API_PORT, taken),
-            "airflow_task_logs": _port(af.DEFAULT_WORKER_LOG_PORT, taken),
-            "airflow_trigger_logs": _port(af.DEFAULT_TRIGGERER_LOG_PORT, taken),
+            "triton_http": pick_port(st.DEFAULT_TRITON_HTTP_PORT, taken),
+            "triton_grpc": pick_port(st.DEFAULT_TRITON_GRPC_PORT, taken),
+            "triton_metrics": pick_port(st.DEFAULT_TRITON_METRICS_PORT, taken),
+            "mlflow": pick_port(st.DEFAULT_MLFLOW_PORT, taken),
+            "gateway": pick_port(st.DEFAULT_GATEWAY_PORT, taken),
+            "airflow": pick_port(st.DEFAULT_AIRFLOW_API_PORT, taken),
+            "airflow_task_logs": pick_port(af.DEFAULT_WORKER_LOG_PORT, taken),
+            "airflow_trigger_logs": pick_port(af.DEFAULT_TRIGGERER_LOG_PORT, taken),
         }
         apply_environment(environment(cfg, self.ports))
         p.step(f"demo home {cfg.home}; ports {self.ports}")

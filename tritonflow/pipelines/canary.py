@@ -217,7 +217,8 @@ class CanaryEnvironment:
         return RegistryClient(self.tracking_uri, actor=f"canary@{socket.gethostname()}:{os.getpid()}")
 
 
-def _env(env: CanaryEnvironment | None) -> CanaryEnvironment:
+def environment_or_default(env: CanaryEnvironment | None) -> CanaryEnvironment:
+    """``env``, or the environment the settings describe when ``None`` (:meth:`CanaryEnvironment.from_settings`)."""
     return env if env is not None else CanaryEnvironment.from_settings()
 
 
@@ -238,7 +239,12 @@ def _as_int_version(value: Any, field: str) -> int | None:
     return None
 
 
-def _triton_name(ref: Any) -> str:
+def triton_name(ref: Any) -> str:
+    """The Triton model a version was published as (tag :data:`TRITON_NAME_TAG`), else its registered name.
+
+    Args:
+        ref: A :class:`model_registry.registry.ModelVersionRef` (``tags``, ``name``).
+    """
     return str((ref.tags or {}).get(TRITON_NAME_TAG) or ref.name)
 
 
@@ -290,7 +296,7 @@ def resolve(model: str, challenger: Any, champion: Any = None, *,
     """
     if not model or not str(model).strip():
         raise DataError("model='' is empty: expected a registered model name")
-    env = _env(env)
+    env = environment_or_default(env)
     registry = env.registry()
     ref = _resolve_challenger(registry, model, challenger)
     from tritonflow.pipelines.loop_context import lift_hint, rejection
@@ -300,7 +306,7 @@ def resolve(model: str, challenger: Any, champion: Any = None, *,
         raise RejectedVersionError(f"challenger={challenger!r} of model {model!r} is version {ref.version}, "
                                    f"{rejected}; a version rejected by one path is never promoted by another "
                                    f"({lift_hint(ref.tags)})")
-    triton_model = _triton_name(ref)
+    triton_model = triton_name(ref)
     live = env.router().current_plan(triton_model)
     aliases = registry.aliases(model)
     registry_champion = aliases.get(CHAMPION_ALIAS)
@@ -335,12 +341,34 @@ def resolve(model: str, challenger: Any, champion: Any = None, *,
 
 
 # ----------------------------------------------------------------------------------- recording
-def _record(registry: Any, model: str, version: int, tags: Mapping[str, Any]) -> None:
+def record_tags(registry: Any, model: str, version: int, tags: Mapping[str, Any]) -> None:
+    """Set ``tags`` on version ``version`` of ``model`` (a step's figures, an outcome).
+
+    Args:
+        registry: A :class:`model_registry.registry.RegistryClient`.
+        model: Registered model name.
+        version: Model version.
+        tags: ``{tag: value}``; values are written as the client writes them (JSON for non-strings).
+
+    Raises:
+        RegistryError: The version does not exist. ServiceUnavailableError: MLflow did not answer.
+    """
     registry.set_version_tags(registry.get_version(model, version), dict(tags))
 
 
 # ----------------------------------------------------------------------------------- gateway
-def _apply_live(router: Any, gateway_url: str, timeout_s: float):
+def live_applier(router: Any, gateway_url: str, timeout_s: float) -> Callable[[Any], Any]:
+    """A function that applies a traffic plan and returns once the gateway serves it.
+
+    Args:
+        router: The traffic router (:meth:`CanaryEnvironment.router`).
+        gateway_url: Base URL of the gateway the probes go to.
+        timeout_s: Seconds to wait for every probe to see the plan's digest.
+
+    Returns:
+        ``apply(plan) -> plan``; it raises what :func:`repository_sync.routing.gateway_probe.wait_live` raises when
+        the plan is not live in time.
+    """
     from repository_sync.routing.gateway_probe import wait_live
 
     def apply(plan):
@@ -351,4 +379,5 @@ def _apply_live(router: Any, gateway_url: str, timeout_s: float):
     return apply
 
 
-__all__ = ["CanaryEnvironment", "default_holder", "resolve"]
+__all__ = ["CanaryEnvironment", "default_holder", "environment_or_default", "live_applier", "record_tags", "resolve",
+           "triton_name"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ground.exceptions import DataError
-from tritonflow.pipelines.canary import CanaryEnvironment, _env
+from tritonflow.pipelines.canary import CanaryEnvironment, environment_or_default
 
 
 # ----------------------------------------------------------------------------------- pre-flight
@@ -67,7 +67,7 @@ def preflight(model: str, champion: int, challenger: int, *, triton_model: str |
     from repository_sync.canary.preflight import preflight_from_settings
     from repository_sync.layout import INTENDED_CONFIG_FILENAME, plan_version
 
-    env = _env(env)
+    env = environment_or_default(env)
     name = triton_model or model
     out: dict[str, Any] = {"model": model, "champion": int(champion), "challenger": int(challenger)}
     with env.triton() as tc:
@@ -107,7 +107,7 @@ def ensure_loaded(model: str, versions: Sequence[int], *, triton_model: str | No
     """
     if not versions:
         raise DataError("versions=[] is empty: expected the champion and challenger versions")
-    env = _env(env)
+    env = environment_or_default(env)
     name = triton_model or model
     from repository_sync.triton.model_control import reconcile
 
@@ -119,11 +119,22 @@ def ensure_loaded(model: str, versions: Sequence[int], *, triton_model: str | No
             "loaded_now": sorted(set(done["versions"]) - set(before)), "signatures": done["signatures"]}
 
 
-def _unload_version(env: CanaryEnvironment, name: str, version: int, keep_config_of: int) -> None:
+def unload_version(env: CanaryEnvironment, name: str, version: int, keep_config_of: int) -> None:
+    """Unload ``version`` of Triton model ``name``, keeping the other loaded versions.
+
+    One repository-API request for the desired set minus this version, under the model-control
+    lease; the serving config stays ``keep_config_of``'s.
+
+    Args:
+        env: Where the systems are (Triton, its repository, the coordination store).
+        name: Triton model name.
+        version: The version to unload (a rolled-back challenger or champion).
+        keep_config_of: The version whose ``config.pbtxt`` stays the serving config.
+    """
     from repository_sync.triton.model_control import reconcile
 
     with env.triton() as tc:  # the desired set minus this version, one request, under the lease
         reconcile(tc, name, remove=[int(version)], config_version=int(keep_config_of))
 
 
-__all__ = ["ensure_loaded", "preflight"]
+__all__ = ["ensure_loaded", "preflight", "unload_version"]

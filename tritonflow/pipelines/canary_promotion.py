@@ -25,13 +25,13 @@ from tritonflow.pipelines.canary import (
     CANARY_TAG_PREFIX,
     DEFAULT_LIVE_TIMEOUT_S,
     CanaryEnvironment,
-    _apply_live,
-    _env,
-    _record,
     default_holder,
+    environment_or_default,
+    live_applier,
+    record_tags,
     resolve,
 )
-from tritonflow.pipelines.canary_loading import _unload_version, ensure_loaded, preflight
+from tritonflow.pipelines.canary_loading import ensure_loaded, preflight, unload_version
 
 #: Seconds a fixed overhead of one promotion may take on top of the bakes (loads, MLflow, GC);
 #: used by :func:`canary_time_budget_s`.
@@ -68,7 +68,7 @@ def garbage_collect_repository(model: str, *, champion: int, rollback_target: in
     Returns:
         ``{"deleted": [...], "kept": {version: reason}}``.
     """
-    env = _env(env)
+    env = environment_or_default(env)
     name = triton_model or model
     registry = registry or env.registry()
     storage = env.storage()
@@ -129,37 +129,14 @@ def _now_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:4]
 
 
-def run_promotion(
-    model: str,
-    champion: int | None,
-    challenger: Any,
-    *,
-    steps: Sequence[int] | str | None = None,
-    bake_s: float | None = None,
-    min_requests: int | None = None,
-    use_stages: bool = False,
-    dry_run: bool = False,
-    holder: str = "",
-    prediction_columns: Sequence[str] | None = None,
-    check_predictions: bool = True,
-    expected_predictions: str | None = None,
-    label_column: str | None = None,
-    policy_overrides: Mapping[str, Any] | None = None,
-    garbage_collect: bool = True,
-    env: CanaryEnvironment | None = None,
-    sleep: Callable[[float], Any] = time.sleep,
-    clock: Callable[[], float] = time.time,
-) -> dict[str, Any]:
-    """Canary ``challenger`` against ``champion`` step by step; promote or roll back.
+@dataclasses.dataclass(frozen=True)
+class PromotionRequest:
+    """What one canary promotion is asked to do: the versions, the schedule and the checks.
 
-    Holds the model's promotion lease (``repository_sync.locks.promotion_lock`` in the shared
-    coordination database, waiting ``settings.promotion_lock_timeout_s``) from the resolution to the
-    end. See the module docstring for the sequence.
-
-    Args:
+    Attributes:
         model: Registered model name.
-        champion: Champion version (``None``: the version the gateway serves, else the alias).
         challenger: Version number or alias of the challenger.
+        champion: Champion version (``None``: the version the gateway serves, else the alias).
         steps: Traffic percents (default ``settings.canary_steps``), increasing, ending at 100.
         bake_s: Seconds per step (default ``settings.canary_bake_s``).
         min_requests: Fewest challenger requests per step (default ``settings.canary_min_requests``);
@@ -167,7 +144,8 @@ def run_promotion(
             the policy's default).
         use_stages: Also move the legacy stages (Production/Archived).
         dry_run: Resolve, check pre-flight and validate the schedule; touch nothing.
-        holder: Who promotes, written in the lock (e.g. ``dag_id/run_id/task_id``).
+        holder: Who promotes, written in the lock (e.g. ``dag_id/run_id/task_id``; empty: host and
+            pid, :func:`~tritonflow.pipelines.canary.default_holder`).
         prediction_columns: The challenger's output columns in the inference log (default:
             columns named ``prediction*``/``probabilit*``/``score*``).
         check_predictions: Read the inference log for the output checks (non-finite/constant
@@ -178,6 +156,98 @@ def run_promotion(
         label_column: Label column of the inference-log labels (default: their only one).
         policy_overrides: Other :class:`~repository_sync.canary.policy.CanaryPolicy` fields.
         garbage_collect: Delete old repository versions after a promotion.
+    """
+
+    model: str
+    challenger: Any
+    champion: int | None = None
+    steps: Sequence[int] | str | None = None
+    bake_s: float | None = None
+    min_requests: int | None = None
+    use_stages: bool = False
+    dry_run: bool = False
+    holder: str = ""
+    prediction_columns: Sequence[str] | None = None
+    check_predictions: bool = True
+    expected_predictions: str | None = None
+    label_column: str | None = None
+    policy_overrides: Mapping[str, Any] | None = None
+    garbage_collect: bool = True
+
+    def policy(self, settings: Any) -> Any:
+        """The :class:`~repository_sync.canary.policy.CanaryPolicy`: the settings, then this request's values.
+
+        Raises:
+            SettingsError: A bad schedule or threshold (nothing has been touched).
+        """
+        from repository_sync.canary.policy import CanaryPolicy
+
+        overrides: dict[str, Any] = dict(self.policy_overrides or {})
+        if self.steps is not None:
+            overrides["steps"] = self.steps
+        if self.bake_s is not None:
+            overrides["bake_s"] = float(self.bake_s)
+        if self.min_requests is not None:
+            overrides["min_requests"] = int(self.min_requests)
+            from repository_sync.canary.policy import DEFAULT_MIN_PREDICTIONS
+
+            overrides.setdefault("min_predictions", min(DEFAULT_MIN_PREDICTIONS, int(self.min_requests)))
+        return CanaryPolicy.from_settings(settings, **overrides)
+
+
+@dataclasses.dataclass
+class _Promotion:
+    """One promotion in progress: the request, where things are, and what was resolved so far."""
+
+    request: PromotionRequest
+    env: CanaryEnvironment
+    policy: Any
+    holder: str
+    resolved: dict[str, Any]
+    registry: Any
+    apply_live: Callable[[Any], Any]
+    base: dict[str, Any]
+    canary_id: str = ""
+    record: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.resolved["triton_model"]
+
+    @property
+    def champion(self) -> int:
+        return self.resolved["champion"]
+
+    @property
+    def challenger(self) -> int:
+        return self.resolved["challenger"]
+
+    @property
+    def prefix(self) -> str:
+        return f"{CANARY_TAG_PREFIX}{self.canary_id}."
+
+    def tag(self, tags: Mapping[str, Any]) -> None:
+        record_tags(self.registry, self.request.model, self.challenger, tags)
+
+    def unload_challenger(self) -> None:
+        unload_version(self.env, self.name, self.challenger, keep_config_of=self.champion)
+
+
+def run_promotion(
+    request: PromotionRequest,
+    *,
+    env: CanaryEnvironment | None = None,
+    sleep: Callable[[float], Any] = time.sleep,
+    clock: Callable[[], float] = time.time,
+) -> dict[str, Any]:
+    """Canary the request's challenger against its champion step by step; promote or roll back.
+
+    Holds the model's promotion lease (``repository_sync.locks.promotion_lock`` in the shared
+    coordination database, waiting ``settings.promotion_lock_timeout_s``) from the resolution to the
+    end. See the module docstring for the sequence.
+
+    Args:
+        request: The versions, the schedule and the checks (:class:`PromotionRequest`).
         env: Where the systems are (default: from settings).
         sleep: Waits (``time.sleep``; injected by tests and benchmarks).
         clock: Unix time now (``time.time``; injected by tests and benchmarks).
@@ -194,163 +264,180 @@ def run_promotion(
         ConcurrencyError: Another promotion of the model holds the lock (names the holder).
         DataError: Bad parameters (schedule, versions), pre-flight refused, signature invalid.
     """
-    from repository_sync.canary.metrics import metrics_scraper
-    from repository_sync.canary.policy import CanaryPolicy
-    from repository_sync.canary.runner import run_canary
     from repository_sync.locks import promotion_lock
     from repository_sync.routing.traffic_plan import TrafficPlan
 
-    env = _env(env)
+    env = environment_or_default(env)
     settings = env.settings
-    overrides: dict[str, Any] = dict(policy_overrides or {})
-    if steps is not None:
-        overrides["steps"] = steps
-    if bake_s is not None:
-        overrides["bake_s"] = float(bake_s)
-    if min_requests is not None:
-        overrides["min_requests"] = int(min_requests)
-        from repository_sync.canary.policy import DEFAULT_MIN_PREDICTIONS
+    policy = request.policy(settings)  # SettingsError: nothing touched
+    holder = request.holder or default_holder()
 
-        overrides.setdefault("min_predictions", min(DEFAULT_MIN_PREDICTIONS, int(min_requests)))
-    policy = CanaryPolicy.from_settings(settings, **overrides)  # SettingsError: nothing touched
-    holder = holder or default_holder()
-
-    with promotion_lock(model, settings=settings, holder=holder,
+    with promotion_lock(request.model, settings=settings, holder=holder,
                         timeout_s=settings.promotion_lock_timeout_s):
-        res = resolve(model, challenger, champion, env=env)
-        name, champ, chal = res["triton_model"], res["champion"], res["challenger"]
-        base = {"model": model, "triton_model": name, "champion": champ, "challenger": chal,
-                "canary_id": None, "steps": [], "rollback": None, "promotion": None, "gc": None,
-                "canary_run": None, "policy": policy.thresholds()}
+        res = resolve(request.model, request.challenger, request.champion, env=env)
+        base = _base(request, res, policy)
         if res["noop"]:
             return {**base, "outcome": "noop", "reason": res["reason"]}
         router = env.router()
-        apply_live = _apply_live(router, env.gateway_url, DEFAULT_LIVE_TIMEOUT_S)
-        registry = env.registry()
-        if champ == chal:
-            if dry_run:
-                return {**base, "outcome": "dry_run", "reason": res["reason"]}
-            ensure_loaded(model, [chal], triton_model=name, env=env)
-            apply_live(TrafficPlan.single(name, chal, name=f"{name}:route"))
-            promo = registry.promote(model, chal, use_stages=use_stages, reason="routed without canary")
-            return {**base, "outcome": "routed", "reason": res["reason"],
-                    "promotion": dataclasses.asdict(promo)}
-
-        pre = preflight(model, champ, chal, triton_model=name, env=env)
-        if dry_run:
-            plans = [TrafficPlan.canary(name, champ, chal, p).weights for p in policy.steps]
+        run = _Promotion(request=request, env=env, policy=policy, holder=holder, resolved=res, base=base,
+                         apply_live=live_applier(router, env.gateway_url, DEFAULT_LIVE_TIMEOUT_S),
+                         registry=env.registry())
+        if run.champion == run.challenger:
+            return _route_without_canary(run)
+        pre = preflight(request.model, run.champion, run.challenger, triton_model=run.name, env=env)
+        if request.dry_run:
+            plans = [TrafficPlan.canary(run.name, run.champion, run.challenger, p).weights for p in policy.steps]
             return {**base, "outcome": "dry_run", "reason": res["reason"], "preflight": pre,
                     "plans": [{str(k): v for k, v in w.items()} for w in plans]}
-        loaded = ensure_loaded(model, [champ, chal], triton_model=name, env=env)
+        loaded = ensure_loaded(request.model, [run.champion, run.challenger], triton_model=run.name, env=env)
+        result = _drive_canary(run, pre, loaded, sleep=sleep, clock=clock)
+        out = _canary_outcome(run, result, pre)
+        if not result.promoted:
+            return _after_rollback(run, result, out)
+        return _promote(run, result, out)
 
-        from tritonflow.pipelines import shared_work
-        from tritonflow.pipelines.canary_observe import (
-            CanaryRecord,
-            coverage_reference_for,
-            expected_for,
-            observer,
-        )
 
-        expected, expected_note = expected_for(registry, model, chal, expected_predictions,
-                                               tracking_uri=env.tracking_uri,
-                                               fetch=lambda path: shared_work.fetch(settings, path))
-        coverage_ref, coverage_note = coverage_reference_for(
-            env.inference_log_root, model, chal, policy.coverage_features, endpoint_url=env.endpoint_url)
-        canary_id = _now_id()
-        prefix = f"{CANARY_TAG_PREFIX}{canary_id}."
-        record = CanaryRecord(env.tracking_uri, model=model, triton_model=name, champion=champ,
-                              challenger=chal, canary_id=canary_id, thresholds=policy.thresholds(),
-                              extra_tags={"tritonflow.holder": holder})
-        _record(registry, model, chal, {
-            f"{CANARY_TAG_PREFIX}latest": canary_id,
-            prefix + "started": {"champion": champ, "challenger": chal, "holder": holder,
-                                 "policy": policy.thresholds(), "preflight": pre,
-                                 "signatures": loaded["signatures"], "run_id": record.run_id,
+def _base(request: PromotionRequest, res: Mapping[str, Any], policy: Any) -> dict[str, Any]:
+    """The keys every outcome has, before the canary fills them."""
+    return {"model": request.model, "triton_model": res["triton_model"], "champion": res["champion"],
+            "challenger": res["challenger"], "canary_id": None, "steps": [], "rollback": None,
+            "promotion": None, "gc": None, "canary_run": None, "policy": policy.thresholds()}
+
+
+def _route_without_canary(run: _Promotion) -> dict[str, Any]:
+    """The challenger is the serving champion: route it 100 % and move the alias, without a canary."""
+    from repository_sync.routing.traffic_plan import TrafficPlan
+
+    request, res, name, chal = run.request, run.resolved, run.name, run.challenger
+    if request.dry_run:
+        return {**run.base, "outcome": "dry_run", "reason": res["reason"]}
+    ensure_loaded(request.model, [chal], triton_model=name, env=run.env)
+    run.apply_live(TrafficPlan.single(name, chal, name=f"{name}:route"))
+    promo = run.registry.promote(request.model, chal, use_stages=request.use_stages, reason="routed without canary")
+    return {**run.base, "outcome": "routed", "reason": res["reason"], "promotion": dataclasses.asdict(promo)}
+
+
+def _start_record(run: _Promotion, pre: Mapping[str, Any], loaded: Mapping[str, Any]) -> tuple[Any, Any]:
+    """Open the canary's MLflow record and tag its start; returns ``(expected, coverage reference)``."""
+    from tritonflow.pipelines import shared_work
+    from tritonflow.pipelines.canary_observe import CanaryRecord, coverage_reference_for, expected_for
+
+    env, request, settings = run.env, run.request, run.env.settings
+    model, chal = request.model, run.challenger
+    expected, expected_note = expected_for(run.registry, model, chal, request.expected_predictions,
+                                           tracking_uri=env.tracking_uri,
+                                           fetch=lambda path: shared_work.fetch(settings, path))
+    coverage_ref, coverage_note = coverage_reference_for(
+        env.inference_log_root, model, chal, run.policy.coverage_features, endpoint_url=env.endpoint_url)
+    run.canary_id = _now_id()
+    run.record = CanaryRecord(env.tracking_uri, model=model, triton_model=run.name, champion=run.champion,
+                              challenger=chal, canary_id=run.canary_id, thresholds=run.policy.thresholds(),
+                              extra_tags={"tritonflow.holder": run.holder})
+    run.tag({
+        f"{CANARY_TAG_PREFIX}latest": run.canary_id,
+        run.prefix + "started": {"champion": run.champion, "challenger": chal, "holder": run.holder,
+                                 "policy": run.policy.thresholds(), "preflight": pre,
+                                 "signatures": loaded["signatures"], "run_id": run.record.run_id,
                                  "expected": expected_note, "coverage": coverage_note,
                                  "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-        })
+    })
+    return expected, coverage_ref
 
-        def on_step(analysis) -> None:
-            _record(registry, model, chal, {
-                f"{prefix}step.{analysis.step:02d}.{analysis.attempt}": analysis.to_json(),
-            })
 
-        def unload_challenger() -> None:
-            _unload_version(env, name, chal, keep_config_of=champ)
+def _drive_canary(run: _Promotion, pre: Mapping[str, Any], loaded: Mapping[str, Any], *,
+                  sleep: Callable[[float], Any], clock: Callable[[], float]) -> Any:
+    """Run the canary's steps (:func:`repository_sync.canary.runner.run_canary`), each analysis recorded.
 
-        observe = (observer(env.inference_log_root, name, prediction_columns=prediction_columns,
-                            label_column=label_column, endpoint_url=env.endpoint_url)
-                   if check_predictions else None)
-        try:
-            result = run_canary(
-                model=name, champion=champ, challenger=chal, policy=policy, apply_plan=apply_live,
-                scrape_metrics=metrics_scraper(env.metrics_url), unload_challenger=unload_challenger,
-                observe=observe, expected=expected, coverage_reference=coverage_ref, sleep=sleep,
-                clock=clock, on_step=on_step, on_analysis=record.add,
-                gateway_statuses=gateway_statuses(env, name),
-            )
-        except BaseException as exc:
-            # Anything unexpected (MLflow down while recording a step, interrupt): traffic back to
-            # the champion first, then the challenger unloaded, then the error propagates.
-            from repository_sync.canary.runner import rollback
+    Anything unexpected (MLflow down while recording a step, an interrupt) sends the traffic back
+    to the champion first, then unloads the challenger, records ``aborted``, and propagates.
+    """
+    from repository_sync.canary.metrics import metrics_scraper
+    from repository_sync.canary.runner import run_canary
+    from tritonflow.pipelines.canary_observe import observer
 
-            rec = rollback(model=name, champion=champ, apply_plan=apply_live,
-                           unload_challenger=unload_challenger, reason=f"canary aborted: {exc}")
-            with contextlib.suppress(Exception):
-                record.finish("aborted", str(exc))
-            with contextlib.suppress(Exception):
-                _record(registry, model, chal, {prefix + "outcome": "aborted",
-                                                prefix + "rollback": dataclasses.asdict(rec)})
-            raise
+    env, request = run.env, run.request
+    expected, coverage_ref = _start_record(run, pre, loaded)
 
-        canary_run = record.finish(result.outcome, result.reason)
-        summary = [{"step": s.step, "percent": s.percent, "attempt": s.attempt, "verdict": s.verdict,
-                    "reason": s.reasons[0] if s.reasons else "",
-                    "canary_requests": s.canary_requests} for s in result.steps]
-        out = {**base, "canary_id": canary_id, "outcome": result.outcome, "reason": result.reason,
-               "steps": summary, "preflight": pre, "canary_run": canary_run,
-               "rollback": dataclasses.asdict(result.rollback) if result.rollback else None}
-        _record(registry, model, chal, {prefix + "run": canary_run})
-        if not result.promoted:
-            if res["registry_champion"] == chal:
-                # The alias was moved to the challenger by hand (the event that started this run):
-                # it goes back to the version that serves, so MLflow says what serves.
-                registry.client.set_registered_model_alias(model, CHAMPION_ALIAS, str(champ))
-                out["alias_restored_to"] = champ
-            _record(registry, model, chal, {prefix + "outcome": result.outcome,
-                                            prefix + "reason": result.reason,
-                                            prefix + "rollback": out["rollback"]})
-            out["rejected"] = _reject_judged_challenger(registry, model, chal, canary_id, result)
-            return out
+    def on_step(analysis) -> None:
+        run.tag({f"{run.prefix}step.{analysis.step:02d}.{analysis.attempt}": analysis.to_json()})
 
-        # ---- promotion at 100 %
-        if res["registry_champion"] == chal:
-            # alias set by hand before the canary: keep the serving champion as rollback target
-            from model_registry.registry import PREVIOUS_CHAMPION_TAG
+    observe = (observer(env.inference_log_root, run.name, prediction_columns=request.prediction_columns,
+                        label_column=request.label_column, endpoint_url=env.endpoint_url)
+               if request.check_predictions else None)
+    try:
+        return run_canary(
+            model=run.name, champion=run.champion, challenger=run.challenger, policy=run.policy,
+            apply_plan=run.apply_live, scrape_metrics=metrics_scraper(env.metrics_url),
+            unload_challenger=run.unload_challenger, observe=observe, expected=expected,
+            coverage_reference=coverage_ref, sleep=sleep, clock=clock, on_step=on_step,
+            on_analysis=run.record.add, gateway_statuses=gateway_statuses(env, run.name),
+        )
+    except BaseException as exc:
+        from repository_sync.canary.runner import rollback
 
-            registry.client.set_registered_model_alias(model, PREVIOUS_CHAMPION_ALIAS, str(champ))
-            registry.client.set_registered_model_tag(model, PREVIOUS_CHAMPION_TAG, str(champ))
-        promo = registry.promote(model, chal, expected_champion=res["registry_champion"],
-                                 use_stages=use_stages, reason=f"canary {canary_id} passed")
-        target = promo.previous_champion or champ
-        apply_live(TrafficPlan.single(name, chal, name=f"{name}:champion"))  # live plan names it
-        with env.triton() as tc:
-            from repository_sync.triton.model_control import reconcile_model
+        rec = rollback(model=run.name, champion=run.champion, apply_plan=run.apply_live,
+                       unload_challenger=run.unload_challenger, reason=f"canary aborted: {exc}")
+        with contextlib.suppress(Exception):
+            run.record.finish("aborted", str(exc))
+        with contextlib.suppress(Exception):
+            run.tag({run.prefix + "outcome": "aborted", run.prefix + "rollback": dataclasses.asdict(rec)})
+        raise
 
-            versions = reconcile_model(tc, registry, model, triton_model=name,
-                                       keep=[chal, int(target)])["versions"]
-            _, serving_config = tc.verify(name, chal)
-        env.storage().write_serving_config(name, serving_config)
-        gc = (garbage_collect_repository(model, champion=chal, rollback_target=int(target),
-                                         triton_model=name, env=env, registry=registry)
-              if garbage_collect else None)
-        out.update(promotion=dataclasses.asdict(promo), loaded_versions=versions, gc=gc,
-                   rollback_target=int(target))
-        _record(registry, model, chal, {prefix + "outcome": "promoted",
-                                        prefix + "reason": result.reason,
-                                        prefix + "loaded_versions": versions,
-                                        prefix + "gc": gc or {}})
-        return out
+
+def _canary_outcome(run: _Promotion, result: Any, pre: Mapping[str, Any]) -> dict[str, Any]:
+    """Close the canary's MLflow record; the outcome so far (steps summarised, rollback if any)."""
+    canary_run = run.record.finish(result.outcome, result.reason)
+    summary = [{"step": s.step, "percent": s.percent, "attempt": s.attempt, "verdict": s.verdict,
+                "reason": s.reasons[0] if s.reasons else "",
+                "canary_requests": s.canary_requests} for s in result.steps]
+    run.tag({run.prefix + "run": canary_run})
+    return {**run.base, "canary_id": run.canary_id, "outcome": result.outcome, "reason": result.reason,
+            "steps": summary, "preflight": pre, "canary_run": canary_run,
+            "rollback": dataclasses.asdict(result.rollback) if result.rollback else None}
+
+
+def _after_rollback(run: _Promotion, result: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """A rolled-back canary: the alias back to what serves, the outcome tagged, a judged challenger rejected."""
+    model, chal = run.request.model, run.challenger
+    if run.resolved["registry_champion"] == chal:
+        # The alias was moved to the challenger by hand (the event that started this run):
+        # it goes back to the version that serves, so MLflow says what serves.
+        run.registry.client.set_registered_model_alias(model, CHAMPION_ALIAS, str(run.champion))
+        out["alias_restored_to"] = run.champion
+    run.tag({run.prefix + "outcome": result.outcome, run.prefix + "reason": result.reason,
+             run.prefix + "rollback": out["rollback"]})
+    out["rejected"] = _reject_judged_challenger(run.registry, model, chal, run.canary_id, result)
+    return out
+
+
+def _promote(run: _Promotion, result: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """At 100 %: move the aliases, route the champion, set Triton's versions, the serving config, GC."""
+    from repository_sync.routing.traffic_plan import TrafficPlan
+
+    model, name, chal, registry = run.request.model, run.name, run.challenger, run.registry
+    if run.resolved["registry_champion"] == chal:
+        # alias set by hand before the canary: keep the serving champion as rollback target
+        from model_registry.registry import PREVIOUS_CHAMPION_TAG
+
+        registry.client.set_registered_model_alias(model, PREVIOUS_CHAMPION_ALIAS, str(run.champion))
+        registry.client.set_registered_model_tag(model, PREVIOUS_CHAMPION_TAG, str(run.champion))
+    promo = registry.promote(model, chal, expected_champion=run.resolved["registry_champion"],
+                             use_stages=run.request.use_stages, reason=f"canary {run.canary_id} passed")
+    target = promo.previous_champion or run.champion
+    run.apply_live(TrafficPlan.single(name, chal, name=f"{name}:champion"))  # live plan names it
+    with run.env.triton() as tc:
+        from repository_sync.triton.model_control import reconcile_model
+
+        versions = reconcile_model(tc, registry, model, triton_model=name, keep=[chal, int(target)])["versions"]
+        _, serving_config = tc.verify(name, chal)
+    run.env.storage().write_serving_config(name, serving_config)
+    gc = (garbage_collect_repository(model, champion=chal, rollback_target=int(target),
+                                     triton_model=name, env=run.env, registry=registry)
+          if run.request.garbage_collect else None)
+    out.update(promotion=dataclasses.asdict(promo), loaded_versions=versions, gc=gc, rollback_target=int(target))
+    run.tag({run.prefix + "outcome": "promoted", run.prefix + "reason": result.reason,
+             run.prefix + "loaded_versions": versions, run.prefix + "gc": gc or {}})
+    return out
 
 
 def _reject_judged_challenger(registry: Any, model: str, challenger: int, canary_id: str, result: Any) -> str:
@@ -376,4 +463,4 @@ def _reject_judged_challenger(registry: Any, model: str, challenger: int, canary
                                  why=f"canary {canary_id} rolled version {challenger} back: {result.reason}")
 
 
-__all__ = ["canary_time_budget_s", "garbage_collect_repository", "run_promotion"]
+__all__ = ["PromotionRequest", "canary_time_budget_s", "garbage_collect_repository", "run_promotion"]

@@ -18,13 +18,13 @@ from model_registry.registry.entities import CHAMPION_ALIAS
 from tritonflow.pipelines.canary import (
     DEFAULT_LIVE_TIMEOUT_S,
     CanaryEnvironment,
-    _apply_live,
-    _env,
-    _record,
-    _triton_name,
     default_holder,
+    environment_or_default,
+    live_applier,
+    record_tags,
+    triton_name,
 )
-from tritonflow.pipelines.canary_loading import _unload_version
+from tritonflow.pipelines.canary_loading import unload_version
 
 
 def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder: str = "",
@@ -63,7 +63,7 @@ def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder
 
     if not reason or not str(reason).strip():
         raise DataError("reason='' is empty: expected why the model is rolled back")
-    env = _env(env)
+    env = environment_or_default(env)
     registry = env.registry()
     with promotion_lock(model, settings=env.settings, holder=holder or default_holder(),
                         timeout_s=env.settings.promotion_lock_timeout_s):
@@ -72,26 +72,26 @@ def manual_rollback(model: str, reason: str, *, use_stages: bool = False, holder
             return {"model": model, "skipped": f"champion is version {current}, not {int(expected_champion)}: "
                     "nothing rolled back", "rolled_back_from": None, "rolled_back_to": None}
         target = registry.rollback_target(model)  # refuses, naming alias and version
-        name = _triton_name(target)
+        name = triton_name(target)
         with env.triton() as tc:
             info, _ = tc.verify(name, target.version)  # re-verified before any load
             from repository_sync.triton.model_control import reconcile
 
             reconcile(tc, name, add=[target.version], config_version=target.version)
         plan = TrafficPlan.single(name, target.version, name=f"{name}:manual-rollback")
-        _apply_live(env.router(), env.gateway_url, DEFAULT_LIVE_TIMEOUT_S)(plan)
+        live_applier(env.router(), env.gateway_url, DEFAULT_LIVE_TIMEOUT_S)(plan)
         registry.rollback(model, use_stages=use_stages, reason=reason)
         unloaded = False
         if unload_rolled_back and current is not None and current != target.version:
-            _unload_version(env, name, current, keep_config_of=target.version)
+            unload_version(env, name, current, keep_config_of=target.version)
             unloaded = True
         record = {"tritonflow.rollback.at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                   "tritonflow.rollback.reason": reason,
                   "tritonflow.rollback.from": str(current), "tritonflow.rollback.to": str(target.version)}
-        _record(registry, model, target.version, record)
+        record_tags(registry, model, target.version, record)
         if current is not None and current != target.version:
             with contextlib.suppress(RegistryError):
-                _record(registry, model, current, record)
+                record_tags(registry, model, current, record)
     return {"model": model, "triton_model": name, "rolled_back_from": current,
             "rolled_back_to": target.version, "signature": info.signature_digest,
             "weights": {str(target.version): 100}, "unloaded": unloaded}

@@ -83,6 +83,28 @@ def lasting_rejection(tags: Mapping[str, Any] | None) -> str:
     return why if why and dict(tags or {}).get("tritonflow.rejected_stage") not in STAGES else ""
 
 
+def refuse_lasting_rejection(tags: Mapping[str, Any] | None, what: str) -> None:
+    """Refuse to publish a version rejected by the health sentinel or a canary.
+
+    See :func:`lasting_rejection` for the rule (a publish-stage rejection is replaced by a
+    successful publish; a sentinel or canary rejection is not).
+
+    Args:
+        tags: The model version's MLflow tags (``None``: no tags).
+        what: How the refusal names the version (e.g. ``"models:/churn/3"``).
+
+    Raises:
+        RejectedVersionError: The version carries a lasting rejection (stage, time and reason named,
+            and how a person lifts it).
+    """
+    from ground.exceptions import RejectedVersionError
+
+    why = lasting_rejection(tags)
+    if why:
+        raise RejectedVersionError(f"{what} was {why}; a publish never lifts a rejection by the health sentinel "
+                                   f"or a canary, so it is not published again: {OVERRIDE_HINT}")
+
+
 def lift_hint(tags: Mapping[str, Any] | None) -> str:
     """How a version's rejection is lifted: a new publish (a publish-stage one), else only a person."""
     return OVERRIDE_HINT if lasting_rejection(tags) else "publish it again with model_publish once fixed"
@@ -325,5 +347,5 @@ def check_conf_keys(conf: Mapping[str, Any], params: Iterable[str], dag_id: str)
 
 __all__ = ["CANARY_STAGE", "LOOP_CONF_KEY", "LOOP_DAGS", "LoopContext", "OVERRIDE_HINT", "REGISTRY_EVENT_KEYS",
            "SENTINEL_STAGE", "STATUS_TAG", "TRAINING_WINDOW_TAG", "check_conf_keys", "closest", "lasting_rejection",
-           "lift_hint", "parse_loop_context", "publish_handoff", "reject_after_rollback", "rejection",
-           "retrain_handoff", "shadow_handoffs"]
+           "lift_hint", "parse_loop_context", "publish_handoff", "refuse_lasting_rejection", "reject_after_rollback",
+           "rejection", "retrain_handoff", "shadow_handoffs"]

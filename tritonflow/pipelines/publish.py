@@ -91,20 +91,21 @@ from typing import Any, Mapping
 
 from ground.exceptions import DataError, ServiceUnavailableError, SettingsError
 from ground.settings import Settings, get_settings
+from tritonflow.pipelines.loop_context import refuse_lasting_rejection
 from tritonflow.pipelines.publish_common import (
     DEFAULT_MAX_BATCH_SIZE,
-    _endpoint,
-    _json_safe,
-    _read_npz,
-    _registry,
-    _reject,
-    _timed,
-    _version_ref,
+    json_safe,
     new_attempt,
-    refuse_lasting_rejection,
+    open_registry,
+    read_npz,
+    reject_version,
     remove_staging,
+    s3_endpoint,
     staging_dir,
     sweep_staging,
+    timed,
+    unload_version_if_ready,
+    version_ref,
 )
 from tritonflow.pipelines.publish_profile import perf_gate, profile
 from tritonflow.pipelines.publish_record import record
@@ -138,7 +139,7 @@ def default_selector(model: str, *, settings: Settings | None = None) -> str:
     from ground.exceptions import RegistryError
     from model_registry.registry import CHAMPION_ALIAS
 
-    reg = _registry(settings or get_settings())
+    reg = open_registry(settings or get_settings())
     aliases = reg.aliases(model)
     if CHAMPION_ALIAS in aliases:
         log.info("version_or_alias empty: model %r has alias %r (version %s); publishing it", model,
@@ -229,7 +230,7 @@ def resolve(model_ref: str, *, settings: Settings | None = None) -> dict[str, An
 
     t0 = time.perf_counter()
     s = settings or get_settings()
-    reg = _registry(s)
+    reg = open_registry(s)
     ref = reg.resolve(model_ref)
     if ref.status != "READY":
         raise RegistryError(f"{ref.uri} (from {model_ref!r}) has status {ref.status!r}; expected 'READY'")
@@ -239,7 +240,7 @@ def resolve(model_ref: str, *, settings: Settings | None = None) -> dict[str, An
     attempt = new_attempt()
     log.info("resolved %r to %s (aliases %s); Triton model %r, staging attempt %s", model_ref, ref.uri,
              list(ref.aliases), name, attempt)
-    return _timed({}, "resolve", t0, model_ref=model_ref, model=ref.name, version=int(ref.version),
+    return timed({}, "resolve", t0, model_ref=model_ref, model=ref.name, version=int(ref.version),
                   model_uri=ref.uri, run_id=ref.run_id, aliases=list(ref.aliases),
                   triton_model_name=name, tracking_uri=reg.tracking_uri, staging_attempt=attempt,
                   staging_dir=str(staging_dir(s, name, ref.version, attempt)))
@@ -295,16 +296,16 @@ def load_and_smoke(
     name, version = pushed["triton_model_name"], int(pushed["version"])
     keys = ensure_signing_keys(s, create=False)
     rows = max(1, int(s.validation_sample_rows))
-    feeds = {k: v[:rows] for k, v in _read_npz(pushed["sample_path"]).items()}
-    expected = {k: v[:rows] for k, v in _read_npz(pushed["expected_path"]).items()}
-    reg = _registry(s, pushed.get("tracking_uri"))
+    feeds = {k: v[:rows] for k, v in read_npz(pushed["sample_path"]).items()}
+    expected = {k: v[:rows] for k, v in read_npz(pushed["expected_path"]).items()}
+    reg = open_registry(s, pushed.get("tracking_uri"))
     ctl = None
     try:
         preflight = _preflight(pushed, s) if _is_local(url) else {"skipped": "Triton is not on this host"}
         from ground.coordination import coordination_store
 
         ctl = triton_control(s, triton_url, repository=pushed["repository_uri"],  # every replica
-                             trusted_keys=str(keys.trusted_dir), endpoint_url=_endpoint(s),
+                             trusted_keys=str(keys.trusted_dir), endpoint_url=s3_endpoint(s),
                              load_timeout_s=s.load_timeout_s, coordination=coordination_store(s),
                              holder=f"model_publish/{name}")
         info, smoke = ctl.load_and_smoke_test(name, version, feeds, expected,
@@ -313,9 +314,9 @@ def load_and_smoke(
         raise
     except Exception as exc:
         if ctl is not None:
-            _unload_version_if_ready(ctl, name, version)
+            unload_version_if_ready(ctl, name, version)
         if isinstance(exc, DataError):  # a verdict on the model; tool/service failures are not
-            _reject(reg, _version_ref(reg, pushed), exc, "load_and_smoke")
+            reject_version(reg, version_ref(reg, pushed), exc, "load_and_smoke")
         raise
     finally:
         if ctl is not None:
@@ -326,8 +327,8 @@ def load_and_smoke(
         publish_fallback,  # the INT8 <model>__fallback (skipped with a reason)
     )
 
-    return _timed(pushed, "load_and_smoke", t0, triton_url=url, preflight=_json_safe(preflight),
-                  load=_json_safe(info), smoke=_json_safe(smoke.summary()),
+    return timed(pushed, "load_and_smoke", t0, triton_url=url, preflight=json_safe(preflight),
+                  load=json_safe(info), smoke=json_safe(smoke.summary()),
                   fallback=publish_fallback(pushed, settings=s, triton_url=url))
 
 
@@ -340,17 +341,6 @@ def _preflight(state: Mapping[str, Any], s: Settings) -> dict[str, int]:
     count = sum(int(g.get("count", 1)) for g in groups)
     need = int(size * s.instance_memory_factor * max(count, 1))
     return preflight_memory_check(need, kind=kind, gpus=groups[0].get("gpus") or ())
-
-
-def _unload_version_if_ready(ctl: Any, name: str, version: int) -> None:
-    """Unload ``version`` if it is READY (e.g. loaded by an earlier run), keeping other versions."""
-    try:
-        if version not in getattr(ctl, "ready_versions_any", ctl.ready_versions)(name):  # on any replica
-            return
-        ctl.unload_versions(name, [version])  # the desired set minus it, under the model's lease
-        log.warning("model %s version %s was READY and failed the checks: unloaded", name, version)
-    except Exception as exc:  # noqa: BLE001 - best effort; the original error is raised
-        log.error("could not unload model %s version %s: %s", name, version, exc)
 
 
 def publish(

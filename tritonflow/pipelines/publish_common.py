@@ -7,7 +7,7 @@ publish attempt, so two publishes of one version never share one; :func:`remove_
 :func:`sweep_staging` clean them up), the stage names
 (:data:`STAGES`), the MLflow artifact folders, and small helpers that time a stage into the running
 state, open the model registry, point MLflow's fluent API at a tracking URI, tag a version
-rejected, refuse one rejected for good (:func:`refuse_lasting_rejection`), make values JSON-safe
+rejected, unload a version that failed its checks (:func:`unload_version_if_ready`), make values JSON-safe
 and write/read the validation arrays (``.npz`` without pickles).
 
 Plain Python (no Airflow import).
@@ -171,28 +171,66 @@ def _subdirs(folder: Path) -> list[Path]:
     return [p for p in _entries(folder) if p.is_dir() and not p.is_symlink()]
 
 
-def _timed(state: Mapping[str, Any], stage: str, started: float, **updates: Any) -> dict[str, Any]:
-    """New state: ``state`` + ``updates`` + the stage's seconds in ``timings_s``."""
+def timed(state: Mapping[str, Any], stage: str, started: float, **updates: Any) -> dict[str, Any]:
+    """The state a stage hands on: ``state`` plus ``updates`` plus the stage's wall time.
+
+    Args:
+        state: The running publish state (left unchanged).
+        stage: Stage name (one of :data:`STAGES`), the key in ``timings_s``.
+        started: ``time.perf_counter()`` when the stage started.
+        **updates: Keys the stage adds or replaces.
+
+    Returns:
+        A new dict: ``{**state, **updates, "timings_s": {..., stage: seconds rounded to 0.1 ms}}``.
+    """
     timings = dict(state.get("timings_s") or {})
     timings[stage] = round(time.perf_counter() - started, 4)
     return {**state, **updates, "timings_s": timings}
 
 
-def _registry(settings: Settings, tracking_uri: str | None = None):
+def open_registry(settings: Settings, tracking_uri: str | None = None):
+    """A :class:`model_registry.registry.RegistryClient` whose tracking server is also the registry.
+
+    Args:
+        settings: Settings (``resolved_mlflow_tracking_uri``).
+        tracking_uri: MLflow URI that wins over the settings' (a state's ``tracking_uri``).
+
+    Returns:
+        The client.
+    """
     from model_registry.registry import RegistryClient
 
     uri = tracking_uri or settings.resolved_mlflow_tracking_uri
     return RegistryClient(tracking_uri=uri, registry_uri=uri)
 
 
+def version_ref(registry: Any, state: Mapping[str, Any]):
+    """The state's model version (``state["model"]``, ``state["version"]``) as a ``ModelVersionRef``.
 
+    Args:
+        registry: A :class:`model_registry.registry.RegistryClient`.
+        state: A publish state.
 
-def _version_ref(registry: Any, state: Mapping[str, Any]):
+    Returns:
+        The :class:`model_registry.registry.ModelVersionRef`.
+
+    Raises:
+        RegistryError: The version does not exist.
+    """
     return registry.get_version(state["model"], int(state["version"]))
 
 
-def _reject(registry: Any, ref: Any, exc: BaseException, stage: str) -> None:
-    """Tag ``ref`` rejected (stage + reason); a tagging failure is logged, never hides ``exc``."""
+def reject_version(registry: Any, ref: Any, exc: BaseException, stage: str) -> None:
+    """Tag ``ref`` rejected at ``stage`` with ``exc`` as the reason; never raises.
+
+    A tagging failure is logged, never raised, so it does not hide ``exc`` (which the caller raises).
+
+    Args:
+        registry: A :class:`model_registry.registry.RegistryClient`.
+        ref: The rejected :class:`model_registry.registry.ModelVersionRef`.
+        exc: The error that rejects the version (its type and message become the reason).
+        stage: The stage that rejected it (one of :data:`STAGES`).
+    """
     reason = f"{type(exc).__name__}: {exc}"
     try:
         registry.record_rejection(ref, reason, stage)
@@ -202,35 +240,44 @@ def _reject(registry: Any, ref: Any, exc: BaseException, stage: str) -> None:
                   ref.name, ref.version, tag_exc, reason)
 
 
-def refuse_lasting_rejection(tags: Mapping[str, Any] | None, what: str) -> None:
-    """Refuse to publish a version rejected by the health sentinel or a canary.
+def unload_version_if_ready(ctl: Any, name: str, version: int) -> None:
+    """Unload ``version`` if it is READY (e.g. loaded by an earlier run), keeping other versions.
 
-    See :func:`tritonflow.pipelines.loop_context.lasting_rejection` for the rule (a publish-stage
-    rejection is replaced by a successful publish; a sentinel or canary rejection is not).
+    Best effort, called when a loaded version failed its checks: a failure is logged, never raised,
+    so the caller raises the original error.
 
-    Raises:
-        RejectedVersionError: The version carries a lasting rejection (stage, time and reason named,
-            and how a person lifts it).
+    Args:
+        ctl: A :class:`repository_sync.triton.client.TritonModelControl` (or a replica set, whose
+            ``ready_versions_any`` looks at every replica).
+        name: Triton model name.
+        version: The version to unload.
     """
-    from ground.exceptions import RejectedVersionError
-    from tritonflow.pipelines.loop_context import OVERRIDE_HINT, lasting_rejection
+    try:
+        if version not in getattr(ctl, "ready_versions_any", ctl.ready_versions)(name):  # on any replica
+            return
+        ctl.unload_versions(name, [version])  # the desired set minus it, under the model's lease
+        log.warning("model %s version %s was READY and failed the checks: unloaded", name, version)
+    except Exception as exc:  # noqa: BLE001 - best effort; the original error is raised
+        log.error("could not unload model %s version %s: %s", name, version, exc)
 
-    why = lasting_rejection(tags)
-    if why:
-        raise RejectedVersionError(f"{what} was {why}; a publish never lifts a rejection by the health sentinel "
-                                   f"or a canary, so it is not published again: {OVERRIDE_HINT}")
 
+def json_safe(value: Any) -> Any:
+    """``value`` with numpy scalars and arrays turned into JSON types, and NaN/inf into ``None``.
 
-def _json_safe(value: Any) -> Any:
-    """Turn numpy scalars/arrays (and NaN) into JSON types."""
+    Args:
+        value: A mapping, list, tuple, array, scalar or plain value (nested).
+
+    Returns:
+        The same structure in JSON types (mapping keys as ``str``, tuples as lists).
+    """
     import numpy as np
 
     if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, np.ndarray):
-        return _json_safe(value.tolist())
+        return json_safe(value.tolist())
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
@@ -238,8 +285,13 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def _write_npz(path: Path, arrays: Mapping[str, Any]) -> None:
-    """Save arrays without pickles: string (object) arrays are stored as unicode arrays."""
+def write_npz(path: Path, arrays: Mapping[str, Any]) -> None:
+    """Save arrays as ``.npz`` without pickles: string (object) arrays are stored as unicode arrays.
+
+    Args:
+        path: File to write.
+        arrays: ``{name: array-like}``; bytes in object arrays are decoded as UTF-8.
+    """
     import numpy as np
 
     def plain(v: Any) -> Any:
@@ -253,13 +305,21 @@ def _write_npz(path: Path, arrays: Mapping[str, Any]) -> None:
         np.savez(fh, **{k: plain(v) for k, v in arrays.items()})
 
 
-def _read_npz(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Inverse of :func:`_write_npz`: unicode arrays come back as object arrays of ``str``."""
+def read_npz(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Inverse of :func:`write_npz`: unicode arrays come back as object arrays of ``str``.
+
+    Args:
+        path: An ``.npz`` file written by :func:`write_npz` (pickles refused).
+
+    Returns:
+        ``{name: array}``.
+    """
     import numpy as np
 
     with np.load(path, allow_pickle=False) as data:
         return {k: (data[k].astype(object) if data[k].dtype.kind == "U" else data[k]) for k in data.files}
 
 
-def _endpoint(settings: Settings) -> str | None:
+def s3_endpoint(settings: Settings) -> str | None:
+    """The S3 endpoint of the repository and the logs (``TRITONFLOW_S3_ENDPOINT_URL``), ``None`` when unset."""
     return settings.s3_endpoint_url or None

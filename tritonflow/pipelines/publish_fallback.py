@@ -255,7 +255,7 @@ def _load(name: str, version: int, feeds: Mapping[str, np.ndarray],
     """
     from ground.coordination import coordination_store
     from repository_sync.triton.client import TritonModelControl
-    from tritonflow.pipelines.publish import _unload_version_if_ready
+    from tritonflow.pipelines.publish_common import unload_version_if_ready
 
     with TritonModelControl(triton_url or settings.triton_http_url, repository=repository_uri,
                             trusted_keys=trusted_keys, endpoint_url=settings.s3_endpoint_url or None,
@@ -264,7 +264,7 @@ def _load(name: str, version: int, feeds: Mapping[str, np.ndarray],
         info, smoke = ctl.load_and_smoke_test(name, version, dict(feeds), None)
         problem = check(smoke.outputs)
         if problem:
-            _unload_version_if_ready(ctl, name, version)
+            unload_version_if_ready(ctl, name, version)
             raise ParityError(problem)
         return info
 
@@ -291,7 +291,7 @@ def publish_fallback(state: Mapping[str, Any], *, settings: Settings | None = No
         SigningKeyError: No signing key.
     """
     from repository_sync.routing.gateway_probe import fallback_model_name
-    from tritonflow.pipelines.publish_common import _registry, _version_ref
+    from tritonflow.pipelines.publish_common import open_registry, version_ref
 
     s = settings or get_settings()
     name, version = fallback_model_name(state["triton_model_name"]), int(state["version"])
@@ -307,8 +307,8 @@ def publish_fallback(state: Mapping[str, Any], *, settings: Settings | None = No
     stage = Path(state["model_path"]).parent
     (stage / FALLBACK_REPORT_FILENAME).write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True,
                                                              default=str))
-    reg = _registry(s, state.get("tracking_uri"))
-    reg.set_version_tags(_version_ref(reg, state), result.tags())
+    reg = open_registry(s, state.get("tracking_uri"))
+    reg.set_version_tags(version_ref(reg, state), result.tags())
     log.info("model %s version %s: fallback %s %s%s", state["model"], version, name, result.status,
              f" ({result.reason})" if result.reason else "")
     return result.to_dict()
@@ -323,7 +323,7 @@ def _build_and_serve(state: Mapping[str, Any], result: FallbackResult, s: Settin
     """Steps 1-4 of :func:`publish_fallback`, filling ``result``."""
     from ground.exceptions import RepositoryConflictError, SignatureVerificationError
     from repository_sync.publish import publish_version
-    from tritonflow.pipelines.publish_common import _read_npz
+    from tritonflow.pipelines.publish_common import read_npz
     from tritonflow.pipelines.publish_signing import ensure_signing_keys
 
     t0 = time.perf_counter()
@@ -336,8 +336,8 @@ def _build_and_serve(state: Mapping[str, Any], result: FallbackResult, s: Settin
     result.quantized_ops = quantize(model_path, out)
     result.bytes = {"fp32": model_path.stat().st_size, "int8": out.stat().st_size}
     t1 = time.perf_counter()
-    feeds = _read_npz(state["sample_path"])
-    expected = _read_npz(state["expected_path"])
+    feeds = read_npz(state["sample_path"])
+    expected = read_npz(state["expected_path"])
     parity = gate(out, feeds, expected, atol=result.atol, rtol=result.rtol,
                   min_label_agreement=result.min_label_agreement, model_name=result.triton_model_name)
     result.parity = parity.outputs

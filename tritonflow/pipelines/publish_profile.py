@@ -28,14 +28,14 @@ from tritonflow.pipelines.publish_common import (
     PERF_GATE_FILENAME,
     PROFILE_ARTIFACT_PATH,
     PUBLISH_ARTIFACT_PATH,
-    _endpoint,
-    _json_safe,
-    _read_npz,
-    _registry,
-    _reject,
-    _timed,
-    _version_ref,
     enter_staging,
+    json_safe,
+    open_registry,
+    read_npz,
+    reject_version,
+    s3_endpoint,
+    timed,
+    version_ref,
 )
 
 log = logging.getLogger(__name__)
@@ -144,13 +144,13 @@ def profile(
     if not enabled:
         info = {"status": "skipped", "reason": "profiling disabled (profile=false); the generated config.pbtxt is kept"}
         log.info("model %s: %s", name, info["reason"])
-        return _timed(staged, "profile", t0, profile=info)
+        return timed(staged, "profile", t0, profile=info)
     missing = profiling_unavailable_reason(s)
     if missing:
         info = {"status": "unavailable",
                 "reason": f"Model Analyzer cannot run on this host ({missing}); the generated config.pbtxt is kept"}
         log.warning("model %s: %s", name, info["reason"])
-        return _timed(staged, "profile", t0, profile=info)
+        return timed(staged, "profile", t0, profile=info)
     search = _search_space(bounds, s, int(staged["max_batch_size"]))
     b = dict(bounds or {})
     s_run = dataclasses.replace(
@@ -158,19 +158,19 @@ def profile(
         analyzer_p99_latency_ms=float(b.get("p99_latency_ms", s.analyzer_p99_latency_ms)),
         analyzer_stability_cv=float(b.get("stability_cv", s.analyzer_stability_cv)),
     )
-    reg = _registry(s, staged.get("tracking_uri"))
-    ref = _version_ref(reg, staged)
+    reg = open_registry(s, staged.get("tracking_uri"))
+    ref = version_ref(reg, staged)
     try:
         updates = _profile(staged, search, s_run, reg, ref, b.get("timeout_s"), pass_runner)
     except MeasurementUnstableError as exc:  # the host's noise: keep the generated config, no verdict
         reason = f"{exc}; the generated config.pbtxt is kept"[:1000]
         log.warning("model %s: profile inconclusive: %s", name, reason)
-        return _timed(staged, "profile", t0, profile=_json_safe(
+        return timed(staged, "profile", t0, profile=json_safe(
             {"status": "inconclusive", "reason": reason, "search": dataclasses.asdict(search)}))
     except (ProfilingError, DataError) as exc:  # ToolingError (the environment) is never a verdict
-        _reject(reg, ref, exc, "profile")
+        reject_version(reg, ref, exc, "profile")
         raise
-    return _timed(staged, "profile", t0, **updates)
+    return timed(staged, "profile", t0, **updates)
 
 
 def _profile(staged, search, s: Settings, reg, ref, timeout_s, pass_runner=None) -> dict[str, Any]:
@@ -208,7 +208,7 @@ def _profile(staged, search, s: Settings, reg, ref, timeout_s, pass_runner=None)
         chosen.backend = generated.backend
         chosen.platform = generated.platform
     if filename == MODEL_FILENAME:
-        validate_for_push(staged["model_path"], chosen, _read_npz(staged["sample_path"]), model_name=name, settings=s)
+        validate_for_push(staged["model_path"], chosen, read_npz(staged["sample_path"]), model_name=name, settings=s)
 
     results = work / "results.csv"
     fields = [f.name for f in dataclasses.fields(outcome.rows[0])] if outcome.rows else ["config"]
@@ -220,7 +220,7 @@ def _profile(staged, search, s: Settings, reg, ref, timeout_s, pass_runner=None)
     chosen_path = work / "chosen_config.pbtxt"
     chosen_path.write_text(to_pbtxt(chosen))
     selection_path = work / "selection.json"
-    selection_path.write_text(json.dumps(_json_safe({**outcome.selection.to_dict(),
+    selection_path.write_text(json.dumps(json_safe({**outcome.selection.to_dict(),
                                                      "report": outcome.selection.report()}), indent=2))
     (stage / CONFIG_FILENAME).write_text(to_pbtxt(chosen))
     for path in (results, chosen_path, selection_path, outcome.profile_config_path):
@@ -232,7 +232,7 @@ def _profile(staged, search, s: Settings, reg, ref, timeout_s, pass_runner=None)
             "configs_measured": len({r.config for r in outcome.rows}),
             "dropped": {k: v[:200] for k, v in list(sel.dropped.items())[:10]},
             "p99_constraint_ms": float(sel.p99_latency_ms), "search": dataclasses.asdict(search)}
-    return {"profile": _json_safe(info), "config_summary": _json_safe(config_summary(chosen)),
+    return {"profile": json_safe(info), "config_summary": json_safe(config_summary(chosen)),
             "max_batch_size": int(chosen.max_batch_size)}
 
 
@@ -271,7 +271,7 @@ def perf_gate(
     t0 = time.perf_counter()
     s = settings or get_settings()
     info = _perf_gate(staged, enabled, repository_uri, s)
-    return _timed(staged, "perf_gate", t0, perf_gate=_json_safe(info))
+    return timed(staged, "perf_gate", t0, perf_gate=json_safe(info))
 
 
 def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | None, s: Settings) -> dict[str, Any]:
@@ -282,7 +282,7 @@ def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | N
     name = staged["triton_model_name"]
     if not enabled:
         return {"status": "skipped", "reason": "perf gate disabled (perf_gate=false)"}
-    reg = _registry(s, staged.get("tracking_uri"))
+    reg = open_registry(s, staged.get("tracking_uri"))
     try:
         champion = reg.resolve(f"{staged['model']}@champion")
     except RegistryError as exc:
@@ -305,7 +305,7 @@ def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | N
     shutil.copyfile(staged["model_path"], chal_dir / "1" / filename)
     shutil.copyfile(staged["config_path"], chal_dir / CONFIG_FILENAME)
     concurrency = _champion_concurrency(champion, s)
-    sample = _read_npz(staged["sample_path"])
+    sample = read_npz(staged["sample_path"])
     result = perf_regression_gate(champ_dir, chal_dir, concurrency=concurrency, passes=max(3, s.perf_gate_passes),
                                   measurement_ms=s.perf_gate_measurement_ms,
                                   samples={"champion": sample, "challenger": sample}, tools=triton_tools(s),
@@ -313,8 +313,8 @@ def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | N
     info = {"status": "rejected" if result.verdict.rejected else "passed", "champion_version": int(champion.version),
             **result.to_dict()}
     path = Path(staged["staging_dir"]) / PERF_GATE_FILENAME
-    path.write_text(json.dumps(_json_safe(info), indent=2, sort_keys=True))
-    ref = _version_ref(reg, staged)
+    path.write_text(json.dumps(json_safe(info), indent=2, sort_keys=True))
+    ref = version_ref(reg, staged)
     reg.set_version_tags(ref, {"tritonflow.perf_gate": {k: info[k] for k in (
         "status", "champion_version", "champion_p99_ms", "challenger_p99_ms", "regression", "noise_band",
         "max_regression", "limit", "regression_ms", "min_regression_ms", "concurrency")}})
@@ -325,7 +325,7 @@ def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | N
         error = PerformanceRegressionError(f"model {staged['model']!r} version {staged['version']}: p99 latency "
                                            f"regression against champion version {champion.version}: "
                                            f"{result.verdict.reason}")
-        _reject(reg, ref, error, "perf_gate")
+        reject_version(reg, ref, error, "perf_gate")
         raise error
     return {k: v for k, v in info.items() if k != "passes"}
 
@@ -335,7 +335,7 @@ def _champion_folder(repository: str, name: str, version: int, dest: Path, s: Se
     from repository_sync.layout import INTENDED_CONFIG_FILENAME, plan_version
     from repository_sync.storage.open import open_repository
 
-    storage = open_repository(repository, endpoint_url=_endpoint(s))
+    storage = open_repository(repository, endpoint_url=s3_endpoint(s))
     for filename in ("model.onnx", "model.pt"):
         layout = plan_version(name, version, filename)
         try:

@@ -20,15 +20,15 @@ from typing import Any, Mapping
 from ground.exceptions import DataError
 from ground.settings import Settings, get_settings
 from model_registry.registry.client import pinned_mlflow_uris
+from tritonflow.pipelines.loop_context import refuse_lasting_rejection
 from tritonflow.pipelines.publish_common import (
     PUBLISH_ARTIFACT_PATH,
     REAL_REFERENCE_PREFIX,
     STAGES,
-    _endpoint,
-    _read_npz,
-    _registry,
-    _version_ref,
-    refuse_lasting_rejection,
+    open_registry,
+    read_npz,
+    s3_endpoint,
+    version_ref,
 )
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,33 @@ NO_REAL_REFERENCE = ("no drift reference stored: the version was published witho
 #: and again here (:func:`tritonflow.pipelines.loop_context.lasting_rejection`); its tags are
 #: cleared only after a person deleted ``tritonflow.status`` (the override).
 REJECTION_TAGS = ("tritonflow.rejected_stage", "tritonflow.rejection_reason", "tritonflow.rejected_at")
+#: Model-version tag: ``{output: [min, max]}`` of the outputs seen at validation, written by
+#: :func:`record`; the health sentinel (:mod:`tritonflow.pipelines.sentinel`) judges served answers
+#: against it.
+OUTPUT_RANGE_TAG = "tritonflow.output_range"
+
+
+def output_ranges(outputs: Mapping[str, Any]) -> dict[str, list[float]]:
+    """The range of each numeric output over its finite values.
+
+    Args:
+        outputs: ``{output name: array}`` (any shape); non-numeric outputs are skipped.
+
+    Returns:
+        ``{output: [min, max]}`` of the finite values; an output with none is left out.
+    """
+    import numpy as np
+
+    ranges: dict[str, list[float]] = {}
+    for name, values in outputs.items():
+        arr = np.asarray(values)
+        if arr.dtype.kind not in "fiub":
+            continue
+        arr = arr.astype(np.float64)
+        arr = arr[np.isfinite(arr)]
+        if arr.size:
+            ranges[str(name)] = [float(arr.min()), float(arr.max())]
+    return ranges
 
 
 def reference_root(settings: Settings) -> str:
@@ -116,8 +143,8 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
 
     t0 = time.perf_counter()
     s = settings or get_settings()
-    reg = _registry(s, loaded.get("tracking_uri"))
-    ref = _version_ref(reg, loaded)
+    reg = open_registry(s, loaded.get("tracking_uri"))
+    ref = version_ref(reg, loaded)
     refuse_lasting_rejection(ref.tags, ref.uri)  # rejected by the sentinel or a canary since resolve
     reference: dict[str, Any]
     try:
@@ -127,7 +154,7 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         with pinned_mlflow_uris(reg.tracking_uri):
             importance, how = _reference_importance(ref.uri, loaded.get("source_flavor", ""), frame)
         saved = save_reference(reference_root(s), loaded["model"], int(loaded["version"]), frame,
-                               endpoint_url=_endpoint(s), importance=importance or None,
+                               endpoint_url=s3_endpoint(s), importance=importance or None,
                                importance_method=how)
         reference = {"uri": saved.uri, "rows": len(saved.frame), "source": loaded.get("reference_source", ""),
                      "importance": importance}
@@ -159,10 +186,8 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         "tritonflow.already_published": str(bool(loaded.get("already_published"))).lower(),
     }
     if loaded.get("expected_path") and Path(loaded["expected_path"]).is_file():
-        from tritonflow.pipelines.sentinel import OUTPUT_RANGE_TAG, output_ranges
-
         # the health sentinel judges served answers against the range seen at validation
-        extra[OUTPUT_RANGE_TAG] = json.dumps(output_ranges(_read_npz(loaded["expected_path"])), sort_keys=True)
+        extra[OUTPUT_RANGE_TAG] = json.dumps(output_ranges(read_npz(loaded["expected_path"])), sort_keys=True)
     written.update(reg.set_version_tags(ref, extra))
     run_id = reg.publish_run_id(ref)  # holds the artifacts above; the Airflow UI links to it
     summary = {

@@ -23,12 +23,12 @@ from ground.settings import Settings, get_settings
 from ground.settings_defaults import DEFAULT_SIGNING_KEY_PATH, DEFAULT_SIGNING_TRUSTED_KEYS_DIR
 from tritonflow.pipelines.publish_common import (
     MODEL_FILENAME,
-    _endpoint,
-    _json_safe,
-    _registry,
-    _reject,
-    _timed,
-    _version_ref,
+    json_safe,
+    open_registry,
+    reject_version,
+    s3_endpoint,
+    timed,
+    version_ref,
 )
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def _existing_identical(repository_uri: str, state: Mapping[str, Any], keys: Sig
     from repository_sync.signing import verify_version
     from repository_sync.storage.open import open_repository
 
-    storage = open_repository(repository_uri, endpoint_url=_endpoint(settings))
+    storage = open_repository(repository_uri, endpoint_url=s3_endpoint(settings))
     filename = state.get("model_filename") or MODEL_FILENAME
     layout = plan_version(state["triton_model_name"], int(state["version"]), filename)
     with storage.local_version(layout) as local:
@@ -121,7 +121,7 @@ def _existing_identical(repository_uri: str, state: Mapping[str, Any], keys: Sig
             "signature_digest": info.signature_digest, "key_id": info.key_id,
             "signed_files": list(info.files), "already_published": True, "config_differs": True,
             "serving_config_written": False,
-            "published_config_summary": _json_safe(config_summary(parse_config(intended)))}
+            "published_config_summary": json_safe(config_summary(parse_config(intended)))}
 
 
 def sign_and_push(
@@ -170,7 +170,7 @@ def sign_and_push(
         result = publish_version(
             repository=repo, model_name=staged["triton_model_name"], version=int(staged["version"]),
             model_file=staged["model_path"], config=Path(staged["config_path"]).read_text(),
-            private_key=keys.private_key, trusted_keys=str(keys.trusted_dir), endpoint_url=_endpoint(s),
+            private_key=keys.private_key, trusted_keys=str(keys.trusted_dir), endpoint_url=s3_endpoint(s),
         )
         push = {k: v for k, v in result.to_dict().items() if k not in ("model_name", "version", "timings_s", "bytes")}
         push["config_differs"] = False
@@ -178,11 +178,11 @@ def sign_and_push(
     except RepositoryConflictError as exc:
         push = _existing_identical(repo, staged, keys, s, exc)
     except SignatureVerificationError as exc:
-        reg = _registry(s, staged.get("tracking_uri"))
-        _reject(reg, _version_ref(reg, staged), exc, "sign_and_push")
+        reg = open_registry(s, staged.get("tracking_uri"))
+        reject_version(reg, version_ref(reg, staged), exc, "sign_and_push")
         raise
     log.info("model %s version %s %s at %s (signature %s, key id %s)", staged["triton_model_name"],
              staged["version"], "already published" if push["already_published"] else "published",
              push["version_uri"], push["signature_digest"][:16], push["key_id"][:16])
-    return _timed(staged, "sign_and_push", t0, **push, keys_generated=keys.generated,
+    return timed(staged, "sign_and_push", t0, **push, keys_generated=keys.generated,
                   trusted_keys_dir=str(keys.trusted_dir))

@@ -37,13 +37,13 @@ from tritonflow.pipelines.publish_common import (
     REFERENCE_FRAME_FILENAME,
     SAMPLE_FILENAME,
     VALIDATION_REPORT_FILENAME,
-    _json_safe,
-    _registry,
-    _reject,
-    _timed,
-    _version_ref,
-    _write_npz,
     enter_staging,
+    json_safe,
+    open_registry,
+    reject_version,
+    timed,
+    version_ref,
+    write_npz,
 )
 
 log = logging.getLogger(__name__)
@@ -206,8 +206,8 @@ def convert_and_validate(
     mbs = _check_max_batch_size(max_batch_size)
     if export_format not in ("onnx", "torchscript"):
         raise SettingsError(f"export_format={export_format!r} is invalid; expected 'onnx' or 'torchscript'")
-    reg = _registry(s, resolved.get("tracking_uri"))
-    ref = _version_ref(reg, resolved)
+    reg = open_registry(s, resolved.get("tracking_uri"))
+    ref = version_ref(reg, resolved)
     stage = Path(resolved["staging_dir"])  # this attempt's own folder: a retry starts it afresh
     if stage.exists():
         shutil.rmtree(stage)
@@ -217,9 +217,9 @@ def convert_and_validate(
             updates = _convert_and_validate(resolved, ref, reg, stage, a, r, mbs, dataset_uri, schema, s,
                                             export_format)
     except DataError as exc:
-        _reject(reg, ref, exc, "convert_and_validate")
+        reject_version(reg, ref, exc, "convert_and_validate")
         raise
-    return _timed(resolved, "convert_and_validate", t0, **updates)
+    return timed(resolved, "convert_and_validate", t0, **updates)
 
 
 def _convert_and_validate(resolved, ref, reg, stage: Path, atol: float, rtol: float, mbs: int,
@@ -241,7 +241,7 @@ def _convert_and_validate(resolved, ref, reg, stage: Path, atol: float, rtol: fl
                           schema=schema, settings=s)
     parity_path = stage / PARITY_REPORT_FILENAME
     parity_doc = gate.parity_doc(ref.uri, atol, rtol, s.parity_min_label_agreement)
-    parity_path.write_text(json.dumps(_json_safe(parity_doc), indent=2, sort_keys=True))
+    parity_path.write_text(json.dumps(json_safe(parity_doc), indent=2, sort_keys=True))
     _record_provenance(reg, ref, gate.provenance, parity_path)
     if not gate.passed:
         raise ParityError(gate.failure)
@@ -251,8 +251,8 @@ def _convert_and_validate(resolved, ref, reg, stage: Path, atol: float, rtol: fl
     text = to_pbtxt(gate.config)
     (stage / CONFIG_FILENAME).write_text(text)
     (stage / GENERATED_CONFIG_FILENAME).write_text(text)
-    _write_npz(stage / SAMPLE_FILENAME, gate.sample)
-    _write_npz(stage / EXPECTED_FILENAME, gate.expected)
+    write_npz(stage / SAMPLE_FILENAME, gate.sample)
+    write_npz(stage / EXPECTED_FILENAME, gate.expected)
     converted = gate.converted
     if converted.name_mapping:
         (stage / NAME_MAPPING_FILENAME).write_text(converted.name_mapping_json())
@@ -265,7 +265,7 @@ def _convert_and_validate(resolved, ref, reg, stage: Path, atol: float, rtol: fl
         reference_source = "input example + seeded perturbations (validation sample)"
     reference.to_parquet(stage / REFERENCE_FRAME_FILENAME, index=False)
     (stage / VALIDATION_REPORT_FILENAME).write_text(
-        json.dumps(_json_safe(gate.validation_doc(s.target_triton_release)), indent=2, sort_keys=True))
+        json.dumps(json_safe(gate.validation_doc(s.target_triton_release)), indent=2, sort_keys=True))
     summary = config_summary(gate.config)
     parity = _parity_summary(gate.parity)
     log.info("model %s v%s converted (%s, %s) and validated (%s); parity %s; threshold probes %s", name,
@@ -281,7 +281,7 @@ def _convert_and_validate(resolved, ref, reg, stage: Path, atol: float, rtol: fl
         "reference_frame_path": str(stage / REFERENCE_FRAME_FILENAME), "reference_source": reference_source,
         "parity": parity, "validation_rows": len(next(iter(gate.sample.values()))),
         "checks": list(gate.report.checks),
-        "batch_sizes_checked": list(gate.report.batch_sizes), "config_summary": _json_safe(summary),
+        "batch_sizes_checked": list(gate.report.batch_sizes), "config_summary": json_safe(summary),
         "instance_plan": {"kind": plan.kind, "count": plan.count, "reason": plan.reason},
         "max_batch_size": int(gate.config.max_batch_size), "atol": atol, "rtol": rtol,
         "source_flavor": converted.source_flavor, "notes": gate.notes[:10],

@@ -131,6 +131,86 @@ def _window_end(end: Any, drift_event: Any) -> Any:
     return utc(dt.datetime.now(dt.timezone.utc), "end")
 
 
+def _labelled_log(model: str, s: Settings, start: Any, stop: Any, label_column: str | None
+                  ) -> tuple[Any, Any, str]:
+    """``(records, labelled, label column)``: the window's logged rows, and those with a label.
+
+    Labels that arrived up to ``shadow_label_lag_hours`` after ``stop`` count; integer-like labels
+    are downcast to integers.
+
+    Raises:
+        WindowError: No logged row, no label, or no labelled row in ``[start, stop)``; ambiguous labels.
+    """
+    import pandas as pd
+
+    from drift_checks.inference_log import join_labels, read_labels, read_window
+
+    root, endpoint = log_root(s), s.s3_endpoint_url or None
+    records = read_window(root, model, start.to_pydatetime(), stop.to_pydatetime(),
+                          endpoint_url=endpoint).frame
+    if records.empty:
+        raise WindowError(f"inference log of model {model!r} under {root} has no record in "
+                          f"[{start.isoformat()}, {stop.isoformat()}); nothing to train on")
+    until = stop + pd.Timedelta(hours=float(s.shadow_label_lag_hours))
+    labels = read_labels(root, model, start.to_pydatetime(), until.to_pydatetime(),
+                         endpoint_url=endpoint)
+    if labels.empty:
+        raise WindowError(f"no label of model {model!r} arrived in [{start.isoformat()}, "
+                          f"{until.isoformat()}); a training window needs labelled rows")
+    column = _label_column(labels, label_column)
+    joined = join_labels(records, labels[["request_id", "timestamp", column]])
+    joined = joined.drop(columns=["label_timestamp"])
+    labelled = joined[joined[column].notna()].reset_index(drop=True)
+    if labelled.empty:
+        raise WindowError(f"none of the {len(records)} logged rows of {model!r} in "
+                          f"[{start.isoformat()}, {stop.isoformat()}) has a label yet")
+    try:
+        labelled[column] = pd.to_numeric(labelled[column], downcast="integer")
+    except (TypeError, ValueError):
+        pass
+    return records, labelled, column
+
+
+def _mix_reference(model: str, labelled: Any, column: str, frac: float, reference_version: int | None,
+                   s: Settings) -> tuple[Any, str, int]:
+    """``(window, reference source, reference rows)``: ``labelled`` with reference rows mixed in.
+
+    ``m = round(frac / (1 - frac) * n)`` reference rows (at most all) of ``reference_version``
+    (default: the champion), sampled without replacement (seed :data:`MIX_SEED`), go before the
+    ``n`` labelled log rows.
+
+    Raises:
+        RegistryError: No reference version given and the model has no champion.
+        WindowError: The reference data is unavailable or lacks columns of the window.
+    """
+    import pandas as pd
+
+    if reference_version is None:
+        from model_registry.registry import RegistryClient
+
+        champion = RegistryClient(s.resolved_mlflow_tracking_uri).champion(model)
+        if champion is None:
+            raise RegistryError(f"model {model!r} has no champion whose reference data could "
+                                "be mixed in; pass reference_version=")
+        reference_version = champion.version
+    ref, reference_source = reference_rows(model, int(reference_version), label_column=column,
+                                           settings=s)
+    ref = ref[ref[column].notna()]
+    wanted = int(round(frac / (1 - frac) * len(labelled)))
+    n_ref = min(wanted, len(ref))
+    sample = ref.sample(n=n_ref, random_state=MIX_SEED) if n_ref < len(ref) else ref
+    if "timestamp" in sample.columns:
+        sample = sample.sort_values("timestamp", kind="stable")
+    common = [c for c in labelled.columns if c in sample.columns]
+    missing = [c for c in labelled.columns if c not in sample.columns
+               and c not in ("request_id", "timestamp", "model_version")]
+    if missing:
+        raise WindowError(f"reference data {reference_source} lacks columns {missing} of the "
+                          "training window; cannot mix it")
+    window = pd.concat([sample[common], labelled], ignore_index=True)
+    return window, reference_source, n_ref
+
+
 def training_window(model: str, *, days: float | None = None,
                     mix_reference_fraction: float | None = None, end: Any = None,
                     drift_event: Any = None, label_column: str | None = None,
@@ -165,7 +245,6 @@ def training_window(model: str, *, days: float | None = None,
     """
     import pandas as pd
 
-    from drift_checks.inference_log import join_labels, read_labels, read_window
     from model_registry.training import window_lineage
 
     s = _settings(settings)
@@ -179,56 +258,10 @@ def training_window(model: str, *, days: float | None = None,
     event = drift_event_json(drift_event)
     stop = _window_end(end, event)
     start = stop - pd.Timedelta(days=days)
-    root, endpoint = log_root(s), s.s3_endpoint_url or None
-    records = read_window(root, model, start.to_pydatetime(), stop.to_pydatetime(),
-                          endpoint_url=endpoint).frame
-    if records.empty:
-        raise WindowError(f"inference log of model {model!r} under {root} has no record in "
-                          f"[{start.isoformat()}, {stop.isoformat()}); nothing to train on")
-    until = stop + pd.Timedelta(hours=float(s.shadow_label_lag_hours))
-    labels = read_labels(root, model, start.to_pydatetime(), until.to_pydatetime(),
-                         endpoint_url=endpoint)
-    if labels.empty:
-        raise WindowError(f"no label of model {model!r} arrived in [{start.isoformat()}, "
-                          f"{until.isoformat()}); a training window needs labelled rows")
-    column = _label_column(labels, label_column)
-    joined = join_labels(records, labels[["request_id", "timestamp", column]])
-    joined = joined.drop(columns=["label_timestamp"])
-    labelled = joined[joined[column].notna()].reset_index(drop=True)
-    if labelled.empty:
-        raise WindowError(f"none of the {len(records)} logged rows of {model!r} in "
-                          f"[{start.isoformat()}, {stop.isoformat()}) has a label yet")
-    try:
-        labelled[column] = pd.to_numeric(labelled[column], downcast="integer")
-    except (TypeError, ValueError):
-        pass
-
-    reference_source, n_ref = "", 0
-    window = labelled
+    records, labelled, column = _labelled_log(model, s, start, stop, label_column)
+    window, reference_source, n_ref = labelled, "", 0
     if frac > 0:
-        if reference_version is None:
-            from model_registry.registry import RegistryClient
-
-            champion = RegistryClient(s.resolved_mlflow_tracking_uri).champion(model)
-            if champion is None:
-                raise RegistryError(f"model {model!r} has no champion whose reference data could "
-                                    "be mixed in; pass reference_version=")
-            reference_version = champion.version
-        ref, reference_source = reference_rows(model, int(reference_version), label_column=column,
-                                               settings=s)
-        ref = ref[ref[column].notna()]
-        wanted = int(round(frac / (1 - frac) * len(labelled)))
-        n_ref = min(wanted, len(ref))
-        sample = ref.sample(n=n_ref, random_state=MIX_SEED) if n_ref < len(ref) else ref
-        if "timestamp" in sample.columns:
-            sample = sample.sort_values("timestamp", kind="stable")
-        common = [c for c in labelled.columns if c in sample.columns]
-        missing = [c for c in labelled.columns if c not in sample.columns
-                   and c not in ("request_id", "timestamp", "model_version")]
-        if missing:
-            raise WindowError(f"reference data {reference_source} lacks columns {missing} of the "
-                              "training window; cannot mix it")
-        window = pd.concat([sample[common], labelled], ignore_index=True)
+        window, reference_source, n_ref = _mix_reference(model, labelled, column, frac, reference_version, s)
 
     info = window_lineage(window, label_column=column)
     folder = Path(s.home) / RETRAIN_DIR / model / "windows"

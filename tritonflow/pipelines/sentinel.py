@@ -3,7 +3,8 @@
 * :func:`golden_set` -- before a sentinel starts: the champion version, its Triton name, golden
   samples (evenly spread rows of its drift reference, turned into request tensors with the served
   version's input specs) and the output ranges seen at validation (tag
-  :data:`OUTPUT_RANGE_TAG`, written at publish by :func:`output_ranges`). A version published
+  :data:`~tritonflow.pipelines.publish_record.OUTPUT_RANGE_TAG`, written at publish by
+  :func:`~tritonflow.pipelines.publish_record.output_ranges`). A version published
   before that tag existed gets the ranges of its own answers to the golden samples when the
   sentinel starts (noted in ``source``; finite and non-constant answers only).
 * :func:`sentinel_rollback` -- after ``unhealthy``: the same path as the ``canary_rollback`` DAG
@@ -26,27 +27,12 @@ from typing import Any
 import numpy as np
 
 from ground.exceptions import DataError, RegistryError, WindowError
+from tritonflow.pipelines.publish_record import OUTPUT_RANGE_TAG, output_ranges, reference_root  # written at publish
 
 log = logging.getLogger(__name__)
 
-#: Model-version tag: ``{output: [min, max]}`` of the outputs seen at validation (publish).
-OUTPUT_RANGE_TAG = "tritonflow.output_range"
 #: Prefix of the sentinel's tags on MLflow model versions.
 SENTINEL_TAG_PREFIX = "tritonflow.sentinel."
-
-
-def output_ranges(outputs: Mapping[str, Any]) -> dict[str, list[float]]:
-    """``{output: [min, max]}`` over the finite values of each numeric output (others skipped)."""
-    ranges: dict[str, list[float]] = {}
-    for name, values in outputs.items():
-        arr = np.asarray(values)
-        if arr.dtype.kind not in "fiub":
-            continue
-        arr = arr.astype(np.float64)
-        arr = arr[np.isfinite(arr)]
-        if arr.size:
-            ranges[str(name)] = [float(arr.min()), float(arr.max())]
-    return ranges
 
 
 def _spread_rows(frame, n: int):
@@ -71,10 +57,9 @@ def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> di
     from drift_checks.reference import load_reference
     from repository_sync.sentinel import GoldenSet
     from repository_sync.triton.client import frame_to_inputs
-    from tritonflow.pipelines.canary import _env, _triton_name
-    from tritonflow.pipelines.publish_record import reference_root
+    from tritonflow.pipelines.canary import environment_or_default, triton_name
 
-    env = _env(env)
+    env = environment_or_default(env)
     n = int(samples or env.settings.sentinel_samples)
     if n < 1:
         raise DataError(f"TRITONFLOW_SENTINEL_SAMPLES={n}: expected at least 1 golden sample")
@@ -82,7 +67,7 @@ def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> di
     champion = registry.champion(model)
     if champion is None:
         raise DataError(f"model {model!r} has no 'champion' alias: nothing for the sentinel to watch")
-    name = _triton_name(champion)
+    name = triton_name(champion)
     try:
         ref = load_reference(reference_root(env.settings), model, champion.version,
                              endpoint_url=env.endpoint_url, with_profile=False)
@@ -111,9 +96,9 @@ def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> di
 def monitored_models(env: Any = None) -> list[str]:
     """Registered models holding a ``champion`` alias, sorted."""
     from model_registry.registry.entities import CHAMPION_ALIAS
-    from tritonflow.pipelines.canary import _env
+    from tritonflow.pipelines.canary import environment_or_default
 
-    env = _env(env)
+    env = environment_or_default(env)
     client = env.registry().client
     names = []
     for rm in client.search_registered_models(max_results=1000):
@@ -147,12 +132,12 @@ def sentinel_rollback(outcome: Mapping[str, Any], *, holder: str = "", env: Any 
         DataError: ``outcome`` is not an unhealthy outcome.
         RegistryError: No rollback target (``previous_champion`` missing or dangling).
     """
-    from tritonflow.pipelines.canary import _env, _record
+    from tritonflow.pipelines.canary import environment_or_default, record_tags
     from tritonflow.pipelines.canary_rollback import manual_rollback
 
     if outcome.get("status") != "unhealthy":
         raise DataError(f"sentinel outcome status={outcome.get('status')!r}: expected 'unhealthy'")
-    env = _env(env)
+    env = environment_or_default(env)
     model, version = str(outcome["model"]), int(outcome["version"])
     reason = str(outcome.get("reason") or f"health sentinel: version {version} unhealthy")
     result = manual_rollback(model, reason, holder=holder, unload_rolled_back=True,
@@ -174,7 +159,7 @@ def sentinel_rollback(outcome: Mapping[str, Any], *, holder: str = "", env: Any 
         why=f"health sentinel rolled version {version} back to version {result.get('rolled_back_to')}: {reason}")
     for v in {version, int(result["rolled_back_to"])}:
         try:
-            _record(registry, model, v, tags)
+            record_tags(registry, model, v, tags)
         except RegistryError as exc:  # the rollback happened; a missing tag is only a weaker record
             log.warning("sentinel record on %s v%s failed: %s", model, v, exc)
     return result | {"reason": reason, "rejected": rejected}

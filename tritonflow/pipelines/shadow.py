@@ -30,12 +30,13 @@ import importlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NotRequired, TypedDict, cast
 
 from ground.exceptions import DataError, RegistryError, RejectedVersionError, WindowError
 from ground.settings import Settings, get_settings
 from model_registry.registry.entities import CHALLENGER_ALIAS, CHAMPION_ALIAS
 from tritonflow.pipelines.loop_context import TRAINING_WINDOW_TAG, lift_hint, rejection
+from tritonflow.pipelines.publish_common import s3_endpoint
 
 #: Prefix of the model-version tags a shadow evaluation writes.
 SHADOW_TAG_PREFIX = "tritonflow.shadow."
@@ -45,19 +46,39 @@ REFERENCE_TAG_PREFIX = "tritonflow.reference_"
 PUBLISH_MODULE = "tritonflow.pipelines.publish"
 
 
+class VersionInfo(TypedDict):
+    """One model version as the shadow stages hand it on (:func:`version_info`; JSON, XCom-safe).
+
+    Attributes:
+        version: MLflow model version.
+        triton_model_name: The Triton model it is served as (publish record tag, else the name).
+        triton_model_version: Its Triton version (publish record tag, else the MLflow version).
+        input_columns: The signature's input columns in order (empty for a tensor signature).
+        aliases: Its MLflow aliases.
+        run_id: The MLflow run that logged it.
+        reference_metrics: ``{metric: value}`` recorded at training (``tritonflow.reference_*``).
+    """
+
+    version: int
+    triton_model_name: str
+    triton_model_version: int
+    input_columns: list[str]
+    aliases: NotRequired[list[str]]
+    run_id: NotRequired[str]
+    reference_metrics: NotRequired[dict[str, float]]
+
+
 # ----------------------------------------------------------------------------- helpers
-def _settings(settings: Settings | None) -> Settings:
+def settings_or_default(settings: Settings | None) -> Settings:
+    """``settings``, or the environment's (:func:`~ground.settings.get_settings`) when ``None``."""
     return settings if settings is not None else get_settings()
 
 
-def _registry(settings: Settings):
+def open_registry(settings: Settings):
+    """A :class:`model_registry.registry.RegistryClient` on ``settings.resolved_mlflow_tracking_uri``."""
     from model_registry.registry import RegistryClient
 
     return RegistryClient(settings.resolved_mlflow_tracking_uri)
-
-
-def _endpoint(settings: Settings) -> str | None:
-    return settings.s3_endpoint_url or None
 
 
 def log_root(settings: Settings) -> str:
@@ -116,7 +137,7 @@ def _reference_metrics(tags: Mapping[str, str]) -> dict[str, float]:
     return out
 
 
-def version_info(registry: Any, ref: Any) -> dict[str, Any]:
+def version_info(registry: Any, ref: Any) -> VersionInfo:
     """What the shadow stages need to know about one model version (JSON-serialisable).
 
     Args:
@@ -144,16 +165,30 @@ def version_info(registry: Any, ref: Any) -> dict[str, Any]:
     }
 
 
-def _as_info(model: str, value: Any, settings: Settings, role: str) -> dict[str, Any]:
-    """A version-info dict from :func:`resolve_versions`, or build one from a version/alias."""
+def as_version_info(model: str, value: Any, settings: Settings, role: str) -> VersionInfo:
+    """A version-info dict (:func:`version_info`): the one given, or built from a version or an alias.
+
+    Args:
+        model: Registered model name.
+        value: A dict from :func:`resolve_versions` (checked for its keys), a version number or an
+            alias.
+        settings: Settings (the MLflow tracking URI).
+        role: ``"champion"`` or ``"challenger"``, named in errors.
+
+    Returns:
+        The version-info dict.
+
+    Raises:
+        DataError: A dict lacking keys. RegistryError: Unknown version or alias.
+    """
     if isinstance(value, Mapping):
         missing = [k for k in ("version", "triton_model_name", "triton_model_version",
                                "input_columns") if k not in value]
         if missing:
             raise DataError(f"{role}={dict(value)!r} lacks keys {missing}; expected the dict "
                             "resolve_versions() returns, a version number or an alias")
-        return dict(value)
-    registry = _registry(settings)
+        return cast(VersionInfo, dict(value))
+    registry = open_registry(settings)
     text = str(value).strip()
     ref = registry.get_version(model, int(text)) if text.isdigit() else registry.resolve_alias(model, text)
     return version_info(registry, ref)
@@ -204,7 +239,7 @@ def evaluation_window(*, window_start: Any = None, window_end: Any = None,
     """
     import pandas as pd
 
-    s = _settings(settings)
+    s = settings_or_default(settings)
     event = json.loads(drift_event_json(drift_event) or "{}")
     if not isinstance(event, dict):
         event = {}
@@ -272,8 +307,8 @@ def resolve_versions(model: str, challenger: int | str | None = None, *,
     """
     if not isinstance(model, str) or not model.strip():
         raise DataError(f"model={model!r}; expected a registered model name")
-    s = _settings(settings)
-    registry = _registry(s)
+    s = settings_or_default(settings)
+    registry = open_registry(s)
     champion = registry.champion(model)
     if champion is None:
         raise RegistryError(
@@ -324,7 +359,7 @@ def in_repository(settings: Settings, triton_name: str, triton_version: int) -> 
     from repository_sync.layout import INTENDED_CONFIG_FILENAME
     from repository_sync.storage.open import open_repository
 
-    storage = open_repository(settings.resolved_repository_uri, endpoint_url=_endpoint(settings))
+    storage = open_repository(settings.resolved_repository_uri, endpoint_url=s3_endpoint(settings))
     wanted = f"{triton_name}/{int(triton_version)}/{INTENDED_CONFIG_FILENAME}"
     return wanted in set(storage.list_paths())
 
@@ -358,7 +393,7 @@ def ensure_challenger_published(resolved: Mapping[str, Any], *, settings: Settin
             be imported (the message says to publish it with the ``model_publish`` DAG first), or
             the publish pipeline refused the version (its own error).
     """
-    s = _settings(settings)
+    s = settings_or_default(settings)
     model = resolved["model"]
     chal = resolved.get("challenger")
     if not chal:
@@ -366,7 +401,7 @@ def ensure_challenger_published(resolved: Mapping[str, Any], *, settings: Settin
     name, version = chal["triton_model_name"], int(chal["triton_model_version"])
     base = {"model": model, "version": int(chal["version"]), "triton_model_name": name,
             "triton_model_version": version}
-    registry = _registry(s)
+    registry = open_registry(s)
     tags = dict(registry.get_version(model, int(chal["version"])).tags)  # fresh: rejected since resolve?
     rejected = rejection(tags)
     if rejected:
@@ -415,7 +450,8 @@ def _small(value: Any) -> Any:
 
 
 __all__ = [
-    "CHALLENGER_ALIAS", "CHAMPION_ALIAS", "SHADOW_TAG_PREFIX", "drift_event_json",
+    "CHALLENGER_ALIAS", "CHAMPION_ALIAS", "SHADOW_TAG_PREFIX", "VersionInfo", "as_version_info", "drift_event_json",
     "ensure_challenger_published", "evaluation_window", "in_repository", "latest_drift_event",
-    "log_root", "resolve_versions", "trusted_keys_dir", "utc", "version_info",
+    "log_root", "open_registry", "resolve_versions", "settings_or_default", "trusted_keys_dir", "utc",
+    "version_info",
 ]

@@ -33,13 +33,13 @@ import numpy as np
 from ground.checksums import sha256_file
 from ground.exceptions import DataError, WindowError
 from ground.settings import Settings
+from tritonflow.pipelines.publish_common import s3_endpoint
 from tritonflow.pipelines.shadow import (
     SHADOW_TAG_PREFIX,
-    _endpoint,
-    _registry,
-    _settings,
     drift_event_json,
     log_root,
+    open_registry,
+    settings_or_default,
     utc,
 )
 from tritonflow.pipelines.shadow_classes import CHALLENGER_PROBA, CHAMPION_PROBA, probabilities
@@ -123,90 +123,37 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
             classes are named), or a rule override is out of range.
         WindowError: A label file is malformed.
     """
-    import pandas as pd
-
-    from drift_checks.inference_log import join_labels, read_labels
-    from drift_checks.multiclass import class_indices
-    from model_registry.shadow import DecisionRule, evaluate
-
-    s = _settings(settings)
+    s = settings_or_default(settings)
     model = replayed["model"]
     preds = _read_predictions(replayed, s)
-    champ = replayed["champion"]
-    chal = replayed.get("challenger")
-    start = utc(replayed["window_start"], "window_start")
-    end = utc(replayed["window_end"], "window_end")
-    until = (end + pd.Timedelta(hours=float(s.shadow_label_lag_hours)) if labels_until in (None, "")
-             else utc(labels_until, "labels_until"))
-    if until <= start:
-        raise WindowError(f"labels_until={until.isoformat()} is not after window_start="
-                          f"{start.isoformat()}")
-    labels = read_labels(log_root(s), model, start.to_pydatetime(), until.to_pydatetime(),
-                         endpoint_url=_endpoint(s))
-    column = _label_column(labels, label_column)
+    window = _label_window(replayed, s, labels_until)
     multi = probabilities(preds, CHAMPION_PROBA) is not None
-    if column is not None and column in labels.columns:
-        joined = join_labels(preds, labels[["request_id", "timestamp", column]])
-        y = (class_indices(joined[column], replayed.get("class_labels"), f"label column {column!r}") if multi
-             else pd.to_numeric(joined[column], errors="coerce").to_numpy(dtype=np.float64))
-    else:
-        joined, y = preds, None
-    overrides = {k: v for k, v in dict(rule_overrides or {}).items() if v is not None}
-    if multi:  # [N, C] probabilities: one-vs-rest AUC, log-loss, accuracy
-        overrides.setdefault("task", "multiclass")
-    rule = DecisionRule.from_settings(s, **overrides)
-    reference = (champ.get("reference_metrics") or {}).get(rule.primary_metric)
-    if multi:
-        champion_out = probabilities(joined, CHAMPION_PROBA)
-        challenger_out = None if chal is None else probabilities(joined, CHALLENGER_PROBA)
-    else:
-        champion_out = joined["champion_score"].to_numpy(np.float64)
-        challenger_out = None if chal is None else joined["challenger_score"].to_numpy(np.float64)
-    decision = evaluate(y, champion_out, challenger_out, rule=rule, champion_reference=reference)
-
-    champ_v = int(champ["version"])
+    joined, y, column = _join_labels(preds, replayed, s, window, label_column, multi)
+    decision, rule = _decide(joined, y, replayed, s, rule_overrides, multi)
+    champ_v = int(replayed["champion"]["version"])
+    chal = replayed.get("challenger")
     chal_v = None if chal is None else int(chal["version"])
     evidence = {
         **decision.evidence(),
         "model": model,
         "champion_version": champ_v,
         "challenger_version": chal_v,
-        "window_start": start.isoformat(),
-        "window_end": end.isoformat(),
-        "labels_until": until.isoformat(),
+        "window_start": window[0].isoformat(),
+        "window_end": window[1].isoformat(),
+        "labels_until": window[2].isoformat(),
         "label_column": column,
         "class_labels": replayed.get("class_labels") if multi else None,
         "predictions_uri": replayed["uri"],
         "predictions_sha256": replayed.get("sha256"),
         "evaluated_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    run_dir = Path(replayed["uri"]).parent
-    evidence_path = run_dir / EVIDENCE_FILE
-    report_path = run_dir / REPORT_FILE
-    evidence_path.write_text(json.dumps(evidence, sort_keys=True, indent=2, allow_nan=False))
-    report = decision.report_markdown(
-        champion_label=f"{model} v{champ_v} (champion)",
-        challenger_label=(f"{model} v{chal_v} (challenger)" if chal_v is not None else "no challenger"),
-    )
-    report += (f"\nWindow: {start.isoformat()} .. {end.isoformat()} (labels arrived until "
-               f"{until.isoformat()}); predictions: `{replayed['uri']}`.\n")
-    report_path.write_text(report)
-
+    evidence_path, report_path = _write_evidence(replayed, decision, evidence, window, champ_v, chal_v)
+    expected_path = _unchanged_expected(replayed) if chal_v is not None else None
     recorded: dict[str, Any] = {}
-    expected_path = replayed.get("expected_uri") if chal_v is not None else None
-    if expected_path and replayed.get("expected_sha256") and Path(expected_path).is_file() \
-            and sha256_file(expected_path) != replayed["expected_sha256"]:
-        raise DataError(f"expected predictions {expected_path} changed since they were written "
-                        "(sha256 differs)")
     if record:
         recorded = _record(s, model, evidence, evidence_path, report_path, champ_v, chal_v,
-                           run_dir.name, expected_path)
+                           evidence_path.parent.name, expected_path)
     expected_ref = (recorded.get("challenger") or {}).get("expected_uri") or expected_path
-    primary = decision.comparisons.get(rule.primary_metric)
-    primary_dict = None
-    if primary is not None:
-        primary_dict = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                        for k, v in primary.__dict__.items()}
     outcome = decision.outcome.value
     return {
         "model": model,
@@ -218,7 +165,7 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
         "n_labelled": decision.n_labelled,
         "champion": champ_v,
         "challenger": chal_v,
-        "primary": primary_dict,
+        "primary": _primary(decision, rule),
         "evidence_uri": str(evidence_path),
         "report_uri": str(report_path),
         "recorded": recorded,
@@ -232,6 +179,109 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
     }
 
 
+def _label_window(replayed: Mapping[str, Any], s: Settings, labels_until: Any) -> tuple[Any, Any, Any]:
+    """``(start, end, until)`` (UTC ``pandas.Timestamp``): the replayed window and the labels' arrival end.
+
+    Raises:
+        WindowError: ``until`` is not after ``start``, or a bound is not a timestamp.
+    """
+    import pandas as pd
+
+    start = utc(replayed["window_start"], "window_start")
+    end = utc(replayed["window_end"], "window_end")
+    until = (end + pd.Timedelta(hours=float(s.shadow_label_lag_hours)) if labels_until in (None, "")
+             else utc(labels_until, "labels_until"))
+    if until <= start:
+        raise WindowError(f"labels_until={until.isoformat()} is not after window_start="
+                          f"{start.isoformat()}")
+    return start, end, until
+
+
+def _join_labels(preds: Any, replayed: Mapping[str, Any], s: Settings, window: tuple[Any, Any, Any],
+                 label_column: str | None, multi: bool) -> tuple[Any, np.ndarray | None, str | None]:
+    """``(rows, labels, label column)``: the predictions joined with the labels that arrived by ``until``.
+
+    Without a label column the predictions come back as they are, with no labels. Multi-class
+    labels become class indices in the champion's class order.
+    """
+    import pandas as pd
+
+    from drift_checks.inference_log import join_labels, read_labels
+    from drift_checks.multiclass import class_indices
+
+    start, _, until = window
+    labels = read_labels(log_root(s), replayed["model"], start.to_pydatetime(), until.to_pydatetime(),
+                         endpoint_url=s3_endpoint(s))
+    column = _label_column(labels, label_column)
+    if column is None or column not in labels.columns:
+        return preds, None, column
+    joined = join_labels(preds, labels[["request_id", "timestamp", column]])
+    y = (class_indices(joined[column], replayed.get("class_labels"), f"label column {column!r}") if multi
+         else pd.to_numeric(joined[column], errors="coerce").to_numpy(dtype=np.float64))
+    return joined, y, column
+
+
+def _decide(joined: Any, y: np.ndarray | None, replayed: Mapping[str, Any], s: Settings,
+            rule_overrides: Mapping[str, Any] | None, multi: bool) -> tuple[Any, Any]:
+    """``(decision, rule)``: :func:`model_registry.shadow.evaluate` on the scores of both versions."""
+    from model_registry.shadow import DecisionRule, evaluate
+
+    champ, chal = replayed["champion"], replayed.get("challenger")
+    overrides = {k: v for k, v in dict(rule_overrides or {}).items() if v is not None}
+    if multi:  # [N, C] probabilities: one-vs-rest AUC, log-loss, accuracy
+        overrides.setdefault("task", "multiclass")
+    rule = DecisionRule.from_settings(s, **overrides)
+    reference = (champ.get("reference_metrics") or {}).get(rule.primary_metric)
+    if multi:
+        champion_out = probabilities(joined, CHAMPION_PROBA)
+        challenger_out = None if chal is None else probabilities(joined, CHALLENGER_PROBA)
+    else:
+        champion_out = joined["champion_score"].to_numpy(np.float64)
+        challenger_out = None if chal is None else joined["challenger_score"].to_numpy(np.float64)
+    return evaluate(y, champion_out, challenger_out, rule=rule, champion_reference=reference), rule
+
+
+def _write_evidence(replayed: Mapping[str, Any], decision: Any, evidence: Mapping[str, Any],
+                    window: tuple[Any, Any, Any], champ_v: int, chal_v: int | None) -> tuple[Path, Path]:
+    """Write the evidence (JSON) and the report (Markdown) beside the predictions; their paths."""
+    model = replayed["model"]
+    start, end, until = window
+    run_dir = Path(replayed["uri"]).parent
+    evidence_path = run_dir / EVIDENCE_FILE
+    report_path = run_dir / REPORT_FILE
+    evidence_path.write_text(json.dumps(evidence, sort_keys=True, indent=2, allow_nan=False))
+    report = decision.report_markdown(
+        champion_label=f"{model} v{champ_v} (champion)",
+        challenger_label=(f"{model} v{chal_v} (challenger)" if chal_v is not None else "no challenger"),
+    )
+    report += (f"\nWindow: {start.isoformat()} .. {end.isoformat()} (labels arrived until "
+               f"{until.isoformat()}); predictions: `{replayed['uri']}`.\n")
+    report_path.write_text(report)
+    return evidence_path, report_path
+
+
+def _unchanged_expected(replayed: Mapping[str, Any]) -> str | None:
+    """The challenger's expected predictions (path), checked against the digest written with them.
+
+    Raises:
+        DataError: The file changed since it was written.
+    """
+    expected_path = replayed.get("expected_uri")
+    if expected_path and replayed.get("expected_sha256") and Path(expected_path).is_file() \
+            and sha256_file(expected_path) != replayed["expected_sha256"]:
+        raise DataError(f"expected predictions {expected_path} changed since they were written "
+                        "(sha256 differs)")
+    return expected_path
+
+
+def _primary(decision: Any, rule: Any) -> dict[str, Any] | None:
+    """The primary metric's comparison as a JSON-safe dict (NaN as ``None``); ``None`` without one."""
+    primary = decision.comparisons.get(rule.primary_metric)
+    if primary is None:
+        return None
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in primary.__dict__.items()}
+
+
 def _record(settings: Settings, model: str, evidence: Mapping[str, Any], evidence_path: Path,
             report_path: Path, champion: int, challenger: int | None, run_name: str,
             expected_path: str | None = None) -> dict[str, Any]:
@@ -240,7 +290,7 @@ def _record(settings: Settings, model: str, evidence: Mapping[str, Any], evidenc
     Tags and artifacts of the decision on the champion and the challenger versions (and the
     challenger's expected predictions on the challenger, tag :data:`EXPECTED_TAG`).
     """
-    registry = _registry(settings)
+    registry = open_registry(settings)
     compact = json.dumps(evidence, sort_keys=True, separators=(",", ":"), allow_nan=False)
     out: dict[str, Any] = {}
     roles = [("champion", champion, challenger)]

@@ -18,6 +18,7 @@ the challenger's model version for the canary.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import threading
 import time
@@ -39,7 +40,15 @@ from ground.exceptions import (
 )
 from ground.settings import Settings
 from tritonflow.pipelines import shared_work
-from tritonflow.pipelines.shadow import _as_info, _endpoint, _settings, log_root, trusted_keys_dir, utc
+from tritonflow.pipelines.publish_common import s3_endpoint
+from tritonflow.pipelines.shadow import (
+    VersionInfo,
+    as_version_info,
+    log_root,
+    settings_or_default,
+    trusted_keys_dir,
+    utc,
+)
 from tritonflow.pipelines.shadow_classes import (
     EXPECTED_PREFIX,
     align,
@@ -68,8 +77,23 @@ _FLOAT_TYPES = {"FP16", "FP32", "FP64"}
 
 
 # ----------------------------------------------------------------------------- 3. replay
-class _Served:
-    """What one version looks like on Triton: inputs, score output, batch size."""
+class ServedVersion:
+    """What one version looks like on Triton: inputs, score output, batch size.
+
+    Args:
+        control: A :class:`repository_sync.triton.client.TritonModelControl` (its ``client`` too).
+        name: Triton model name.
+        version: Model version (loaded).
+
+    Attributes:
+        name, version: As given.
+        specs: The version's input specs (``control.input_specs``).
+        output: The output scored: ``probabilities`` when served, else the first floating-point one.
+        max_batch: The model config's ``max_batch_size`` (0: no batching).
+
+    Raises:
+        DataError: The version has no floating-point output to score.
+    """
 
     def __init__(self, control: Any, name: str, version: int) -> None:
         self.name, self.version = name, int(version)
@@ -132,7 +156,7 @@ class _ClientPool:
                 pass
 
 
-def _infer_chunk(pool: _ClientPool, served: _Served, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+def _infer_chunk(pool: _ClientPool, served: ServedVersion, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
@@ -155,7 +179,7 @@ def _infer_chunk(pool: _ClientPool, served: _Served, arrays: Mapping[str, np.nda
     return result.as_numpy(served.output)
 
 
-def _replay_one(executor: ThreadPoolExecutor, pool: _ClientPool, served: _Served,
+def _replay_one(executor: ThreadPoolExecutor, pool: _ClientPool, served: ServedVersion,
                 arrays: Mapping[str, np.ndarray], n_rows: int) -> list[Any]:
     step = served.max_batch if served.max_batch > 0 else max(n_rows, 1)
     futures = []
@@ -170,7 +194,7 @@ def _gather(futures: list[Any], where: str) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0)
 
 
-def _inputs(frame: Any, info: Mapping[str, Any], served: _Served, role: str):
+def _inputs(frame: Any, info: Mapping[str, Any], served: ServedVersion, role: str):
     """Request arrays for ``served`` from the logged rows (signature columns, in order)."""
     from repository_sync.triton.client import frame_to_inputs
 
@@ -191,7 +215,8 @@ def _inputs(frame: Any, info: Mapping[str, Any], served: _Served, role: str):
     return frame_to_inputs(source.reset_index(drop=True), served.specs)
 
 
-def _run_dir(settings: Settings, model: str) -> Path:
+def new_run_dir(settings: Settings, model: str) -> Path:
+    """A new folder for one shadow run's files: ``<home>/shadow/<model>/<UTC stamp>-<8 hex>`` (created)."""
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = Path(settings.home) / SHADOW_DIR / model / f"{stamp}-{uuid.uuid4().hex[:8]}"
     path.mkdir(parents=True, exist_ok=True)
@@ -242,6 +267,44 @@ def write_expected(run_dir: Path, rows: Any, scores: np.ndarray, info: Mapping[s
     return {"expected_uri": str(path), "expected_sha256": sha256_file(path), "expected_rows": len(frame)}
 
 
+@dataclasses.dataclass(frozen=True)
+class _ReplayWindow:
+    """What a replay sends: the versions, the window's bounds, its logged rows and the concurrency."""
+
+    model: str
+    champ: VersionInfo
+    chal: VersionInfo | None
+    start: Any  # pandas.Timestamp, UTC
+    end: Any
+    frame: Any  # pandas.DataFrame of the logged rows replayed, index 0..n-1
+    workers: int
+
+    @property
+    def chal_info(self) -> Mapping[str, Any]:
+        """The challenger's info; read only where a challenger exists (never the empty default)."""
+        return self.chal if self.chal is not None else {}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Answers:
+    """Both versions' answers to the replayed rows (``scores_x`` ``None`` without a challenger)."""
+
+    served_c: ServedVersion
+    served_x: ServedVersion | None
+    rows: list[int]
+    scores_c: np.ndarray
+    scores_x: np.ndarray | None
+
+
+@dataclasses.dataclass
+class _Loads:
+    """What the replay loaded and unloaded on Triton."""
+
+    champion_loaded: bool = False
+    challenger_loaded: bool = False
+    challenger_unloaded: bool = False
+
+
 def replay(model: str, champion: Any, challenger: Any, window_start: Any, window_end: Any, *,
            settings: Settings | None = None, max_rows: int | None = None,
            concurrency: int | None = None) -> dict[str, Any]:
@@ -277,130 +340,187 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
         DataError: The two versions answer different output shapes or classes.
         TransientError: Triton did not answer or a load timed out (retry later).
     """
-    from drift_checks.inference_log import read_window
-    from repository_sync.triton.replicas import triton_control
-
-    s = _settings(settings)
+    s = settings_or_default(settings)
     t0 = time.monotonic()
+    window = _replay_window(model, champion, challenger, window_start, window_end, s, max_rows, concurrency)
+    answers, loads = _replay_on_triton(window, s)
+    return {**_write_replay(window, s, answers, loads), "seconds": round(time.monotonic() - t0, 3)}
+
+
+def _replay_window(model: str, champion: Any, challenger: Any, window_start: Any, window_end: Any,
+                   s: Settings, max_rows: int | None, concurrency: int | None) -> _ReplayWindow:
+    """Check the bounds and the versions, and read the window's most recent ``max_rows`` logged rows."""
+    from drift_checks.inference_log import read_window
+
     start, end = utc(window_start, "window_start"), utc(window_end, "window_end")
     if end <= start:
         raise WindowError(f"window_end={end.isoformat()} is not after window_start="
                           f"{start.isoformat()}; expected start < end")
-    champ = _as_info(model, champion, s, "champion")
-    chal = None if challenger in (None, "") else _as_info(model, challenger, s, "challenger")
-    # read only where a challenger exists (loaded, replayed): never the empty default
-    chal_info: dict[str, Any] = chal if chal is not None else {}
-    max_rows = int(s.shadow_max_replay_rows if max_rows is None else max_rows)
+    champ = as_version_info(model, champion, s, "champion")
+    chal = None if challenger in (None, "") else as_version_info(model, challenger, s, "challenger")
+    rows_cap = int(s.shadow_max_replay_rows if max_rows is None else max_rows)
     workers = int(s.shadow_replay_concurrency if concurrency is None else concurrency)
-    if max_rows < 1 or workers < 1:
-        raise DataError(f"max_rows={max_rows}, concurrency={workers}; expected both >= 1")
+    if rows_cap < 1 or workers < 1:
+        raise DataError(f"max_rows={rows_cap}, concurrency={workers}; expected both >= 1")
 
     root = log_root(s)
-    window = read_window(root, model, start.to_pydatetime(), end.to_pydatetime(),
-                         endpoint_url=_endpoint(s))
-    if window.empty:
+    logged = read_window(root, model, start.to_pydatetime(), end.to_pydatetime(), endpoint_url=s3_endpoint(s))
+    if logged.empty:
         raise WindowError(f"inference log of model {model!r} under {root} has no record in "
                           f"[{start.isoformat()}, {end.isoformat()}); nothing to replay")
-    frame = window.frame
-    if len(frame) > max_rows:
-        frame = frame.iloc[-max_rows:]
-    frame = frame.reset_index(drop=True)
+    frame = logged.frame
+    if len(frame) > rows_cap:
+        frame = frame.iloc[-rows_cap:]
+    return _ReplayWindow(model, champ, chal, start, end, frame.reset_index(drop=True), workers)
 
+
+def _replay_on_triton(window: _ReplayWindow, s: Settings) -> tuple[_Answers, _Loads]:
+    """Load what is missing, send the rows to both versions, unload the challenger this call loaded.
+
+    The champion is never unloaded. On any failure the challenger this call loaded is unloaded
+    (a failure to do so is added to the error as a note) and the error propagates.
+    """
     from ground.coordination import coordination_store
+    from repository_sync.triton.replicas import triton_control
 
     control = triton_control(s, None, repository=s.resolved_repository_uri,
                              trusted_keys=str(trusted_keys_dir(s)),
-                             endpoint_url=_endpoint(s), load_timeout_s=s.load_timeout_s,
-                             coordination=coordination_store(s), holder=f"shadow_evaluation/{model}")
-    cname, cver = champ["triton_model_name"], int(champ["triton_model_version"])
-    champion_loaded = challenger_loaded = challenger_unloaded = False
+                             endpoint_url=s3_endpoint(s), load_timeout_s=s.load_timeout_s,
+                             coordination=coordination_store(s), holder=f"shadow_evaluation/{window.model}")
+    cname, cver = window.champ["triton_model_name"], int(window.champ["triton_model_version"])
+    chal_info = window.chal_info
+    done = _Loads()
     pool = _ClientPool(s.triton_http_url, max(60.0, s.load_timeout_s))
     try:
-        if cver not in control.ready_versions(cname):
-            control.load(cname, cver, keep_loaded=True)  # the champion must serve anyway
-            champion_loaded = True
-        before: list[int] = []
-        if chal is not None:
-            xname, xver = chal["triton_model_name"], int(chal["triton_model_version"])
-            before = control.ready_versions(xname)
-            if xver not in before:
-                try:
-                    control.load(xname, xver, keep_loaded=True, purpose="evaluation")
-                except TransientError:
-                    raise
-                except DataError as exc:
-                    raise ChallengerUnavailableError(
-                        f"challenger {model!r} v{chal['version']} (Triton '{xname}' version {xver}) "
-                        f"could not be loaded: {exc}; the champion v{champ['version']} is untouched"
-                    ) from exc
-                challenger_loaded = True
+        _load_for_replay(control, window, done)
         try:
-            served_c = _Served(control, cname, cver)
-            served_x = None
-            if chal is not None:
-                try:
-                    served_x = _Served(control, chal["triton_model_name"],
-                                       int(chal["triton_model_version"]))
-                except Exception as exc:  # noqa: BLE001
-                    raise ChallengerUnavailableError(
-                        f"challenger {model!r} v{chal['version']} did not describe itself: {exc}"
-                    ) from exc
-            arrays_c, rows_c, bad_c = _inputs(frame, champ, served_c, "champion")
-            rows = rows_c
-            bad = dict(bad_c)
-            if served_x is not None:
-                arrays_x, rows_x, bad_x = _inputs(frame, chal_info, served_x, "challenger")
-                bad.update(dict(bad_x))
-                rows = sorted(set(rows_c) & set(rows_x))
-                arrays_x = {k: v[np.searchsorted(rows_x, rows)] for k, v in arrays_x.items()}
-            arrays_c = {k: v[np.searchsorted(rows_c, rows)] for k, v in arrays_c.items()}
-            if not rows:
-                raise WindowError(f"none of the {len(frame)} logged rows of {model!r} is valid "
-                                  f"input (first problems: {sorted(bad.items())[:5]})")
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="shadow-replay") as ex:
-                fut_c = _replay_one(ex, pool, served_c, arrays_c, len(rows))
-                fut_x = (_replay_one(ex, pool, served_x, arrays_x, len(rows))
-                         if served_x is not None else [])
-                scores_c = _gather(fut_c, f"champion v{champ['version']}")
-                try:
-                    scores_x = (_gather(fut_x, f"challenger v{chal_info['version']}")
-                                if served_x is not None else None)
-                except TransientError:
-                    raise
-                except Exception as exc:  # noqa: BLE001
-                    raise ChallengerUnavailableError(
-                        f"challenger {model!r} v{chal_info['version']} did not answer: {exc}; the "
-                        f"champion v{champ['version']} is untouched"
-                    ) from exc
+            answers = _send_both(control, pool, window)
         except BaseException as exc:
-            if challenger_loaded:
+            if done.challenger_loaded:
                 try:
                     control.unload_versions(chal_info["triton_model_name"], [int(chal_info["triton_model_version"])])
-                    challenger_unloaded = True
+                    done.challenger_unloaded = True
                 except Exception as cleanup:  # noqa: BLE001 - keep the original error
                     exc.add_note(f"unloading the challenger failed too: {cleanup}")
             raise
-        if challenger_loaded:
+        if done.challenger_loaded:
             control.unload_versions(chal_info["triton_model_name"], [int(chal_info["triton_model_version"])])
-            challenger_unloaded = True
+            done.challenger_unloaded = True
         control.wait_ready(cname, cver)  # the champion still serves
     finally:
         pool.close()
         control.close()
+    return answers, done
 
+
+def _load_for_replay(control: Any, window: _ReplayWindow, done: _Loads) -> None:
+    """Load the champion (it must serve anyway) and the challenger when not READY; noted in ``done``.
+
+    Raises:
+        ChallengerUnavailableError: Triton refused the challenger (the champion is untouched).
+        TransientError: Triton did not answer or a load timed out.
+    """
+    champ, chal, model = window.champ, window.chal, window.model
+    cname, cver = champ["triton_model_name"], int(champ["triton_model_version"])
+    if cver not in control.ready_versions(cname):
+        control.load(cname, cver, keep_loaded=True)
+        done.champion_loaded = True
+    if chal is None:
+        return
+    xname, xver = chal["triton_model_name"], int(chal["triton_model_version"])
+    if xver in control.ready_versions(xname):
+        return
+    try:
+        control.load(xname, xver, keep_loaded=True, purpose="evaluation")
+    except TransientError:
+        raise
+    except DataError as exc:
+        raise ChallengerUnavailableError(
+            f"challenger {model!r} v{chal['version']} (Triton '{xname}' version {xver}) "
+            f"could not be loaded: {exc}; the champion v{champ['version']} is untouched"
+        ) from exc
+    done.challenger_loaded = True
+
+
+def _send_both(control: Any, pool: _ClientPool, window: _ReplayWindow) -> _Answers:
+    """Both versions' scores for the logged rows valid input for both.
+
+    Raises:
+        WindowError: No logged row is valid input. ChallengerUnavailableError: The challenger did
+            not describe itself or did not answer. InferenceRequestError: The champion refused a
+            request.
+    """
+    champ, chal, chal_info, model = window.champ, window.chal, window.chal_info, window.model
+    served_c = ServedVersion(control, champ["triton_model_name"], int(champ["triton_model_version"]))
+    served_x = None
+    if chal is not None:
+        try:
+            served_x = ServedVersion(control, chal["triton_model_name"],
+                                                     int(chal["triton_model_version"]))
+        except Exception as exc:  # noqa: BLE001
+            raise ChallengerUnavailableError(
+                f"challenger {model!r} v{chal['version']} did not describe itself: {exc}"
+            ) from exc
+    rows, arrays_c, arrays_x = _common_inputs(window, served_c, served_x)
+    with ThreadPoolExecutor(max_workers=window.workers, thread_name_prefix="shadow-replay") as ex:
+        fut_c = _replay_one(ex, pool, served_c, arrays_c, len(rows))
+        fut_x = (_replay_one(ex, pool, served_x, arrays_x, len(rows))
+                 if served_x is not None else [])
+        scores_c = _gather(fut_c, f"champion v{champ['version']}")
+        try:
+            scores_x = (_gather(fut_x, f"challenger v{chal_info['version']}")
+                             if served_x is not None else None)
+        except TransientError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise ChallengerUnavailableError(
+                f"challenger {model!r} v{chal_info['version']} did not answer: {exc}; the "
+                f"champion v{champ['version']} is untouched"
+            ) from exc
+    return _Answers(served_c, served_x, rows, scores_c, scores_x)
+
+
+def _common_inputs(window: _ReplayWindow, served_c: ServedVersion, served_x: ServedVersion | None
+                   ) -> tuple[list[int], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``(rows, champion arrays, challenger arrays)``: the logged rows valid input for both versions.
+
+    Raises:
+        WindowError: The log lacks input columns, or no row is valid input.
+    """
+    frame = window.frame
+    arrays_c, rows_c, bad_c = _inputs(frame, window.champ, served_c, "champion")
+    rows = rows_c
+    bad = dict(bad_c)
+    arrays_x: dict[str, np.ndarray] = {}
+    if served_x is not None:
+        arrays_x, rows_x, bad_x = _inputs(frame, window.chal_info, served_x, "challenger")
+        bad.update(dict(bad_x))
+        rows = sorted(set(rows_c) & set(rows_x))
+        arrays_x = {k: v[np.searchsorted(rows_x, rows)] for k, v in arrays_x.items()}
+    arrays_c = {k: v[np.searchsorted(rows_c, rows)] for k, v in arrays_c.items()}
+    if not rows:
+        raise WindowError(f"none of the {len(frame)} logged rows of {window.model!r} is valid "
+                          f"input (first problems: {sorted(bad.items())[:5]})")
+    return rows, arrays_c, arrays_x
+
+
+def _write_replay(window: _ReplayWindow, s: Settings, answers: _Answers, loads: _Loads) -> dict[str, Any]:
+    """Check the pairs, write the predictions and the expected predictions; the replay's summary."""
+    model, frame, rows, chal_info = window.model, window.frame, answers.rows, window.chal_info
+    served_c, served_x, scores_c, scores_x = answers.served_c, answers.served_x, answers.scores_c, answers.scores_x
     out = frame.iloc[rows]
     check_pair(scores_c, scores_x, f"model {model!r}")
     multi: dict[str, Any] = {}
     columns: list[str] = []
     if is_multiclass(scores_c):  # per-class columns, classes in the champion's order
-        labels_c = class_labels_of(s, champ)
+        labels_c = class_labels_of(s, window.champ)
         if scores_x is not None:
             scores_x = align(labels_c, class_labels_of(s, chal_info), scores_x, f"model {model!r}")
         logged = [c for c in frame.columns if str(c).lower().startswith(OUTPUT_PREFIXES)]
         columns = class_columns(logged, scores_c.shape[1], served_c.output)
         multi = {"class_labels": labels_c, "class_columns": columns}
     predictions = predictions_frame(out, scores_c, scores_x)
-    run_dir = _run_dir(s, model)
+    run_dir = new_run_dir(s, model)
     path = run_dir / PREDICTIONS_FILE
     predictions.to_parquet(path, index=False)
     expected = (write_expected(run_dir, out, scores_x, chal_info, "shadow_replay", columns)
@@ -416,20 +536,19 @@ def replay(model: str, champion: Any, challenger: Any, window_start: Any, window
         "bytes": path.stat().st_size,
         "rows": len(rows),
         "invalid_rows": len(frame) - len(rows),
-        "window_start": start.isoformat(),
-        "window_end": end.isoformat(),
-        "champion": champ,
-        "challenger": chal,
+        "window_start": window.start.isoformat(),
+        "window_end": window.end.isoformat(),
+        "champion": window.champ,
+        "challenger": window.chal,
         "outputs": {"champion": served_c.output,
                     "challenger": served_x.output if served_x is not None else None},
-        "champion_loaded": champion_loaded,
-        "challenger_loaded": challenger_loaded,
-        "challenger_unloaded": challenger_unloaded,
-        "seconds": round(time.monotonic() - t0, 3),
+        "champion_loaded": loads.champion_loaded,
+        "challenger_loaded": loads.challenger_loaded,
+        "challenger_unloaded": loads.challenger_unloaded,
     }
 
 
 __all__ = [
-    "EXPECTED_FILE", "OUTPUT_PREFIXES", "PREDICTIONS_FILE", "PREDICTION_COLUMNS", "replay",
-    "write_expected",
+    "EXPECTED_FILE", "OUTPUT_PREFIXES", "PREDICTIONS_FILE", "PREDICTION_COLUMNS", "ServedVersion", "new_run_dir",
+    "replay", "write_expected",
 ]

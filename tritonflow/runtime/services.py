@@ -183,9 +183,9 @@ class Service:
 
     def stop(self) -> None:
         """Stop the service's whole process group (SIGTERM, then SIGKILL) and remove its pid file."""
-        pid = self.process.pid if self.process else _read_pid(self.pid_path)
+        pid = self.process.pid if self.process else read_pid(self.pid_path)
         if pid is not None:
-            _terminate_group(pid, self.process)
+            terminate_group(pid, self.process)
         self.process = None
         self.pid_path.unlink(missing_ok=True)
 
@@ -196,14 +196,25 @@ class Service:
         self.stop()
 
 
-def _read_pid(path: Path) -> int | None:
+def read_pid(path: Path) -> int | None:
+    """The process id written in a service's pid file, ``None`` when the file is missing or not a number."""
     try:
         return int(path.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
 
 
-def _terminate_group(pid: int, process: subprocess.Popen | None) -> None:
+def terminate_group(pid: int, process: subprocess.Popen | None) -> None:
+    """Stop the process group led by ``pid``: SIGTERM, then SIGKILL after :data:`STOP_GRACE_S` seconds.
+
+    Returns once the leader is gone (then SIGKILL to the group, so no child survives), or after the
+    SIGKILL's 5 s wait. A group already gone is not an error.
+
+    Args:
+        pid: The group leader's process id (a service started in its own session).
+        process: Its ``Popen`` when this process started it (polled, so it is reaped), else ``None``
+            (the pid is probed with signal 0).
+    """
     try:
         pgid = os.getpgid(pid)
     except ProcessLookupError:
