@@ -149,7 +149,7 @@ def _runtime(args: argparse.Namespace) -> int:
 
 def settings_reference(markdown: bool = False) -> str:
     """The configuration reference: every ``TRITONFLOW_*`` variable, its default and meaning."""
-    from ground.settings_defaults import PROJECT_ROOT
+    from ground.settings import PROJECT_ROOT
 
     rows = []
     for name, default, doc in Settings.describe():

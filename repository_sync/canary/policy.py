@@ -3,8 +3,8 @@
 The canary's code takes a policy, never the settings: the pipelines build it with
 :meth:`CanaryPolicy.from_settings` (DAG params as overrides) and pass it to
 :func:`repository_sync.canary.runner.run_canary`, which hands it to every analysis
-(:func:`repository_sync.canary.analysis.analyse_step`). The defaults are the settings' defaults
-(:mod:`ground.settings_defaults`).
+(:func:`repository_sync.canary.analysis.analyse_step`). Each field's default is the setting's
+(:data:`ground.settings.DEFAULTS`), declared once in :class:`ground.settings.Settings`.
 """
 
 from __future__ import annotations
@@ -14,27 +14,7 @@ import math
 from typing import Any
 
 from ground.exceptions import SettingsError
-from ground.settings import Settings
-from ground.settings_defaults import (
-    DEFAULT_CANARY_ANALYSIS_INTERVAL_S,
-    DEFAULT_CANARY_BAKE_S,
-    DEFAULT_CANARY_CONFIDENCE,
-    DEFAULT_CANARY_COVERAGE_FEATURES,
-    DEFAULT_CANARY_COVERAGE_MIN_REQUESTS,
-    DEFAULT_CANARY_HARD_MIN_REQUESTS,
-    DEFAULT_CANARY_MAX_ERROR_RATE,
-    DEFAULT_CANARY_MAX_EXTENSIONS,
-    DEFAULT_CANARY_MAX_LATENCY_RATIO,
-    DEFAULT_CANARY_MAX_MEAN_LATENCY_MS,
-    DEFAULT_CANARY_MAX_PREDICTION_KS,
-    DEFAULT_CANARY_MAX_PREDICTION_PSI,
-    DEFAULT_CANARY_MAX_QUALITY_DROP,
-    DEFAULT_CANARY_MIN_LABELS,
-    DEFAULT_CANARY_MIN_LATENCY_DELTA_MS,
-    DEFAULT_CANARY_MIN_REQUESTS,
-    DEFAULT_CANARY_QUALITY_METRIC,
-    DEFAULT_CANARY_STEPS,
-)
+from ground.settings import DEFAULTS, Settings
 from ground.values import parse_steps
 
 #: Fewest challenger predictions for the expected-behaviour comparison to be judged.
@@ -63,25 +43,25 @@ class CanaryPolicy:
         SettingsError: A field is out of range; the message names it.
     """
 
-    steps: tuple[int, ...] = parse_steps(DEFAULT_CANARY_STEPS)
-    bake_s: float = DEFAULT_CANARY_BAKE_S
-    min_requests: int = DEFAULT_CANARY_MIN_REQUESTS
-    max_extensions: int = DEFAULT_CANARY_MAX_EXTENSIONS
-    max_error_rate: float = DEFAULT_CANARY_MAX_ERROR_RATE
-    max_mean_latency_ms: float = DEFAULT_CANARY_MAX_MEAN_LATENCY_MS
-    max_latency_ratio: float = DEFAULT_CANARY_MAX_LATENCY_RATIO
-    min_latency_delta_ms: float = DEFAULT_CANARY_MIN_LATENCY_DELTA_MS
-    max_prediction_ks: float = DEFAULT_CANARY_MAX_PREDICTION_KS
-    max_prediction_psi: float = DEFAULT_CANARY_MAX_PREDICTION_PSI
+    steps: tuple[int, ...] = parse_steps(DEFAULTS.canary_steps)
+    bake_s: float = DEFAULTS.canary_bake_s
+    min_requests: int = DEFAULTS.canary_min_requests
+    max_extensions: int = DEFAULTS.canary_max_extensions
+    max_error_rate: float = DEFAULTS.canary_max_error_rate
+    max_mean_latency_ms: float = DEFAULTS.canary_max_mean_latency_ms
+    max_latency_ratio: float = DEFAULTS.canary_max_latency_ratio
+    min_latency_delta_ms: float = DEFAULTS.canary_min_latency_delta_ms
+    max_prediction_ks: float = DEFAULTS.canary_max_prediction_ks
+    max_prediction_psi: float = DEFAULTS.canary_max_prediction_psi
     min_predictions: int = DEFAULT_MIN_PREDICTIONS
-    analysis_interval_s: float = DEFAULT_CANARY_ANALYSIS_INTERVAL_S
-    hard_min_requests: int = DEFAULT_CANARY_HARD_MIN_REQUESTS
-    confidence: float = DEFAULT_CANARY_CONFIDENCE
-    min_labels: int = DEFAULT_CANARY_MIN_LABELS
-    quality_metric: str = DEFAULT_CANARY_QUALITY_METRIC
-    max_quality_drop: float = DEFAULT_CANARY_MAX_QUALITY_DROP
-    coverage_min_requests: int = DEFAULT_CANARY_COVERAGE_MIN_REQUESTS
-    coverage_features: int = DEFAULT_CANARY_COVERAGE_FEATURES
+    analysis_interval_s: float = DEFAULTS.canary_analysis_interval_s
+    hard_min_requests: int = DEFAULTS.canary_hard_min_requests
+    confidence: float = DEFAULTS.canary_confidence
+    min_labels: int = DEFAULTS.canary_min_labels
+    quality_metric: str = DEFAULTS.canary_quality_metric
+    max_quality_drop: float = DEFAULTS.canary_max_quality_drop
+    coverage_min_requests: int = DEFAULTS.canary_coverage_min_requests
+    coverage_features: int = DEFAULTS.canary_coverage_features
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "steps", parse_steps(self.steps, "steps"))

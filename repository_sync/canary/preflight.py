@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ground.exceptions import PreflightError
-from ground.settings import Settings
-from ground.settings_defaults import DEFAULT_PREFLIGHT_MEMORY_FACTOR, DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB
+from ground.settings import DEFAULTS, Settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +64,8 @@ def host_available_bytes(meminfo_path: Path | str = "/proc/meminfo") -> int:
 def preflight_memory(
     model_bytes: int,
     *,
-    factor: float = DEFAULT_PREFLIGHT_MEMORY_FACTOR,
-    margin_bytes: int = DEFAULT_PREFLIGHT_MEMORY_MARGIN_MIB * 1024 * 1024,
+    factor: float = DEFAULTS.preflight_memory_factor,
+    margin_bytes: int = DEFAULTS.preflight_memory_margin_mib * 1024 * 1024,
     gpu_free_bytes: Callable[[], int | None] | None = None,
     meminfo_path: Path | str = "/proc/meminfo",
     model: str = "",

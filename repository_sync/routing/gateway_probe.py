@@ -14,7 +14,7 @@ import urllib.request
 from typing import Mapping
 
 from ground.exceptions import DataError, ServiceUnavailableError
-from ground.settings_defaults import DEFAULT_GATEWAY_RESPONSE_HEADER
+from ground.settings import DEFAULTS
 from repository_sync.routing.traffic_plan import MODEL_NAME_RE, TrafficPlan
 
 #: Response header carrying the digest of the plan that routed a request.
@@ -49,7 +49,7 @@ def answered_by(model: str, headers: Mapping[str, str]) -> str:
 
 
 def served_by(gateway_url: str, model: str, *, path: str = "/ready", timeout_s: float = 5.0,
-              response_header: str = DEFAULT_GATEWAY_RESPONSE_HEADER) -> tuple[str | None, str | None, int]:
+              response_header: str = DEFAULTS.gateway_response_header) -> tuple[str | None, str | None, int]:
     """Send one ``GET <gateway_url>/v2/models/<model><path>`` and report who routed it.
 
     Returns:

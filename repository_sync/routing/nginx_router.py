@@ -30,7 +30,7 @@ from ground.exceptions import (
     ServiceUnavailableError,
     TrafficPlanError,
 )
-from ground.settings_defaults import DEFAULT_GATEWAY_RESPONSE_HEADER
+from ground.settings import DEFAULTS
 from repository_sync.routing.gateway_probe import FALLBACK_HEADER, PLAN_HEADER, fallback_model_name
 from repository_sync.routing.traffic_plan import (
     HEADER_NAME_RE,
@@ -164,7 +164,7 @@ class NginxRouter(TrafficRouter):
         reload: Command,
         test: Command = None,
         upstream: str = "triton",
-        response_header: str = DEFAULT_GATEWAY_RESPONSE_HEADER,
+        response_header: str = DEFAULTS.gateway_response_header,
         state_dir: Path | str | None = None,
         fallback: bool = False,
         fallback_timeout_s: float = 10.0,

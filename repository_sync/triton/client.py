@@ -48,7 +48,7 @@ from ground.exceptions import (
     ServiceUnavailableError,
     SignatureVerificationError,
 )
-from ground.settings_defaults import DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S
+from ground.settings import DEFAULTS
 from repository_sync.layout import INTENDED_CONFIG_FILENAME, VersionLayout, plan_version
 from repository_sync.model_config import model_filename_for, parse_config
 from repository_sync.signing import SignatureInfo, load_public_keys, verify_version
@@ -173,7 +173,7 @@ class TritonModelControl:
         repository: str | RepositoryStorage | None = None,
         trusted_keys: Any = None,
         endpoint_url: str | None = None,
-        load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+        load_timeout_s: float = DEFAULTS.load_timeout_s,
         poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
         coordination: Any = None,
         needed_versions: Any = None,
@@ -188,7 +188,7 @@ class TritonModelControl:
         self.holder = holder
         if lock_timeout_s is None:
             lock_timeout_s = (getattr(self.coordination, "model_control_timeout_s", None)
-                              or DEFAULT_MODEL_CONTROL_LOCK_TIMEOUT_S)
+                              or DEFAULTS.model_control_lock_timeout_s)
         self.lock_timeout_s = float(lock_timeout_s)
         self.load_timeout_s = float(load_timeout_s)
         self.poll_interval_s = float(poll_interval_s)

@@ -23,8 +23,7 @@ from typing import Any
 
 import pytest
 
-from ground.settings import Settings
-from ground.settings_defaults import PROJECT_ROOT
+from ground.settings import PROJECT_ROOT, Settings
 from tritonflow.runtime.airflow import AirflowDeployment
 from tritonflow.runtime.airflow_api import AirflowApi
 from tritonflow.runtime.airflow_config import AirflowConfig

@@ -16,8 +16,7 @@ import uuid
 
 import pytest
 
-from ground.settings import Settings
-from ground.settings_defaults import PROJECT_ROOT
+from ground.settings import PROJECT_ROOT, Settings
 from tritonflow.demo import runs as rr
 from tritonflow.runtime.airflow import AirflowDeployment
 from tritonflow.runtime.airflow_api import AirflowApi

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from ground.exceptions import DataError
-from ground.settings_defaults import PROJECT_ROOT
+from ground.settings import PROJECT_ROOT
 
 #: State folder of the demo (wiped at the start of every run).
 DEFAULT_DEMO_HOME = PROJECT_ROOT / ".tritonflow" / "demo"

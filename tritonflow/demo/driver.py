@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ground.exceptions import RuntimeStartError
-from ground.settings_defaults import PROJECT_ROOT
+from ground.settings import PROJECT_ROOT
 from tritonflow.demo.bad_challenger import run_version
 from tritonflow.demo.config import (
     LOOP_DAGS,
@@ -135,17 +135,17 @@ class Demo:
         if cfg.home.exists():
             shutil.rmtree(cfg.home)
         cfg.home.mkdir(parents=True)
-        from ground import settings_defaults as st
+        from ground.settings import DEFAULTS
         from tritonflow.runtime import airflow_config as af
 
         taken: set[int] = set()
         self.ports = {
-            "triton_http": pick_port(st.DEFAULT_TRITON_HTTP_PORT, taken),
-            "triton_grpc": pick_port(st.DEFAULT_TRITON_GRPC_PORT, taken),
-            "triton_metrics": pick_port(st.DEFAULT_TRITON_METRICS_PORT, taken),
-            "mlflow": pick_port(st.DEFAULT_MLFLOW_PORT, taken),
-            "gateway": pick_port(st.DEFAULT_GATEWAY_PORT, taken),
-            "airflow": pick_port(st.DEFAULT_AIRFLOW_API_PORT, taken),
+            "triton_http": pick_port(DEFAULTS.triton_http_port, taken),
+            "triton_grpc": pick_port(DEFAULTS.triton_grpc_port, taken),
+            "triton_metrics": pick_port(DEFAULTS.triton_metrics_port, taken),
+            "mlflow": pick_port(DEFAULTS.mlflow_port, taken),
+            "gateway": pick_port(DEFAULTS.gateway_port, taken),
+            "airflow": pick_port(DEFAULTS.airflow_api_port, taken),
             "airflow_task_logs": pick_port(af.DEFAULT_WORKER_LOG_PORT, taken),
             "airflow_trigger_logs": pick_port(af.DEFAULT_TRIGGERER_LOG_PORT, taken),
         }

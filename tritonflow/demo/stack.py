@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ground.exceptions import RuntimeStartError
-from ground.settings_defaults import PROJECT_ROOT
+from ground.settings import PROJECT_ROOT
 from tritonflow.demo.config import LOOP_DAGS, SENTINEL_DAG, DemoConfig, apply_environment, environment
 from tritonflow.demo.driver import PARSE_TIMEOUT_S, Demo
 

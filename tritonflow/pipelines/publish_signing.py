@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ground.exceptions import RepositoryConflictError, SettingsError, SignatureVerificationError
-from ground.settings import Settings, get_settings
-from ground.settings_defaults import DEFAULT_SIGNING_KEY_PATH, DEFAULT_SIGNING_TRUSTED_KEYS_DIR
+from ground.settings import DEFAULTS, Settings, get_settings
 from tritonflow.pipelines.publish_common import (
     MODEL_FILENAME,
     json_safe,
@@ -68,9 +67,9 @@ def ensure_signing_keys(settings: Settings | None = None, *, create: bool = True
     from repository_sync.signing import SigningKeyError, generate_key_pair
 
     s = settings or get_settings()
-    configured = Path(s.signing_key_path) != DEFAULT_SIGNING_KEY_PATH
+    configured = Path(s.signing_key_path) != DEFAULTS.signing_key_path
     key = Path(s.signing_key_path) if configured else Path(s.home) / "keys" / "model_signing.pem"
-    trusted = (Path(s.signing_trusted_keys_dir) if Path(s.signing_trusted_keys_dir) != DEFAULT_SIGNING_TRUSTED_KEYS_DIR
+    trusted = (Path(s.signing_trusted_keys_dir) if Path(s.signing_trusted_keys_dir) != DEFAULTS.signing_trusted_keys_dir
                else Path(s.home) / "keys" / "trusted")
     if key.is_file():
         return SigningKeys(key, trusted)

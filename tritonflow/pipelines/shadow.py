@@ -109,10 +109,10 @@ def trusted_keys_dir(settings: Settings) -> Path:
     ``settings.signing_trusted_keys_dir`` when configured (not the default), else
     ``<settings.home>/keys/trusted``, where a publish generates the pair on first use.
     """
-    from ground.settings_defaults import DEFAULT_SIGNING_TRUSTED_KEYS_DIR
+    from ground.settings import DEFAULTS
 
     configured = Path(settings.signing_trusted_keys_dir)
-    return configured if configured != DEFAULT_SIGNING_TRUSTED_KEYS_DIR else (
+    return configured if configured != DEFAULTS.signing_trusted_keys_dir else (
         Path(settings.home) / "keys" / "trusted")
 
 

@@ -17,8 +17,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Mapping
 
-from ground.settings import Settings
-from ground.settings_defaults import PROJECT_ROOT
+from ground.settings import PROJECT_ROOT, Settings
 
 #: PostgreSQL server (no database part) holding the metadata DB; trust authentication.
 DEFAULT_POSTGRES_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432"
