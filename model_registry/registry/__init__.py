@@ -20,16 +20,10 @@ What it does:
 * **Delete safely**: never a version holding an alias, in a legacy Production/Staging stage, or
   in the caller's set of deployed/READY versions.
 
-Locking: the default :class:`DatabaseLock` is a lease in the shared coordination database
-(:mod:`ground.coordination`), like every other lock that guards what serves. Alternative
-for setups without that database: MLflow's REST API offers no compare-and-set on aliases, but it does
-offer one atomic test-and-set: ``create_registered_model`` fails with ``RESOURCE_ALREADY_EXISTS``
-when the name exists (unique key of the ``registered_models`` table). :class:`RegistryLock` uses
-that row as a lock-table entry, so promotions are serialised across Airflow workers on different
-hosts with no extra service. A crashed holder leaves its lock model behind; it is never broken
-automatically (breaking a lease safely needs a fencing token MLflow cannot check), the error names
-the holder and the time it was taken, and :meth:`RegistryLock.force_release` is the operator's
-tool.
+Locking: :class:`DatabaseLock` is a lease in the shared coordination database
+(:mod:`ground.coordination`), like every other lock that guards what serves: promotions of one
+model are serialised across Airflow workers on different hosts, and a crashed holder's lease
+expires (fencing tokens make a late write fail).
 
 MLflow's stage API is deprecated since MLflow 2.9 (it still works in 3.17 and warns with
 ``FutureWarning``); tritonflow uses stages only when asked (``use_stages=True``), always with
@@ -71,11 +65,9 @@ from model_registry.registry.entities import (
 )
 from model_registry.registry.locks import (
     DEFAULT_LOCK_TIMEOUT_S,
-    LOCK_MODEL_PREFIX,
     LOCK_POLL_INTERVAL_S,
     DatabaseLock,
     PromotionLock,
-    RegistryLock,
 )
 from model_registry.registry.promotion import PromotionMixin
 
@@ -90,7 +82,6 @@ __all__ = [
     "DatabaseLock",
     "GcPlan",
     "LEGACY_STAGES",
-    "LOCK_MODEL_PREFIX",
     "LOCK_POLL_INTERVAL_S",
     "MAX_TAG_VALUE_LENGTH",
     "ModelIO",
@@ -102,7 +93,6 @@ __all__ = [
     "PromotionResult",
     "PublishRecord",
     "RegistryClient",
-    "RegistryLock",
     "TAG_PREFIX",
     "TensorInfo",
     "UNCHECKED",
