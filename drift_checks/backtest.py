@@ -427,7 +427,9 @@ def _window_row(i: int, start, end, summary: Mapping[str, Any], note: str) -> di
             "alert": bool(summary.get("drift")), "alert_features": summary.get("alert_features") or [],
             "alert_reason": summary.get("alert_reason") or "", "dataset_drift": bool(summary.get("dataset_drift")),
             "dataset_score": summary.get("dataset_score"), "weighting": summary.get("weighting"),
-            "threshold_phase": phase, "threshold_sources": sources, "reference": note, "drifted": drifted,
+            "threshold_phase": phase, "threshold_sources": sources,
+            "threshold_quantile": (summary.get("false_alarm_budget") or {}).get("quantile"),
+            "reference": note, "drifted": drifted,
             "contract_failures": [{k: a.get(k) for k in ("column", "expectation", "source", "message")}
                                   for a in summary.get("alerts") or [] if a.get("kind") == "data_quality"]}
 
