@@ -19,8 +19,10 @@ alert, dataset verdict and score, flagged features with statistic, value, thresh
 source, and the contract failures naming column, expectation and message; summary: windows,
 alerts, dataset alarms (windows whose dataset verdict is drift), alerts per 100 windows in the
 static phase (before enough taught history: reference or static thresholds) and the dynamic
-phase) and ``index.html`` with one plot per feature (its main drift statistic per window
-against the threshold used, alerts marked), as the demo report draws them.
+phase, and the realised false-alarm rate of the quiet windows per 100 windows and per model-week
+with its exact 95 % upper bound, beside the policy's declared budget (:mod:`drift_checks.budget`))
+and ``index.html`` with one plot per feature (its main drift statistic per window against the
+threshold used, alerts marked), as the demo report draws them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from drift_checks.budget import realised_rate
 from drift_checks.contract_types import Contract
 from drift_checks.history import HistoryStore
 from drift_checks.inference_log import LogSchema, arrow_to_pandas
@@ -229,6 +232,7 @@ def run_backtest(
     engine: str = "exact",
     sketch_k: int | None = None,
     contract: Contract | None = None,
+    quiet_windows: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Replay ``table`` through the hourly drift check and write ``backtest.json`` (+ HTML).
 
@@ -259,6 +263,9 @@ def run_backtest(
         contract: The user's own expectations (e.g. a GX suite read with
             :meth:`~drift_checks.contract_types.Contract.from_dict`), added to the derived contract
             of every window, as the hourly check does.
+        quiet_windows: Indices of the windows known to hold no real shift, whose alerts are false
+            ones in the summary's realised rate (``None``: every window; replay a stretch where
+            nothing changed, or shuffled rows, to measure the false-alarm rate).
 
     Returns:
         The ``backtest.json`` document.
@@ -295,7 +302,9 @@ def run_backtest(
                     "window": str(win.rows) + " rows" if win.rows else str(win.duration),
                     "reference_strategy": strategy.describe(), "engine": engine,
                     "weighting": windows[0]["weighting"] if windows else None},
-           "policy": _policy_doc(cfg), "summary": summarise(windows), "windows": windows}
+           "policy": _policy_doc(cfg),
+           "summary": summarise(windows, cfg.alerts.false_alarm_budget_per_week, quiet=quiet_windows),
+           "windows": windows}
     (out / "backtest.json").write_text(json.dumps(doc, indent=1, default=json_default))
     if html_report:
         write_html(out, doc, series)
@@ -398,7 +407,7 @@ def _policy_doc(cfg: CheckConfig) -> dict[str, Any]:
             "ceiling_factor": p.ceiling_factor, "consecutive_windows": a.consecutive_windows,
             "cooldown_hours": a.cooldown.total_seconds() / 3600, "dataset_share": a.dataset_share,
             "weighting": a.weighting, "sustained_windows": a.sustained_windows,
-            "sustained_evidence": a.sustained_evidence}
+            "sustained_evidence": a.sustained_evidence, "false_alarm_budget_per_week": a.false_alarm_budget_per_week}
 
 
 def _window_row(i: int, start, end, summary: Mapping[str, Any], note: str) -> dict[str, Any]:
@@ -418,24 +427,44 @@ def _window_row(i: int, start, end, summary: Mapping[str, Any], note: str) -> di
             "alert": bool(summary.get("drift")), "alert_features": summary.get("alert_features") or [],
             "alert_reason": summary.get("alert_reason") or "", "dataset_drift": bool(summary.get("dataset_drift")),
             "dataset_score": summary.get("dataset_score"), "weighting": summary.get("weighting"),
-            "threshold_phase": phase, "threshold_sources": sources, "reference": note, "drifted": drifted,
+            "threshold_phase": phase, "threshold_sources": sources,
+            "threshold_quantile": (summary.get("false_alarm_budget") or {}).get("quantile"),
+            "reference": note, "drifted": drifted,
             "contract_failures": [{k: a.get(k) for k in ("column", "expectation", "source", "message")}
                                   for a in summary.get("alerts") or [] if a.get("kind") == "data_quality"]}
 
 
-def summarise(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Counts of ``backtest.json``: windows, alerts and dataset alarms, overall and per phase."""
+def summarise(windows: Sequence[Mapping[str, Any]], budget_per_week: float | None = None, *,
+              quiet: Sequence[int] | None = None) -> dict[str, Any]:
+    """Counts of ``backtest.json``: windows, alerts and dataset alarms, overall and per phase.
+
+    Args:
+        windows: The window rows.
+        budget_per_week: The policy's false-alarm budget, reported beside the realised rate.
+        quiet: Indices of the windows known to hold no real shift (``None``: every window).
+
+    Returns:
+        The summary; ``false_alarms`` (overall and per phase) is the realised rate of the alerts in
+        the quiet windows, per 100 windows and per model-week (168 windows), with the exact upper
+        bound of :func:`drift_checks.budget.realised_rate`, beside the budget. Every alert in a
+        quiet window is a false one.
+    """
+    keep = None if quiet is None else set(quiet)
+
     def block(ws):
         n = len(ws)
         alerts = sum(w["alert"] for w in ws)
         dataset = sum(w["dataset_drift"] for w in ws)
+        calm = [w for w in ws if keep is None or w["window"] in keep]
         return {"windows": n, "alerts": alerts, "dataset_alarms": dataset,
                 "alerts_per_100_windows": round(100 * alerts / n, 2) if n else None,
-                "dataset_alarms_per_100_windows": round(100 * dataset / n, 2) if n else None}
+                "dataset_alarms_per_100_windows": round(100 * dataset / n, 2) if n else None,
+                "false_alarms": realised_rate(sum(w["alert"] for w in calm), len(calm), budget_per_week)}
 
     return {**block(windows), "no_data_windows": sum(w["status"] == "no_data" for w in windows),
             "contract_failed_windows": sum(w["status"] == "contract_failed" for w in windows),
             "alert_windows": [w["window"] for w in windows if w["alert"]],
+            "quiet_windows": "all" if quiet is None else sorted(keep or ()),
             "static_phase": block([w for w in windows if w["threshold_phase"] == "static"]),
             "dynamic_phase": block([w for w in windows if w["threshold_phase"] == "dynamic"])}
 

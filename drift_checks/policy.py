@@ -38,7 +38,10 @@ from the model version's permutation importance (:mod:`drift_checks.importance`)
   names a feature the previous one did not;
 * a window whose data contract failed never raises a drift alert (it raises a data-quality alert);
 * every alert names its features with the statistics, values, thresholds and threshold sources
-  that caused it.
+  that caused it;
+* the policy declares its **false-alarm budget**, ``false_alarm_budget_per_week`` (default 1.0
+  false alert per 168 hourly windows), and the threshold quantile is calibrated to it on the
+  reference's own windows (:mod:`drift_checks.budget`); every window's summary records it.
 
 **Sustained drift** (the run rule). A feature is *sustained* when it is flagged in this window
 and showed *evidence* in at least ``sustained_evidence - 1`` of the ``sustained_windows - 1``
@@ -75,6 +78,7 @@ from drift_checks.statistic_types import StatisticResult
 from drift_checks.statistics import REGISTRY
 from drift_checks.thresholds import SettingsPolicy, Threshold
 from ground.exceptions import SettingsError
+from ground.settings import DEFAULTS
 
 #: Default dataset share (Evidently's ``drift_share``).
 DEFAULT_DATASET_SHARE = 0.5
@@ -246,6 +250,9 @@ class AlertPolicy(SettingsPolicy):
         sustained_windows: Span of the sustained-drift run rule, this window included (0: off,
             else >= 2).
         sustained_evidence: Windows of that span that must show evidence (2..``sustained_windows``).
+        false_alarm_budget_per_week: The false drift alerts per model-week (168 hourly windows) the
+            policy may raise when nothing drifted; the thresholds are calibrated to it on the
+            reference's own windows (:mod:`drift_checks.budget`).
     """
 
     consecutive_windows: int = DEFAULT_CONSECUTIVE_WINDOWS
@@ -254,6 +261,7 @@ class AlertPolicy(SettingsPolicy):
     weighting: str = "importance"
     sustained_windows: int = DEFAULT_SUSTAINED_WINDOWS
     sustained_evidence: int = DEFAULT_SUSTAINED_EVIDENCE
+    false_alarm_budget_per_week: float = DEFAULTS.drift_false_alarm_budget_per_week
 
     SETTINGS: ClassVar[dict[str, tuple]] = {
         "consecutive_windows": ("drift_consecutive_windows", DEFAULT_CONSECUTIVE_WINDOWS),
@@ -262,6 +270,8 @@ class AlertPolicy(SettingsPolicy):
         "weighting": ("drift_weighting", "importance"),
         "sustained_windows": ("drift_sustained_windows", DEFAULT_SUSTAINED_WINDOWS),
         "sustained_evidence": ("drift_sustained_evidence", DEFAULT_SUSTAINED_EVIDENCE),
+        "false_alarm_budget_per_week": ("drift_false_alarm_budget_per_week",
+                                        DEFAULTS.drift_false_alarm_budget_per_week),
     }
     CHECKS: ClassVar[dict[str, tuple[Callable[[Any], bool], str]]] = {
         "consecutive_windows": (lambda k: k >= 1, ">= 1, e.g. 2"),
@@ -269,6 +279,8 @@ class AlertPolicy(SettingsPolicy):
         "dataset_share": (lambda x: 0 < x <= 1, "a share in (0, 1], e.g. 0.5"),
         "weighting": (lambda w: w in WEIGHTINGS, f"one of {WEIGHTINGS}"),
         "sustained_windows": (lambda n: n == 0 or n >= 2, "0 (off) or >= 2 windows, e.g. 5"),
+        "false_alarm_budget_per_week": (lambda b: 0 < b < math.inf,
+                                        "a finite number > 0 of false alerts per model-week, e.g. 1"),
     }
 
     def __post_init__(self) -> None:

@@ -212,11 +212,39 @@ class Calibration:
         chunk_rows: Rows per chunk.
         n_chunks: Chunks scored.
         values: ``{(feature, statistic): tail quantile over the chunks}``.
+        quantile: The quantile of ``values`` (distances; p-values use ``1 - quantile``).
+        chunks: Each chunk's results in time order, ``{feature: {statistic: StatisticResult}}``
+            (guards included): the reference's own windows, judged again by
+            :mod:`drift_checks.budget` to calibrate the false-alarm budget.
     """
 
     chunk_rows: int
     n_chunks: int
     values: Mapping[tuple[str, str], float]
+    quantile: float = DEFAULT_QUANTILE
+    chunks: tuple[Mapping[str, Mapping[str, Any]], ...] = ()
+
+    def at_quantile(self, quantile: float) -> "Calibration":
+        """The same chunks with ``values`` at another quantile (p-values: ``1 - quantile``)."""
+        if quantile == self.quantile:
+            return self
+        return dataclasses.replace(self, values=_chunk_quantiles(self.chunks, quantile), quantile=quantile)
+
+
+def _chunk_quantiles(chunks: Iterable[Mapping[str, Mapping[str, Any]]], quantile: float
+                     ) -> dict[tuple[str, str], float]:
+    """``{(feature, statistic): tail quantile}`` of the chunks' defined values (guards skipped)."""
+    collected: dict[tuple[str, str], list[float]] = {}
+    for chunk in chunks:
+        for col, res in chunk.items():
+            for name, r in res.items():
+                if r.value is not None and REGISTRY[name].role != "guard":
+                    collected.setdefault((col, name), []).append(r.value)
+    values = {}
+    for (col, name), vals in collected.items():
+        q = 1 - quantile if REGISTRY[name].direction == "p_value" else quantile
+        values[(col, name)] = float(np.quantile(np.asarray(vals), q, method="linear"))
+    return values
 
 
 def chunk_rows_for(window_rows: int, reference_rows: int) -> int:
@@ -262,28 +290,20 @@ def calibrate_from_reference(
     """
     n_total = len(frame) // chunk_rows if chunk_rows > 0 else 0
     if n_total < 1:
-        return Calibration(chunk_rows, 0, {})
+        return Calibration(chunk_rows, 0, {}, quantile)
     picks = np.unique(np.linspace(0, n_total - 1, min(n_total, max_chunks)).round().astype(int))
     wanted = list(names) if names is not None else None
-    collected: dict[tuple[str, str], list[float]] = {}
+    chunks = []
     for i in picks:
         chunk = frame.iloc[i * chunk_rows:(i + 1) * chunk_rows]
+        results: dict[str, Mapping[str, Any]] = {}
         for col, ref in numeric.items():
-            res = st.score_numeric(ref, st.prepare_numeric(chunk[col]), wanted)
-            for name, r in res.items():
-                if r.value is not None:
-                    collected.setdefault((col, name), []).append(r.value)
+            results[col] = st.score_numeric(ref, st.prepare_numeric(chunk[col]), wanted)
         for col, counts in categorical.items():
-            res = st.score_categorical(counts, st.category_counts(chunk[col]), reference_rows=len(frame),
-                                       current_rows=len(chunk), names=wanted)
-            for name, r in res.items():
-                if r.value is not None and REGISTRY[name].role != "guard":
-                    collected.setdefault((col, name), []).append(r.value)
-    values = {}
-    for (col, name), vals in collected.items():
-        q = 1 - quantile if REGISTRY[name].direction == "p_value" else quantile
-        values[(col, name)] = float(np.quantile(np.asarray(vals), q, method="linear"))
-    return Calibration(chunk_rows, int(picks.size), values)
+            results[col] = st.score_categorical(counts, st.category_counts(chunk[col]), reference_rows=len(frame),
+                                                current_rows=len(chunk), names=wanted)
+        chunks.append(results)
+    return Calibration(chunk_rows, int(picks.size), _chunk_quantiles(chunks, quantile), quantile, tuple(chunks))
 
 
 # ------------------------------------------------------------------------------ resolution
@@ -317,9 +337,40 @@ def resolve_thresholds(
     wanted = {(f, s): policy.tail_quantile(s) for f, s in series}
     found = history.quantiles(model, hour, policy.window_days, wanted, reference_id=reference_id,
                               taught_only=reference_id is not None)
+    out = {}
+    for key, fallback in reference_thresholds(wanted, policy, calibration).items():
+        stat = REGISTRY[key[1]]
+        value, n = found.get(key, (math.nan, 0))
+        fallback = dataclasses.replace(fallback, n_history=n)
+        if n >= policy.min_history and math.isfinite(value):
+            v = stat.bounded(value)
+            if fallback.source == "reference":  # never tighter than the reference's own variation
+                v = max(v, fallback.value) if stat.direction == "distance" else min(v, fallback.value)
+            if fallback.ceiling is not None:
+                v = min(v, fallback.ceiling)
+            out[key] = dataclasses.replace(fallback, value=v, source="dynamic", quantile=wanted[key])
+        else:
+            out[key] = fallback
+    return out
+
+
+def reference_thresholds(series: Iterable[tuple[str, str]], policy: ThresholdPolicy,
+                         calibration: Calibration | None) -> dict[tuple[str, str], Threshold]:
+    """The thresholds before any taught history: ``reference`` where calibrated, else ``static``.
+
+    Args:
+        series: (feature, statistic) pairs.
+        policy: Threshold policy (static overrides, ceiling factor, quantile).
+        calibration: From :func:`calibrate_from_reference`; used when it holds at least
+            :data:`MIN_REFERENCE_CHUNKS` chunks.
+
+    Returns:
+        ``{(feature, statistic): Threshold}`` with floors and ceilings (module docstring),
+        ``n_history`` 0.
+    """
     usable = calibration if calibration is not None and calibration.n_chunks >= MIN_REFERENCE_CHUNKS else None
     out = {}
-    for key, q in wanted.items():
+    for key in series:
         stat = REGISTRY[key[1]]
         cal = usable.values.get(key) if usable is not None else None
         ref_value = stat.bounded(cal) if cal is not None and math.isfinite(cal) else None
@@ -328,19 +379,12 @@ def resolve_thresholds(
             ceiling = float(stat.strong_effect if stat.strong_effect is not None else math.inf)
             if ref_value is not None:
                 ceiling = max(ceiling, policy.ceiling_factor * ref_value)
-        value, n = found.get(key, (math.nan, 0))
-        chunks = usable.n_chunks if usable is not None and ref_value is not None else 0
-        if n >= policy.min_history and math.isfinite(value):
-            v = stat.bounded(value)
-            if ref_value is not None:  # never tighter than the reference's own variation
-                v = max(v, ref_value) if stat.direction == "distance" else min(v, ref_value)
-            if ceiling is not None:
-                v = min(v, ceiling)
-            out[key] = Threshold(v, "dynamic", n, q, stat.minimum_effect, ceiling, chunks)
-        elif ref_value is not None:
-            out[key] = Threshold(ref_value, "reference", n, q, stat.minimum_effect, ceiling, chunks)
+        if ref_value is not None:
+            assert usable is not None  # ref_value comes from it
+            out[key] = Threshold(ref_value, "reference", 0, policy.tail_quantile(key[1]), stat.minimum_effect,
+                                 ceiling, usable.n_chunks)
         else:
-            out[key] = Threshold(stat.bounded(policy.static_threshold(key[1])), "static", n, None,
+            out[key] = Threshold(stat.bounded(policy.static_threshold(key[1])), "static", 0, None,
                                  stat.minimum_effect, ceiling, 0)
     return out
 

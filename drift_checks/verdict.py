@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from drift_checks import statistics as st
+from drift_checks.budget import BudgetCalibration, calibrate_to_budget, uncalibrated
 from drift_checks.contract_types import Contract, ContractResult
 from drift_checks.contracts import DEFAULT_GX_SAMPLE_ROWS, derive_contract, run_contract, with_derived
 from drift_checks.declared_schema import apply_schema, typed_reference
@@ -137,6 +138,8 @@ class PreparedReference:
             consecutive rows then calibrate seasonality too, else chunks of a seeded shuffle
             calibrate sampling noise only.
         calibrations: Reference-chunk calibrations by chunk size (filled lazily).
+        budgets: Quantiles calibrated to the false-alarm budget, by calibration and policies
+            (filled lazily, :meth:`budget`).
     """
 
     schema: LogSchema
@@ -147,6 +150,7 @@ class PreparedReference:
     importance: dict[str, float] | None = None
     time_ordered: bool = True
     calibrations: dict[tuple, Calibration] = dataclasses.field(default_factory=dict)
+    budgets: dict[tuple, BudgetCalibration | None] = dataclasses.field(default_factory=dict)
 
     def calibration(self, window_rows: int, quantile: float, names=None) -> Calibration | None:
         """The reference-chunk calibration for a window of ``window_rows`` rows (cached)."""
@@ -159,6 +163,20 @@ class PreparedReference:
             self.calibrations[key] = calibrate_from_reference(
                 frame, self.numeric, self.categorical, size, quantile=quantile, names=names)
         return self.calibrations[key]
+
+    def budget(self, calibration: Calibration | None, policy: ThresholdPolicy, alerts: AlertPolicy,
+               weights: Mapping[str, float]) -> BudgetCalibration | None:
+        """The quantile calibrated to ``alerts``' false-alarm budget on ``calibration`` (cached).
+
+        See :func:`drift_checks.budget.calibrate_to_budget`; ``None`` without a calibration.
+        """
+        if calibration is None:
+            return None
+        key = (calibration.chunk_rows, calibration.n_chunks, policy.quantile, policy.ceiling_factor,
+               tuple(sorted(policy.static.items())), alerts, tuple(sorted(weights.items())))
+        if key not in self.budgets:
+            self.budgets[key] = calibrate_to_budget(calibration, policy, alerts, weights)
+        return self.budgets[key]
 
 
 def looks_time_ordered(frame: pd.DataFrame, columns) -> bool:
@@ -288,12 +306,14 @@ class _Votes:
         verdicts: ``{feature: FeatureVerdict}`` of every scored feature.
         previous: ``{feature: flags of the k - 1 windows before}``, oldest first.
         sustained: Features the run rule calls sustained.
+        budget: The false-alarm budget and the quantile calibrated to it (summary entry).
     """
 
     thresholds: dict[tuple[str, str], Threshold]
     verdicts: dict[str, FeatureVerdict]
     previous: dict[str, list[bool]]
     sustained: set[str]
+    budget: dict[str, Any]
 
 
 def _no_data_summary(base: dict[str, Any], model: str, start: Any, history: HistoryStore,
@@ -359,14 +379,35 @@ def _score_features(frame: Any, reference: PreparedReference, checked: _Contract
     return scored, samples
 
 
+def _budgeted(reference: PreparedReference, cfg: CheckConfig, n_rows: int, weights: Mapping[str, float]
+              ) -> tuple[Calibration | None, ThresholdPolicy, dict[str, Any]]:
+    """The reference calibration and threshold policy at the quantile calibrated to the budget.
+
+    The policy's own quantile when the reference gives no calibration (then the summary entry
+    says why) or when it already fits the budget (:mod:`drift_checks.budget`).
+    """
+    policy, budget = cfg.policy, cfg.alerts.false_alarm_budget_per_week
+    calibration = reference.calibration(n_rows, policy.quantile, cfg.statistics)
+    fitted = reference.budget(calibration, policy, cfg.alerts, weights)
+    if fitted is None:
+        return calibration, policy, uncalibrated(budget, "fewer than 10 reference chunks of the window's size")
+    if fitted.quantile != policy.quantile:
+        policy = dataclasses.replace(policy, quantile=fitted.quantile)
+        calibration = calibration.at_quantile(fitted.quantile) if calibration is not None else None
+    return calibration, policy, fitted.to_dict()
+
+
 def _vote(model: str, start: Any, scored: dict[str, dict[str, st.StatisticResult]],
-          reference: PreparedReference, history: HistoryStore, cfg: CheckConfig, n_rows: int) -> _Votes:
+          reference: PreparedReference, history: HistoryStore, cfg: CheckConfig, n_rows: int,
+          weights: Mapping[str, float]) -> _Votes:
     """Thresholds for every (feature, statistic), each feature's vote, its past flags and the run rule."""
     ref_id = reference.reference_id
-    names = cfg.statistics
     series = [(f, s) for f, res in scored.items() for s in res]
-    calibration = reference.calibration(n_rows, cfg.policy.quantile, names) if series else None
-    thresholds = resolve_thresholds(history, model, start, series, cfg.policy,
+    calibration, policy = None, cfg.policy
+    budget = uncalibrated(cfg.alerts.false_alarm_budget_per_week, "no feature scored")
+    if series:
+        calibration, policy, budget = _budgeted(reference, cfg, n_rows, weights)
+    thresholds = resolve_thresholds(history, model, start, series, policy,
                                     reference_id=ref_id, calibration=calibration)
     k = cfg.alerts.consecutive_windows
     prev = history.previous_flags(model, list(scored), start, k - 1, reference_id=ref_id)
@@ -376,7 +417,7 @@ def _vote(model: str, start: Any, scored: dict[str, dict[str, st.StatisticResult
         cfg.alerts, {f: v.flagged and not v.undefined for f, v in verdicts.items()},
         history.previous_evidence(model, list(scored), start, n_run - 1, reference_id=ref_id)
         if n_run >= 2 else {}))
-    return _Votes(thresholds, verdicts, prev, sustained)
+    return _Votes(thresholds, verdicts, prev, sustained, budget)
 
 
 def _scored_feature(f: str, v: FeatureVerdict, results: Mapping[str, st.StatisticResult], votes: _Votes,
@@ -548,10 +589,10 @@ def check_window(
 
     checked = _check_contract(frame, reference, contract, cfg, streamed)
     scored, samples = _score_features(checked.frame, reference, checked, cfg, n_rows)
-    votes = _vote(model, start, scored, reference, history, cfg, n_rows)
     weights, weighting = ((dict(cfg.weights), "explicit") if cfg.weights else
                           importance_weights(list(reference.schema.features), reference.importance,
                                              cfg.alerts.weighting))
+    votes = _vote(model, start, scored, reference, history, cfg, n_rows, weights)
     features = _feature_report(checked, scored, samples, votes, weights, cfg)
     score, dataset_drift, decision = _decide(model, start, features, votes, checked, weights, history, cfg,
                                              ref_id)
@@ -568,7 +609,8 @@ def check_window(
     summary = {**base, "status": checked.status,
                "severity": _window_severity(decision, checked.status, dataset_drift, features),
                "drift": decision.fire, "dataset_drift": dataset_drift, "dataset_score": score,
-               "weighting": weighting, "threshold_sources": sources, "features": features,
+               "weighting": weighting, "threshold_sources": sources, "false_alarm_budget": votes.budget,
+               "features": features,
                "contract": checked.result.to_dict(), "evidently": None, "alerts": alerts,
                "alert_features": list(decision.features), "alert_reason": decision.reason, "artefacts": {}}
     summary = json.loads(json.dumps(summary, default=json_default))

@@ -33,6 +33,7 @@ from ground.values import (
     JSON_OBJECT,
     NON_NEGATIVE,
     PERCENT,
+    POSITIVE_FINITE,
     STEP_SCHEDULE,
     Check,
     at_least,
@@ -415,6 +416,15 @@ class Settings:
         "DRIFT_SUSTAINED_EVIDENCE", 4,
         "Windows of the run rule span (this one included) that must show evidence.",
         check=at_least(2, what="a whole number"),
+    )
+    #: Expected false drift alerts per model-week of hourly windows (alerts per 168 windows) that the
+    #: alert policy is calibrated to on the reference's own windows (``drift_checks.budget``: the
+    #: "expected run time between false alarms" of Alibi Detect's online detectors, ERT = 168 / budget
+    #: windows). 1.0: issue 31's goal, at most one false alert per model-week.
+    drift_false_alarm_budget_per_week: float = setting(
+        "DRIFT_FALSE_ALARM_BUDGET_PER_WEEK", 1.0,
+        "Expected false drift alerts per model-week (168 hourly windows) the thresholds are calibrated to.",
+        check=POSITIVE_FINITE,
     )
     #: Quiet time after a drift alert of a model for alerts naming no new feature (hours of logical
     #: time: window starts, so replays and backfills behave like live runs).

@@ -19,8 +19,8 @@ from typing import Any
 from ground.exceptions import DataError, SettingsError
 
 __all__ = [
-    "FRACTION", "JSON_OBJECT", "NON_NEGATIVE", "PERCENT", "STEP_SCHEDULE", "Check", "at_least", "one_of",
-    "parse_replica_urls", "parse_steps", "whole_numbers",
+    "FRACTION", "JSON_OBJECT", "NON_NEGATIVE", "PERCENT", "POSITIVE_FINITE", "STEP_SCHEDULE", "Check", "at_least",
+    "one_of", "parse_replica_urls", "parse_steps", "whole_numbers",
 ]
 
 #: ``check(value) -> None`` when the value is fine, else what was expected ("expected a fraction between 0 and 1").
@@ -66,6 +66,10 @@ def _percent(value: Any) -> str | None:
     return None if 0 <= value <= 100 else "expected a percent between 0 and 100"
 
 
+def _positive_finite(value: Any) -> str | None:
+    return None if 0 < value < float("inf") else "expected a finite number > 0"
+
+
 def _step_schedule(value: Any) -> str | None:
     try:
         parse_steps(value, field="")
@@ -90,6 +94,8 @@ FRACTION: Check = _fraction
 PERCENT: Check = _percent
 #: A number >= 0.
 NON_NEGATIVE: Check = at_least(0)
+#: A finite number > 0.
+POSITIVE_FINITE: Check = _positive_finite
 #: A canary step schedule (:func:`parse_steps`).
 STEP_SCHEDULE: Check = _step_schedule
 #: Empty, or a JSON object.
