@@ -92,22 +92,8 @@ def _profile_sentence(profile: Mapping[str, Any]) -> str:
     return ""
 
 
-def version_description(tags: Mapping[str, str], aliases: Sequence[str] = ()) -> str:
-    """The Markdown description of a model version, rebuilt from its tags and aliases.
-
-    Args:
-        tags: The version's tags (``tritonflow.*`` ones are read, others ignored); JSON values are
-            decoded.
-        aliases: Aliases currently naming the version (``champion``, ``challenger``, ...).
-
-    Returns:
-        Markdown text: a headline (serving role or status) and one bullet per known fact
-        (publish, parity, config, signature, promotion, rollback, last drift check, rejection).
-        An empty-tag version gives a one-line "not published by tritonflow yet" text.
-    """
-    t = {k[len(PREFIX):]: v for k, v in tags.items() if k.startswith(PREFIX)}
-    status = t.get("status", "")
-    alias_list = sorted(aliases)
+def _headline(status: str, alias_list: Sequence[str]) -> str:
+    """The bold first line: the serving role when aliased, else the publish status."""
     if "champion" in alias_list:
         headline = "**Serving as champion**"
     elif "challenger" in alias_list:
@@ -120,25 +106,28 @@ def version_description(tags: Mapping[str, str], aliases: Sequence[str] = ()) ->
         headline = "**Not published by tritonflow yet**"
     if alias_list:
         headline += f" (aliases: {', '.join(alias_list)})"
-    lines = [headline + ".", ""]
+    return headline
 
-    if status == "published" or t.get("published_at"):
-        where = f" in `{t['repository_uri']}`" if t.get("repository_uri") else ""
-        run = f" by model_publish run `{t['publish_run_id']}`" if t.get("publish_run_id") else ""
-        lines.append(f"- Published {_when(t.get('published_at'))}{run}; Triton model "
-                     f"`{t.get('triton_model_name', '?')}` version {t.get('triton_model_version', '?')}{where}.")
-        parity = _parity_sentence(_mapping(_load(t.get("parity_errors"))))
-        if parity:
-            lines.append("- " + parity)
-        config = _config_sentence(_mapping(_load(t.get("config_summary"))))
-        if config:
-            lines.append("- " + config)
-        profiled = _profile_sentence(_mapping(_load(t.get("profile"))))
-        if profiled:
-            lines.append("- " + profiled)
-        if t.get("signature_key_id"):
-            lines.append(f"- Signed by key `{t['signature_key_id'][:12]}`; digest "
-                         f"`{str(t.get('signature_digest', ''))[:12]}`.")
+
+def _publish_lines(t: Mapping[str, Any]) -> list[str]:
+    """Bullets about the publish: where it went, parity, config, profiling and signature."""
+    where = f" in `{t['repository_uri']}`" if t.get("repository_uri") else ""
+    run = f" by model_publish run `{t['publish_run_id']}`" if t.get("publish_run_id") else ""
+    lines = [f"- Published {_when(t.get('published_at'))}{run}; Triton model "
+             f"`{t.get('triton_model_name', '?')}` version {t.get('triton_model_version', '?')}{where}."]
+    sentences = (_parity_sentence(_mapping(_load(t.get("parity_errors")))),
+                 _config_sentence(_mapping(_load(t.get("config_summary")))),
+                 _profile_sentence(_mapping(_load(t.get("profile")))))
+    lines.extend("- " + sentence for sentence in sentences if sentence)
+    if t.get("signature_key_id"):
+        lines.append(f"- Signed by key `{t['signature_key_id'][:12]}`; digest "
+                     f"`{str(t.get('signature_digest', ''))[:12]}`.")
+    return lines
+
+
+def _history_lines(t: Mapping[str, Any], status: str) -> list[str]:
+    """Bullets about what happened after the publish: rejection, promotion, rollback, drift, canary."""
+    lines = []
     if status == "rejected":
         reason = str(t.get("rejection_reason", "")).splitlines()[0][:300] if t.get("rejection_reason") else "?"
         lines.append(f"- Rejected {_when(t.get('rejected_at'))} at stage `{t.get('rejected_stage', '?')}`: "
@@ -155,6 +144,28 @@ def version_description(tags: Mapping[str, str], aliases: Sequence[str] = ()) ->
         lines.append(f"- Last drift check: {str(t['drift.severity']).replace('_', ' ')}{window}.")
     if t.get("canary_outcome"):
         lines.append(f"- Last canary: {t['canary_outcome']}.")
+    return lines
+
+
+def version_description(tags: Mapping[str, str], aliases: Sequence[str] = ()) -> str:
+    """The Markdown description of a model version, rebuilt from its tags and aliases.
+
+    Args:
+        tags: The version's tags (``tritonflow.*`` ones are read, others ignored); JSON values are
+            decoded.
+        aliases: Aliases currently naming the version (``champion``, ``challenger``, ...).
+
+    Returns:
+        Markdown text: a headline (serving role or status) and one bullet per known fact
+        (publish, parity, config, signature, promotion, rollback, last drift check, rejection).
+        An empty-tag version gives a one-line "not published by tritonflow yet" text.
+    """
+    t = {k[len(PREFIX):]: v for k, v in tags.items() if k.startswith(PREFIX)}
+    status = t.get("status", "")
+    lines = [_headline(status, sorted(aliases)) + ".", ""]
+    if status == "published" or t.get("published_at"):
+        lines.extend(_publish_lines(t))
+    lines.extend(_history_lines(t, status))
     lines.append("")
     lines.append("_Written by tritonflow from the `tritonflow.*` tags; details are in the tags and the "
                  "publish run's artifacts._")

@@ -235,6 +235,35 @@ def find_layout_problems(paths: Iterable[str]) -> list[LayoutProblem]:
         positive-integer version folders (Triton's reserved ``warmup``/``initial_state``/``configs``
         folders allowed), and has at least one non-empty version folder.
     """
+    models, root_files = _group_by_model(paths)
+    problems = [
+        LayoutProblem(name, name, "is a file at the repository root; expected a model folder")
+        for name in sorted(root_files)
+        if not name.startswith(".")
+    ]
+    for model in sorted(models):
+        entry = models[model]
+        problems.extend(_stray_file_problems(model, entry["files"]))
+        version_problems, versions = _version_folder_problems(model, entry["dirs"], entry["nonempty"])
+        problems.extend(version_problems)
+        if not versions:
+            problems.append(
+                LayoutProblem(
+                    model,
+                    f"{model}/",
+                    f"no numeric version folder: expected '{model}/<N>/<model file>' with N a "
+                    "positive integer (Triton reports 'no model version was found')",
+                )
+            )
+    return problems
+
+
+def _group_by_model(paths: Iterable[str]) -> tuple[dict[str, dict[str, set[str]]], list[str]]:
+    """Sort paths into per-model files, sub-folders and non-empty sub-folders, plus root files.
+
+    Hidden top-level entries are skipped; a model's entry has keys ``files``, ``dirs`` and
+    ``nonempty``.
+    """
     models: dict[str, dict[str, set[str]]] = {}
     root_files: list[str] = []
     for raw in paths:
@@ -255,59 +284,52 @@ def find_layout_problems(paths: Iterable[str]) -> list[LayoutProblem]:
         entry["dirs"].add(parts[1])
         if len(parts) > 2:
             entry["nonempty"].add(parts[1])
+    return models, root_files
 
+
+def _stray_file_problems(model: str, files: set[str]) -> list[LayoutProblem]:
+    """A problem for each file directly in the model folder other than config, labels and hidden ones."""
+    return [
+        LayoutProblem(
+            model,
+            f"{model}/{name}",
+            f"file '{name}' sits directly in the model folder '{model}/'; Triton only "
+            f"loads model files from a numeric version folder: move it to "
+            f"'{model}/<N>/{name}' (N = positive-integer registry version)",
+        )
+        for name in sorted(files)
+        if not (name == CONFIG_FILENAME or name.startswith(".") or name.endswith(".txt"))
+    ]
+
+
+def _version_folder_problems(
+    model: str, dirs: set[str], nonempty: set[str]
+) -> tuple[list[LayoutProblem], list[str]]:
+    """Problems with a model's sub-folders, and the names of its usable (non-empty) version folders."""
     problems: list[LayoutProblem] = []
-    for name in sorted(root_files):
-        if not name.startswith("."):
-            problems.append(
-                LayoutProblem(name, name, "is a file at the repository root; expected a model folder")
-            )
-    for model in sorted(models):
-        entry = models[model]
-        for name in sorted(entry["files"]):
-            if name == CONFIG_FILENAME or name.startswith(".") or name.endswith(".txt"):
-                continue
+    versions = []
+    for name in sorted(dirs):
+        if name.startswith(".") or name in TRITON_RESERVED_DIRS:
+            continue
+        if not VERSION_DIR_RE.match(name):
+            digits = re.sub(r"\D", "", name).lstrip("0")
+            hint = f" (e.g. '{model}/{digits}')" if digits else ""
             problems.append(
                 LayoutProblem(
                     model,
-                    f"{model}/{name}",
-                    f"file '{name}' sits directly in the model folder '{model}/'; Triton only "
-                    f"loads model files from a numeric version folder: move it to "
-                    f"'{model}/<N>/{name}' (N = positive-integer registry version)",
+                    f"{model}/{name}/",
+                    f"folder '{model}/{name}/' is not a version folder: expected a positive "
+                    f"integer without leading zeros{hint}; Triton ignores or misreads it",
                 )
             )
-        versions = []
-        for name in sorted(entry["dirs"]):
-            if name.startswith(".") or name in TRITON_RESERVED_DIRS:
-                continue
-            if not VERSION_DIR_RE.match(name):
-                digits = re.sub(r"\D", "", name).lstrip("0")
-                hint = f" (e.g. '{model}/{digits}')" if digits else ""
-                problems.append(
-                    LayoutProblem(
-                        model,
-                        f"{model}/{name}/",
-                        f"folder '{model}/{name}/' is not a version folder: expected a positive "
-                        f"integer without leading zeros{hint}; Triton ignores or misreads it",
-                    )
-                )
-                continue
-            if name not in entry["nonempty"]:
-                problems.append(
-                    LayoutProblem(model, f"{model}/{name}/", f"version folder '{model}/{name}/' is empty")
-                )
-                continue
-            versions.append(name)
-        if not versions:
+            continue
+        if name not in nonempty:
             problems.append(
-                LayoutProblem(
-                    model,
-                    f"{model}/",
-                    f"no numeric version folder: expected '{model}/<N>/<model file>' with N a "
-                    "positive integer (Triton reports 'no model version was found')",
-                )
+                LayoutProblem(model, f"{model}/{name}/", f"version folder '{model}/{name}/' is empty")
             )
-    return problems
+            continue
+        versions.append(name)
+    return problems, versions
 
 
 def walk_local_repository(root: str | os.PathLike[str]) -> list[str]:

@@ -67,6 +67,75 @@ def step_boundaries(analyses: Sequence[Mapping[str, Any]]) -> list[tuple[float, 
     return out
 
 
+def _plot_error_panel(ax: Any, analyses: Sequence[Mapping[str, Any]], t0: float,
+                      th: Mapping[str, Any]) -> None:
+    """Panel 1: the challenger's error rate and its lower bound against ``max_error_rate``."""
+    x, y = _series(analyses, "canary_error_rate", t0)
+    ax.plot(x, y, "o-", ms=3, label="challenger error rate (step)")
+    x, y = _series(analyses, "canary_error_rate_lower", t0)
+    ax.plot(x, y, "--", lw=1, label="lower confidence bound")
+    if th.get("max_error_rate") is not None:
+        ax.axhline(th["max_error_rate"], color="red", lw=1, ls=":", label="max_error_rate")
+    ax.set_ylabel("error rate")
+
+
+def _plot_latency_panel(ax: Any, analyses: Sequence[Mapping[str, Any]], t0: float,
+                        th: Mapping[str, Any]) -> Any:
+    """Panel 2: both mean latencies against their limit, and the latency ratio on a second axis.
+
+    Returns:
+        The ratio's axis (its legend is placed apart).
+    """
+    x, y = _series(analyses, "canary_mean_latency_ms", t0)
+    ax.plot(x, y, "o-", ms=3, label="challenger mean latency")
+    x, y2 = _series(analyses, "champion_mean_latency_ms", t0)
+    ax.plot(x, y2, "s-", ms=3, alpha=0.7, label="champion mean latency")
+    limit = th.get("max_mean_latency_ms")
+    if limit is not None and (not (y + y2) or limit <= 3 * max(y + y2)):
+        ax.axhline(limit, color="red", lw=1, ls=":", label="max_mean_latency_ms")
+    elif limit is not None:  # far above the data: named, not drawn (it would flatten the curves)
+        ax.plot([], [], " ", label=f"max_mean_latency_ms {limit:g} (off scale)")
+    ax.set_ylabel("latency (ms)")
+    ax_ratio = ax.twinx()
+    x, y = _series(analyses, "latency_ratio", t0)
+    ax_ratio.plot(x, y, "^", ms=3, color="tab:purple", label="latency ratio")
+    if th.get("max_latency_ratio") is not None and y:
+        ax_ratio.axhline(th["max_latency_ratio"], color="tab:purple", lw=1, ls=":", label="max_latency_ratio")
+    ax_ratio.set_ylabel("ratio")
+    return ax_ratio
+
+
+def _plot_prediction_panel(ax: Any, analyses: Sequence[Mapping[str, Any]], t0: float,
+                           th: Mapping[str, Any]) -> None:
+    """Panel 3: prediction KS against its threshold (plus sampling margin) and feature coverage."""
+    x, y = _series(analyses, "prediction_ks", t0)
+    ax.plot(x, y, "o", ms=5, label="prediction KS vs expected behaviour")
+    if th.get("max_prediction_ks") is not None:
+        ax.axhline(th["max_prediction_ks"], color="red", lw=1, ls=":", label="max_prediction_ks")
+        xm, margins = _series(analyses, "prediction_ks_margin", t0)
+        if margins:
+            ax.plot(xm, [th["max_prediction_ks"] + m for m in margins], "_", ms=14, color="red",
+                    label="threshold + sampling margin")
+    x, y = _series(analyses, "coverage_ratio", t0)
+    if y:
+        ax.plot(x, y, "d", ms=4, color="tab:green", label="feature-space coverage")
+    ax.set_ylabel("statistic")
+    ax.set_xlabel("seconds since the canary started")
+
+
+def _mark_steps_and_failures(axes: Sequence[Any], analyses: Sequence[Mapping[str, Any]], t0: float,
+                             failed: Sequence[Mapping[str, Any]]) -> None:
+    """Grey dashed lines where each step starts (labelled on the first panel), red ones at failures."""
+    for ax in axes:
+        for start, _label in step_boundaries(analyses):
+            ax.axvline(start - t0, color="grey", lw=0.8, ls="--")
+        for a in failed:
+            ax.axvline(float(a["window_end"]) - t0, color="red", lw=1.2)
+    for start, label in step_boundaries(analyses):
+        axes[0].annotate(label, (start - t0, 1.0), xycoords=("data", "axes fraction"),
+                         xytext=(2, -10), textcoords="offset points", fontsize=8)
+
+
 def plot_canary(analyses: Sequence[Mapping[str, Any]], path: str | Path, *, title: str = "") -> Path:
     """Write the canary's plot over time to ``path`` (PNG).
 
@@ -89,54 +158,11 @@ def plot_canary(analyses: Sequence[Mapping[str, Any]], path: str | Path, *, titl
     last = analyses[-1]
     fig, (ax_err, ax_lat, ax_pred) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
 
-    x, y = _series(analyses, "canary_error_rate", t0)
-    ax_err.plot(x, y, "o-", ms=3, label="challenger error rate (step)")
-    x, y = _series(analyses, "canary_error_rate_lower", t0)
-    ax_err.plot(x, y, "--", lw=1, label="lower confidence bound")
-    if th.get("max_error_rate") is not None:
-        ax_err.axhline(th["max_error_rate"], color="red", lw=1, ls=":", label="max_error_rate")
-    ax_err.set_ylabel("error rate")
-
-    x, y = _series(analyses, "canary_mean_latency_ms", t0)
-    ax_lat.plot(x, y, "o-", ms=3, label="challenger mean latency")
-    x, y2 = _series(analyses, "champion_mean_latency_ms", t0)
-    ax_lat.plot(x, y2, "s-", ms=3, alpha=0.7, label="champion mean latency")
-    limit = th.get("max_mean_latency_ms")
-    if limit is not None and (not (y + y2) or limit <= 3 * max(y + y2)):
-        ax_lat.axhline(limit, color="red", lw=1, ls=":", label="max_mean_latency_ms")
-    elif limit is not None:  # far above the data: named, not drawn (it would flatten the curves)
-        ax_lat.plot([], [], " ", label=f"max_mean_latency_ms {limit:g} (off scale)")
-    ax_lat.set_ylabel("latency (ms)")
-    ax_ratio = ax_lat.twinx()
-    x, y = _series(analyses, "latency_ratio", t0)
-    ax_ratio.plot(x, y, "^", ms=3, color="tab:purple", label="latency ratio")
-    if th.get("max_latency_ratio") is not None and y:
-        ax_ratio.axhline(th["max_latency_ratio"], color="tab:purple", lw=1, ls=":", label="max_latency_ratio")
-    ax_ratio.set_ylabel("ratio")
-
-    x, y = _series(analyses, "prediction_ks", t0)
-    ax_pred.plot(x, y, "o", ms=5, label="prediction KS vs expected behaviour")
-    if th.get("max_prediction_ks") is not None:
-        ax_pred.axhline(th["max_prediction_ks"], color="red", lw=1, ls=":", label="max_prediction_ks")
-        xm, margins = _series(analyses, "prediction_ks_margin", t0)
-        if margins:
-            ax_pred.plot(xm, [th["max_prediction_ks"] + m for m in margins], "_", ms=14, color="red",
-                         label="threshold + sampling margin")
-    x, y = _series(analyses, "coverage_ratio", t0)
-    if y:
-        ax_pred.plot(x, y, "d", ms=4, color="tab:green", label="feature-space coverage")
-    ax_pred.set_ylabel("statistic")
-    ax_pred.set_xlabel("seconds since the canary started")
-
+    _plot_error_panel(ax_err, analyses, t0, th)
+    ax_ratio = _plot_latency_panel(ax_lat, analyses, t0, th)
+    _plot_prediction_panel(ax_pred, analyses, t0, th)
     failed = [a for a in analyses if a.get("verdict") == "fail"]
-    for ax in (ax_err, ax_lat, ax_pred):
-        for start, _label in step_boundaries(analyses):
-            ax.axvline(start - t0, color="grey", lw=0.8, ls="--")
-        for a in failed:
-            ax.axvline(float(a["window_end"]) - t0, color="red", lw=1.2)
-    for start, label in step_boundaries(analyses):
-        ax_err.annotate(label, (start - t0, 1.0), xycoords=("data", "axes fraction"),
-                        xytext=(2, -10), textcoords="offset points", fontsize=8)
+    _mark_steps_and_failures((ax_err, ax_lat, ax_pred), analyses, t0, failed)
     for ax in (ax_err, ax_lat, ax_pred):
         ax.legend(loc="upper left", fontsize=7)
     ax_ratio.legend(loc="upper right", fontsize=7)

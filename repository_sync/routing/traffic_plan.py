@@ -270,9 +270,28 @@ def _plan_problems(plan: TrafficPlan) -> list[str]:
     if not plan.routes:
         problems.append("no routes; expected at least one {version, weight}")
         return problems
+    route_problems, seen, weights_ok = _route_problems(plan.routes)
+    problems.extend(route_problems)
+    if weights_ok:
+        total = sum(int(r.weight) for r in plan.routes)
+        if total != 100:
+            shares = ", ".join(f"v{r.version}={r.weight}" for r in plan.routes)
+            problems.append(f"weights sum to {total} ({shares}), not 100")
+    if plan.champion is not None and _is_int(plan.champion):
+        if int(plan.champion) not in seen:
+            problems.append(f"champion={plan.champion!r} is not one of the plan's versions {sorted(seen)}")
+    else:
+        problems.append(f"champion={plan.champion!r} is not a positive integer version")
+    problems.extend(_option_problems(plan))
+    return problems
+
+
+def _route_problems(routes: tuple[Route, ...]) -> tuple[list[str], set[int], bool]:
+    """Problems with each route, the distinct valid versions seen, and whether every weight is usable."""
+    problems: list[str] = []
     seen: set[int] = set()
     weights_ok = True
-    for i, r in enumerate(plan.routes):
+    for i, r in enumerate(routes):
         label = f"routes[{i}] (version {r.version!r})"
         if not isinstance(r, Route):
             problems.append(f"routes[{i}]={r!r} is not a Route")
@@ -284,32 +303,32 @@ def _plan_problems(plan: TrafficPlan) -> list[str]:
             problems.append(f"{label}: version {r.version} appears twice")
         else:
             seen.add(int(r.version))
-        w = r.weight
-        if w is None:
-            problems.append(f"{label}: weight is missing")
+        weight_problem = _weight_problem(label, r.weight)
+        if weight_problem:
+            problems.append(weight_problem)
             weights_ok = False
-        elif not _is_int(w):
-            problems.append(
-                f"{label}: weight={w!r} is not an integer percent "
-                f"({type(w).__name__}; fractions and strings are refused, never rounded)"
-            )
-            weights_ok = False
-        elif w < 0:
-            problems.append(f"{label}: weight={w} is negative")
-            weights_ok = False
-        elif w > 100:
-            problems.append(f"{label}: weight={w} is above 100")
-            weights_ok = False
-    if weights_ok:
-        total = sum(int(r.weight) for r in plan.routes)
-        if total != 100:
-            shares = ", ".join(f"v{r.version}={r.weight}" for r in plan.routes)
-            problems.append(f"weights sum to {total} ({shares}), not 100")
-    if plan.champion is not None and _is_int(plan.champion):
-        if int(plan.champion) not in seen:
-            problems.append(f"champion={plan.champion!r} is not one of the plan's versions {sorted(seen)}")
-    else:
-        problems.append(f"champion={plan.champion!r} is not a positive integer version")
+    return problems, seen, weights_ok
+
+
+def _weight_problem(label: str, w: Any) -> str | None:
+    """Why a route's weight is not an integer percent in 0..100, ``None`` when it is one."""
+    if w is None:
+        return f"{label}: weight is missing"
+    if not _is_int(w):
+        return (
+            f"{label}: weight={w!r} is not an integer percent "
+            f"({type(w).__name__}; fractions and strings are refused, never rounded)"
+        )
+    if w < 0:
+        return f"{label}: weight={w} is negative"
+    if w > 100:
+        return f"{label}: weight={w} is above 100"
+    return None
+
+
+def _option_problems(plan: TrafficPlan) -> list[str]:
+    """Problems with the plan's optional parts: sticky header, name and mirror."""
+    problems: list[str] = []
     if plan.sticky_header is not None and (
         not isinstance(plan.sticky_header, str) or not HEADER_NAME_RE.match(plan.sticky_header)
     ):

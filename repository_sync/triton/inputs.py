@@ -121,54 +121,67 @@ def frame_to_inputs(
     Raises:
         DataError: A needed column is absent (the message lists the columns).
     """
-    from tritonclient.utils import triton_to_np_dtype
-
-    n = len(frame)
     invalid: dict[int, str] = {}
     columns: dict[str, list] = {}
     for spec in specs:
-        if spec.name in frame.columns:
-            cols = [spec.name]
-        elif len(specs) == 1 and len(spec.dims) == 1 and spec.dims[0] in (-1, frame.shape[1]):
-            cols = list(frame.columns)
-        else:
-            raise DataError(
-                f"input {spec.name!r} ({spec.datatype}, dims {list(spec.dims)}) has no column in the "
-                f"sample; columns are {list(frame.columns)}"
-            )
+        cols = _input_columns(frame, spec, len(specs))
         for col in cols:
             for pos, value in enumerate(frame[col].astype(object)):
                 if pos in invalid:
                     continue
-                if spec.datatype in _INT_DATATYPES:
-                    try:
-                        exact_integer(value, spec.datatype)
-                    except ValueError as exc:
-                        invalid[pos] = f"{col}: {exc}"
-                elif spec.datatype == "BYTES":
-                    if _is_missing(value):
-                        invalid[pos] = f"{col}: missing value"
-                elif _is_missing(value):
-                    invalid[pos] = f"{col}: missing value"
+                problem = _value_problem(value, spec.datatype)
+                if problem is not None:
+                    invalid[pos] = f"{col}: {problem}"
         columns[spec.name] = cols
-    rows = [i for i in range(n) if i not in invalid]
-    arrays: dict[str, np.ndarray] = {}
-    for spec in specs:
-        cols = columns[spec.name]
-        arr: np.ndarray
-        if spec.datatype in _INT_DATATYPES:
-            data = [[exact_integer(frame[c].iloc[i], spec.datatype) for c in cols] for i in rows]
-            arr = np.array(data, dtype=triton_to_np_dtype(spec.datatype)).reshape(len(rows), len(cols))
-        elif spec.datatype == "BYTES":
-            arr = np.array([[str(frame[c].iloc[i]).encode() for c in cols] for i in rows], dtype=object)
-            arr = arr.reshape(len(rows), len(cols))
-        else:
-            arr = frame[cols].iloc[rows].to_numpy(dtype=triton_to_np_dtype(spec.datatype))
-            arr = arr.reshape(len(rows), len(cols))
-        if spec.dims == ():
-            arr = arr.reshape(len(rows))
-        arrays[spec.name] = arr
+    rows = [i for i in range(len(frame)) if i not in invalid]
+    arrays = {spec.name: _input_array(frame, spec, columns[spec.name], rows) for spec in specs}
     return arrays, rows, sorted(invalid.items())
+
+
+def _input_columns(frame, spec: InputSpec, n_specs: int) -> list:
+    """The frame columns ``spec`` is read from: its own column, or all of them for a lone ``[k]`` input.
+
+    Raises:
+        DataError: Neither applies (the message lists the columns).
+    """
+    if spec.name in frame.columns:
+        return [spec.name]
+    if n_specs == 1 and len(spec.dims) == 1 and spec.dims[0] in (-1, frame.shape[1]):
+        return list(frame.columns)
+    raise DataError(
+        f"input {spec.name!r} ({spec.datatype}, dims {list(spec.dims)}) has no column in the "
+        f"sample; columns are {list(frame.columns)}"
+    )
+
+
+def _value_problem(value: Any, datatype: str) -> str | None:
+    """Why one cell cannot be sent as ``datatype`` (missing, or not an exact integer id), else ``None``."""
+    if datatype in _INT_DATATYPES:
+        try:
+            exact_integer(value, datatype)
+        except ValueError as exc:
+            return str(exc)
+        return None
+    return "missing value" if _is_missing(value) else None
+
+
+def _input_array(frame, spec: InputSpec, cols: list, rows: list[int]) -> np.ndarray:
+    """The tensor for ``spec`` from ``cols`` of the valid ``rows``, shaped ``(len(rows), *dims)``."""
+    from tritonclient.utils import triton_to_np_dtype
+
+    arr: np.ndarray
+    if spec.datatype in _INT_DATATYPES:
+        data = [[exact_integer(frame[c].iloc[i], spec.datatype) for c in cols] for i in rows]
+        arr = np.array(data, dtype=triton_to_np_dtype(spec.datatype)).reshape(len(rows), len(cols))
+    elif spec.datatype == "BYTES":
+        arr = np.array([[str(frame[c].iloc[i]).encode() for c in cols] for i in rows], dtype=object)
+        arr = arr.reshape(len(rows), len(cols))
+    else:
+        arr = frame[cols].iloc[rows].to_numpy(dtype=triton_to_np_dtype(spec.datatype))
+        arr = arr.reshape(len(rows), len(cols))
+    if spec.dims == ():
+        arr = arr.reshape(len(rows))
+    return arr
 
 
 def check_input_array(spec: InputSpec, array: np.ndarray) -> np.ndarray:

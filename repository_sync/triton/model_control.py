@@ -120,29 +120,13 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
     with store.hold(MODEL_CONTROL, key, holder=holder, timeout_s=control.lock_timeout_s,
                     what=f"model control of Triton model {name!r}") as lease:
         recorded_config = store.get_state(CONFIG_SCOPE, key)
-        before = desired_versions(store, key)
-        if not before and recorded_config is None:  # never controlled: adopt what Triton serves
-            ready = getattr(control, "ready_versions_any", control.ready_versions)  # any replica
-            before = {v: "adopted" for v in ready(name)}
+        before = _starting_versions(control, store, key, name, recorded_config)
         added = {int(v) for v in add}
         target, registry_only = _target_versions(control, name, before, added, remove, exactly,
                                                  optional, purpose)
         result: dict[str, Any] = {"model_name": name, "versions": [], "before": sorted(before),
                                   "signatures": {}, "key_ids": {}, "skipped": {}}
-        intended: dict[int, bytes] = {}
-        for v in sorted(target):
-            try:
-                info, intended[v] = control.verify(name, v)
-            except VersionNotInRepositoryError as exc:
-                # An alias may name a version whose publish failed or is still running: the registry
-                # wants it, but there is nothing to load yet. A version asked for explicitly still fails.
-                if v not in registry_only:
-                    raise
-                del target[v]
-                result["skipped"][str(v)] = str(exc)
-                continue
-            result["signatures"][str(v)] = info.signature_digest
-            result["key_ids"][str(v)] = info.key_id
+        intended = _verify_versions(control, name, target, registry_only, result)
         result["versions"] = sorted(target)
         if result["skipped"] and not target:
             raise VersionNotInRepositoryError(
@@ -156,39 +140,99 @@ def reconcile(control: Any, name: str, *, add: Iterable[int] = (), remove: Itera
                 result["replicas"] = {s.url: {"versions": []} for s in servers}
             return result
         chosen = _config_to_load(config, config_version, intended, recorded_config, added, target)
-        msg = parse_config(chosen, model_name=name, error=ModelLoadRefusedError)
-        msg.version_policy.Clear()
-        msg.version_policy.specific.versions.extend(sorted(target))
-        body = to_json(msg)
-        per_replica: dict[str, dict[str, Any]] = {}
-        for i, server in enumerate(servers):  # in order: each READY before the next is touched
-            started = time.monotonic()
-            try:
-                lease.check()  # fencing: never send a load after losing the lease
-                _send_load(server, name, body, sorted(target))
-                _check_listed(server, name, sorted(target))
-                for v in sorted(target):
-                    server.wait_ready(name, v, timeout_s)
-            except BaseException as exc:
-                changed = servers[: i + 1]
-                if set(before) != set(target):
-                    for done in changed:
-                        _bring_back(done, name, sorted(before), recorded_config, body)
-                if len(servers) == 1:
-                    raise
-                back = ", ".join(d.url for d in changed)
-                named = name_replica(exc, server.url, i, len(servers),
-                                     f"; replicas {back} brought back to versions {sorted(before)}, "
-                                     "the others untouched")
-                if named is exc:
-                    raise
-                raise named from exc
-            per_replica[server.url] = {"versions": sorted(target), "load_s": round(time.monotonic() - started, 3),
-                                       "signatures": dict(result["signatures"])}
+        body = _load_body(chosen, name, target)
+        per_replica = _load_on_replicas(servers, name, body, sorted(target), sorted(before),
+                                        recorded_config, lease, timeout_s, result["signatures"])
         _write_desired(store, key, target, holder, json.loads(body))
         if len(servers) > 1:
             result["replicas"] = per_replica
         return result
+
+
+def _starting_versions(control: Any, store: CoordinationStore, key: str, name: str,
+                       recorded_config: Any) -> dict[int, str]:
+    """The desired set before this change; for a model never controlled, what Triton has READY."""
+    before = desired_versions(store, key)
+    if not before and recorded_config is None:  # never controlled: adopt what Triton serves
+        ready = getattr(control, "ready_versions_any", control.ready_versions)  # any replica
+        before = {v: "adopted" for v in ready(name)}
+    return before
+
+
+def _verify_versions(control: Any, name: str, target: dict[int, str], registry_only: set[int],
+                     result: dict[str, Any]) -> dict[int, bytes]:
+    """Verify each target version's signature; return their signed intended configs.
+
+    Fills ``result``'s ``signatures``, ``key_ids`` and ``skipped``; a registry-only version absent
+    from the repository is dropped from ``target`` and named in ``skipped``.
+
+    Raises:
+        VersionNotInRepositoryError: A version asked for explicitly is not in the repository.
+        SignatureVerificationError: A version fails verification.
+    """
+    intended: dict[int, bytes] = {}
+    for v in sorted(target):
+        try:
+            info, intended[v] = control.verify(name, v)
+        except VersionNotInRepositoryError as exc:
+            # An alias may name a version whose publish failed or is still running: the registry
+            # wants it, but there is nothing to load yet. A version asked for explicitly still fails.
+            if v not in registry_only:
+                raise
+            del target[v]
+            result["skipped"][str(v)] = str(exc)
+            continue
+        result["signatures"][str(v)] = info.signature_digest
+        result["key_ids"][str(v)] = info.key_id
+    return intended
+
+
+def _load_body(chosen: Any, name: str, target: Mapping[int, str]) -> str:
+    """The load request's JSON config: ``chosen`` with its version policy set to exactly ``target``."""
+    msg = parse_config(chosen, model_name=name, error=ModelLoadRefusedError)
+    msg.version_policy.Clear()
+    msg.version_policy.specific.versions.extend(sorted(target))
+    return to_json(msg)
+
+
+def _load_on_replicas(servers: list[Any], name: str, body: str, versions: list[int], before: list[int],
+                      recorded_config: Any, lease: Any, timeout_s: float | None,
+                      signatures: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Load ``versions`` on each server in order, each READY before the next is touched.
+
+    Returns:
+        ``{url: {"versions", "load_s", "signatures"}}`` per server.
+
+    Raises:
+        The load's error (named after the replica when there are several), after every server
+        already changed and the failing one are brought back to ``before``.
+    """
+    per_replica: dict[str, dict[str, Any]] = {}
+    for i, server in enumerate(servers):
+        started = time.monotonic()
+        try:
+            lease.check()  # fencing: never send a load after losing the lease
+            _send_load(server, name, body, versions)
+            _check_listed(server, name, versions)
+            for v in versions:
+                server.wait_ready(name, v, timeout_s)
+        except BaseException as exc:
+            changed = servers[: i + 1]
+            if set(before) != set(versions):
+                for done in changed:
+                    _bring_back(done, name, before, recorded_config, body)
+            if len(servers) == 1:
+                raise
+            back = ", ".join(d.url for d in changed)
+            named = name_replica(exc, server.url, i, len(servers),
+                                 f"; replicas {back} brought back to versions {before}, "
+                                 "the others untouched")
+            if named is exc:
+                raise
+            raise named from exc
+        per_replica[server.url] = {"versions": list(versions), "load_s": round(time.monotonic() - started, 3),
+                                   "signatures": dict(signatures)}
+    return per_replica
 
 
 def _unload_everywhere(servers: list[Any], name: str, lease: Any) -> None:
