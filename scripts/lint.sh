@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Linters: ruff (pycodestyle, pyflakes, bugbear, isort, Airflow AIR and Google-style docstring
-# rules) on the whole tree, then mypy on the packages. Both are configured in pyproject.toml.
-# Exits non-zero when either reports a finding. Extra arguments go to ruff (e.g. --statistics).
+# Linters: ruff (pycodestyle, pyflakes, bugbear, isort, Airflow AIR, Google-style docstrings, and the
+# complexity/statement caps C901/PLR0915) on the whole tree; mypy on the packages; import-linter's
+# contracts (every import points down: docs/architecture.md); scripts/check_code_shape.py (no use of
+# another module's underscore names, no function over 80 lines); the case map of tests/README.md.
+# All are configured in pyproject.toml. Exits non-zero when any reports a finding; each runs either
+# way. Extra arguments go to ruff (e.g. --statistics).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 rc=0
@@ -10,6 +13,11 @@ echo "ruff check ." >&2
 # mypy reads its files (the packages and the Airflow plugin) from [tool.mypy] in pyproject.toml.
 echo "mypy (packages: ground tritonflow model_registry drift_checks repository_sync plugins/tritonflow_plugin)" >&2
 .venv/bin/mypy || rc=1
+# The plugin package lives under plugins/ (Airflow's plugins folder), so it goes on the path.
+echo "lint-imports (layers and acyclic siblings: [tool.importlinter] in pyproject.toml)" >&2
+PYTHONPATH="plugins:.${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/lint-imports --no-cache || rc=1
+echo "scripts/check_code_shape.py (public seams, functions <= 80 lines)" >&2
+.venv/bin/python scripts/check_code_shape.py || rc=1
 # tests/README.md maps the shared cases to tests: every test it cites must exist.
 echo "tests/README.md case map (scripts/check_test_map.py)" >&2
 .venv/bin/python scripts/check_test_map.py || rc=1
