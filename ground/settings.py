@@ -584,7 +584,7 @@ class Settings:
          "<gateway conf dir>/tritonflow-router/gateway_access.jsonl, written only where NGINX runs on the worker's "
          "host; 'off': not used)."),
     )
-    #: Traffic router in front of Triton (``repository_sync.router.ROUTERS`` names the choices).
+    #: Traffic router in front of Triton (``repository_sync.routing.router.ROUTERS`` names the choices).
     traffic_router: str = setting(
         "TRAFFIC_ROUTER", "nginx",
         "Traffic router that splits a model's requests between versions: 'nginx' (the only one so far).",
