@@ -52,10 +52,10 @@ canary never reached it. The boxes get their state when the promotion ends. Ever
 analysis is also kept in MLflow (experiment `tritonflow-canary`) and on the challenger's model
 version.
 
-**Approval.** Under the model's promotion policy `approve` (MLflow tag `tritonflow.promotion_policy`
-on the registered model, else `TRITONFLOW_PROMOTION_POLICY`), task **approval** waits on the
-*Required Actions* page for a person to approve the canary before any traffic moves; no answer
-before `TRITONFLOW_APPROVAL_TIMEOUT_H` rejects it. Under `auto` it passes at once.
+**Approval.** When the model's promotion policy is *approve* (set on the registered model in
+MLflow, else the deployment's default), task **approval** waits on the *Required Actions* page for
+a person to approve the canary before any traffic moves; no answer in time (24 hours by default)
+rejects the challenger. Under the policy *auto* it passes at once.
 
 Only one promotion per model runs at a time: a second one fails at once and names the run that
 holds the model. Runs also start by themselves after a successful shadow evaluation and when
