@@ -7,9 +7,13 @@ and without network).
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from airflow.sdk import Param, get_current_context, task
 
+from ground.settings import DEFAULTS
 from tritonflow_plugin import params as form
+from tritonflow_plugin.approval import CanaryApprovalOperator
 from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, TIMEOUTS
 from tritonflow_plugin.links import record_link_info
 from tritonflow_plugin.registry_watcher import registry_asset, registry_conf_from_context
@@ -47,6 +51,11 @@ before its first step (e.g. a refused pre-flight: that task's log says why), *sk
 canary never reached it. The boxes get their state when the promotion ends. Every
 analysis is also kept in MLflow (experiment `tritonflow-canary`) and on the challenger's model
 version.
+
+**Approval.** When the model's promotion policy is *approve* (set on the registered model in
+MLflow, else the deployment's default), task **approval** waits on the *Required Actions* page for
+a person to approve the canary before any traffic moves; no answer in time (24 hours by default)
+rejects the challenger. Under the policy *auto* it passes at once.
 
 Only one promotion per model runs at a time: a second one fails at once and names the run that
 holds the model. Runs also start by themselves after a successful shadow evaluation and when
@@ -227,7 +236,11 @@ def traffic_steps(plan: dict) -> list[int]:
 def canary_promotion():
     """Canary-promote a challenger through the gateway, with automatic rollback."""
     plan = resolve_versions()
+    # a person approves here under the model's promotion policy approve; at once under auto
+    approval = CanaryApprovalOperator(task_id="approval", execution_timeout=TIMEOUTS.short,
+                                      response_timeout=timedelta(hours=DEFAULTS.approval_timeout_h))
     memory = preflight(plan)
+    plan >> approval >> memory
     loaded = load_side_by_side(plan, memory)
     canary(plan, loaded) >> canary_step.expand(percent=traffic_steps(plan))
 

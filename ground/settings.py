@@ -106,6 +106,19 @@ class Settings:
     canary_steps: str = setting(
         "CANARY_STEPS", "5,25,50,100", "Canary steps, percent of traffic, comma-separated.", check=STEP_SCHEDULE,
     )
+    #: Promotion policy of a model without tag ``tritonflow.promotion_policy``: ``auto`` (a shadow
+    #: winner goes straight to its canary), ``approve`` (a person approves before the canary starts)
+    #: or ``approve-steps`` (accepted; behaves as ``approve`` for now).
+    promotion_policy: str = setting(
+        "PROMOTION_POLICY", "auto", "Default promotion policy (auto, approve, approve-steps).",
+        check=one_of("auto", "approve", "approve-steps"),
+    )
+    #: Hours an approval before a canary waits for an answer; then it defaults to reject.
+    approval_timeout_h: float = setting("APPROVAL_TIMEOUT_H", 24.0, "Hours an approval waits before it rejects.",
+                                        check=NON_NEGATIVE)
+    #: Airflow users (comma-separated ids) an approval is assigned to when the model has no tag
+    #: ``tritonflow.owners``; empty: any user may answer.
+    approval_owners: str = setting("APPROVAL_OWNERS", "", "Default approvers (Airflow user ids, comma-separated).")
     #: Seconds each canary step bakes before its analysis.
     canary_bake_s: float = setting("CANARY_BAKE_S", 300.0, "Seconds each step bakes.")
     #: Fewest canary requests a step needs; fewer makes the step inconclusive, never a pass.

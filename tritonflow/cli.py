@@ -8,6 +8,7 @@ Usage::
     tritonflow settings            # the settings in effect and their source (exit 1 on a bad value)
     tritonflow settings --reference  # the configuration reference (variables, defaults, meaning)
     tritonflow validate MODEL_URI --sample FILE [--out DIR] [--format onnx|torchscript] ...
+    tritonflow status MODEL [--json]   # what serves: weights, aliases, policy, running canary, last decision
 
 ``tritonflow validate`` converts a model (``models:/name/version``, ``runs:/...`` or a local MLflow
 model folder), runs the pre-push checks and the parity gate against a sample file (CSV/Parquet)
@@ -406,6 +407,25 @@ def _add_validate_parser(sub: Any) -> None:
     va.add_argument("--tracking-uri", default=None, help="MLflow tracking URI for models:/ and runs:/ URIs")
 
 
+def _status(args: argparse.Namespace) -> int:
+    """``tritonflow status MODEL``: print what serves; 1 when a part could not be read (named)."""
+    from tritonflow.pipelines.serving_status import format_status, serving_status
+
+    status = serving_status(args.model)
+    print(json.dumps(status, indent=2, sort_keys=True, default=str) if args.json else format_status(status))
+    for problem in status["problems"]:
+        print(f"error: could not read {problem}", file=sys.stderr)
+    return 1 if status["problems"] else 0
+
+
+def _add_status_parser(sub: Any) -> None:
+    """``tritonflow status MODEL`` arguments."""
+    st = sub.add_parser("status", help="what serves a model: versions and weights, aliases, promotion policy, "
+                                       "the running canary and its step, the last decision")
+    st.add_argument("model", help="registered MLflow model name")
+    st.add_argument("--json", action="store_true", help="as JSON")
+
+
 def _add_drift_parser(sub: Any) -> None:
     """``tritonflow drift backtest`` arguments."""
     dr = sub.add_parser("drift", help="drift tools")
@@ -458,8 +478,11 @@ def main(argv: list[str] | None = None) -> int:
     _add_validate_parser(sub)
     _add_drift_parser(sub)
     _add_registry_parser(sub)
+    _add_status_parser(sub)
     args = parser.parse_args(argv)
     try:
+        if args.command == "status":
+            return _status(args)
         if args.command == "registry":
             return _registry_webhook(args)
         if args.command == "validate":

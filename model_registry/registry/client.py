@@ -152,6 +152,20 @@ class RegistryClientBase:
             raise translate_mlflow_error(exc, f"reading registered model {name!r}") from exc
         return {a: int(v) for a, v in (rm.aliases or {}).items()}
 
+    def model_tags(self, name: str) -> dict[str, str]:
+        """Tags of registered model ``name`` (not of its versions).
+
+        Raises:
+            RegistryError: The registered model does not exist.
+        """
+        try:
+            rm = self.client.get_registered_model(name)
+        except Exception as exc:  # noqa: BLE001
+            if is_not_found(exc):
+                raise RegistryError(f"registered model {name!r} does not exist") from None
+            raise translate_mlflow_error(exc, f"reading registered model {name!r}") from exc
+        return dict(rm.tags or {})
+
     def resolve_alias(self, name: str, alias: str) -> ModelVersionRef:
         """The version alias ``alias`` of model ``name`` names.
 

@@ -113,3 +113,46 @@ def test_register_refuses_bad_input_before_asking_mlflow(args, message, monkeypa
     monkeypatch.setenv("TRITONFLOW_WEBHOOK_SECRET", "")
     assert cli.main(["registry", "webhook", "register", "--tracking-uri", "http://127.0.0.1:9", *args]) == 1
     assert message in capsys.readouterr().err
+
+
+def test_status_shows_aliases_policy_running_canary_and_last_decision(mlflow_server, tmp_path, monkeypatch, capsys):
+    import json as _json
+    import uuid
+
+    from mlflow import MlflowClient
+
+    name = f"status-{uuid.uuid4().hex[:6]}"
+    client = MlflowClient(mlflow_server.tracking_uri)
+    client.create_registered_model(name)
+    for _ in range(2):
+        client.create_model_version(name, source="s3://nowhere/model")
+    client.set_registered_model_alias(name, "champion", "1")
+    client.set_registered_model_tag(name, "tritonflow.promotion_policy", "approve")
+    client.set_model_version_tag(name, "2", "tritonflow.shadow.outcome", "promote")
+    client.set_model_version_tag(name, "2", "tritonflow.shadow.evaluated_at", "2026-01-01T00:00:00Z")
+    client.set_model_version_tag(name, "2", "tritonflow.approval.answer", "approved")
+    client.set_model_version_tag(name, "2", "tritonflow.approval.by", "alice")
+    client.set_model_version_tag(name, "2", "tritonflow.approval.at", "2026-01-01T01:00:00Z")
+    client.set_model_version_tag(name, "2", "tritonflow.canary.c1.started", '{"started_at": "2026-01-01T01:01:00Z"}')
+    client.set_model_version_tag(name, "2", "tritonflow.canary.c1.step.01.0", '{"percent": 25}')
+    client.set_model_version_tag(name, "2", "tritonflow.canary.latest", "c1")
+    monkeypatch.setenv("TRITONFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("TRITONFLOW_MLFLOW_TRACKING_URI", mlflow_server.tracking_uri)
+    assert cli.main(["status", name]) == 0
+    out = capsys.readouterr().out
+    assert "promotion policy approve" in out and "aliases: champion=v1" in out
+    assert "no traffic plan on the gateway" in out
+    assert "canary: v2 running (c1), step 01.0 at 25 %" in out
+    assert "last decision: approval approved on v2 at 2026-01-01T01:00:00Z" in out
+    assert cli.main(["status", name, "--json"]) == 0
+    status = _json.loads(capsys.readouterr().out)
+    assert status["aliases"] == {"champion": 1} and status["canary"]["percent"] == 25
+
+
+def test_status_names_what_could_not_be_read(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TRITONFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("TRITONFLOW_MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    assert cli.main(["status", "nobody"]) == 1
+    err = capsys.readouterr().err
+    assert "error: could not read MLflow registry at http://127.0.0.1:9" in err and "'nobody'" in err

@@ -32,6 +32,7 @@ from tritonflow.pipelines.canary import (
     resolve,
 )
 from tritonflow.pipelines.canary_loading import ensure_loaded, preflight, unload_version
+from tritonflow.pipelines.promotion_policy import promotion_policy
 
 #: Seconds a fixed overhead of one promotion may take on top of the bakes (loads, MLflow, GC);
 #: used by :func:`canary_time_budget_s`.
@@ -209,6 +210,8 @@ class _Promotion:
     base: dict[str, Any]
     canary_id: str = ""
     record: Any = None
+    #: The model's promotion policy in force, written beside every outcome (read at the start).
+    promotion_policy: str = ""
 
     @property
     def name(self) -> str:
@@ -227,6 +230,9 @@ class _Promotion:
         return f"{CANARY_TAG_PREFIX}{self.canary_id}."
 
     def tag(self, tags: Mapping[str, Any]) -> None:
+        tags = dict(tags)
+        if self.prefix + "outcome" in tags or self.prefix + "started" in tags:  # a decision: its policy too
+            tags[self.prefix + "promotion_policy"] = self.promotion_policy
         record_tags(self.registry, self.request.model, self.challenger, tags)
 
     def unload_challenger(self) -> None:
@@ -330,6 +336,7 @@ def _start_record(run: _Promotion, pre: Mapping[str, Any], loaded: Mapping[str, 
     coverage_ref, coverage_note = coverage_reference_for(
         env.inference_log_root, model, chal, run.policy.coverage_features, endpoint_url=env.endpoint_url)
     run.canary_id = _now_id()
+    run.promotion_policy = promotion_policy(model, settings=settings, registry=run.registry)
     run.record = CanaryRecord(env.tracking_uri, model=model, triton_model=run.name, champion=run.champion,
                               challenger=chal, canary_id=run.canary_id, thresholds=run.policy.thresholds(),
                               extra_tags={"tritonflow.holder": run.holder})

@@ -33,6 +33,7 @@ import numpy as np
 from ground.checksums import sha256_file
 from ground.exceptions import DataError, WindowError
 from ground.settings import Settings
+from tritonflow.pipelines.promotion_policy import promotion_policy
 from tritonflow.pipelines.publish_common import s3_endpoint
 from tritonflow.pipelines.shadow import (
     SHADOW_TAG_PREFIX,
@@ -293,6 +294,7 @@ def _record(settings: Settings, model: str, evidence: Mapping[str, Any], evidenc
     registry = open_registry(settings)
     compact = json.dumps(evidence, sort_keys=True, separators=(",", ":"), allow_nan=False)
     out: dict[str, Any] = {}
+    policy = promotion_policy(model, settings=settings, registry=registry)  # the policy in force, on the decision
     roles = [("champion", champion, challenger)]
     if challenger is not None:
         roles.append(("challenger", challenger, champion))
@@ -312,6 +314,7 @@ def _record(settings: Settings, model: str, evidence: Mapping[str, Any], evidenc
             SHADOW_TAG_PREFIX + "evidence": compact,
             SHADOW_TAG_PREFIX + "evidence_uri": evidence_uri,
             SHADOW_TAG_PREFIX + "report_uri": report_uri,
+            SHADOW_TAG_PREFIX + "promotion_policy": policy,
         }
         out[role] = {"version": version, "evidence_uri": evidence_uri, "report_uri": report_uri,
                      "run_id": registry.publish_run_id(ref)}  # the run holding the files above

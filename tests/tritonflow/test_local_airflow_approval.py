@@ -1,0 +1,93 @@
+"""On a real local Airflow (scheduler, dag-processor, triggerer, api-server) and a real MLflow, a run
+of a model under policy ``approve`` waits in its ``approval`` task until a person approves through
+the REST API (``PATCH .../hitlDetails``); then the task after it runs and the answer is on the
+challenger's MLflow version."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ground.settings import Settings
+from tritonflow.runtime.airflow import AirflowDeployment
+from tritonflow.runtime.airflow_api import AirflowApi, AirflowApiError
+from tritonflow.runtime.airflow_config import AirflowConfig
+from tritonflow.runtime.services import free_port
+
+pytestmark = [pytest.mark.integration]
+
+DAGS = Path(__file__).parent / "approval_airflow_dags"
+DAG_ID = "approval_gate"
+#: Seconds each wait may take on a loaded two-core machine.
+WAIT_S = 300
+
+
+@pytest.fixture(scope="module")
+def model(mlflow_server):
+    from mlflow import MlflowClient
+
+    name = f"approve-{uuid.uuid4().hex[:6]}"
+    client = MlflowClient(mlflow_server.tracking_uri)
+    client.create_registered_model(name)
+    for _ in range(2):
+        client.create_model_version(name, source="s3://nowhere/model")
+    client.set_registered_model_tag(name, "tritonflow.promotion_policy", "approve")
+    return name, client
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, mlflow_server):
+    home = tmp_path_factory.mktemp("approval_airflow")
+    settings = Settings.from_env({}, home=home, start_timeout_s=600, mlflow_tracking_uri=mlflow_server.tracking_uri)
+    config = AirflowConfig.local(settings, api_port=free_port(), worker_log_port=free_port(),
+                                 triggerer_log_port=free_port(), dags_folder=DAGS)
+    dep = AirflowDeployment(config)
+    dep.start()
+    try:
+        yield dep
+    finally:
+        dep.stop()
+
+
+def _wait(what: str, probe, timeout_s: float = WAIT_S):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(2)
+    raise AssertionError(f"{what} not seen within {timeout_s:.0f} s")
+
+
+def test_a_run_under_approve_waits_for_a_person_and_goes_on_once_approved(deployment, model):
+    name, client = model
+    api = AirflowApi(deployment.api_url)
+    api.wait_for_dag(DAG_ID, WAIT_S)
+    api.unpause(DAG_ID)
+    run_id = f"approve_{uuid.uuid4().hex[:6]}"
+    api.post(f"/dags/{DAG_ID}/dagRuns", {"dag_run_id": run_id, "logical_date": None, "conf": {"model": name}})
+    path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/approval/-1/hitlDetails"
+
+    def detail():
+        try:
+            return api.get(path)
+        except AirflowApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    asked = _wait("the approval request", detail)
+    assert name in asked["subject"] and "v2" in asked["subject"] and "**Shadow**" in asked["body"]
+    assert asked["defaults"] == ["Reject"] and asked.get("responded_at") is None
+    time.sleep(5)  # still waiting: nothing after the approval ran
+    after = api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/after")
+    assert after["state"] not in ("running", "success", "skipped"), after
+    api.patch(path, {"chosen_options": ["Approve"], "params_input": {}})
+    _wait("the run's success", lambda: api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"] == "success")
+    assert api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/after")["state"] == "success"
+    tags = client.get_model_version(name, "2").tags
+    assert tags["tritonflow.approval.answer"] == "approved" and tags["tritonflow.approval.by"] != "nobody"
+    assert tags["tritonflow.approval.policy"] == "approve" and "tritonflow.status" not in tags
