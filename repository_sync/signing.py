@@ -119,11 +119,15 @@ def generate_key_pair(
     )
     private_key_path.parent.mkdir(parents=True, exist_ok=True)
     public_key_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(private_key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # The public key first, the private key last and atomically (written aside, then renamed): a
+    # reader that finds the private key (a concurrent publish checking for it) finds the pair.
+    public_key_path.write_bytes(public_pem)
+    staged = private_key_path.with_name(f".{private_key_path.name}.{os.getpid()}.tmp")
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.write(private_pem)
-    os.chmod(private_key_path, 0o600)
-    public_key_path.write_bytes(public_pem)
+    os.chmod(staged, 0o600)
+    os.replace(staged, private_key_path)
     return hashlib.sha256(public_pem).hexdigest()
 
 

@@ -110,6 +110,27 @@ def test_generated_private_key_is_private_and_not_overwritten(tmp_path):
         generate_key_pair(tmp_path / "k.pem", tmp_path / "k.pub")
 
 
+def test_a_generated_private_key_appears_only_once_its_public_key_is_written(tmp_path, monkeypatch):
+    """A concurrent publish that finds the private key must find the trusted public key too."""
+    import os
+
+    from repository_sync import signing
+
+    private, public = tmp_path / "keys" / "k.pem", tmp_path / "keys" / "trusted" / "k.pub"
+    seen = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        seen.append((private.exists(), public.is_file()))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(signing.os, "replace", replace)
+    generate_key_pair(private, public)
+    assert seen == [(False, True)]
+    assert private.is_file() and oct(private.stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in private.parent.iterdir() if p.is_file()] == ["k.pem"]  # no staged file left
+
+
 def test_empty_trusted_keys_folder_is_refused(version_dir, signing_keys, tmp_path):
     sign_version(version_dir, signing_keys.private, signature_file=SIG)
     (tmp_path / "empty").mkdir()
