@@ -159,8 +159,10 @@ def test_mlflow_delivers_each_registry_change_once_signed_and_mapped(mlflow, rec
     assert kinds == [("alias_deleted", "canary_rollback", "challenger"), ("alias_set", "model_publish", "challenger"),
                      ("tag_set", "model_retrain", None), ("version_created", "model_publish", None)]
     assert {a.conf["model_name"] for a, _ in got} == {model}
-    assert len({did for _, did in got}) == 4  # one delivery per change, none repeated
-    assert all(not receiver.store.claim(did) for _, did in got)  # each id was recorded by the receiver
+    deliveries = {a.conf["delivery_id"] for a, _ in got}
+    assert len(deliveries) == len({run_id for _, run_id in got}) == 4  # one delivery and run per change
+    # each delivery was stored by the receiver, in the shared store, and finished
+    assert all(receiver.store.delivery(did)["status"] == "done" for did in deliveries)
     created = next(a for a, _ in got if a.conf["registry_event"]["kind"] == "version_created")
     assert created.conf["model_version"] == version and created.then == ("shadow_evaluation",)
 
