@@ -17,13 +17,14 @@ Design:
   production). :meth:`~SeenStateStore.advance` diffs and stores in one transaction holding the
   consumer's row locked, so two pollers (or a restarted triggerer, on any host) never report one
   transition twice. The first poll of a consumer records a baseline
-  and reports nothing (no storm of events for the existing registry). A transition is recorded
-  before its event is yielded: at-most-once delivery, never twice. An alias moved back to a
+  and reports nothing (no storm of events for the existing registry). An alias moved back to a
   version it held earlier is a new transition and fires again.
 * :func:`poll_once` decides each change in the change ledger (:mod:`.change_ledger`), under the
   one change key the webhook receiver uses too: a change the webhook already started is left out,
   one it stored but failed to start (or a trigger crashed before handing on) is started now, with
-  the change's run id, so each change gives one run whichever path saw it first.
+  the change's run id, so each change gives one run whichever path saw it first. A change is
+  marked started only after its event was handed to Airflow; a triggerer that dies in between
+  yields it again on the next poll (the same run id, so no second run).
 * :class:`RegistryEventTrigger` is an Airflow 3 ``BaseEventTrigger`` for an ``AssetWatcher``:
   it polls every ``poll_interval_s`` and yields one ``TriggerEvent`` per mapped action for its
   ``dag_id`` (payload = the DAG run conf of :func:`~tritonflow_plugin.event_mapping.actions_for`).
