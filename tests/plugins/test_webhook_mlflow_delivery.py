@@ -75,7 +75,7 @@ class Receiver:
     ``gate``: while cleared, deliveries wait before they reach the receiver (MLflow has sent them).
     """
 
-    def __init__(self, tmp: Path, sink=None):
+    def __init__(self, tmp: Path, sink=None, port: int | None = None):
         self.sink = sink or RecordingSink()
         self.store = DeliveryStore(tmp / "deliveries.sqlite")
         self.gate = threading.Event()
@@ -89,7 +89,7 @@ class Receiver:
 
         app.mount(URL_PREFIX, create_app(secret=SECRET, tolerance_s=300, rules=RULES, sink=self.sink,
                                          deliveries=self.store))
-        self.port = free_port()
+        self.port = port or free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -412,3 +412,37 @@ def test_the_previous_champion_recorded_is_tritonflows_not_the_payloads(mlflow, 
     assert [(e["version"], e["previous_version"]) for e in moved] == [(v1, None), (v3, v1)]
     key = moved[-1]["change_key"]
     assert runs_receiver.store.change(key)["previous"] == v1
+
+
+def test_thirty_versions_with_the_receiver_restarted_in_the_middle_give_thirty_runs(mlflow, tmp_path):
+    """10 versions delivered, 10 while the receiver is down (MLflow drops them), 10 after it restarts."""
+    sink = RunsSink()
+    first = Receiver(tmp_path, sink=sink).__enter__()
+    second = None
+    model = f"churn-restarts-{uuid.uuid4().hex[:6]}"
+    try:
+        assert _register(mlflow, first.url) == 0
+        time.sleep(3)
+        client = _model(mlflow, first, model)
+        versions = [_new_version(client, model) for _ in range(10)]
+        sink.wait_for("model_publish", model, 10, settle_s=0.5)
+        first.__exit__()
+        versions += [_new_version(client, model) for _ in range(10)]
+        time.sleep(12)  # MLflow's 3 retries (1, 2, 4 s, plus jitter) fail too: it drops those deliveries
+        second = Receiver(tmp_path, sink=sink, port=first.port).__enter__()
+        versions += [_new_version(client, model) for _ in range(10)]
+        sink.wait_for("model_publish", model, 20, settle_s=0.5)
+        assert len(sink.of("model_publish", model)) == 20  # the 10 MLflow dropped are missing
+        assert reconcile(mlflow, second, model) == 10  # the reconciler starts exactly those
+        runs = sink.wait_for("model_publish", model, 30)
+        # 0 lost, 0 doubled
+        assert sorted(int(r.conf["model_version"]) for r in runs) == sorted(int(v) for v in versions)
+        assert reconcile(mlflow, second, model) == 0
+    finally:
+        (second or first).__exit__()
+        for hook in client_of(mlflow).list_webhooks():
+            client_of(mlflow).delete_webhook(hook.webhook_id)
+
+
+def client_of(mlflow) -> MlflowClient:
+    return MlflowClient(tracking_uri=mlflow.tracking_uri, registry_uri=mlflow.tracking_uri)
