@@ -21,9 +21,6 @@ DAG_ID = "registry_events"
 #: (consumer ``registry_events``) records each transition once and this DAG applies the real
 #: mapping itself. A data file beside this one (not a DAG file).
 WATCH_ALL_MAPPING = Path(__file__).with_name("registry_events_watch_all.json")
-#: Change kinds the MLflow webhook delivers; with a webhook secret configured the webhook path
-#: handles them and this DAG only acts on the rest (stage transitions).
-WEBHOOK_KINDS = ("version_created", "alias_set", "alias_deleted", "tag_set")
 
 DESCRIPTION = "Start the DAGs a change in the MLflow model registry calls for (new version, alias, stage)."
 
@@ -40,8 +37,9 @@ Turns changes in the MLflow model registry into runs of the other DAGs, followin
 | stage `Archived`, or an alias removed | `canary_rollback` |
 
 It runs by itself: Airflow's triggerer polls the registry and each change runs this DAG once,
-even across restarts. When MLflow sends webhooks (`TRITONFLOW_WEBHOOK_SECRET` set) those changes
-start the DAGs directly and this DAG only handles stage transitions, so nothing starts twice.
+even across restarts. When MLflow sends webhooks those changes start the DAGs directly; this DAG
+then starts only what the webhook missed (stage transitions, lost deliveries): both record each
+change once in the shared database, so nothing starts twice.
 The DAGs it starts run on their own (it does not wait for them).
 
 **To replay a change by hand** (for example one missed while the triggerer was down), fill in
@@ -69,10 +67,18 @@ PARAMS = {
 
 
 def _run_id(dag_id: str, change: dict, stamp: str) -> str:
-    """Deterministic, allowed run id (``^[A-Za-z0-9_.~:+-]+$``) for one change and target."""
+    """Deterministic, allowed run id (``^[A-Za-z0-9_.~:+-]+$``) for one change and target.
+
+    A change decided in the change ledger gets its change's run id, the one the webhook receiver
+    gives it too (one run whichever path started it).
+    """
     import hashlib
     import json
 
+    from tritonflow_plugin.change_ledger import change_run_id
+
+    if change.get("change_key"):
+        return change_run_id(str(change["change_key"]), dag_id, str(change.get("kind", "change")))
     digest = hashlib.sha256(json.dumps([dag_id, change, stamp], sort_keys=True, default=str)
                             .encode()).hexdigest()[:16]
     return f"registry__{change.get('kind', 'change')}__{digest}"
@@ -91,7 +97,6 @@ def registry_events():
         import logging
 
         from ground.exceptions import DataError
-        from ground.settings import get_settings
         from tritonflow_plugin.event_mapping import RegistryChange, actions_for, load_mapping
 
         log = logging.getLogger("tritonflow.registry_events")
@@ -113,7 +118,6 @@ def registry_events():
                 for item in items if isinstance(items, list) else [payload]:
                     if isinstance(item, dict) and isinstance(item.get("registry_event"), dict):
                         found.append((item["registry_event"], str(getattr(ev, "timestamp", ""))))
-        webhook_owned = WEBHOOK_KINDS if get_settings().webhook_secret else ()
         rules = load_mapping()
         fired = []
         for raw, stamp in found:
@@ -122,9 +126,6 @@ def registry_events():
             except TypeError as exc:
                 raise DataError(f"registry_event={raw!r} is invalid ({exc}): expected the fields of "
                                 "RegistryChange") from None
-            if change.source == "watcher" and change.kind in webhook_owned:
-                log.info("%s: delivered by the MLflow webhook (secret configured); not fired twice", raw)
-                continue
             for action in actions_for(change, rules):
                 fired.append({"trigger_dag_id": action.dag_id,
                               "trigger_run_id": _run_id(action.dag_id, raw, stamp),

@@ -25,8 +25,9 @@ Times are the workers' wall clocks (``time.time``); hosts must keep them NTP-syn
 small part of ``ttl_s`` (default 60 s).
 
 The same database keeps small coordination state (table ``tritonflow_state``: the registry
-watcher's seen facts, the retrain guard) and the **desired versions** of each served model (table
-``tritonflow_model_versions``, see :mod:`repository_sync.triton.model_control`).
+watcher's seen facts, the registry changes acted on and the webhook deliveries stored
+(``tritonflow_plugin.change_ledger``), the retrain guard) and the **desired versions** of each
+served model (table ``tritonflow_model_versions``, see :mod:`repository_sync.triton.model_control`).
 """
 
 from __future__ import annotations

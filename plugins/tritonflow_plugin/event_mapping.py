@@ -85,6 +85,8 @@ class RegistryChange:
         tag_key: Tag key (``tag_set``).
         tag_value: Tag value (``tag_set``).
         source: ``"webhook"`` or ``"watcher"``.
+        change_key: The key tritonflow recorded the change under (:mod:`.change_ledger`), once decided.
+        previous_version: The version the alias held before, from tritonflow's record (alias changes).
     """
 
     kind: str
@@ -95,6 +97,8 @@ class RegistryChange:
     tag_key: str | None = None
     tag_value: str | None = None
     source: str = "webhook"
+    change_key: str | None = None
+    previous_version: str | None = None
 
     @property
     def detail(self) -> str:

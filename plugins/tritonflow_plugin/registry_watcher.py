@@ -1,4 +1,4 @@
-"""Registry watcher: stage transitions and alias moves, for MLflow setups without webhooks.
+"""Registry watcher, the reconciler: every registry change the webhook did not start, started once.
 
 Open-source MLflow sends no webhook for stage transitions (and webhooks need a SQL backend and a
 reachable receiver), so this module polls the registry and turns what changed into
@@ -17,9 +17,14 @@ Design:
   production). :meth:`~SeenStateStore.advance` diffs and stores in one transaction holding the
   consumer's row locked, so two pollers (or a restarted triggerer, on any host) never report one
   transition twice. The first poll of a consumer records a baseline
-  and reports nothing (no storm of events for the existing registry). A transition is recorded
-  before its event is yielded: at-most-once delivery, never twice. An alias moved back to a
+  and reports nothing (no storm of events for the existing registry). An alias moved back to a
   version it held earlier is a new transition and fires again.
+* :func:`poll_once` decides each change in the change ledger (:mod:`.change_ledger`), under the
+  one change key the webhook receiver uses too: a change the webhook already started is left out,
+  one it stored but failed to start (or a trigger crashed before handing on) is started now, with
+  the change's run id, so each change gives one run whichever path saw it first. A change is
+  marked started only after its event was handed to Airflow; a triggerer that dies in between
+  yields it again on the next poll (the same run id, so no second run).
 * :class:`RegistryEventTrigger` is an Airflow 3 ``BaseEventTrigger`` for an ``AssetWatcher``:
   it polls every ``poll_interval_s`` and yields one ``TriggerEvent`` per mapped action for its
   ``dag_id`` (payload = the DAG run conf of :func:`~tritonflow_plugin.event_mapping.actions_for`).
@@ -37,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterable, Sequence, cast
 
+from tritonflow_plugin.change_ledger import STARTED, ChangeLedger
 from tritonflow_plugin.event_mapping import (
     ALIAS_DELETED,
     ALIAS_SET,
@@ -194,20 +200,56 @@ def poll_once(
     consumer: str,
     rules: Sequence[Rule],
     models: Sequence[str] | None = None,
+    ledger: ChangeLedger | None = None,
+    *,
+    mark: bool = True,
 ) -> list[dict[str, Any]]:
-    """One watcher poll: snapshot, advance the seen state, map to ``consumer``'s DAG runs.
+    """One reconciler poll: snapshot, diff, decide each change in the ledger, map to ``consumer``.
+
+    Each change the diff finds is decided in the change ledger (:mod:`.change_ledger`, the same
+    key as the webhook receiver's): one the webhook already started is left out; one decided but
+    never started (the receiver failed after storing it) is started now, as is every change
+    decided before whose runs were never confirmed. The runs get the change's run id.
+
+    Args:
+        client: An ``mlflow.MlflowClient``.
+        store: The consumers' seen facts.
+        consumer: The DAG this poll feeds.
+        rules: The mapping.
+        models: Registered model names to watch (default: all).
+        ledger: The change ledger (default: the one in ``store``'s database).
+        mark: Mark the returned changes started (the trigger marks them after yielding instead).
 
     Returns:
         The DAG run confs (see ``event_mapping.actions_for``) of actions whose ``dag_id`` is
-        ``consumer``, in change order.
+        ``consumer``, in change order; ``registry_event.change_key`` names the change.
     """
-    changes = store.advance(consumer, take_snapshot(client, models))
+    ledger = ledger or ChangeLedger(store.store)
+    decided: dict[str, RegistryChange] = {}
+    for change in store.advance(consumer, take_snapshot(client, models)):
+        recorded = ledger.record(change)
+        if recorded.status != STARTED:
+            decided[recorded.key] = recorded.change
+    for change in ledger.unstarted(0.0):
+        if change.change_key and (models is None or change.model in models):
+            decided.setdefault(str(change.change_key), change)
     out = []
-    for change in changes:
+    for key, change in decided.items():
         for action in actions_for(change, rules):
             if action.dag_id == consumer:
                 out.append(action.conf)
+        if mark:
+            ledger.mark_started(key, [])
     return out
+
+
+def mark_started(store: SeenStateStore, confs: Sequence[dict[str, Any]]) -> None:
+    """Mark the changes of ``confs`` started (their events were handed to Airflow)."""
+    ledger = ChangeLedger(store.store)
+    for conf in confs:
+        key = (conf.get("registry_event") or {}).get("change_key")
+        if key:
+            ledger.mark_started(key, [])
 
 
 try:  # The trigger needs Airflow core (the triggerer); the pure parts above do not.
@@ -284,7 +326,10 @@ class RegistryEventTrigger(BaseEventTrigger):
         client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         store = SeenStateStore(self.state_path)
         rules = load_mapping(self.mapping_path)
-        return poll_once(client, store, self.dag_id, rules, self.models)
+        return poll_once(client, store, self.dag_id, rules, self.models, mark=False)
+
+    def _mark(self, confs: list[dict[str, Any]]) -> None:
+        mark_started(SeenStateStore(self.state_path), confs)
 
     async def run(self) -> AsyncIterator[Any]:
         """Poll forever (or ``max_polls`` times), yielding one event per mapped change."""
@@ -306,6 +351,8 @@ class RegistryEventTrigger(BaseEventTrigger):
             elif not self.batch:
                 for conf in confs:
                     yield TriggerEvent(conf)
+            if confs:  # handed to Airflow: a crash before this line re-emits them (same run ids)
+                await asyncio.to_thread(self._mark, confs)
             if self.max_polls is None or polls < self.max_polls:
                 await asyncio.sleep(interval)
 

@@ -11,8 +11,8 @@ conventions:
 The receiver (:func:`create_app`) refuses, with a logged reason and a 4xx answer:
 
 * a missing/invalid signature or no configured secret (401),
-* a timestamp outside ``Settings.webhook_tolerance_s`` (401) or a delivery id already accepted
-  (409) -- replay protection; accepted ids are kept in SQLite under ``Settings.home``,
+* a timestamp outside ``Settings.webhook_tolerance_s`` (401) or a delivery id already handled
+  (409) -- replay protection,
 * a body that is not JSON, lacks fields or has wrong types (400).
 
 Accepted ``model_version.created``, ``model_version_alias.created/deleted`` and
@@ -20,6 +20,13 @@ Accepted ``model_version.created``, ``model_version_alias.created/deleted`` and
 objects, mapped to DAGs by :mod:`tritonflow_plugin.event_mapping`; each action goes to a sink
 (:class:`Sink`): :class:`DagRunSink`, one DAG run per delivery and mapped DAG, with the action's
 conf. Other well-formed MLflow events are acknowledged and ignored (200).
+
+Nothing lost, nothing doubled (:mod:`tritonflow_plugin.change_ledger`): every signed delivery is
+stored in the shared coordination database (PostgreSQL in a deployment, never a host-local file)
+before the receiver answers; the change is then decided under its change key, in the same
+transaction that records it, and its runs get the change's run id. A change the registry watcher
+(the reconciler) already acted on is acknowledged as a duplicate; a failure after storing answers
+502, and MLflow's retry or the reconciler starts the same runs.
 
 Why DAG runs and not asset events: Airflow's scheduler folds the asset events queued
 for a DAG into one run and consumes only those written before the DAG was first queued; a second
@@ -37,14 +44,11 @@ by default).
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import hmac
 import json
 import logging
-import sqlite3
 import time
-from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from fastapi import FastAPI, Request
@@ -52,6 +56,7 @@ from fastapi.responses import JSONResponse
 
 from ground.exceptions import DataError
 from tritonflow.registry_events import SUPPORTED_EVENTS, WEBHOOK_PATH  # shared with the CLI
+from tritonflow_plugin.change_ledger import STARTED, ChangeLedger, change_run_id
 from tritonflow_plugin.event_mapping import (
     Action,
     RegistryChange,
@@ -69,8 +74,6 @@ DELIVERY_ID_HEADER = "X-MLflow-Delivery-Id"
 SIGNATURE_VERSION = "v1"
 #: Largest accepted body (bytes); MLflow registry payloads are a few hundred bytes.
 MAX_BODY_BYTES = 256 * 1024
-#: File name of the accepted-delivery store under ``Settings.home``.
-DELIVERY_STORE_FILE = "webhook_deliveries.sqlite"
 
 
 class WebhookRejected(DataError):
@@ -169,66 +172,38 @@ def parse_delivery(body: str) -> RegistryChange | None:
     )
 
 
-class DeliveryStore:
-    """Delivery ids already accepted, in SQLite, so replays are refused across restarts.
+class DeliveryStore(ChangeLedger):
+    """The receiver's store: deliveries and the changes acted on, in the shared coordination DB.
 
     Args:
-        path: SQLite file (default ``<Settings.home>/webhook_deliveries.sqlite``).
-        retention_s: Ids older than this are pruned (older deliveries fail the timestamp check).
+        path: SQLAlchemy URL or SQLite file of the coordination database, or a
+            :class:`~ground.coordination.CoordinationStore` (default: the shared store of the settings).
     """
 
-    def __init__(self, path: str | Path | None = None, retention_s: float = 3600.0) -> None:
-        if path is None:
-            from ground.settings import get_settings
-
-            path = get_settings().home / DELIVERY_STORE_FILE
-        self.path = Path(path)
-        self.retention_s = retention_s
-
-    @contextlib.contextmanager
-    def _connect(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS delivery (delivery_id TEXT PRIMARY KEY, received_at REAL NOT NULL)"
-            )
-            yield conn
-        finally:
-            conn.close()
+    def __init__(self, path: Any = None) -> None:
+        super().__init__(path)
 
     def claim(self, delivery_id: str, now: float | None = None) -> bool:
-        """Record ``delivery_id``; ``False`` when it was already recorded (a replay)."""
-        now = time.time() if now is None else now
-        with self._connect() as conn:
-            conn.execute("DELETE FROM delivery WHERE received_at < ?", (now - self.retention_s,))
-            try:
-                conn.execute("INSERT INTO delivery VALUES (?, ?)", (delivery_id, now))
-            except sqlite3.IntegrityError:
-                return False
-        return True
-
-    def release(self, delivery_id: str) -> None:
-        """Forget ``delivery_id`` (its actions failed, so MLflow's retry must be accepted)."""
-        with self._connect() as conn:
-            conn.execute("DELETE FROM delivery WHERE delivery_id = ?", (delivery_id,))
+        """Store ``delivery_id`` (empty body); ``False`` when it was already stored."""
+        return self.store_delivery(delivery_id, "", now) is None
 
 
 class Sink(Protocol):
     """Where mapped actions go."""
 
-    def deliver(self, action: Action, delivery_id: str) -> str:
-        """Start ``action``; return a short description of what was created."""
+    def deliver(self, action: Action, run_id: str) -> str:
+        """Start ``action`` as run ``run_id``; return a short description of what was created."""
 
 
 class DagRunSink:
-    """Create a DAG run of ``action.dag_id`` with the action's conf (run id per delivery).
+    """Create a DAG run of ``action.dag_id`` with the action's conf and the change's run id.
 
-    The run id is ``registry__<delivery id>``, so an MLflow retry of a delivery whose run was
-    already created (the receiver failed after it) finds that run instead of creating a second.
+    The run id is the change's (:func:`~tritonflow_plugin.change_ledger.change_run_id`), so an
+    MLflow retry, or the reconciler, finding a change whose run was already created (the receiver
+    failed after it) finds that run instead of creating a second.
     """
 
-    def deliver(self, action: Action, delivery_id: str) -> str:
+    def deliver(self, action: Action, run_id: str) -> str:
         """Trigger the DAG run.
 
         Raises:
@@ -238,19 +213,18 @@ class DagRunSink:
         from airflow.exceptions import DagNotFound, DagRunAlreadyExists
         from airflow.utils.types import DagRunTriggeredByType
 
-        run_id = f"registry__{delivery_id}"
         try:
             run = trigger_dag(
                 action.dag_id,
                 triggered_by=DagRunTriggeredByType.REST_API,
                 run_id=run_id,
-                conf={**action.conf, "delivery_id": delivery_id},
+                conf=action.conf,
                 note=f"MLflow registry {action.conf['registry_event']['kind']}",
             )
         except DagNotFound as exc:
             raise DataError(f"dag_id={action.dag_id!r} not found: expected a parsed DAG ({exc})") from None
         except DagRunAlreadyExists:
-            return f"dag run {run_id} of {action.dag_id} (already created for this delivery)"
+            return f"dag run {run_id} of {action.dag_id} (already created for this change)"
         return f"dag run {getattr(run, 'run_id', run_id)} of {action.dag_id}"
 
 
@@ -261,21 +235,19 @@ def _settings():
 
 
 def _admit(raw: bytes, headers: Mapping[str, str], *, secret: str | None, tolerance_s: float | None,
-           deliveries: DeliveryStore | None,
-           clock: Callable[[], float]) -> tuple[RegistryChange | None, DeliveryStore]:
-    """Check one delivery (size, secret, headers, signature, timestamp, replay) and claim its id.
+           clock: Callable[[], float]) -> tuple[RegistryChange | None, str]:
+    """Check one delivery (size, secret, headers, signature, timestamp, payload).
 
     Args:
         raw: The request body.
         headers: The request headers.
         secret: HMAC secret (``None``: ``Settings.webhook_secret``).
         tolerance_s: Accepted clock skew in seconds (``None``: ``Settings.webhook_tolerance_s``).
-        deliveries: Accepted-delivery store (``None``: a :class:`DeliveryStore` under ``Settings.home``).
         clock: Unix time now.
 
     Returns:
-        ``(change, store)``: the registry change (``None``: a well-formed event that is not mapped)
-        and the store the delivery id was claimed in.
+        ``(change, body)``: the registry change (``None``: a well-formed event that is not mapped)
+        and the body as text.
 
     Raises:
         WebhookRejected: The delivery is refused (its HTTP status and reason).
@@ -302,35 +274,50 @@ def _admit(raw: bytes, headers: Mapping[str, str], *, secret: str | None, tolera
     tol = tolerance_s
     if tol is None:
         tol = (settings or _settings()).webhook_tolerance_s
-    now = clock()
-    check_timestamp(timestamp, now, tol)
-    change = parse_delivery(body)
-    store = deliveries or DeliveryStore(retention_s=max(2 * tol, 60))
-    if not store.claim(delivery_id, now):
+    check_timestamp(timestamp, clock(), tol)
+    return parse_delivery(body), body
+
+
+def _store(ledger: ChangeLedger, delivery_id: str, body: str, now: float) -> None:
+    """Store the delivery before anything is acknowledged; refuse a replay of a finished one.
+
+    Raises:
+        WebhookRejected: 409 when this delivery id was already handled to the end.
+    """
+    before = ledger.store_delivery(delivery_id, body, now)
+    if before == "done":
         raise WebhookRejected(409, f"{DELIVERY_ID_HEADER}={delivery_id} was already received (replay)")
-    return change, store
+    if before is not None:
+        log.info("MLflow webhook delivery %s: stored before (%s), processing it again", delivery_id, before)
 
 
 def _deliver(change: RegistryChange, delivery_id: str, rules: Sequence[Rule] | None, sink: Sink | None,
-             store: DeliveryStore) -> Any:
-    """Hand each mapped action of ``change`` to the sink; the response to the delivery.
+             ledger: ChangeLedger) -> Any:
+    """Decide ``change`` in the ledger, start its mapped runs if they may not exist yet; the response.
 
-    A sink failure releases the delivery id (MLflow's retry is then accepted) and answers 502 with
-    what was done before it.
+    A change another path (or an earlier delivery) already started is a duplicate (200, no run).
+    A sink failure answers 502 with what was done before it; the delivery stays stored and the
+    change ``claimed``, so MLflow's retry or the reconciler starts it (the same run ids).
     """
     from tritonflow_plugin.event_mapping import load_mapping
 
+    recorded = ledger.record(change, delivery_id=delivery_id)
+    if recorded.status == STARTED:
+        ledger.finish_delivery(delivery_id, "done", recorded.key)
+        log.info("MLflow webhook delivery %s: change %s already acted on", delivery_id, recorded.key)
+        return {"status": "duplicate", "delivery_id": delivery_id, "change_key": recorded.key}
+    change = recorded.change
     actions = actions_for(change, rules if rules is not None else load_mapping())
     target = sink or DagRunSink()
     done: list[dict[str, str]] = []
     try:
         for action in actions:
-            # Two rules may start the same DAG for one delivery: each gets its own run id.
-            same_dag = len([d for d in done if d["dag_id"] == action.dag_id])
-            key = f"{delivery_id}.{same_dag + 1}" if same_dag else delivery_id
-            done.append({"dag_id": action.dag_id, "result": target.deliver(action, key)})
+            run_id = change_run_id(recorded.key, action.dag_id, change.kind)
+            action = Action(action.dag_id, {**action.conf, "delivery_id": delivery_id}, action.then)
+            done.append({"dag_id": action.dag_id, "run_id": run_id, "result": target.deliver(action, run_id)})
+        ledger.mark_started(recorded.key, [d["run_id"] for d in done])
+        ledger.finish_delivery(delivery_id, "done", recorded.key)
     except Exception as exc:
-        store.release(delivery_id)
         log.error("MLflow webhook delivery %s: delivering actions failed: %s", delivery_id, exc)
         return JSONResponse(
             status_code=502, content={"detail": f"delivering actions failed: {exc}", "done": done}
@@ -355,8 +342,8 @@ def create_app(
     ``Settings.event_mapping_path``, :class:`DagRunSink`, :class:`DeliveryStore`.
 
     Responses: 200 ``{"status": "accepted", "actions": [...]}`` or ``{"status": "ignored"}``;
-    4xx ``{"detail": reason}``; 502 when a sink failed (the delivery id is released so MLflow's
-    retry is accepted).
+    ``{"status": "duplicate"}`` for a change already acted on; 4xx ``{"detail": reason}``; 502 when a
+    sink failed (the delivery stays stored, not done, so MLflow's retry is processed).
     """
     app = FastAPI(title="tritonflow MLflow webhook receiver", docs_url=None, redoc_url=None)
 
@@ -369,14 +356,16 @@ def create_app(
         raw = await request.body()
         delivery_id = request.headers.get(DELIVERY_ID_HEADER, "")
         try:
-            change, store = _admit(raw, request.headers, secret=secret, tolerance_s=tolerance_s,
-                                   deliveries=deliveries, clock=clock)
+            change, body = _admit(raw, request.headers, secret=secret, tolerance_s=tolerance_s, clock=clock)
+            ledger = deliveries or DeliveryStore()
+            _store(ledger, delivery_id, body, clock())
         except WebhookRejected as exc:
             log.warning("MLflow webhook delivery %r refused (%s): %s", delivery_id, exc.status, exc.reason)
             return JSONResponse(status_code=exc.status, content={"detail": exc.reason})
         if change is None:
+            ledger.finish_delivery(delivery_id, "done")
             log.info("MLflow webhook delivery %s ignored (event not mapped)", delivery_id)
             return {"status": "ignored", "delivery_id": delivery_id}
-        return _deliver(change, delivery_id, rules, sink, store)
+        return _deliver(change, delivery_id, rules, sink, ledger)
 
     return app

@@ -133,6 +133,7 @@ def test_signed_mlflow_webhooks_back_to_back_each_create_their_mapped_model_publ
     stack.api.unpause("model_publish")
     url = f"{stack.url}/tritonflow/webhooks/mlflow"
     sent: dict[str, str] = {}
+    run_ids: dict[str, str] = {}  # delivery id -> the change's run id the receiver answered
     for version in ("7", "8"):
         data = dict(ModelVersionCreatedPayload.example(), name=stack.model, version=version)
         body, headers = _signed_delivery(stack.webhook_secret, data)
@@ -140,11 +141,12 @@ def test_signed_mlflow_webhooks_back_to_back_each_create_their_mapped_model_publ
         assert status == 200, doc
         assert doc["status"] == "accepted" and [a["dag_id"] for a in doc["actions"]] == ["model_publish"]
         sent[headers["X-MLflow-Delivery-Id"]] = version
+        run_ids[headers["X-MLflow-Delivery-Id"]] = doc["actions"][0]["run_id"]
     assert _post(url, body, headers)[0] == 409  # the same delivery again: a replay
     forged_body, forged = _signed_delivery("not-the-secret", data)
     assert _post(url, forged_body, forged)[0] == 401
 
-    wanted = {f"registry__{did}" for did in sent}
+    wanted = set(run_ids.values())
     deadline = time.monotonic() + 300
     runs: dict[str, dict] = {}
     while time.monotonic() < deadline and set(runs) != wanted:
@@ -155,7 +157,7 @@ def test_signed_mlflow_webhooks_back_to_back_each_create_their_mapped_model_publ
         time.sleep(2)
     assert set(runs) == wanted, f"model_publish runs: {stack.api.dag_runs('model_publish')}"
     for did, version in sent.items():
-        conf = runs[f"registry__{did}"]["conf"]
+        conf = runs[run_ids[did]]["conf"]
         assert (conf["model_name"], conf["model_version"], conf["delivery_id"]) == (stack.model, version, did)
         assert conf["registry_event"]["kind"] == "version_created" and conf["then"] == ["shadow_evaluation"]
 

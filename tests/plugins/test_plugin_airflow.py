@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.plugins import airflow_env
+from tritonflow_plugin.change_ledger import change_run_id
 
 CONSUMER_DAG = textwrap.dedent('''\
     from datetime import timedelta
@@ -52,7 +53,9 @@ def test_each_mlflow_delivery_creates_its_own_mapped_dag_run(tmp_path, airflow_h
     runs = sorted(result["runs"], key=lambda r: int(r["conf"]["model_version"]))
     assert [r["conf"]["model_version"] for r in runs] == result["versions"] == ["1", "2"], result["runs"]
     for run in runs:
-        assert run["run_type"] == "manual" and run["run_id"] == f"registry__{run['conf']['delivery_id']}"
+        # the change's run id (the one the reconciler would give it too)
+        key = run["conf"]["registry_event"]["change_key"]
+        assert run["run_type"] == "manual" and run["run_id"] == change_run_id(key, "model_publish", "version_created")
         assert run["conf"]["model_name"] == result["model"] and run["conf"]["then"] == ["shadow_evaluation"]
         assert run["conf"]["registry_event"]["kind"] == "version_created"
     assert len(set(result["deliveries"])) == 2

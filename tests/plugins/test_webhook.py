@@ -29,6 +29,7 @@ from mlflow.webhooks.types import (
 )
 
 from tritonflow.registry_events import WEBHOOK_PATH
+from tritonflow_plugin.change_ledger import change_run_id
 from tritonflow_plugin.event_mapping import load_mapping
 from tritonflow_plugin.webhook import DeliveryStore, create_app
 
@@ -79,10 +80,12 @@ def test_signed_model_version_created_starts_publish_with_the_payload(receiver):
     resp = client.post(WEBHOOK_PATH, content=body, headers=headers)
     assert resp.status_code == 200, resp.text
     assert resp.json()["status"] == "accepted"
-    (action, delivery_id), = sink.actions
+    (action, run_id), = sink.actions
     assert action.dag_id == "model_publish" and action.then == ("shadow_evaluation",)
     assert action.conf["model_name"] == data["name"] and action.conf["model_version"] == data["version"]
-    assert delivery_id == headers[WEBHOOK_DELIVERY_ID_HEADER]
+    assert action.conf["delivery_id"] == headers[WEBHOOK_DELIVERY_ID_HEADER]
+    key = action.conf["registry_event"]["change_key"]
+    assert run_id == change_run_id(key, "model_publish", "version_created")
 
 
 def test_alias_and_tag_events_are_mapped(receiver):

@@ -8,12 +8,15 @@ MLflow signs and sends every delivery itself; the receiver's sink records what i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+import requests
 import uvicorn
 from fastapi import FastAPI
 from mlflow import MlflowClient
@@ -22,8 +25,17 @@ from tests.conftest import make_settings
 from tritonflow.cli import main
 from tritonflow.registry_events import URL_PREFIX, WEBHOOK_PATH
 from tritonflow.runtime.services import MlflowServer, free_port
-from tritonflow_plugin.event_mapping import DEFAULT_RULES, parse_rules
-from tritonflow_plugin.webhook import DeliveryStore, create_app
+from tritonflow_plugin.change_ledger import change_run_id
+from tritonflow_plugin.event_mapping import DEFAULT_RULES, RegistryChange, actions_for, load_mapping, parse_rules
+from tritonflow_plugin.registry_watcher import SeenStateStore, poll_once
+from tritonflow_plugin.webhook import (
+    DELIVERY_ID_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    DeliveryStore,
+    create_app,
+    sign,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -58,15 +70,26 @@ class RecordingSink:
 
 
 class Receiver:
-    """The webhook app served for real by uvicorn in a thread on a free 127.0.0.1 port."""
+    """The webhook app served for real by uvicorn in a thread on a free 127.0.0.1 port.
 
-    def __init__(self, tmp: Path):
-        self.sink = RecordingSink()
+    ``gate``: while cleared, deliveries wait before they reach the receiver (MLflow has sent them).
+    """
+
+    def __init__(self, tmp: Path, sink=None, port: int | None = None):
+        self.sink = sink or RecordingSink()
         self.store = DeliveryStore(tmp / "deliveries.sqlite")
+        self.gate = threading.Event()
+        self.gate.set()
         app = FastAPI()  # mounted under the prefix, as Airflow's api-server mounts the plugin's app
+
+        @app.middleware("http")
+        async def hold(request, call_next):
+            await asyncio.to_thread(self.gate.wait, 20)
+            return await call_next(request)
+
         app.mount(URL_PREFIX, create_app(secret=SECRET, tolerance_s=300, rules=RULES, sink=self.sink,
                                          deliveries=self.store))
-        self.port = free_port()
+        self.port = port or free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -136,8 +159,10 @@ def test_mlflow_delivers_each_registry_change_once_signed_and_mapped(mlflow, rec
     assert kinds == [("alias_deleted", "canary_rollback", "challenger"), ("alias_set", "model_publish", "challenger"),
                      ("tag_set", "model_retrain", None), ("version_created", "model_publish", None)]
     assert {a.conf["model_name"] for a, _ in got} == {model}
-    assert len({did for _, did in got}) == 4  # one delivery per change, none repeated
-    assert all(not receiver.store.claim(did) for _, did in got)  # each id was recorded by the receiver
+    deliveries = {a.conf["delivery_id"] for a, _ in got}
+    assert len(deliveries) == len({run_id for _, run_id in got}) == 4  # one delivery and run per change
+    # each delivery was stored by the receiver, in the shared store, and finished
+    assert all(receiver.store.delivery(did)["status"] == "done" for did in deliveries)
     created = next(a for a, _ in got if a.conf["registry_event"]["kind"] == "version_created")
     assert created.conf["model_version"] == version and created.then == ("shadow_evaluation",)
 
@@ -205,3 +230,219 @@ def test_a_refused_url_exits_1_naming_the_server_variables_and_the_https_alterna
     assert _cli("list", "--tracking-uri", strict_mlflow.tracking_uri) == 0
     assert "no webhooks" in capsys.readouterr().out
 
+
+
+# ------------------------------------------------------------------ one run per change, both paths
+#: The reconciler's mapping (every change to registry_events, which applies RULES itself).
+WATCH_ALL = load_mapping(str(Path(__file__).parents[2] / "dags" / "registry_events_watch_all.json"))
+
+
+class RunsSink:
+    """Stands in for Airflow's DAG runs: one per ``(dag_id, run_id)``, as ``trigger_dag`` refuses a second.
+
+    ``fail``: how many calls raise (the metadata DB down) before calls succeed; ``on_call`` sees
+    each action first (to check what was stored before the receiver answers).
+    """
+
+    def __init__(self, fail: int = 0, on_call=None):
+        self.runs: dict[tuple[str, str], object] = {}
+        self.calls = 0
+        self.fail = fail
+        self.on_call = on_call
+        self.lock = threading.Lock()
+
+    def deliver(self, action, run_id):
+        with self.lock:
+            self.calls += 1
+            if self.on_call is not None:
+                self.on_call(action)
+            if self.fail > 0:
+                self.fail -= 1
+                raise RuntimeError("metadata DB unavailable")
+            if (action.dag_id, run_id) in self.runs:
+                return f"dag run {run_id} (already created)"
+            self.runs[(action.dag_id, run_id)] = action
+            return f"dag run {run_id}"
+
+    def of(self, dag_id: str, model: str) -> list:
+        with self.lock:
+            return [a for (d, _), a in self.runs.items() if d == dag_id and a.conf["model_name"] == model]
+
+    def wait_for(self, dag_id: str, model: str, count: int, settle_s: float = 1.5) -> list:
+        deadline = time.monotonic() + DELIVERY_TIMEOUT_S
+        while len(self.of(dag_id, model)) < count and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(settle_s)
+        return self.of(dag_id, model)
+
+
+def reconcile(mlflow, receiver, model: str) -> int:
+    """One reconciler poll (the registry_events watcher) and the runs registry_events would fire."""
+    client = MlflowClient(tracking_uri=mlflow.tracking_uri, registry_uri=mlflow.tracking_uri)
+    confs = poll_once(client, SeenStateStore(receiver.store.store.url), "registry_events", WATCH_ALL, [model])
+    for conf in confs:
+        change = RegistryChange(**conf["registry_event"])
+        for action in actions_for(change, RULES):  # what registry_events' map_changes fires
+            receiver.sink.deliver(action, change_run_id(str(change.change_key), action.dag_id, change.kind))
+    return len(confs)
+
+
+@pytest.fixture
+def runs_receiver(tmp_path, mlflow, request):
+    with Receiver(tmp_path, sink=RunsSink(**getattr(request, "param", {}))) as rec:
+        assert _register(mlflow, rec.url) == 0
+        yield rec
+    client = MlflowClient(tracking_uri=mlflow.tracking_uri, registry_uri=mlflow.tracking_uri)
+    for hook in client.list_webhooks():
+        client.delete_webhook(hook.webhook_id)
+
+
+def _model(mlflow, receiver, name: str) -> MlflowClient:
+    client = MlflowClient(tracking_uri=mlflow.tracking_uri, registry_uri=mlflow.tracking_uri)
+    client.create_registered_model(name)
+    assert reconcile(mlflow, receiver, name) == 0  # the reconciler's baseline
+    return client
+
+
+@pytest.mark.parametrize("runs_receiver", [{"fail": 1}, {"fail": 100}], indirect=True,
+                         ids=["mlflow-retry", "reconciler"])
+def test_a_delivery_is_stored_before_the_2xx_and_a_failure_after_storing_still_gives_one_run(
+        mlflow, runs_receiver):
+    sink, store = runs_receiver.sink, runs_receiver.store
+    stored = []
+    sink.on_call = lambda action: "delivery_id" in action.conf and stored.append(
+        store.delivery(action.conf["delivery_id"]))
+    time.sleep(3)  # MLflow's webhook cache (2 s here)
+    model = f"churn-stored-{uuid.uuid4().hex[:6]}"
+    client = _model(mlflow, runs_receiver, model)
+    version = _new_version(client, model)
+
+    # the failed call and MLflow's retry; or, failing throughout, the call and MLflow's 3 retries
+    calls = 2 if sink.fail == 1 else 4
+    deadline = time.monotonic() + DELIVERY_TIMEOUT_S
+    while sink.calls < calls and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert stored and all(s and '"model_version"' in s["body"] for s in stored)  # stored before answering
+    if sink.fail:  # every MLflow retry failed too: the reconciler starts the change it stored
+        time.sleep(1)
+        assert sink.calls == 4 and sink.of("model_publish", model) == []
+        sink.fail = 0
+        assert reconcile(mlflow, runs_receiver, model) == 1
+    (run,) = sink.wait_for("model_publish", model, 1)
+    assert run.conf["model_version"] == version
+    assert reconcile(mlflow, runs_receiver, model) == 0  # nothing left to start
+    assert len(sink.of("model_publish", model)) == 1
+
+
+@pytest.mark.parametrize("first", ["webhook", "watcher"])
+def test_one_change_seen_by_the_webhook_and_the_watcher_in_either_order_gives_one_run(
+        mlflow, runs_receiver, first):
+    model = f"churn-both-{first}"
+    time.sleep(3)
+    client = _model(mlflow, runs_receiver, model)
+    version = _new_version(client, model)
+    runs_receiver.sink.wait_for("model_publish", model, 1)
+    if first == "watcher":
+        runs_receiver.gate.clear()  # MLflow's delivery waits at the door
+    client.set_registered_model_alias(model, "champion", version)
+    if first == "watcher":
+        time.sleep(1)
+        assert reconcile(mlflow, runs_receiver, model) == 1
+        assert len(runs_receiver.sink.of("canary_promotion", model)) == 1
+        runs_receiver.gate.set()
+    else:
+        runs_receiver.sink.wait_for("canary_promotion", model, 1)
+        assert reconcile(mlflow, runs_receiver, model) == 0
+    time.sleep(3)  # the held delivery arrives: a duplicate
+    (run,) = runs_receiver.sink.of("canary_promotion", model)
+    assert run.conf["model_version"] == version
+    assert len(runs_receiver.sink.of("model_publish", model)) == 1
+
+
+def test_an_alias_moved_1_2_1_gives_three_runs_a_replayed_delivery_none_and_each_knows_its_previous(
+        mlflow, runs_receiver):
+    model = "churn-moves"
+    time.sleep(3)
+    client = _model(mlflow, runs_receiver, model)
+    v1, v2 = _new_version(client, model), _new_version(client, model)
+    for n, version in enumerate([v1, v2, v1], start=1):
+        client.set_registered_model_alias(model, "champion", version)
+        assert len(runs_receiver.sink.wait_for("canary_promotion", model, n, settle_s=0.5)) == n
+    runs = runs_receiver.sink.of("canary_promotion", model)
+    events = [r.conf["registry_event"] for r in runs]
+    # tritonflow's own record of the holder each move replaced (MLflow's payload does not say)
+    assert [(e["version"], e["previous_version"]) for e in events] == [(v1, None), (v2, v1), (v1, v2)]
+    assert len({e["change_key"] for e in events}) == 3
+    assert reconcile(mlflow, runs_receiver, model) == 0
+
+    # A replay: the last delivery again, correctly signed, with the same delivery id.
+    delivery_id = runs[-1].conf["delivery_id"]
+    body = runs_receiver.store.delivery(delivery_id)["body"]
+    ts = str(int(time.time()))
+    resp = requests.post(runs_receiver.url, data=body, headers={
+        "Content-Type": "application/json", DELIVERY_ID_HEADER: delivery_id, TIMESTAMP_HEADER: ts,
+        SIGNATURE_HEADER: sign(SECRET, delivery_id, ts, body)}, timeout=10)
+    assert resp.status_code == 409 and "replay" in resp.json()["detail"]
+    # The same change under a new delivery id (a second webhook, a resend): acknowledged, no run.
+    other = str(uuid.uuid4())
+    resp = requests.post(runs_receiver.url, data=body, headers={
+        "Content-Type": "application/json", DELIVERY_ID_HEADER: other, TIMESTAMP_HEADER: ts,
+        SIGNATURE_HEADER: sign(SECRET, other, ts, body)}, timeout=10)
+    assert resp.status_code == 200 and resp.json()["status"] == "duplicate"
+    assert len(runs_receiver.sink.of("canary_promotion", model)) == 3
+
+
+def test_the_previous_champion_recorded_is_tritonflows_not_the_payloads(mlflow, runs_receiver):
+    model = "churn-previous"
+    time.sleep(3)
+    client = _model(mlflow, runs_receiver, model)
+    v1, v2, v3 = (_new_version(client, model) for _ in range(3))
+    client.set_registered_model_alias(model, "champion", v1)
+    runs_receiver.sink.wait_for("canary_promotion", model, 1, settle_s=0.5)
+    # A signed delivery claiming another previous holder (v2) for champion -> v3.
+    delivery_id, ts = str(uuid.uuid4()), str(int(time.time()))
+    body = json.dumps({"entity": "model_version_alias", "action": "created", "timestamp": ts,
+                       "data": {"name": model, "alias": "champion", "version": v3,
+                                "previous_version": v2, "previous": {"version": v2}}})
+    resp = requests.post(runs_receiver.url, data=body, headers={
+        "Content-Type": "application/json", DELIVERY_ID_HEADER: delivery_id, TIMESTAMP_HEADER: ts,
+        SIGNATURE_HEADER: sign(SECRET, delivery_id, ts, body)}, timeout=10)
+    assert resp.status_code == 200, resp.text
+    moved = [r.conf["registry_event"] for r in runs_receiver.sink.of("canary_promotion", model)]
+    assert [(e["version"], e["previous_version"]) for e in moved] == [(v1, None), (v3, v1)]
+    key = moved[-1]["change_key"]
+    assert runs_receiver.store.change(key)["previous"] == v1
+
+
+def test_thirty_versions_with_the_receiver_restarted_in_the_middle_give_thirty_runs(mlflow, tmp_path):
+    """10 versions delivered, 10 while the receiver is down (MLflow drops them), 10 after it restarts."""
+    sink = RunsSink()
+    first = Receiver(tmp_path, sink=sink).__enter__()
+    second = None
+    model = f"churn-restarts-{uuid.uuid4().hex[:6]}"
+    try:
+        assert _register(mlflow, first.url) == 0
+        time.sleep(3)
+        client = _model(mlflow, first, model)
+        versions = [_new_version(client, model) for _ in range(10)]
+        sink.wait_for("model_publish", model, 10, settle_s=0.5)
+        first.__exit__()
+        versions += [_new_version(client, model) for _ in range(10)]
+        time.sleep(12)  # MLflow's 3 retries (1, 2, 4 s, plus jitter) fail too: it drops those deliveries
+        second = Receiver(tmp_path, sink=sink, port=first.port).__enter__()
+        versions += [_new_version(client, model) for _ in range(10)]
+        sink.wait_for("model_publish", model, 20, settle_s=0.5)
+        assert len(sink.of("model_publish", model)) == 20  # the 10 MLflow dropped are missing
+        assert reconcile(mlflow, second, model) == 10  # the reconciler starts exactly those
+        runs = sink.wait_for("model_publish", model, 30)
+        # 0 lost, 0 doubled
+        assert sorted(int(r.conf["model_version"]) for r in runs) == sorted(int(v) for v in versions)
+        assert reconcile(mlflow, second, model) == 0
+    finally:
+        (second or first).__exit__()
+        for hook in client_of(mlflow).list_webhooks():
+            client_of(mlflow).delete_webhook(hook.webhook_id)
+
+
+def client_of(mlflow) -> MlflowClient:
+    return MlflowClient(tracking_uri=mlflow.tracking_uri, registry_uri=mlflow.tracking_uri)

@@ -1,0 +1,189 @@
+"""The registry changes tritonflow acted on, and the webhook deliveries it stored, in the shared DB.
+
+Both paths that see a registry change -- the MLflow webhook receiver (:mod:`.webhook`) and the
+registry watcher, which is the reconciler (:mod:`.registry_watcher`) -- decide to act through
+:meth:`ChangeLedger.record`, so every change yields one DAG run whichever path saw it first.
+
+**The change key.** A registry change moves one *slot* to a new value:
+
+==================  ==========================================  ====================
+change kind         slot                                        value
+==================  ==========================================  ====================
+``version_created`` ``(model, "version", version)``             ``"created"``
+``alias_set``       ``(model, "alias", alias)``                 the version
+``alias_deleted``   ``(model, "alias", alias)``                 none
+``stage_changed``   ``(model, "stage", version)``               the stage
+``tag_set``         ``(model, "tag", version, key)``            the tag's value
+==================  ==========================================  ====================
+
+tritonflow keeps, per slot, the value it last acted on and a **move sequence** (1 for the first
+change it acted on, +1 for each later one). The change key is
+``model|kind|version|alias, stage or tag|move sequence``. Why the sequence, and why tritonflow's:
+``champion`` moved 1 -> 2 -> 1 is three changes, and the last is the same
+``(model, alias_set, 1, champion)`` as the first; MLflow's alias payload carries no timestamp and the
+version's ``last_updated_timestamp`` does not move when an alias does, so no registry fact tells
+them apart -- the sequence tritonflow records does. Both paths see the same sequence: the first to
+see a slot's new value increments it in the same transaction that decides to act (the slot's row
+locked: ``BEGIN IMMEDIATE`` on SQLite, ``SELECT ... FOR UPDATE`` on PostgreSQL), the second finds
+the slot already at that value and gets the same key back (a duplicate). The same key gives the
+same DAG run id (:func:`change_run_id`), so even two paths that both start the runs of one change
+(one after the other's failure) find one run.
+
+What this cannot see: a value the registry held only between two observations (an alias moved
+away and back before the webhook arrived and between two polls, with the webhook lost) is one
+change, not three -- there is nothing left in the registry to reconcile. Re-setting a slot to the
+value it already has (a tag set again to the same value) is no change.
+
+**Previous holder.** :meth:`ChangeLedger.record` returns the slot's value before the move from this
+record (``previous_version`` of an alias move): the version ``champion`` replaced, as tritonflow
+acted on it, never a payload's claim.
+
+**Deliveries.** A webhook delivery is stored (:meth:`ChangeLedger.store_delivery`: id, body, time)
+before the receiver acknowledges; it is ``done`` once its change's runs exist. A delivery id seen
+``done`` again is a replay (409); one not ``done`` (the receiver failed after storing) is processed
+again on MLflow's retry. A change recorded but whose runs were never started (``claimed``) is
+started again by the reconciler (:meth:`ChangeLedger.unstarted`).
+
+Tables: ``tritonflow_state`` of :mod:`ground.coordination`, scopes :data:`SLOTS`, :data:`CHANGES`,
+:data:`DELIVERIES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from ground.coordination import CoordinationStore, coordination_store, state
+from tritonflow.registry_events import ALIAS_DELETED, ALIAS_SET, STAGE_CHANGED, TAG_SET, VERSION_CREATED
+from tritonflow_plugin.event_mapping import RegistryChange
+
+#: State scopes: the last value acted on per slot, each change acted on, webhook deliveries.
+SLOTS, CHANGES, DELIVERIES = "registry-slot", "registry-change", "webhook-delivery"
+#: Change status: decided (runs not yet known to exist) / its runs exist.
+CLAIMED, STARTED = "claimed", "started"
+
+
+def slot_of(change: RegistryChange) -> tuple[str, str | None]:
+    """``(slot key, new value)`` of a change (see the module docstring)."""
+    m, v = change.model, change.version or ""
+    if change.kind in (ALIAS_SET, ALIAS_DELETED):
+        return f"{m}|alias|{change.alias}", (change.version if change.kind == ALIAS_SET else None)
+    if change.kind == STAGE_CHANGED:
+        return f"{m}|stage|{v}", change.stage
+    if change.kind == TAG_SET:
+        return f"{m}|tag|{v}|{change.tag_key}", change.tag_value
+    if change.kind == VERSION_CREATED:
+        return f"{m}|version|{v}", "created"
+    raise ValueError(f"kind={change.kind!r}: expected a registry change kind")
+
+
+def change_run_id(change_key: str, dag_id: str, kind: str) -> str:
+    """The one DAG run id of ``dag_id`` for a change (allowed characters ``[A-Za-z0-9_.~:+-]``)."""
+    digest = hashlib.sha256(f"{dag_id}\n{change_key}".encode()).hexdigest()[:20]
+    return f"registry__{kind}__{digest}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Recorded:
+    """The outcome of :meth:`ChangeLedger.record`.
+
+    Attributes:
+        key: The change key.
+        new: This call decided the change (``False``: another path or an earlier delivery did).
+        status: :data:`CLAIMED` or :data:`STARTED`.
+        previous: The slot's value tritonflow acted on before this change (an alias: the version
+            it replaced), ``None`` when none.
+        change: The change as recorded, with ``change_key`` and ``previous_version`` set.
+    """
+
+    key: str
+    new: bool
+    status: str
+    previous: str | None
+    change: RegistryChange
+
+
+class ChangeLedger:
+    """Registry changes acted on and webhook deliveries, in the shared coordination database.
+
+    Args:
+        store: A :class:`CoordinationStore`, a SQLAlchemy URL or a SQLite file path (default: the
+            shared store of the settings, :func:`ground.coordination.coordination_store`).
+    """
+
+    def __init__(self, store: CoordinationStore | str | Path | None = None) -> None:
+        if store is None:
+            store = coordination_store()
+        elif not isinstance(store, CoordinationStore):
+            text = str(store)
+            store = CoordinationStore(text if "://" in text else f"sqlite:///{Path(text).resolve()}")
+        self.store = store
+
+    # ------------------------------------------------------------------ changes
+    def record(self, change: RegistryChange, *, delivery_id: str | None = None) -> Recorded:
+        """Decide whether ``change`` is new, in one transaction holding its slot locked."""
+        slot, value = slot_of(change)
+        with self.store.locked_state(SLOTS, slot) as (conn, held):
+            held = held or {}
+            if held and held.get("value") == value:
+                entry = self.store.get_state(CHANGES, held["key"]) or {}
+                return Recorded(held["key"], False, entry.get("status", STARTED), entry.get("previous"),
+                                RegistryChange(**entry["change"]) if entry.get("change") else change)
+            seq = int(held.get("seq", 0)) + 1
+            previous = held.get("value")
+            key = "|".join([change.model, change.kind, change.version or "", change.detail, str(seq)])
+            recorded = dataclasses.replace(change, change_key=key, previous_version=previous)
+            self.store.set_state(SLOTS, slot, {"value": value, "seq": seq, "key": key}, conn=conn)
+            self.store.set_state(CHANGES, key, {"change": recorded.to_dict(), "previous": previous,
+                                                "status": CLAIMED, "delivery_id": delivery_id,
+                                                "at": time.time()}, conn=conn)
+        return Recorded(key, True, CLAIMED, previous, recorded)
+
+    def mark_started(self, key: str, runs: list[str]) -> None:
+        """The runs of change ``key`` exist (no path needs to start them again)."""
+        with self.store.locked_state(CHANGES, key) as (conn, entry):
+            self.store.set_state(CHANGES, key, {**(entry or {}), "status": STARTED, "runs": runs,
+                                                "started_at": time.time()}, conn=conn)
+
+    def change(self, key: str) -> dict[str, Any] | None:
+        """The stored record of change ``key``."""
+        return self.store.get_state(CHANGES, key)
+
+    def unstarted(self, older_than_s: float, now: float | None = None) -> list[RegistryChange]:
+        """Changes decided more than ``older_than_s`` ago whose runs were never confirmed."""
+        now = time.time() if now is None else now
+        out = []
+        with self.store.engine.connect() as conn:
+            rows = conn.execute(sa.select(state.c.value).where(state.c.scope == CHANGES)).scalars()
+            for raw in rows:
+                entry = json.loads(raw)
+                if entry.get("status") == CLAIMED and entry.get("at", now) <= now - older_than_s:
+                    out.append(RegistryChange(**entry["change"]))
+        return out
+
+    # ------------------------------------------------------------------ deliveries
+    def store_delivery(self, delivery_id: str, body: str, now: float | None = None) -> str | None:
+        """Store a delivery; its earlier status when it was stored before (``None``: first time)."""
+        now = time.time() if now is None else now
+        with self.store.locked_state(DELIVERIES, delivery_id) as (conn, entry):
+            if entry:
+                return str(entry.get("status"))
+            self.store.set_state(DELIVERIES, delivery_id, {"body": body, "received_at": now,
+                                                           "status": "received"}, conn=conn)
+        return None
+
+    def finish_delivery(self, delivery_id: str, status: str, change_key: str | None = None) -> None:
+        """Set a stored delivery's status (``done``: its change's runs exist or it maps to none)."""
+        with self.store.locked_state(DELIVERIES, delivery_id) as (conn, entry):
+            self.store.set_state(DELIVERIES, delivery_id, {**(entry or {}), "status": status,
+                                                           "change_key": change_key}, conn=conn)
+
+    def delivery(self, delivery_id: str) -> dict[str, Any] | None:
+        """The stored delivery (``body``, ``received_at``, ``status``, ``change_key``)."""
+        return self.store.get_state(DELIVERIES, delivery_id)
