@@ -138,18 +138,23 @@ class RegistryClientBase:
                 raise RegistryError(f"model {name!r} has no version {v} (deleted or never registered)") from None
             raise translate_mlflow_error(exc, f"reading model {name!r} version {v}") from exc
 
-    def aliases(self, name: str) -> dict[str, int]:
-        """Alias -> version of registered model ``name`` (as MLflow stores them).
-
-        Raises:
-            RegistryError: The registered model does not exist.
-        """
+    def _registered_model(self, name: str) -> Any:
+        """MLflow's registered model ``name``; RegistryError when it does not exist."""
         try:
             rm = self.client.get_registered_model(name)
         except Exception as exc:  # noqa: BLE001
             if is_not_found(exc):
                 raise RegistryError(f"registered model {name!r} does not exist") from None
             raise translate_mlflow_error(exc, f"reading registered model {name!r}") from exc
+        return rm
+
+    def aliases(self, name: str) -> dict[str, int]:
+        """Alias -> version of registered model ``name`` (as MLflow stores them).
+
+        Raises:
+            RegistryError: The registered model does not exist.
+        """
+        rm = self._registered_model(name)
         return {a: int(v) for a, v in (rm.aliases or {}).items()}
 
     def model_tags(self, name: str) -> dict[str, str]:
@@ -158,13 +163,7 @@ class RegistryClientBase:
         Raises:
             RegistryError: The registered model does not exist.
         """
-        try:
-            rm = self.client.get_registered_model(name)
-        except Exception as exc:  # noqa: BLE001
-            if is_not_found(exc):
-                raise RegistryError(f"registered model {name!r} does not exist") from None
-            raise translate_mlflow_error(exc, f"reading registered model {name!r}") from exc
-        return dict(rm.tags or {})
+        return dict(self._registered_model(name).tags or {})
 
     def resolve_alias(self, name: str, alias: str) -> ModelVersionRef:
         """The version alias ``alias`` of model ``name`` names.
