@@ -107,7 +107,7 @@ def generate(root: Path, model: str, rows: int, n_features: int, seed: int = 0) 
     return True
 
 
-def _env(root: Path, home: Path, **extra) -> dict[str, str]:
+def check_env(root: Path, home: Path, **extra) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"TRITONFLOW_HOME": str(home), "TRITONFLOW_INFERENCE_LOG_ROOT": str(root),
                 "TRITONFLOW_DRIFT_HISTORY_DB_URL": f"sqlite:///{home / 'history.db'}",
@@ -236,7 +236,7 @@ def child_spark(model: str) -> None:
                       "max_error_vs_exact": err, "stated_bound": bound}))
 
 
-def _run_child(kind: str, model: str, env: dict[str, str], code: Path = ROOT) -> dict:
+def run_child(kind: str, model: str, env: dict[str, str], code: Path = ROOT) -> dict:
     """Run one child in a fresh process with the checkout ``code`` (its own copy of this script)."""
     env = {**env, "PYTHONPATH": str(code)}
     out = subprocess.run([sys.executable, str(code / "benchmarks" / "drift_scale.py"), "--child", kind,
@@ -247,7 +247,7 @@ def _run_child(kind: str, model: str, env: dict[str, str], code: Path = ROOT) ->
     return json.loads(lines[-1])
 
 
-def _median(runs: list[dict], rows: int) -> dict:
+def median_run(runs: list[dict], rows: int) -> dict:
     """The median run (of an odd number) by wall time, with every run's figures."""
     r = dict(sorted(runs, key=lambda x: x["seconds"])[len(runs) // 2])
     if len(runs) > 1:
@@ -407,8 +407,8 @@ def main() -> None:
                 for phase in ("first", "hourly"):  # hourly: the same home again (reference cache, history)
                     shutil.rmtree(root / model / "drift_summaries", ignore_errors=True)  # computed, never reused
                     runs.setdefault((name, phase), []).append(
-                        _run_child("check", model, _env(root, home, TRITONFLOW_DRIFT_STREAM_WORKERS=2), code))
-        med = {key: _median(v, rows) for key, v in runs.items()}
+                        run_child("check", model, check_env(root, home, TRITONFLOW_DRIFT_STREAM_WORKERS=2), code))
+        med = {key: median_run(v, rows) for key, v in runs.items()}
         r = med[("this", "hourly")]
         r["first_check"] = med[("this", "first")]
         if args.compare_with:
@@ -418,15 +418,15 @@ def main() -> None:
         print(f"streamed check {rows:,} rows: {r}", flush=True)
         if rows == 1_000_000:
             shutil.rmtree(tmp / "home-exact", ignore_errors=True)
-            b = _run_child("check", model, _env(root, tmp / "home-exact",
+            b = run_child("check", model, check_env(root, tmp / "home-exact",
                                                 TRITONFLOW_DRIFT_EXACT_MAX_ROWS=10**12))
             b["rows_per_s"] = round(rows / b["seconds"])
             results["exact_baseline_1m"] = b
             print(f"exact path (window read whole) {rows:,} rows: {b}", flush=True)
     if not args.no_spark and sizes:
         spark_rows = 10_000_000 if 10_000_000 in sizes else max(sizes)
-        results["spark_vs_single_process"] = _run_child("spark", f"scale-{spark_rows}",
-                                                        _env(root, tmp / "home-spark"))
+        results["spark_vs_single_process"] = run_child("spark", f"scale-{spark_rows}",
+                                                        check_env(root, tmp / "home-spark"))
         print(f"spark vs single process: {results['spark_vs_single_process']}", flush=True)
     results["p95_lookup_ms"] = p95_lookup_ms(tmp)
     print(f"P95 lookup 50 x 3 x 720 (SQLite): {results['p95_lookup_ms']} ms", flush=True)

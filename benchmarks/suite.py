@@ -92,17 +92,34 @@ NAMES = tuple(b.name for b in BENCHMARKS)
 def measured_paths(bench: Benchmark) -> list[str]:
     """The repository paths whose code ``bench`` measures: its script, the root packages it imports
     and every package below the highest of them, its extra paths and the pinned dependencies."""
-    tree = ast.parse(bench.script.read_text())
+    scripts: list[str] = []
+    roots: set[str] = set()
+    todo = [bench.name]
+    while todo:  # the script, and the sibling benchmark modules it imports (their imports too)
+        name = todo.pop()
+        if name in scripts:
+            continue
+        scripts.append(name)
+        for root in _imported_roots(ROOT / "benchmarks" / f"{name}.py"):
+            if (ROOT / "benchmarks" / f"{root}.py").is_file():
+                todo.append(root)
+            else:
+                roots.add(root)
+    roots = {"plugins" if r == "tritonflow_plugin" else r for r in roots} | set(bench.paths)
+    top = min((LAYERS.index(r) for r in roots if r in LAYERS), default=len(LAYERS))
+    paths = [*(f"benchmarks/{n}.py" for n in scripts), *LAYERS[top:], *bench.paths, *COMMON_PATHS]
+    return sorted(p for p in dict.fromkeys(paths) if (ROOT / p).exists())
+
+
+def _imported_roots(script: Path) -> set[str]:
+    """The top-level names ``script`` imports (anywhere in it, functions included)."""
     roots = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(script.read_text())):
         if isinstance(node, ast.Import):
             roots.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             roots.add(node.module.split(".")[0])
-    roots = {"plugins" if r == "tritonflow_plugin" else r for r in roots} | set(bench.paths)
-    top = min((LAYERS.index(r) for r in roots if r in LAYERS), default=len(LAYERS))
-    paths = [f"benchmarks/{bench.name}.py", *LAYERS[top:], *bench.paths, *COMMON_PATHS]
-    return sorted(p for p in dict.fromkeys(paths) if (ROOT / p).exists())
+    return roots
 
 
 def missing_prerequisite(bench: Benchmark) -> str | None:
