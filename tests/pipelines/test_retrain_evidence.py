@@ -95,10 +95,14 @@ def test_the_follow_up_is_due_once_after_its_hours_and_reuses_the_change_point(e
     assert rp.followup_due(model, END + pd.Timedelta(hours=5), settings=s) is None  # not serving yet
     registry.client.set_registered_model_alias(model, "champion", first_challenger["result"]["version"])
     assert rp.followup_due(model, END + pd.Timedelta(hours=3), settings=s) is None
-    conf = rp.followup_due(model, END + pd.Timedelta(hours=4), settings=s)
-    assert conf is not None and conf["reason"] == "retrain_followup"
+    hour = [{"model": model, "window_end": (END + pd.Timedelta(hours=4)).isoformat()},
+            {"model": f"{model}_unregistered", "window_end": END.isoformat()}]  # lookup fails: left out
+    (trigger,) = rp.followup_triggers(hour, settings=s)  # what drift_monitor's followups task returns
+    conf = trigger["conf"]
+    assert trigger["trigger_dag_id"] == "retrain" and conf["reason"] == "retrain_followup"
+    assert conf["ignore_cooldown"] is True  # once per version; the wall-time cooldown would skip it
     assert conf["change_point"] == first_challenger["window"]["lineage"]["change_point"]
-    assert rp.followup_due(model, END + pd.Timedelta(hours=5), settings=s) is None  # once per version
+    assert rp.followup_triggers(hour, settings=s) == []  # once per version
     window = rp.training_window(model, days=SPAN_DAYS, end=END.isoformat(), reason=conf["reason"],
                                 change_point=conf["change_point"], settings=s)
     assert window["lineage"]["window_rule"] == "floor"  # still 176 post-shift rows: the floor again

@@ -454,6 +454,43 @@ def followup_due(model: str, hour_end: Any, *, settings: Settings | None = None,
             "window_end": end.isoformat(), "version": int(champion.version)}
 
 
+def followup_triggers(checked_summaries: Any, *, settings: Settings | None = None) -> list[dict[str, Any]]:
+    """The ``retrain`` triggers of the follow-ups due at the end of the checked hour.
+
+    Args:
+        checked_summaries: The drift monitor's check summaries of the hour (``model``,
+            ``window_end``), failures left out.
+        settings: Settings (MLflow URI).
+
+    Returns:
+        ``[{"trigger_dag_id": "retrain", "conf": {"model", "reason", "change_point", "window_end",
+        "ignore_cooldown": True}}]``,
+        one per model whose champion's follow-up is due; a model whose registry lookup fails is
+        left out (logged): its follow-up is asked again the next hour.
+    """
+    import logging
+
+    from ground.exceptions import TritonflowError
+
+    out = []
+    for summary in checked_summaries or []:
+        model, end = summary.get("model"), summary.get("window_end")
+        if not model or not end:
+            continue
+        try:
+            conf = followup_due(str(model), end, settings=settings)
+        except TritonflowError as exc:
+            logging.getLogger(__name__).warning("follow-up retraining of %s not checked: %s", model, exc)
+            continue
+        if conf is not None:
+            # once per version, so it cannot storm: the retrain cooldown (wall time, 6 h by default,
+            # longer than the follow-up's hours) would otherwise skip every follow-up
+            out.append({"trigger_dag_id": "retrain",
+                        "conf": {**{k: conf[k] for k in ("model", "reason", "change_point", "window_end")},
+                                 "ignore_cooldown": True}})
+    return out
+
+
 __all__ = ["CHOICE_KEYS", "EVIDENCE_REASONS", "FOLLOWUP_AT_TAG", "FOLLOWUP_REASON", "FOLLOWUP_STARTED_TAG",
-           "RETRAIN_DIR", "TRAINING_WINDOW_TAG", "entry_point_for", "followup_due", "reference_rows",
-           "run_training", "training_window"]
+           "RETRAIN_DIR", "TRAINING_WINDOW_TAG", "entry_point_for", "followup_due", "followup_triggers",
+           "reference_rows", "run_training", "training_window"]
