@@ -257,7 +257,7 @@ def drift_monitor():
     checked, ev, profiled = _hour_stages(batches)
     recorded, decided = _outcome_stages(checked, ev)
     events = _alert_events(checked, recorded, decided)
-    _followups(checked, decided)
-    _quality_gate(batches, checked, recorded, decided, ev, profiled, events)
+    followed_up = _followups(checked, decided)
+    followed_up >> _quality_gate(batches, checked, recorded, decided, ev, profiled, events)  # the gate stays last
 
 drift_monitor()
