@@ -13,7 +13,7 @@ from airflow.sdk import CronDataIntervalTimetable, Param, get_current_context, t
 from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import DRIFT_ALERTS, TIMEOUTS
 from tritonflow_plugin.links import record_version_links
-from tritonflow_plugin.wiring import data_task, tritonflow_dag
+from tritonflow_plugin.wiring import data_task, fire_and_forget_mapped, tritonflow_dag
 from tritonflow_plugin.xcom import limit_xcom_size
 
 DESCRIPTION = "Every hour, check each served model's inputs for drift and raise an alert when they moved."
@@ -37,6 +37,8 @@ For each model:
   drifted hours in a row, or at once on a strong drift; a cooldown keeps it from repeating every
   hour. Each alerting model gets its own **drift_event** box, whose asset event starts
   `shadow_evaluation`; a quiet hour has none;
+* **followups** - a champion trained on few rows since a shift asks for a follow-up retraining
+  once more labels have arrived (`TRITONFLOW_RETRAIN_FOLLOWUP_HOURS`); it is started here, once;
 * **data_quality_gate** - last: fails the run naming every model that failed and why (a
   **broken data contract** - the hour is kept for inspection -, unreadable data, a step that
   failed). One model's failure never stops the other models of its batch: they are checked,
@@ -212,6 +214,22 @@ def _alert_events(checked, recorded, decided):
     return drift_event.expand(extra=alerting)
 
 
+def _followups(checked, decided):
+    """``followups`` (after ``decide``), then a ``retrain`` run per champion whose follow-up retraining is due."""
+    @task(execution_timeout=TIMEOUTS.decision, trigger_rule="all_done")
+    @limit_xcom_size
+    def followups(checked: list) -> list[dict]:
+        """Triggers of the follow-up retrainings due at the hour's end (few post-shift rows last time)."""
+        from tritonflow.pipelines.drift_batches import summaries
+        from tritonflow.pipelines.retrain import followup_triggers
+
+        return followup_triggers(summaries(checked))
+
+    due = followups(checked)
+    decided >> due
+    return fire_and_forget_mapped("trigger_followup_retrain").expand_kwargs(due)
+
+
 def _quality_gate(batches, checked, recorded, decided, evidently_results, profiles, events):
     """``data_quality_gate``: last, after every stage; fails the run naming each model that failed."""
     @data_task(execution_timeout=TIMEOUTS.decision, retries=0, trigger_rule="all_done")
@@ -239,6 +257,7 @@ def drift_monitor():
     checked, ev, profiled = _hour_stages(batches)
     recorded, decided = _outcome_stages(checked, ev)
     events = _alert_events(checked, recorded, decided)
-    _quality_gate(batches, checked, recorded, decided, ev, profiled, events)
+    followed_up = _followups(checked, decided)
+    followed_up >> _quality_gate(batches, checked, recorded, decided, ev, profiled, events)  # the gate stays last
 
 drift_monitor()

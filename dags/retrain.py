@@ -38,7 +38,10 @@ answers (labels) that arrived since, then publishes it to Triton.
 optionally a **Reason**, then click *Trigger*.
 
 1. **training_window** - the last **Days** of logged requests before **Window end**, joined with
-   their labels, optionally mixed with a share of the original training data;
+   their labels, optionally mixed with a share of the original training data. When the labels
+   confirmed a shift (reason `champion_degraded`, or a `retrain_followup`), the rows since the point
+   where the served model's loss rose instead, at least `TRITONFLOW_RETRAIN_MIN_POST_SHIFT_ROWS` of
+   them (`TRITONFLOW_RETRAIN_WINDOW_RULE`); the choice and its reason are tags of the new version;
 2. **train** - runs the model's training code (**Training entry point**, else the deployment's)
    and registers the result in MLflow as a new version with alias `challenger`. A failed training
    changes nothing in the registry;
@@ -48,8 +51,9 @@ optionally a **Reason**, then click *Trigger*.
 Only one retraining per model runs at a time, and a cooldown (`TRITONFLOW_RETRAIN_COOLDOWN_S`)
 follows each success: a run refused by either is **skipped** and says why (**Ignore cooldown**
 lifts the cooldown only). Runs also start by themselves when a shadow evaluation finds the
-champion degraded, and on `TRITONFLOW_RETRAIN_SCHEDULE` when set. Fields left empty use the
-deployment's settings.
+champion degraded, from `drift_monitor` when a champion trained on few post-shift rows is due its
+follow-up (`TRITONFLOW_RETRAIN_FOLLOWUP_HOURS` later), and on `TRITONFLOW_RETRAIN_SCHEDULE` when set.
+Fields left empty use the deployment's settings.
 """
 
 PARAMS = {
@@ -63,6 +67,9 @@ PARAMS = {
                   description="Days of labelled traffic to train on. Empty: TRITONFLOW_RETRAIN_WINDOW_DAYS."),
     "window_end": form.text("Window end", "End of the training window, ISO 8601 (e.g. 2026-11-30T12:00:00Z). "
                             "Empty: the drift alert's end, else now."),
+    "change_point": form.text("Change point", "Where the served model's loss rose, ISO 8601 (a follow-up retraining "
+                              "passes the one its champion recorded). Empty: searched for when the labels "
+                              "confirmed a shift."),
     "mix_reference_fraction": Param(None, type=["null", "number"], minimum=0, exclusiveMaximum=1,
                                     title="Share of original data",
                                     description="Share of the original training rows mixed in, 0 to below 1. "
@@ -78,8 +85,10 @@ PARAMS = {
 }
 
 
-def _reason(params, context) -> str:
-    """The reason param; a scheduled run that kept the default says ``schedule``."""
+def _reason(params, context, loop_reason: str | None = None) -> str:
+    """The loop's reason when the param kept its default, else the param; a scheduled run says ``schedule``."""
+    if loop_reason and params.get("reason") == "manual":
+        return loop_reason
     reason = (params.get("reason") or "manual").strip()
     run_type = str(getattr(context.get("dag_run"), "run_type", "") or "").lower()
     return "schedule" if reason == "manual" and run_type.endswith("scheduled") else reason
@@ -109,7 +118,9 @@ def retrain():
         window = build(model, days=params.get("days"),
                        mix_reference_fraction=params.get("mix_reference_fraction"),
                        end=window_end or None, drift_event=drift_event,
-                       label_column=params.get("label_column") or None)
+                       label_column=params.get("label_column") or None,
+                       reason=_reason(params, context, loop.reason if loop else None),
+                       change_point=params.get("change_point") or None)
         return {**window, "loop": loop.model_dump(mode="json", exclude_none=True) if loop else None}
 
     @task_with_links(execution_timeout=TIMEOUTS.train)
@@ -124,10 +135,7 @@ def retrain():
         context = get_current_context()
         params, ti = context["params"], context["ti"]
         loop = window.get("loop") or {}
-        if loop.get("reason") and params.get("reason") == "manual":
-            reason = loop.get("reason")
-        else:
-            reason = _reason(params, context)
+        reason = _reason(params, context, loop.get("reason"))
         drift_event = params.get("drift_event") or loop.get("drift_event")
         result = run_training(
             window["model"], window, entry_point=params.get("entry_point") or None,

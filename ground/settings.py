@@ -537,6 +537,33 @@ class Settings:
     retrain_schedule: str = setting("RETRAIN_SCHEDULE", "", "Schedule of the retrain DAG (empty: none).")
     #: Model the scheduled ``retrain`` runs retrain (empty: the model must be given as a param).
     retrain_default_model: str = setting("RETRAIN_DEFAULT_MODEL", "", "Model a scheduled retrain retrains.")
+    #: How a retraining after a confirmed shift (champion degraded) chooses its rows: ``evidence`` (the
+    #: rows since the served model's loss rose, with a floor) or ``span`` (the last RETRAIN_WINDOW_DAYS).
+    retrain_window_rule: str = setting(
+        "RETRAIN_WINDOW_RULE", "evidence", "Window after a confirmed shift: evidence or span.",
+        check=one_of("evidence", "span"),
+    )
+    #: Floor on the labelled rows of an evidence window (fewer since the change point: the latest this many).
+    retrain_min_post_shift_rows: int = setting(
+        "RETRAIN_MIN_POST_SHIFT_ROWS", 200, "Fewest rows of an evidence window.", check=at_least(1),
+    )
+    #: The change point is looked for in this many RETRAIN_WINDOW_DAYS spans before the window's end.
+    retrain_evidence_lookback_factor: float = setting(
+        "RETRAIN_EVIDENCE_LOOKBACK_FACTOR", 3.0, "Spans searched for the change point.", check=at_least(1),
+    )
+    #: A window with fewer post-shift rows than this many floors asks for a follow-up retraining.
+    retrain_followup_factor: float = setting(
+        "RETRAIN_FOLLOWUP_FACTOR", 3.0, "Floors of post-shift rows below which a follow-up is due.",
+        check=NON_NEGATIVE,
+    )
+    #: Hours (logical) after a short window's end its follow-up retraining is due.
+    retrain_followup_hours: float = setting(
+        "RETRAIN_FOLLOWUP_HOURS", 4.0, "Hours after a short window's end a follow-up is due.", check=POSITIVE_FINITE,
+    )
+    #: Inference-log column of the served model's score (the loss whose rise locates a shift).
+    retrain_score_column: str = setting(
+        "RETRAIN_SCORE_COLUMN", "probability_rain", "Logged score column the change point is found in.",
+    )
 
     # -------------------------------------------------------------- drift monitor runs
     #: Registered models the hourly drift monitor checks, comma-separated; empty means every model

@@ -40,6 +40,9 @@ def test_the_data_quality_gate_runs_last_after_every_stage_so_a_failure_fails_th
     event = drift_dag.get_task("drift_event")
     assert event.upstream_task_ids == {"alerts"}
     assert {"record", "decide"} <= drift_dag.get_task("alerts").upstream_task_ids
+    # a due follow-up retraining is looked up after the hour was decided, and triggered before the gate
+    assert drift_dag.get_task("followups").upstream_task_ids == {"check", "decide"}
+    assert "trigger_followup_retrain" in gate.upstream_task_ids
 
 
 def test_models_are_batched_per_task_from_the_setting():

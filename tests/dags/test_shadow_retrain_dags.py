@@ -202,6 +202,8 @@ def test_retrain_registers_a_challenger_and_triggers_its_publish(loop):
     client = mlflow.MlflowClient(tracking_uri=loop["settings"].resolved_mlflow_tracking_uri)
     mv = client.get_model_version_by_alias(loop["model"], "challenger")
     assert mv.version == "2" and mv.tags["tritonflow.reason"] == "champion_degraded"
+    # the loop's reason reached the window choice: a confirmed shift, but this log has no score column
+    assert mv.tags["tritonflow.window_rule"] == "span" and "no score column" in mv.tags["tritonflow.window_reason"]
     assert json.loads(mv.tags["tritonflow.drift_event"])["window_end"] == loop["event"]["window_end"]
 
 

@@ -16,6 +16,16 @@ Plain Python (no Airflow); the ``retrain`` DAG calls :func:`training_window` the
   the alias ``challenger``, the reason and the lineage as ``tritonflow.*`` tags. A failing
   entry point leaves the registry unchanged.
 
+After a confirmed shift (``reason`` ``champion_degraded``, or a ``retrain_followup``) the window
+follows the evidence (:mod:`model_registry.evidence_window`, ``TRITONFLOW_RETRAIN_WINDOW_RULE``):
+the labelled rows of ``retrain_evidence_lookback_factor`` spans are searched for the point where the
+served model's loss rose, and the window is the rows since then, at least
+``retrain_min_post_shift_rows`` of them. The choice and its reason become version tags
+(``tritonflow.window_rule``, ``window_reason``, ``change_point``, ``post_shift_rows``,
+``retrain_followup_at``). A version trained on too few post-shift rows asks for a follow-up:
+:func:`followup_due` (called hourly by ``drift_monitor``) returns the retrain conf once the
+champion's ``retrain_followup_at`` has passed, at most once per version.
+
 Reference data of a version, for the mix: the training window a retraining recorded on it
 (version tag ``tritonflow.training_window_uri``), else the drift reference sample
 (:func:`drift_checks.reference.load_reference`) when it holds the label column.
@@ -42,6 +52,17 @@ TRAINING_WINDOW_TAG = "tritonflow.training_window_uri"
 _LABEL_KEYS = ("request_id", "timestamp")
 #: Seed of the reference sample drawn for the mix.
 MIX_SEED = 0
+#: Reasons whose window follows the evidence (a shift the labels confirmed).
+EVIDENCE_REASONS = ("champion_degraded", "retrain_followup")
+#: Reason of a follow-up retraining (more post-shift labels arrived).
+FOLLOWUP_REASON = "retrain_followup"
+#: Version tags of the follow-up: when it is due, and the hour it was started (once per version).
+FOLLOWUP_AT_TAG = "tritonflow.retrain_followup_at"
+FOLLOWUP_STARTED_TAG = "tritonflow.retrain_followup_started"
+CHANGE_POINT_TAG = "tritonflow.change_point"
+#: Lineage keys of the window choice, recorded as ``tritonflow.<key>`` version tags.
+CHOICE_KEYS = ("window_rule", "window_reason", "change_point", "change_point_p_value", "post_shift_rows",
+               "retrain_followup_at")
 
 
 def _settings(settings: Settings | None) -> Settings:
@@ -211,11 +232,39 @@ def _mix_reference(model: str, labelled: Any, column: str, frac: float, referenc
     return window, reference_source, n_ref
 
 
+def _choose_rows(model: str, s: Settings, stop: Any, days: float, reason: str | None, change_point: Any,
+                 label_column: str | None) -> tuple[Any, Any, str, dict[str, str]]:
+    """``(records, labelled, label column, choice tags)`` of the window ending at ``stop``.
+
+    Without a confirmed shift (``reason`` not in :data:`EVIDENCE_REASONS`) the rows of the policy's
+    span; with one, the rows :func:`model_registry.evidence_window.choose_window` picks from
+    ``lookback_factor`` spans.
+    """
+    import pandas as pd
+
+    from model_registry.evidence_window import EvidenceWindowPolicy, choose_window
+
+    policy = EvidenceWindowPolicy.from_settings(s)
+    span_start = stop - pd.Timedelta(days=days)
+    if reason not in EVIDENCE_REASONS or policy.rule == "span":
+        records, labelled, column = _labelled_log(model, s, span_start, stop, label_column)
+        why = (f"reason {reason or 'unset'!r} is not a confirmed shift ({', '.join(EVIDENCE_REASONS)})"
+               if reason not in EVIDENCE_REASONS else "TRITONFLOW_RETRAIN_WINDOW_RULE=span")
+        return records, labelled, column, {"window_rule": "span", "window_reason": f"{why}: the policy's span"}
+    lookback = stop - pd.Timedelta(days=days * policy.lookback_factor)
+    records, labelled, column = _labelled_log(model, s, lookback, stop, label_column)
+    choice = choose_window(labelled, label_column=column, policy=policy, span_start=span_start, end=stop,
+                           recorded_change_point=change_point)
+    since = pd.to_datetime(labelled["timestamp"], utc=True) >= choice.start
+    records = records[pd.to_datetime(records["timestamp"], utc=True) >= choice.start]
+    return records, labelled[since].reset_index(drop=True), column, choice.tags()
+
+
 def training_window(model: str, *, days: float | None = None,
                     mix_reference_fraction: float | None = None, end: Any = None,
                     drift_event: Any = None, label_column: str | None = None,
-                    reference_version: int | None = None,
-                    settings: Settings | None = None) -> dict[str, Any]:
+                    reference_version: int | None = None, reason: str | None = None,
+                    change_point: Any = None, settings: Settings | None = None) -> dict[str, Any]:
     """Build the training window of ``model`` and store it as Parquet.
 
     Args:
@@ -229,14 +278,18 @@ def training_window(model: str, *, days: float | None = None,
         drift_event: The drift asset event's extra (mapping or JSON) that caused the retraining.
         label_column: Label column (default: the labels' only non-key column).
         reference_version: Version whose reference data is mixed in (default: the champion).
-        settings: Settings (inference-log root, home, MLflow URI, label lag).
+        reason: Why the retraining runs; ``champion_degraded`` and ``retrain_followup`` (a shift the
+            labels confirmed) make the window follow the evidence (see the module's docstring).
+        change_point: A change point recorded by the retraining a follow-up follows (ISO 8601).
+        settings: Settings (inference-log root, home, MLflow URI, label lag, ``retrain_*`` window rule).
 
     Returns:
         ``{"model", "uri", "sha256", "bytes", "rows", "label_column", "lineage"}``; ``lineage``
         holds ``requested_start``/``requested_end`` (ISO), the observed ``window_start``/
         ``window_end``, ``window_rows``, ``window_labelled_rows``, ``window_positive_rows``,
         ``data_sha256``, ``log_rows``, ``labelled_log_rows``, ``reference_rows``,
-        ``reference_source`` and ``drift_event`` (compact JSON, ``""`` if none).
+        ``reference_source``, ``drift_event`` (compact JSON, ``""`` if none) and the window
+        choice (:data:`CHOICE_KEYS`: ``window_rule``, ``window_reason``, ...).
 
     Raises:
         WindowError: No logged row or no labelled row in the window, ambiguous labels, or
@@ -258,7 +311,7 @@ def training_window(model: str, *, days: float | None = None,
     event = drift_event_json(drift_event)
     stop = _window_end(end, event)
     start = stop - pd.Timedelta(days=days)
-    records, labelled, column = _labelled_log(model, s, start, stop, label_column)
+    records, labelled, column, choice = _choose_rows(model, s, stop, days, reason, change_point, label_column)
     window, reference_source, n_ref = labelled, "", 0
     if frac > 0:
         window, reference_source, n_ref = _mix_reference(model, labelled, column, frac, reference_version, s)
@@ -278,6 +331,7 @@ def training_window(model: str, *, days: float | None = None,
         "reference_rows": int(n_ref),
         "reference_source": reference_source,
         "drift_event": event,
+        **choice,
     }
     return {"model": model, "uri": str(path), "sha256": sha256_file(path),
             "bytes": path.stat().st_size, "rows": int(len(window)), "label_column": column,
@@ -340,7 +394,7 @@ def run_training(model: str, window_ref: Mapping[str, Any], *, entry_point: Any 
         "entry_point": entry.target if entry.kind == "callable" else f"project:{entry.target}#{entry.entry_point}",
     }
     for key in ("requested_start", "requested_end", "log_rows", "labelled_log_rows",
-                "reference_rows", "reference_source"):
+                "reference_rows", "reference_source", *CHOICE_KEYS):
         if key in lineage_in:
             extra[key] = str(lineage_in[key])
     lineage = Lineage(reason=reason, drift_event=event or None, extra=extra)
@@ -360,5 +414,83 @@ def run_training(model: str, window_ref: Mapping[str, Any], *, entry_point: Any 
     return out
 
 
-__all__ = ["RETRAIN_DIR", "TRAINING_WINDOW_TAG", "entry_point_for", "reference_rows",
-           "run_training", "training_window"]
+def followup_due(model: str, hour_end: Any, *, settings: Settings | None = None,
+                 mark: bool = True) -> dict[str, Any] | None:
+    """The retrain conf of the champion's follow-up retraining when it is due, else None.
+
+    A retraining after a shift records ``tritonflow.retrain_followup_at`` on its version when its
+    window held fewer than ``retrain_followup_factor * retrain_min_post_shift_rows`` post-shift rows.
+    Once that version serves (it is the champion) and ``hour_end`` (logical time, the hour the drift
+    monitor checked) has reached it, the follow-up is due: the conf names the recorded change point so
+    the new window is the rows since it. With ``mark`` the champion is tagged
+    ``tritonflow.retrain_followup_started`` first, so each version asks for one follow-up only.
+
+    Args:
+        model: Registered model name.
+        hour_end: End of the checked hour (ISO 8601/datetime, UTC).
+        settings: Settings (MLflow URI).
+        mark: Tag the champion as followed up.
+
+    Returns:
+        ``{"model", "reason": "retrain_followup", "change_point", "window_end", "version"}`` or None.
+    """
+    from model_registry.registry import RegistryClient
+
+    s = _settings(settings)
+    registry = RegistryClient(s.resolved_mlflow_tracking_uri)
+    champion = registry.champion(model)
+    if champion is None:
+        return None
+    tags = registry.get_version(model, champion.version).tags
+    due_at = tags.get(FOLLOWUP_AT_TAG, "")
+    if not due_at or tags.get(FOLLOWUP_STARTED_TAG):
+        return None
+    end = utc(hour_end, "hour_end")
+    if end < utc(due_at, FOLLOWUP_AT_TAG):
+        return None
+    if mark:
+        registry.set_version_tags(champion, {FOLLOWUP_STARTED_TAG: end.isoformat()})
+    return {"model": model, "reason": FOLLOWUP_REASON, "change_point": tags.get(CHANGE_POINT_TAG, ""),
+            "window_end": end.isoformat(), "version": int(champion.version)}
+
+
+def followup_triggers(checked_summaries: Any, *, settings: Settings | None = None) -> list[dict[str, Any]]:
+    """The ``retrain`` triggers of the follow-ups due at the end of the checked hour.
+
+    Args:
+        checked_summaries: The drift monitor's check summaries of the hour (``model``,
+            ``window_end``), failures left out.
+        settings: Settings (MLflow URI).
+
+    Returns:
+        ``[{"trigger_dag_id": "retrain", "conf": {"model", "reason", "change_point", "window_end",
+        "ignore_cooldown": True}}]``,
+        one per model whose champion's follow-up is due; a model whose registry lookup fails is
+        left out (logged): its follow-up is asked again the next hour.
+    """
+    import logging
+
+    from ground.exceptions import TritonflowError
+
+    out = []
+    for summary in checked_summaries or []:
+        model, end = summary.get("model"), summary.get("window_end")
+        if not model or not end:
+            continue
+        try:
+            conf = followup_due(str(model), end, settings=settings)
+        except TritonflowError as exc:
+            logging.getLogger(__name__).warning("follow-up retraining of %s not checked: %s", model, exc)
+            continue
+        if conf is not None:
+            # once per version, so it cannot storm: the retrain cooldown (wall time, 6 h by default,
+            # longer than the follow-up's hours) would otherwise skip every follow-up
+            out.append({"trigger_dag_id": "retrain",
+                        "conf": {**{k: conf[k] for k in ("model", "reason", "change_point", "window_end")},
+                                 "ignore_cooldown": True}})
+    return out
+
+
+__all__ = ["CHOICE_KEYS", "EVIDENCE_REASONS", "FOLLOWUP_AT_TAG", "FOLLOWUP_REASON", "FOLLOWUP_STARTED_TAG",
+           "RETRAIN_DIR", "TRAINING_WINDOW_TAG", "entry_point_for", "followup_due", "followup_triggers",
+           "reference_rows", "run_training", "training_window"]
