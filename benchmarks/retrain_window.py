@@ -161,7 +161,7 @@ def run(args: argparse.Namespace, serve_delay: int) -> dict[str, Any]:
     """Both rules and the oracle at one serving delay; the per-hour rolling AUCs and the goal's figures."""
     data = ds.load_noaa()
     policy = EvidenceWindowPolicy(min_post_shift_rows=args.floor, followup_factor=args.followup_factor,
-                                  followup_hours=args.followup_hours)
+                                  followup_hours=args.followup_hours, score_column=SCORE)
     last = args.alert_hour + args.horizon
     hours = range(args.alert_hour, last + 1)
     oracle = rolling_auc(oracle_scores(data, args.alert_hour - args.rolling_hours, last), hours,

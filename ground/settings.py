@@ -560,9 +560,10 @@ class Settings:
     retrain_followup_hours: float = setting(
         "RETRAIN_FOLLOWUP_HOURS", 4.0, "Hours after a short window's end a follow-up is due.", check=POSITIVE_FINITE,
     )
-    #: Inference-log column of the served model's score (the loss whose rise locates a shift).
+    #: Inference-log column of the served model's score (the loss whose rise locates a shift); empty:
+    #: the model logs none, so a retraining after a shift keeps the span (the main job sets its own).
     retrain_score_column: str = setting(
-        "RETRAIN_SCORE_COLUMN", "probability_rain", "Logged score column the change point is found in.",
+        "RETRAIN_SCORE_COLUMN", "", "Logged score column the change point is found in (empty: none, keep the span).",
     )
 
     # -------------------------------------------------------------- drift monitor runs

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from ground.exceptions import DataError
+from ground.settings import DEFAULTS
 
 #: Significance level of a change point (Kolmogorov p-value of the CUSUM statistic).
 CHANGE_POINT_ALPHA = 0.01
@@ -123,15 +124,16 @@ class EvidenceWindowPolicy:
         followup_factor: A window with fewer post-shift rows than ``followup_factor *
             min_post_shift_rows`` asks for a follow-up retraining.
         followup_hours: Hours after the window's end the follow-up is due.
-        score_column: Inference-log column holding the served model's score.
+        score_column: Inference-log column holding the served model's score (empty: none is
+            logged, so no shift can be located and the span is kept).
     """
 
-    rule: str = "evidence"
-    min_post_shift_rows: int = 200
-    lookback_factor: float = 3.0
-    followup_factor: float = 3.0
-    followup_hours: float = 4.0
-    score_column: str = "probability_rain"
+    rule: str = DEFAULTS.retrain_window_rule
+    min_post_shift_rows: int = DEFAULTS.retrain_min_post_shift_rows
+    lookback_factor: float = DEFAULTS.retrain_evidence_lookback_factor
+    followup_factor: float = DEFAULTS.retrain_followup_factor
+    followup_hours: float = DEFAULTS.retrain_followup_hours
+    score_column: str = DEFAULTS.retrain_score_column
 
     def __post_init__(self) -> None:
         checks = [("rule", self.rule in ("evidence", "span"), "'evidence' or 'span'"),
@@ -260,6 +262,9 @@ def choose_window(labelled: pd.DataFrame, *, label_column: str, policy: Evidence
         at = at.tz_localize("UTC") if at.tzinfo is None else at.tz_convert("UTC")
         return _since(policy, ts, at, stop, "recorded_change_point",
                       f"change point {at.isoformat()} recorded by the previous retraining", None)
+    if not policy.score_column:
+        return span("no score column is set (TRITONFLOW_RETRAIN_SCORE_COLUMN): no loss to locate a shift "
+                    "in; the policy's span")
     if policy.score_column not in labelled.columns:
         return span(f"the inference log has no score column {policy.score_column!r} "
                     "(TRITONFLOW_RETRAIN_SCORE_COLUMN): no loss to locate a shift in; the policy's span")

@@ -49,7 +49,7 @@ def test_no_change_point_in_a_quiet_stretch(served):
 
 def test_few_post_shift_rows_take_the_floor_and_ask_for_a_follow_up(served):
     end = stamp(12_176)
-    choice = choose_window(served, label_column=ds.LABEL_COLUMN, policy=EvidenceWindowPolicy(),
+    choice = choose_window(served, label_column=ds.LABEL_COLUMN, policy=EvidenceWindowPolicy(score_column=SCORE),
                            span_start=end - pd.Timedelta(hours=10), end=end)
     assert choice.rule == "floor" and choice.window_rows == 200
     assert 150 <= choice.post_shift_rows <= 200
@@ -61,7 +61,7 @@ def test_few_post_shift_rows_take_the_floor_and_ask_for_a_follow_up(served):
 
 def test_enough_post_shift_rows_train_on_the_rows_since_the_shift_only(served):
     end = stamp(12_176)
-    policy = EvidenceWindowPolicy(min_post_shift_rows=100, followup_factor=1.0)
+    policy = EvidenceWindowPolicy(min_post_shift_rows=100, followup_factor=1.0, score_column=SCORE)
     choice = choose_window(served, label_column=ds.LABEL_COLUMN, policy=policy,
                            span_start=end - pd.Timedelta(hours=10), end=end)
     assert choice.rule == "since_change_point" and choice.followup_at is None
@@ -70,7 +70,7 @@ def test_enough_post_shift_rows_train_on_the_rows_since_the_shift_only(served):
 
 def test_a_recorded_change_point_is_reused_by_the_follow_up(served):
     end = stamp(12_176)
-    choice = choose_window(served, label_column=ds.LABEL_COLUMN, policy=EvidenceWindowPolicy(min_post_shift_rows=50),
+    choice = choose_window(served, label_column=ds.LABEL_COLUMN, policy=EvidenceWindowPolicy(min_post_shift_rows=50, score_column=SCORE),
                            span_start=end - pd.Timedelta(hours=10), end=end,
                            recorded_change_point=stamp(12_000).isoformat())
     assert choice.rule == "recorded_change_point" and choice.post_shift_rows == 176
@@ -80,8 +80,9 @@ def test_a_recorded_change_point_is_reused_by_the_follow_up(served):
 def test_without_a_score_column_or_with_rule_span_the_policys_span_is_kept(served):
     end = stamp(12_176)
     span_start = end - pd.Timedelta(hours=10)
-    for policy, frame in [(EvidenceWindowPolicy(rule="span"), served),
-                          (EvidenceWindowPolicy(), served.drop(columns=[SCORE]))]:
+    for policy, frame in [(EvidenceWindowPolicy(rule="span", score_column=SCORE), served),
+                          (EvidenceWindowPolicy(score_column=SCORE), served.drop(columns=[SCORE])),
+                          (EvidenceWindowPolicy(), served)]:  # no score column set (the default)
         choice = choose_window(frame, label_column=ds.LABEL_COLUMN, policy=policy, span_start=span_start, end=end)
         assert choice.rule == "span" and choice.start == span_start and choice.window_rows == 480
 
@@ -94,5 +95,5 @@ def test_bad_input_is_refused_by_name():
     with pytest.raises(DataError, match="rule='recent'"):
         EvidenceWindowPolicy(rule="recent")
     with pytest.raises(DataError, match="lack column 'timestamp'"):
-        choose_window(pd.DataFrame({"rain": [1]}), label_column="rain", policy=EvidenceWindowPolicy(),
+        choose_window(pd.DataFrame({"rain": [1]}), label_column="rain", policy=EvidenceWindowPolicy(score_column=SCORE),
                       span_start=START, end=START)

@@ -40,7 +40,8 @@ def env(tmp_path_factory, mlflow_server):
     """Settings on the real MLflow and a champion-scored, labelled log of days 10,560-12,175."""
     home = tmp_path_factory.mktemp("retrain-evidence")
     settings = make_settings(home, mlflow_tracking_uri=mlflow_server.tracking_uri,
-                             inference_log_root=str(home / "logs"), retrain_cooldown_s=0.0)
+                             inference_log_root=str(home / "logs"), retrain_cooldown_s=0.0,
+                             retrain_score_column=SCORE)
     model = f"noaa_shift_{uuid.uuid4().hex[:8]}"
     data = ds.load_noaa()
     champion = train_noaa(data[data[ds.DAY_COLUMN] < 8_000])

@@ -15,6 +15,7 @@ import pandas as pd
 
 from ground.exceptions import DataError
 from ground.settings import PROJECT_ROOT
+from tritonflow.demo.serving import SCORE_COLUMN
 
 #: State folder of the demo (wiped at the start of every run).
 DEFAULT_DEMO_HOME = PROJECT_ROOT / ".tritonflow" / "demo"
@@ -274,6 +275,7 @@ def environment(cfg: DemoConfig, ports: Mapping[str, int]) -> dict[str, str]:
         "TRITONFLOW_PUBLISH_PERF_GATE": str(cfg.perf_gate).lower(),
         # The demo replays years in minutes: the cooldown is in logical time, not wall time.
         "TRITONFLOW_RETRAIN_COOLDOWN_S": "0",
+        "TRITONFLOW_RETRAIN_SCORE_COLUMN": SCORE_COLUMN,
         "TRITONFLOW_MONITORED_MODELS": cfg.model,
         # Logical time: one hour of log holds ``days_per_hour`` NOAA days.
         "TRITONFLOW_SHADOW_WINDOW_HOURS": str(cfg.shadow_hours),
