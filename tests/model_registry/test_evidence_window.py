@@ -70,7 +70,8 @@ def test_enough_post_shift_rows_train_on_the_rows_since_the_shift_only(served):
 
 def test_a_recorded_change_point_is_reused_by_the_follow_up(served):
     end = stamp(12_176)
-    choice = choose_window(served, label_column=ds.LABEL_COLUMN, policy=EvidenceWindowPolicy(min_post_shift_rows=50, score_column=SCORE),
+    policy = EvidenceWindowPolicy(min_post_shift_rows=50, score_column=SCORE)
+    choice = choose_window(served, label_column=ds.LABEL_COLUMN, policy=policy,
                            span_start=end - pd.Timedelta(hours=10), end=end,
                            recorded_change_point=stamp(12_000).isoformat())
     assert choice.rule == "recorded_change_point" and choice.post_shift_rows == 176
