@@ -34,6 +34,7 @@ Turns changes in the MLflow model registry into runs of the other DAGs, followin
 |---|---|
 | new version, or alias `challenger` set | `model_publish`, then `shadow_evaluation` |
 | alias `champion` set, or stage `Production` | `canary_promotion` |
+| alias `champion` moved by hand (not by a promotion) | put back; `model_publish`, then `canary_promotion` |
 | stage `Archived`, or an alias removed | `canary_rollback` |
 
 It runs by itself: Airflow's triggerer polls the registry and each change runs this DAG once,
@@ -97,6 +98,8 @@ def registry_events():
         import logging
 
         from ground.exceptions import DataError
+        from tritonflow_plugin.champion_guard import ChampionGuard
+        from tritonflow_plugin.change_ledger import ChangeLedger
         from tritonflow_plugin.event_mapping import RegistryChange, actions_for, load_mapping
 
         log = logging.getLogger("tritonflow.registry_events")
@@ -118,7 +121,7 @@ def registry_events():
                 for item in items if isinstance(items, list) else [payload]:
                     if isinstance(item, dict) and isinstance(item.get("registry_event"), dict):
                         found.append((item["registry_event"], str(getattr(ev, "timestamp", ""))))
-        rules = load_mapping()
+        rules, guard, ledger = load_mapping(), ChampionGuard(), ChangeLedger()
         fired = []
         for raw, stamp in found:
             try:
@@ -126,7 +129,9 @@ def registry_events():
             except TypeError as exc:
                 raise DataError(f"registry_event={raw!r} is invalid ({exc}): expected the fields of "
                                 "RegistryChange") from None
-            for action in actions_for(change, rules):
+            # an out-of-band champion move goes through the gates (not on a dry run: that changes nothing)
+            mapped = actions_for(change, rules) if p.get("dry_run") else guard.actions(change, rules, ledger)
+            for action in mapped:
                 fired.append({"trigger_dag_id": action.dag_id,
                               "trigger_run_id": _run_id(action.dag_id, raw, stamp),
                               "conf": action.conf})

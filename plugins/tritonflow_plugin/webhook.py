@@ -56,12 +56,12 @@ from fastapi.responses import JSONResponse
 
 from ground.exceptions import DataError
 from tritonflow.registry_events import SUPPORTED_EVENTS, WEBHOOK_PATH  # shared with the CLI
+from tritonflow_plugin.champion_guard import ChampionGuard
 from tritonflow_plugin.change_ledger import STARTED, ChangeLedger, change_run_id
 from tritonflow_plugin.event_mapping import (
     Action,
     RegistryChange,
     Rule,
-    actions_for,
 )
 
 log = logging.getLogger(__name__)
@@ -292,7 +292,7 @@ def _store(ledger: ChangeLedger, delivery_id: str, body: str, now: float) -> Non
 
 
 def _deliver(change: RegistryChange, delivery_id: str, rules: Sequence[Rule] | None, sink: Sink | None,
-             ledger: ChangeLedger) -> Any:
+             ledger: ChangeLedger, guard: ChampionGuard) -> Any:
     """Decide ``change`` in the ledger, start its mapped runs if they may not exist yet; the response.
 
     A change another path (or an earlier delivery) already started is a duplicate (200, no run).
@@ -307,10 +307,10 @@ def _deliver(change: RegistryChange, delivery_id: str, rules: Sequence[Rule] | N
         log.info("MLflow webhook delivery %s: change %s already acted on", delivery_id, recorded.key)
         return {"status": "duplicate", "delivery_id": delivery_id, "change_key": recorded.key}
     change = recorded.change
-    actions = actions_for(change, rules if rules is not None else load_mapping())
     target = sink or DagRunSink()
     done: list[dict[str, str]] = []
     try:
+        actions = guard.actions(change, rules if rules is not None else load_mapping(), ledger)
         for action in actions:
             run_id = change_run_id(recorded.key, action.dag_id, change.kind)
             action = Action(action.dag_id, {**action.conf, "delivery_id": delivery_id}, action.then)
@@ -334,18 +334,22 @@ def create_app(
     sink: Sink | None = None,
     deliveries: DeliveryStore | None = None,
     clock: Callable[[], float] = time.time,
+    champion_guard: ChampionGuard | None = None,
 ):
     """Build the FastAPI app serving ``POST /webhooks/mlflow`` and ``GET /health``.
 
     Every argument defaults to settings (read per request, so a changed secret applies without
     a restart): ``Settings.webhook_secret``, ``Settings.webhook_tolerance_s``, the mapping of
-    ``Settings.event_mapping_path``, :class:`DagRunSink`, :class:`DeliveryStore`.
+    ``Settings.event_mapping_path``, :class:`DagRunSink`, :class:`DeliveryStore`,
+    :class:`~tritonflow_plugin.champion_guard.ChampionGuard` (an out-of-band ``champion`` move
+    goes through the gates).
 
     Responses: 200 ``{"status": "accepted", "actions": [...]}`` or ``{"status": "ignored"}``;
     ``{"status": "duplicate"}`` for a change already acted on; 4xx ``{"detail": reason}``; 502 when a
     sink failed (the delivery stays stored, not done, so MLflow's retry is processed).
     """
     app = FastAPI(title="tritonflow MLflow webhook receiver", docs_url=None, redoc_url=None)
+    guard = champion_guard or ChampionGuard()
 
     @app.get("/health")
     def health() -> dict[str, str]:
@@ -366,6 +370,6 @@ def create_app(
             ledger.finish_delivery(delivery_id, "done")
             log.info("MLflow webhook delivery %s ignored (event not mapped)", delivery_id)
             return {"status": "ignored", "delivery_id": delivery_id}
-        return _deliver(change, delivery_id, rules, sink, ledger)
+        return _deliver(change, delivery_id, rules, sink, ledger, guard)
 
     return app

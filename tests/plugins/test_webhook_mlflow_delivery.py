@@ -25,8 +25,9 @@ from tests.conftest import make_settings
 from tritonflow.cli import main
 from tritonflow.registry_events import URL_PREFIX, WEBHOOK_PATH
 from tritonflow.runtime.services import MlflowServer, free_port
+from tritonflow_plugin.champion_guard import ChampionGuard
 from tritonflow_plugin.change_ledger import change_run_id
-from tritonflow_plugin.event_mapping import DEFAULT_RULES, RegistryChange, actions_for, load_mapping, parse_rules
+from tritonflow_plugin.event_mapping import DEFAULT_RULES, RegistryChange, load_mapping, parse_rules
 from tritonflow_plugin.registry_watcher import SeenStateStore, poll_once
 from tritonflow_plugin.webhook import (
     DELIVERY_ID_HEADER,
@@ -75,9 +76,10 @@ class Receiver:
     ``gate``: while cleared, deliveries wait before they reach the receiver (MLflow has sent them).
     """
 
-    def __init__(self, tmp: Path, sink=None, port: int | None = None):
+    def __init__(self, tmp: Path, sink=None, port: int | None = None, guard: ChampionGuard | None = None):
         self.sink = sink or RecordingSink()
         self.store = DeliveryStore(tmp / "deliveries.sqlite")
+        self.guard = guard or ChampionGuard()
         self.gate = threading.Event()
         self.gate.set()
         app = FastAPI()  # mounted under the prefix, as Airflow's api-server mounts the plugin's app
@@ -88,7 +90,7 @@ class Receiver:
             return await call_next(request)
 
         app.mount(URL_PREFIX, create_app(secret=SECRET, tolerance_s=300, rules=RULES, sink=self.sink,
-                                         deliveries=self.store))
+                                         deliveries=self.store, champion_guard=self.guard))
         self.port = port or free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -121,7 +123,7 @@ def mlflow(tmp_path_factory):
 
 @pytest.fixture
 def receiver(tmp_path, mlflow):
-    with Receiver(tmp_path) as rec:
+    with Receiver(tmp_path, guard=ChampionGuard(mlflow.tracking_uri)) as rec:
         yield rec
     client = MlflowClient(tracking_uri=mlflow.tracking_uri, registry_uri=mlflow.tracking_uri)
     for hook in client.list_webhooks():  # the next test's changes must not go to a stopped receiver
@@ -282,14 +284,15 @@ def reconcile(mlflow, receiver, model: str) -> int:
     confs = poll_once(client, SeenStateStore(receiver.store.store.url), "registry_events", WATCH_ALL, [model])
     for conf in confs:
         change = RegistryChange(**conf["registry_event"])
-        for action in actions_for(change, RULES):  # what registry_events' map_changes fires
+        for action in receiver.guard.actions(change, RULES, receiver.store):  # what map_changes fires
             receiver.sink.deliver(action, change_run_id(str(change.change_key), action.dag_id, change.kind))
     return len(confs)
 
 
 @pytest.fixture
 def runs_receiver(tmp_path, mlflow, request):
-    with Receiver(tmp_path, sink=RunsSink(**getattr(request, "param", {}))) as rec:
+    with Receiver(tmp_path, sink=RunsSink(**getattr(request, "param", {})),
+                  guard=ChampionGuard(mlflow.tracking_uri)) as rec:
         assert _register(mlflow, rec.url) == 0
         yield rec
     client = MlflowClient(tracking_uri=mlflow.tracking_uri, registry_uri=mlflow.tracking_uri)
@@ -446,3 +449,58 @@ def test_thirty_versions_with_the_receiver_restarted_in_the_middle_give_thirty_r
 
 def client_of(mlflow) -> MlflowClient:
     return MlflowClient(tracking_uri=mlflow.tracking_uri, registry_uri=mlflow.tracking_uri)
+
+
+# ------------------------------------------------------------------ @champion moves only through the gates
+def _promoted(mlflow, receiver, name: str) -> tuple[MlflowClient, str, str]:
+    """A model whose v1 tritonflow promoted (its audit trail says so) and a v2 nobody promoted."""
+    from model_registry.registry import DatabaseLock, RegistryClient
+
+    client = _model(mlflow, receiver, name)
+    v1, v2 = _new_version(client, name), _new_version(client, name)
+    RegistryClient(mlflow.tracking_uri, lock=DatabaseLock(receiver.store.store)).promote(name, v1)
+    return client, v1, v2
+
+
+def _champion(client: MlflowClient, model: str) -> str:
+    return str(client.get_registered_model(model).aliases["champion"])
+
+
+def test_a_champion_moved_by_hand_is_put_back_and_the_new_holder_goes_through_publish_and_the_canary(
+        mlflow, runs_receiver):
+    model, sink = "churn-hand-moved", runs_receiver.sink
+    time.sleep(3)
+    client, v1, v2 = _promoted(mlflow, runs_receiver, model)
+    (own,) = sink.wait_for("canary_promotion", model, 1)  # tritonflow's own move: the plain mapping
+    assert own.conf["model_version"] == v1
+
+    client.set_registered_model_alias(model, "champion", v2)  # out of band
+    published = sink.wait_for("model_publish", model, 3)  # v1, v2 created, then the request
+    (request,) = [a for a in published if a.conf["registry_event"]["kind"] == "alias_set"]
+    assert (request.conf["model_version"], request.then) == (v2, ("canary_promotion",))
+    assert _champion(client, model) == v1  # what serves stays what the registry names
+    assert len(sink.of("canary_promotion", model)) == 1  # the put-back started nothing
+    tags_v2, tags_v1 = (client.get_model_version(model, v).tags for v in (v2, v1))
+    assert (tags_v2["tritonflow.champion_move"], tags_v2["tritonflow.champion_move_serving"]) == ("requested", v1)
+    assert tags_v1["tritonflow.champion_restored_from"] == v2
+    assert reconcile(mlflow, runs_receiver, model) == 0  # the reconciler finds nothing left
+
+
+def test_under_refuse_a_hand_move_seen_by_the_reconciler_is_put_back_and_alerted_and_starts_nothing(
+        mlflow, runs_receiver):
+    model, sink, alerts = "churn-refused", runs_receiver.sink, []
+    runs_receiver.guard.policy, runs_receiver.guard.notify = "refuse", alerts.append
+    time.sleep(3)
+    client, v1, v2 = _promoted(mlflow, runs_receiver, model)
+    sink.wait_for("canary_promotion", model, 1)
+    runs_receiver.gate.clear()  # MLflow's delivery waits at the door: the reconciler sees the move first
+    client.set_registered_model_alias(model, "champion", v2)
+    time.sleep(1)
+    assert reconcile(mlflow, runs_receiver, model) == 1  # the change; its mapping starts nothing
+    assert _champion(client, model) == v1
+    assert [(a["version"], a["serving"]) for a in alerts] == [(v2, v1)] and "refuse" in alerts[0]["text"]
+    runs_receiver.gate.set()
+    time.sleep(4)  # the held delivery arrives: the move it reports is already undone
+    assert len(alerts) == 1 and len(sink.of("canary_promotion", model)) == 1
+    assert [a for a in sink.of("model_publish", model) if a.conf["registry_event"]["kind"] == "alias_set"] == []
+    assert client.get_model_version(model, v2).tags["tritonflow.champion_move"] == "refused"
