@@ -43,6 +43,12 @@ then starts only what the webhook missed (stage transitions, lost deliveries): b
 change once in the shared database, so nothing starts twice.
 The DAGs it starts run on their own (it does not wait for them).
 
+**Delivery status.** `GET /tritonflow/webhooks/status` on the Airflow api-server (your Airflow
+login; any user who may see this DAG's runs) shows the last webhook deliveries (received,
+duplicate, started), the changes acted on and the reconciler's findings: the changes it saw
+before any webhook did, and when each consumer last polled. Each run's `map_changes` log starts
+with the same summary.
+
 **To replay a change by hand** (for example one missed while the triggerer was down), fill in
 **Model**, the **Kind of change** and the version, alias or stage it concerns, then click
 *Trigger*. Tick **Dry run** to only log which DAGs would start.
@@ -85,6 +91,18 @@ def _run_id(dag_id: str, change: dict, stamp: str) -> str:
     return f"registry__{change.get('kind', 'change')}__{digest}"
 
 
+def _log_delivery_status(ledger, log) -> None:
+    """Log the receiver's last deliveries and the reconciler's findings (the status endpoint's view)."""
+    from tritonflow_plugin.webhook import delivery_status
+
+    status = delivery_status(ledger, limit=10)
+    log.info("webhook deliveries: %s stored; last: %s", status["deliveries"]["total"],
+             [(d["event"], d["outcome"] or d["status"], d["change_key"]) for d in status["deliveries"]["last"]])
+    log.info("reconciler: last polls %s; changes it found first: %s; decided but not started: %s",
+             status["reconciler"]["polled_at"], [c["change_key"] for c in status["reconciler"]["found"]],
+             status["reconciler"]["unstarted"])
+
+
 # batch=True: one asset event per poll holding every change it found (several events written at
 # once would be split across runs, the last ones waiting for the next change; see the trigger).
 @tritonflow_dag(DAG_ID, schedule=registry_asset(DAG_ID, watch=True, mapping_path=str(WATCH_ALL_MAPPING),
@@ -122,6 +140,7 @@ def registry_events():
                     if isinstance(item, dict) and isinstance(item.get("registry_event"), dict):
                         found.append((item["registry_event"], str(getattr(ev, "timestamp", ""))))
         rules, guard, ledger = load_mapping(), ChampionGuard(), ChangeLedger()
+        _log_delivery_status(ledger, log)
         fired = []
         for raw, stamp in found:
             try:

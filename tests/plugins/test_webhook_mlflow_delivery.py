@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import requests
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException, Request
 from mlflow import MlflowClient
 
 from tests.conftest import make_settings
 from tritonflow.cli import main
-from tritonflow.registry_events import URL_PREFIX, WEBHOOK_PATH
+from tritonflow.registry_events import STATUS_PATH, URL_PREFIX, WEBHOOK_PATH
 from tritonflow.runtime.services import MlflowServer, free_port
 from tritonflow_plugin.champion_guard import ChampionGuard
 from tritonflow_plugin.change_ledger import change_run_id
@@ -76,7 +76,8 @@ class Receiver:
     ``gate``: while cleared, deliveries wait before they reach the receiver (MLflow has sent them).
     """
 
-    def __init__(self, tmp: Path, sink=None, port: int | None = None, guard: ChampionGuard | None = None):
+    def __init__(self, tmp: Path, sink=None, port: int | None = None, guard: ChampionGuard | None = None,
+                 status_auth=None):
         self.sink = sink or RecordingSink()
         self.store = DeliveryStore(tmp / "deliveries.sqlite")
         self.guard = guard or ChampionGuard()
@@ -90,7 +91,8 @@ class Receiver:
             return await call_next(request)
 
         app.mount(URL_PREFIX, create_app(secret=SECRET, tolerance_s=300, rules=RULES, sink=self.sink,
-                                         deliveries=self.store, champion_guard=self.guard))
+                                         deliveries=self.store, champion_guard=self.guard,
+                                         status_auth=status_auth))
         self.port = port or free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -504,3 +506,37 @@ def test_under_refuse_a_hand_move_seen_by_the_reconciler_is_put_back_and_alerted
     assert len(alerts) == 1 and len(sink.of("canary_promotion", model)) == 1
     assert [a for a in sink.of("model_publish", model) if a.conf["registry_event"]["kind"] == "alias_set"] == []
     assert client.get_model_version(model, v2).tags["tritonflow.champion_move"] == "refused"
+
+
+# ------------------------------------------------------------------ delivery status
+def _operator_login(request: Request):  # stands in for Airflow's login (its own test: tests/plugins/test_webhook.py)
+    if request.headers.get("Authorization") != "Bearer operator":
+        raise HTTPException(401, "Not authenticated")
+
+
+def test_the_status_shows_what_was_received_deduped_and_started_and_what_the_reconciler_found(mlflow, tmp_path):
+    sink = RunsSink()
+    with Receiver(tmp_path, sink=sink, guard=ChampionGuard(mlflow.tracking_uri), status_auth=_operator_login) as rec:
+        assert _register(mlflow, rec.url) == 0
+        time.sleep(3)
+        model = f"churn-status-{uuid.uuid4().hex[:6]}"
+        client = _model(mlflow, rec, model)
+        version = _new_version(client, model)
+        sink.wait_for("model_publish", model, 1)
+        rec.gate.clear()  # the alias's delivery waits: the reconciler finds the change first
+        client.set_registered_model_alias(model, "challenger", version)
+        time.sleep(1)
+        assert reconcile(mlflow, rec, model) == 1
+        rec.gate.set()
+        time.sleep(3)
+        url = f"http://127.0.0.1:{rec.port}{URL_PREFIX}{STATUS_PATH}"
+        assert requests.get(url, timeout=10).status_code == 401
+        status = requests.get(url, headers={"Authorization": "Bearer operator"}, timeout=10).json()
+        for hook in client.list_webhooks():
+            client.delete_webhook(hook.webhook_id)
+    mine = [d for d in status["deliveries"]["last"] if model in (d["change_key"] or "")]
+    assert sorted((d["event"], d["outcome"]) for d in mine) == [
+        ("model_version.created", "started"), ("model_version_alias.created", "duplicate")]
+    (found,) = [c for c in status["reconciler"]["found"] if c["model"] == model]
+    assert (found["kind"], found["alias"], found["status"]) == ("alias_set", "challenger", "started")
+    assert "registry_events" in status["reconciler"]["polled_at"] and status["reconciler"]["unstarted"] == []
