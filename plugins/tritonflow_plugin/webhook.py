@@ -212,6 +212,7 @@ class DagRunSink:
         from airflow.api.common.trigger_dag import trigger_dag
         from airflow.exceptions import DagNotFound, DagRunAlreadyExists
         from airflow.utils.types import DagRunTriggeredByType
+        from sqlalchemy.exc import IntegrityError
 
         try:
             run = trigger_dag(
@@ -225,6 +226,10 @@ class DagRunSink:
             raise DataError(f"dag_id={action.dag_id!r} not found: expected a parsed DAG ({exc})") from None
         except DagRunAlreadyExists:
             return f"dag run {run_id} of {action.dag_id} (already created for this change)"
+        except IntegrityError as exc:  # the other path inserted it between trigger_dag's check and insert
+            if run_id not in str(exc):
+                raise
+            return f"dag run {run_id} of {action.dag_id} (created meanwhile for this change)"
         return f"dag run {getattr(run, 'run_id', run_id)} of {action.dag_id}"
 
 
