@@ -540,3 +540,59 @@ def test_the_status_shows_what_was_received_deduped_and_started_and_what_the_rec
     (found,) = [c for c in status["reconciler"]["found"] if c["model"] == model]
     assert (found["kind"], found["alias"], found["status"]) == ("alias_set", "challenger", "started")
     assert "registry_events" in status["reconciler"]["polled_at"] and status["reconciler"]["unstarted"] == []
+
+
+# ------------------------------------------------------------------ restarts during many changes
+class Poller:
+    """The reconciler polling every ``every_s`` in a thread (the triggerer's part; its state is in the shared DB)."""
+
+    def __init__(self, mlflow, at: dict, model: str, every_s: float = 1.0):
+        self.stop_event, self.errors = threading.Event(), []
+        self.thread = threading.Thread(target=self.run, args=(mlflow, at, model, every_s), daemon=True)
+        self.thread.start()
+
+    def run(self, mlflow, at, model, every_s):
+        while not self.stop_event.wait(every_s):
+            try:
+                reconcile(mlflow, at["receiver"], model)
+            except Exception as exc:  # MLflow restarting, the store busy: the next poll retries
+                self.errors.append(repr(exc))
+
+    def stop(self):
+        self.stop_event.set()
+        self.thread.join(timeout=60)
+
+
+@pytest.mark.slow
+def test_two_hundred_changes_with_mlflow_the_receiver_and_the_reconciler_restarted_give_one_run_each(
+        mlflow, tmp_path):
+    """200 new versions; the receiver, MLflow and the reconciler are each restarted once among them."""
+    sink = RunsSink()
+    at = {"receiver": Receiver(tmp_path, sink=sink, guard=ChampionGuard(mlflow.tracking_uri)).__enter__()}
+    port, model = at["receiver"].port, f"churn-200-{uuid.uuid4().hex[:6]}"
+    try:
+        assert _register(mlflow, at["receiver"].url) == 0
+        time.sleep(3)
+        _model(mlflow, at["receiver"], model)  # the reconciler's baseline
+        poller, versions = Poller(mlflow, at, model), []
+        for i in range(200):
+            if i == 50:  # the receiver (the api-server) goes down for 10 versions
+                at["receiver"].__exit__()
+            if i == 60:
+                at["receiver"] = Receiver(tmp_path, sink=sink, port=port,
+                                          guard=ChampionGuard(mlflow.tracking_uri)).__enter__()
+            if i == 100:  # MLflow restarts (deliveries it had queued are gone)
+                mlflow.stop()
+                mlflow.start()
+            if i == 150:  # the reconciler restarts
+                poller.stop()
+                poller = Poller(mlflow, at, model)
+            versions.append(_new_version(client_of(mlflow), model))
+        runs = sink.wait_for("model_publish", model, 200, settle_s=3.0)
+        poller.stop()
+    finally:
+        at["receiver"].__exit__()
+        for hook in client_of(mlflow).list_webhooks():
+            client_of(mlflow).delete_webhook(hook.webhook_id)
+    got = sorted(int(r.conf["model_version"]) for r in runs)
+    assert got == sorted(int(v) for v in versions), (len(got), poller.errors[-3:])  # 0 lost, 0 duplicate
