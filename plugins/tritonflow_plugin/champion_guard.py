@@ -31,7 +31,10 @@ undoes a promotion that finished meanwhile.
 **One answer per move.** The webhook and the reconciler may both see one hand move (the change
 ledger compares with the last value acted on, and the put-back is a newer one). The decision is
 taken under the lock against the registry as it is: a move the alias no longer shows (put back by
-the other path, or undone by hand) needs nothing, so a move is put back and requested once.
+the other path, or undone by hand) needs nothing, so a move is put back and requested once. Such a
+late event has moved the ledger's slot to the version it reports; when the alias is back on the
+version of record, that is recorded again as tritonflow's own change, so the put-back's event,
+arriving after it, starts nothing either.
 """
 
 from __future__ import annotations
@@ -182,6 +185,8 @@ class ChampionGuard:
                 return actions_for(change, rules)
             current = registry.aliases(change.model).get(CHAMPION)
             if current != version:  # already undone (put back by the other path, or moved again)
+                if current == record.champion:  # this late event moved the ledger's slot: back to the holder
+                    self._record_own(change.model, current, ledger)
                 log.info("alias 'champion' of %s no longer names version %s (names %s): nothing to do for %s",
                          change.model, version, current, change.change_key)
                 return []
@@ -200,12 +205,17 @@ class ChampionGuard:
                     "version %s goes through %s", change.model, version, serving, version, REQUEST_DAGS)
         return actions_for(change, REQUEST_RULES)
 
-    def _put_back(self, change: RegistryChange, serving: int, ledger: ChangeLedger) -> None:
-        """Record the put-back as tritonflow's own change (its event starts nothing), then move the alias."""
-        back = RegistryChange(kind=ALIAS_SET, model=change.model, version=str(serving), alias=CHAMPION,
+    @staticmethod
+    def _record_own(model: str, version: int, ledger: ChangeLedger) -> None:
+        """Record ``champion`` -> ``version`` as tritonflow's own change, started: its event starts nothing."""
+        back = RegistryChange(kind=ALIAS_SET, model=model, version=str(version), alias=CHAMPION,
                               source="champion-guard")
         recorded = ledger.record(back)
         ledger.mark_started(recorded.key, [])
+
+    def _put_back(self, change: RegistryChange, serving: int, ledger: ChangeLedger) -> None:
+        """Record the put-back as tritonflow's own change, then move the alias."""
+        self._record_own(change.model, serving, ledger)
         self.registry.client.set_registered_model_alias(change.model, CHAMPION, str(serving))
 
     def _tag(self, model: str, version: int, serving: int, outcome: str) -> None:
