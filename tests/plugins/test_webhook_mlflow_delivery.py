@@ -470,7 +470,7 @@ def _champion(client: MlflowClient, model: str) -> str:
 
 def test_a_champion_moved_by_hand_is_put_back_and_the_new_holder_goes_through_publish_and_the_canary(
         mlflow, runs_receiver):
-    model, sink = "churn-hand-moved", runs_receiver.sink
+    model, sink = f"churn-hand-moved-{uuid.uuid4().hex[:6]}", runs_receiver.sink
     time.sleep(3)
     client, v1, v2 = _promoted(mlflow, runs_receiver, model)
     (own,) = sink.wait_for("canary_promotion", model, 1)  # tritonflow's own move: the plain mapping
@@ -490,7 +490,7 @@ def test_a_champion_moved_by_hand_is_put_back_and_the_new_holder_goes_through_pu
 
 def test_under_refuse_a_hand_move_seen_by_the_reconciler_is_put_back_and_alerted_and_starts_nothing(
         mlflow, runs_receiver):
-    model, sink, alerts = "churn-refused", runs_receiver.sink, []
+    model, sink, alerts = f"churn-refused-{uuid.uuid4().hex[:6]}", runs_receiver.sink, []
     runs_receiver.guard.policy, runs_receiver.guard.notify = "refuse", alerts.append
     time.sleep(3)
     client, v1, v2 = _promoted(mlflow, runs_receiver, model)
