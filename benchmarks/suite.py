@@ -84,6 +84,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("fallback_unload", 1800),
     Benchmark("sentinel_rollback", 1800),
     Benchmark("replica_promotion", 1800),
+    Benchmark("registry_delivery", 1800, paths=("dags/registry_events_watch_all.json",)),
     Benchmark("compose_stack", 7200, needs=("docker",),
               paths=("dags", "docker-compose.yaml", "deploy", "scripts/stack.sh")),
 )

@@ -34,6 +34,7 @@ Turns changes in the MLflow model registry into runs of the other DAGs, followin
 |---|---|
 | new version, or alias `challenger` set | `model_publish`, then `shadow_evaluation` |
 | alias `champion` set, or stage `Production` | `canary_promotion` |
+| alias `champion` moved by hand (not by a promotion) | put back; `model_publish`, then `canary_promotion` |
 | stage `Archived`, or an alias removed | `canary_rollback` |
 
 It runs by itself: Airflow's triggerer polls the registry and each change runs this DAG once,
@@ -41,6 +42,12 @@ even across restarts. When MLflow sends webhooks those changes start the DAGs di
 then starts only what the webhook missed (stage transitions, lost deliveries): both record each
 change once in the shared database, so nothing starts twice.
 The DAGs it starts run on their own (it does not wait for them).
+
+**Delivery status.** `GET /tritonflow/webhooks/status` on the Airflow api-server (your Airflow
+login; any user who may see this DAG's runs) shows the last webhook deliveries (received,
+duplicate, started), the changes acted on and the reconciler's findings: the changes it saw
+before any webhook did, and when each consumer last polled. Each run's `map_changes` log starts
+with the same summary.
 
 **To replay a change by hand** (for example one missed while the triggerer was down), fill in
 **Model**, the **Kind of change** and the version, alias or stage it concerns, then click
@@ -84,6 +91,22 @@ def _run_id(dag_id: str, change: dict, stamp: str) -> str:
     return f"registry__{change.get('kind', 'change')}__{digest}"
 
 
+def _log_delivery_status(ledger, log) -> None:
+    """Log the receiver's last deliveries and the reconciler's findings (the status endpoint's view)."""
+    from tritonflow_plugin.webhook import delivery_status
+
+    try:
+        status = delivery_status(ledger, limit=10)
+    except Exception as exc:  # a summary for the log: never the reason a run fails
+        log.warning("delivery status not available: %s", exc)
+        return
+    log.info("webhook deliveries: %s stored; last: %s", status["deliveries"]["total"],
+             [(d["event"], d["outcome"] or d["status"], d["change_key"]) for d in status["deliveries"]["last"]])
+    log.info("reconciler: last polls %s; changes it found first: %s; decided but not started: %s",
+             status["reconciler"]["polled_at"], [c["change_key"] for c in status["reconciler"]["found"]],
+             status["reconciler"]["unstarted"])
+
+
 # batch=True: one asset event per poll holding every change it found (several events written at
 # once would be split across runs, the last ones waiting for the next change; see the trigger).
 @tritonflow_dag(DAG_ID, schedule=registry_asset(DAG_ID, watch=True, mapping_path=str(WATCH_ALL_MAPPING),
@@ -97,6 +120,8 @@ def registry_events():
         import logging
 
         from ground.exceptions import DataError
+        from tritonflow_plugin.champion_guard import ChampionGuard
+        from tritonflow_plugin.change_ledger import ChangeLedger
         from tritonflow_plugin.event_mapping import RegistryChange, actions_for, load_mapping
 
         log = logging.getLogger("tritonflow.registry_events")
@@ -118,7 +143,8 @@ def registry_events():
                 for item in items if isinstance(items, list) else [payload]:
                     if isinstance(item, dict) and isinstance(item.get("registry_event"), dict):
                         found.append((item["registry_event"], str(getattr(ev, "timestamp", ""))))
-        rules = load_mapping()
+        rules, guard, ledger = load_mapping(), ChampionGuard(), ChangeLedger()
+        _log_delivery_status(ledger, log)
         fired = []
         for raw, stamp in found:
             try:
@@ -126,7 +152,9 @@ def registry_events():
             except TypeError as exc:
                 raise DataError(f"registry_event={raw!r} is invalid ({exc}): expected the fields of "
                                 "RegistryChange") from None
-            for action in actions_for(change, rules):
+            # an out-of-band champion move goes through the gates (not on a dry run: that changes nothing)
+            mapped = actions_for(change, rules) if p.get("dry_run") else guard.actions(change, rules, ledger)
+            for action in mapped:
                 fired.append({"trigger_dag_id": action.dag_id,
                               "trigger_run_id": _run_id(action.dag_id, raw, stamp),
                               "conf": action.conf})

@@ -340,6 +340,12 @@ class Settings:
     event_mapping_path: str = setting("EVENT_MAPPING_PATH", "", "Registry-event-to-DAG mapping file.")
     #: Seconds between two polls of the MLflow registry by the registry watcher.
     registry_poll_interval_s: float = setting("REGISTRY_POLL_INTERVAL_S", 60.0, "Registry watcher poll (s).")
+    #: What an out-of-band move of alias ``champion`` does: ``request`` (put back, the version goes
+    #: through model_publish and the canary) or ``refuse`` (put back, alert, nothing started).
+    champion_move_policy: str = setting(
+        "CHAMPION_MOVE_POLICY", "request", "Out-of-band champion move: request or refuse.",
+        check=one_of("request", "refuse"),
+    )
     #: Base URL of the MLflow UI for extra links (empty: the resolved tracking URI).
     mlflow_ui_url: str = setting("MLFLOW_UI_URL", "", "MLflow UI base URL for links (empty: tracking URI).")
     #: Triton HTTP base URL a browser reaches, for the "Triton model" extra link (empty: the URL the

@@ -20,6 +20,8 @@ CHANGE_KINDS = (VERSION_CREATED, ALIAS_SET, ALIAS_DELETED, TAG_SET, STAGE_CHANGE
 
 #: Path of the webhook receiver inside the app the plugin mounts.
 WEBHOOK_PATH = "/webhooks/mlflow"
+#: Path of the receiver's delivery status (what it received, deduped and started) in the same app.
+STATUS_PATH = "/webhooks/status"
 #: URL prefix the plugin mounts the receiver's app under (on the Airflow api-server).
 URL_PREFIX = "/tritonflow"
 
@@ -32,5 +34,5 @@ SUPPORTED_EVENTS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     ("model_version_tag", "set"): (TAG_SET, ("name", "version", "key", "value")),
 }
 
-__all__ = ["ALIAS_DELETED", "ALIAS_SET", "CHANGE_KINDS", "STAGE_CHANGED", "SUPPORTED_EVENTS", "TAG_SET",
+__all__ = ["ALIAS_DELETED", "ALIAS_SET", "CHANGE_KINDS", "STAGE_CHANGED", "STATUS_PATH", "SUPPORTED_EVENTS", "TAG_SET",
            "URL_PREFIX", "VERSION_CREATED", "WEBHOOK_PATH"]

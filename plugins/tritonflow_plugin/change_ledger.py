@@ -178,12 +178,32 @@ class ChangeLedger:
                                                            "status": "received"}, conn=conn)
         return None
 
-    def finish_delivery(self, delivery_id: str, status: str, change_key: str | None = None) -> None:
-        """Set a stored delivery's status (``done``: its change's runs exist or it maps to none)."""
+    def finish_delivery(self, delivery_id: str, status: str, change_key: str | None = None,
+                        outcome: str | None = None) -> None:
+        """Set a stored delivery's status (``done``: its change's runs exist or it maps to none).
+
+        ``outcome`` says what it came to: ``started``, ``duplicate`` (another path or delivery had
+        acted on its change) or ``ignored`` (an event tritonflow does not map).
+        """
         with self.store.locked_state(DELIVERIES, delivery_id) as (conn, entry):
             self.store.set_state(DELIVERIES, delivery_id, {**(entry or {}), "status": status,
-                                                           "change_key": change_key}, conn=conn)
+                                                           "change_key": change_key, "outcome": outcome},
+                                 conn=conn)
 
     def delivery(self, delivery_id: str) -> dict[str, Any] | None:
-        """The stored delivery (``body``, ``received_at``, ``status``, ``change_key``)."""
+        """The stored delivery (``body``, ``received_at``, ``status``, ``change_key``, ``outcome``)."""
         return self.store.get_state(DELIVERIES, delivery_id)
+
+    # ------------------------------------------------------------------ status
+    def latest(self, scope: str, limit: int) -> list[tuple[str, dict[str, Any], float]]:
+        """The ``limit`` entries of ``scope`` written last: ``(key, value, updated_at)``, newest first."""
+        query = (sa.select(state.c.key, state.c.value, state.c.updated_at).where(state.c.scope == scope)
+                 .order_by(state.c.updated_at.desc()).limit(int(limit)))
+        with self.store.engine.connect() as conn:
+            return [(k, json.loads(v), float(t)) for k, v, t in conn.execute(query)]
+
+    def count(self, scope: str) -> int:
+        """How many entries ``scope`` holds."""
+        query = sa.select(sa.func.count()).select_from(state).where(state.c.scope == scope)
+        with self.store.engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())

@@ -51,17 +51,17 @@ import logging
 import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ground.exceptions import DataError
-from tritonflow.registry_events import SUPPORTED_EVENTS, WEBHOOK_PATH  # shared with the CLI
+from tritonflow.registry_events import STATUS_PATH, SUPPORTED_EVENTS, WEBHOOK_PATH  # shared with the CLI
+from tritonflow_plugin.champion_guard import ChampionGuard
 from tritonflow_plugin.change_ledger import STARTED, ChangeLedger, change_run_id
 from tritonflow_plugin.event_mapping import (
     Action,
     RegistryChange,
     Rule,
-    actions_for,
 )
 
 log = logging.getLogger(__name__)
@@ -212,6 +212,7 @@ class DagRunSink:
         from airflow.api.common.trigger_dag import trigger_dag
         from airflow.exceptions import DagNotFound, DagRunAlreadyExists
         from airflow.utils.types import DagRunTriggeredByType
+        from sqlalchemy.exc import IntegrityError
 
         try:
             run = trigger_dag(
@@ -225,6 +226,10 @@ class DagRunSink:
             raise DataError(f"dag_id={action.dag_id!r} not found: expected a parsed DAG ({exc})") from None
         except DagRunAlreadyExists:
             return f"dag run {run_id} of {action.dag_id} (already created for this change)"
+        except IntegrityError as exc:  # the other path inserted it between trigger_dag's check and insert
+            if run_id not in str(exc):
+                raise
+            return f"dag run {run_id} of {action.dag_id} (created meanwhile for this change)"
         return f"dag run {getattr(run, 'run_id', run_id)} of {action.dag_id}"
 
 
@@ -292,7 +297,7 @@ def _store(ledger: ChangeLedger, delivery_id: str, body: str, now: float) -> Non
 
 
 def _deliver(change: RegistryChange, delivery_id: str, rules: Sequence[Rule] | None, sink: Sink | None,
-             ledger: ChangeLedger) -> Any:
+             ledger: ChangeLedger, guard: ChampionGuard) -> Any:
     """Decide ``change`` in the ledger, start its mapped runs if they may not exist yet; the response.
 
     A change another path (or an earlier delivery) already started is a duplicate (200, no run).
@@ -303,20 +308,20 @@ def _deliver(change: RegistryChange, delivery_id: str, rules: Sequence[Rule] | N
 
     recorded = ledger.record(change, delivery_id=delivery_id)
     if recorded.status == STARTED:
-        ledger.finish_delivery(delivery_id, "done", recorded.key)
+        ledger.finish_delivery(delivery_id, "done", recorded.key, outcome="duplicate")
         log.info("MLflow webhook delivery %s: change %s already acted on", delivery_id, recorded.key)
         return {"status": "duplicate", "delivery_id": delivery_id, "change_key": recorded.key}
     change = recorded.change
-    actions = actions_for(change, rules if rules is not None else load_mapping())
     target = sink or DagRunSink()
     done: list[dict[str, str]] = []
     try:
+        actions = guard.actions(change, rules if rules is not None else load_mapping(), ledger)
         for action in actions:
             run_id = change_run_id(recorded.key, action.dag_id, change.kind)
             action = Action(action.dag_id, {**action.conf, "delivery_id": delivery_id}, action.then)
             done.append({"dag_id": action.dag_id, "run_id": run_id, "result": target.deliver(action, run_id)})
         ledger.mark_started(recorded.key, [d["run_id"] for d in done])
-        ledger.finish_delivery(delivery_id, "done", recorded.key)
+        ledger.finish_delivery(delivery_id, "done", recorded.key, outcome="started")
     except Exception as exc:
         log.error("MLflow webhook delivery %s: delivering actions failed: %s", delivery_id, exc)
         return JSONResponse(
@@ -324,6 +329,68 @@ def _deliver(change: RegistryChange, delivery_id: str, rules: Sequence[Rule] | N
         )
     log.info("MLflow webhook delivery %s: %s -> %s", delivery_id, change, done)
     return {"status": "accepted", "delivery_id": delivery_id, "change": change.to_dict(), "actions": done}
+
+
+def _event_of(body: str) -> str:
+    try:
+        doc = json.loads(body or "{}")
+        return f"{doc.get('entity')}.{doc.get('action')}"
+    except (ValueError, AttributeError):
+        return ""
+
+
+def delivery_status(ledger: ChangeLedger, limit: int = 20) -> dict[str, Any]:
+    """What the receiver received, deduped and started, and what the reconciler found.
+
+    Returns:
+        ``{"deliveries": {"total", "last": [{"delivery_id", "event", "received_at", "status",
+        "outcome", "change_key"}]}, "changes": {"total", "last": [{"change_key", "kind", "model",
+        "version", "alias", "source", "status", "runs", "previous", "at"}]}, "reconciler":
+        {"polled_at": {consumer: time}, "found": [the last changes it saw first], "unstarted":
+        [change keys decided but never started]}}``; newest first, times in Unix seconds.
+    """
+    from tritonflow_plugin.change_ledger import CHANGES, CLAIMED, DELIVERIES
+    from tritonflow_plugin.registry_watcher import SeenStateStore
+
+    deliveries = [{"delivery_id": k, "event": _event_of(v.get("body", "")), "received_at": v.get("received_at"),
+                   "status": v.get("status"), "outcome": v.get("outcome"), "change_key": v.get("change_key")}
+                  for k, v, _ in ledger.latest(DELIVERIES, limit)]
+    changes = []
+    for key, value, _ in ledger.latest(CHANGES, max(limit, 200)):
+        change = value.get("change") or {}
+        changes.append({"change_key": key, **{f: change.get(f) for f in ("kind", "model", "version", "alias",
+                                                                         "source")},
+                        "status": value.get("status"), "runs": value.get("runs", []),
+                        "previous": value.get("previous"), "at": value.get("at")})
+    polled = {k: t for k, _, t in ledger.latest(SeenStateStore.SCOPE, 100)}
+    return {
+        "deliveries": {"total": ledger.count(DELIVERIES), "last": deliveries},
+        "changes": {"total": ledger.count(CHANGES), "last": changes[:limit]},
+        "reconciler": {"polled_at": polled, "found": [c for c in changes if c["source"] == "watcher"][:limit],
+                       "unstarted": [c["change_key"] for c in changes if c["status"] == CLAIMED]},
+    }
+
+
+#: The DAG whose run readers may read the delivery status.
+STATUS_DAG_ID = "registry_events"
+
+
+async def airflow_run_reader(request: Request) -> None:
+    """Airflow's own check, as its REST API makes it: a logged-in user who may read ``registry_events`` runs.
+
+    The JWT comes from ``Authorization: Bearer`` or the UI's session cookie (Airflow's ``get_user``).
+
+    Raises:
+        fastapi.HTTPException: 401 without a token, 403 with an invalid one or no permission.
+    """
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import get_user, requires_access_dag
+    from fastapi.security import HTTPAuthorizationCredentials
+
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    credentials = HTTPAuthorizationCredentials(scheme=scheme, credentials=token) if token else None
+    user = await get_user(request, None, credentials)
+    requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=STATUS_DAG_ID)(request, user)
 
 
 def create_app(
@@ -334,22 +401,36 @@ def create_app(
     sink: Sink | None = None,
     deliveries: DeliveryStore | None = None,
     clock: Callable[[], float] = time.time,
+    champion_guard: ChampionGuard | None = None,
+    status_auth: Callable[..., Any] | None = None,
 ):
-    """Build the FastAPI app serving ``POST /webhooks/mlflow`` and ``GET /health``.
+    """Build the FastAPI app serving ``POST /webhooks/mlflow``, ``GET /webhooks/status`` and ``GET /health``.
+
+    ``GET /webhooks/status`` (:func:`delivery_status`, ``?limit=``) needs what Airflow's REST API
+    needs to read ``registry_events`` runs (``status_auth``, default :func:`airflow_run_reader`).
 
     Every argument defaults to settings (read per request, so a changed secret applies without
     a restart): ``Settings.webhook_secret``, ``Settings.webhook_tolerance_s``, the mapping of
-    ``Settings.event_mapping_path``, :class:`DagRunSink`, :class:`DeliveryStore`.
+    ``Settings.event_mapping_path``, :class:`DagRunSink`, :class:`DeliveryStore`,
+    :class:`~tritonflow_plugin.champion_guard.ChampionGuard` (an out-of-band ``champion`` move
+    goes through the gates).
 
     Responses: 200 ``{"status": "accepted", "actions": [...]}`` or ``{"status": "ignored"}``;
     ``{"status": "duplicate"}`` for a change already acted on; 4xx ``{"detail": reason}``; 502 when a
     sink failed (the delivery stays stored, not done, so MLflow's retry is processed).
     """
     app = FastAPI(title="tritonflow MLflow webhook receiver", docs_url=None, redoc_url=None)
+    guard = champion_guard or ChampionGuard()
 
     @app.get("/health")
     def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get(STATUS_PATH, dependencies=[Depends(status_auth or airflow_run_reader)])
+    def status(limit: int = 20) -> Any:
+        if not 1 <= limit <= 500:
+            return JSONResponse(status_code=400, content={"detail": f"limit={limit}: expected 1 to 500"})
+        return delivery_status(deliveries or DeliveryStore(), limit)
 
     @app.post(WEBHOOK_PATH)
     async def receive(request: Request) -> Any:
@@ -363,9 +444,9 @@ def create_app(
             log.warning("MLflow webhook delivery %r refused (%s): %s", delivery_id, exc.status, exc.reason)
             return JSONResponse(status_code=exc.status, content={"detail": exc.reason})
         if change is None:
-            ledger.finish_delivery(delivery_id, "done")
+            ledger.finish_delivery(delivery_id, "done", outcome="ignored")
             log.info("MLflow webhook delivery %s ignored (event not mapped)", delivery_id)
             return {"status": "ignored", "delivery_id": delivery_id}
-        return _deliver(change, delivery_id, rules, sink, ledger)
+        return _deliver(change, delivery_id, rules, sink, ledger, guard)
 
     return app

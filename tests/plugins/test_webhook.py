@@ -28,7 +28,7 @@ from mlflow.webhooks.types import (
     ModelVersionTagSetPayload,
 )
 
-from tritonflow.registry_events import WEBHOOK_PATH
+from tritonflow.registry_events import STATUS_PATH, WEBHOOK_PATH
 from tritonflow_plugin.change_ledger import change_run_id
 from tritonflow_plugin.event_mapping import load_mapping
 from tritonflow_plugin.webhook import DeliveryStore, create_app
@@ -90,16 +90,17 @@ def test_signed_model_version_created_starts_publish_with_the_payload(receiver):
 
 def test_alias_and_tag_events_are_mapped(receiver):
     client, sink = receiver
-    champion = {**ModelVersionAliasCreatedPayload.example(), "alias": "champion"}
+    # (a champion move is judged against the registry's audit trail: the real-MLflow tests cover it)
+    challenger = {**ModelVersionAliasCreatedPayload.example(), "alias": "challenger"}
     deleted = {**ModelVersionAliasDeletedPayload.example(), "alias": "challenger"}
     for entity, action, data in [
-        ("model_version_alias", "created", champion),
+        ("model_version_alias", "created", challenger),
         ("model_version_alias", "deleted", deleted),
         ("model_version_tag", "set", ModelVersionTagSetPayload.example()),
     ]:
         body, headers = mlflow_delivery(entity, action, data)
         assert client.post(WEBHOOK_PATH, content=body, headers=headers).status_code == 200
-    assert [a.dag_id for a, _ in sink.actions] == ["canary_promotion", "canary_rollback"]
+    assert [a.dag_id for a, _ in sink.actions] == ["model_publish", "canary_rollback"]
 
 
 def test_replayed_delivery_is_refused(receiver, tmp_path):
@@ -190,3 +191,23 @@ def test_failed_delivery_releases_the_id_so_mlflow_retry_is_accepted(tmp_path):
     app2 = create_app(secret=SECRET, tolerance_s=300, rules=load_mapping(""), sink=ok, deliveries=store)
     assert TestClient(app2).post(WEBHOOK_PATH, content=body, headers=headers).status_code == 200
     assert len(ok.actions) == 1
+
+
+def test_the_status_endpoint_needs_an_airflow_login_that_may_read_registry_events_runs(airflow_home, tmp_path):
+    from airflow.api_fastapi.app import init_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    manager = init_auth_manager()
+    client = TestClient(create_app(secret=SECRET, deliveries=DeliveryStore(tmp_path / "deliveries.sqlite")))
+    assert client.get(STATUS_PATH).status_code == 401  # no login
+    assert client.get(STATUS_PATH, headers={"Authorization": "Bearer forged"}).status_code == 403
+
+    def login(role):
+        token = manager.generate_jwt(SimpleAuthManagerUser(username=f"u-{role}", role=role))
+        return {"Authorization": f"Bearer {token}"}
+
+    assert client.get(STATUS_PATH, headers=login(None)).status_code == 403  # logged in, no permission
+    resp = client.get(STATUS_PATH, headers=login("viewer"))
+    assert resp.status_code == 200 and resp.json()["deliveries"] == {"total": 0, "last": []}
+    resp = client.get(STATUS_PATH, params={"limit": 0}, headers=login("viewer"))
+    assert resp.status_code == 400 and "limit=0" in resp.json()["detail"]

@@ -18,15 +18,16 @@ from pathlib import Path
 import pytest
 import requests
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException, Request
 from mlflow import MlflowClient
 
 from tests.conftest import make_settings
 from tritonflow.cli import main
-from tritonflow.registry_events import URL_PREFIX, WEBHOOK_PATH
+from tritonflow.registry_events import STATUS_PATH, URL_PREFIX, WEBHOOK_PATH
 from tritonflow.runtime.services import MlflowServer, free_port
+from tritonflow_plugin.champion_guard import ChampionGuard
 from tritonflow_plugin.change_ledger import change_run_id
-from tritonflow_plugin.event_mapping import DEFAULT_RULES, RegistryChange, actions_for, load_mapping, parse_rules
+from tritonflow_plugin.event_mapping import DEFAULT_RULES, RegistryChange, load_mapping, parse_rules
 from tritonflow_plugin.registry_watcher import SeenStateStore, poll_once
 from tritonflow_plugin.webhook import (
     DELIVERY_ID_HEADER,
@@ -75,9 +76,11 @@ class Receiver:
     ``gate``: while cleared, deliveries wait before they reach the receiver (MLflow has sent them).
     """
 
-    def __init__(self, tmp: Path, sink=None, port: int | None = None):
+    def __init__(self, tmp: Path, sink=None, port: int | None = None, guard: ChampionGuard | None = None,
+                 status_auth=None):
         self.sink = sink or RecordingSink()
         self.store = DeliveryStore(tmp / "deliveries.sqlite")
+        self.guard = guard or ChampionGuard()
         self.gate = threading.Event()
         self.gate.set()
         app = FastAPI()  # mounted under the prefix, as Airflow's api-server mounts the plugin's app
@@ -88,7 +91,8 @@ class Receiver:
             return await call_next(request)
 
         app.mount(URL_PREFIX, create_app(secret=SECRET, tolerance_s=300, rules=RULES, sink=self.sink,
-                                         deliveries=self.store))
+                                         deliveries=self.store, champion_guard=self.guard,
+                                         status_auth=status_auth))
         self.port = port or free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -121,7 +125,7 @@ def mlflow(tmp_path_factory):
 
 @pytest.fixture
 def receiver(tmp_path, mlflow):
-    with Receiver(tmp_path) as rec:
+    with Receiver(tmp_path, guard=ChampionGuard(mlflow.tracking_uri)) as rec:
         yield rec
     client = MlflowClient(tracking_uri=mlflow.tracking_uri, registry_uri=mlflow.tracking_uri)
     for hook in client.list_webhooks():  # the next test's changes must not go to a stopped receiver
@@ -282,14 +286,15 @@ def reconcile(mlflow, receiver, model: str) -> int:
     confs = poll_once(client, SeenStateStore(receiver.store.store.url), "registry_events", WATCH_ALL, [model])
     for conf in confs:
         change = RegistryChange(**conf["registry_event"])
-        for action in actions_for(change, RULES):  # what registry_events' map_changes fires
+        for action in receiver.guard.actions(change, RULES, receiver.store):  # what map_changes fires
             receiver.sink.deliver(action, change_run_id(str(change.change_key), action.dag_id, change.kind))
     return len(confs)
 
 
 @pytest.fixture
 def runs_receiver(tmp_path, mlflow, request):
-    with Receiver(tmp_path, sink=RunsSink(**getattr(request, "param", {}))) as rec:
+    with Receiver(tmp_path, sink=RunsSink(**getattr(request, "param", {})),
+                  guard=ChampionGuard(mlflow.tracking_uri)) as rec:
         assert _register(mlflow, rec.url) == 0
         yield rec
     client = MlflowClient(tracking_uri=mlflow.tracking_uri, registry_uri=mlflow.tracking_uri)
@@ -446,3 +451,148 @@ def test_thirty_versions_with_the_receiver_restarted_in_the_middle_give_thirty_r
 
 def client_of(mlflow) -> MlflowClient:
     return MlflowClient(tracking_uri=mlflow.tracking_uri, registry_uri=mlflow.tracking_uri)
+
+
+# ------------------------------------------------------------------ @champion moves only through the gates
+def _promoted(mlflow, receiver, name: str) -> tuple[MlflowClient, str, str]:
+    """A model whose v1 tritonflow promoted (its audit trail says so) and a v2 nobody promoted."""
+    from model_registry.registry import DatabaseLock, RegistryClient
+
+    client = _model(mlflow, receiver, name)
+    v1, v2 = _new_version(client, name), _new_version(client, name)
+    RegistryClient(mlflow.tracking_uri, lock=DatabaseLock(receiver.store.store)).promote(name, v1)
+    return client, v1, v2
+
+
+def _champion(client: MlflowClient, model: str) -> str:
+    return str(client.get_registered_model(model).aliases["champion"])
+
+
+def test_a_champion_moved_by_hand_is_put_back_and_the_new_holder_goes_through_publish_and_the_canary(
+        mlflow, runs_receiver):
+    model, sink = f"churn-hand-moved-{uuid.uuid4().hex[:6]}", runs_receiver.sink
+    time.sleep(3)
+    client, v1, v2 = _promoted(mlflow, runs_receiver, model)
+    (own,) = sink.wait_for("canary_promotion", model, 1)  # tritonflow's own move: the plain mapping
+    assert own.conf["model_version"] == v1
+
+    client.set_registered_model_alias(model, "champion", v2)  # out of band
+    published = sink.wait_for("model_publish", model, 3)  # v1, v2 created, then the request
+    (request,) = [a for a in published if a.conf["registry_event"]["kind"] == "alias_set"]
+    assert (request.conf["model_version"], request.then) == (v2, ("canary_promotion",))
+    assert _champion(client, model) == v1  # what serves stays what the registry names
+    assert len(sink.of("canary_promotion", model)) == 1  # the put-back started nothing
+    tags_v2, tags_v1 = (client.get_model_version(model, v).tags for v in (v2, v1))
+    assert (tags_v2["tritonflow.champion_move"], tags_v2["tritonflow.champion_move_serving"]) == ("requested", v1)
+    assert tags_v1["tritonflow.champion_restored_from"] == v2
+    assert reconcile(mlflow, runs_receiver, model) == 0  # the reconciler finds nothing left
+
+
+def test_under_refuse_a_hand_move_seen_by_the_reconciler_is_put_back_and_alerted_and_starts_nothing(
+        mlflow, runs_receiver):
+    model, sink, alerts = f"churn-refused-{uuid.uuid4().hex[:6]}", runs_receiver.sink, []
+    runs_receiver.guard.policy, runs_receiver.guard.notify = "refuse", alerts.append
+    time.sleep(3)
+    client, v1, v2 = _promoted(mlflow, runs_receiver, model)
+    sink.wait_for("canary_promotion", model, 1)
+    runs_receiver.gate.clear()  # MLflow's delivery waits at the door: the reconciler sees the move first
+    client.set_registered_model_alias(model, "champion", v2)
+    time.sleep(1)
+    assert reconcile(mlflow, runs_receiver, model) == 1  # the change; its mapping starts nothing
+    assert _champion(client, model) == v1
+    assert [(a["version"], a["serving"]) for a in alerts] == [(v2, v1)] and "refuse" in alerts[0]["text"]
+    runs_receiver.gate.set()
+    time.sleep(4)  # the held delivery arrives: the move it reports is already undone
+    assert len(alerts) == 1 and len(sink.of("canary_promotion", model)) == 1
+    assert [a for a in sink.of("model_publish", model) if a.conf["registry_event"]["kind"] == "alias_set"] == []
+    assert client.get_model_version(model, v2).tags["tritonflow.champion_move"] == "refused"
+
+
+# ------------------------------------------------------------------ delivery status
+def _operator_login(request: Request):  # stands in for Airflow's login (its own test: tests/plugins/test_webhook.py)
+    if request.headers.get("Authorization") != "Bearer operator":
+        raise HTTPException(401, "Not authenticated")
+
+
+def test_the_status_shows_what_was_received_deduped_and_started_and_what_the_reconciler_found(mlflow, tmp_path):
+    sink = RunsSink()
+    with Receiver(tmp_path, sink=sink, guard=ChampionGuard(mlflow.tracking_uri), status_auth=_operator_login) as rec:
+        assert _register(mlflow, rec.url) == 0
+        time.sleep(3)
+        model = f"churn-status-{uuid.uuid4().hex[:6]}"
+        client = _model(mlflow, rec, model)
+        version = _new_version(client, model)
+        sink.wait_for("model_publish", model, 1)
+        rec.gate.clear()  # the alias's delivery waits: the reconciler finds the change first
+        client.set_registered_model_alias(model, "challenger", version)
+        time.sleep(1)
+        assert reconcile(mlflow, rec, model) == 1
+        rec.gate.set()
+        time.sleep(3)
+        url = f"http://127.0.0.1:{rec.port}{URL_PREFIX}{STATUS_PATH}"
+        assert requests.get(url, timeout=10).status_code == 401
+        status = requests.get(url, headers={"Authorization": "Bearer operator"}, timeout=10).json()
+        for hook in client.list_webhooks():
+            client.delete_webhook(hook.webhook_id)
+    mine = [d for d in status["deliveries"]["last"] if model in (d["change_key"] or "")]
+    assert sorted((d["event"], d["outcome"]) for d in mine) == [
+        ("model_version.created", "started"), ("model_version_alias.created", "duplicate")]
+    (found,) = [c for c in status["reconciler"]["found"] if c["model"] == model]
+    assert (found["kind"], found["alias"], found["status"]) == ("alias_set", "challenger", "started")
+    assert "registry_events" in status["reconciler"]["polled_at"] and status["reconciler"]["unstarted"] == []
+
+
+# ------------------------------------------------------------------ restarts during many changes
+class Poller:
+    """The reconciler polling every ``every_s`` in a thread (the triggerer's part; its state is in the shared DB)."""
+
+    def __init__(self, mlflow, at: dict, model: str, every_s: float = 1.0):
+        self.stop_event, self.errors = threading.Event(), []
+        self.thread = threading.Thread(target=self.run, args=(mlflow, at, model, every_s), daemon=True)
+        self.thread.start()
+
+    def run(self, mlflow, at, model, every_s):
+        while not self.stop_event.wait(every_s):
+            try:
+                reconcile(mlflow, at["receiver"], model)
+            except Exception as exc:  # MLflow restarting, the store busy: the next poll retries
+                self.errors.append(repr(exc))
+
+    def stop(self):
+        self.stop_event.set()
+        self.thread.join(timeout=60)
+
+
+@pytest.mark.slow
+def test_two_hundred_changes_with_mlflow_the_receiver_and_the_reconciler_restarted_give_one_run_each(
+        mlflow, tmp_path):
+    """200 new versions; the receiver, MLflow and the reconciler are each restarted once among them."""
+    sink = RunsSink()
+    at = {"receiver": Receiver(tmp_path, sink=sink, guard=ChampionGuard(mlflow.tracking_uri)).__enter__()}
+    port, model = at["receiver"].port, f"churn-200-{uuid.uuid4().hex[:6]}"
+    try:
+        assert _register(mlflow, at["receiver"].url) == 0
+        time.sleep(3)
+        _model(mlflow, at["receiver"], model)  # the reconciler's baseline
+        poller, versions = Poller(mlflow, at, model), []
+        for i in range(200):
+            if i == 50:  # the receiver (the api-server) goes down for 10 versions
+                at["receiver"].__exit__()
+            if i == 60:
+                at["receiver"] = Receiver(tmp_path, sink=sink, port=port,
+                                          guard=ChampionGuard(mlflow.tracking_uri)).__enter__()
+            if i == 100:  # MLflow restarts (deliveries it had queued are gone)
+                mlflow.stop()
+                mlflow.start()
+            if i == 150:  # the reconciler restarts
+                poller.stop()
+                poller = Poller(mlflow, at, model)
+            versions.append(_new_version(client_of(mlflow), model))
+        runs = sink.wait_for("model_publish", model, 200, settle_s=3.0)
+        poller.stop()
+    finally:
+        at["receiver"].__exit__()
+        for hook in client_of(mlflow).list_webhooks():
+            client_of(mlflow).delete_webhook(hook.webhook_id)
+    got = sorted(int(r.conf["model_version"]) for r in runs)
+    assert got == sorted(int(v) for v in versions), (len(got), poller.errors[-3:])  # 0 lost, 0 duplicate
