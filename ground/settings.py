@@ -621,6 +621,12 @@ class Settings:
     airflow_triggerer_log_port: int = setting(
         "AIRFLOW_TRIGGERER_LOG_PORT", 8794, "Local Airflow port serving trigger logs.",
     )
+    #: Airflow REST API the CLI's ``promote``, ``rollback``, ``approve`` and ``reject`` call; empty:
+    #: the local deployment's (``http://HOST:AIRFLOW_API_PORT``).
+    airflow_url: str = setting("AIRFLOW_URL", "", "Airflow API server the CLI operates through; empty: the local one.")
+    #: Airflow user the CLI signs in as (simple auth manager); empty: all-admins mode, no credentials.
+    airflow_username: str = setting("AIRFLOW_USERNAME", "", "Airflow user of the CLI; empty: no credentials.")
+    airflow_password: str = setting("AIRFLOW_PASSWORD", "", "Password of TRITONFLOW_AIRFLOW_USERNAME.")
 
     # -------------------------------------------------------------- the main job
     #: Weighted share (0-1) of flagged features that makes a window's dataset verdict ``drift``
@@ -662,6 +668,11 @@ class Settings:
     def resolved_mlflow_tracking_uri(self) -> str:
         """The tracking URI clients use, the local server unless configured."""
         return self.mlflow_tracking_uri or f"http://{self.host}:{self.mlflow_port}"
+
+    @property
+    def resolved_airflow_url(self) -> str:
+        """The Airflow API server the CLI calls, the local deployment's unless configured."""
+        return (self.airflow_url or f"http://{self.host}:{self.airflow_api_port}").rstrip("/")
 
     @property
     def triton_http_url(self) -> str:

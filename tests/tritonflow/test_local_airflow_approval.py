@@ -91,3 +91,36 @@ def test_a_run_under_approve_waits_for_a_person_and_goes_on_once_approved(deploy
     tags = client.get_model_version(name, "2").tags
     assert tags["tritonflow.approval.answer"] == "approved" and tags["tritonflow.approval.by"] != "nobody"
     assert tags["tritonflow.approval.policy"] == "approve" and "tritonflow.status" not in tags
+
+
+def test_the_cli_rejects_a_waiting_approval_with_a_comment_and_waits_for_the_run(deployment, model, capsys):
+    from tritonflow import cli
+
+    name, client = model
+    api = AirflowApi(deployment.api_url)
+    api.wait_for_dag(DAG_ID, WAIT_S)
+    api.unpause(DAG_ID)
+    assert cli.answer_approval(api, name, approve=False, dag_id=DAG_ID) == cli.EXIT_FAILED  # nothing waits
+    assert "no approval of model" in capsys.readouterr().err
+    run_id = cli.start_run(api, DAG_ID, {"model": name})
+    _wait("the approval request", lambda: cli.pending_approvals(api, name, DAG_ID))
+    rc = cli.answer_approval(api, name, approve=False, comment="p99 too high", dag_id=DAG_ID, wait=True,
+                             timeout_s=WAIT_S)
+    out = capsys.readouterr().out
+    assert rc == cli.EXIT_OK and f"rejected the canary of model {name!r} version 2 (run {run_id}" in out
+    assert api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/after")["state"] == "skipped"
+    tags = client.get_model_version(name, "2").tags
+    assert tags["tritonflow.approval.answer"] == "rejected" and tags["tritonflow.approval.note"] == "p99 too high"
+    assert tags["tritonflow.status"] == "rejected" and tags["tritonflow.rejected_stage"] == "approval"
+
+
+def test_waiting_on_a_failed_run_names_the_run_its_state_and_the_failed_task(deployment, capsys):
+    from tritonflow import cli
+
+    api = AirflowApi(deployment.api_url)
+    api.wait_for_dag("fails_at_once", WAIT_S)
+    api.unpause("fails_at_once")
+    run_id = cli.start_run(api, "fails_at_once", {})
+    assert cli.finish_run(api, "fails_at_once", run_id, wait=True, timeout_s=WAIT_S) == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert f"run {run_id} of DAG fails_at_once ended failed; failed task(s): broken" in err
