@@ -10,7 +10,7 @@ Usage::
     tritonflow validate MODEL_URI --sample FILE [--out DIR] [--format onnx|torchscript] ...
     tritonflow status MODEL [--json]   # what serves: weights, aliases, policy, running canary, last decision
     tritonflow promote MODEL VERSION [--wait]          # a canary_promotion run, through Airflow's REST API
-    tritonflow rollback MODEL --reason TEXT [--wait]   # a canary_rollback run
+    tritonflow rollback MODEL [--to VERSION] --reason TEXT [--wait]   # a canary_rollback run
     tritonflow approve|reject MODEL [--comment TEXT] [--run RUN_ID] [--wait]   # the pending approval
 
 ``tritonflow validate`` converts a model (``models:/name/version``, ``runs:/...`` or a local MLflow
@@ -542,7 +542,10 @@ def answer_approval(api: Any, model: str, *, approve: bool, comment: str = "", r
 
 def rollback_conf(args: argparse.Namespace) -> dict[str, Any]:
     """The ``canary_rollback`` form's fields from ``tritonflow rollback``'s arguments."""
-    return {"model": args.model, "reason": args.reason}
+    conf: dict[str, Any] = {"model": args.model, "reason": args.reason}
+    if args.to is not None:
+        conf["to_version"] = args.to
+    return conf
 
 
 def _operate(args: argparse.Namespace) -> int:
@@ -589,6 +592,8 @@ def _add_operate_parsers(sub: Any) -> None:
     rb = sub.add_parser("rollback", help=f"roll a model back (a run of DAG {ROLLBACK_DAG})", epilog=exits)
     common(rb)
     rb.add_argument("--reason", required=True, help="why (recorded on the MLflow versions)")
+    rb.add_argument("--to", type=int, default=None, metavar="VERSION",
+                    help="a version tritonflow published and signed (default: alias previous_champion)")
     for name, verb in (("approve", "approve"), ("reject", "reject")):
         ap = sub.add_parser(name, help=f"{verb} the canary of a model waiting for approval", epilog=exits)
         common(ap)
