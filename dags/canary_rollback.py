@@ -13,6 +13,7 @@ from airflow.sdk import Param, get_current_context
 
 from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, TIMEOUTS
+from tritonflow_plugin.deadlines import run_deadline
 from tritonflow_plugin.links import record_link_info
 from tritonflow_plugin.rollback_choice import RollbackChoiceOperator, model_of
 from tritonflow_plugin.wiring import data_task, tritonflow_dag
@@ -62,7 +63,7 @@ PARAMS = {
 
 
 @tritonflow_dag("canary_rollback", schedule=None, topics=["canary"], description=DESCRIPTION, doc_md=DOC_MD,
-                params=PARAMS)
+                params=PARAMS, deadline=run_deadline("rollback"))
 def canary_rollback():
     """Roll a model back to a signed version (gateway first, then the alias)."""
     @data_task(links=True, when_locked="fail", execution_timeout=TIMEOUTS.rollback, retries=1,

@@ -119,6 +119,10 @@ class Settings:
     #: Airflow users (comma-separated ids) an approval is assigned to when the model has no tag
     #: ``tritonflow.owners``; empty: any user may answer.
     approval_owners: str = setting("APPROVAL_OWNERS", "", "Default approvers (Airflow user ids, comma-separated).")
+    #: Seconds a canary, rollback or publish run may overrun what its settings make it expected to take
+    #: before its deadline alert posts through the failure notifier (``tritonflow.pipelines.run_deadlines``).
+    deadline_margin_s: float = setting("DEADLINE_MARGIN_S", 900.0, "Margin of the runs' deadline alerts (s).",
+                                       check=NON_NEGATIVE)
     #: Seconds each canary step bakes before its analysis.
     canary_bake_s: float = setting("CANARY_BAKE_S", 300.0, "Seconds each step bakes.")
     #: Fewest canary requests a step needs; fewer makes the step inconclusive, never a pass.
