@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import AsyncCallback, DeadlineAlert, DeadlineReference
+from airflow.sdk.definitions.callback import AsyncCallback
+from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
 
 from tritonflow_plugin.notifications import TritonflowFailureNotifier
 

@@ -83,7 +83,7 @@ def deadline_message(context: Mapping[str, Any], expected: str) -> dict[str, Any
     """
     run = dict(context.get("dag_run") or {})
     deadline = dict(context.get("deadline") or {})
-    when = deadline.get("deadline_time")
+    when: Any = deadline.get("deadline_time")
     msg = {"dag_id": run.get("dag_id"), "run_id": run.get("dag_run_id") or run.get("run_id"),
            "state": run.get("state"), "deadline": when.isoformat() if hasattr(when, "isoformat") else when,
            "expected": expected}

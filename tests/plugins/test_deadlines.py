@@ -7,7 +7,8 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
-from airflow.sdk import AsyncCallback, DeadlineReference
+from airflow.sdk.definitions.callback import AsyncCallback
+from airflow.sdk.definitions.deadline import DeadlineReference
 
 from ground.settings import Settings
 from tritonflow.pipelines.run_deadlines import expected_run
