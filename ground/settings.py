@@ -123,6 +123,10 @@ class Settings:
     #: before its deadline alert posts through the failure notifier (``tritonflow.pipelines.run_deadlines``).
     deadline_margin_s: float = setting("DEADLINE_MARGIN_S", 900.0, "Margin of the runs' deadline alerts (s).",
                                        check=NON_NEGATIVE)
+    #: Whether those runs carry deadline alerts at all. Airflow 3.3's ``dag.test()`` (``airflow dags
+    #: test``) fails at the end of a successful run of a DAG that has one: turn them off there.
+    deadline_alerts: bool = setting("DEADLINE_ALERTS", True,
+                                    "Deadline alerts on canary, rollback and publish runs (false: none).")
     #: Seconds each canary step bakes before its analysis.
     canary_bake_s: float = setting("CANARY_BAKE_S", 300.0, "Seconds each step bakes.")
     #: Fewest canary requests a step needs; fewer makes the step inconclusive, never a pass.

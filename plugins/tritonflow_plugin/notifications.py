@@ -122,10 +122,19 @@ class TritonflowFailureNotifier(BaseNotifier):
         self.send(failure_message(context))
 
     async def async_notify(self, context: Any) -> None:
-        """Log the missed deadline, then post it if a webhook URL is configured (off the event loop)."""
+        """Log the missed deadline, then post it if a webhook URL is configured (off the event loop).
+
+        A run that had already failed is not reported again: Airflow keeps a deadline until the
+        run succeeds, and the failure was reported when it happened.
+        """
         import asyncio
 
-        await asyncio.to_thread(self.send, deadline_message(context, self.expected))
+        message = deadline_message(context, self.expected)
+        if message["state"] == "failed":
+            log.info("run %s of %s failed before its deadline: its failure was reported then", message["run_id"],
+                     message["dag_id"])
+            return
+        await asyncio.to_thread(self.send, message)
 
     def send(self, message: dict[str, Any]) -> None:
         """Log ``message["text"]`` as an error and post ``message`` to the webhook; never raises."""

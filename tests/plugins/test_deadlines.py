@@ -64,7 +64,18 @@ def test_a_missed_deadline_is_logged_with_the_run_its_state_and_the_expected_tim
     asyncio.run(_await(notifier))
     assert notifier.last_message["run_id"] == "manual__1" and "overran its deadline" in caplog.text
     assert run_deadline("rollback", seconds=3).interval == dt.timedelta(seconds=3)
+    failed = {**context, "dag_run": {**context["dag_run"], "state": "failed"}}
+    quiet = TritonflowFailureNotifier(webhook_url="http://127.0.0.1:9/never", expected="1 s", context=failed)
+    asyncio.run(_await(quiet))
+    assert quiet.last_message is None  # its failure was reported when it failed
 
 
 async def _await(notifier):
     await notifier
+
+
+def test_the_alerts_can_be_turned_off_but_a_bad_kind_still_fails(monkeypatch):
+    monkeypatch.setenv("TRITONFLOW_DEADLINE_ALERTS", "false")
+    assert run_deadline("canary") is None
+    with pytest.raises(ValueError, match="run kind 'nightly'"):
+        run_deadline("nightly")
