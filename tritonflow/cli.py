@@ -499,12 +499,20 @@ def hitl_location(row: Mapping[str, Any]) -> tuple[str, str, str, int]:
             int(ti.get("map_index", -1)))
 
 
+#: States of a task that waits for its answer: parked (Airflow 3.3+) or deferred (earlier).
+WAITING_STATES = ("awaiting_input", "deferred")
+
+
 def pending_approvals(api: Any, model: str, dag_id: str = PROMOTION_DAG) -> list[dict[str, Any]]:
-    """The unanswered ``approval`` requests of ``dag_id`` runs of ``model``, each with its plan."""
+    """The unanswered ``approval`` requests of ``dag_id`` runs of ``model``, each with its plan.
+
+    Only requests whose task already waits count: an answer written between the request and the
+    task's parking is kept by Airflow 3.3.2 but does not resume the task until its timeout.
+    """
     out = []
     for row in api.hitl_details(dag_id, pending=True):
         dag_id, run_id, task_id, map_index = hitl_location(row)
-        if task_id != "approval":
+        if task_id != "approval" or (row.get("task_instance") or row).get("state") not in WAITING_STATES:
             continue
         plan = api.xcom(dag_id, run_id, "resolve_versions") or {}
         if isinstance(plan, dict) and plan.get("model") == model:

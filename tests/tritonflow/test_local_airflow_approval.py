@@ -135,8 +135,9 @@ def test_the_cli_rejects_a_waiting_approval_with_a_comment_and_waits_for_the_run
     _wait("the approval request", lambda: cli.pending_approvals(api, name, DAG_ID))
     rc = cli.answer_approval(api, name, approve=False, comment="p99 too high", dag_id=DAG_ID, wait=True,
                              timeout_s=WAIT_S)
-    out = capsys.readouterr().out
-    assert rc == cli.EXIT_OK and f"rejected the canary of model {name!r} version 2 (run {run_id}" in out
+    out, err = capsys.readouterr()
+    assert rc == cli.EXIT_OK, err
+    assert f"rejected the canary of model {name!r} version 2 (run {run_id}" in out
     assert api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/after")["state"] == "skipped"
     tags = client.get_model_version(name, "2").tags
     assert tags["tritonflow.approval.answer"] == "rejected" and tags["tritonflow.approval.note"] == "p99 too high"
