@@ -15,6 +15,7 @@ from ground.settings import DEFAULTS
 from tritonflow_plugin import params as form
 from tritonflow_plugin.approval import CanaryApprovalOperator
 from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, TIMEOUTS
+from tritonflow_plugin.deadlines import run_deadline
 from tritonflow_plugin.links import record_link_info
 from tritonflow_plugin.registry_watcher import registry_asset, registry_conf_from_context
 from tritonflow_plugin.wiring import data_task, tritonflow_dag
@@ -134,7 +135,7 @@ def resolve_versions() -> dict:
     from ground.settings import get_settings
     from ground.values import parse_steps
     from tritonflow.pipelines.canary import resolve
-    from tritonflow.pipelines.canary_promotion import canary_time_budget_s
+    from tritonflow.pipelines.run_deadlines import canary_time_budget_s
 
     context = get_current_context()
     req = _request(context["params"], context)
@@ -232,7 +233,7 @@ def traffic_steps(plan: dict) -> list[int]:
 
 
 @tritonflow_dag("canary_promotion", schedule=[registry_asset("canary_promotion")], topics=["canary"],
-                description=DESCRIPTION, doc_md=DOC_MD, params=PARAMS)
+                description=DESCRIPTION, doc_md=DOC_MD, params=PARAMS, deadline=run_deadline("canary"))
 def canary_promotion():
     """Canary-promote a challenger through the gateway, with automatic rollback."""
     plan = resolve_versions()

@@ -14,6 +14,7 @@ from airflow.sdk import Param, get_current_context, task
 
 from tritonflow_plugin import params as form
 from tritonflow_plugin.dag_defaults import MODEL_PUBLISHED, TIMEOUTS
+from tritonflow_plugin.deadlines import run_deadline
 from tritonflow_plugin.links import record_link_info
 from tritonflow_plugin.registry_watcher import registry_asset
 from tritonflow_plugin.staging import shared_staging
@@ -248,7 +249,7 @@ def then_triggers(summary: dict) -> list[dict]:
 
 
 @tritonflow_dag(DAG_ID, schedule=registry_asset(DAG_ID), topics=["publish"], description=DESCRIPTION,
-                doc_md=DOC_MD, params=PARAMS)
+                doc_md=DOC_MD, params=PARAMS, deadline=run_deadline("publish"))
 def model_publish():
     """Convert, validate, sign and publish a registered model version to Triton."""
     summary = record(load_and_smoke(sign_and_push(perf_gate(profile(convert_and_validate(resolve()))))))

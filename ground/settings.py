@@ -119,6 +119,14 @@ class Settings:
     #: Airflow users (comma-separated ids) an approval is assigned to when the model has no tag
     #: ``tritonflow.owners``; empty: any user may answer.
     approval_owners: str = setting("APPROVAL_OWNERS", "", "Default approvers (Airflow user ids, comma-separated).")
+    #: Seconds a canary, rollback or publish run may overrun what its settings make it expected to take
+    #: before its deadline alert posts through the failure notifier (``tritonflow.pipelines.run_deadlines``).
+    deadline_margin_s: float = setting("DEADLINE_MARGIN_S", 900.0, "Margin of the runs' deadline alerts (s).",
+                                       check=NON_NEGATIVE)
+    #: Whether those runs carry deadline alerts at all. Airflow 3.3's ``dag.test()`` (``airflow dags
+    #: test``) fails at the end of a successful run of a DAG that has one: turn them off there.
+    deadline_alerts: bool = setting("DEADLINE_ALERTS", True,
+                                    "Deadline alerts on canary, rollback and publish runs (false: none).")
     #: Seconds each canary step bakes before its analysis.
     canary_bake_s: float = setting("CANARY_BAKE_S", 300.0, "Seconds each step bakes.")
     #: Fewest canary requests a step needs; fewer makes the step inconclusive, never a pass.
@@ -655,6 +663,12 @@ class Settings:
     airflow_triggerer_log_port: int = setting(
         "AIRFLOW_TRIGGERER_LOG_PORT", 8794, "Local Airflow port serving trigger logs.",
     )
+    #: Airflow REST API the CLI's ``promote``, ``rollback``, ``approve`` and ``reject`` call; empty:
+    #: the local deployment's (``http://HOST:AIRFLOW_API_PORT``).
+    airflow_url: str = setting("AIRFLOW_URL", "", "Airflow API server the CLI operates through; empty: the local one.")
+    #: Airflow user the CLI signs in as (simple auth manager); empty: all-admins mode, no credentials.
+    airflow_username: str = setting("AIRFLOW_USERNAME", "", "Airflow user of the CLI; empty: no credentials.")
+    airflow_password: str = setting("AIRFLOW_PASSWORD", "", "Password of TRITONFLOW_AIRFLOW_USERNAME.")
 
     # -------------------------------------------------------------- the main job
     #: Weighted share (0-1) of flagged features that makes a window's dataset verdict ``drift``
@@ -696,6 +710,11 @@ class Settings:
     def resolved_mlflow_tracking_uri(self) -> str:
         """The tracking URI clients use, the local server unless configured."""
         return self.mlflow_tracking_uri or f"http://{self.host}:{self.mlflow_port}"
+
+    @property
+    def resolved_airflow_url(self) -> str:
+        """The Airflow API server the CLI calls, the local deployment's unless configured."""
+        return (self.airflow_url or f"http://{self.host}:{self.airflow_api_port}").rstrip("/")
 
     @property
     def triton_http_url(self) -> str:

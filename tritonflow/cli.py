@@ -9,6 +9,9 @@ Usage::
     tritonflow settings --reference  # the configuration reference (variables, defaults, meaning)
     tritonflow validate MODEL_URI --sample FILE [--out DIR] [--format onnx|torchscript] ...
     tritonflow status MODEL [--json]   # what serves: weights, aliases, policy, running canary, last decision
+    tritonflow promote MODEL VERSION [--wait]          # a canary_promotion run, through Airflow's REST API
+    tritonflow rollback MODEL [--to VERSION] --reason TEXT [--wait]   # a canary_rollback run
+    tritonflow approve|reject MODEL [--comment TEXT] [--run RUN_ID] [--wait]   # the pending approval
 
 ``tritonflow validate`` converts a model (``models:/name/version``, ``runs:/...`` or a local MLflow
 model folder), runs the pre-push checks and the parity gate against a sample file (CSV/Parquet)
@@ -426,6 +429,186 @@ def _add_status_parser(sub: Any) -> None:
     st.add_argument("--json", action="store_true", help="as JSON")
 
 
+#: Exit status of ``promote``, ``rollback``, ``approve`` and ``reject``: the run was started (and, with
+#: ``--wait``, ended in success), or the answer was taken.
+EXIT_OK = 0
+#: The run ended ``failed``, or Airflow refused the request (no pending approval, a form value refused).
+EXIT_FAILED = 1
+#: Airflow could not be reached, or refused the credentials.
+EXIT_UNREACHABLE = 2
+#: ``--wait`` ran out of time; the run goes on.
+EXIT_TIMEOUT = 3
+#: The DAGs the CLI starts runs of.
+PROMOTION_DAG, ROLLBACK_DAG = "canary_promotion", "canary_rollback"
+#: The options of the approval before a canary (Airflow's ``ApprovalOperator``): approve, reject.
+APPROVAL_OPTIONS = ("Approve", "Reject")
+
+
+def airflow_client(settings: Settings) -> Any:
+    """The REST client of the Airflow the CLI operates (``TRITONFLOW_AIRFLOW_URL``/``_USERNAME``/``_PASSWORD``)."""
+    from tritonflow.runtime.airflow_api import AirflowApi
+
+    return AirflowApi(settings.resolved_airflow_url, username=settings.airflow_username or None,
+                      password=settings.airflow_password or None)
+
+
+def failed_tasks(api: Any, dag_id: str, run_id: str) -> list[str]:
+    """The task ids of a run whose state is ``failed`` or ``upstream_failed``, to name in an error."""
+    from urllib.parse import quote
+
+    doc = api.get(f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances?limit=500")
+    return sorted({t["task_id"] for t in doc.get("task_instances") or []
+                   if t.get("state") in ("failed", "upstream_failed")})
+
+
+def finish_run(api: Any, dag_id: str, run_id: str, *, wait: bool, timeout_s: float) -> int:
+    """Without ``wait``: :data:`EXIT_OK`. With it: wait for the run's end; its state decides the exit status."""
+    if not wait:
+        return EXIT_OK
+    try:
+        run = api.wait_for_run(dag_id, run_id, timeout_s)
+    except TimeoutError as exc:
+        print(f"error: {exc}; it goes on (see it with tritonflow status, or in the Airflow UI)", file=sys.stderr)
+        return EXIT_TIMEOUT
+    if run["state"] == "success":
+        print(f"run {run_id} of DAG {dag_id} ended success")
+        return EXIT_OK
+    tasks = failed_tasks(api, dag_id, run_id)
+    print(f"error: run {run_id} of DAG {dag_id} ended {run['state']}"
+          + (f"; failed task(s): {', '.join(tasks)} (their logs say why)" if tasks else ""), file=sys.stderr)
+    return EXIT_FAILED
+
+
+def start_run(api: Any, dag_id: str, conf: dict[str, Any]) -> str:
+    """Start a run of ``dag_id`` with ``conf`` (its form's fields) through the REST API; return its run id."""
+    import time
+    import uuid
+
+    run_id = f"cli__{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime())}_{uuid.uuid4().hex[:6]}"
+    if api.get(f"/dags/{dag_id}").get("is_paused"):
+        print(f"warning: DAG {dag_id} is paused: run {run_id} waits until it is unpaused", file=sys.stderr)
+    api.trigger(dag_id, conf, run_id)
+    print(f"started run {run_id} of DAG {dag_id}: {api.base_url}/dags/{dag_id}/runs/{run_id}")
+    return run_id
+
+
+def hitl_location(row: Mapping[str, Any]) -> tuple[str, str, str, int]:
+    """``(dag_id, run_id, task_id, map_index)`` of a required action as the REST API lists it."""
+    ti = row.get("task_instance") or row
+    return (str(ti["dag_id"]), str(ti.get("dag_run_id") or ti.get("run_id")), str(ti["task_id"]),
+            int(ti.get("map_index", -1)))
+
+
+#: States of a task that waits for its answer: parked (Airflow 3.3+) or deferred (earlier).
+WAITING_STATES = ("awaiting_input", "deferred")
+
+
+def pending_approvals(api: Any, model: str, dag_id: str = PROMOTION_DAG) -> list[dict[str, Any]]:
+    """The unanswered ``approval`` requests of ``dag_id`` runs of ``model``, each with its plan.
+
+    Only requests whose task already waits count: an answer written between the request and the
+    task's parking is kept by Airflow 3.3.2 but does not resume the task until its timeout.
+    """
+    out = []
+    for row in api.hitl_details(dag_id, pending=True):
+        dag_id, run_id, task_id, map_index = hitl_location(row)
+        if task_id != "approval" or (row.get("task_instance") or row).get("state") not in WAITING_STATES:
+            continue
+        plan = api.xcom(dag_id, run_id, "resolve_versions") or {}
+        if isinstance(plan, dict) and plan.get("model") == model:
+            out.append({"run_id": run_id, "task_id": task_id, "map_index": map_index, "plan": plan,
+                        "subject": row.get("subject")})
+    return out
+
+
+def answer_approval(api: Any, model: str, *, approve: bool, comment: str = "", run_id: str | None = None,
+                    wait: bool = False, timeout_s: float = 0.0, dag_id: str = PROMOTION_DAG) -> int:
+    """Approve or reject the pending canary approval of ``model`` (``run_id`` picks one of several).
+
+    Returns:
+        :data:`EXIT_FAILED` when none (or several, without ``run_id``) wait; else as :func:`finish_run`.
+    """
+    pending = [p for p in pending_approvals(api, model, dag_id) if run_id in (None, p["run_id"])]
+    if not pending:
+        where = f"run {run_id} of DAG {dag_id}" if run_id else f"any run of DAG {dag_id}"
+        print(f"error: no approval of model {model!r} is waiting in {where}", file=sys.stderr)
+        return EXIT_FAILED
+    if len(pending) > 1:
+        runs = ", ".join(f"{p['run_id']} (v{p['plan'].get('challenger')})" for p in pending)
+        print(f"error: {len(pending)} approvals of model {model!r} are waiting: {runs}; pick one with --run",
+              file=sys.stderr)
+        return EXIT_FAILED
+    (p,) = pending
+    answer = APPROVAL_OPTIONS[0] if approve else APPROVAL_OPTIONS[1]
+    api.answer_hitl(dag_id, p["run_id"], p["task_id"], [answer], map_index=p["map_index"],
+                    params_input={"comment": comment} if comment else {})
+    verb = "approved" if approve else "rejected"
+    print(f"{verb} the canary of model {model!r} version {p['plan'].get('challenger')} "
+          f"(run {p['run_id']} of DAG {dag_id})")
+    return finish_run(api, dag_id, p["run_id"], wait=wait, timeout_s=timeout_s)
+
+
+def rollback_conf(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``canary_rollback`` form's fields from ``tritonflow rollback``'s arguments."""
+    conf: dict[str, Any] = {"model": args.model, "reason": args.reason}
+    if args.to is not None:
+        conf["to_version"] = args.to
+    return conf
+
+
+def _operate(args: argparse.Namespace) -> int:
+    """``tritonflow promote|rollback|approve|reject``: through the Airflow REST API; exit status as documented."""
+    import urllib.error
+
+    from tritonflow.runtime.airflow_api import AirflowApiError
+
+    settings = get_settings()
+    api = airflow_client(settings)
+    timeout_s = args.timeout
+    try:
+        if args.command in ("promote", "rollback"):
+            dag_id, conf = ((PROMOTION_DAG, {"model": args.model, "challenger": str(args.version)})
+                            if args.command == "promote" else (ROLLBACK_DAG, rollback_conf(args)))
+            run_id = start_run(api, dag_id, conf)
+            return finish_run(api, dag_id, run_id, wait=args.wait, timeout_s=timeout_s)
+        return answer_approval(api, args.model, approve=args.command == "approve", comment=args.comment or "",
+                               run_id=args.run, wait=args.wait, timeout_s=timeout_s)
+    except AirflowApiError as exc:
+        print(f"error: Airflow at {api.base_url} refused: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE if exc.status in (401, 403) else EXIT_FAILED
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        print(f"error: Airflow at {api.base_url} could not be reached ({exc}); set TRITONFLOW_AIRFLOW_URL",
+              file=sys.stderr)
+        return EXIT_UNREACHABLE
+
+
+def _add_operate_parsers(sub: Any) -> None:
+    """``tritonflow promote|rollback|approve|reject`` arguments."""
+    exits = (f"exit status: {EXIT_OK} started (with --wait: ended success) or answered; {EXIT_FAILED} the run "
+             f"failed or Airflow refused the request; {EXIT_UNREACHABLE} Airflow unreachable or credentials "
+             f"refused; {EXIT_TIMEOUT} --wait ran out of time (the run goes on)")
+
+    def common(p: Any) -> None:
+        p.add_argument("model", help="registered MLflow model name")
+        p.add_argument("--wait", action="store_true", help="wait until the run ends (Airflow's run-wait "
+                                                           "endpoint, else polling)")
+        p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds --wait waits (default 4 h)")
+
+    pr = sub.add_parser("promote", help=f"start a canary of a version (a run of DAG {PROMOTION_DAG})", epilog=exits)
+    common(pr)
+    pr.add_argument("version", help="version number (e.g. 7) or alias (e.g. challenger) to promote")
+    rb = sub.add_parser("rollback", help=f"roll a model back (a run of DAG {ROLLBACK_DAG})", epilog=exits)
+    common(rb)
+    rb.add_argument("--reason", required=True, help="why (recorded on the MLflow versions)")
+    rb.add_argument("--to", type=int, default=None, metavar="VERSION",
+                    help="a version tritonflow published and signed (default: alias previous_champion)")
+    for name, verb in (("approve", "approve"), ("reject", "reject")):
+        ap = sub.add_parser(name, help=f"{verb} the canary of a model waiting for approval", epilog=exits)
+        common(ap)
+        ap.add_argument("--comment", default="", help="a comment recorded with the answer")
+        ap.add_argument("--run", default=None, help=f"the {PROMOTION_DAG} run, when several wait")
+
+
 def _add_drift_parser(sub: Any) -> None:
     """``tritonflow drift backtest`` arguments."""
     dr = sub.add_parser("drift", help="drift tools")
@@ -479,8 +662,11 @@ def main(argv: list[str] | None = None) -> int:
     _add_drift_parser(sub)
     _add_registry_parser(sub)
     _add_status_parser(sub)
+    _add_operate_parsers(sub)
     args = parser.parse_args(argv)
     try:
+        if args.command in ("promote", "rollback", "approve", "reject"):
+            return _operate(args)
         if args.command == "status":
             return _status(args)
         if args.command == "registry":

@@ -26,6 +26,9 @@ from model_registry.registry.entities import (
     translate_mlflow_error,
 )
 
+#: Tag tritonflow writes on a version it published and signed (the OpenSSF model-signing digest).
+SIGNATURE_TAG = "tritonflow.signature_digest"
+
 
 class PromotionMixin(RegistryClientBase):
     """Promotion and rollback of :class:`~model_registry.registry.RegistryClient`."""
@@ -117,16 +120,61 @@ class PromotionMixin(RegistryClientBase):
                 rec["champion"], rec["previous_champion"] = v, previous
         return PromotionResult(name, v, previous, changed, rec["attempt_id"])
 
-    def rollback_target(self, name: str) -> ModelVersionRef:
-        """The version ``previous_champion`` names: the only rollback target.
+    def signed_versions(self, name: str) -> list[dict]:
+        """The versions of ``name`` tritonflow published and signed: the choices of a rollback.
+
+        Returns:
+            One ``{"version", "aliases", "status", "rejected_stage", "rejection_reason", "published_at"}``
+            per version with tag :data:`SIGNATURE_TAG`, ascending; ``rejected_stage`` is ``None``
+            unless the version was rejected after it was published (by the sentinel, a canary, an
+            approval).
+        """
+        out = []
+        for ref in self.versions(name):
+            tags = dict(ref.tags or {})
+            if not tags.get(SIGNATURE_TAG) or ref.status != "READY":
+                continue
+            rejected = tags.get("tritonflow.status") == "rejected"
+            out.append({"version": ref.version, "aliases": list(ref.aliases), "status": tags.get("tritonflow.status"),
+                        "rejected_stage": tags.get("tritonflow.rejected_stage") if rejected else None,
+                        "rejection_reason": tags.get("tritonflow.rejection_reason") if rejected else None,
+                        "published_at": tags.get("tritonflow.published_at")})
+        return out
+
+    def signed_version(self, name: str, version: int | str) -> ModelVersionRef:
+        """Version ``version`` of ``name`` as an explicit rollback target.
+
+        It must exist, be READY, and carry tritonflow's signature (tag :data:`SIGNATURE_TAG`).
+
+        Raises:
+            RegistryError: It does not exist, is not READY, or carries no signature (names the
+                version and what it lacks).
+        """
+        ref = self.get_version(name, version)  # a missing version: names model and version
+        if ref.status != "READY":
+            raise RegistryError(f"rollback of model {name!r} to version {ref.version} refused: its status is "
+                                f"{ref.status!r}, expected 'READY'")
+        if not dict(ref.tags or {}).get(SIGNATURE_TAG):
+            raise RegistryError(
+                f"rollback of model {name!r} to version {ref.version} refused: the version is not published "
+                f"and signed (no tag {SIGNATURE_TAG!r}); publish it with model_publish first, or pick one of "
+                f"the signed versions: {[v['version'] for v in self.signed_versions(name)] or 'none'}")
+        return ref
+
+    def rollback_target(self, name: str, version: int | str | None = None) -> ModelVersionRef:
+        """The version to roll back to.
+
+        ``version`` when given (:meth:`signed_version`), else the version ``previous_champion`` names.
 
         Never falls back to "latest" or any other version.
 
         Raises:
-            RegistryError: The alias is not set, or names a deleted version; the message names the
-                alias and the version it (last) named, from the alias or from tag
-                :data:`PREVIOUS_CHAMPION_TAG`.
+            RegistryError: ``version`` is not a published, signed, READY version; or, without it,
+                the alias is not set, or names a deleted version; the message names the alias and
+                the version it (last) named, from the alias or from tag :data:`PREVIOUS_CHAMPION_TAG`.
         """
+        if version is not None:
+            return self.signed_version(name, version)
         known = self.aliases(name)
         if PREVIOUS_CHAMPION_ALIAS in known:
             v = known[PREVIOUS_CHAMPION_ALIAS]
@@ -165,8 +213,11 @@ class PromotionMixin(RegistryClientBase):
             f"previous champion was recorded; not falling back to another version."
         )
 
-    def rollback(self, name: str, *, use_stages: bool = False, reason: str = "") -> PromotionResult:
-        """Move ``champion`` back to the :meth:`rollback_target` (under the lock, audited).
+    def rollback(self, name: str, *, use_stages: bool = False, reason: str = "",
+                 version: int | str | None = None) -> PromotionResult:
+        """Move ``champion`` back to the :meth:`rollback_target`, under the lock, audited.
+
+        The target is ``version`` when given, else ``previous_champion``.
 
         The rolled-back version is tagged ``tritonflow.rolled_back_at``; ``previous_champion`` is
         removed so that a second rollback stops instead of re-promoting the bad version.
@@ -177,13 +228,19 @@ class PromotionMixin(RegistryClientBase):
         """
         with self._attempt(name, "rollback", reason=reason) as rec:
             with self.lock.hold(name, self.lock_timeout_s):
-                target = self.rollback_target(name)
-                current = self.aliases(name).get(CHAMPION_ALIAS)
+                target = self.rollback_target(name, version)
+                aliases = self.aliases(name)
+                current = aliases.get(CHAMPION_ALIAS)
+                if current == target.version and version is not None:
+                    raise RegistryError(f"rollback of model {name!r} to version {target.version} refused: it "
+                                        "already is the champion")
                 rec.update(observed_champion=current, requested_version=target.version)
                 self._set_alias(name, CHAMPION_ALIAS, target.version)
-                try:
-                    self.client.delete_registered_model_alias(name, PREVIOUS_CHAMPION_ALIAS)
-                    self.client.delete_registered_model_tag(name, PREVIOUS_CHAMPION_TAG)
+                try:  # a rollback to an explicit version may find no previous_champion to clear
+                    if PREVIOUS_CHAMPION_ALIAS in aliases:
+                        self.client.delete_registered_model_alias(name, PREVIOUS_CHAMPION_ALIAS)
+                    if PREVIOUS_CHAMPION_TAG in self.model_tags(name):
+                        self.client.delete_registered_model_tag(name, PREVIOUS_CHAMPION_TAG)
                 except Exception as exc:  # noqa: BLE001
                     raise translate_mlflow_error(
                         exc, f"clearing {PREVIOUS_CHAMPION_ALIAS!r} of model {name!r}") from exc

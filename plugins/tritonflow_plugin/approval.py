@@ -19,11 +19,14 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.sdk import Param
 
 log = logging.getLogger(__name__)
 
 #: XCom key of the policy the approval task found.
 POLICY_XCOM_KEY = "promotion_policy"
+#: The approval form's free-text field (the CLI's ``--comment``), recorded as the answer's note.
+COMMENT_PARAM = "comment"
 
 
 def approval_needed(plan: dict, policy: str) -> bool:
@@ -48,6 +51,8 @@ class CanaryApprovalOperator(ApprovalOperator):
         kwargs.setdefault("subject", "Start the canary?")
         kwargs.setdefault("defaults", ApprovalOperator.REJECT)
         kwargs.setdefault("ignore_downstream_trigger_rules", True)
+        kwargs.setdefault("params", {COMMENT_PARAM: Param("", type="string", title="Comment",
+                                                          description="Why (recorded on the MLflow version).")})
         super().__init__(**kwargs)
         self.plan_task_id = plan_task_id
 
@@ -90,10 +95,11 @@ class CanaryApprovalOperator(ApprovalOperator):
         by = event.get("responded_by_user") or {}
         who = str(by.get("name") or by.get("id") or "") if isinstance(by, dict) else str(by)
         at: Any = event.get("responded_at")
-        note = "" if who else "timed out: the default answer is reject"
+        comment = str((event.get("params_input") or {}).get(COMMENT_PARAM) or "").strip()
+        note = comment if who else "timed out: the default answer is reject"
         record_answer(plan["model"], plan["challenger"], approved=approved, by=who,
                       at=at.isoformat() if hasattr(at, "isoformat") else str(at or ""), policy=policy, note=note)
         return super().execute_complete(context, event)
 
 
-__all__ = ["POLICY_XCOM_KEY", "CanaryApprovalOperator", "approval_needed"]
+__all__ = ["COMMENT_PARAM", "POLICY_XCOM_KEY", "CanaryApprovalOperator", "approval_needed"]

@@ -1,14 +1,16 @@
-"""Failure notifications for tritonflow DAGs.
+"""Failure and missed-deadline notifications for tritonflow DAGs.
 
 :class:`TritonflowFailureNotifier` always logs the failure (DAG, task, run, try, error) and, when
 ``Settings.alert_webhook_url`` (``TRITONFLOW_ALERT_WEBHOOK_URL``) or the ``webhook_url`` argument is
 set, POSTs the same facts as JSON to that URL (Slack/Teams/Alertmanager-compatible receivers take
 a JSON body with a ``text`` field). A failing webhook is logged, never raised, so the alert path
-cannot mask the task failure.
+cannot mask the task failure. The same notifier is the callback of the runs' deadline alerts
+(:mod:`tritonflow_plugin.deadlines`): it then reports the run that overran, in the triggerer.
 
 Usage::
 
     default_args = {"on_failure_callback": TritonflowFailureNotifier()}
+    deadline = DeadlineAlert(..., callback=AsyncCallback(TritonflowFailureNotifier, kwargs={"expected": "..."}))
 """
 
 from __future__ import annotations
@@ -68,39 +70,88 @@ def post_json(url: str, body: Mapping[str, Any], timeout_s: float) -> int:
         return resp.status
 
 
+def deadline_message(context: Mapping[str, Any], expected: str) -> dict[str, Any]:
+    """The JSON-serialisable facts of a missed deadline from a deadline alert's context.
+
+    Args:
+        context: ``{"dag_run": {...}, "deadline": {"id", "deadline_time"}}`` as Airflow's deadline
+            alert hands it to its callback.
+        expected: How the run's expected time was computed (``run_deadlines.expected_run``).
+
+    Returns:
+        ``{"text", "dag_id", "run_id", "state", "deadline", "expected"}``; missing facts are ``None``.
+    """
+    run = dict(context.get("dag_run") or {})
+    deadline = dict(context.get("deadline") or {})
+    when: Any = deadline.get("deadline_time")
+    msg = {"dag_id": run.get("dag_id"), "run_id": run.get("dag_run_id") or run.get("run_id"),
+           "state": run.get("state"), "deadline": when.isoformat() if hasattr(when, "isoformat") else when,
+           "expected": expected}
+    msg["text"] = (f"tritonflow: run {msg['run_id']} of {msg['dag_id']} overran its deadline {msg['deadline']} "
+                   f"(state {msg['state']}; expected {expected})")
+    return msg
+
+
 class TritonflowFailureNotifier(BaseNotifier):
-    """Log every failure and post it to a webhook when one is configured.
+    """Log every failure (or missed deadline) and post it to a webhook when one is configured.
+
+    As a task's ``on_failure_callback`` it reports the failure; as the callback of a deadline alert
+    (``AsyncCallback(TritonflowFailureNotifier, kwargs={"expected": ...})``, run in the triggerer)
+    it reports the run that overran.
 
     Args:
         webhook_url: Receiver URL (default ``Settings.alert_webhook_url``; empty: log only).
         timeout_s: Seconds to wait for the receiver (default ``Settings.alert_timeout_s``).
+        expected: For a deadline alert: how the run's expected time was computed.
+        context: The deadline alert's context (Airflow passes it).
     """
 
     template_fields = ("webhook_url",)
 
-    def __init__(self, webhook_url: str | None = None, timeout_s: float | None = None) -> None:
-        super().__init__()
+    def __init__(self, webhook_url: str | None = None, timeout_s: float | None = None, expected: str = "",
+                 context: Any = None) -> None:
+        super().__init__(context)
         self.webhook_url = webhook_url
         self.timeout_s = timeout_s
+        self.expected = expected
         #: Last message sent (for inspection in tests and logs).
         self.last_message: dict[str, Any] | None = None
 
     def notify(self, context: Any) -> None:
         """Log the failure, then post it if a webhook URL is configured."""
+        self.send(failure_message(context))
+
+    async def async_notify(self, context: Any) -> None:
+        """Log the missed deadline, then post it if a webhook URL is configured (off the event loop).
+
+        A run that had already failed is not reported again: Airflow keeps a deadline until the
+        run succeeds, and the failure was reported when it happened.
+        """
+        import asyncio
+
+        message = deadline_message(context, self.expected)
+        if message["state"] == "failed":
+            log.info("run %s of %s failed before its deadline: its failure was reported then", message["run_id"],
+                     message["dag_id"])
+            return
+        await asyncio.to_thread(self.send, message)
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Log ``message["text"]`` as an error and post ``message`` to the webhook; never raises."""
         from ground.settings import get_settings
 
         settings = get_settings()
         url = self.webhook_url if self.webhook_url is not None else settings.alert_webhook_url
         timeout = self.timeout_s if self.timeout_s is not None else settings.alert_timeout_s
-        message = failure_message(context)
         self.last_message = message
+        kind = "deadline" if "expected" in message else "failure"
         log.error("%s", message["text"])
         if not url:
             return
         try:
             status = post_json(url, message, timeout)
         except Exception as exc:  # the alert must never hide the original failure
-            log.error("failure notification to %s failed: %s", url, exc)
+            log.error("%s notification to %s failed: %s", kind, url, exc)
             return
         if status >= 400:
-            log.error("failure notification to %s answered HTTP %s", url, status)
+            log.error("%s notification to %s answered HTTP %s", kind, url, status)

@@ -346,6 +346,30 @@ def test_rollback_target_is_the_previous_champion_and_rollback_moves_champion_ba
         registry.rollback_target(name)  # a second rollback does not re-promote version 2
 
 
+def test_rollback_to_an_explicit_version_needs_a_published_signed_one_and_names_an_unsigned_one(
+        registry, raw, register_versions):
+    name = register_versions(4)
+    for v in ("1", "2"):
+        raw.set_model_version_tag(name, v, "tritonflow.signature_digest", f"sha256:{v * 8}")
+        raw.set_model_version_tag(name, v, "tritonflow.status", "published")
+    raw.set_model_version_tag(name, "2", "tritonflow.status", "rejected")
+    raw.set_model_version_tag(name, "2", "tritonflow.rejected_stage", "sentinel")
+    registry.promote(name, 3)
+    registry.promote(name, 4)  # champion=4, previous_champion=3 (unsigned)
+    with pytest.raises(RegistryError, match=r"version 3 refused: the version is not published and signed.*\[1, 2\]"):
+        registry.rollback(name, version=3, reason="bad")
+    with pytest.raises(RegistryError, match="version 9"):
+        registry.rollback_target(name, 9)
+    rows = {r["version"]: r for r in registry.signed_versions(name)}
+    assert sorted(rows) == [1, 2] and rows[2]["rejected_stage"] == "sentinel" and rows[1]["rejected_stage"] is None
+    result = registry.rollback(name, version=1, reason="v4 drifts; v1 is the last good one")
+    assert result.champion == 1
+    assert raw.get_registered_model(name).aliases == {"champion": "1"}  # previous_champion cleared
+    assert raw.get_model_version(name, "4").tags["tritonflow.rolled_back_to"] == "1"
+    with pytest.raises(RegistryError, match="already is the champion"):
+        registry.rollback(name, version=1, reason="again")
+
+
 def test_rollback_stops_naming_alias_and_version_when_the_previous_champion_was_deleted(
         registry, raw, register_versions, registry_tracking_uri):
     name = register_versions(3)

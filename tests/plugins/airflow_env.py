@@ -45,6 +45,8 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(ENV)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(PLUGINS), env.get("PYTHONPATH", "")])
+    # dag.test() in Airflow 3.3.2 fails at the end of a successful run of a DAG with a deadline alert
+    env["TRITONFLOW_DEADLINE_ALERTS"] = "false"
     env.update(extra)
     return env
 

@@ -156,3 +156,24 @@ def test_status_names_what_could_not_be_read(tmp_path, monkeypatch, capsys):
     assert cli.main(["status", "nobody"]) == 1
     err = capsys.readouterr().err
     assert "error: could not read MLflow registry at http://127.0.0.1:9" in err and "'nobody'" in err
+
+
+def test_rollback_requires_a_reason_and_the_operating_commands_document_their_exit_status(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["rollback", "iris"])
+    assert exc.value.code == 2 and "--reason" in capsys.readouterr().err
+    for command in ("promote", "rollback", "approve", "reject"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "exit status: 0" in text and "2 Airflow unreachable" in text and "3 --wait ran out of time" in text
+
+
+def test_the_airflow_the_cli_operates_is_the_local_one_unless_configured(tmp_path):
+    local = Settings.from_env({}, home=tmp_path)
+    assert cli.airflow_client(local).base_url == f"http://127.0.0.1:{local.airflow_api_port}"
+    remote = Settings.from_env({"TRITONFLOW_AIRFLOW_URL": "https://airflow.example/",
+                                "TRITONFLOW_AIRFLOW_USERNAME": "ops", "TRITONFLOW_AIRFLOW_PASSWORD": "pw"},
+                               home=tmp_path)
+    api = cli.airflow_client(remote)
+    assert (api.base_url, api.username, api.password) == ("https://airflow.example", "ops", "pw")

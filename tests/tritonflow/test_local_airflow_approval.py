@@ -1,12 +1,16 @@
 """On a real local Airflow (scheduler, dag-processor, triggerer, api-server) and a real MLflow, a run
 of a model under policy ``approve`` waits in its ``approval`` task until a person approves through
 the REST API (``PATCH .../hitlDetails``); then the task after it runs and the answer is on the
-challenger's MLflow version."""
+challenger's MLflow version. The CLI answers and waits the same way, and a run that outlasts its
+deadline alert is reported through the failure notifier to a webhook."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -38,12 +42,37 @@ def model(mlflow_server):
     return name, client
 
 
+class Sink(BaseHTTPRequestHandler):
+    """The alert webhook: keeps every JSON body posted to it."""
+
+    received: list = []
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        Sink.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory, mlflow_server):
+def alert_sink():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/alerts"
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, mlflow_server, alert_sink):
     home = tmp_path_factory.mktemp("approval_airflow")
     settings = Settings.from_env({}, home=home, start_timeout_s=600, mlflow_tracking_uri=mlflow_server.tracking_uri)
     config = AirflowConfig.local(settings, api_port=free_port(), worker_log_port=free_port(),
-                                 triggerer_log_port=free_port(), dags_folder=DAGS)
+                                 triggerer_log_port=free_port(), dags_folder=DAGS,
+                                 extra_env={"TRITONFLOW_ALERT_WEBHOOK_URL": alert_sink})
     dep = AirflowDeployment(config)
     dep.start()
     try:
@@ -91,3 +120,50 @@ def test_a_run_under_approve_waits_for_a_person_and_goes_on_once_approved(deploy
     tags = client.get_model_version(name, "2").tags
     assert tags["tritonflow.approval.answer"] == "approved" and tags["tritonflow.approval.by"] != "nobody"
     assert tags["tritonflow.approval.policy"] == "approve" and "tritonflow.status" not in tags
+
+
+def test_the_cli_rejects_a_waiting_approval_with_a_comment_and_waits_for_the_run(deployment, model, capsys):
+    from tritonflow import cli
+
+    name, client = model
+    api = AirflowApi(deployment.api_url)
+    api.wait_for_dag(DAG_ID, WAIT_S)
+    api.unpause(DAG_ID)
+    assert cli.answer_approval(api, name, approve=False, dag_id=DAG_ID) == cli.EXIT_FAILED  # nothing waits
+    assert "no approval of model" in capsys.readouterr().err
+    run_id = cli.start_run(api, DAG_ID, {"model": name})
+    _wait("the approval request", lambda: cli.pending_approvals(api, name, DAG_ID))
+    rc = cli.answer_approval(api, name, approve=False, comment="p99 too high", dag_id=DAG_ID, wait=True,
+                             timeout_s=WAIT_S)
+    out, err = capsys.readouterr()
+    assert rc == cli.EXIT_OK, err
+    assert f"rejected the canary of model {name!r} version 2 (run {run_id}" in out
+    assert api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/after")["state"] == "skipped"
+    tags = client.get_model_version(name, "2").tags
+    assert tags["tritonflow.approval.answer"] == "rejected" and tags["tritonflow.approval.note"] == "p99 too high"
+    assert tags["tritonflow.status"] == "rejected" and tags["tritonflow.rejected_stage"] == "approval"
+
+
+def test_waiting_on_a_failed_run_names_the_run_its_state_and_the_failed_task(deployment, capsys):
+    from tritonflow import cli
+
+    api = AirflowApi(deployment.api_url)
+    api.wait_for_dag("fails_at_once", WAIT_S)
+    api.unpause("fails_at_once")
+    run_id = cli.start_run(api, "fails_at_once", {})
+    assert cli.finish_run(api, "fails_at_once", run_id, wait=True, timeout_s=WAIT_S) == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert f"run {run_id} of DAG fails_at_once ended failed; failed task(s): broken" in err
+
+
+def test_a_run_that_outlasts_its_deadline_is_reported_through_the_notifier(deployment):
+    from tritonflow import cli
+
+    api = AirflowApi(deployment.api_url)
+    api.wait_for_dag("overruns_its_deadline", WAIT_S)
+    api.unpause("overruns_its_deadline")
+    run_id = cli.start_run(api, "overruns_its_deadline", {})
+    alert = _wait("the deadline alert", lambda: [m for m in Sink.received if m.get("run_id") == run_id])[0]
+    assert alert["dag_id"] == "overruns_its_deadline" and alert["expected"] == "2 s"
+    assert alert["state"] in ("queued", "running") and "overran its deadline" in alert["text"]
+    assert api.wait_for_run("overruns_its_deadline", run_id, WAIT_S)["state"] == "success"  # an alert, not a kill

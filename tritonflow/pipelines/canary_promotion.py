@@ -33,18 +33,7 @@ from tritonflow.pipelines.canary import (
 )
 from tritonflow.pipelines.canary_loading import ensure_loaded, preflight, unload_version
 from tritonflow.pipelines.promotion_policy import promotion_policy
-
-#: Seconds a fixed overhead of one promotion may take on top of the bakes (loads, MLflow, GC);
-#: used by :func:`canary_time_budget_s`.
-PROMOTION_OVERHEAD_S = 600.0
-
-
-def canary_time_budget_s(steps: Sequence[int], bake_s: float, max_extensions: int) -> float:
-    """Longest a canary may take: every step baked ``1 + max_extensions`` times plus overhead.
-
-    Used by the DAG to refuse parameters its promotion task's ``execution_timeout`` cannot hold.
-    """
-    return len(steps) * float(bake_s) * (1 + int(max_extensions)) + PROMOTION_OVERHEAD_S
+from tritonflow.pipelines.run_deadlines import canary_time_budget_s
 
 
 # ----------------------------------------------------------------------------------- repository GC

@@ -159,7 +159,7 @@ def record_answer(model: str, version: int | str, *, approved: bool, by: str = "
         by: Who answered (empty: nobody, e.g. the timeout).
         at: When (ISO time; empty: now).
         policy: The policy in force.
-        note: Why, when nobody answered (``"timed out"``).
+        note: Why: the answer's comment, or ``"timed out"`` when nobody answered.
         registry: A :class:`model_registry.registry.RegistryClient` (default: on the settings' MLflow).
         settings: The settings (default: :func:`ground.settings.get_settings`).
 

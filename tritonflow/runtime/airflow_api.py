@@ -14,12 +14,15 @@ import time
 import urllib.error
 import urllib.request
 from typing import Any
+from urllib.parse import quote
 
 #: Seconds between two polls of the REST API while waiting for a state.
 POLL_S = 1.0
 #: Attempts of a REST call that the API server answers with HTTP 5xx, and the first delay (s).
 API_RETRIES = 4
 API_RETRY_DELAY_S = 2.0
+#: States in which a DAG run has ended.
+FINISHED_RUN_STATES = ("success", "failed")
 
 
 class AirflowApi:
@@ -130,6 +133,95 @@ class AirflowApi:
     def unpause(self, dag_id: str) -> None:
         """Unpause ``dag_id``."""
         self.patch(f"/dags/{dag_id}", {"is_paused": False})
+
+    def trigger(self, dag_id: str, conf: dict[str, Any], run_id: str) -> dict[str, Any]:
+        """Create run ``run_id`` of ``dag_id`` with ``conf`` (its form's fields); return the run."""
+        return self.post(f"/dags/{dag_id}/dagRuns", {"dag_run_id": run_id, "logical_date": None, "conf": conf})
+
+    def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        """Run ``run_id`` of ``dag_id`` (``state``, ``note``, dates)."""
+        return self.get(f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}")
+
+    def wait_for_run(self, dag_id: str, run_id: str, timeout_s: float, interval_s: float = 2.0) -> dict[str, Any]:
+        """Wait until run ``run_id`` has ended (``success`` or ``failed``); return its last state.
+
+        Uses Airflow's run-wait endpoint (``GET .../dagRuns/{run_id}/wait``, newline-delimited JSON
+        of the run's state every ``interval_s``) and polls ``GET .../dagRuns/{run_id}`` where the
+        server has no such route.
+
+        Raises:
+            TimeoutError: The run had not ended after ``timeout_s`` (names the run and its state).
+        """
+        deadline = time.monotonic() + timeout_s
+        try:
+            state = self._stream_wait(dag_id, run_id, deadline, interval_s)
+        except AirflowApiError as exc:
+            if exc.status not in (404, 405):
+                raise
+            state = None
+        if state is None or state not in FINISHED_RUN_STATES:
+            while time.monotonic() < deadline:
+                state = self.dag_run(dag_id, run_id).get("state")
+                if state in FINISHED_RUN_STATES:
+                    break
+                time.sleep(interval_s)
+        run = self.dag_run(dag_id, run_id)
+        if run.get("state") not in FINISHED_RUN_STATES:
+            raise TimeoutError(f"run {run_id} of DAG {dag_id} is still {run.get('state')} after {timeout_s:.0f} s")
+        return run
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
+        """XCom ``key`` of task ``task_id`` in a run (decoded when it is JSON text); ``None`` if absent."""
+        path = (f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}"
+                f"/xcomEntries/{quote(key, safe='')}")
+        try:
+            raw = self.get(path).get("value")
+        except AirflowApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        if isinstance(raw, str):
+            try:
+                return json.loads(raw)
+            except ValueError:
+                return raw
+        return raw
+
+    def hitl_details(self, dag_id: str, run_id: str = "~", *, pending: bool | None = None) -> list[dict[str, Any]]:
+        """Required actions (human-in-the-loop requests) of a DAG's runs (``~``: all); ``pending``: unanswered."""
+        query = "" if pending is None else f"&response_received={str(not pending).lower()}"
+        doc = self.get(f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='~')}/hitlDetails?limit=100{query}")
+        rows = list(doc.get("hitl_details") or [])
+        if pending is not None:
+            rows = [r for r in rows if bool(r.get("response_received")) != pending]
+        return rows
+
+    def answer_hitl(self, dag_id: str, run_id: str, task_id: str, chosen_options: list[str], *,
+                    map_index: int = -1, params_input: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Answer the required action of task ``task_id`` in a run, as the signed-in user."""
+        path = f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/{map_index}/hitlDetails"
+        return self.patch(path, {"chosen_options": chosen_options, "params_input": params_input or {}})
+
+    def _stream_wait(self, dag_id: str, run_id: str, deadline: float, interval_s: float) -> str | None:
+        """Read the run-wait endpoint's lines until the run ends or ``deadline``; the last state seen."""
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/wait?interval={interval_s:g}"
+        req = urllib.request.Request(f"{self.base_url}{path}", method="GET")
+        req.add_header("Accept", "application/x-ndjson")
+        req.add_header("Authorization", f"Bearer {self.token()}")
+        state = None
+        try:
+            with urllib.request.urlopen(req, timeout=max(self.timeout, 4 * interval_s)) as resp:  # noqa: S310
+                for line in resp:
+                    if line.strip():
+                        state = json.loads(line).get("state")
+                    if state in FINISHED_RUN_STATES or time.monotonic() >= deadline:
+                        break
+        except urllib.error.HTTPError as exc:
+            raise AirflowApiError(exc.code, f"GET {path}: HTTP {exc.code}: "
+                                  f"{exc.read().decode(errors='replace')[:2000]}") from None
+        except (TimeoutError, urllib.error.URLError):
+            return state  # the stream stalled: the caller polls
+        return state
 
 
 class AirflowApiError(RuntimeError):

@@ -1,0 +1,50 @@
+"""Deadline alerts of the canary, rollback and publish runs (Airflow 3's ``DeadlineAlert``).
+
+:func:`run_deadline` gives a DAG the alert of its kind: it fires when a run has not ended
+:func:`tritonflow.pipelines.run_deadlines.expected_run` seconds after it was queued, computed from
+the settings the DAG file is parsed with (the environment only: no I/O), and the triggerer then
+runs :class:`~tritonflow_plugin.notifications.TritonflowFailureNotifier`, which logs the run and
+its state and posts them to ``TRITONFLOW_ALERT_WEBHOOK_URL``. ``TRITONFLOW_DEADLINE_ALERTS=false``
+leaves the DAGs without one: Airflow 3.3.2's ``dag.test()`` fails at the end of a successful run of
+a DAG with a deadline alert (it looks the alert up by an id only the dag-processor's serialisation
+assigns), so tritonflow's ``dag.test()`` runs turn them off.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk.definitions.callback import AsyncCallback
+from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
+
+from tritonflow_plugin.notifications import TritonflowFailureNotifier
+
+
+def run_deadline(kind: str, *, seconds: float | None = None) -> DeadlineAlert | None:
+    """The deadline alert of a ``kind`` run (``canary``, ``rollback``, ``publish``).
+
+    ``None`` when ``TRITONFLOW_DEADLINE_ALERTS`` is false.
+
+    Args:
+        kind: One of :data:`tritonflow.pipelines.run_deadlines.RUN_KINDS`.
+        seconds: The interval instead of the computed one (tests).
+
+    Raises:
+        ValueError: ``kind`` is unknown.
+        SettingsError: A setting the computation reads holds a bad value.
+    """
+    from ground.settings import get_settings
+    from tritonflow.pipelines.run_deadlines import expected_run
+
+    settings = get_settings()
+    expected, why = expected_run(kind, settings)  # a bad kind fails even when the alerts are off
+    if not settings.deadline_alerts:
+        return None
+    if seconds is not None:
+        expected, why = seconds, f"{seconds:g} s"
+    return DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT, interval=timedelta(seconds=expected),
+                         callback=AsyncCallback(TritonflowFailureNotifier, kwargs={"expected": why}),
+                         name=f"tritonflow {kind} run overran")
+
+
+__all__ = ["run_deadline"]
