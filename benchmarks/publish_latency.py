@@ -29,6 +29,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -217,7 +218,12 @@ def _champion_mode(args) -> int:
            "that reuses the champion's measured config, confirmed by the p99 gate; one run each, same stack.",
            {"fresh_publish_s": at_most(runs["fresh"]["timings_s"].get("total"), FRESH_GOAL_S, "s"),
             "reuse_publish_s": at_most(runs["reuse"]["timings_s"].get("total"), REUSE_GOAL_S, "s")},
-           reference_s=REFERENCE_S, runs=runs, max_batch_size=args.max_batch_size)
+           reference_s=REFERENCE_S, runs=runs, max_batch_size=args.max_batch_size,
+           # on a host too busy to measure the champion stably nothing measured can be reused: say so
+           reuse_decision=runs["reuse"]["profile_record"].get("decision"),
+           reuse_reason=runs["reuse"]["profile_record"].get("decision_reason"),
+           champion_profile=runs["champion"]["profile_record"].get("status"),
+           stage_s={k: runs[k]["timings_s"] for k in runs}, load_average=list(os.getloadavg()))
     return 0
 
 
