@@ -13,15 +13,23 @@ Not a test: it prints figures and asserts nothing; the last line is the standard
 timings. The sweep is the bounded one below, and no champion is set, so the p99 gate has nothing
 to compare with (its status is reported per run).
 
+``--champion``: publish at default settings (the full default sweep, the p99 gate on) with a
+champion in place. A first version is published and becomes the champion; then one challenger is
+published with a fresh sweep (``TRITONFLOW_PROFILE_FORCE_SWEEP``) and another with the champion's
+measured config reused and confirmed by the p99 gate (:mod:`tritonflow.pipelines.publish_reuse`).
+Both figures go side by side into one JSON line: goals <= 60 s fresh, <= 20 s with reuse.
+
 Usage::
 
     .venv/bin/python benchmarks/publish_latency.py --runs 3
     .venv/bin/python benchmarks/publish_latency.py --runs 3 --no-profile
+    .venv/bin/python benchmarks/publish_latency.py --champion
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -35,6 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 REFERENCE_S = 92.0
 #: Goal: median end-to-end publish time (seconds).
 GOAL_S = 60.0
+#: Goals with a champion in place, at default settings: a fresh sweep, and the champion's config reused.
+FRESH_GOAL_S = 60.0
+REUSE_GOAL_S = 20.0
 STAGES = ("resolve", "convert_and_validate", "profile", "sign_and_push", "load_and_smoke", "record")
 
 
@@ -52,7 +63,7 @@ def _train(seed: int):
     return make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y), X
 
 
-def _register(tracking_uri: str, name: str, seed: int) -> int:
+def _register(tracking_uri: str, name: str, seed: int, alias: str = "challenger") -> int:
     import mlflow
     import mlflow.sklearn
     import sklearn
@@ -65,7 +76,7 @@ def _register(tracking_uri: str, name: str, seed: int) -> int:
                                         input_example=X.head(5), registered_model_name=name,
                                         pip_requirements=[f"scikit-learn=={sklearn.__version__}"])
     version = int(info.registered_model_version)
-    mlflow.MlflowClient(tracking_uri).set_registered_model_alias(name, "challenger", str(version))
+    mlflow.MlflowClient(tracking_uri).set_registered_model_alias(name, alias, str(version))
     return version
 
 
@@ -74,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="publishes to time (a new version each)")
     parser.add_argument("--no-profile", action="store_true", help="skip Model Analyzer profiling")
     parser.add_argument("--max-batch-size", type=int, default=8)
+    parser.add_argument("--champion", action="store_true",
+                        help="default settings with a champion in place: a fresh sweep vs the champion's config reused")
     args = parser.parse_args(argv)
+    if args.champion:
+        return _champion_mode(args)
 
     import logging
 
@@ -147,6 +162,69 @@ def _finish(args, totals: list[float], runs: list[dict], profiling: bool, unavai
            reference_s=REFERENCE_S, runs=len(totals), totals_s=[round(x, 2) for x in totals],
            stage_median_s=stage_median, per_run=runs, profiling=profiling,
            profiling_unavailable=unavailable or None, max_batch_size=args.max_batch_size)
+
+
+def _publish_timed(pipeline, settings, triton, name: str, version: int, max_batch_size: int) -> dict:
+    t0 = time.perf_counter()
+    summary = pipeline.publish(f"{name}/{version}", triton_url=triton.http_url, settings=settings,
+                               max_batch_size=max_batch_size, profile_enabled=True, perf_gate_enabled=True)
+    return {"version": version, "wall_s": round(time.perf_counter() - t0, 2), "timings_s": summary["timings_s"],
+            "profile": summary.get("profile")}
+
+
+def _champion_mode(args) -> int:
+    """A champion in place, default settings: a fresh sweep vs the champion's measured config reused."""
+    import dataclasses
+    import json
+    import logging
+
+    import mlflow
+    from report import at_most, finish
+
+    logging.basicConfig(level=logging.WARNING)
+    from ground.settings import Settings
+    from tritonflow.pipelines import publish as pipeline
+    from tritonflow.runtime.services import MlflowServer, TritonServer, free_port
+
+    home = Path(tempfile.mkdtemp(prefix="tritonflow-bench-publish-"))
+    (home / "model_repository").mkdir()
+    ports = {k: free_port() for k in ("triton_http_port", "triton_grpc_port", "triton_metrics_port",
+                                      "mlflow_port", "s3_port", "gateway_port")}
+    settings = Settings.from_env({}, home=home, repository_uri=str(home / "model_repository"), **ports)
+    mlflow_server = MlflowServer(settings).start()
+    triton = TritonServer(settings, repository=str(home / "model_repository")).start()
+    name, runs = f"bench_champion_{uuid.uuid4().hex[:6]}", {}
+    try:
+        champion = _register(mlflow_server.tracking_uri, name, seed=0, alias="champion")
+        runs["champion"] = _publish_timed(pipeline, settings, triton, name, champion, args.max_batch_size)
+        fresh = _register(mlflow_server.tracking_uri, name, seed=1)
+        runs["fresh"] = _publish_timed(pipeline, dataclasses.replace(settings, profile_force_sweep=True), triton,
+                                       name, fresh, args.max_batch_size)
+        reused = _register(mlflow_server.tracking_uri, name, seed=2)
+        runs["reuse"] = _publish_timed(pipeline, settings, triton, name, reused, args.max_batch_size)
+        client = mlflow.MlflowClient(mlflow_server.tracking_uri)
+        for key in ("champion", "fresh", "reuse"):
+            tags = client.get_model_version(name, str(runs[key]["version"])).tags
+            runs[key]["profile_record"] = json.loads(tags.get("tritonflow.profile") or "{}")
+            runs[key]["perf_gate"] = json.loads(tags.get("tritonflow.perf_gate") or "{}")
+            print(f"{key:>8}: v{runs[key]['version']} {runs[key]['wall_s']:.1f} s, profile "
+                  f"{runs[key]['profile_record'].get('status')} ({runs[key]['profile_record'].get('decision_reason')})")
+    finally:
+        triton.stop()
+        mlflow_server.stop()
+    finish("publish_latency_champion",
+           "Publish at default settings (full default Model Analyzer sweep, p99 gate on) of a small scikit-learn "
+           "classifier with a champion in place: a fresh sweep (TRITONFLOW_PROFILE_FORCE_SWEEP) and a challenger "
+           "that reuses the champion's measured config, confirmed by the p99 gate; one run each, same stack.",
+           {"fresh_publish_s": at_most(runs["fresh"]["timings_s"].get("total"), FRESH_GOAL_S, "s"),
+            "reuse_publish_s": at_most(runs["reuse"]["timings_s"].get("total"), REUSE_GOAL_S, "s")},
+           reference_s=REFERENCE_S, runs=runs, max_batch_size=args.max_batch_size,
+           # on a host too busy to measure the champion stably nothing measured can be reused: say so
+           reuse_decision=runs["reuse"]["profile_record"].get("decision"),
+           reuse_reason=runs["reuse"]["profile_record"].get("decision_reason"),
+           champion_profile=runs["champion"]["profile_record"].get("status"),
+           stage_s={k: runs[k]["timings_s"] for k in runs}, load_average=list(os.getloadavg()))
+    return 0
 
 
 if __name__ == "__main__":

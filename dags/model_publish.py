@@ -165,13 +165,15 @@ def convert_and_validate(state: dict) -> dict:
 @data_task(links=True, execution_timeout=TIMEOUTS.profile)
 @shared_staging
 def profile(state: dict) -> dict:
-    """Model Analyzer bounded sweep; keeps the generated config when off or unavailable."""
+    """Model Analyzer bounded sweep, or the champion's measured config reused; generated config when off."""
     from tritonflow.pipelines import publish_profile
 
     record_link_info(model_name=state["model"], model_version=str(state["version"]))
     params = get_current_context()["params"]
-    return publish_profile.profile(state, enabled=_flag(params.get("profile"), _settings().publish_profile),
-                                   settings=_settings())
+    settings = _settings()
+    return publish_profile.profile(state, enabled=_flag(params.get("profile"), settings.publish_profile),
+                                   perf_gate_enabled=_flag(params.get("perf_gate"), settings.publish_perf_gate),
+                                   repository_uri=params.get("repository") or None, settings=settings)
 
 
 @data_task(execution_timeout=TIMEOUTS.profile)
@@ -206,7 +208,7 @@ def load_and_smoke(state: dict) -> dict:
     record_link_info(model_name=state["model"], model_version=str(state["version"]))
     out = pipeline.load_and_smoke(state, settings=_settings())
     record_link_info(triton_model=out["triton_model_name"], triton_version=str(out["version"]),
-                     triton_http_url=out["triton_url"])
+                     triton_http_url=out.get("triton_url"))
     return out
 
 

@@ -318,6 +318,20 @@ class Settings:
         ("Publishes run the p99 gate (model_publish unless its 'perf_gate' param says otherwise; shadow_evaluation's"
          " challenger publish always follows this setting)."),
     )
+    #: A challenger starts from the champion's measured config (no Model Analyzer sweep; the p99 gate
+    #: confirms it) when flavour, tensors and dtypes match and the larger ONNX file is at most this
+    #: many times the smaller.
+    profile_reuse_size_factor: float = setting(
+        "PROFILE_REUSE_SIZE_FACTOR", 1.5, "Largest model-size ratio at which a champion's profile is reused.",
+        check=at_least(1, what="a size ratio"),
+    )
+    profile_force_sweep: bool = setting(
+        "PROFILE_FORCE_SWEEP", False, "Always run the full Model Analyzer sweep (never reuse the champion's config).",
+    )
+    #: Seconds a publish's claim on its version lives without a heartbeat (a DAG run's queue gaps included).
+    publish_claim_ttl_s: float = setting(
+        "PUBLISH_CLAIM_TTL_S", 300.0, "Seconds a publish claim lives without a heartbeat.", check=POSITIVE_FINITE,
+    )
     #: perf_analyzer passes per model of the p99 regression gate (interleaved, >= 3).
     perf_gate_passes: int = setting("PERF_GATE_PASSES", 3, "perf_analyzer passes per model of the p99 gate (>= 3).")
     #: perf_analyzer measurement window of the p99 regression gate (milliseconds).

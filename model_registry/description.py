@@ -84,6 +84,10 @@ def _profile_sentence(profile: Mapping[str, Any]) -> str:
         return (f"Config chosen by Model Analyzer ({profile['best']}): "
                 f"{float(profile.get('throughput') or 0):.0f} inferences/s, p99 "
                 f"{float(profile.get('p99_latency_ms') or 0):.1f} ms.")
+    if status == "reused":
+        confirmed = (profile.get("confirmation") or {}).get("status")
+        return (f"Config reused from champion version {profile.get('champion_version')} (same flavour, tensors "
+                f"and size; no new sweep)" + (f", p99 gate {confirmed}." if confirmed else "."))
     if status == "inconclusive":
         return ("Profiling inconclusive: no config could be measured stably (a busy host), so the "
                 "generated config is served.")

@@ -35,6 +35,8 @@ def test_how_the_served_config_was_chosen_is_said_in_words():
     assert "- Profiling inconclusive: no config could be measured stably" in described(
         {"status": "inconclusive", "reason": "..."})
     assert "- Not profiled (skipped); the generated config is served." in described({"status": "skipped"})
+    assert ("- Config reused from champion version 3 (same flavour, tensors and size; no new sweep), p99 gate "
+            "passed." in described({"status": "reused", "champion_version": 3, "confirmation": {"status": "passed"}}))
 
 
 def test_a_version_without_tritonflow_tags_says_so_and_ignores_other_tags():

@@ -1,13 +1,13 @@
-"""Two publishes of one model version at once: each works in its own staging folder.
+"""Two publishes of one model version at once: one does the work, the other returns its record.
 
 In the full replay on the real deployment, ``model_publish`` and ``shadow_evaluation``'s own
 publish of the same challenger ran at the same time in one staging folder and clobbered each
-other (conversion wipes the folder, profiling rewrites it). Here two publishes of one version
-overlap in threads of this process, held together by barriers at the stage boundaries so the
-overlap does not depend on timing: they must get different folders, neither loses a file, and the
-repository ends with the version once, signed and verifying. Real MLflow server, real conversion,
-signing, push and (for the full publish) Triton; profiling is off (it only adds time), the staging
-folder is shared by conversion already.
+other (conversion wipes the folder, profiling rewrites it); later each got its own folder but both
+converted and profiled. Now the first claims the version in the coordination database
+(:mod:`tritonflow.pipelines.publish_claim`) and the second waits and joins. Here two publishes of
+one version overlap in threads of this process, ordered by events so the overlap does not depend on
+timing. Real MLflow server, real conversion, signing, push and (for the full publish) Triton;
+profiling is off here (the processes and the profile are in ``test_publish_once.py``).
 """
 
 from __future__ import annotations
@@ -127,11 +127,22 @@ def test_ending_a_publish_removes_its_folder_only_and_the_sweep_spares_running_a
 
 
 # ------------------------------------------------------------------------------- real services
+def _wait_until(predicate, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
 @pytest.mark.integration
-def test_two_overlapping_publishes_of_one_version_stage_apart_and_push_it_once(tmp_path, mlflow_server):
-    """The stages of the two publishes run in lock step (as two DAG runs' tasks do): both convert,
-    then both push. Neither finds its staged files changed by the other; one pushes, the other
-    finds the identical version already there."""
+def test_a_second_publish_of_a_version_being_published_waits_and_returns_the_first_ones_record(
+        tmp_path, mlflow_server):
+    """Two publishes of one version overlap (as two DAG runs' tasks do): the first converts and holds
+    the version; the second's conversion waits for it instead of converting again, and once the first
+    has pushed and recorded, the second returns that record. One folder, one push, one record."""
+    from tritonflow.pipelines import publish_record
+    from tritonflow.pipelines.publish_claim import JOINED_KEY, read_claim
+
     home = tmp_path / "home"
     repo = home / "model_repository"
     repo.mkdir(parents=True)
@@ -139,41 +150,44 @@ def test_two_overlapping_publishes_of_one_version_stage_apart_and_push_it_once(t
     model, X = _model()
     name = unique("churn_twice")
     version = register(mlflow_server.tracking_uri, name, model, X, alias="challenger")
-    converted, pushing = (threading.Barrier(2, timeout=BARRIER_TIMEOUT_S) for _ in range(2))
+    converted, second_waits = threading.Event(), threading.Event()
+    folders: list[str] = []
 
-    def one_publish(i: int) -> tuple[dict, dict]:
+    def one_publish(i: int) -> dict:
+        if i == 1:
+            assert converted.wait(BARRIER_TIMEOUT_S)  # the first holds the version now
         state = pipeline.resolve(f"{name}/{version}", settings=settings)
+        if i == 1:
+            second_waits.set()
         state = publish_validate.convert_and_validate(state, max_batch_size=8, settings=settings)
-        staged = {k: _sha(state[k]) for k in ("model_path", "config_path", "sample_path", "expected_path")}
-        converted.wait()  # both folders are filled before either goes on
+        if state.get(JOINED_KEY):
+            assert not Path(state["staging_dir"]).exists()  # nothing converted here
+        else:
+            folders.append(state["staging_dir"])
+            converted.set()
+            assert second_waits.wait(BARRIER_TIMEOUT_S)
+            time.sleep(1.0)  # the second is in its conversion, waiting
         state = publish_profile.profile(state, enabled=False, settings=settings)
-        assert {k: _sha(state[k]) for k in staged} == staged  # the other publish changed nothing here
-        pushing.wait()
-        return publish_signing.sign_and_push(state, settings=settings), staged
+        state = publish_signing.sign_and_push(state, settings=settings)
+        return publish_record.record(state, settings=settings)
 
     with _pinned_mlflow(mlflow_server.tracking_uri):
-        (first, staged_a), (second, staged_b) = _run_both(one_publish)
-    assert first["staging_dir"] != second["staging_dir"]
-    assert Path(first["staging_dir"]).parent == Path(second["staging_dir"]).parent
-    assert staged_a["model_path"] == staged_b["model_path"]  # the same conversion, twice
-    assert sorted([first["already_published"], second["already_published"]]) == [False, True]
-    assert first["signature_digest"] == second["signature_digest"] == _verify_in_repository(
-        settings, repo, name, version)
-    assert _sha(repo / name / str(version) / "model.onnx") == staged_a["model_path"]
-    # one publish ending removes its folder; the other's files are untouched (its load and record read them)
-    assert publish_common.remove_staging(first)
-    assert {k: _sha(second[k]) for k in staged_b} == staged_b
-    publish_common.remove_staging(second)
-    assert list(Path(first["staging_dir"]).parent.iterdir()) == []
+        first, second = _run_both(one_publish)
+    assert len(folders) == 1 and first["already_published"] is False
+    assert second == {**first, "joined_attempt": read_claim(settings, name, version)["attempt"]}
+    assert first["signature_digest"] == _verify_in_repository(settings, repo, name, version)
+    assert _sha(repo / name / str(version) / "model.onnx") == _sha(Path(folders[0]) / "model.onnx")
+    assert read_claim(settings, name, version)["status"] == "published"
+    publish_common.remove_staging({"staging_dir": folders[0]})
 
 
 @pytest.mark.integration
-def test_model_publish_and_the_shadow_publish_of_one_challenger_at_once_both_end_published(
+def test_model_publish_and_the_shadow_publish_of_one_challenger_at_once_publish_it_once(
         tmp_path, mlflow_server, triton_factory, monkeypatch):
     """``model_publish`` (all stages, here in one process) and ``shadow_evaluation``'s
-    :func:`ensure_challenger_published` publish the same challenger at once; both conversions are
-    done before either goes on. Both end published, the version is in the repository once, signed,
-    READY, and no staging folder is left."""
+    :func:`ensure_challenger_published` publish the same challenger at once: the shadow publish
+    starts while the other is converting. One conversion; both end published with the same record,
+    the version is in the repository once, signed, READY, and no staging folder is left."""
     from repository_sync.triton.client import TritonModelControl
     from tritonflow.pipelines.shadow import ensure_challenger_published
 
@@ -181,22 +195,23 @@ def test_model_publish_and_the_shadow_publish_of_one_challenger_at_once_both_end
     repo = home / "model_repository"
     repo.mkdir(parents=True)
     settings = make_settings(home, mlflow_tracking_uri=mlflow_server.tracking_uri, repository_uri=str(repo),
-                             publish_perf_gate=False)
+                             publish_perf_gate=False, publish_profile=False)
     triton = triton_factory(str(repo))
     model, X = _model()
     name = unique("churn_race")
     version = register(mlflow_server.tracking_uri, name, model, X, alias="challenger")
-    converted = threading.Barrier(2, timeout=BARRIER_TIMEOUT_S)
-    folders: list[str] = []
-    real_convert = pipeline.convert_and_validate
+    from model_registry import gate
 
-    def convert_then_wait(state, **kwargs):
-        out = real_convert(state, **kwargs)
-        folders.append(out["staging_dir"])
-        converted.wait()
-        return out
+    converting = threading.Event()
+    conversions: list[str] = []
+    real_convert = gate.validate_model
 
-    monkeypatch.setattr(pipeline, "convert_and_validate", convert_then_wait)
+    def observed_convert(model_uri, *args, **kwargs):  # the real conversion and parity gate, counted
+        converting.set()
+        conversions.append(model_uri)
+        return real_convert(model_uri, *args, **kwargs)
+
+    monkeypatch.setattr(gate, "validate_model", observed_convert)
     resolved = {"model": name, "challenger": {"version": version, "triton_model_name": name,
                                               "triton_model_version": version}}
 
@@ -204,21 +219,21 @@ def test_model_publish_and_the_shadow_publish_of_one_challenger_at_once_both_end
         if i == 0:
             return pipeline.publish(f"{name}/{version}", triton_url=triton.http_url, settings=settings,
                                     max_batch_size=8, perf_gate_enabled=False)
+        assert converting.wait(BARRIER_TIMEOUT_S)
         return ensure_challenger_published(
             resolved, settings=settings,
             publish=lambda ref, **kw: pipeline.publish(ref, triton_url=triton.http_url, max_batch_size=8, **kw))
 
     with _pinned_mlflow(mlflow_server.tracking_uri):
         direct, shadow = _run_both(work)
-    assert len(set(folders)) == 2
+    assert len(conversions) == 1  # one conversion
     assert direct["status"] == "published" and shadow["action"] == "published"
-    assert shadow["publish"]["status"] == "published"
-    assert sorted([direct["already_published"], shadow["publish"]["already_published"]]) == [False, True]
-    assert direct["signature_digest"] == shadow["publish"]["signature_digest"] == _verify_in_repository(
-        settings, repo, name, version)
+    assert shadow["publish"] == {**direct, "joined_attempt": shadow["publish"]["joined_attempt"]}
+    assert direct["signature_digest"] == _verify_in_repository(settings, repo, name, version)
     with TritonModelControl(triton.http_url) as ctl:
         assert ctl.ready_versions(name) == [version]
-    assert not any(Path(f).exists() for f in folders)
+    assert not (Path(settings.home) / "staging" / name / str(version)).exists() or not any(
+        (Path(settings.home) / "staging" / name / str(version)).iterdir())
 
 
 @pytest.mark.integration

@@ -142,8 +142,9 @@ def test_model_publish_refuses_a_sentinel_or_canary_rejection_and_leaves_it_in_p
 
 
 @pytest.mark.parametrize("gate", [True, False])
-def test_the_shadow_paths_challenger_publish_follows_the_p99_gate_setting(settings, classifier, gate):
-    """TRITONFLOW_PUBLISH_PERF_GATE=false turned model_publish's gate off but not the shadow path's."""
+def test_the_shadow_paths_challenger_publish_follows_the_profile_and_p99_gate_settings(settings, classifier, gate):
+    """TRITONFLOW_PUBLISH_PERF_GATE=false turned model_publish's gate off but not the shadow path's, and the
+    shadow path never profiled: both settings hold for it as for model_publish."""
     import dataclasses
 
     from tritonflow.pipelines import shadow
@@ -156,10 +157,11 @@ def test_the_shadow_paths_challenger_publish_follows_the_p99_gate_setting(settin
     resolved = {"model": name, "champion": {"version": champion},
                 "challenger": {"version": challenger, "triton_model_name": name, "triton_model_version": challenger}}
     with pytest.raises(DataError, match="not in the repository"):  # the stand-in publishes nothing
-        shadow.ensure_challenger_published(resolved, settings=dataclasses.replace(settings, publish_perf_gate=gate),
-                                           publish=lambda ref, **kw: calls.append((ref, kw)))
+        shadow.ensure_challenger_published(
+            resolved, settings=dataclasses.replace(settings, publish_perf_gate=gate, publish_profile=gate),
+            publish=lambda ref, **kw: calls.append((ref, kw)))
     [(ref, kwargs)] = calls
-    assert ref == f"{name}/{challenger}" and kwargs["perf_gate_enabled"] is gate
+    assert ref == f"{name}/{challenger}" and kwargs["perf_gate_enabled"] is gate and kwargs["profile_enabled"] is gate
 
 
 def test_a_new_publish_replaces_the_rejection_and_stores_no_reference_without_real_data(

@@ -45,14 +45,16 @@ than a day, never a running attempt's. Each stage adds its wall time in seconds 
 ``state["timings_s"][<stage>]``.
 
 Two publishes of the same version at once (``model_publish`` and ``shadow_evaluation``'s own
-publish of the challenger, overlapping under the LocalExecutor) are *not* serialised: each works in
-its own folder, and whatever they share is already safe against a concurrent writer: the push is
-atomic and never overwrites a version (the second finds it published, ``already_published``), the
-load goes through the model-control lease of the shared database, and the record rewrites the same
-tags. The price is a duplicated conversion and profile. A shared-database lease over the whole
-publish was not chosen: the DAG runs its stages as separate tasks (separate processes, retries,
-queue gaps), so such a lease would have to outlive the processes that hold it, and a crashed run
-would block the version's publishes until it expired.
+publish of the challenger, or two ``model_publish`` runs) do the work once: every stage from
+:func:`convert_and_validate` on is a claimed stage (:mod:`~tritonflow.pipelines.publish_claim`):
+the first attempt claims the version in the shared coordination database and renews the claim
+while its stages run (also across the DAG's separate tasks); another attempt waits for it and
+returns its record (``joined_attempt``), converting, profiling, pushing and loading nothing. A
+claim whose holder stopped renewing it (``settings.publish_claim_ttl_s``) or whose stage failed is
+taken over. Each attempt still has its own folder, the push stays atomic and never overwrites a
+version, and the load goes through the model-control lease. Every path profiles (or reuses the
+champion's measured config, :mod:`~tritonflow.pipelines.publish_reuse`) as its settings say, so
+the config that serves is the one the record names.
 
 Failures: a :class:`~ground.exceptions.DataError` in conversion/validation/parity, profiling or
 load/smoke tags the model version ``tritonflow.status = rejected`` with the stage and the reason
@@ -92,6 +94,7 @@ from typing import Any, Mapping
 from ground.exceptions import DataError, ServiceUnavailableError, SettingsError
 from ground.settings import Settings, get_settings
 from tritonflow.pipelines.loop_context import refuse_lasting_rejection
+from tritonflow.pipelines.publish_claim import claimed_stage
 from tritonflow.pipelines.publish_common import (
     DEFAULT_MAX_BATCH_SIZE,
     json_safe,
@@ -251,6 +254,7 @@ def _is_local(url: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1")
 
 
+@claimed_stage()
 def load_and_smoke(
     pushed: Mapping[str, Any],
     *,
@@ -362,7 +366,8 @@ def publish(
     """Run every stage in order (what the DAG does, in one process); returns :func:`record`'s summary.
 
     The attempt's staging folder is removed when this returns or raises (the parity report, the
-    configs and the profile stay as MLflow artifacts).
+    configs and the profile stay as MLflow artifacts). When another attempt is publishing the same
+    version, this waits for it and returns its summary (plus ``joined_attempt``).
 
     Raises:
         Whatever the failing stage raises (see each stage).
@@ -373,7 +378,8 @@ def publish(
         state = convert_and_validate(state, atol=atol, rtol=rtol, max_batch_size=max_batch_size,
                                      dataset_uri=dataset_uri, schema=schema, export_format=export_format,
                                      settings=s)
-        state = profile(state, enabled=profile_enabled, bounds=bounds, settings=s)
+        state = profile(state, enabled=profile_enabled, bounds=bounds, settings=s,
+                        perf_gate_enabled=perf_gate_enabled, repository_uri=repository_uri)
         state = perf_gate(state, enabled=perf_gate_enabled, repository_uri=repository_uri, settings=s)
         state = sign_and_push(state, repository_uri=repository_uri, settings=s)
         state = load_and_smoke(state, triton_url=triton_url, settings=s)

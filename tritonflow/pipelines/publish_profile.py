@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 from ground.exceptions import DataError, MeasurementUnstableError, ProfilingError, SettingsError
 from ground.settings import Settings, get_settings
+from tritonflow.pipelines.publish_claim import claimed_stage
 from tritonflow.pipelines.publish_common import (
     CONFIG_FILENAME,
     GENERATED_CONFIG_FILENAME,
@@ -33,10 +34,10 @@ from tritonflow.pipelines.publish_common import (
     open_registry,
     read_npz,
     reject_version,
-    s3_endpoint,
     timed,
     version_ref,
 )
+from tritonflow.pipelines.publish_reuse import champion_folder
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ def _search_space(bounds: Mapping[str, Any] | None, s: Settings, max_batch_size:
     return SearchSpace(**kw)
 
 
+@claimed_stage()
 def profile(
     staged: Mapping[str, Any],
     *,
@@ -96,6 +98,8 @@ def profile(
     bounds: Mapping[str, Any] | None = None,
     settings: Settings | None = None,
     pass_runner: Any = None,
+    perf_gate_enabled: bool = True,
+    repository_uri: str | None = None,
 ) -> dict[str, Any]:
     """Profile the staged model with Triton Model Analyzer and adopt the best stable config.
 
@@ -109,6 +113,13 @@ def profile(
     interleaved perf_analyzer passes on one Triton. The winning config replaces the
     staged ``config.pbtxt`` after the same pre-push checks; the results table, the chosen config
     and the selection report are logged to the version's MLflow publish run.
+
+    Before sweeping, :func:`~tritonflow.pipelines.publish_reuse.reuse_decision` checks whether the
+    challenger is like its champion (flavour, tensors and dtypes, model size within
+    ``profile_reuse_size_factor``; the p99 gate on; ``profile_force_sweep`` off). Then the champion's
+    measured config is adopted after the same pre-push checks (status ``reused``) and
+    :func:`perf_gate` confirms it with its measurement; else the sweep runs. ``profile["decision"]``
+    says ``reused`` or ``swept`` and ``profile["decision_reason"]`` why.
 
     When ``enabled`` is false, or Model Analyzer cannot run on this host
     (:func:`profiling_unavailable_reason`), the generated config is kept and
@@ -125,6 +136,8 @@ def profile(
         settings: Settings (default: from the environment).
         pass_runner: Confirmation-pass runner ``(configs, concurrency) -> {config: [PerfPass]}``
             (default: real perf_analyzer passes; for library callers and tests).
+        perf_gate_enabled: Whether :func:`perf_gate` runs next (a reused config needs it).
+        repository_uri: Repository holding the champion (default ``settings.resolved_repository_uri``).
 
     Returns:
         ``staged`` plus ``profile`` (``status``, ``reason`` or ``best``/``throughput``/
@@ -160,17 +173,72 @@ def profile(
     )
     reg = open_registry(s, staged.get("tracking_uri"))
     ref = version_ref(reg, staged)
+    decision = _decide_reuse(staged, perf_gate_enabled, repository_uri, s)
+    if decision.reuse:
+        try:
+            return timed(staged, "profile", t0, **_adopt_champion_config(staged, decision, s))
+        except DataError as exc:  # the champion's config does not fit this model: sweep instead
+            decision = dataclasses.replace(decision, reuse=False, why=f"the champion's config failed the "
+                                                                      f"pre-push checks: {exc}"[:500])
+    log.info("model %s: full Model Analyzer sweep (%s)", name, decision.why)
+    swept = {"decision": "swept", "decision_reason": decision.why}
     try:
         updates = _profile(staged, search, s_run, reg, ref, b.get("timeout_s"), pass_runner)
     except MeasurementUnstableError as exc:  # the host's noise: keep the generated config, no verdict
         reason = f"{exc}; the generated config.pbtxt is kept"[:1000]
         log.warning("model %s: profile inconclusive: %s", name, reason)
         return timed(staged, "profile", t0, profile=json_safe(
-            {"status": "inconclusive", "reason": reason, "search": dataclasses.asdict(search)}))
+            {"status": "inconclusive", "reason": reason, "search": dataclasses.asdict(search), **swept}))
     except (ProfilingError, DataError) as exc:  # ToolingError (the environment) is never a verdict
         reject_version(reg, ref, exc, "profile")
         raise
+    updates["profile"] = {**updates["profile"], **swept}
     return timed(staged, "profile", t0, **updates)
+
+
+def _decide_reuse(staged: Mapping[str, Any], perf_gate_enabled: bool, repository_uri: str | None,
+                  s: Settings) -> Any:
+    from tritonflow.pipelines.publish_reuse import reuse_decision
+
+    work = enter_staging(staged) / "reuse"
+    if work.exists():
+        shutil.rmtree(work)
+    decision = reuse_decision(staged, work, perf_gate_enabled=perf_gate_enabled, repository_uri=repository_uri,
+                              settings=s)
+    log.info("model %s v%s: profile %s (%s)", staged["triton_model_name"], staged["version"], decision.decision,
+             decision.why)
+    return decision
+
+
+def _adopt_champion_config(staged: Mapping[str, Any], decision: Any, s: Settings) -> dict[str, Any]:
+    """The champion's measured config as this version's, after the pre-push checks (state updates).
+
+    Raises:
+        DataError: The config does not fit this model (a pre-push check failed).
+    """
+    from model_registry.triton_config import config_summary, parse_config, to_pbtxt
+    from model_registry.validation import validate_for_push
+
+    name = staged["triton_model_name"]
+    filename = staged.get("model_filename") or MODEL_FILENAME
+    chosen = parse_config(decision.champion_config)
+    chosen.name = name
+    chosen.default_model_filename = filename
+    requested = int(staged["max_batch_size"])
+    if requested > 0 and int(chosen.max_batch_size) > requested:
+        raise DataError(f"its max_batch_size {chosen.max_batch_size} exceeds the requested {requested}")
+    if filename == MODEL_FILENAME:
+        validate_for_push(staged["model_path"], chosen, read_npz(staged["sample_path"]), model_name=name, settings=s)
+    (enter_staging(staged) / CONFIG_FILENAME).write_text(to_pbtxt(chosen))
+    champ = decision.champion_profile
+    info = {"status": "reused", "decision": "reused", "decision_reason": decision.why,
+            "champion_version": decision.champion_version, "best": champ.get("best"),
+            "concurrency": champ.get("concurrency"), "champion_throughput": champ.get("throughput"),
+            "champion_p99_latency_ms": champ.get("p99_latency_ms"), "confirmed_by": "perf_gate"}
+    log.info("model %s v%s: reuses champion version %s's measured config (%s)", name, staged["version"],
+             decision.champion_version, decision.why)
+    return {"profile": json_safe(info), "config_summary": json_safe(config_summary(chosen)),
+            "max_batch_size": int(chosen.max_batch_size)}
 
 
 def _profile(staged, search, s: Settings, reg, ref, timeout_s, pass_runner=None) -> dict[str, Any]:
@@ -236,6 +304,7 @@ def _profile(staged, search, s: Settings, reg, ref, timeout_s, pass_runner=None)
             "max_batch_size": int(chosen.max_batch_size)}
 
 
+@claimed_stage()
 def perf_gate(
     staged: Mapping[str, Any],
     *,
@@ -271,7 +340,11 @@ def perf_gate(
     t0 = time.perf_counter()
     s = settings or get_settings()
     info = _perf_gate(staged, enabled, repository_uri, s)
-    return timed(staged, "perf_gate", t0, perf_gate=json_safe(info))
+    extra: dict[str, Any] = {}
+    if (staged.get("profile") or {}).get("status") == "reused":  # the gate's measurement confirms it
+        extra["profile"] = {**staged["profile"], "confirmation": json_safe({k: info[k] for k in (
+            "status", "reason", "challenger_p99_ms", "champion_p99_ms", "concurrency") if k in info})}
+    return timed(staged, "perf_gate", t0, perf_gate=json_safe(info), **extra)
 
 
 def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | None, s: Settings) -> dict[str, Any]:
@@ -295,7 +368,7 @@ def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | N
     work = enter_staging(staged) / "perf_gate"
     if work.exists():
         shutil.rmtree(work)
-    champ_dir = _champion_folder(repository_uri or s.resolved_repository_uri, name, int(champion.version),
+    champ_dir = champion_folder(repository_uri or s.resolved_repository_uri, name, int(champion.version),
                                  work / "champion", s)
     if champ_dir is None:
         return {"status": "skipped", "reason": f"champion version {champion.version} is not in the repository"}
@@ -328,27 +401,6 @@ def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | N
         reject_version(reg, ref, error, "perf_gate")
         raise error
     return {k: v for k, v in info.items() if k != "passes"}
-
-
-def _champion_folder(repository: str, name: str, version: int, dest: Path, s: Settings) -> Path | None:
-    """``dest`` with the champion's ``config.pbtxt`` (its signed intended config) and ``1/<model>``."""
-    from repository_sync.layout import INTENDED_CONFIG_FILENAME, plan_version
-    from repository_sync.storage.open import open_repository
-
-    storage = open_repository(repository, endpoint_url=s3_endpoint(s))
-    for filename in ("model.onnx", "model.pt"):
-        layout = plan_version(name, version, filename)
-        try:
-            with storage.local_version(layout) as local:
-                if not (local / filename).is_file():
-                    continue
-                (dest / "1").mkdir(parents=True)
-                shutil.copyfile(local / filename, dest / "1" / filename)
-                shutil.copyfile(local / INTENDED_CONFIG_FILENAME, dest / CONFIG_FILENAME)
-                return dest
-        except DataError:
-            return None
-    return None
 
 
 def _champion_concurrency(champion: Any, s: Settings) -> int:

@@ -21,6 +21,7 @@ from ground.exceptions import DataError
 from ground.settings import Settings, get_settings
 from model_registry.registry.client import pinned_mlflow_uris
 from tritonflow.pipelines.loop_context import refuse_lasting_rejection
+from tritonflow.pipelines.publish_claim import claimed_stage
 from tritonflow.pipelines.publish_common import (
     PUBLISH_ARTIFACT_PATH,
     REAL_REFERENCE_PREFIX,
@@ -30,6 +31,7 @@ from tritonflow.pipelines.publish_common import (
     s3_endpoint,
     version_ref,
 )
+from tritonflow.pipelines.publish_reuse import SOURCE_FLAVOR_TAG
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,7 @@ def _reference_importance(model_uri: str, flavor: str, frame) -> tuple[dict[str,
         return {}, f"not computed: {type(exc).__name__}: {exc}"[:300]
 
 
+@claimed_stage(last=True)
 def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> dict[str, Any]:
     """Record the publish on the MLflow model version and store the drift reference sample.
 
@@ -184,6 +187,7 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         "tritonflow.reference_source": reference["source"][:500],
         "tritonflow.drift_importance": json.dumps(reference["importance"], sort_keys=True)[:4000],
         "tritonflow.already_published": str(bool(loaded.get("already_published"))).lower(),
+        SOURCE_FLAVOR_TAG: str(loaded.get("source_flavor") or ""),  # a later challenger's profile reuse
     }
     if loaded.get("expected_path") and Path(loaded["expected_path"]).is_file():
         # the health sentinel judges served answers against the range seen at validation

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from ground.exceptions import RepositoryConflictError, SettingsError, SignatureVerificationError
 from ground.settings import DEFAULTS, Settings, get_settings
+from tritonflow.pipelines.publish_claim import claimed_stage
 from tritonflow.pipelines.publish_common import (
     MODEL_FILENAME,
     json_safe,
@@ -113,8 +114,10 @@ def _existing_identical(repository_uri: str, state: Mapping[str, Any], keys: Sig
         intended = (local / INTENDED_CONFIG_FILENAME).read_text()
     from model_registry.triton_config import config_summary, parse_config
 
+    # the served config is the published one: the staged copy becomes it, so the record logs what serves
+    Path(state["config_path"]).write_text(intended)
     log.warning("model %s version %s is already in %s with the same model file but another config; "
-                "versions are immutable, so the published config is kept", layout.model_name,
+                "versions are immutable, so the published config is kept (and recorded)", layout.model_name,
                 layout.version, repository_uri)
     return {"repository_uri": storage.uri, "version_uri": storage.version_uri(layout),
             "signature_digest": info.signature_digest, "key_id": info.key_id,
@@ -123,6 +126,7 @@ def _existing_identical(repository_uri: str, state: Mapping[str, Any], keys: Sig
             "published_config_summary": json_safe(config_summary(parse_config(intended)))}
 
 
+@claimed_stage()
 def sign_and_push(
     staged: Mapping[str, Any],
     *,

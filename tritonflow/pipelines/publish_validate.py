@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 from ground.exceptions import DataError, ParityError, SettingsError
 from ground.settings import Settings, get_settings
 from model_registry.registry.client import pinned_mlflow_uris
+from tritonflow.pipelines.publish_claim import claimed_stage
 from tritonflow.pipelines.publish_common import (
     CONFIG_FILENAME,
     DEFAULT_MAX_BATCH_SIZE,
@@ -138,6 +139,7 @@ def _parity_summary(result: Any) -> dict[str, dict[str, float]]:
     return parity_summary(result)
 
 
+@claimed_stage()
 def convert_and_validate(
     resolved: Mapping[str, Any],
     *,

@@ -376,8 +376,9 @@ def ensure_challenger_published(resolved: Mapping[str, Any], *, settings: Settin
         resolved: The return value of :func:`resolve_versions`.
         settings: Settings (default: from the environment).
         publish: The publish function (default :func:`tritonflow.pipelines.publish.publish`),
-            called as ``publish("<model>/<version>", settings=settings, perf_gate_enabled=...)``
-            (``settings.publish_perf_gate``; plus ``dataset_uri=`` for a retrained version).
+            called as ``publish("<model>/<version>", settings=settings, perf_gate_enabled=...,
+            profile_enabled=...)`` (``settings.publish_perf_gate``, ``settings.publish_profile``; plus
+            ``dataset_uri=`` for a retrained version).
 
     Returns:
         ``{"action": "no_challenger" | "already_in_repository" | "published", "model",
@@ -422,8 +423,10 @@ def ensure_challenger_published(resolved: Mapping[str, Any], *, settings: Settin
                 f"be imported ({exc}); publish it with the model_publish DAG first"
             ) from exc
         publish = module.publish
-    # The deployment's p99-gate switch (TRITONFLOW_PUBLISH_PERF_GATE) holds here too, as in model_publish.
-    gate = {"perf_gate_enabled": bool(s.publish_perf_gate)}
+    # The deployment's profiling and p99-gate switches (TRITONFLOW_PUBLISH_PROFILE/_PERF_GATE) hold here
+    # too, as in model_publish: a model_publish of the same version at the same time is joined, not repeated
+    # (tritonflow.pipelines.publish_claim), so whichever asks first publishes the profiled config.
+    gate = {"perf_gate_enabled": bool(s.publish_perf_gate), "profile_enabled": bool(s.publish_profile)}
     result = (publish(f"{model}/{int(chal['version'])}", dataset_uri=dataset, settings=s, **gate) if dataset
               else publish(f"{model}/{int(chal['version'])}", settings=s, **gate))
     if not in_repository(s, name, version):
