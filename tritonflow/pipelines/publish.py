@@ -97,6 +97,7 @@ from tritonflow.pipelines.loop_context import refuse_lasting_rejection
 from tritonflow.pipelines.publish_claim import claimed_stage
 from tritonflow.pipelines.publish_common import (
     DEFAULT_MAX_BATCH_SIZE,
+    PublishState,
     json_safe,
     new_attempt,
     open_registry,
@@ -207,7 +208,7 @@ def triton_model_name(registered_name: str) -> str:
     return validate_model_name(cleaned[:128])
 
 
-def resolve(model_ref: str, *, settings: Settings | None = None) -> dict[str, Any]:
+def resolve(model_ref: str, *, settings: Settings | None = None) -> PublishState:
     """Resolve a model reference to one READY model version.
 
     Args:
@@ -260,7 +261,7 @@ def load_and_smoke(
     *,
     triton_url: str | None = None,
     settings: Settings | None = None,
-) -> dict[str, Any]:
+) -> PublishState:
     """Verify, load (explicit mode), wait READY, send the validation sample, compare with the source.
 
     Uses :meth:`repository_sync.triton.client.TritonModelControl.load_and_smoke_test`: the version

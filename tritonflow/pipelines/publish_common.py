@@ -23,7 +23,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, TypedDict, cast
 
 from ground.settings import Settings
 
@@ -171,7 +171,91 @@ def _subdirs(folder: Path) -> list[Path]:
     return [p for p in _entries(folder) if p.is_dir() and not p.is_symlink()]
 
 
-def timed(state: Mapping[str, Any], stage: str, started: float, **updates: Any) -> dict[str, Any]:
+class PublishState(TypedDict, total=False):
+    """The state one publish stage hands the next (an XCom value between ``model_publish``'s tasks).
+
+    Each stage returns its input plus the keys it adds (:func:`timed`); every value is plain JSON, so
+    the state survives XCom and a task retried on another worker. Keys by the stage that adds them:
+
+    * ``resolve``: ``model_ref``, ``model`` (registered name), ``version``, ``model_uri``
+      (``models:/<name>/<version>``), ``run_id``, ``aliases``, ``triton_model_name``,
+      ``tracking_uri``, ``staging_attempt`` and ``staging_dir`` (this attempt's own folder);
+    * ``convert_and_validate``: the staged files (``model_path``, ``model_filename``, ``config_path``,
+      ``sample_path``, ``expected_path``, ``reference_frame_path``, the report paths), the gate's
+      figures (``parity``, ``checks``, ``batch_sizes_checked``, ``validation_rows``, ``atol``,
+      ``rtol``), ``config_summary``, ``instance_plan``, ``max_batch_size``, ``export_format``,
+      ``source_flavor``, ``reference_source``, ``notes``, ``provenance``;
+    * ``profile``: ``profile`` (status ``profiled``, ``reused``, ``inconclusive``, ``skipped`` with
+      its figures and reason) and the chosen ``config_summary`` / ``max_batch_size``;
+    * ``perf_gate``: ``perf_gate`` (the p99 gate's verdict and figures);
+    * ``sign_and_push``: ``repository_uri``, ``version_uri``, ``signature_digest``, ``key_id``,
+      ``signed_files``, ``already_published`` and, for a version already there, ``config_differs``,
+      ``serving_config_written``, ``published_config_summary``; ``push_timings_s``,
+      ``keys_generated``, ``trusted_keys_dir``;
+    * ``load_and_smoke``: ``triton_url``, ``preflight``, ``load``, ``smoke``, ``fallback``;
+    * every stage: ``timings_s`` (stage -> wall seconds); the DAG adds ``then`` and ``loop``, and a
+      publish that joined another's claim carries ``joined_publish``
+      (:data:`tritonflow.pipelines.publish_claim.JOINED_KEY`).
+    """
+
+    model_ref: str
+    model: str
+    version: int
+    model_uri: str
+    run_id: str
+    aliases: list[str]
+    triton_model_name: str
+    tracking_uri: str
+    staging_attempt: str
+    staging_dir: str
+    timings_s: dict[str, float]
+    model_path: str
+    model_filename: str
+    export_format: str
+    config_path: str
+    parity_report_path: str
+    validation_report_path: str
+    sample_path: str
+    expected_path: str
+    reference_frame_path: str
+    reference_source: str
+    parity: dict[str, Any]
+    validation_rows: int
+    checks: list[str]
+    batch_sizes_checked: list[int]
+    config_summary: dict[str, Any]
+    instance_plan: dict[str, Any]
+    max_batch_size: int
+    atol: float
+    rtol: float
+    source_flavor: str
+    notes: list[str]
+    provenance: dict[str, str]
+    profile: dict[str, Any]
+    perf_gate: dict[str, Any]
+    repository_uri: str
+    version_uri: str
+    signature_digest: str
+    key_id: str
+    signed_files: list[str]
+    already_published: bool
+    config_differs: bool
+    serving_config_written: bool
+    published_config_summary: dict[str, Any]
+    push_timings_s: dict[str, float]
+    keys_generated: bool
+    trusted_keys_dir: str
+    triton_url: str
+    preflight: dict[str, Any]
+    load: dict[str, Any]
+    smoke: dict[str, Any]
+    fallback: dict[str, Any]
+    then: list[str]
+    loop: dict[str, Any] | None
+    joined_publish: dict[str, Any]
+
+
+def timed(state: Mapping[str, Any], stage: str, started: float, **updates: Any) -> PublishState:
     """The state a stage hands on: ``state`` plus ``updates`` plus the stage's wall time.
 
     Args:
@@ -181,11 +265,11 @@ def timed(state: Mapping[str, Any], stage: str, started: float, **updates: Any) 
         **updates: Keys the stage adds or replaces.
 
     Returns:
-        A new dict: ``{**state, **updates, "timings_s": {..., stage: seconds rounded to 0.1 ms}}``.
+        A new state: ``{**state, **updates, "timings_s": {..., stage: seconds rounded to 0.1 ms}}``.
     """
     timings = dict(state.get("timings_s") or {})
     timings[stage] = round(time.perf_counter() - started, 4)
-    return {**state, **updates, "timings_s": timings}
+    return cast(PublishState, {**state, **updates, "timings_s": timings})
 
 
 def open_registry(settings: Settings, tracking_uri: str | None = None):

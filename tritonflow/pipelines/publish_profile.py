@@ -29,6 +29,7 @@ from tritonflow.pipelines.publish_common import (
     PERF_GATE_FILENAME,
     PROFILE_ARTIFACT_PATH,
     PUBLISH_ARTIFACT_PATH,
+    PublishState,
     enter_staging,
     json_safe,
     open_registry,
@@ -100,7 +101,7 @@ def profile(
     pass_runner: Any = None,
     perf_gate_enabled: bool = True,
     repository_uri: str | None = None,
-) -> dict[str, Any]:
+) -> PublishState:
     """Profile the staged model with Triton Model Analyzer and adopt the best stable config.
 
     The sweep is bounded (:class:`model_registry.profiling.analyzer.SearchSpace`: max batch sizes capped at
@@ -311,7 +312,7 @@ def perf_gate(
     enabled: bool = True,
     repository_uri: str | None = None,
     settings: Settings | None = None,
-) -> dict[str, Any]:
+) -> PublishState:
     """The p99 latency regression gate: challenger against the serving champion, before the push.
 
     The champion is the version holding the ``champion`` alias (skipped when there is none, when it

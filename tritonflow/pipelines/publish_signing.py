@@ -23,6 +23,7 @@ from ground.settings import DEFAULTS, Settings, get_settings
 from tritonflow.pipelines.publish_claim import claimed_stage
 from tritonflow.pipelines.publish_common import (
     MODEL_FILENAME,
+    PublishState,
     json_safe,
     open_registry,
     reject_version,
@@ -132,7 +133,7 @@ def sign_and_push(
     *,
     repository_uri: str | None = None,
     settings: Settings | None = None,
-) -> dict[str, Any]:
+) -> PublishState:
     """Sign the staged version and push it atomically to the Triton repository.
 
     Uses :func:`repository_sync.publish.publish_version`: the version folder (``model.onnx`` +

@@ -38,6 +38,7 @@ from tritonflow.pipelines.publish_common import (
     REFERENCE_FRAME_FILENAME,
     SAMPLE_FILENAME,
     VALIDATION_REPORT_FILENAME,
+    PublishState,
     enter_staging,
     json_safe,
     open_registry,
@@ -150,7 +151,7 @@ def convert_and_validate(
     schema: Any = None,
     export_format: str = "onnx",
     settings: Settings | None = None,
-) -> dict[str, Any]:
+) -> PublishState:
     """Convert the model version, build its config, run every pre-push check and the parity gate.
 
     The work is :func:`model_registry.gate.validate_model` (also behind ``tritonflow validate``).
