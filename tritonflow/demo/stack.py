@@ -13,8 +13,9 @@ gateway is pointed at it by the routing code run in the scheduler container (the
 later change). The loop's settings (logical hours, canary steps, ...) reach the containers through
 a compose override file the driver writes.
 
-The summary adds, per task instance, the host (worker container) that ran it, and for each closed
-loop the hosts its runs used.
+The summary adds, per task instance, the host (worker container) that ran it, for each closed
+loop the hosts its runs used, and every model-control and promotion lease taken during the run
+with the host that held it (read from the coordination database's lease history).
 """
 
 from __future__ import annotations
@@ -188,6 +189,37 @@ print("routed", model, version)
 """
 
 
+#: Code run in an Airflow container: the model-control and promotion lease history (JSON on stdout).
+LEASE_HISTORY = """
+import json
+from ground.coordination import MODEL_CONTROL, PROMOTION, coordination_store
+print(json.dumps(coordination_store().lease_history(purposes=(MODEL_CONTROL, PROMOTION))))
+"""
+
+
+def lease_holders(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The lease history as the summary shows it: each lease with its host, and counts per host.
+
+    Args:
+        rows: :meth:`ground.coordination.CoordinationStore.lease_history` rows.
+
+    Returns:
+        ``{"leases": [{"purpose", "name", "token", "holder", "host", "acquired_at", "released_at",
+        "held_s"}], "per_host": {purpose: {host: count}}}``; ``held_s`` is ``None`` for a lease
+        never released (lost with its worker, or still held).
+    """
+    leases, per_host = [], {}
+    for r in rows:
+        released = r.get("released_at")
+        held = round(float(released) - float(r["acquired_at"]), 2) if released is not None else None
+        leases.append({"purpose": r["purpose"], "name": r["name"], "token": r["token"], "holder": r.get("holder"),
+                       "host": r.get("host"), "acquired_at": r["acquired_at"], "released_at": released,
+                       "held_s": held})
+        hosts = per_host.setdefault(str(r["purpose"]), {})
+        hosts[str(r.get("host"))] = hosts.get(str(r.get("host")), 0) + 1
+    return {"leases": leases, "per_host": per_host}
+
+
 class StackDemo(Demo):
     """:class:`~tritonflow.demo.driver.Demo` on the docker-compose stack instead of the local deployment."""
 
@@ -285,6 +317,10 @@ class StackDemo(Demo):
         summary["tasks_per_host"] = by_host
         for loop in summary["closed_loops"]:
             loop["hosts"] = loop_hosts(loop, summary["dag_runs"], hosts)
+        out = self.stack.exec_python("airflow-scheduler", LEASE_HISTORY).strip().splitlines()
+        held = lease_holders(json.loads(out[-1]) if out else [])
+        summary["leases"], summary["lease_holders_per_host"] = held["leases"], held["per_host"]
+        self.progress.step(f"leases held per host: {json.dumps(held['per_host'])}")
         self.progress.step(f"task instances per host: {json.dumps(by_host)}; closed loops on hosts: "
                            f"{[loop['hosts'] for loop in summary['closed_loops']]}")
         return summary
