@@ -327,15 +327,29 @@ class StackDemo(Demo):
 
 
 def task_hosts(api: Any, dag_runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``[{"dag_id", "run_id", "task_id", "map_index", "state", "hostname"}]`` of every run's task instances."""
+    """Every run's task instances: where each ran and how long it took and waited.
+
+    Returns:
+        ``[{"dag_id", "run_id", "task_id", "map_index", "state", "hostname", "duration_s", "queued_s"}]``
+        (``queued_s``: from queued to started, the executor's share).
+    """
     out = []
     for r in dag_runs:
         doc = api.get(f"/dags/{r['dag_id']}/dagRuns/{r['run_id']}/taskInstances?limit=200")
         for ti in doc.get("task_instances") or []:
             out.append({"dag_id": r["dag_id"], "run_id": r["run_id"], "task_id": ti["task_id"],
                         "map_index": ti.get("map_index"), "state": ti.get("state"),
-                        "hostname": ti.get("hostname") or None})
+                        "hostname": ti.get("hostname") or None, "duration_s": ti.get("duration"),
+                        "queued_s": _seconds_between(ti.get("queued_when"), ti.get("start_date"))})
     return out
+
+
+def _seconds_between(start: Any, end: Any) -> float | None:
+    """Seconds from one Airflow timestamp to another (``None`` when either is missing)."""
+    from tritonflow.demo.runs import parse_time
+
+    s, e = parse_time(start), parse_time(end)
+    return round((e - s).total_seconds(), 2) if s is not None and e is not None else None
 
 
 def loop_hosts(loop: Mapping[str, Any], dag_runs: Sequence[Mapping[str, Any]],
