@@ -208,7 +208,8 @@ def lease_holders(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "held_s"}], "per_host": {purpose: {host: count}}}``; ``held_s`` is ``None`` for a lease
         never released (lost with its worker, or still held).
     """
-    leases, per_host = [], {}
+    leases: list[dict[str, Any]] = []
+    per_host: dict[str, dict[str, int]] = {}
     for r in rows:
         released = r.get("released_at")
         held = round(float(released) - float(r["acquired_at"]), 2) if released is not None else None
