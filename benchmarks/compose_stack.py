@@ -1,7 +1,7 @@
 """The docker-compose stack: build time cold and warm, ``up`` to all-healthy, the quick closed loop in
 the stack with the share of task instances per worker, and requests failed in the worker-kill test.
 
-    .venv/bin/python benchmarks/compose_stack.py [--no-cold] [--no-loop] [--no-kill]
+    .venv/bin/python benchmarks/compose_stack.py [--no-cold] [--no-up] [--no-loop] [--no-kill]
 
 - **cold build**: every image of the stack removed (the Debian root and the wheels fetched on the
   host stay: they are the cache ``scripts/stack.sh`` reuses), then ``scripts/stack.sh build``;
@@ -59,6 +59,7 @@ def load() -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--no-cold", action="store_true", help="skip the cold build")
+    ap.add_argument("--no-up", action="store_true", help="skip the separate up-to-healthy measurement")
     ap.add_argument("--no-loop", action="store_true", help="skip the quick loop in the stack")
     ap.add_argument("--no-kill", action="store_true", help="skip the worker-kill test")
     args = ap.parse_args(argv)
@@ -70,19 +71,14 @@ def main(argv: list[str] | None = None) -> int:
         res["cold_build_s"], proc = _stack("build")
         res["cold_build_ok"] = proc.returncode == 0
     res["warm_build_s"], proc = _stack("build")
-    from tritonflow.demo.stack import shifted_ports
-
-    bench = {"COMPOSE_PROJECT_NAME": "tritonflow-bench", **{k: str(v) for k, v in shifted_ports(30000).items()}}
-    _stack("down", "--volumes", env=bench)
-    total, proc = _stack("up", env=bench)
-    res["up_ok"] = proc.returncode == 0
-    line = next((ln for ln in proc.stderr.splitlines() if "every service healthy" in ln), "")
-    res["up_to_healthy_s"] = float(line.split("(")[1].split(" s")[0]) if line else None
-    _stack("down", "--volumes", env=bench)
+    if not args.no_up:
+        _up(res)
     if not args.no_loop:
         home = ROOT / ".cache" / "bench-stack-demo"
         proc = subprocess.run([PY, "-m", "tritonflow.demo", "--quick", "--stack", "compose", "--home", str(home)],
                               cwd=ROOT, capture_output=True, text=True)
+        if home.is_dir():  # the demo's progress (the stack's up time, each step) beside its report
+            (home / "demo_progress.log").write_text(proc.stderr)
         last = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {}
         summary_path = home / "report" / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
@@ -97,6 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     res["load_after"] = load()
     _finish(args, res)
     return 0
+
+
+def _up(res: dict) -> None:
+    """``scripts/stack.sh up`` of a fresh project to every service healthy, then down."""
+    from tritonflow.demo.stack import shifted_ports
+
+    bench = {"COMPOSE_PROJECT_NAME": "tritonflow-bench", **{k: str(v) for k, v in shifted_ports(30000).items()}}
+    _stack("down", "--volumes", env=bench)
+    _, proc = _stack("up", env=bench)
+    res["up_ok"] = proc.returncode == 0
+    line = next((ln for ln in proc.stderr.splitlines() if "every service healthy" in ln), "")
+    res["up_to_healthy_s"] = float(line.split("(")[1].split(" s")[0]) if line else None
+    _stack("down", "--volumes", env=bench)
 
 
 def _finish(args, res: dict) -> None:

@@ -20,6 +20,10 @@ Lease protocol (table ``tritonflow_leases``, one row per ``(purpose, name)``):
   (its text, host, pid), since when it holds it and when the lease expires.
 * Release clears the holder only if the fencing token still matches (a taken-over lease is never
   released by its former holder).
+* Every acquisition is also appended to ``tritonflow_lease_history`` (purpose, name, token, holder,
+  host, pid, when acquired and released; :meth:`CoordinationStore.lease_history`), so which host
+  held which lease can be read after the fact, e.g. per worker of a multi-host run. Rows older than
+  :data:`LEASE_HISTORY_KEEP_S` are dropped as new ones are written.
 
 Times are the workers' wall clocks (``time.time``); hosts must keep them NTP-synchronised within a
 small part of ``ttl_s`` (default 60 s).
@@ -56,6 +60,8 @@ GATEWAY = "gateway"
 DEFAULT_TTL_S = 60.0
 #: Seconds between two acquisition attempts while waiting for a held lease.
 POLL_INTERVAL_S = 0.1
+#: Seconds a lease acquisition stays in ``tritonflow_lease_history`` (30 days).
+LEASE_HISTORY_KEEP_S = 30 * 86400.0
 
 metadata = sa.MetaData()
 leases = sa.Table(
@@ -69,6 +75,18 @@ leases = sa.Table(
     sa.Column("acquired_at", sa.Float, nullable=True),
     sa.Column("expires_at", sa.Float, nullable=False, default=0.0),
     sa.Column("token", sa.BigInteger, nullable=False, default=0),
+)
+lease_history = sa.Table(
+    "tritonflow_lease_history", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("purpose", sa.String(64), nullable=False),
+    sa.Column("name", sa.String(512), nullable=False),
+    sa.Column("token", sa.BigInteger, nullable=False),
+    sa.Column("holder", sa.Text, nullable=True),
+    sa.Column("host", sa.String(255), nullable=True),
+    sa.Column("pid", sa.Integer, nullable=True),
+    sa.Column("acquired_at", sa.Float, nullable=False),
+    sa.Column("released_at", sa.Float, nullable=True),
 )
 state = sa.Table(
     "tritonflow_state", metadata,
@@ -285,11 +303,19 @@ class Lease:
         """Stop the heartbeat and free the row if this lease still holds it."""
         self.stop_heartbeat()
         with self.store.engine.begin() as conn:
-            conn.execute(
+            n = conn.execute(
                 leases.update()
                 .where(leases.c.purpose == self.purpose, leases.c.name == self.name,
                        leases.c.token == self.token, leases.c.holder_id == self.holder_id)
                 .values(holder_id=None, holder=None, host=None, pid=None, expires_at=0.0)
+            ).rowcount
+            if n != 1:  # lost to another holder: the history keeps it unreleased
+                return
+            conn.execute(
+                lease_history.update()
+                .where(lease_history.c.purpose == self.purpose, lease_history.c.name == self.name,
+                       lease_history.c.token == self.token, lease_history.c.released_at.is_(None))
+                .values(released_at=time.time())
             )
 
 
@@ -363,11 +389,33 @@ class CoordinationStore:
                 ).rowcount
             if n != 1:
                 return None
-        with self.engine.connect() as conn:
+        with self.engine.begin() as conn:
             token = conn.execute(sa.select(leases.c.token).where(
                 leases.c.purpose == purpose, leases.c.name == name,
                 leases.c.holder_id == holder_id)).scalar_one()
+            conn.execute(lease_history.delete().where(lease_history.c.acquired_at < now - LEASE_HISTORY_KEEP_S))
+            conn.execute(lease_history.insert().values(
+                purpose=purpose, name=name, token=int(token), holder=holder, host=mine["host"],
+                pid=mine["pid"], acquired_at=now, released_at=None))
         return Lease(self, purpose, name, holder_id, holder, int(token), ttl, now)
+
+    def lease_history(self, purposes: tuple[str, ...] = (), since: float = 0.0) -> list[dict[str, Any]]:
+        """Every recorded acquisition (oldest first), e.g. to tell which host held which lease.
+
+        Args:
+            purposes: Only these lease purposes (e.g. ``(MODEL_CONTROL, PROMOTION)``); all when empty.
+            since: Only acquisitions at or after this time (seconds since the epoch).
+
+        Returns:
+            ``[{"purpose", "name", "token", "holder", "host", "pid", "acquired_at", "released_at"}]``;
+            ``released_at`` is ``None`` for a lease still held or lost without release (expired).
+        """
+        q = sa.select(lease_history).where(lease_history.c.acquired_at >= since)
+        if purposes:
+            q = q.where(lease_history.c.purpose.in_(purposes))
+        with self.engine.connect() as conn:
+            rows = conn.execute(q.order_by(lease_history.c.acquired_at, lease_history.c.id)).mappings().all()
+        return [{k: v for k, v in row.items() if k != "id"} for row in rows]
 
     def acquire(self, purpose: str, name: str, *, holder: str = "", timeout_s: float = 0.0,
                 ttl_s: float | None = None, what: str | None = None) -> Lease:

@@ -25,21 +25,27 @@ behind the gateway) is meant to serve the same set. With a
 request goes to the replicas in order, each READY before the next; when one fails, the replicas
 already changed and the failing one are brought back to the desired set, which is unchanged, and
 the error names the replica.
+
+Triton in explicit mode forgets every loaded model when it restarts; the desired set does not.
+:func:`when_triton_answers` retries a change while Triton is unreachable, so the reconcile sent
+once it answers again loads the desired set back (a canary's rollback or promotion after a Triton
+restart leaves the version that should serve READY).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
 from ground.coordination import MODEL_CONTROL, CoordinationStore, model_versions
-from ground.exceptions import DataError, ModelLoadRefusedError, VersionNotInRepositoryError
+from ground.exceptions import DataError, ModelLoadRefusedError, ServiceUnavailableError, VersionNotInRepositoryError
 from repository_sync.model_config import parse_config, to_json
 
 #: State scope of the config each model was last loaded with (JSON dict, per model key).
@@ -357,6 +363,44 @@ def _bring_back(control: Any, name: str, versions: list[int], recorded: Any, fai
         control.client.load_model(name, config=json.dumps(cfg))
     except Exception:  # noqa: BLE001 - the original error is what matters
         pass
+
+
+_T = TypeVar("_T")
+_log = logging.getLogger(__name__)
+
+
+def when_triton_answers(change: Callable[[], _T], *, timeout_s: float, poll_s: float = 2.0,
+                        sleep: Callable[[float], Any] = time.sleep) -> _T:
+    """Run ``change`` (a :func:`reconcile`), retried while Triton is unreachable, e.g. restarting.
+
+    A reconcile is idempotent (it sends the desired set), so retrying one that failed because Triton
+    did not answer is safe; after a restart it also loads back what Triton forgot.
+
+    Args:
+        change: The model-control change to make.
+        timeout_s: Seconds to keep retrying (e.g. ``settings.start_timeout_s``), > 0.
+        poll_s: Seconds between attempts.
+        sleep: Waits (``time.sleep``; injected by tests).
+
+    Returns:
+        What ``change`` returned.
+
+    Raises:
+        ServiceUnavailableError: Triton still unreachable after ``timeout_s`` (the last error).
+        Anything else ``change`` raises, at once.
+    """
+    if not timeout_s > 0:
+        raise DataError(f"when_triton_answers: timeout_s={timeout_s!r} must be > 0 seconds")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return change()
+        except ServiceUnavailableError as exc:
+            if time.monotonic() + poll_s > deadline:
+                raise
+            _log.warning("Triton does not answer (restarting?); retrying the model-control change in %g s: %s",
+                         poll_s, exc)
+            sleep(poll_s)
 
 
 def reconcile_model(control: Any, registry: Any, model: str, *, triton_model: str | None = None,

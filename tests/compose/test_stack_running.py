@@ -251,3 +251,89 @@ def test_a_worker_killed_mid_canary_leaves_the_champion_serving_and_the_canary_r
     assert not [v for v, st in states.items() if st not in ("READY", "UNAVAILABLE", "")], states
     expected = str(challenger) if final["state"] == "success" else str(champion["version"])
     assert serving == expected, (final["state"], serving)
+
+
+def _champion_alias(stack) -> int:
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=stack.url("MLFLOW_PORT"))
+    return int(client.get_registered_model(MODEL).aliases["champion"])
+
+
+def _gateway_versions(stack) -> set[str]:
+    """Versions the gateway's live plan routes the model to (its conf, read in the gateway container)."""
+    from repository_sync.routing.gateway_probe import served_by
+
+    seen = set()
+    for _ in range(20):
+        version, _, _ = served_by(stack.url("GATEWAY_PORT"), MODEL)
+        if version:
+            seen.add(str(version))
+    return seen
+
+
+def _canary_log_mentions(api, run_id: str, text: str) -> bool | None:
+    """Whether the canary task's log (every try) mentions ``text`` (None when it cannot be read)."""
+    try:
+        tis = api.get(f"/dags/canary_promotion/dagRuns/{run_id}/taskInstances?task_id=canary")["task_instances"]
+        tries = next(t for t in tis if t["task_id"] == "canary")["try_number"]
+        return any(text in json.dumps(api.get(f"/dags/canary_promotion/dagRuns/{run_id}/taskInstances/canary/"
+                                              f"logs/{n}?full_content=true")) for n in range(1, tries + 1))
+    except Exception:  # noqa: BLE001 - informational only
+        return None
+
+
+def test_triton_restarted_mid_canary_resolves_the_canary_and_serves_a_ready_version(stack, champion):
+    """``docker restart`` the Triton container while a canary's first step bakes. Triton in explicit
+    model-control mode forgets what it had loaded. The canary must still resolve (promote or roll
+    back), the desired versions must be loaded again, and at the end the gateway routes only to
+    READY versions, ``@champion`` is the version that serves, and no version is left loading.
+    Requests that failed while Triton was down are counted and printed (none may fail after)."""
+    api = _api(stack)
+    before = _champion_alias(stack)  # the worker-kill test may have promoted its challenger
+    challenger = _register(stack, 6000, 8000, "challenger")
+    run, states = _publish(stack, api, challenger)
+    assert run["state"] == "success", states
+    traffic = _Traffic(stack.url("GATEWAY_PORT"))
+    traffic.start()
+    run_id = f"stack-canary-triton-restart-v{challenger}-{int(time.time())}"
+    api.post("/dags/canary_promotion/dagRuns", {
+        "dag_run_id": run_id, "logical_date": None,
+        "conf": {"model": MODEL, "challenger": str(challenger), "champion": before,
+                 "steps": [25, 100], "bake_s": 20, "min_requests": 5}})
+    deadline, restarted = time.monotonic() + 300, None
+    while restarted is None and time.monotonic() < deadline:
+        tis = api.get(f"/dags/canary_promotion/dagRuns/{run_id}/taskInstances?task_id=canary")["task_instances"]
+        canary = next((t for t in tis if t["task_id"] == "canary"), None)
+        if canary and canary["state"] == "running":
+            time.sleep(8)  # inside the first step's bake
+            triton = stack.containers("triton")[0]["Id"]
+            restarted = time.time()
+            subprocess.run(["docker", "restart", "-t", "5", triton], check=True, capture_output=True)
+            back = time.time()
+        time.sleep(1)
+    assert restarted, "the canary task never ran"
+    final = _wait_run(api, "canary_promotion", run_id, 600)
+    resolved = time.time()
+    time.sleep(10)
+    traffic.stop.set()
+    traffic.join(60)
+    frame = traffic.frame()
+    failed = frame[frame["status"] != 200]
+    after = frame[frame["t"] > resolved + 1]
+    observed = {"restart_s": round(back - restarted, 1), "canary": final["state"],
+                "requests": len(frame), "failed": len(failed),
+                "failed_statuses": {str(k): int(v) for k, v in failed["status"].value_counts().items()},
+                "failed_after_resolution": int((after["status"] != 200).sum()),
+                "triton": _triton_versions(stack), "gateway_routes": sorted(_gateway_versions(stack)),
+                "model_control_retried": _canary_log_mentions(api, run_id, "retrying the model-control change")}
+    print("triton restart mid-canary:", json.dumps(observed))
+    assert final["state"] in ("success", "failed"), final
+    assert len(after) > 0 and observed["failed_after_resolution"] == 0, observed
+    serving = str(_champion_alias(stack))
+    expected = str(challenger) if final["state"] == "success" else str(before)
+    assert serving == expected, (final["state"], serving, observed)
+    assert observed["triton"].get(serving) == "READY", observed
+    assert set(observed["gateway_routes"]) == {serving}, observed
+    assert not [v for v, st in observed["triton"].items() if st not in ("READY", "UNAVAILABLE", "")], observed
+    assert {str(int(v)) for v in after["version"]} == {serving}, after["version"].value_counts()

@@ -107,6 +107,35 @@ def test_lease_expires_when_its_holder_stops_heartbeating(db_url):
     assert store.holder_of(PROMOTION, "churn_model") is None
 
 
+def test_lease_history_names_each_holder_host_and_whether_it_released(db_url):
+    """Every acquisition stays readable after the lease is freed: who, on which host and pid, its
+    fencing token, and a release time only for a holder that released it (not for one that lost it)."""
+    import socket
+
+    store = CoordinationStore(db_url, ttl_s=1.0)
+    t0 = time.time()
+    first = store.acquire(PROMOTION, "churn_model", holder="canary_promotion/run_1/canary")
+    first.stop_heartbeat()
+    time.sleep(1.3)  # expired: the next holder takes it over
+    second = store.acquire(PROMOTION, "churn_model", holder="canary_promotion/run_2/canary", timeout_s=5)
+    first.release()  # lost: no release recorded
+    second.release()
+    with store.hold("model-control", "churn_model", holder="model_publish/run_3/load"):
+        pass
+    rows = store.lease_history(since=t0)
+    assert [(r["purpose"], r["holder"], r["token"]) for r in rows] == [
+        (PROMOTION, "canary_promotion/run_1/canary", first.token),
+        (PROMOTION, "canary_promotion/run_2/canary", second.token),
+        ("model-control", "model_publish/run_3/load", 1),
+    ]
+    assert {r["host"] for r in rows} == {socket.gethostname()} and {r["pid"] for r in rows} == {os.getpid()}
+    assert rows[0]["released_at"] is None
+    assert rows[1]["released_at"] >= rows[1]["acquired_at"] > rows[0]["acquired_at"]
+    assert rows[2]["released_at"] is not None
+    assert [r["holder"] for r in store.lease_history(purposes=("model-control",))] == ["model_publish/run_3/load"]
+    assert store.lease_history(since=time.time() + 60) == []
+
+
 def test_heartbeat_keeps_a_lease_held_past_its_ttl(db_url):
     store = CoordinationStore(db_url, ttl_s=0.6)
     with store.hold(PROMOTION, "churn_model", holder="long promotion") as lease:

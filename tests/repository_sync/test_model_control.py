@@ -227,3 +227,36 @@ def test_reconcile_loads_what_the_registry_needs_plus_pinned_evaluations_in_one_
         out = reconcile_model(control, _Aliases({"champion": 3, "previous_champion": 1, "challenger": 9}), name)
         assert out["versions"] == [1, 3] and "9" in out["skipped"] and "not in repository" in out["skipped"]["9"]
         assert control.ready_versions(name) == [1, 3]
+
+
+@pytest.mark.integration
+def test_a_change_retried_while_triton_restarts_loads_the_desired_set_back(served, tmp_path):
+    """Triton in explicit mode forgets every loaded version when it restarts. A reconcile sent while
+    it is down fails (nothing changes); retried by ``when_triton_answers`` until it answers again, it
+    loads the desired set (here a canary's rollback: both versions minus the challenger) back."""
+    from ground.exceptions import ServiceUnavailableError
+    from repository_sync.triton.model_control import reconcile, when_triton_answers
+
+    name = "fraud_model"
+    _, triton, _ = served
+    store = CoordinationStore(f"sqlite:///{tmp_path / 'c.db'}")
+    with _control(served, coordination=store, holder="canary") as control:
+        reconcile(control, name, add=[1, 2], purpose="canary")  # champion 1 and challenger 2 loaded
+        assert control.ready_versions(name) == [1, 2]
+        triton.stop()
+        with pytest.raises(ServiceUnavailableError):
+            reconcile(control, name, remove=[2])
+        assert sorted(desired_versions(store, name)) == [1, 2]  # unchanged by the failed change
+        restart = threading.Timer(2.0, triton.start)
+        restart.start()
+        try:
+            done = when_triton_answers(lambda: reconcile(control, name, remove=[2]), timeout_s=180, poll_s=0.5)
+        finally:
+            restart.join()
+        assert done["versions"] == [1] and control.ready_versions(name) == [1]
+        assert sorted(desired_versions(store, name)) == [1]
+        triton.stop()  # a Triton that never comes back: the last error once the time is up
+        t0 = time.monotonic()
+        with pytest.raises(ServiceUnavailableError):
+            when_triton_answers(lambda: reconcile(control, name, add=[3]), timeout_s=1.0, poll_s=0.2)
+        assert time.monotonic() - t0 < 30

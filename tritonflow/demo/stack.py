@@ -13,8 +13,9 @@ gateway is pointed at it by the routing code run in the scheduler container (the
 later change). The loop's settings (logical hours, canary steps, ...) reach the containers through
 a compose override file the driver writes.
 
-The summary adds, per task instance, the host (worker container) that ran it, and for each closed
-loop the hosts its runs used.
+The summary adds, per task instance, the host (worker container) that ran it, for each closed
+loop the hosts its runs used, and every model-control and promotion lease taken during the run
+with the host that held it (read from the coordination database's lease history).
 """
 
 from __future__ import annotations
@@ -188,6 +189,38 @@ print("routed", model, version)
 """
 
 
+#: Code run in an Airflow container: the model-control and promotion lease history (JSON on stdout).
+LEASE_HISTORY = """
+import json
+from ground.coordination import MODEL_CONTROL, PROMOTION, coordination_store
+print(json.dumps(coordination_store().lease_history(purposes=(MODEL_CONTROL, PROMOTION))))
+"""
+
+
+def lease_holders(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The lease history as the summary shows it: each lease with its host, and counts per host.
+
+    Args:
+        rows: :meth:`ground.coordination.CoordinationStore.lease_history` rows.
+
+    Returns:
+        ``{"leases": [{"purpose", "name", "token", "holder", "host", "acquired_at", "released_at",
+        "held_s"}], "per_host": {purpose: {host: count}}}``; ``held_s`` is ``None`` for a lease
+        never released (lost with its worker, or still held).
+    """
+    leases: list[dict[str, Any]] = []
+    per_host: dict[str, dict[str, int]] = {}
+    for r in rows:
+        released = r.get("released_at")
+        held = round(float(released) - float(r["acquired_at"]), 2) if released is not None else None
+        leases.append({"purpose": r["purpose"], "name": r["name"], "token": r["token"], "holder": r.get("holder"),
+                       "host": r.get("host"), "acquired_at": r["acquired_at"], "released_at": released,
+                       "held_s": held})
+        hosts = per_host.setdefault(str(r["purpose"]), {})
+        hosts[str(r.get("host"))] = hosts.get(str(r.get("host")), 0) + 1
+    return {"leases": leases, "per_host": per_host}
+
+
 class StackDemo(Demo):
     """:class:`~tritonflow.demo.driver.Demo` on the docker-compose stack instead of the local deployment."""
 
@@ -285,21 +318,39 @@ class StackDemo(Demo):
         summary["tasks_per_host"] = by_host
         for loop in summary["closed_loops"]:
             loop["hosts"] = loop_hosts(loop, summary["dag_runs"], hosts)
+        out = self.stack.exec_python("airflow-scheduler", LEASE_HISTORY).strip().splitlines()
+        held = lease_holders(json.loads(out[-1]) if out else [])
+        summary["leases"], summary["lease_holders_per_host"] = held["leases"], held["per_host"]
+        self.progress.step(f"leases held per host: {json.dumps(held['per_host'])}")
         self.progress.step(f"task instances per host: {json.dumps(by_host)}; closed loops on hosts: "
                            f"{[loop['hosts'] for loop in summary['closed_loops']]}")
         return summary
 
 
 def task_hosts(api: Any, dag_runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``[{"dag_id", "run_id", "task_id", "map_index", "state", "hostname"}]`` of every run's task instances."""
+    """Every run's task instances: where each ran and how long it took and waited.
+
+    Returns:
+        ``[{"dag_id", "run_id", "task_id", "map_index", "state", "hostname", "duration_s", "queued_s"}]``
+        (``queued_s``: from queued to started, the executor's share).
+    """
     out = []
     for r in dag_runs:
         doc = api.get(f"/dags/{r['dag_id']}/dagRuns/{r['run_id']}/taskInstances?limit=200")
         for ti in doc.get("task_instances") or []:
             out.append({"dag_id": r["dag_id"], "run_id": r["run_id"], "task_id": ti["task_id"],
                         "map_index": ti.get("map_index"), "state": ti.get("state"),
-                        "hostname": ti.get("hostname") or None})
+                        "hostname": ti.get("hostname") or None, "duration_s": ti.get("duration"),
+                        "queued_s": _seconds_between(ti.get("queued_when"), ti.get("start_date"))})
     return out
+
+
+def _seconds_between(start: Any, end: Any) -> float | None:
+    """Seconds from one Airflow timestamp to another (``None`` when either is missing)."""
+    from tritonflow.demo.runs import parse_time
+
+    s, e = parse_time(start), parse_time(end)
+    return round((e - s).total_seconds(), 2) if s is not None and e is not None else None
 
 
 def loop_hosts(loop: Mapping[str, Any], dag_runs: Sequence[Mapping[str, Any]],

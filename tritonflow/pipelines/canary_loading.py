@@ -109,11 +109,12 @@ def ensure_loaded(model: str, versions: Sequence[int], *, triton_model: str | No
         raise DataError("versions=[] is empty: expected the champion and challenger versions")
     env = environment_or_default(env)
     name = triton_model or model
-    from repository_sync.triton.model_control import reconcile
+    from repository_sync.triton.model_control import reconcile, when_triton_answers
 
     with env.triton() as tc:  # desired state + these versions, one request, under the lease
-        done = reconcile(tc, name, add=[int(v) for v in versions], config_version=int(versions[-1]),
-                         purpose="canary")
+        done = when_triton_answers(lambda: reconcile(tc, name, add=[int(v) for v in versions],
+                                                     config_version=int(versions[-1]), purpose="canary"),
+                                   timeout_s=env.settings.start_timeout_s)
         before = done["before"]
     return {"model": model, "versions": done["versions"], "ready_before": before,
             "loaded_now": sorted(set(done["versions"]) - set(before)), "signatures": done["signatures"]}
@@ -123,7 +124,9 @@ def unload_version(env: CanaryEnvironment, name: str, version: int, keep_config_
     """Unload ``version`` of Triton model ``name``, keeping the other loaded versions.
 
     One repository-API request for the desired set minus this version, under the model-control
-    lease; the serving config stays ``keep_config_of``'s.
+    lease; the serving config stays ``keep_config_of``'s. While Triton does not answer (restarting)
+    the request is retried for up to ``settings.start_timeout_s``, and the desired set it sends
+    loads back what the restart unloaded.
 
     Args:
         env: Where the systems are (Triton, its repository, the coordination store).
@@ -131,10 +134,13 @@ def unload_version(env: CanaryEnvironment, name: str, version: int, keep_config_
         version: The version to unload (a rolled-back challenger or champion).
         keep_config_of: The version whose ``config.pbtxt`` stays the serving config.
     """
-    from repository_sync.triton.model_control import reconcile
+    from repository_sync.triton.model_control import reconcile, when_triton_answers
 
     with env.triton() as tc:  # the desired set minus this version, one request, under the lease
-        reconcile(tc, name, remove=[int(version)], config_version=int(keep_config_of))
+        # Retried while Triton restarts: it then forgets every loaded version, and this reconcile
+        # (a rollback's or a promotion's last step) is what loads the one that serves back.
+        when_triton_answers(lambda: reconcile(tc, name, remove=[int(version)], config_version=int(keep_config_of)),
+                            timeout_s=env.settings.start_timeout_s)
 
 
 __all__ = ["ensure_loaded", "preflight", "unload_version"]
