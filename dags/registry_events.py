@@ -107,6 +107,21 @@ def _log_delivery_status(ledger, log) -> None:
              status["reconciler"]["unstarted"])
 
 
+def _prune_ledger(ledger, log) -> None:
+    """Drop started changes and finished deliveries past TRITONFLOW_REGISTRY_LEDGER_RETENTION_DAYS.
+
+    Never sooner than twice the webhook timestamp tolerance, so a replayed delivery is refused by its
+    timestamp before its id could have been forgotten.
+    """
+    from ground.settings import get_settings
+
+    s = get_settings()
+    days = s.registry_ledger_retention_days
+    pruned = ledger.prune(max(days * 86400.0, 2.0 * s.webhook_tolerance_s))
+    if any(pruned.values()):
+        log.info("change ledger: %s older than %g days pruned", pruned, days)
+
+
 # batch=True: one asset event per poll holding every change it found (several events written at
 # once would be split across runs, the last ones waiting for the next change; see the trigger).
 @tritonflow_dag(DAG_ID, schedule=registry_asset(DAG_ID, watch=True, mapping_path=str(WATCH_ALL_MAPPING),
@@ -145,6 +160,7 @@ def registry_events():
                         found.append((item["registry_event"], str(getattr(ev, "timestamp", ""))))
         rules, guard, ledger = load_mapping(), ChampionGuard(), ChangeLedger()
         _log_delivery_status(ledger, log)
+        _prune_ledger(ledger, log)
         fired = []
         for raw, stamp in found:
             try:

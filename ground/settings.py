@@ -362,6 +362,12 @@ class Settings:
     event_mapping_path: str = setting("EVENT_MAPPING_PATH", "", "Registry-event-to-DAG mapping file.")
     #: Seconds between two polls of the MLflow registry by the registry watcher.
     registry_poll_interval_s: float = setting("REGISTRY_POLL_INTERVAL_S", 60.0, "Registry watcher poll (s).")
+    #: Days the change ledger keeps a change whose runs were started, and a finished webhook delivery
+    #: (the last value acted on per slot, which numbers the next move, is kept for ever).
+    registry_ledger_retention_days: float = setting(
+        "REGISTRY_LEDGER_RETENTION_DAYS", 30.0, "Days started registry changes and finished deliveries are kept.",
+        check=POSITIVE_FINITE,
+    )
     #: What an out-of-band move of alias ``champion`` does: ``request`` (put back, the version goes
     #: through model_publish and the canary) or ``refuse`` (put back, alert, nothing started).
     champion_move_policy: str = setting(

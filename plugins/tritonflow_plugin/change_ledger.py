@@ -194,6 +194,41 @@ class ChangeLedger:
         """The stored delivery (``body``, ``received_at``, ``status``, ``change_key``, ``outcome``)."""
         return self.store.get_state(DELIVERIES, delivery_id)
 
+    # ------------------------------------------------------------------ retention
+    def prune(self, retain_s: float, now: float | None = None) -> dict[str, int]:
+        """Delete what no path needs any more: started changes and finished deliveries older than ``retain_s``.
+
+        A change still ``claimed`` (its runs not known to exist) and a delivery not ``done`` are kept
+        whatever their age, since the reconciler or MLflow's retry may still need them; so is every
+        slot, whose move sequence numbers the slot's next change. A delivery older than the
+        receiver's timestamp tolerance is refused before its id is looked up, so dropping its id
+        cannot admit a replay while ``retain_s`` exceeds that tolerance.
+
+        Args:
+            retain_s: Seconds an entry is kept after it was last written (> 0).
+            now: Unix seconds (default: the current time).
+
+        Returns:
+            ``{"changes": n, "deliveries": n}``: how many entries were deleted.
+
+        Raises:
+            ValueError: ``retain_s`` is not a positive number.
+        """
+        if not retain_s > 0:
+            raise ValueError(f"retain_s={retain_s!r}; expected a positive number of seconds")
+        cutoff = (time.time() if now is None else now) - retain_s
+        done = {CHANGES: STARTED, DELIVERIES: "done"}
+        deleted = {"changes": 0, "deliveries": 0}
+        with self.store.engine.begin() as conn:
+            for scope, status in done.items():
+                old = conn.execute(sa.select(state.c.key, state.c.value).where(
+                    state.c.scope == scope, state.c.updated_at < cutoff)).all()
+                keys = [k for k, v in old if json.loads(v).get("status") == status]
+                for chunk in (keys[i:i + 500] for i in range(0, len(keys), 500)):
+                    conn.execute(sa.delete(state).where(state.c.scope == scope, state.c.key.in_(chunk)))
+                deleted["changes" if scope == CHANGES else "deliveries"] = len(keys)
+        return deleted
+
     # ------------------------------------------------------------------ status
     def latest(self, scope: str, limit: int) -> list[tuple[str, dict[str, Any], float]]:
         """The ``limit`` entries of ``scope`` written last: ``(key, value, updated_at)``, newest first."""

@@ -1,0 +1,58 @@
+"""The change ledger's retention: what no path needs any more goes, what a path may still need stays."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tritonflow.registry_events import ALIAS_SET, VERSION_CREATED
+from tritonflow_plugin.change_ledger import CHANGES, DELIVERIES, SLOTS, ChangeLedger
+from tritonflow_plugin.event_mapping import RegistryChange
+
+DAY = 86400.0
+
+
+@pytest.fixture()
+def ledger(tmp_path):
+    return ChangeLedger(tmp_path / "coordination.db")
+
+
+def champion_to(version: str) -> RegistryChange:
+    return RegistryChange(kind=ALIAS_SET, model="fraud", version=version, alias="champion")
+
+
+def test_prune_drops_started_changes_and_done_deliveries_and_keeps_what_a_path_still_needs(ledger):
+    started = ledger.record(champion_to("1"), delivery_id="d-started")
+    ledger.mark_started(started.key, ["run-1"])
+    claimed = ledger.record(RegistryChange(kind=VERSION_CREATED, model="fraud", version="2"))  # runs never seen
+    ledger.store_delivery("d-started", "{}")
+    ledger.finish_delivery("d-started", "done", started.key, outcome="started")
+    ledger.store_delivery("d-received", "{}")  # the receiver failed after storing: MLflow retries it
+
+    assert ledger.prune(30 * DAY) == {"changes": 0, "deliveries": 0}  # nothing is old yet
+    pruned = ledger.prune(30 * DAY, now=time.time() + 31 * DAY)
+
+    assert pruned == {"changes": 1, "deliveries": 1}
+    assert ledger.change(started.key) is None and ledger.delivery("d-started") is None
+    assert ledger.change(claimed.key)["status"] == "claimed"
+    assert ledger.delivery("d-received")["status"] == "received"
+    assert ledger.count(SLOTS) == 2 and ledger.count(CHANGES) == 1 and ledger.count(DELIVERIES) == 1
+
+
+def test_after_pruning_the_next_move_is_numbered_on_and_knows_the_previous_champion(ledger):
+    first = ledger.record(champion_to("1"))
+    ledger.mark_started(first.key, [])
+    ledger.prune(DAY, now=time.time() + 2 * DAY)
+
+    again = ledger.record(champion_to("1"))  # the same move seen late by the other path
+    moved = ledger.record(champion_to("2"))
+
+    assert not again.new and again.key == first.key
+    assert moved.new and moved.key.endswith("|2") and moved.previous == "1"
+
+
+@pytest.mark.parametrize("retain_s", [0, -1.0, float("nan")])
+def test_prune_refuses_a_retention_that_is_not_positive(ledger, retain_s):
+    with pytest.raises(ValueError, match=r"retain_s=.*expected a positive number of seconds"):
+        ledger.prune(retain_s)
