@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import statistics
 import urllib.parse
 from typing import Any, Iterable, Mapping
 
-from tritonflow.runtime.airflow_api import AirflowApi, AirflowApiError
+from tritonflow.runtime.airflow_api import AirflowApi, AirflowApiError, xcom_value
 
 #: XCom key a ``TriggerDagRunOperator`` task pushes with the run id it created.
 TRIGGER_RUN_ID_KEY = "trigger_run_id"
@@ -68,16 +67,6 @@ def _q(text: str) -> str:
     return urllib.parse.quote(str(text), safe="")
 
 
-def _value(raw: Any) -> Any:
-    """An XCom value as the API returns it (JSON, or JSON in a string)."""
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return raw
-    return raw
-
-
 def list_runs(api: AirflowApi, dag_id: str) -> list[dict[str, Any]]:
     """Every run of ``dag_id`` (paged), oldest first."""
     out: list[dict[str, Any]] = []
@@ -114,7 +103,7 @@ def xcom_values(api: AirflowApi, dag_id: str, run_id: str, key: str,
             continue
         mi = int(e.get("map_index", -1))
         doc = api.get(f"{base}/{_q(e['task_id'])}/xcomEntries/{_q(key)}?map_index={mi}")
-        out.append((e["task_id"], mi, _value(doc.get("value"))))
+        out.append((e["task_id"], mi, xcom_value(doc.get("value"))))
     return out
 
 

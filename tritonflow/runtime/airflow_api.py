@@ -25,6 +25,16 @@ API_RETRY_DELAY_S = 2.0
 FINISHED_RUN_STATES = ("success", "failed")
 
 
+def xcom_value(raw: Any) -> Any:
+    """An XCom value as the REST API returns it: JSON, or JSON in a string (decoded), or a plain string."""
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return raw
+
+
 class AirflowApi:
     """Small client of the deployment's REST API (``/api/v2``) with a simple-auth-manager token.
 
@@ -180,12 +190,7 @@ class AirflowApi:
             if exc.status == 404:
                 return None
             raise
-        if isinstance(raw, str):
-            try:
-                return json.loads(raw)
-            except ValueError:
-                return raw
-        return raw
+        return xcom_value(raw)
 
     def hitl_details(self, dag_id: str, run_id: str = "~", *, pending: bool | None = None) -> list[dict[str, Any]]:
         """Required actions (human-in-the-loop requests) of a DAG's runs (``~``: all); ``pending``: unanswered."""
