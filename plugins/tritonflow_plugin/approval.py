@@ -19,7 +19,8 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
-from airflow.sdk import Param, ParamsDict
+from airflow.sdk import Param
+from airflow.sdk.definitions.param import ParamsDict
 
 log = logging.getLogger(__name__)
 
