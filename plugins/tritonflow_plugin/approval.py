@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Param
+from airflow.sdk.definitions.param import ParamsDict
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,21 @@ def approval_needed(plan: dict, policy: str) -> bool:
     return not (plan.get("noop") or plan.get("dry_run") or plan.get("champion") == plan.get("challenger"))
 
 
+def with_comment_param(params: Any) -> ParamsDict:
+    """``params`` plus the form's **Comment** field (``source="task"``) unless it already has one.
+
+    Inside a DAG, Airflow's operator metaclass has already put the DAG's own params (``source="dag"``)
+    into ``params`` before ``__init__`` runs, and ``HITLOperator`` keeps only task params: the field
+    must be added here with its source set, or the Required Actions form shows no Comment. It may
+    be left empty (type ``null`` too), else the form would not let a person answer without one.
+    """
+    merged = params if isinstance(params, ParamsDict) else ParamsDict(params or {})
+    if COMMENT_PARAM not in merged:
+        merged.update({COMMENT_PARAM: Param(None, type=["null", "string"], title="Comment", source="task",
+                                            description="Why (recorded on the MLflow version).")})
+    return merged
+
+
 class CanaryApprovalOperator(ApprovalOperator):
     """Approve or reject the start of a canary; a no-op unless the model's policy asks for a person.
 
@@ -51,8 +67,7 @@ class CanaryApprovalOperator(ApprovalOperator):
         kwargs.setdefault("subject", "Start the canary?")
         kwargs.setdefault("defaults", ApprovalOperator.REJECT)
         kwargs.setdefault("ignore_downstream_trigger_rules", True)
-        kwargs.setdefault("params", {COMMENT_PARAM: Param("", type="string", title="Comment",
-                                                          description="Why (recorded on the MLflow version).")})
+        kwargs["params"] = with_comment_param(kwargs.get("params"))
         super().__init__(**kwargs)
         self.plan_task_id = plan_task_id
 
@@ -102,4 +117,4 @@ class CanaryApprovalOperator(ApprovalOperator):
         return super().execute_complete(context, event)
 
 
-__all__ = ["COMMENT_PARAM", "POLICY_XCOM_KEY", "CanaryApprovalOperator", "approval_needed"]
+__all__ = ["COMMENT_PARAM", "POLICY_XCOM_KEY", "CanaryApprovalOperator", "approval_needed", "with_comment_param"]

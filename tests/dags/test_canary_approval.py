@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 
-from tritonflow_plugin.approval import CanaryApprovalOperator, approval_needed
+from tritonflow_plugin.approval import COMMENT_PARAM, CanaryApprovalOperator, approval_needed
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 PLAN = {"model": "iris", "champion": 1, "challenger": 2, "noop": False, "dry_run": False}
@@ -44,6 +44,12 @@ def test_approval_task_sits_between_the_resolved_versions_and_the_canary(dag):
     assert approval.defaults == [ApprovalOperator.REJECT]  # the answer on timeout
     assert approval.response_timeout and approval.response_timeout > dt.timedelta(0)
     assert approval.ignore_downstream_trigger_rules  # a rejection skips every later task
+
+
+def test_the_approval_form_has_an_optional_comment_field_and_none_of_the_dag_params(dag):
+    form = dag.get_task("approval").serialized_params  # what the Required Actions form renders
+    assert list(form) == [COMMENT_PARAM] and form[COMMENT_PARAM]["source"] == "task"
+    assert "null" in form[COMMENT_PARAM]["schema"]["type"]  # may be left empty: not a required field
 
 
 def test_approval_is_needed_only_under_an_approval_policy_and_never_for_a_no_op():

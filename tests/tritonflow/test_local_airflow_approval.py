@@ -1,11 +1,15 @@
 """On a real local Airflow (scheduler, dag-processor, triggerer, api-server) and a real MLflow, a run
 of a model under policy ``approve`` waits in its ``approval`` task until a person approves through
 the REST API (``PATCH .../hitlDetails``); then the task after it runs and the answer is on the
-challenger's MLflow version. The CLI answers and waits the same way, and a run that outlasts its
-deadline alert is reported through the failure notifier to a webhook."""
+challenger's MLflow version. The CLI answers and waits the same way, and so does a person in headless
+Chromium on the UI's Required Actions page (review drawer, Comment field, Approve / Reject buttons).
+A run that outlasts its deadline alert is reported through the failure notifier to a webhook.
+
+With ``TRITONFLOW_DOCS_SCREENSHOTS=1`` the UI test saves ``docs/required-actions.png``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -29,17 +33,22 @@ DAG_ID = "approval_gate"
 WAIT_S = 300
 
 
-@pytest.fixture(scope="module")
-def model(mlflow_server):
-    from mlflow import MlflowClient
-
+def _register_under_approve(client) -> str:
+    """A new registered model with versions 1 and 2 and promotion policy ``approve``; its name."""
     name = f"approve-{uuid.uuid4().hex[:6]}"
-    client = MlflowClient(mlflow_server.tracking_uri)
     client.create_registered_model(name)
     for _ in range(2):
         client.create_model_version(name, source="s3://nowhere/model")
     client.set_registered_model_tag(name, "tritonflow.promotion_policy", "approve")
-    return name, client
+    return name
+
+
+@pytest.fixture(scope="module")
+def model(mlflow_server):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(mlflow_server.tracking_uri)
+    return _register_under_approve(client), client
 
 
 class Sink(BaseHTTPRequestHandler):
@@ -142,6 +151,100 @@ def test_the_cli_rejects_a_waiting_approval_with_a_comment_and_waits_for_the_run
     tags = client.get_model_version(name, "2").tags
     assert tags["tritonflow.approval.answer"] == "rejected" and tags["tritonflow.approval.note"] == "p99 too high"
     assert tags["tritonflow.status"] == "rejected" and tags["tritonflow.rejected_stage"] == "approval"
+
+
+def _open_review_drawer(driver, base_url: str, name: str) -> None:
+    """On the Required Actions page (pending only), open the review drawer of ``name``'s approval."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.ui.browser import UI_WAIT_S
+
+    subject = f"Start the canary of {name} v2?"
+
+    def drawer_button(drv):
+        for row in drv.find_elements(By.CSS_SELECTOR, "tbody tr"):
+            if subject in row.text:
+                return row.find_element(By.CSS_SELECTOR, "button[aria-label='Open Review Drawer']")
+        return False
+
+    driver.get(f"{base_url}/required_actions?response_received=false")
+    wait = WebDriverWait(driver, UI_WAIT_S, ignored_exceptions=(StaleElementReferenceException,))
+    wait.until(drawer_button).click()
+    wait.until(ec.text_to_be_present_in_element((By.CSS_SELECTOR, "[role='dialog']"), subject))
+
+
+def _in_drawer(driver, css: str):
+    """The clickable element ``css`` inside the open review drawer."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.ui.browser import UI_WAIT_S
+
+    return WebDriverWait(driver, UI_WAIT_S).until(
+        ec.element_to_be_clickable((By.CSS_SELECTOR, f"[role='dialog'] {css}")))
+
+
+@contextlib.contextmanager
+def _screenshot_on_failure(driver, path: Path):
+    """Keep a PNG of the page at ``path`` (and print where) when the block raises."""
+    try:
+        yield
+    except BaseException:
+        driver.save_screenshot(str(path))
+        print(f"screenshot: {path}")
+        raise
+
+
+def _answered(api: AirflowApi, run_id: str) -> bool:
+    """Whether the approval of run ``run_id`` has an answer (so the browser may leave the page)."""
+    return bool(api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/approval/-1/hitlDetails")
+                .get("response_received"))
+
+
+def test_a_person_approves_one_canary_and_rejects_another_on_the_required_actions_page(deployment, model,
+                                                                                        tmp_path):
+    from tests.ui.browser import chromium, docs_screenshots_wanted, save_docs_screenshot
+    from tritonflow import cli
+
+    client = model[1]
+    approved, rejected = _register_under_approve(client), _register_under_approve(client)
+    api = AirflowApi(deployment.api_url)
+    api.wait_for_dag(DAG_ID, WAIT_S)
+    api.unpause(DAG_ID)
+    for name in (approved, rejected):
+        api.post(f"/dags/{DAG_ID}/dagRuns", {"dag_run_id": f"ui_{name}", "logical_date": None, "conf": {"model": name}})
+    # The drawer's buttons stay disabled unless the task already waits when it opens, and an answer
+    # within a second of the task's parking races Airflow 3.3.2's executor: open the page as a
+    # person would, once both wait.
+    for name in (approved, rejected):
+        _wait(f"the approval of {name} waiting", lambda name=name: cli.pending_approvals(api, name, DAG_ID))
+    time.sleep(5)
+    with chromium() as driver, _screenshot_on_failure(driver, tmp_path / "required_actions_failure.png"):
+        _open_review_drawer(driver, deployment.api_url, approved)
+        _in_drawer(driver, "[data-testid='hitl-option-Approve']").click()
+        _wait("the approval's answer", lambda: _answered(api, f"ui_{approved}"))
+        _open_review_drawer(driver, deployment.api_url, rejected)
+        _in_drawer(driver, "input[name='element_comment']").send_keys("p99 too high")
+        if docs_screenshots_wanted():
+            save_docs_screenshot(driver, "required-actions.png")
+        _in_drawer(driver, "[data-testid='hitl-option-Reject']").click()
+        _wait("the rejection's answer", lambda: _answered(api, f"ui_{rejected}"))
+    for name in (approved, rejected):  # a rejection skips the rest: the run itself still succeeds
+        run = api.wait_for_run(DAG_ID, f"ui_{name}", WAIT_S)
+        assert run["state"] == "success", run
+    assert api.get(f"/dags/{DAG_ID}/dagRuns/ui_{approved}/taskInstances/after")["state"] == "success"
+    tags = client.get_model_version(approved, "2").tags
+    assert tags["tritonflow.approval.answer"] == "approved" and tags["tritonflow.approval.by"] not in ("", "nobody")
+    assert "tritonflow.status" not in tags and "tritonflow.approval.note" not in tags
+    assert api.get(f"/dags/{DAG_ID}/dagRuns/ui_{rejected}/taskInstances/after")["state"] == "skipped"
+    tags = client.get_model_version(rejected, "2").tags
+    assert tags["tritonflow.approval.answer"] == "rejected" and tags["tritonflow.approval.note"] == "p99 too high"
+    assert tags["tritonflow.status"] == "rejected" and tags["tritonflow.rejected_stage"] == "approval"
+    assert tags["tritonflow.approval.by"] not in ("", "nobody")
 
 
 def test_waiting_on_a_failed_run_names_the_run_its_state_and_the_failed_task(deployment, capsys):
