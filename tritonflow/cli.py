@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import time
 from typing import Any, Mapping
 
 from ground.exceptions import RuntimeStartError, TritonflowError
@@ -501,6 +502,11 @@ def hitl_location(row: Mapping[str, Any]) -> tuple[str, str, str, int]:
 
 #: States of a task that waits for its answer: parked (Airflow 3.3+) or deferred (earlier).
 WAITING_STATES = ("awaiting_input", "deferred")
+#: Seconds an approval request must exist before the CLI answers it. Airflow 3.3.2 fails a task whose
+#: deferral is resumed before the executor has reported the deferring process's end (the scheduler
+#: logs "finished with state success, but the task instance's state attribute is queued"); an answer
+#: within about a second of the request hits that, a person at the UI does not.
+APPROVAL_SETTLE_S = 5.0
 
 
 def pending_approvals(api: Any, model: str, dag_id: str = PROMOTION_DAG) -> list[dict[str, Any]]:
@@ -517,8 +523,21 @@ def pending_approvals(api: Any, model: str, dag_id: str = PROMOTION_DAG) -> list
         plan = api.xcom(dag_id, run_id, "resolve_versions") or {}
         if isinstance(plan, dict) and plan.get("model") == model:
             out.append({"run_id": run_id, "task_id": task_id, "map_index": map_index, "plan": plan,
-                        "subject": row.get("subject")})
+                        "subject": row.get("subject"), "created_at": row.get("created_at")})
     return out
+
+
+def seconds_since(timestamp: Any) -> float:
+    """Seconds from an ISO 8601 timestamp of the REST API to now (0 when it is missing or unreadable)."""
+    import datetime as dt
+
+    try:
+        then = dt.datetime.fromisoformat(str(timestamp))
+    except ValueError:
+        return 0.0
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=dt.timezone.utc)
+    return (dt.datetime.now(dt.timezone.utc) - then).total_seconds()
 
 
 def answer_approval(api: Any, model: str, *, approve: bool, comment: str = "", run_id: str | None = None,
@@ -539,6 +558,9 @@ def answer_approval(api: Any, model: str, *, approve: bool, comment: str = "", r
               file=sys.stderr)
         return EXIT_FAILED
     (p,) = pending
+    settle_s = APPROVAL_SETTLE_S - seconds_since(p.get("created_at"))
+    if settle_s > 0:  # see APPROVAL_SETTLE_S
+        time.sleep(min(settle_s, APPROVAL_SETTLE_S))
     answer = APPROVAL_OPTIONS[0] if approve else APPROVAL_OPTIONS[1]
     api.answer_hitl(dag_id, p["run_id"], p["task_id"], [answer], map_index=p["map_index"],
                     params_input={"comment": comment} if comment else {})

@@ -177,3 +177,12 @@ def test_the_airflow_the_cli_operates_is_the_local_one_unless_configured(tmp_pat
                                home=tmp_path)
     api = cli.airflow_client(remote)
     assert (api.base_url, api.username, api.password) == ("https://airflow.example", "ops", "pw")
+
+
+def test_an_approval_request_s_age_is_read_from_the_api_timestamp():
+    import datetime as dt
+
+    two_s_ago = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=2)).isoformat()
+    assert 1.5 < cli.seconds_since(two_s_ago) < 10
+    assert 1.5 < cli.seconds_since(two_s_ago.replace("+00:00", "Z")) < 10  # the API's form
+    assert cli.seconds_since(None) == 0.0 and cli.seconds_since("not a time") == 0.0
