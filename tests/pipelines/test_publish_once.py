@@ -10,6 +10,7 @@ gate confirms it. Whatever is served is the config the record names.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import time
@@ -53,8 +54,13 @@ def _counted(module, attr: str, label: str, log_path: str) -> None:
     setattr(module, attr, wrapper)
 
 
-def publish_in_process(settings, ref: str, triton_url: str, log_path: str, out_path: str) -> None:
-    """Child process: count conversions, profile decisions and sweeps, publish, write the summary."""
+def publish_in_process(values: dict, ref: str, triton_url: str, log_path: str, out_path: str) -> None:
+    """Child process: count conversions, profile decisions and sweeps, publish, write the summary.
+
+    ``values`` are the settings' fields, not the object: a test run earlier in the session may have
+    reloaded ``ground.settings``, and a spawned child cannot unpickle an instance of the old class.
+    """
+    from ground.settings import Settings
     from model_registry import gate
     from model_registry.profiling import analyzer
     from tritonflow.pipelines import publish_reuse
@@ -62,6 +68,7 @@ def publish_in_process(settings, ref: str, triton_url: str, log_path: str, out_p
     _counted(gate, "validate_model", "convert", log_path)
     _counted(publish_reuse, "reuse_decision", "profile", log_path)
     _counted(analyzer, "profile_model", "sweep", log_path)
+    settings = Settings(**values)
     with pinned_mlflow_uris(settings.resolved_mlflow_tracking_uri):
         summary = pipeline.publish(ref, triton_url=triton_url, settings=settings, max_batch_size=8,
                                    profile_enabled=True, perf_gate_enabled=True)
@@ -104,7 +111,8 @@ def test_two_processes_publishing_one_challenger_convert_and_profile_it_once_and
     challenger = register(mlflow_server.tracking_uri, name, model, X, alias="challenger")
     ctx = multiprocessing.get_context("spawn")
     log_path, outs = tmp_path / "calls.log", [tmp_path / f"summary{i}.json" for i in range(2)]
-    procs = [ctx.Process(target=publish_in_process, args=(settings, f"{name}/{challenger}", triton.http_url,
+    values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    procs = [ctx.Process(target=publish_in_process, args=(values, f"{name}/{challenger}", triton.http_url,
                                                           str(log_path), str(out)))
              for out in outs]
     t0 = time.monotonic()

@@ -79,3 +79,13 @@ def test_the_alerts_can_be_turned_off_but_a_bad_kind_still_fails(monkeypatch):
     assert run_deadline("canary") is None
     with pytest.raises(ValueError, match="run kind 'nightly'"):
         run_deadline("nightly")
+
+
+def test_a_dag_parsed_by_airflow_dags_test_carries_no_deadline(monkeypatch):
+    from tritonflow_plugin.deadlines import under_dags_test
+
+    assert under_dags_test(["/opt/venv/bin/airflow", "dags", "test", "model_publish", "-c", "{}"])
+    assert not under_dags_test(["/opt/venv/bin/airflow", "dag-processor"])
+    assert not under_dags_test(["/usr/bin/python3", "-m", "pytest"])
+    monkeypatch.setattr("sys.argv", ["/opt/venv/bin/airflow", "dags", "test", "canary_promotion"])
+    assert run_deadline("canary") is None  # Airflow 3.3.2 would leave that run 'running'
