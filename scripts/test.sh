@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: set up a fresh machine (idempotent), make sure PostgreSQL and Redis are up,
-# then run the linters, the service-free subset and the whole test suite against real local services.
+# then run the linters, the service-free subset and the rest of the suite against real local services.
 # Extra arguments go to pytest (and skip the separate service-free step).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,8 @@ if [ "$#" -eq 0 ]; then
     echo "the service-free subset (-m \"not integration\") failed (rc $subset_rc): the full run is skipped" >&2
     exit 1
   fi
+  # The subset passed: the full run takes the rest, not those tests a second time.
+  set -- -m integration
 fi
 .venv/bin/python -m pytest "$@"
 rc=$?
