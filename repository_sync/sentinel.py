@@ -19,7 +19,11 @@ routes straight to Triton), and :func:`judge` checks the answer:
 An answer of Triton refusing the request (HTTP 4xx/5xx from Triton for that version) is a failed
 probe too. A gateway that does not answer, or NGINX's own 502/504 (Triton unreachable), is an
 infrastructure problem, never a verdict on the model: such a probe is counted apart and neither
-fails nor clears the streak (rolling back would not help: the rollback needs both).
+fails nor clears the streak (rolling back would not help: the rollback needs both). So is a
+refusal after which Triton's ready endpoint says the version is not loaded (``unloaded``: a
+Triton restarted in ``explicit`` model-control mode comes back empty); after ``failures``
+consecutive such probes :func:`watch` returns ``unloaded`` and the DAG loads back the model's
+desired versions instead of rolling back.
 
 After ``failures`` consecutive failed probes (``TRITONFLOW_SENTINEL_FAILURES``) :func:`watch`
 returns ``unhealthy`` with each probe's reasons; the DAG then rolls back through the same path as
@@ -197,7 +201,9 @@ class ProbeResult:
     """One probe.
 
     Attributes:
-        status: ``ok``, ``failed`` (a verdict on the model) or ``unreachable`` (infrastructure).
+        status: ``ok``, ``failed`` (a verdict on the model), ``unreachable`` (the gateway or
+            Triton did not answer) or ``unloaded`` (Triton answers but does not hold the version
+            READY, e.g. after a restart); the last two are infrastructure, never a verdict.
         reasons: Why it failed / was unreachable (empty when ok).
         latency_s: Seconds from sending to the full answer (or to the error).
         http_status: HTTP status (0 when none came back).
@@ -279,10 +285,30 @@ def judge(outputs: Mapping[str, np.ndarray], latency_s: float, golden: GoldenSet
     return tuple(reasons)
 
 
+def _not_ready(gateway_url: str, golden: GoldenSet, policy: SentinelPolicy) -> str:
+    """Why Triton does not hold ``golden``'s version READY (empty: it does, or no answer came).
+
+    Asked after Triton refused a probe: a version Triton does not hold (a restarted Triton in
+    ``explicit`` model-control mode starts empty) is an infrastructure state, not a verdict.
+    """
+    url = gateway_url.rstrip("/") + f"/v2/models/{golden.triton_model}/versions/{golden.version}/ready"
+    try:
+        with urllib.request.urlopen(url, timeout=policy.latency_limit_s):
+            return ""
+    except urllib.error.HTTPError as exc:
+        if exc.code in GATEWAY_UPSTREAM_STATUSES:
+            return ""
+        return f"Triton's ready endpoint answers HTTP {exc.code}: the version is not loaded"
+    except (TimeoutError, urllib.error.URLError, OSError):
+        return ""
+
+
 def probe(gateway_url: str, golden: GoldenSet, policy: SentinelPolicy) -> ProbeResult:
     """Send the golden samples to the champion version through the gateway and judge the answer.
 
-    Never raises for a network or HTTP problem: it is the result's ``status``.
+    Never raises for a network or HTTP problem: it is the result's ``status``. A refusal from
+    Triton is ``failed``, unless Triton's ready endpoint then says the version is not loaded:
+    that is ``unloaded`` (infrastructure, like ``unreachable``).
     """
     url = gateway_url.rstrip("/") + golden.path()
     request = urllib.request.Request(url, data=golden.request_body(), method="POST",
@@ -297,6 +323,10 @@ def probe(gateway_url: str, golden: GoldenSet, policy: SentinelPolicy) -> ProbeR
         if exc.code in GATEWAY_UPSTREAM_STATUSES:
             return ProbeResult("unreachable", (f"gateway answered {exc.code}: Triton did not answer",),
                                latency, exc.code, at)
+        unloaded = _not_ready(gateway_url, golden, policy)
+        if unloaded:
+            return ProbeResult("unloaded", (f"HTTP {exc.code} from {golden.triton_model} v{golden.version}: "
+                                            f"{detail}; {unloaded}",), latency, exc.code, at)
         return ProbeResult("failed", (f"HTTP {exc.code} from {golden.triton_model} v{golden.version}: "
                                       f"{detail}",), latency, exc.code, at)
     except (TimeoutError, urllib.error.URLError, OSError) as exc:
@@ -320,12 +350,14 @@ class SentinelOutcome:
     """Why :func:`watch` returned.
 
     Attributes:
-        status: ``unhealthy`` (roll back), ``superseded`` (the version is no longer the champion),
+        status: ``unhealthy`` (roll back), ``unloaded`` (Triton does not hold the version: load
+            it back), ``superseded`` (the version is no longer the champion),
             ``renew`` (``until`` passed with no failing streak open) or ``stopped`` (``max_probes``
             reached; tests and benchmarks).
         model / triton_model / version: What was watched.
         probes: Probes sent; ``unreachable``: of which the gateway or Triton did not answer.
-        failed: The consecutive failed probes that decided (``ProbeResult.to_dict``), last first.
+        failed: The consecutive failed (or, for ``unloaded``, unloaded) probes that decided
+            (``ProbeResult.to_dict``), last first.
         first_failure_at: Wall-clock time of the first probe of the failing streak.
     """
 
@@ -340,6 +372,10 @@ class SentinelOutcome:
 
     def reason(self) -> str:
         """One line for the rollback record."""
+        if self.status == "unloaded":
+            seen = self.failed[0]["reasons"] if self.failed else []
+            return (f"health sentinel: {len(self.failed)} consecutive probes found {self.triton_model} "
+                    f"v{self.version} not loaded in Triton: " + "; ".join(seen))[:900]
         if self.status != "unhealthy":
             return f"sentinel {self.status} after {self.probes} probe(s)"
         seen = self.failed[0]["reasons"] if self.failed else []
@@ -356,7 +392,10 @@ async def watch(gateway_url: str, golden: GoldenSet, policy: SentinelPolicy, *,
                 champion_check_s: float = DEFAULT_CHAMPION_CHECK_S,
                 max_probes: int | None = None, until: float | None = None,
                 on_probe: Callable[[ProbeResult], None] | None = None) -> SentinelOutcome:
-    """Probe ``golden`` every ``policy.interval_s`` until it fails ``policy.failures`` times in a row.
+    """Probe ``golden`` every ``policy.interval_s`` until a decision or a stop.
+
+    The decisions: ``policy.failures`` failed probes in a row (``unhealthy``), or as many in a row
+    finding the version not loaded (``unloaded``).
 
     Each probe runs in a worker thread (``asyncio.to_thread``), so the triggerer's event loop is
     never blocked.
@@ -379,6 +418,7 @@ async def watch(gateway_url: str, golden: GoldenSet, policy: SentinelPolicy, *,
     """
     probes = unreachable = 0
     streak: list[ProbeResult] = []
+    absent: list[ProbeResult] = []  # consecutive "unloaded" probes
     last_check = time.monotonic()
     while True:
         started = time.monotonic()
@@ -386,8 +426,12 @@ async def watch(gateway_url: str, golden: GoldenSet, policy: SentinelPolicy, *,
         probes += 1
         if on_probe is not None:
             on_probe(result)
-        if result.status == "unreachable":
-            unreachable += 1
+        absent = absent + [result] if result.status == "unloaded" else []
+        if len(absent) >= policy.failures:
+            return SentinelOutcome("unloaded", golden.model, golden.triton_model, golden.version, probes,
+                                   unreachable, tuple(r.to_dict() for r in reversed(absent)), absent[0].at)
+        if result.status in ("unreachable", "unloaded"):
+            unreachable += result.status == "unreachable"
         elif result.status == "failed":
             streak.append(result)
             if len(streak) >= policy.failures:

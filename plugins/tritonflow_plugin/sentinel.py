@@ -5,6 +5,10 @@ judging live there, without Airflow) and yields one ``TriggerEvent`` when it dec
 
 * ``{"status": "unhealthy", ...}`` -- ``failures`` probes in a row failed; the deferred task
   resumes in ``execute_complete`` and rolls back (``champion_sentinel`` DAG);
+* ``{"status": "unloaded", ...}`` -- ``failures`` probes in a row found the version not loaded in
+  Triton (a restarted Triton comes back empty); ``execute_complete`` loads back the model's
+  desired versions and defers again (``resume`` carries the trigger's kwargs), at most
+  :data:`MAX_RELOADS` times per sentinel run;
 * ``{"status": "superseded", ...}`` -- the watched version no longer holds ``champion`` (a
   promotion or a manual rollback moved it); the task ends and the run started by the
   ``CHAMPION_CHANGED`` asset event watches the new champion.
@@ -28,6 +32,10 @@ except ImportError:  # pragma: no cover - core not installed (task-SDK-only work
     BaseTrigger = object  # type: ignore[assignment,misc]
     TriggerEvent = None  # type: ignore[assignment,misc]  # fallback for a class name
 
+#: Reloads one sentinel run makes after ``unloaded`` outcomes before it fails as an
+#: infrastructure error (a Triton that keeps forgetting its models needs a person).
+MAX_RELOADS = 3
+
 
 class ChampionSentinelTrigger(BaseTrigger):
     """Probe one champion every ``policy["interval_s"]`` until it is unhealthy or superseded.
@@ -41,11 +49,12 @@ class ChampionSentinelTrigger(BaseTrigger):
         max_probes: Stop after this many probes (``stopped``; tests), ``None`` forever.
         until: Wall-clock time after which the sentinel ends ``renew`` (the DAG's next scheduled
             run starts a fresh one), ``None`` never.
+        reloads: Reloads this sentinel run already made after ``unloaded`` outcomes.
     """
 
     def __init__(self, golden: dict[str, Any], policy: dict[str, Any], gateway_url: str,
                  tracking_uri: str | None = None, champion_check_s: float = 30.0,
-                 max_probes: int | None = None, until: float | None = None) -> None:
+                 max_probes: int | None = None, until: float | None = None, reloads: int = 0) -> None:
         super().__init__()
         self.golden = golden
         self.policy = policy
@@ -54,6 +63,7 @@ class ChampionSentinelTrigger(BaseTrigger):
         self.champion_check_s = champion_check_s
         self.max_probes = max_probes
         self.until = until
+        self.reloads = reloads
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Classpath and kwargs, as the triggerer stores them."""
@@ -61,7 +71,7 @@ class ChampionSentinelTrigger(BaseTrigger):
             f"{type(self).__module__}.{type(self).__qualname__}",
             {"golden": self.golden, "policy": self.policy, "gateway_url": self.gateway_url,
              "tracking_uri": self.tracking_uri, "champion_check_s": self.champion_check_s,
-             "max_probes": self.max_probes, "until": self.until},
+             "max_probes": self.max_probes, "until": self.until, "reloads": self.reloads},
         )
 
     def _champion_version(self) -> int | None:
@@ -96,7 +106,10 @@ class ChampionSentinelTrigger(BaseTrigger):
                               still_champion=self._still_champion if self.tracking_uri else None,
                               champion_check_s=self.champion_check_s, max_probes=self.max_probes, until=self.until,
                               on_probe=self._on_probe)
-        yield TriggerEvent(outcome.to_dict())
+        event = outcome.to_dict()
+        if outcome.status == "unloaded":  # the task reloads, then defers again with these kwargs
+            event["resume"] = self.serialize()[1]
+        yield TriggerEvent(event)
 
 
 def renewal_time(now: float, period_s: float) -> float:
@@ -115,9 +128,10 @@ class ChampionSentinelOperator(BaseOperator):
     (:func:`tritonflow.pipelines.sentinel.golden_set`) and defers to
     :class:`ChampionSentinelTrigger` (the worker slot is released). When the trigger fires
     ``unhealthy``, ``execute_complete`` rolls back through the ``canary_rollback`` path
-    (:func:`tritonflow.pipelines.sentinel.sentinel_rollback`); ``superseded`` and ``renew`` end
-    the task successfully. A model without a champion or without a stored reference is skipped
-    with the reason in the log.
+    (:func:`tritonflow.pipelines.sentinel.sentinel_rollback`); after ``unloaded`` it loads the
+    model's desired versions back (:func:`tritonflow.pipelines.sentinel.reload_serving`) and
+    watches again; ``superseded`` and ``renew`` end the task successfully. A model without a
+    champion or without a stored reference is skipped with the reason in the log.
 
     Args:
         model: Registered model name.
@@ -158,10 +172,16 @@ class ChampionSentinelOperator(BaseOperator):
         )
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Roll back on ``unhealthy``; otherwise return the outcome."""
+        """Roll back on ``unhealthy``, reload and watch again on ``unloaded``; otherwise return the outcome.
+
+        Raises:
+            ServiceUnavailableError: ``unloaded`` again after :data:`MAX_RELOADS` reloads.
+        """
         from tritonflow.pipelines.sentinel import sentinel_rollback
 
         event = dict(event or {})
+        if event.get("status") == "unloaded":
+            self._reload_and_watch(context, event)
         if event.get("status") != "unhealthy":
             self.log.info("sentinel for %s ended: %s", self.model, event.get("reason") or event.get("status"))
             return event
@@ -170,5 +190,21 @@ class ChampionSentinelOperator(BaseOperator):
         result = sentinel_rollback(event, holder=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}")
         return {"outcome": event, "rollback": result}
 
+    def _reload_and_watch(self, context: Any, event: dict[str, Any]) -> None:
+        from ground.exceptions import ServiceUnavailableError
+        from tritonflow.pipelines.sentinel import reload_serving
 
-__all__ = ["ChampionSentinelOperator", "ChampionSentinelTrigger", "renewal_time"]
+        resume = dict(event["resume"])
+        if int(resume.get("reloads") or 0) >= MAX_RELOADS:
+            raise ServiceUnavailableError(
+                f"{event.get('reason')}; already loaded back {resume.get('reloads')} times in this "
+                f"sentinel run (at most {MAX_RELOADS}): Triton keeps losing the model, see its log")
+        self.log.warning("%s", event.get("reason"))
+        ti = context["ti"]
+        done = reload_serving(event, holder=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}")
+        self.log.info("loaded back %s v%s; watching again", done["triton_model"], done["versions"])
+        resume["reloads"] = int(resume.get("reloads") or 0) + 1
+        self.defer(trigger=ChampionSentinelTrigger(**resume), method_name="execute_complete")
+
+
+__all__ = ["MAX_RELOADS", "ChampionSentinelOperator", "ChampionSentinelTrigger", "renewal_time"]

@@ -133,6 +133,11 @@ def serve_unhealthy_champion(home, tracking_uri: str, model: str, *, sentinel_in
 
 
 def test_sentinel_dag_defers_detects_and_rolls_back_to_the_previous_champion(served, tmp_path, airflow_home):
+    """Triton first forgets the model (as a restart in ``explicit`` mode does): the sentinel loads
+    the desired versions back before it builds its golden set, and only then judges the
+    (unhealthy) champion and rolls it back."""
+    import tritonclient.http as httpclient
+
     from repository_sync.routing.gateway_probe import served_by
 
     folder = tmp_path / "dags"
@@ -142,6 +147,7 @@ def test_sentinel_dag_defers_detects_and_rolls_back_to_the_previous_champion(ser
     runner.write_text(RUNNER)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"folder": str(folder), "model": MODEL}))
+    httpclient.InferenceServerClient(served["env"].triton_url).unload_model(MODEL)
     proc = subprocess.run(
         [sys.executable, str(runner), str(spec)],
         env=airflow_env.subprocess_env(AIRFLOW__CORE__DAGS_FOLDER=str(folder), **settings_env(served["settings"])),
@@ -149,6 +155,7 @@ def test_sentinel_dag_defers_detects_and_rolls_back_to_the_previous_champion(ser
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert f"{MODEL} did not hold v2; loaded back [1, 2]" in proc.stdout + proc.stderr, proc.stdout[-4000:]
     result = json.loads(lines[-1][len("RESULT "):])
     assert result["state"] == "success", result
     assert ("watch_champion", 0, "success") in [tuple(t) for t in result["tis"]]

@@ -148,3 +148,32 @@ def test_sentinel_of_a_version_no_longer_champion_ends_superseded(stack, models)
     registry(stack).promote(name, 1, reason="test: champion moved by someone else")
     event = run_trigger(golden, stack.gateway.url, stack.tracking_uri, champion_check_s=0.0)
     assert event["status"] == "superseded" and event["probes"] == 1
+
+
+def test_a_champion_triton_forgot_is_loaded_back_not_rolled_back(stack, models):
+    """Triton loses the model's versions (as a restart in ``explicit`` mode does) while the
+    champion serves: the sentinel fires ``unloaded``, and :func:`reload_serving` loads back the
+    recorded desired set (champion and previous champion), verified, with no alias moved."""
+    import tritonclient.http as httpclient
+
+    from ground.exceptions import DataError
+    from repository_sync.sentinel import probe
+    from tritonflow.pipelines.sentinel import reload_serving
+
+    name = "sentinel_forgotten"
+    champion_with_previous(stack, models, name, {"probabilities": [0.0, 1.0]})
+    golden = golden_set(name, env=stack.env, samples=4)
+    httpclient.InferenceServerClient(stack.triton.http_url).unload_model(name)
+    event = run_trigger(golden, stack.gateway.url, stack.tracking_uri, max_probes=20)
+    assert event["status"] == "unloaded", event
+    with pytest.raises(DataError, match="expected 'unloaded'"):
+        reload_serving({**event, "status": "unhealthy"}, env=stack.env)
+    done = reload_serving(event, holder="test/sentinel", env=stack.env)
+    assert done["versions"] == [1, 2] and done["triton_model"] == golden["triton_model"]
+    from repository_sync.sentinel import GoldenSet
+
+    policy = SentinelPolicy(latency_limit_s=5.0)
+    assert probe(stack.gateway.url, GoldenSet.from_dict(golden), policy).status == "ok"
+    version, _, status = served_by(stack.gateway.url, name)
+    assert (version, status) == ("2", 200)
+    assert registry(stack).aliases(name) == {"champion": 2, "previous_champion": 1}

@@ -214,3 +214,57 @@ def test_a_class_label_output_constant_on_the_golden_samples_is_not_a_stuck_mode
     stuck = dict(answer, outputs=[answer["outputs"][0], dict(answer["outputs"][1], data=[0.7, 0.3] * 8)])
     (reason,) = judge(_outputs_of(stuck), 0.01, g, SentinelPolicy())
     assert "'probabilities' is constant across the 8 golden samples" in reason
+
+
+@pytest.mark.integration
+def test_a_version_triton_does_not_hold_is_unloaded_not_a_verdict(served):
+    """Triton answering but not holding the champion (a restarted Triton comes back empty in
+    ``explicit`` mode): every probe is ``unloaded``, the failing streak never grows, and the
+    trigger fires ``unloaded`` with the kwargs to resume, never ``unhealthy``."""
+    import tritonclient.http as httpclient
+
+    from tritonflow_plugin.sentinel import ChampionSentinelTrigger
+
+    client = httpclient.InferenceServerClient(served["triton"].http_url)
+    client.unload_model(MODEL)
+    try:
+        result = probe(served["gateway"].url, golden(1), SentinelPolicy(latency_limit_s=5.0))
+        assert result.status == "unloaded" and "not loaded" in result.reasons[0]
+        policy = SentinelPolicy(interval_s=0.05, failures=3, latency_limit_s=5.0)
+        trigger = ChampionSentinelTrigger(golden(1).to_dict(), policy.to_dict(), served["gateway"].url,
+                                          max_probes=20, reloads=1)
+        event = _run_trigger(trigger)
+    finally:
+        client.load_model(MODEL)
+    assert event["status"] == "unloaded" and event["probes"] == 3 and len(event["failed"]) == 3
+    assert f"{MODEL} v1 not loaded in Triton" in event["reason"]
+    assert event["resume"] == trigger.serialize()[1] and event["resume"]["reloads"] == 1
+    assert probe(served["gateway"].url, golden(1), SentinelPolicy(latency_limit_s=5.0)).status == "ok"
+
+
+@pytest.mark.integration
+def test_a_failing_version_triton_holds_is_still_a_failed_probe(served):
+    """The ready check only excuses a version Triton does not hold: a loaded version that fails is judged."""
+    from tritonflow.runtime.fault_injection import set_mode
+
+    set_mode(served["mode_dir"], 1, "error")
+    try:
+        result = probe(served["gateway"].url, golden(1), SentinelPolicy(latency_limit_s=5.0))
+    finally:
+        set_mode(served["mode_dir"], 1, "ok")
+    assert result.status == "failed" and "HTTP 500" in result.reasons[0]
+
+
+def test_a_sentinel_run_stops_reloading_a_triton_that_keeps_forgetting():
+    """After ``MAX_RELOADS`` reloads in one sentinel run, ``unloaded`` fails the task as an
+    infrastructure error naming the count, instead of reloading forever (nothing is rolled back)."""
+    from ground.exceptions import ServiceUnavailableError
+    from tritonflow_plugin.sentinel import MAX_RELOADS, ChampionSentinelOperator, ChampionSentinelTrigger
+
+    trigger = ChampionSentinelTrigger(golden(1).to_dict(), SentinelPolicy().to_dict(), "http://gateway:1",
+                                      reloads=MAX_RELOADS)
+    event = {"status": "unloaded", "model": MODEL, "triton_model": MODEL, "version": 1,
+             "reason": "health sentinel: 3 consecutive probes found it not loaded", "resume": trigger.serialize()[1]}
+    op = ChampionSentinelOperator(task_id="watch_champion", model=MODEL, renew_period_s=3600)
+    with pytest.raises(ServiceUnavailableError, match=f"loaded back {MAX_RELOADS} times"):
+        op.execute_complete({"ti": None}, event)

@@ -12,6 +12,8 @@
   first, then aliases), only while the judged version is still the champion, records why on
   the MLflow model versions (``tritonflow.sentinel.*``) and tags the rolled-back version rejected
   (stage ``sentinel``) so nothing promotes it again until a person lifts it.
+* :func:`reload_serving` -- after ``unloaded`` (Triton answers but does not hold the champion, e.g.
+  restarted empty): loads back the model's desired versions from the shared record, verified.
 * :func:`monitored_models` -- registered models holding a ``champion`` alias.
 
 Nothing here imports Airflow.
@@ -45,6 +47,9 @@ def _spread_rows(frame, n: int):
 def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> dict[str, Any]:
     """The golden set of ``model``'s champion (:class:`repository_sync.sentinel.GoldenSet` as a dict).
 
+    A champion Triton does not hold (restarted empty) is loaded back first, with the model's
+    recorded desired set (as :func:`reload_serving`): its input specs come from Triton.
+
     Args:
         model: Registered model name.
         env: :class:`~tritonflow.pipelines.canary.CanaryEnvironment` (default: from settings).
@@ -74,6 +79,8 @@ def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> di
     except WindowError as exc:
         raise DataError(f"no golden samples for {model!r} v{champion.version}: {exc}") from None
     with env.triton() as tc:
+        if int(champion.version) not in tc.ready_versions(name):  # e.g. Triton restarted empty
+            _load_back(tc, name, champion.version, env)
         specs = tc.input_specs(name, champion.version)
         inputs, rows, invalid = frame_to_inputs(_spread_rows(ref.frame.dropna(), n), specs)
         if not rows:
@@ -165,6 +172,52 @@ def sentinel_rollback(outcome: Mapping[str, Any], *, holder: str = "", env: Any 
     return result | {"reason": reason, "rejected": rejected}
 
 
+def reload_serving(outcome: Mapping[str, Any], *, holder: str = "", env: Any = None) -> dict[str, Any]:
+    """Load back the versions Triton forgot after an ``unloaded`` outcome (e.g. Triton restarted).
+
+    Sends the model's desired set, as the last model-control change recorded it in the shared
+    database (:func:`repository_sync.triton.model_control.reconcile` with nothing added or
+    removed), under the model-control lease, with every signature verified again; retried while
+    Triton does not answer yet (:func:`~repository_sync.triton.model_control.when_triton_answers`).
+    Nothing is rolled back and no version is judged: a version Triton does not hold says nothing
+    about the model.
+
+    Args:
+        outcome: :meth:`repository_sync.sentinel.SentinelOutcome.to_dict` with status ``unloaded``.
+        holder: Who reloads (written in the model-control lease).
+        env: Canary environment (default: from settings).
+
+    Returns:
+        ``{"model", "triton_model", "versions", "before", "reason"}``.
+
+    Raises:
+        DataError: ``outcome`` is not an unloaded outcome.
+        SignatureVerificationError, ModelLoadRefusedError, ModelLoadError, ServiceUnavailableError:
+            as :func:`~repository_sync.triton.model_control.reconcile`.
+    """
+    from tritonflow.pipelines.canary import environment_or_default
+
+    if outcome.get("status") != "unloaded":
+        raise DataError(f"sentinel outcome status={outcome.get('status')!r}: expected 'unloaded'")
+    env = environment_or_default(env)
+    name = str(outcome["triton_model"])
+    with env.triton() as tc:
+        if holder:
+            tc.holder = holder
+        done = _load_back(tc, name, outcome.get("version"), env)
+    return {"model": outcome["model"], "triton_model": name, "versions": done["versions"],
+            "before": done["before"], "reason": str(outcome.get("reason") or "")}
+
+
+def _load_back(tc: Any, name: str, version: Any, env: Any) -> dict[str, Any]:
+    """The model's recorded desired set sent again (``reconcile`` adding nothing), while Triton restarts."""
+    from repository_sync.triton.model_control import reconcile, when_triton_answers
+
+    done = when_triton_answers(lambda: reconcile(tc, name), timeout_s=env.settings.start_timeout_s)
+    log.warning("sentinel: Triton model %s did not hold v%s; loaded back %s", name, version, done["versions"])
+    return done
+
+
 def _now() -> str:
     import time
 
@@ -177,4 +230,4 @@ def models_from_events(extras: list[Mapping[str, Any]]) -> list[str]:
 
 
 __all__ = ["OUTPUT_RANGE_TAG", "golden_set", "models_from_events", "monitored_models", "output_ranges",
-           "sentinel_rollback"]
+           "reload_serving", "sentinel_rollback"]
