@@ -109,11 +109,12 @@ class Receiver:
 
         from tritonflow.registry_events import URL_PREFIX
         from tritonflow_plugin.champion_guard import ChampionGuard
-        from tritonflow_plugin.webhook import DeliveryStore, create_app
+        from tritonflow_plugin.webhook import DeliveryStore, VersionLookup, create_app
 
         app = FastAPI()
         app.mount(URL_PREFIX, create_app(secret=SECRET, tolerance_s=300, deliveries=DeliveryStore(store_path),
-                                         champion_guard=ChampionGuard(tracking_uri)))
+                                         champion_guard=ChampionGuard(tracking_uri),
+                                         versions=VersionLookup(tracking_uri)))
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -209,14 +210,21 @@ def move_alias(client, model: str, versions: list[str], moves: range, spacing_s:
     """Move ``challenger`` round ``versions`` (move ``i`` to ``versions[i % len]``); each move's latency.
 
     ``moves`` are the moves' sequence numbers on the alias (1 for its first move): the change key
-    tritonflow gives move ``i`` ends with ``|i`` (:mod:`tritonflow_plugin.change_ledger`).
+    tritonflow gives move ``i`` ends with ``|i`` and names the version with its creation time
+    (:func:`tritonflow_plugin.change_ledger.change_key`).
     """
+    from tritonflow_plugin.change_ledger import change_key
+    from tritonflow_plugin.event_mapping import RegistryChange
+
+    created = {v: client.get_model_version(model, v).creation_timestamp for v in set(versions)}
     sent = []
     for i in moves:
         version = versions[i % len(versions)]
+        move = RegistryChange(kind="alias_set", model=model, version=version, alias="challenger",
+                              version_created_ms=created[version])
         t0 = time.time()
         client.set_registered_model_alias(model, "challenger", version)
-        sent.append((f"{model}|alias_set|{version}|challenger|{i}", t0))
+        sent.append((change_key(move, i), t0))
         time.sleep(spacing_s)
     return [wait_for_run(key, model, t0, wait_s) for key, t0 in sent]
 

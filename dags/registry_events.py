@@ -22,7 +22,7 @@ DAG_ID = "registry_events"
 #: mapping itself. A data file beside this one (not a DAG file).
 WATCH_ALL_MAPPING = Path(__file__).with_name("registry_events_watch_all.json")
 
-DESCRIPTION = "Start the DAGs a change in the MLflow model registry calls for (new version, alias, stage)."
+DESCRIPTION = "Start the DAGs a change in the MLflow model registry calls for (new version, alias, tag, stage)."
 
 DOC_MD = """
 ### Registry events

@@ -368,8 +368,9 @@ def _add_registry_parser(sub: Any) -> None:
     wh.add_argument("--secret", default=None, help="HMAC secret (default: TRITONFLOW_WEBHOOK_SECRET)")
     wh.add_argument("--name", default="tritonflow", help="webhook name (register)")
     wh.add_argument("--event", default="model_version_tag.set",
-                    help="test: event whose MLflow example payload is sent (a mapped one starts its DAGs for "
-                         "model example_model; the default maps to no DAG)")
+                    help="test: event whose MLflow example payload is sent (about model example_model, "
+                         "version 1: answered 'gone' where that version does not exist, else a mapped one "
+                         "starts its DAGs; the default maps to no DAG)")
     wh.add_argument("--id", default=None, help="test: webhook id instead of --url")
     wh.add_argument("--json", action="store_true", help="list as JSON")
 

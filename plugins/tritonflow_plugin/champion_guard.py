@@ -186,7 +186,7 @@ class ChampionGuard:
             current = registry.aliases(change.model).get(CHAMPION)
             if current != version:  # already undone (put back by the other path, or moved again)
                 if current == record.champion:  # this late event moved the ledger's slot: back to the holder
-                    self._record_own(change.model, current, ledger)
+                    self._record_own(registry, change.model, current, ledger)
                 log.info("alias 'champion' of %s no longer names version %s (names %s): nothing to do for %s",
                          change.model, version, current, change.change_key)
                 return []
@@ -206,16 +206,21 @@ class ChampionGuard:
         return actions_for(change, REQUEST_RULES)
 
     @staticmethod
-    def _record_own(model: str, version: int, ledger: ChangeLedger) -> None:
-        """Record ``champion`` -> ``version`` as tritonflow's own change, started: its event starts nothing."""
+    def _record_own(registry: Any, model: str, version: int, ledger: ChangeLedger) -> None:
+        """Record ``champion`` -> ``version`` as tritonflow's own change, started: its event starts nothing.
+
+        The version is named with its creation time, as both paths name the change the move causes
+        (:mod:`.change_ledger`).
+        """
+        created = registry.client.get_model_version(model, str(version)).creation_timestamp
         back = RegistryChange(kind=ALIAS_SET, model=model, version=str(version), alias=CHAMPION,
-                              source="champion-guard")
+                              source="champion-guard", version_created_ms=int(created or 0))
         recorded = ledger.record(back)
         ledger.mark_started(recorded.key, [])
 
     def _put_back(self, change: RegistryChange, serving: int, ledger: ChangeLedger) -> None:
         """Record the put-back as tritonflow's own change, then move the alias."""
-        self._record_own(change.model, serving, ledger)
+        self._record_own(self.registry, change.model, serving, ledger)
         self.registry.client.set_registered_model_alias(change.model, CHAMPION, str(serving))
 
     def _tag(self, model: str, version: int, serving: int, outcome: str) -> None:

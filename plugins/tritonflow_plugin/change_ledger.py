@@ -9,16 +9,23 @@ registry watcher, which is the reconciler (:mod:`.registry_watcher`) -- decide t
 ==================  ==========================================  ====================
 change kind         slot                                        value
 ==================  ==========================================  ====================
-``version_created`` ``(model, "version", version)``             ``"created"``
-``alias_set``       ``(model, "alias", alias)``                 the version
+``version_created`` ``(model, "version", version@created)``     ``"created"``
+``alias_set``       ``(model, "alias", alias)``                 ``version@created``
 ``alias_deleted``   ``(model, "alias", alias)``                 none
-``stage_changed``   ``(model, "stage", version)``               the stage
-``tag_set``         ``(model, "tag", version, key)``            the tag's value
+``stage_changed``   ``(model, "stage", version@created)``       the stage
+``tag_set``         ``(model, "tag", version@created, key)``    the tag's value
 ==================  ==========================================  ====================
 
+``version@created`` is the version number and its ``creation_timestamp`` (Unix ms,
+:attr:`~tritonflow_plugin.event_mapping.RegistryChange.version_ref`): a registered model deleted
+and registered again numbers its versions from 1 again, and its version 1 is another object than
+the old version 1, whose changes tritonflow acted on. Both paths read the creation time from
+MLflow (the receiver with one ``get_model_version`` per delivery, since MLflow's payloads do not
+carry it; the reconciler from the versions it lists), so both give a change the same slot.
+
 tritonflow keeps, per slot, the value it last acted on and a **move sequence** (1 for the first
-change it acted on, +1 for each later one). The change key is
-``model|kind|version|alias, stage or tag|move sequence``. Why the sequence, and why tritonflow's:
+change it acted on, +1 for each later one). The change key (:func:`change_key`) is
+``model|kind|version@created|alias, stage or tag|move sequence``. Why the sequence, and why tritonflow's:
 ``champion`` moved 1 -> 2 -> 1 is three changes, and the last is the same
 ``(model, alias_set, 1, champion)`` as the first; MLflow's alias payload carries no timestamp and the
 version's ``last_updated_timestamp`` does not move when an alias does, so no registry fact tells
@@ -61,7 +68,7 @@ import sqlalchemy as sa
 
 from ground.coordination import CoordinationStore, coordination_store, state
 from tritonflow.registry_events import ALIAS_DELETED, ALIAS_SET, STAGE_CHANGED, TAG_SET, VERSION_CREATED
-from tritonflow_plugin.event_mapping import RegistryChange
+from tritonflow_plugin.event_mapping import RegistryChange, split_version_ref
 
 #: State scopes: the last value acted on per slot, each change acted on, webhook deliveries.
 SLOTS, CHANGES, DELIVERIES = "registry-slot", "registry-change", "webhook-delivery"
@@ -71,16 +78,28 @@ CLAIMED, STARTED = "claimed", "started"
 
 def slot_of(change: RegistryChange) -> tuple[str, str | None]:
     """``(slot key, new value)`` of a change (see the module docstring)."""
-    m, v = change.model, change.version or ""
+    m, ref = change.model, change.version_ref
     if change.kind in (ALIAS_SET, ALIAS_DELETED):
-        return f"{m}|alias|{change.alias}", (change.version if change.kind == ALIAS_SET else None)
+        return f"{m}|alias|{change.alias}", (ref if change.kind == ALIAS_SET else None)
     if change.kind == STAGE_CHANGED:
-        return f"{m}|stage|{v}", change.stage
+        return f"{m}|stage|{ref}", change.stage
     if change.kind == TAG_SET:
-        return f"{m}|tag|{v}|{change.tag_key}", change.tag_value
+        return f"{m}|tag|{ref}|{change.tag_key}", change.tag_value
     if change.kind == VERSION_CREATED:
-        return f"{m}|version|{v}", "created"
+        return f"{m}|version|{ref}", "created"
     raise ValueError(f"kind={change.kind!r}: expected a registry change kind")
+
+
+def change_key(change: RegistryChange, seq: int) -> str:
+    """The key of ``change`` as its slot's ``seq``-th move: ``model|kind|version@created|detail|seq``."""
+    return "|".join([change.model, change.kind, change.version_ref, change.detail, str(seq)])
+
+
+def _previous(change: RegistryChange, held_value: str | None) -> str | None:
+    """What the slot held before, as a change reports it: an alias's version number, else the value."""
+    if held_value and change.kind in (ALIAS_SET, ALIAS_DELETED):
+        return split_version_ref(held_value)[0]
+    return held_value
 
 
 def change_run_id(change_key: str, dag_id: str, kind: str) -> str:
@@ -136,8 +155,8 @@ class ChangeLedger:
                 return Recorded(held["key"], False, entry.get("status", STARTED), entry.get("previous"),
                                 RegistryChange(**entry["change"]) if entry.get("change") else change)
             seq = int(held.get("seq", 0)) + 1
-            previous = held.get("value")
-            key = "|".join([change.model, change.kind, change.version or "", change.detail, str(seq)])
+            previous = _previous(change, held.get("value"))
+            key = change_key(change, seq)
             recorded = dataclasses.replace(change, change_key=key, previous_version=previous)
             self.store.set_state(SLOTS, slot, {"value": value, "seq": seq, "key": key}, conn=conn)
             self.store.set_state(CHANGES, key, {"change": recorded.to_dict(), "previous": previous,
@@ -183,7 +202,8 @@ class ChangeLedger:
         """Set a stored delivery's status (``done``: its change's runs exist or it maps to none).
 
         ``outcome`` says what it came to: ``started``, ``duplicate`` (another path or delivery had
-        acted on its change) or ``ignored`` (an event tritonflow does not map).
+        acted on its change), ``gone`` (its version no longer exists) or ``ignored`` (an event
+        tritonflow does not map).
         """
         with self.store.locked_state(DELIVERIES, delivery_id) as (conn, entry):
             self.store.set_state(DELIVERIES, delivery_id, {**(entry or {}), "status": status,

@@ -2,8 +2,9 @@
 
 A registry change (:class:`RegistryChange`) comes from the webhook receiver
 (``model_version.created``, ``model_version_alias.created/deleted``, ``model_version_tag.set``)
-or from the registry watcher (stage transitions and alias moves, which open-source MLflow sends
-no webhook for). The mapping is an ordered list of rules; **every** matching rule fires.
+or from the registry watcher, the reconciler (every kind, stage transitions included, which
+open-source MLflow sends no webhook for; version tags of the keys :func:`mapped_tag_keys` names).
+The mapping is an ordered list of rules; **every** matching rule fires.
 
 Rule fields (YAML or JSON file named by ``TRITONFLOW_EVENT_MAPPING_PATH``)::
 
@@ -87,6 +88,9 @@ class RegistryChange:
         source: ``"webhook"`` or ``"watcher"``.
         change_key: The key tritonflow recorded the change under (:mod:`.change_ledger`), once decided.
         previous_version: The version the alias held before, from tritonflow's record (alias changes).
+        version_created_ms: The version's ``creation_timestamp`` (Unix milliseconds, from MLflow);
+            ``None`` when unknown or no version is concerned. MLflow numbers the versions of a model
+            deleted and registered again from 1 again: this tells its version 1 from the old one's.
     """
 
     kind: str
@@ -99,6 +103,12 @@ class RegistryChange:
     source: str = "webhook"
     change_key: str | None = None
     previous_version: str | None = None
+    version_created_ms: int | None = None
+
+    @property
+    def version_ref(self) -> str:
+        """The version as one registry object: ``"<version>@<created ms>"`` (just the number when unknown)."""
+        return version_ref(self.version, self.version_created_ms)
 
     @property
     def detail(self) -> str:
@@ -111,14 +121,25 @@ class RegistryChange:
             return f"{self.tag_key}={self.tag_value}"
         return ""
 
-    @property
-    def dedup_key(self) -> tuple[str, str, str, str]:
-        """``(model, version, kind, detail)``: one transition, fired at most once."""
-        return (self.model, self.version or "", self.kind, self.detail)
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form (used in DAG run conf and asset event extras)."""
         return dataclasses.asdict(self)
+
+
+def version_ref(version: str | None, created_ms: int | None) -> str:
+    """``"<version>@<created ms>"``: a model version told apart from an earlier one of the same number.
+
+    ``""`` without a version, the bare number when the creation time is unknown.
+    """
+    if not version:
+        return ""
+    return version if created_ms is None else f"{version}@{int(created_ms)}"
+
+
+def split_version_ref(ref: str) -> tuple[str, int | None]:
+    """``(version, created ms)`` of a :func:`version_ref` (``None``: the ref holds no creation time)."""
+    version, _, created = ref.partition("@")
+    return version, (int(created) if created.lstrip("-").isdigit() else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,6 +292,22 @@ def actions_for(change: RegistryChange, rules: Sequence[Rule]) -> list[Action]:
         }
         out.append(Action(dag_id=rule.dags[0], conf=conf, then=tuple(rule.dags[1:])))
     return out
+
+
+def mapped_tag_keys(rules: Iterable[Rule]) -> frozenset[str] | None:
+    """The version tag keys ``tag_set`` rules act on: what the reconciler must read of the registry.
+
+    Returns:
+        The keys named by ``tag_set`` rules (empty: no rule acts on tags); ``None`` when a ``tag_set``
+        rule names no ``tag_key`` (every key).
+    """
+    keys: set[str] = set()
+    for rule in rules:
+        if rule.on == TAG_SET:
+            if rule.tag_key is None:
+                return None
+            keys.add(rule.tag_key)
+    return frozenset(keys)
 
 
 def mapped_dag_ids(rules: Iterable[Rule]) -> set[str]:

@@ -1,24 +1,33 @@
 """Registry watcher, the reconciler: every registry change the webhook did not start, started once.
 
 Open-source MLflow sends no webhook for stage transitions (and webhooks need a SQL backend and a
-reachable receiver), so this module polls the registry and turns what changed into
+reachable receiver, and MLflow drops a delivery its few retries could not make), so this module
+polls the registry and turns what changed into
 :class:`~tritonflow_plugin.event_mapping.RegistryChange` objects.
 
 Design:
 
-* :func:`take_snapshot` reads the registry into a set of *facts* ``(model, version, kind, value)``
-  with ``kind`` in ``version`` (the version exists), ``stage`` (its legacy stage) and ``alias``
-  (an alias points at it).
+* :func:`take_snapshot` reads the registry into a set of *facts* ``(model, version@created, kind,
+  value)`` with ``kind`` in ``version`` (the version exists), ``stage`` (its legacy stage),
+  ``alias`` (an alias points at it) and ``tag`` (``key=value`` of a version tag, for the tag keys
+  the mapping acts on: :func:`~tritonflow_plugin.event_mapping.mapped_tag_keys`). A version is
+  named with its creation time (:func:`~tritonflow_plugin.event_mapping.version_ref`): a model
+  deleted and registered again numbers its versions from 1 again, and the new version 1 and its
+  aliases and tags are new facts.
 * :func:`diff_facts` (pure) turns two fact sets into changes: new version -> ``version_created``,
-  new stage fact -> ``stage_changed``, new alias fact -> ``alias_set``, alias fact gone and the
-  alias on no other version -> ``alias_deleted``.
+  new stage fact -> ``stage_changed``, new tag fact -> ``tag_set``, new alias fact -> ``alias_set``,
+  alias fact gone and the alias on no other version -> ``alias_deleted``. A mapped tag a new version
+  was registered with counts as set (the registry cannot tell it from one set just after).
 * :class:`SeenStateStore` keeps, per consumer (the DAG a trigger feeds), the facts already
   acted on, in the shared coordination database (``ground.coordination``; PostgreSQL in
   production). :meth:`~SeenStateStore.advance` diffs and stores in one transaction holding the
   consumer's row locked, so two pollers (or a restarted triggerer, on any host) never report one
   transition twice. The first poll of a consumer records a baseline
-  and reports nothing (no storm of events for the existing registry). An alias moved back to a
-  version it held earlier is a new transition and fires again.
+  and reports nothing (no storm of events for the existing registry); so does the first poll that
+  reads a tag key (the mapping gained a ``tag_set`` rule), for that key's tags, and seen facts an
+  earlier tritonflow stored (versions by number alone, no tags) are read as the versions of that
+  number that exist now. An alias moved back to a version it held earlier is a new transition and
+  fires again.
 * :func:`poll_once` decides each change in the change ledger (:mod:`.change_ledger`), under the
   one change key the webhook receiver uses too: a change the webhook already started is left out,
   one it stored but failed to start (or a trigger crashed before handing on) is started now, with
@@ -47,17 +56,25 @@ from tritonflow_plugin.event_mapping import (
     ALIAS_DELETED,
     ALIAS_SET,
     STAGE_CHANGED,
+    TAG_SET,
     VERSION_CREATED,
     RegistryChange,
     Rule,
     actions_for,
     registry_asset_name,
     registry_asset_uri,
+    split_version_ref,
+    version_ref,
 )
 
 Fact = tuple[str, str, str, str]
+#: Tag keys to read: a set of keys, or ``None`` for every key.
+TagKeys = frozenset[str] | None
 #: Fact kinds.
-FACT_VERSION, FACT_STAGE, FACT_ALIAS = "version", "stage", "alias"
+FACT_VERSION, FACT_STAGE, FACT_ALIAS, FACT_TAG = "version", "stage", "alias", "tag"
+#: Format of the stored seen facts: 2 names versions ``version@created`` and may hold tags; 1 (no
+#: ``format`` stored) named them by number and held no tags.
+FACTS_FORMAT = 2
 #: Legacy stage that means "no stage" (not a transition target worth an event).
 NO_STAGE = "None"
 #: Page size of registry searches.
@@ -66,87 +83,128 @@ SEARCH_PAGE_SIZE = 200
 BATCH_KEY = "registry_events"
 
 
-def take_snapshot(client: Any, models: Sequence[str] | None = None) -> set[Fact]:
-    """Read the registry's versions, stages and aliases as facts.
+def _watched(key: str, tag_keys: TagKeys) -> bool:
+    return tag_keys is None or key in tag_keys
+
+
+def _model_names(client: Any) -> list[str]:
+    names: list[str] = []
+    token = None
+    while True:
+        page = client.search_registered_models(max_results=SEARCH_PAGE_SIZE, page_token=token)
+        names.extend(m.name for m in page)
+        token = page.token
+        if not token:
+            return names
+
+
+def _model_facts(client: Any, name: str, tag_keys: TagKeys) -> set[Fact]:
+    # Aliases first: a version an alias names exists when the versions are listed after (unless
+    # deleted meanwhile, which removes the alias too). search_model_versions leaves ``aliases``
+    # empty; the registered model holds them.
+    aliases = getattr(client.get_registered_model(name), "aliases", None) or {}
+    if not isinstance(aliases, dict):  # older clients: list of RegisteredModelAlias
+        aliases = {a.alias: a.version for a in aliases}
+    escaped = name.replace("'", "\\'")
+    facts: set[Fact] = set()
+    refs: dict[str, str] = {}
+    token = None
+    while True:
+        page = client.search_model_versions(f"name='{escaped}'", max_results=SEARCH_PAGE_SIZE, page_token=token)
+        for mv in page:
+            # 0 for a store that keeps no creation time, as the receiver and the champion guard read it
+            created = int(getattr(mv, "creation_timestamp", None) or 0)
+            ref = refs[str(mv.version)] = version_ref(str(mv.version), created)
+            facts.add((name, ref, FACT_VERSION, ""))
+            facts.add((name, ref, FACT_STAGE, getattr(mv, "current_stage", None) or NO_STAGE))
+            for key, value in (getattr(mv, "tags", None) or {}).items():
+                if _watched(key, tag_keys):
+                    facts.add((name, ref, FACT_TAG, f"{key}={value}"))
+        token = page.token
+        if not token:
+            break
+    for alias, version in aliases.items():
+        if str(version) in refs:
+            facts.add((name, refs[str(version)], FACT_ALIAS, alias))
+    return facts
+
+
+def take_snapshot(client: Any, models: Sequence[str] | None = None, tag_keys: TagKeys = frozenset()) -> set[Fact]:
+    """Read the registry's versions, stages, aliases and the tags of ``tag_keys`` as facts.
 
     Args:
         client: An ``mlflow.MlflowClient``.
         models: Registered model names to watch (default: every registered model).
+        tag_keys: Version tag keys to read (default none; ``None``: every key). A tag key may not
+            hold ``=`` in MLflow, so ``key=value`` splits at the first one.
 
     Returns:
-        ``{(model, version, kind, value)}``: ``("m", "3", "version", "")``,
-        ``("m", "3", "stage", "Production")``, ``("m", "3", "alias", "champion")``.
+        ``{(model, version@created, kind, value)}``: ``("m", "3@1700000000000", "version", "")``,
+        ``("m", "3@1700000000000", "stage", "Production")``, ``("m", "3@1700000000000", "alias",
+        "champion")``, ``("m", "3@1700000000000", "tag", "validation_status=passed")``.
 
     Raises:
         mlflow.exceptions.MlflowException: the registry cannot be read (the trigger retries on
             its next poll).
     """
-    if models is None:
-        names: list[str] = []
-        token = None
-        while True:
-            page = client.search_registered_models(max_results=SEARCH_PAGE_SIZE, page_token=token)
-            names.extend(m.name for m in page)
-            token = page.token
-            if not token:
-                break
-    else:
-        names = list(models)
     facts: set[Fact] = set()
-    for name in names:
-        escaped = name.replace("'", "\\'")
-        token = None
-        while True:
-            page = client.search_model_versions(
-                f"name='{escaped}'", max_results=SEARCH_PAGE_SIZE, page_token=token
-            )
-            for mv in page:
-                version = str(mv.version)
-                facts.add((name, version, FACT_VERSION, ""))
-                stage = getattr(mv, "current_stage", None) or NO_STAGE
-                facts.add((name, version, FACT_STAGE, stage))
-            token = page.token
-            if not token:
-                break
-        # search_model_versions leaves ``aliases`` empty; the registered model holds them.
-        aliases = getattr(client.get_registered_model(name), "aliases", None) or {}
-        if not isinstance(aliases, dict):  # older clients: list of RegisteredModelAlias
-            aliases = {a.alias: a.version for a in aliases}
-        for alias, version in aliases.items():
-            facts.add((name, str(version), FACT_ALIAS, alias))
+    for name in (_model_names(client) if models is None else list(models)):
+        facts |= _model_facts(client, name, tag_keys)
     return facts
+
+
+def _change(kind: str, fact: Fact, **fields: Any) -> RegistryChange:
+    version, created = split_version_ref(fact[1])
+    return RegistryChange(kind=kind, model=fact[0], version=version, version_created_ms=created, source="watcher",
+                          **fields)
 
 
 def diff_facts(previous: Iterable[Fact], current: Iterable[Fact]) -> list[RegistryChange]:
     """Return the registry changes that lead from ``previous`` to ``current`` facts.
 
-    Ordered: versions created, then stage changes, then aliases set, then aliases deleted;
-    within a kind by model and numeric version.
+    Ordered: versions created, then stage changes, then tags set, then aliases set, then aliases
+    deleted; within a kind by model and numeric version.
     """
     prev, cur = set(previous), set(current)
     added, removed = cur - prev, prev - cur
     current_aliases = {(m, v) for (m, _ver, k, v) in cur if k == FACT_ALIAS}
 
-    def order(f: Fact) -> tuple:
-        m, ver, _k, val = f
-        return (m, int(ver) if ver.isdigit() else 0, ver, val)
+    def of(facts: set[Fact], kind: str) -> list[Fact]:
+        def order(f: Fact) -> tuple:
+            version, created = split_version_ref(f[1])
+            return (f[0], int(version) if version.isdigit() else 0, version, created or 0, f[3])
 
-    changes: list[RegistryChange] = []
-    for m, ver, _k, _v in sorted((f for f in added if f[2] == FACT_VERSION), key=order):
-        changes.append(RegistryChange(kind=VERSION_CREATED, model=m, version=ver, source="watcher"))
-    for m, ver, _k, stage in sorted((f for f in added if f[2] == FACT_STAGE), key=order):
-        if stage != NO_STAGE:
-            changes.append(
-                RegistryChange(kind=STAGE_CHANGED, model=m, version=ver, stage=stage, source="watcher")
-            )
-    for m, ver, _k, alias in sorted((f for f in added if f[2] == FACT_ALIAS), key=order):
-        changes.append(RegistryChange(kind=ALIAS_SET, model=m, version=ver, alias=alias, source="watcher"))
-    for m, ver, _k, alias in sorted((f for f in removed if f[2] == FACT_ALIAS), key=order):
-        if (m, alias) not in current_aliases:  # moved aliases were reported as alias_set
-            changes.append(
-                RegistryChange(kind=ALIAS_DELETED, model=m, version=ver, alias=alias, source="watcher")
-            )
+        return sorted((f for f in facts if f[2] == kind), key=order)
+
+    changes = [_change(VERSION_CREATED, f) for f in of(added, FACT_VERSION)]
+    changes += [_change(STAGE_CHANGED, f, stage=f[3]) for f in of(added, FACT_STAGE) if f[3] != NO_STAGE]
+    for f in of(added, FACT_TAG):
+        key, _, value = f[3].partition("=")
+        changes.append(_change(TAG_SET, f, tag_key=key, tag_value=value))
+    changes += [_change(ALIAS_SET, f, alias=f[3]) for f in of(added, FACT_ALIAS)]
+    # moved aliases were reported as alias_set
+    changes += [_change(ALIAS_DELETED, f, alias=f[3]) for f in of(removed, FACT_ALIAS)
+                if (f[0], f[3]) not in current_aliases]
     return changes
+
+
+def _carried_over(state: dict[str, Any], current: set[Fact], tag_keys: TagKeys) -> set[Fact]:
+    """The stored facts, read in today's terms (the baseline of what was not read before).
+
+    Facts of format 1 name versions by number: each is taken as the version of that number that
+    exists now. Tags of a key the last poll did not read (the mapping gained a ``tag_set`` rule, or
+    format 1, which read none) are taken as seen.
+    """
+    stored = {cast(Fact, tuple(f)) for f in state.get("facts", [])}
+    if int(state.get("format", 1)) < FACTS_FORMAT:
+        refs = {(m, split_version_ref(ref)[0]): ref for m, ref, kind, _ in current if kind == FACT_VERSION}
+        stored = {(m, refs.get((m, ver), ver) if "@" not in ver else ver, kind, value)
+                  for m, ver, kind, value in stored}
+    read_before: TagKeys = None if state.get("tag_keys", []) is None else frozenset(state.get("tag_keys", []))
+    stored |= {f for f in current
+               if f[2] == FACT_TAG and _watched(f[3].partition("=")[0], tag_keys)
+               and not _watched(f[3].partition("=")[0], read_before)}
+    return stored
 
 
 class SeenStateStore:
@@ -174,22 +232,29 @@ class SeenStateStore:
         state = self.store.get_state(self.SCOPE, consumer) or {}
         return {tuple(f) for f in state.get("facts", [])}
 
-    def advance(self, consumer: str, current: Iterable[Fact]) -> list[RegistryChange]:
+    def advance(self, consumer: str, current: Iterable[Fact], tag_keys: TagKeys = frozenset()) -> list[RegistryChange]:
         """Record ``current`` as acted on and return what changed since the last call.
 
-        The first call for a consumer records a baseline and returns ``[]``. Diff and write
-        happen in one transaction holding the consumer's row locked, so concurrent or repeated
-        calls with the same registry state return each change once in total.
+        The first call for a consumer records a baseline and returns ``[]``; so does the first call
+        that reads a tag key, for that key's tags (:func:`_carried_over`). Diff and write happen in
+        one transaction holding the consumer's row locked, so concurrent or repeated calls with the
+        same registry state return each change once in total.
+
+        Args:
+            consumer: The DAG the facts are acted on for.
+            current: The facts of :func:`take_snapshot`.
+            tag_keys: The tag keys ``current`` was read with.
         """
         # every field as text; a fact keeps its four fields
         facts = {cast(Fact, tuple(str(x) for x in f)) for f in current}
         with self.store.locked_state(self.SCOPE, consumer) as (conn, state):
             baseline = bool(state)
-            previous = {tuple(f) for f in (state or {}).get("facts", [])}
-            changes = diff_facts(previous, facts) if baseline else []
+            changes = diff_facts(_carried_over(state, facts, tag_keys), facts) if baseline else []
             self.store.set_state(self.SCOPE, consumer, {
                 "baseline_at": (state or {}).get("baseline_at") or time.time(),
                 "facts": sorted(list(f) for f in facts),
+                "format": FACTS_FORMAT,
+                "tag_keys": None if tag_keys is None else sorted(tag_keys),
             }, conn=conn)
         return changes
 
@@ -203,6 +268,7 @@ def poll_once(
     ledger: ChangeLedger | None = None,
     *,
     mark: bool = True,
+    tag_keys: TagKeys = frozenset(),
 ) -> list[dict[str, Any]]:
     """One reconciler poll: snapshot, diff, decide each change in the ledger, map to ``consumer``.
 
@@ -219,6 +285,8 @@ def poll_once(
         models: Registered model names to watch (default: all).
         ledger: The change ledger (default: the one in ``store``'s database).
         mark: Mark the returned changes started (the trigger marks them after yielding instead).
+        tag_keys: Version tag keys to reconcile (default none; ``None``: every key): the keys the
+            mapping's ``tag_set`` rules act on (:func:`~tritonflow_plugin.event_mapping.mapped_tag_keys`).
 
     Returns:
         The DAG run confs (see ``event_mapping.actions_for``) of actions whose ``dag_id`` is
@@ -226,7 +294,7 @@ def poll_once(
     """
     ledger = ledger or ChangeLedger(store.store)
     decided: dict[str, RegistryChange] = {}
-    for change in store.advance(consumer, take_snapshot(client, models)):
+    for change in store.advance(consumer, take_snapshot(client, models, tag_keys), tag_keys):
         recorded = ledger.record(change)
         if recorded.status != STARTED:
             decided[recorded.key] = recorded.change
@@ -261,6 +329,10 @@ except ImportError:  # pragma: no cover - core not installed (task-SDK-only work
 
 class RegistryEventTrigger(BaseEventTrigger):
     """Event trigger that fires when the registry changes in a way mapped to ``dag_id``.
+
+    It reconciles the version tags the event mapping (``TRITONFLOW_EVENT_MAPPING_PATH``, the one the
+    webhook receiver and ``registry_events`` apply) has ``tag_set`` rules for, not those of
+    ``mapping_path``, which only routes changes to ``dag_id``.
 
     Args:
         dag_id: The DAG this watcher feeds (its seen-state consumer and mapping target).
@@ -319,14 +391,17 @@ class RegistryEventTrigger(BaseEventTrigger):
         from mlflow import MlflowClient
 
         from ground.settings import get_settings
-        from tritonflow_plugin.event_mapping import load_mapping
+        from tritonflow_plugin.event_mapping import load_mapping, mapped_tag_keys
 
         settings = get_settings()
         uri = self.tracking_uri or settings.resolved_mlflow_tracking_uri
         client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         store = SeenStateStore(self.state_path)
         rules = load_mapping(self.mapping_path)
-        return poll_once(client, store, self.dag_id, rules, self.models, mark=False)
+        # the tags the event mapping acts on (the receiver and registry_events apply it), whatever
+        # this consumer's routing rules say
+        tag_keys = mapped_tag_keys(load_mapping())
+        return poll_once(client, store, self.dag_id, rules, self.models, mark=False, tag_keys=tag_keys)
 
     def _mark(self, confs: list[dict[str, Any]]) -> None:
         mark_started(SeenStateStore(self.state_path), confs)

@@ -17,7 +17,13 @@ The receiver (:func:`create_app`) refuses, with a logged reason and a 4xx answer
 
 Accepted ``model_version.created``, ``model_version_alias.created/deleted`` and
 ``model_version_tag.set`` events become :class:`~tritonflow_plugin.event_mapping.RegistryChange`
-objects, mapped to DAGs by :mod:`tritonflow_plugin.event_mapping`; each action goes to a sink
+objects, mapped to DAGs by :mod:`tritonflow_plugin.event_mapping`. MLflow's payloads name a
+version by its number alone, which a model deleted and registered again reuses: the receiver reads
+the version's ``creation_timestamp`` from MLflow (:class:`VersionLookup`, one ``get_model_version``
+per delivery) so that the change is the new version's, under the key the reconciler gives it too.
+A delivery about a version that no longer exists is acknowledged as ``gone`` (nothing to start);
+MLflow unreachable answers 502 (stored, not done: MLflow's retry or the reconciler acts on it).
+Each action goes to a sink
 (:class:`Sink`): :class:`DagRunSink`, one DAG run per delivery and mapped DAG, with the action's
 conf. Other well-formed MLflow events are acknowledged and ignored (200).
 
@@ -43,7 +49,9 @@ by default).
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -55,7 +63,12 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ground.exceptions import DataError
-from tritonflow.registry_events import STATUS_PATH, SUPPORTED_EVENTS, WEBHOOK_PATH  # shared with the CLI
+from tritonflow.registry_events import (  # shared with the CLI
+    ALIAS_DELETED,
+    STATUS_PATH,
+    SUPPORTED_EVENTS,
+    WEBHOOK_PATH,
+)
 from tritonflow_plugin.champion_guard import ChampionGuard
 from tritonflow_plugin.change_ledger import STARTED, ChangeLedger, change_run_id
 from tritonflow_plugin.event_mapping import (
@@ -170,6 +183,54 @@ def parse_delivery(body: str) -> RegistryChange | None:
         tag_value=data.get("value"),
         source="webhook",
     )
+
+
+class VersionLookup:
+    """A model version's creation time, read from MLflow: what tells a reused version number apart.
+
+    Args:
+        tracking_uri: MLflow URI (default ``Settings.resolved_mlflow_tracking_uri``, read at the first call).
+    """
+
+    def __init__(self, tracking_uri: str | None = None) -> None:
+        self.tracking_uri = tracking_uri
+        self._client: Any = None
+
+    def __call__(self, model: str, version: str) -> int | None:
+        """The ``creation_timestamp`` (Unix ms) of version ``version`` of ``model``; ``None`` when it does not exist.
+
+        Raises:
+            mlflow.exceptions.MlflowException: MLflow cannot be read (unreachable, refused).
+        """
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        if self._client is None:
+            uri = self.tracking_uri or _settings().resolved_mlflow_tracking_uri
+            self._client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        try:
+            mv = self._client.get_model_version(model, version)
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
+        return int(mv.creation_timestamp or 0)  # 0: a store that keeps no creation time (as the reconciler reads it)
+
+
+def identify(change: RegistryChange, versions: Callable[[str, str], int | None]) -> RegistryChange | None:
+    """``change`` with its version's creation time (``version_created_ms``), as the reconciler sees it.
+
+    Returns:
+        The change (unchanged when it names no version: an alias deletion), or ``None`` when its
+        version no longer exists (deleted after the change, or with its model).
+
+    Raises:
+        Exception: whatever ``versions`` raises (MLflow unreachable).
+    """
+    if change.kind == ALIAS_DELETED or not change.version:
+        return change
+    created = versions(change.model, change.version)
+    return None if created is None else dataclasses.replace(change, version_created_ms=created)
 
 
 class DeliveryStore(ChangeLedger):
@@ -331,6 +392,15 @@ def _deliver(change: RegistryChange, delivery_id: str, rules: Sequence[Rule] | N
     return {"status": "accepted", "delivery_id": delivery_id, "change": change.to_dict(), "actions": done}
 
 
+def _gone(change: RegistryChange, delivery_id: str, ledger: ChangeLedger) -> dict[str, str]:
+    """Acknowledge a delivery whose version no longer exists: nothing to start, nothing to retry."""
+    ledger.finish_delivery(delivery_id, "done", outcome="gone")
+    log.info("MLflow webhook delivery %s: version %s of %s no longer exists", delivery_id, change.version,
+             change.model)
+    return {"status": "gone", "delivery_id": delivery_id,
+            "detail": f"version {change.version} of {change.model!r} does not exist in MLflow: nothing to start"}
+
+
 def _event_of(body: str) -> str:
     try:
         doc = json.loads(body or "{}")
@@ -403,6 +473,7 @@ def create_app(
     clock: Callable[[], float] = time.time,
     champion_guard: ChampionGuard | None = None,
     status_auth: Callable[..., Any] | None = None,
+    versions: Callable[[str, str], int | None] | None = None,
 ):
     """Build the FastAPI app serving ``POST /webhooks/mlflow``, ``GET /webhooks/status`` and ``GET /health``.
 
@@ -413,14 +484,17 @@ def create_app(
     a restart): ``Settings.webhook_secret``, ``Settings.webhook_tolerance_s``, the mapping of
     ``Settings.event_mapping_path``, :class:`DagRunSink`, :class:`DeliveryStore`,
     :class:`~tritonflow_plugin.champion_guard.ChampionGuard` (an out-of-band ``champion`` move
-    goes through the gates).
+    goes through the gates), :class:`VersionLookup` (``versions(model, version)``: the version's
+    creation time in Unix ms, ``None`` when it does not exist).
 
     Responses: 200 ``{"status": "accepted", "actions": [...]}`` or ``{"status": "ignored"}``;
-    ``{"status": "duplicate"}`` for a change already acted on; 4xx ``{"detail": reason}``; 502 when a
-    sink failed (the delivery stays stored, not done, so MLflow's retry is processed).
+    ``{"status": "duplicate"}`` for a change already acted on; ``{"status": "gone"}`` for a change of
+    a version that no longer exists; 4xx ``{"detail": reason}``; 502 when MLflow could not be read or
+    a sink failed (the delivery stays stored, not done, so MLflow's retry is processed).
     """
     app = FastAPI(title="tritonflow MLflow webhook receiver", docs_url=None, redoc_url=None)
     guard = champion_guard or ChampionGuard()
+    lookup = versions or VersionLookup()
 
     @app.get("/health")
     def health() -> dict[str, str]:
@@ -447,6 +521,15 @@ def create_app(
             ledger.finish_delivery(delivery_id, "done", outcome="ignored")
             log.info("MLflow webhook delivery %s ignored (event not mapped)", delivery_id)
             return {"status": "ignored", "delivery_id": delivery_id}
-        return _deliver(change, delivery_id, rules, sink, ledger, guard)
+        try:  # off the event loop: MLflow's client retries while MLflow restarts
+            identified = await asyncio.to_thread(identify, change, lookup)
+        except Exception as exc:
+            log.error("MLflow webhook delivery %s: reading version %s of %s failed: %s", delivery_id,
+                      change.version, change.model, exc)
+            return JSONResponse(status_code=502, content={
+                "detail": f"reading version {change.version} of {change.model!r} from MLflow failed: {exc}"})
+        if identified is None:
+            return _gone(change, delivery_id, ledger)
+        return _deliver(identified, delivery_id, rules, sink, ledger, guard)
 
     return app

@@ -127,15 +127,23 @@ def test_signed_mlflow_webhooks_back_to_back_each_create_their_mapped_model_publ
     Guards against asset-event folding: as asset events, the second delivery joined the first's
     run (which acts on one change) or waited unconsumed for a later event.
     """
+    from mlflow import MlflowClient
     from mlflow.webhooks.types import ModelVersionCreatedPayload
 
     stack.api.wait_for_dag("model_publish", timeout_s=120)
     stack.api.unpause("model_publish")
+    # Real versions: the receiver reads each one from MLflow (its creation time names the change).
+    client = MlflowClient(stack.env["TRITONFLOW_MLFLOW_TRACKING_URI"])
+    model = f"{stack.model}-webhooks"
+    client.create_registered_model(model)
+    run = client.create_run(client.get_experiment_by_name("Default").experiment_id)
+    versions = [client.create_model_version(model, f"{run.info.artifact_uri}/model", run.info.run_id).version
+                for _ in range(2)]
     url = f"{stack.url}/tritonflow/webhooks/mlflow"
     sent: dict[str, str] = {}
     run_ids: dict[str, str] = {}  # delivery id -> the change's run id the receiver answered
-    for version in ("7", "8"):
-        data = dict(ModelVersionCreatedPayload.example(), name=stack.model, version=version)
+    for version in versions:
+        data = dict(ModelVersionCreatedPayload.example(), name=model, version=version)
         body, headers = _signed_delivery(stack.webhook_secret, data)
         status, doc = _post(url, body, headers)
         assert status == 200, doc
@@ -158,7 +166,7 @@ def test_signed_mlflow_webhooks_back_to_back_each_create_their_mapped_model_publ
     assert set(runs) == wanted, f"model_publish runs: {stack.api.dag_runs('model_publish')}"
     for did, version in sent.items():
         conf = runs[run_ids[did]]["conf"]
-        assert (conf["model_name"], conf["model_version"], conf["delivery_id"]) == (stack.model, version, did)
+        assert (conf["model_name"], conf["model_version"], conf["delivery_id"]) == (model, version, did)
         assert conf["registry_event"]["kind"] == "version_created" and conf["then"] == ["shadow_evaluation"]
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tritonflow.registry_events import ALIAS_SET, VERSION_CREATED
+from tritonflow.registry_events import ALIAS_SET, STAGE_CHANGED, TAG_SET, VERSION_CREATED
 from tritonflow_plugin.change_ledger import CHANGES, DELIVERIES, SLOTS, ChangeLedger
 from tritonflow_plugin.event_mapping import RegistryChange
 
@@ -56,3 +56,25 @@ def test_after_pruning_the_next_move_is_numbered_on_and_knows_the_previous_champ
 def test_prune_refuses_a_retention_that_is_not_positive(ledger, retain_s):
     with pytest.raises(ValueError, match=r"retain_s=.*expected a positive number of seconds"):
         ledger.prune(retain_s)
+
+
+def test_a_version_number_reused_by_a_new_model_is_a_new_change_on_every_slot_and_the_same_one_again_is_not(ledger):
+    """A model deleted and created again numbers its versions from 1 again: its version 1 is not the old one."""
+    def on(created_ms: int, kind: str, **fields) -> RegistryChange:
+        return RegistryChange(kind=kind, model="fraud", version="1", version_created_ms=created_ms, **fields)
+
+    old = [ledger.record(on(1000, kind, **fields)) for kind, fields in [
+        (VERSION_CREATED, {}), (ALIAS_SET, {"alias": "champion"}), (TAG_SET, {"tag_key": "k", "tag_value": "v"}),
+        (STAGE_CHANGED, {"stage": "Production"})]]
+    for recorded in old:
+        ledger.mark_started(recorded.key, [])
+    again = [ledger.record(on(1000, r.change.kind, alias=r.change.alias, tag_key=r.change.tag_key,
+                              tag_value=r.change.tag_value, stage=r.change.stage)) for r in old]
+    new = [ledger.record(on(2000, r.change.kind, alias=r.change.alias, tag_key=r.change.tag_key,
+                            tag_value=r.change.tag_value, stage=r.change.stage)) for r in old]
+
+    assert [(r.new, r.key) for r in again] == [(False, r.key) for r in old]  # the same change, seen twice
+    assert all(r.new and r.status == "claimed" for r in new)  # the new model's version 1: new changes
+    assert {r.key for r in new}.isdisjoint({r.key for r in old})
+    moved = next(r for r in new if r.change.kind == ALIAS_SET)
+    assert moved.previous == "1" and moved.change.previous_version == "1"  # the version it replaced, as a number

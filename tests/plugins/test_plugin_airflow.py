@@ -44,7 +44,8 @@ def test_each_mlflow_delivery_creates_its_own_mapped_dag_run(tmp_path, airflow_h
         [sys.executable, str(Path(__file__).with_name("webhook_sink_run.py")), str(dags), mlflow_tracking_uri],
         env=airflow_env.subprocess_env(
             AIRFLOW__CORE__DAGS_FOLDER=str(dags), TRITONFLOW_WEBHOOK_SECRET="e2e-secret",
-            TRITONFLOW_HOME=str(tmp_path / "tf_home"), TRITONFLOW_EVENT_MAPPING_PATH=""),
+            TRITONFLOW_HOME=str(tmp_path / "tf_home"), TRITONFLOW_EVENT_MAPPING_PATH="",
+            TRITONFLOW_MLFLOW_TRACKING_URI=mlflow_tracking_uri),  # the receiver reads each version from MLflow
         capture_output=True, text=True, timeout=300,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]

@@ -14,6 +14,7 @@ from tritonflow_plugin.event_mapping import (
     ALIAS_DELETED,
     ALIAS_SET,
     STAGE_CHANGED,
+    TAG_SET,
     VERSION_CREATED,
     load_mapping,
 )
@@ -146,6 +147,107 @@ def test_a_batching_trigger_yields_one_event_per_poll_with_every_change(registry
     changes = [(c["registry_event"]["kind"], c["registry_event"]["alias"]) for c in event.payload[BATCH_KEY]]
     assert changes == [(VERSION_CREATED, None), (ALIAS_SET, "canary")]
     assert asyncio.run(collect(RegistryEventTrigger(**restored))) == []  # nothing new: no event
+
+
+#: The tag keys a mapping with a ``tag_set`` rule on ``validation_status`` has the reconciler read.
+WATCHED = frozenset({"validation_status"})
+
+
+def _advance(store, client, name, tag_keys):
+    """One reconciler poll of consumer ``c`` reading ``tag_keys``, as ``poll_once`` makes it."""
+    return store.advance("c", take_snapshot(client, [name], tag_keys), tag_keys)
+
+
+def _tags(changes):
+    return [(c.kind, c.version, c.tag_key, c.tag_value) for c in changes]
+
+
+def test_a_mapped_tag_set_changed_and_set_back_is_reported_each_time_and_other_tags_never(registry, tmp_path):
+    client, name = registry
+    v1 = _new_version(client, name)
+    store = SeenStateStore(tmp_path / "state.sqlite")
+    assert _advance(store, client, name, WATCHED) == []
+    client.set_model_version_tag(name, v1, "validation_status", "passed")
+    client.set_model_version_tag(name, v1, "owner", "alice")  # a tag no rule names
+    assert _tags(_advance(store, client, name, WATCHED)) == [
+        (TAG_SET, v1, "validation_status", "passed")]
+    assert _advance(store, client, name, WATCHED) == []
+    for value in ("failed", "passed"):
+        client.set_model_version_tag(name, v1, "validation_status", value)
+        assert _tags(_advance(store, client, name, WATCHED)) == [
+            (TAG_SET, v1, "validation_status", value)]
+    # a mapping with a tag_set rule that names no key has every tag read
+    assert _advance(store, client, name, None) == []  # newly read keys: a baseline
+    client.set_model_version_tag(name, v1, "owner", "bob")
+    assert _tags(_advance(store, client, name, None)) == [(TAG_SET, v1, "owner", "bob")]
+
+
+def test_the_trigger_reads_the_tags_of_the_event_mapping_and_starts_each_mapped_tag_change_once(
+        registry, tmp_path, mlflow_tracking_uri, monkeypatch):
+    import json
+
+    client, name = registry
+    mapping = tmp_path / "mapping.json"
+    mapping.write_text(json.dumps({"rules": [{"on": "tag_set", "tag_key": "validation_status",
+                                              "tag_value": "passed", "dags": ["model_publish"]}]}))
+    monkeypatch.setenv("TRITONFLOW_EVENT_MAPPING_PATH", str(mapping))
+    v = _new_version(client, name)
+    kwargs = dict(dag_id="registry_events", tracking_uri=mlflow_tracking_uri, models=[name],
+                  poll_interval_s=0.01, state_path=str(tmp_path / "state.sqlite"),
+                  mapping_path=str(WATCH_ALL), max_polls=1, batch=True)
+
+    async def collect():
+        return [ev async for ev in RegistryEventTrigger(**kwargs).run()]
+
+    assert asyncio.run(collect()) == []  # baseline
+    client.set_model_version_tag(name, v, "validation_status", "passed")
+    client.set_model_version_tag(name, v, "owner", "alice")
+    [event] = asyncio.run(collect())
+    from tritonflow_plugin.registry_watcher import BATCH_KEY
+
+    assert [(c["registry_event"]["kind"], c["registry_event"]["tag_key"], c["registry_event"]["tag_value"])
+            for c in event.payload[BATCH_KEY]] == [(TAG_SET, "validation_status", "passed")]
+    assert asyncio.run(collect()) == []
+
+
+def test_a_model_deleted_and_created_again_between_two_polls_has_its_new_version_1_reported(registry, tmp_path):
+    """MLflow numbers the new model's versions from 1 again; the same facts by number are new facts."""
+    client, name = registry
+    old = _new_version(client, name)
+    client.set_registered_model_alias(name, "champion", old)
+    client.set_model_version_tag(name, old, "validation_status", "passed")
+    store = SeenStateStore(tmp_path / "state.sqlite")
+    assert _advance(store, client, name, WATCHED) == []
+    client.delete_registered_model(name)
+    client.create_registered_model(name)
+    new = _new_version(client, name)
+    client.set_registered_model_alias(name, "champion", new)
+    client.set_model_version_tag(name, new, "validation_status", "passed")
+    assert new == old
+
+    changes = _advance(store, client, name, WATCHED)
+    assert [(c.kind, c.version, c.alias or c.tag_key) for c in changes] == [
+        (VERSION_CREATED, new, None), (TAG_SET, new, "validation_status"), (ALIAS_SET, new, "champion")]
+    created = client.get_model_version(name, new).creation_timestamp
+    assert {c.version_created_ms for c in changes} == {created}
+    assert _advance(store, client, name, WATCHED) == []
+
+
+def test_a_state_stored_before_versions_were_told_apart_goes_on_without_reporting_them_again(registry, tmp_path):
+    """Seen facts stored by an earlier tritonflow (versions by number, no tags): no storm after the upgrade."""
+    client, name = registry
+    v1 = _new_version(client, name)
+    client.set_registered_model_alias(name, "champion", v1)
+    client.set_model_version_tag(name, v1, "validation_status", "passed")
+    store = SeenStateStore(tmp_path / "state.sqlite")
+    store.store.set_state(SeenStateStore.SCOPE, "c", {"baseline_at": 1.0, "facts": [
+        [name, v1, "alias", "champion"], [name, v1, "stage", "None"], [name, v1, "version", ""]]})
+    v2 = _new_version(client, name)
+
+    assert _kinds(_advance(store, client, name, WATCHED)) == [(VERSION_CREATED, v2, None)]
+    client.set_model_version_tag(name, v1, "validation_status", "failed")
+    assert _tags(_advance(store, client, name, WATCHED)) == [
+        (TAG_SET, v1, "validation_status", "failed")]
 
 
 def test_diff_of_identical_fact_sets_is_empty():

@@ -3,12 +3,15 @@
 Deliveries are signed with MLflow's own signing function
 (``mlflow.webhooks.delivery._generate_hmac_signature``) and shaped like MLflow's sender
 (``_send_webhook_request``) builds them. Actions go to a recording sink here; the Airflow sinks are
-exercised against a real metadata DB in ``test_plugin_airflow.py``.
+exercised against a real metadata DB in ``test_plugin_airflow.py``. The versions the deliveries
+name are read from a table here (:data:`VERSIONS`); the receiver reads them from a real MLflow
+server in ``test_webhook_mlflow_delivery.py``.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import time
 import uuid
 from datetime import datetime, timezone
@@ -31,9 +34,15 @@ from mlflow.webhooks.types import (
 from tritonflow.registry_events import STATUS_PATH, WEBHOOK_PATH
 from tritonflow_plugin.change_ledger import change_run_id
 from tritonflow_plugin.event_mapping import load_mapping
-from tritonflow_plugin.webhook import DeliveryStore, create_app
+from tritonflow_plugin.webhook import DeliveryStore, VersionLookup, create_app
 
 SECRET = "s3cr3t-for-tests"
+#: The registry the deliveries are about: ``(model, version) -> creation_timestamp`` (ms).
+VERSIONS = {("example_model", "1"): 1_760_000_000_000}
+
+
+def versions(model: str, version: str) -> int | None:
+    return VERSIONS.get((model, version))
 
 
 class RecordingSink:
@@ -69,7 +78,7 @@ def mlflow_delivery(entity, action, data, *, secret=SECRET, delivery_id=None, ts
 def receiver(tmp_path):
     sink = RecordingSink()
     app = create_app(secret=SECRET, tolerance_s=300, rules=load_mapping(""), sink=sink,
-                     deliveries=DeliveryStore(tmp_path / "deliveries.sqlite"))
+                     deliveries=DeliveryStore(tmp_path / "deliveries.sqlite"), versions=versions)
     return TestClient(app), sink
 
 
@@ -103,6 +112,42 @@ def test_alias_and_tag_events_are_mapped(receiver):
     assert [a.dag_id for a, _ in sink.actions] == ["model_publish", "canary_rollback"]
 
 
+def test_the_change_names_its_version_with_its_creation_time_so_a_reused_number_is_another_change(receiver):
+    client, sink = receiver
+    for created in (1_760_000_000_000, 1_770_000_000_000):  # the model deleted and registered again
+        VERSIONS[("example_model", "1")] = created
+        body, headers = mlflow_delivery("model_version", "created", ModelVersionCreatedPayload.example())
+        assert client.post(WEBHOOK_PATH, content=body, headers=headers).json()["status"] == "accepted"
+    VERSIONS[("example_model", "1")] = 1_760_000_000_000
+    events = [a.conf["registry_event"] for a, _ in sink.actions]
+    assert [e["version_created_ms"] for e in events] == [1_760_000_000_000, 1_770_000_000_000]
+    assert events[0]["change_key"] == "example_model|version_created|1@1760000000000||1"
+    assert events[1]["change_key"] == "example_model|version_created|1@1770000000000||1"
+
+
+def test_a_change_of_a_version_that_no_longer_exists_is_acknowledged_as_gone_and_starts_nothing(receiver):
+    client, sink = receiver
+    data = {**ModelVersionAliasCreatedPayload.example(), "alias": "challenger", "version": "7"}
+    body, headers = mlflow_delivery("model_version_alias", "created", data)
+    resp = client.post(WEBHOOK_PATH, content=body, headers=headers)
+    assert resp.status_code == 200 and resp.json()["status"] == "gone"
+    assert sink.actions == []
+
+
+def test_mlflow_unreachable_answers_502_and_keeps_the_delivery_for_the_retry(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    store, sink = DeliveryStore(tmp_path / "d.sqlite"), RecordingSink()
+    app = create_app(secret=SECRET, tolerance_s=300, rules=load_mapping(""), sink=sink, deliveries=store,
+                     versions=VersionLookup(closed))
+    body, headers = mlflow_delivery("model_version", "created", ModelVersionCreatedPayload.example())
+    resp = TestClient(app).post(WEBHOOK_PATH, content=body, headers=headers)
+    assert resp.status_code == 502 and "reading version 1 of 'example_model' from MLflow failed" in resp.text
+    assert store.delivery(headers[WEBHOOK_DELIVERY_ID_HEADER])["status"] == "received" and sink.actions == []
+
+
 def test_replayed_delivery_is_refused(receiver, tmp_path):
     client, sink = receiver
     body, headers = mlflow_delivery("model_version", "created", ModelVersionCreatedPayload.example())
@@ -111,7 +156,7 @@ def test_replayed_delivery_is_refused(receiver, tmp_path):
     assert again.status_code == 409 and "replay" in again.json()["detail"]
     # a restarted receiver (new app, same store) still refuses it
     app2 = create_app(secret=SECRET, tolerance_s=300, rules=load_mapping(""), sink=sink,
-                      deliveries=DeliveryStore(tmp_path / "deliveries.sqlite"))
+                      deliveries=DeliveryStore(tmp_path / "deliveries.sqlite"), versions=versions)
     assert TestClient(app2).post(WEBHOOK_PATH, content=body, headers=headers).status_code == 409
     assert len(sink.actions) == 1
 
@@ -185,10 +230,12 @@ def test_failed_delivery_releases_the_id_so_mlflow_retry_is_accepted(tmp_path):
     failing = RecordingSink(fail=True)
     store = DeliveryStore(tmp_path / "d.sqlite")
     body, headers = mlflow_delivery("model_version", "created", ModelVersionCreatedPayload.example())
-    app = create_app(secret=SECRET, tolerance_s=300, rules=load_mapping(""), sink=failing, deliveries=store)
+    app = create_app(secret=SECRET, tolerance_s=300, rules=load_mapping(""), sink=failing, deliveries=store,
+                     versions=versions)
     assert TestClient(app).post(WEBHOOK_PATH, content=body, headers=headers).status_code == 502
     ok = RecordingSink()
-    app2 = create_app(secret=SECRET, tolerance_s=300, rules=load_mapping(""), sink=ok, deliveries=store)
+    app2 = create_app(secret=SECRET, tolerance_s=300, rules=load_mapping(""), sink=ok, deliveries=store,
+                      versions=versions)
     assert TestClient(app2).post(WEBHOOK_PATH, content=body, headers=headers).status_code == 200
     assert len(ok.actions) == 1
 

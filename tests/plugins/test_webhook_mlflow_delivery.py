@@ -27,13 +27,14 @@ from tritonflow.registry_events import STATUS_PATH, URL_PREFIX, WEBHOOK_PATH
 from tritonflow.runtime.services import MlflowServer, free_port
 from tritonflow_plugin.champion_guard import ChampionGuard
 from tritonflow_plugin.change_ledger import change_run_id
-from tritonflow_plugin.event_mapping import DEFAULT_RULES, RegistryChange, load_mapping, parse_rules
+from tritonflow_plugin.event_mapping import DEFAULT_RULES, RegistryChange, load_mapping, mapped_tag_keys, parse_rules
 from tritonflow_plugin.registry_watcher import SeenStateStore, poll_once
 from tritonflow_plugin.webhook import (
     DELIVERY_ID_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     DeliveryStore,
+    VersionLookup,
     create_app,
     sign,
 )
@@ -76,8 +77,8 @@ class Receiver:
     ``gate``: while cleared, deliveries wait before they reach the receiver (MLflow has sent them).
     """
 
-    def __init__(self, tmp: Path, sink=None, port: int | None = None, guard: ChampionGuard | None = None,
-                 status_auth=None):
+    def __init__(self, tmp: Path, tracking_uri: str, sink=None, port: int | None = None,
+                 guard: ChampionGuard | None = None, status_auth=None):
         self.sink = sink or RecordingSink()
         self.store = DeliveryStore(tmp / "deliveries.sqlite")
         self.guard = guard or ChampionGuard()
@@ -92,7 +93,7 @@ class Receiver:
 
         app.mount(URL_PREFIX, create_app(secret=SECRET, tolerance_s=300, rules=RULES, sink=self.sink,
                                          deliveries=self.store, champion_guard=self.guard,
-                                         status_auth=status_auth))
+                                         status_auth=status_auth, versions=VersionLookup(tracking_uri)))
         self.port = port or free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -125,7 +126,7 @@ def mlflow(tmp_path_factory):
 
 @pytest.fixture
 def receiver(tmp_path, mlflow):
-    with Receiver(tmp_path, guard=ChampionGuard(mlflow.tracking_uri)) as rec:
+    with Receiver(tmp_path, mlflow.tracking_uri, guard=ChampionGuard(mlflow.tracking_uri)) as rec:
         yield rec
     client = MlflowClient(tracking_uri=mlflow.tracking_uri, registry_uri=mlflow.tracking_uri)
     for hook in client.list_webhooks():  # the next test's changes must not go to a stopped receiver
@@ -182,7 +183,9 @@ def test_register_again_updates_the_one_webhook_and_test_reports_the_receivers_a
     assert _cli("test", "--tracking-uri", mlflow.tracking_uri, "--url", receiver.url) == 0
     result = json.loads(capsys.readouterr().out)
     assert (result["success"], result["status"], result["event"]) == (True, 200, "model_version_tag.set")
-    assert json.loads(result["body"])["status"] == "accepted"
+    # MLflow's test event names version 1 of example_model, which this registry does not hold: the
+    # receiver checked the signature, then read MLflow to name the version, and found none
+    assert json.loads(result["body"])["status"] == "gone"
 
     assert _cli("list", "--tracking-uri", mlflow.tracking_uri) == 0
     listed = [line for line in capsys.readouterr().out.splitlines() if receiver.url in line]
@@ -283,7 +286,8 @@ class RunsSink:
 def reconcile(mlflow, receiver, model: str) -> int:
     """One reconciler poll (the registry_events watcher) and the runs registry_events would fire."""
     client = MlflowClient(tracking_uri=mlflow.tracking_uri, registry_uri=mlflow.tracking_uri)
-    confs = poll_once(client, SeenStateStore(receiver.store.store.url), "registry_events", WATCH_ALL, [model])
+    confs = poll_once(client, SeenStateStore(receiver.store.store.url), "registry_events", WATCH_ALL, [model],
+                      tag_keys=mapped_tag_keys(RULES))  # the tags the mapping names, as the trigger reads them
     for conf in confs:
         change = RegistryChange(**conf["registry_event"])
         for action in receiver.guard.actions(change, RULES, receiver.store):  # what map_changes fires
@@ -293,7 +297,7 @@ def reconcile(mlflow, receiver, model: str) -> int:
 
 @pytest.fixture
 def runs_receiver(tmp_path, mlflow, request):
-    with Receiver(tmp_path, sink=RunsSink(**getattr(request, "param", {})),
+    with Receiver(tmp_path, mlflow.tracking_uri, sink=RunsSink(**getattr(request, "param", {})),
                   guard=ChampionGuard(mlflow.tracking_uri)) as rec:
         assert _register(mlflow, rec.url) == 0
         yield rec
@@ -348,20 +352,85 @@ def test_one_change_seen_by_the_webhook_and_the_watcher_in_either_order_gives_on
     version = _new_version(client, model)
     runs_receiver.sink.wait_for("model_publish", model, 1)
     if first == "watcher":
-        runs_receiver.gate.clear()  # MLflow's delivery waits at the door
+        runs_receiver.gate.clear()  # MLflow's deliveries wait at the door
     client.set_registered_model_alias(model, "champion", version)
+    client.set_model_version_tag(model, version, "tritonflow.retrain", "yes")
     if first == "watcher":
         time.sleep(1)
-        assert reconcile(mlflow, runs_receiver, model) == 1
+        assert reconcile(mlflow, runs_receiver, model) == 2
         assert len(runs_receiver.sink.of("canary_promotion", model)) == 1
         runs_receiver.gate.set()
     else:
         runs_receiver.sink.wait_for("canary_promotion", model, 1)
+        runs_receiver.sink.wait_for("model_retrain", model, 1, settle_s=0)
         assert reconcile(mlflow, runs_receiver, model) == 0
-    time.sleep(3)  # the held delivery arrives: a duplicate
+    time.sleep(3)  # the held deliveries arrive: duplicates
     (run,) = runs_receiver.sink.of("canary_promotion", model)
     assert run.conf["model_version"] == version
+    (retrain,) = runs_receiver.sink.of("model_retrain", model)
+    assert (retrain.conf["model_version"], retrain.conf["registry_event"]["tag_value"]) == (version, "yes")
     assert len(runs_receiver.sink.of("model_publish", model)) == 1
+
+
+def test_a_mapped_tag_set_while_no_webhook_delivers_is_started_once_by_the_reconciler(mlflow, runs_receiver):
+    model, sink = f"churn-tag-lost-{uuid.uuid4().hex[:6]}", runs_receiver.sink
+    time.sleep(3)
+    client = _model(mlflow, runs_receiver, model)
+    version = _new_version(client, model)
+    sink.wait_for("model_publish", model, 1, settle_s=0)
+    for hook in client.list_webhooks():  # the tag's delivery is lost: MLflow has no webhook to send it to
+        client.delete_webhook(hook.webhook_id)
+    time.sleep(3)  # MLflow's webhook cache (2 s here)
+    client.set_model_version_tag(model, version, "tritonflow.retrain", "yes")
+    client.set_model_version_tag(model, version, "owner", "alice")  # no rule names it: nothing to start
+
+    assert reconcile(mlflow, runs_receiver, model) == 1
+    (run,) = sink.of("model_retrain", model)
+    assert (run.conf["model_version"], run.conf["registry_event"]["source"]) == (version, "watcher")
+    assert reconcile(mlflow, runs_receiver, model) == 0
+
+
+@pytest.mark.parametrize("first", ["webhook", "watcher"])
+def test_a_model_deleted_and_created_again_gets_one_run_per_change_of_its_new_version_1_by_either_path(
+        mlflow, runs_receiver, first):
+    """MLflow numbers the new model's versions from 1 again: they are not the old version 1's changes."""
+    model, sink = f"churn-again-{first}-{uuid.uuid4().hex[:6]}", runs_receiver.sink
+    time.sleep(3)
+    client = _model(mlflow, runs_receiver, model)
+
+    def changes() -> str:
+        version = _new_version(client, model)
+        client.set_registered_model_alias(model, "challenger", version)
+        client.set_model_version_tag(model, version, "tritonflow.retrain", "yes")
+        return version
+
+    old = changes()
+    sink.wait_for("model_publish", model, 2, settle_s=0)
+    sink.wait_for("model_retrain", model, 1)
+    assert reconcile(mlflow, runs_receiver, model) == 0
+    client.delete_registered_model(model)
+    client.create_registered_model(model)
+    if first == "watcher":
+        runs_receiver.gate.clear()  # MLflow's deliveries wait at the door: the reconciler sees the changes first
+    new = changes()
+    assert new == old
+    if first == "watcher":
+        time.sleep(1)
+        assert reconcile(mlflow, runs_receiver, model) == 3
+        runs_receiver.gate.set()
+        time.sleep(3)  # the held deliveries arrive: duplicates
+    else:
+        sink.wait_for("model_publish", model, 4, settle_s=0)
+        sink.wait_for("model_retrain", model, 2)
+        assert reconcile(mlflow, runs_receiver, model) == 0
+
+    publish, retrain = sink.of("model_publish", model), sink.of("model_retrain", model)
+    assert sorted(r.conf["registry_event"]["kind"] for r in publish) == ["alias_set"] * 2 + ["version_created"] * 2
+    assert len(retrain) == 2
+    assert len({r.conf["registry_event"]["change_key"] for r in publish + retrain}) == 6  # one run per change
+    created = client.get_model_version(model, new).creation_timestamp
+    assert sum(r.conf["registry_event"]["version_created_ms"] == created for r in publish + retrain) == 3
+    assert reconcile(mlflow, runs_receiver, model) == 0
 
 
 def test_an_alias_moved_1_2_1_gives_three_runs_a_replayed_delivery_none_and_each_knows_its_previous(
@@ -422,7 +491,7 @@ def test_the_previous_champion_recorded_is_tritonflows_not_the_payloads(mlflow, 
 def test_thirty_versions_with_the_receiver_restarted_in_the_middle_give_thirty_runs(mlflow, tmp_path):
     """10 versions delivered, 10 while the receiver is down (MLflow drops them), 10 after it restarts."""
     sink = RunsSink()
-    first = Receiver(tmp_path, sink=sink).__enter__()
+    first = Receiver(tmp_path, mlflow.tracking_uri, sink=sink).__enter__()
     second = None
     model = f"churn-restarts-{uuid.uuid4().hex[:6]}"
     try:
@@ -434,7 +503,7 @@ def test_thirty_versions_with_the_receiver_restarted_in_the_middle_give_thirty_r
         first.__exit__()
         versions += [_new_version(client, model) for _ in range(10)]
         time.sleep(12)  # MLflow's 3 retries (1, 2, 4 s, plus jitter) fail too: it drops those deliveries
-        second = Receiver(tmp_path, sink=sink, port=first.port).__enter__()
+        second = Receiver(tmp_path, mlflow.tracking_uri, sink=sink, port=first.port).__enter__()
         versions += [_new_version(client, model) for _ in range(10)]
         sink.wait_for("model_publish", model, 20, settle_s=0.5)
         assert len(sink.of("model_publish", model)) == 20  # the 10 MLflow dropped are missing
@@ -516,7 +585,8 @@ def _operator_login(request: Request):  # stands in for Airflow's login (its own
 
 def test_the_status_shows_what_was_received_deduped_and_started_and_what_the_reconciler_found(mlflow, tmp_path):
     sink = RunsSink()
-    with Receiver(tmp_path, sink=sink, guard=ChampionGuard(mlflow.tracking_uri), status_auth=_operator_login) as rec:
+    with Receiver(tmp_path, mlflow.tracking_uri, sink=sink, guard=ChampionGuard(mlflow.tracking_uri),
+                  status_auth=_operator_login) as rec:
         assert _register(mlflow, rec.url) == 0
         time.sleep(3)
         model = f"churn-status-{uuid.uuid4().hex[:6]}"
@@ -568,7 +638,8 @@ def test_two_hundred_changes_with_mlflow_the_receiver_and_the_reconciler_restart
         mlflow, tmp_path):
     """200 new versions; the receiver, MLflow and the reconciler are each restarted once among them."""
     sink = RunsSink()
-    at = {"receiver": Receiver(tmp_path, sink=sink, guard=ChampionGuard(mlflow.tracking_uri)).__enter__()}
+    at = {"receiver": Receiver(tmp_path, mlflow.tracking_uri, sink=sink,
+                              guard=ChampionGuard(mlflow.tracking_uri)).__enter__()}
     port, model = at["receiver"].port, f"churn-200-{uuid.uuid4().hex[:6]}"
     try:
         assert _register(mlflow, at["receiver"].url) == 0
@@ -579,7 +650,7 @@ def test_two_hundred_changes_with_mlflow_the_receiver_and_the_reconciler_restart
             if i == 50:  # the receiver (the api-server) goes down for 10 versions
                 at["receiver"].__exit__()
             if i == 60:
-                at["receiver"] = Receiver(tmp_path, sink=sink, port=port,
+                at["receiver"] = Receiver(tmp_path, mlflow.tracking_uri, sink=sink, port=port,
                                           guard=ChampionGuard(mlflow.tracking_uri)).__enter__()
             if i == 100:  # MLflow restarts (deliveries it had queued are gone)
                 mlflow.stop()
