@@ -77,7 +77,8 @@ def store(tmp_path):
     return CoordinationStore(f"sqlite:///{tmp_path / 'coordination.db'}")
 
 
-def board_for(store, slots=pause_slots(2, 1), recorded=None):
+def board_for(store, slots=None, recorded=None):
+    slots = pause_slots(2, 1) if slots is None else slots
     board = PauseBoard(store, KEY, slots=slots, timeout_s=TIMEOUT_S, clock=lambda: 0.0,
                        record=(recorded.append if recorded is not None else None), tag_prefix="c.")
     board.start(model=MODEL, challenger=7, champion=6, canary_id="c1")

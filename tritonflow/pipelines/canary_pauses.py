@@ -36,6 +36,8 @@ from typing import Any, Callable, Mapping
 
 from repository_sync.canary.pauses import DECISIONS, PauseDecision
 
+#: Task id of the DAG's mapped tasks that ask a person at each pause (``tritonflow_plugin.step_decisions``).
+PAUSE_TASK_ID = "step_decision"
 #: Scope of the pause rows in the coordination database's state table.
 SCOPE = "canary_pauses"
 #: The options of a pause on the Required Actions page, per decision.
@@ -268,5 +270,5 @@ class PauseBoard:
         self.record({self.tag_prefix + name: json.dumps(value, sort_keys=True)})
 
 
-__all__ = ["LABEL_DECISIONS", "OPTION_LABELS", "SCOPE", "PauseBoard", "answer_pause", "checks_summary",
+__all__ = ["LABEL_DECISIONS", "OPTION_LABELS", "PAUSE_TASK_ID", "SCOPE", "PauseBoard", "answer_pause", "checks_summary",
            "pause_key", "pause_request", "pause_slots", "pause_status"]

@@ -279,7 +279,8 @@ def run_promotion(
     Returns:
         ``{"outcome": "promoted" | "rolled_back" | "rollback_failed" | "noop" | "routed" |
         "dry_run", "model", "champion", "challenger", "reason", "canary_id", "steps": [verdict
-        summaries], "decisions": [the decision at each pause, under approve-steps], "rollback": {...} | None, "promotion": {...} | None, "gc": {...} | None,
+        summaries], "decisions": [the decision at each pause, under approve-steps],
+        "rollback": {...} | None, "promotion": {...} | None, "gc": {...} | None,
         "canary_run": {"run_id", "analyses", "analyses_uri", "plot"} | None}``, plus ``rejected``
         after a rollback (the rejection tagged, ``''`` when none: :func:`_reject_judged_challenger`);
         the MLflow run (experiment ``tritonflow-canary``) holds every analysis and the plot over time.
