@@ -110,7 +110,7 @@ def pause_request(pause: Mapping[str, Any], *, model: str, challenger: Any, cham
     if "hold" in pause["options"]:
         lines.append("* **Hold**: bake this step once more, then decide again")
     lines.append("* **Roll back**: all traffic back to the champion now")
-    lines += ["", f"No answer by {pause.get('deadline_iso') or '?'} takes the default: **{default}**."]
+    lines += ["", f"No answer by {pause.get('deadline_iso') or '?'} takes the default: **{default}**.", ""]
     if mlflow_url:
         from urllib.parse import quote
 
