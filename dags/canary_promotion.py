@@ -54,10 +54,19 @@ canary never reached it. The boxes get their state when the promotion ends. Ever
 analysis is also kept in MLflow (experiment `tritonflow-canary`) and on the challenger's model
 version.
 
-**Approval.** When the model's promotion policy is *approve* (set on the registered model in
-MLflow, else the deployment's default), task **approval** waits on the *Required Actions* page for
-a person to approve the canary before any traffic moves; no answer in time (24 hours by default)
-rejects the challenger. Under the policy *auto* it passes at once.
+**Approval.** When the model's promotion policy is *approve* or *approve-steps* (set on the
+registered model in MLflow, else the deployment's default), task **approval** waits on the
+*Required Actions* page for a person to approve the canary before any traffic moves; no answer in
+time (24 hours by default) rejects the challenger. Under the policy *auto* it passes at once.
+
+**Decisions at each step (policy *approve-steps*).** At the end of each step's bake the canary
+pauses, traffic staying at the step's split and the checks still running, and a **step_decision**
+box (*pause 1*, *pause 2*, ...) asks on the *Required Actions* page, showing the automatic verdict
+and its checks: **Continue** (next step; at 100 %: promote), **Hold** (bake this step once more,
+then decide again; while the step has an extension left) or **Roll back** (now). With no answer in
+time (10 minutes by default) a passed step continues and an inconclusive one is held. A failed
+step, or a check failing while waiting, rolls back at once without asking. Pauses never reached
+are skipped. Each decision, who took it and when are kept on the challenger's model version.
 
 Only one promotion per model runs at a time: a second one fails at once and names the run that
 holds the model. Runs also start by themselves after a successful shadow evaluation and when
