@@ -114,3 +114,112 @@ def test_the_answer_is_recorded_on_the_challenger(monkeypatch, event, approved, 
     (args, kw), = calls
     assert args == ("iris", 2) and kw["approved"] is approved and kw["by"] == by and kw["policy"] == "approve"
     assert note in kw["note"] and kw["at"].startswith("2026-01-01")
+
+
+# ------------------------------------------------------------------ decisions at canary pauses (approve-steps)
+def test_one_step_decision_task_per_pause_runs_beside_the_canary_not_after_it(dag):
+    from tritonflow_plugin.step_decisions import StepDecisionOperator
+
+    decision = dag.get_task("step_decision")
+    assert decision.operator_class is StepDecisionOperator or issubclass(decision.operator_class, StepDecisionOperator)
+    assert decision.upstream_task_ids == {"pause_numbers"}
+    assert dag.get_task("pause_numbers").upstream_task_ids == {"resolve_versions", "load_side_by_side"}
+    assert "canary" not in {t.task_id for t in decision.get_flat_relatives(upstream=True)}
+    assert "step_decision" not in {t.task_id for t in dag.get_task("canary").get_flat_relatives(upstream=False)}
+
+
+def test_pauses_exist_only_for_a_real_canary_under_approve_steps():
+    from tritonflow_plugin.step_decisions import pause_numbers
+
+    assert pause_numbers(PLAN, "approve-steps", steps=2, max_extensions=1) == [1, 2, 3, 4]
+    assert pause_numbers(PLAN, "approve", steps=2, max_extensions=1) == []
+    assert pause_numbers(PLAN, "auto", steps=2, max_extensions=1) == []
+    assert pause_numbers({**PLAN, "dry_run": True}, "approve-steps", steps=2, max_extensions=1) == []
+    assert pause_numbers({**PLAN, "challenger": 1}, "approve-steps", steps=2, max_extensions=1) == []
+
+
+class RunTI(FakeTI):
+    dag_id, run_id, task_id, map_index = "canary_promotion", "manual__1", "step_decision", 0
+
+
+@pytest.fixture
+def board(tmp_path, monkeypatch):
+    """A pause board on a real SQLite coordination database, which the tasks' settings name."""
+    from ground.coordination import CoordinationStore
+    from tritonflow.pipelines.canary_pauses import PauseBoard, pause_key
+
+    url = f"sqlite:///{tmp_path / 'coordination.db'}"
+    monkeypatch.setenv("TRITONFLOW_COORDINATION_DB_URL", url)
+    monkeypatch.setenv("TRITONFLOW_HOME", str(tmp_path))
+    store = CoordinationStore(url)
+    b = PauseBoard(store, pause_key("canary_promotion", "manual__1"), slots=4, timeout_s=600)
+    b.start(model="iris", challenger=2, champion=1, canary_id="c1")
+    return b
+
+
+class Analysis:
+    def __init__(self, verdict="pass", attempt=1):
+        self.verdict, self.attempt = verdict, attempt
+
+    def to_dict(self):
+        return {"step": 1, "percent": 25, "attempt": self.attempt, "verdict": self.verdict, "reasons": ["ok"],
+                "canary_requests": 300.0, "thresholds": {"min_requests": 100}}
+
+
+def test_a_pause_task_waits_in_the_triggerer_until_its_pause_opens(board, monkeypatch):
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from tritonflow_plugin.step_decisions import PauseOpenedTrigger, StepDecisionOperator
+
+    op = StepDecisionOperator(task_id="step_decision", number=1, wait_until_s=3600)
+    ti = RunTI(PLAN)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": ti, "task_instance": ti})
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, PauseOpenedTrigger) and trigger.key == "canary_promotion/manual__1"
+    assert trigger.number == 1 and deferred.value.method_name == "pause_opened"
+
+
+def test_an_open_pause_is_asked_with_its_verdict_checks_options_and_default(board, monkeypatch):
+    import airflow.providers.standard.operators.hitl as hitl
+    from airflow.sdk.exceptions import TaskAwaitingInput
+
+    import tritonflow.pipelines.promotion_policy as pp
+    from tritonflow_plugin.step_decisions import StepDecisionOperator
+
+    asked = {}
+    monkeypatch.setattr(pp, "approvers", lambda model, **kw: ["alice"])
+    monkeypatch.setattr(hitl, "upsert_hitl_detail", lambda **kw: asked.update(kw))
+    board.open(Analysis(attempt=2), ("continue", "rollback"), "continue")
+    op = StepDecisionOperator(task_id="step_decision", number=1, wait_until_s=3600)
+    ti = RunTI(PLAN)
+    with pytest.raises(TaskAwaitingInput) as waiting:
+        op.execute({"ti": ti, "task_instance": ti})
+    assert asked["subject"] == "Canary of iris v2 at 25 %: pass (Continue / Roll back)?"
+    assert asked["options"] == ["Continue", "Roll back"] and asked["defaults"] == ["Continue"]
+    assert "| challenger requests | 300 | >= 100 |" in asked["body"]
+    assert asked["assigned_users"] == [{"id": "alice", "name": "alice"}]
+    assert 590 < waiting.value.timeout.total_seconds() < 620  # the pause's deadline, a little after
+
+
+def test_the_answer_goes_to_the_pause_and_a_late_one_is_not_applied(board):
+    import datetime as _dt
+
+    from tritonflow.pipelines.canary_pauses import pause_status
+    from tritonflow_plugin.step_decisions import StepDecisionOperator
+
+    board.open(Analysis(), ("continue", "hold", "rollback"), "continue")
+    op = StepDecisionOperator(task_id="step_decision", number=1, wait_until_s=3600)
+    ti = RunTI(PLAN)
+    event = {"chosen_options": ["Hold"], "params_input": {"comment": "more traffic first"},
+             "responded_by_user": {"id": "1", "name": "alice"},
+             "responded_at": _dt.datetime(2026, 1, 1, tzinfo=_dt.timezone.utc)}
+    out = op.execute_complete({"ti": ti, "task": op}, event)
+    assert out["taken"] and out["decision"] == "hold" and out["by"] == "alice"
+    answer = board.answer(1)
+    assert (answer.decision, answer.by, answer.note, answer.source) == ("hold", "alice", "more traffic first",
+                                                                      "person")
+    assert answer.at.startswith("2026-01-01")
+    assert pause_status(board.store, board.key, 1)["state"] == "open"  # until the canary applies it
+    late = op.execute_complete({"ti": ti, "task": op}, {**event, "chosen_options": ["Roll back"]})
+    assert not late["taken"] and "already decided: hold" in late["why"]
