@@ -169,20 +169,20 @@ class Analysis:
 def test_a_pause_task_waits_in_the_triggerer_until_its_pause_opens(board, monkeypatch):
     from airflow.sdk.exceptions import TaskDeferred
 
-    from tritonflow_plugin.step_decisions import PauseOpenedTrigger, StepDecisionOperator
+    from tritonflow_plugin.step_decisions import PauseTrigger, StepDecisionOperator
 
     op = StepDecisionOperator(task_id="step_decision", number=1, wait_until_s=3600)
     ti = RunTI(PLAN)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": ti, "task_instance": ti})
     trigger = deferred.value.trigger
-    assert isinstance(trigger, PauseOpenedTrigger) and trigger.key == "canary_promotion/manual__1"
-    assert trigger.number == 1 and deferred.value.method_name == "pause_opened"
+    assert isinstance(trigger, PauseTrigger) and trigger.key == "canary_promotion/manual__1"
+    assert trigger.number == 1 and trigger.wait_for == "opened" and deferred.value.method_name == "pause_opened"
 
 
 def test_an_open_pause_is_asked_with_its_verdict_checks_options_and_default(board, monkeypatch):
     import airflow.providers.standard.operators.hitl as hitl
-    from airflow.sdk.exceptions import TaskAwaitingInput
+    from airflow.sdk.exceptions import TaskDeferred
 
     import tritonflow.pipelines.promotion_policy as pp
     from tritonflow_plugin.step_decisions import StepDecisionOperator
@@ -193,13 +193,45 @@ def test_an_open_pause_is_asked_with_its_verdict_checks_options_and_default(boar
     board.open(Analysis(attempt=2), ("continue", "rollback"), "continue")
     op = StepDecisionOperator(task_id="step_decision", number=1, wait_until_s=3600)
     ti = RunTI(PLAN)
-    with pytest.raises(TaskAwaitingInput) as waiting:
+    with pytest.raises(TaskDeferred) as waiting:
         op.execute({"ti": ti, "task_instance": ti})
     assert asked["subject"] == "Canary of iris v2 at 25 %: pass (Continue / Roll back)?"
     assert asked["options"] == ["Continue", "Roll back"] and asked["defaults"] == ["Continue"]
     assert "| challenger requests | 300 | >= 100 |" in asked["body"]
-    assert asked["assigned_users"] == [{"id": "alice", "name": "alice"}]
-    assert 590 < waiting.value.timeout.total_seconds() < 620  # the pause's deadline, a little after
+    assert asked["assigned_users"] == [{"id": "alice", "name": "alice"}] and asked["ti_id"] == "ti-1"
+    # deferred (the UI enables the buttons) until answered, or until the canary decides without it
+    trigger = waiting.value.trigger
+    assert (trigger.wait_for, trigger.ti_id, waiting.value.method_name) == ("decided", "ti-1", "execute_complete")
+    assert board.clock() + 600 < trigger.until <= board.clock() + 600 + 60  # the pause's deadline, then a minute
+
+
+def test_a_pause_the_canary_decided_first_ends_its_task_and_one_never_reached_is_skipped(board):
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from tritonflow_plugin.step_decisions import StepDecisionOperator
+
+    op = StepDecisionOperator(task_id="step_decision", number=1, wait_until_s=3600)
+    ti = RunTI(PLAN)
+    decided = {"decision": "rollback", "source": "check", "note": "error rate 0.2 > 0.01", "by": ""}
+    out = op.execute_complete({"ti": ti, "task": op}, {"pause_state": "closed", "decision": decided})
+    assert out["decision"] == "rollback" and not out["taken"] and "check: error rate" in out["why"]
+    with pytest.raises(AirflowSkipException, match="ended before it was decided"):
+        op.execute_complete({"ti": ti, "task": op}, {"pause_state": "ended"})
+
+
+def test_the_trigger_fires_when_its_pause_opens_or_the_canary_ends(board):
+    import asyncio
+
+    from tritonflow_plugin.step_decisions import PauseTrigger
+
+    url = str(board.store.engine.url)
+    first = PauseTrigger(url, board.key, 1, poll_s=0.01)
+    board.open(Analysis(), ("continue", "hold", "rollback"), "continue")
+    assert asyncio.run(anext(first.run())).payload == {"state": "open"}
+    board.end("promoted")
+    assert asyncio.run(anext(PauseTrigger(url, board.key, 2, poll_s=0.01).run())).payload == {"state": "ended"}
+    classpath, kwargs = first.serialize()
+    assert classpath == "tritonflow_plugin.step_decisions.PauseTrigger" and PauseTrigger(**kwargs).number == 1
 
 
 def test_the_answer_goes_to_the_pause_and_a_late_one_is_not_applied(board):

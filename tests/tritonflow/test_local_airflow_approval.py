@@ -8,7 +8,8 @@ A run that outlasts its deadline alert is reported through the failure notifier 
 The deployment also runs the real ``canary_promotion`` DAG against a real Triton and NGINX gateway
 started here, for models under policy ``approve-steps``: after the approval, a person decides at
 each pause of the canary, once by the CLI (continue, continue: promoted) and once on the Required
-Actions page (hold, then roll back), while a loopback client sends requests through the gateway.
+Actions page (hold, then roll back), while a loopback client sends requests through the gateway; a
+third canary's requests start failing while its pause waits, and it rolls back without an answer.
 Each outcome is checked in the MLflow tags, the gateway's weights and Triton's loaded versions.
 
 With ``TRITONFLOW_DOCS_SCREENSHOTS=1`` the UI tests save ``docs/required-actions.png`` and
@@ -389,12 +390,31 @@ def _served(serving, name: str) -> tuple[dict, list]:
 
 
 def _traffic(serving, name: str, onnx):
-    """A loopback client sending iris rows through the gateway, logging what it got (the canary reads it)."""
+    """A loopback client sending iris rows through the gateway, logging what it got (the canary reads it);
+    once its ``broken`` is set, it sends requests that Triton refuses (a wrong input shape) instead."""
     import types
+    import urllib.error
+    import urllib.request
 
     from tests.pipelines.test_canary_pipeline import Traffic
 
-    return Traffic(types.SimpleNamespace(gateway=serving["gateway"], settings=serving["settings"]), name, onnx["X"])
+    class Client(Traffic):
+        broken = False
+
+        def _one(self) -> None:
+            if not self.broken:
+                return super()._one()
+            body = json.dumps({"inputs": [{"name": "features", "shape": [1, 3], "datatype": "FP32",
+                                           "data": [1.0, 2.0, 3.0]}]}).encode()
+            req = urllib.request.Request(self.url, data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=10).close()
+            except (urllib.error.URLError, OSError):
+                pass
+            return None
+
+    return Client(types.SimpleNamespace(gateway=serving["gateway"], settings=serving["settings"]), name, onnx["X"])
 
 
 def _pause_detail(api: AirflowApi, run_id: str, number: int) -> dict:
@@ -507,3 +527,31 @@ def test_a_person_holds_a_canary_at_its_pause_then_rolls_it_back_on_the_required
     assert "tritonflow.status" not in tags  # a person's rollback is no verdict on the challenger
     assert client.get_registered_model(name).aliases["champion"] == "1"
     assert _served(serving, name) == ({1: 100}, [1])  # gateway back first, then the challenger unloaded
+
+
+def test_a_check_failing_while_a_pause_waits_rolls_back_at_once_and_closes_the_request(deployment, serving, onnx):
+    from mlflow import MlflowClient
+
+    from tritonflow import cli
+
+    name = _canary_model(serving, onnx)
+    api = AirflowApi(deployment.api_url)
+    with _traffic(serving, name, onnx) as traffic:
+        run_id = _start_approved_canary(api, name)
+        _wait("the first pause", lambda: cli.pending_pauses(api, name))
+        traffic.broken = True  # while nobody answers, every request fails
+        run = api.wait_for_run(PROMOTION, run_id, WAIT_S)  # well before the pause's timeout of WAIT_S
+    assert run["state"] == "failed", run
+    client = MlflowClient(serving["settings"].resolved_mlflow_tracking_uri)
+    got = _pauses(client, name)
+    pause = got["pauses"][1]
+    assert (pause["decision"], pause["source"], pause["by"]) == ("rollback", "check", "nobody"), pause
+    assert "error rate" in pause["note"], pause
+    tags = got["tags"]
+    assert "failed while waiting at its pause" in tags[got["prefix"] + "reason"]
+    assert tags["tritonflow.status"] == "rejected" and tags["tritonflow.rejected_stage"] == "canary"  # judged
+    # the question is closed with the canary's decision (nobody's), not left pending
+    detail = _pause_detail(api, run_id, 1)
+    assert detail["response_received"] and detail["chosen_options"] == ["Roll back"], detail
+    assert detail.get("responded_by_user") is None and not cli.pending_pauses(api, name)
+    assert _served(serving, name) == ({1: 100}, [1])
