@@ -199,7 +199,8 @@ def load_side_by_side(plan: dict, memory: dict) -> dict:
 # and the promotion lease held until its TTL. The retry, on any worker once the scheduler has
 # failed the lost attempt (its heartbeat timeout, longer than the lease's TTL), takes the lease
 # and runs the canary again from its first step, whose plan replaces what the lost attempt left.
-# A verdict (rollback) is final: it raises AirflowFailException, which is never retried.
+# A verdict (rollback) is final: it raises AirflowFailException, which is never retried. Under
+# approve-steps the retry numbers its pauses after those the lost attempt asked (step_decision).
 @data_task(links=True, when_locked="fail", execution_timeout=TIMEOUTS.canary, retries=1, outlets=[CHAMPION_CHANGED])
 def canary(plan: dict, loaded: dict) -> dict:
     """Steps with analysis under the promotion lock; promote at 100 % or roll back."""
