@@ -18,6 +18,7 @@ from tritonflow_plugin.dag_defaults import CHAMPION_CHANGED, TIMEOUTS
 from tritonflow_plugin.deadlines import run_deadline
 from tritonflow_plugin.links import record_link_info
 from tritonflow_plugin.registry_watcher import registry_asset, registry_conf_from_context
+from tritonflow_plugin.step_decisions import PAUSE_TASK_ID, StepDecisionOperator
 from tritonflow_plugin.wiring import data_task, tritonflow_dag
 from tritonflow_plugin.xcom import limit_xcom_size
 
@@ -53,10 +54,19 @@ canary never reached it. The boxes get their state when the promotion ends. Ever
 analysis is also kept in MLflow (experiment `tritonflow-canary`) and on the challenger's model
 version.
 
-**Approval.** When the model's promotion policy is *approve* (set on the registered model in
-MLflow, else the deployment's default), task **approval** waits on the *Required Actions* page for
-a person to approve the canary before any traffic moves; no answer in time (24 hours by default)
-rejects the challenger. Under the policy *auto* it passes at once.
+**Approval.** When the model's promotion policy is *approve* or *approve-steps* (set on the
+registered model in MLflow, else the deployment's default), task **approval** waits on the
+*Required Actions* page for a person to approve the canary before any traffic moves; no answer in
+time (24 hours by default) rejects the challenger. Under the policy *auto* it passes at once.
+
+**Decisions at each step (policy *approve-steps*).** At the end of each step's bake the canary
+pauses, traffic staying at the step's split and the checks still running, and a **step_decision**
+box (*pause 1*, *pause 2*, ...) asks on the *Required Actions* page, showing the automatic verdict
+and its checks: **Continue** (next step; at 100 %: promote), **Hold** (bake this step once more,
+then decide again; while the step has an extension left) or **Roll back** (now). With no answer in
+time (10 minutes by default) a passed step continues and an inconclusive one is held. A failed
+step, or a check failing while waiting, rolls back at once without asking. Pauses never reached
+are skipped. Each decision, who took it and when are kept on the challenger's model version.
 
 Only one promotion per model runs at a time: a second one fails at once and names the run that
 holds the model. Runs also start by themselves after a successful shadow evaluation and when
@@ -99,6 +109,12 @@ def _holder(context) -> str:
     return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}"
 
 
+def _pause_key(context) -> str:
+    from tritonflow.pipelines.canary_pauses import pause_key
+
+    return pause_key(context["ti"].dag_id, context["ti"].run_id)
+
+
 def _request(params: dict, context) -> dict:
     """Params (empty ones: the settings in effect now), the loop context, else the registry event."""
     from ground.settings import get_settings
@@ -135,19 +151,24 @@ def resolve_versions() -> dict:
     from ground.settings import get_settings
     from ground.values import parse_steps
     from tritonflow.pipelines.canary import resolve
+    from tritonflow.pipelines.promotion_policy import promotion_policy
     from tritonflow.pipelines.run_deadlines import canary_time_budget_s
 
     context = get_current_context()
     req = _request(context["params"], context)
     steps = list(parse_steps(req["steps"], "steps"))
-    budget = canary_time_budget_s(steps, req["bake_s"], get_settings().canary_max_extensions)
+    settings = get_settings()
+    res = resolve(req["model"], req["challenger"], req["champion"])
+    paused = promotion_policy(req["model"], settings=settings) == "approve-steps"
+    pause_s = settings.canary_pause_timeout_s if paused else 0.0
+    budget = canary_time_budget_s(steps, req["bake_s"], settings.canary_max_extensions, pause_s)
     if budget > TIMEOUTS.canary.total_seconds():
         raise SettingsError(
-            f"steps={steps} with bake_s={req['bake_s']} may take {budget:.0f} s, more than the "
-            f"promotion task's execution_timeout of {TIMEOUTS.canary.total_seconds():.0f} s; "
-            "use fewer steps or a shorter bake"
+            f"steps={steps} with bake_s={req['bake_s']}" + (f" and pauses of {pause_s:g} s" if paused else "")
+            + f" may take {budget:.0f} s, more than the promotion task's execution_timeout of "
+            f"{TIMEOUTS.canary.total_seconds():.0f} s; use fewer steps or a shorter bake"
+            + (" (or a shorter TRITONFLOW_CANARY_PAUSE_TIMEOUT_S)" if paused else "")
         )
-    res = resolve(req["model"], req["challenger"], req["champion"])
     return {**res, "steps": steps, "bake_s": req["bake_s"], "min_requests": req["min_requests"],
             "use_stages": bool(req["use_stages"]), "dry_run": bool(req["dry_run"]),
             "expected_predictions": req.get("expected_predictions") or None}
@@ -178,7 +199,8 @@ def load_side_by_side(plan: dict, memory: dict) -> dict:
 # and the promotion lease held until its TTL. The retry, on any worker once the scheduler has
 # failed the lost attempt (its heartbeat timeout, longer than the lease's TTL), takes the lease
 # and runs the canary again from its first step, whose plan replaces what the lost attempt left.
-# A verdict (rollback) is final: it raises AirflowFailException, which is never retried.
+# A verdict (rollback) is final: it raises AirflowFailException, which is never retried. Under
+# approve-steps the retry numbers its pauses after those the lost attempt asked (step_decision).
 @data_task(links=True, when_locked="fail", execution_timeout=TIMEOUTS.canary, retries=1, outlets=[CHAMPION_CHANGED])
 def canary(plan: dict, loaded: dict) -> dict:
     """Steps with analysis under the promotion lock; promote at 100 % or roll back."""
@@ -194,7 +216,7 @@ def canary(plan: dict, loaded: dict) -> dict:
         model=plan["model"], champion=plan["champion"], challenger=str(plan["challenger"]),
         steps=plan["steps"], bake_s=plan["bake_s"], min_requests=plan["min_requests"],
         use_stages=plan["use_stages"], dry_run=plan["dry_run"], holder=_holder(get_current_context()),
-        expected_predictions=plan.get("expected_predictions"),
+        expected_predictions=plan.get("expected_predictions"), pause_key=_pause_key(get_current_context()),
     ))
     push_step_results(get_current_context(), result)  # before a rollback fails this task
     record_link_info(mlflow_run_id=(result.get("canary_run") or {}).get("run_id"))  # analyses and plot
@@ -211,7 +233,7 @@ def canary(plan: dict, loaded: dict) -> dict:
         "model": plan["model"], "champion": result.get("challenger"),
         "changed": result["outcome"] == "promoted"}
     return {k: result.get(k) for k in ("outcome", "reason", "model", "champion", "challenger",
-                                       "canary_id", "steps", "promotion", "gc", "rollback_target",
+                                       "canary_id", "steps", "decisions", "promotion", "gc", "rollback_target",
                                        "canary_run")}
 
 
@@ -232,6 +254,19 @@ def traffic_steps(plan: dict) -> list[int]:
     return [int(p) for p in plan["steps"]]
 
 
+@task(execution_timeout=TIMEOUTS.promotion_step)
+@limit_xcom_size
+def pause_numbers(plan: dict) -> list[int]:
+    """One ``step_decision`` task per pause the canary may reach under policy approve-steps; none otherwise."""
+    from ground.settings import get_settings
+    from tritonflow.pipelines.promotion_policy import promotion_policy
+    from tritonflow_plugin.step_decisions import pause_numbers as numbers
+
+    settings = get_settings()
+    return numbers(plan, promotion_policy(plan["model"], settings=settings), len(plan["steps"]),
+                   settings.canary_max_extensions)
+
+
 @tritonflow_dag("canary_promotion", schedule=[registry_asset("canary_promotion")], topics=["canary"],
                 description=DESCRIPTION, doc_md=DOC_MD, params=PARAMS, deadline=run_deadline("canary"))
 def canary_promotion():
@@ -244,6 +279,14 @@ def canary_promotion():
     plan >> approval >> memory
     loaded = load_side_by_side(plan, memory)
     canary(plan, loaded) >> canary_step.expand(percent=traffic_steps(plan))
+    # under approve-steps a person decides at each pause of the canary, one task per pause
+    pauses = pause_numbers(plan)
+    loaded >> pauses
+    StepDecisionOperator.partial(
+        task_id=PAUSE_TASK_ID, execution_timeout=TIMEOUTS.short, retries=0,
+        wait_until_s=TIMEOUTS.canary.total_seconds(), response_timeout=TIMEOUTS.canary,
+        map_index_template="pause {{ task.number }}",
+    ).expand(number=pauses)
 
 
 canary_promotion()

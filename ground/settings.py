@@ -108,7 +108,8 @@ class Settings:
     )
     #: Promotion policy of a model without tag ``tritonflow.promotion_policy``: ``auto`` (a shadow
     #: winner goes straight to its canary), ``approve`` (a person approves before the canary starts)
-    #: or ``approve-steps`` (accepted; behaves as ``approve`` for now).
+    #: or ``approve-steps`` (that approval, then a person decides at the end of each canary step:
+    #: continue, hold or roll back).
     promotion_policy: str = setting(
         "PROMOTION_POLICY", "auto", "Default promotion policy (auto, approve, approve-steps).",
         check=one_of("auto", "approve", "approve-steps"),
@@ -131,8 +132,16 @@ class Settings:
     canary_bake_s: float = setting("CANARY_BAKE_S", 300.0, "Seconds each step bakes.")
     #: Fewest canary requests a step needs; fewer makes the step inconclusive, never a pass.
     canary_min_requests: int = setting("CANARY_MIN_REQUESTS", 100, "Fewest canary requests per step.")
-    #: How many times an inconclusive step is extended (one more bake each) before the canary fails.
-    canary_max_extensions: int = setting("CANARY_MAX_EXTENSIONS", 2, "Extensions of an inconclusive step.")
+    #: How many times an inconclusive step is extended (one more bake each) before the canary fails;
+    #: under policy ``approve-steps`` a person's *hold* of a step uses one of them too.
+    canary_max_extensions: int = setting("CANARY_MAX_EXTENSIONS", 2, "Extensions (or holds) of a step.")
+    #: Under promotion policy ``approve-steps``: seconds a canary pause (the end of a step's bake)
+    #: waits for a person's decision, traffic at the step's split and the checks running, before it
+    #: takes its default (continue after a passed verdict, hold after an inconclusive one).
+    canary_pause_timeout_s: float = setting(
+        "CANARY_PAUSE_TIMEOUT_S", 600.0, "Seconds a canary pause waits for a decision (approve-steps).",
+        check=POSITIVE_FINITE,
+    )
     #: Highest canary error rate (failed / all requests, 0-1) a step may show.
     canary_max_error_rate: float = setting(
         "CANARY_MAX_ERROR_RATE", 0.01, "Highest canary error rate (0-1).", check=FRACTION,

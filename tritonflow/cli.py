@@ -12,6 +12,7 @@ Usage::
     tritonflow promote MODEL VERSION [--wait]          # a canary_promotion run, through Airflow's REST API
     tritonflow rollback MODEL [--to VERSION] --reason TEXT [--wait]   # a canary_rollback run
     tritonflow approve|reject MODEL [--comment TEXT] [--run RUN_ID] [--wait]   # the pending approval
+    tritonflow decide MODEL continue|hold|rollback [--comment TEXT] [--run RUN_ID] [--wait]  # a canary pause
 
 ``tritonflow validate`` converts a model (``models:/name/version``, ``runs:/...`` or a local MLflow
 model folder), runs the pre-push checks and the parity gate against a sample file (CSV/Parquet)
@@ -431,7 +432,7 @@ def _add_status_parser(sub: Any) -> None:
     st.add_argument("--json", action="store_true", help="as JSON")
 
 
-#: Exit status of ``promote``, ``rollback``, ``approve`` and ``reject``: the run was started (and, with
+#: Exit status of ``promote``, ``rollback``, ``approve``, ``reject`` and ``decide``: the run was started (and, with
 #: ``--wait``, ended in success), or the answer was taken.
 EXIT_OK = 0
 #: The run ended ``failed``, or Airflow refused the request (no pending approval, a form value refused).
@@ -510,22 +511,54 @@ WAITING_STATES = ("awaiting_input", "deferred")
 APPROVAL_SETTLE_S = 5.0
 
 
-def pending_approvals(api: Any, model: str, dag_id: str = PROMOTION_DAG) -> list[dict[str, Any]]:
-    """The unanswered ``approval`` requests of ``dag_id`` runs of ``model``, each with its plan.
+def pending_requests(api: Any, model: str, dag_id: str = PROMOTION_DAG,
+                     task_id: str = "approval") -> list[dict[str, Any]]:
+    """The unanswered requests of task ``task_id`` in ``dag_id`` runs of ``model``, each with its plan.
 
     Only requests whose task already waits count: an answer written between the request and the
     task's parking is kept by Airflow 3.3.2 but does not resume the task until its timeout.
+    Each: ``{"run_id", "task_id", "map_index", "plan", "subject", "options", "created_at"}``.
     """
     out = []
     for row in api.hitl_details(dag_id, pending=True):
-        dag_id, run_id, task_id, map_index = hitl_location(row)
-        if task_id != "approval" or (row.get("task_instance") or row).get("state") not in WAITING_STATES:
+        dag_id, run_id, row_task, map_index = hitl_location(row)
+        if row_task != task_id or (row.get("task_instance") or row).get("state") not in WAITING_STATES:
             continue
         plan = api.xcom(dag_id, run_id, "resolve_versions") or {}
         if isinstance(plan, dict) and plan.get("model") == model:
-            out.append({"run_id": run_id, "task_id": task_id, "map_index": map_index, "plan": plan,
-                        "subject": row.get("subject"), "created_at": row.get("created_at")})
+            out.append({"run_id": run_id, "task_id": row_task, "map_index": map_index, "plan": plan,
+                        "subject": row.get("subject"), "options": list(row.get("options") or []),
+                        "created_at": row.get("created_at")})
     return out
+
+
+def pending_approvals(api: Any, model: str, dag_id: str = PROMOTION_DAG) -> list[dict[str, Any]]:
+    """The unanswered ``approval`` requests of ``dag_id`` runs of ``model`` (:func:`pending_requests`)."""
+    return pending_requests(api, model, dag_id, "approval")
+
+
+def pending_pauses(api: Any, model: str, dag_id: str = PROMOTION_DAG) -> list[dict[str, Any]]:
+    """The canary pauses of ``model`` waiting for a decision (``step_decision`` requests, :func:`pending_requests`)."""
+    from tritonflow.pipelines.canary_pauses import PAUSE_TASK_ID
+
+    return pending_requests(api, model, dag_id, PAUSE_TASK_ID)
+
+
+def _one_pending(pending: list[dict[str, Any]], what: str, model: str, run_id: str | None, dag_id: str) -> Any:
+    """The one request in ``pending``; else ``None`` after saying on stderr why (none, or several)."""
+    if not pending:
+        where = f"run {run_id} of DAG {dag_id}" if run_id else f"any run of DAG {dag_id}"
+        print(f"error: no {what} of model {model!r} is waiting in {where}", file=sys.stderr)
+        return None
+    if len(pending) > 1:
+        runs = ", ".join(f"{p['run_id']} (v{p['plan'].get('challenger')})" for p in pending)
+        print(f"error: {len(pending)} {what}s of model {model!r} are waiting: {runs}; pick one with --run",
+              file=sys.stderr)
+        return None
+    settle_s = APPROVAL_SETTLE_S - seconds_since(pending[0].get("created_at"))
+    if settle_s > 0:  # see APPROVAL_SETTLE_S
+        time.sleep(min(settle_s, APPROVAL_SETTLE_S))
+    return pending[0]
 
 
 def seconds_since(timestamp: Any) -> float:
@@ -548,26 +581,51 @@ def answer_approval(api: Any, model: str, *, approve: bool, comment: str = "", r
     Returns:
         :data:`EXIT_FAILED` when none (or several, without ``run_id``) wait; else as :func:`finish_run`.
     """
-    pending = [p for p in pending_approvals(api, model, dag_id) if run_id in (None, p["run_id"])]
-    if not pending:
-        where = f"run {run_id} of DAG {dag_id}" if run_id else f"any run of DAG {dag_id}"
-        print(f"error: no approval of model {model!r} is waiting in {where}", file=sys.stderr)
+    p = _one_pending([p for p in pending_approvals(api, model, dag_id) if run_id in (None, p["run_id"])],
+                     "approval", model, run_id, dag_id)
+    if p is None:
         return EXIT_FAILED
-    if len(pending) > 1:
-        runs = ", ".join(f"{p['run_id']} (v{p['plan'].get('challenger')})" for p in pending)
-        print(f"error: {len(pending)} approvals of model {model!r} are waiting: {runs}; pick one with --run",
-              file=sys.stderr)
-        return EXIT_FAILED
-    (p,) = pending
-    settle_s = APPROVAL_SETTLE_S - seconds_since(p.get("created_at"))
-    if settle_s > 0:  # see APPROVAL_SETTLE_S
-        time.sleep(min(settle_s, APPROVAL_SETTLE_S))
     answer = APPROVAL_OPTIONS[0] if approve else APPROVAL_OPTIONS[1]
     api.answer_hitl(dag_id, p["run_id"], p["task_id"], [answer], map_index=p["map_index"],
                     params_input={"comment": comment} if comment else {})
     verb = "approved" if approve else "rejected"
     print(f"{verb} the canary of model {model!r} version {p['plan'].get('challenger')} "
           f"(run {p['run_id']} of DAG {dag_id})")
+    return finish_run(api, dag_id, p["run_id"], wait=wait, timeout_s=timeout_s)
+
+
+def decide_pause(api: Any, model: str, decision: str, *, comment: str = "", run_id: str | None = None,
+                 wait: bool = False, timeout_s: float = 0.0, dag_id: str = PROMOTION_DAG) -> int:
+    """Continue, hold or roll back the canary of ``model`` waiting at a pause (policy ``approve-steps``).
+
+    Args:
+        api: The Airflow REST client.
+        model: Registered model name.
+        decision: ``continue``, ``hold`` or ``rollback``.
+        comment: Why (recorded with the decision on the MLflow version).
+        run_id: The run, when several wait.
+        wait: Wait for the run's end.
+        timeout_s: Seconds ``wait`` waits.
+        dag_id: The promotion DAG.
+
+    Returns:
+        :data:`EXIT_FAILED` when no pause (or several, without ``run_id``) waits, or the decision is
+        not offered there (``hold`` once the step has no extension left); else as :func:`finish_run`.
+    """
+    from tritonflow.pipelines.canary_pauses import OPTION_LABELS
+
+    p = _one_pending([p for p in pending_pauses(api, model, dag_id) if run_id in (None, p["run_id"])],
+                     "canary pause", model, run_id, dag_id)
+    if p is None:
+        return EXIT_FAILED
+    label = OPTION_LABELS[decision]
+    if p["options"] and label not in p["options"]:
+        print(f"error: {decision!r} is not offered at this pause of model {model!r} (run {p['run_id']}): "
+              f"offered {', '.join(p['options'])}", file=sys.stderr)
+        return EXIT_FAILED
+    api.answer_hitl(dag_id, p["run_id"], p["task_id"], [label], map_index=p["map_index"],
+                    params_input={"comment": comment} if comment else {})
+    print(f"{decision}: {p['subject']} (run {p['run_id']} of DAG {dag_id}, pause {p['map_index'] + 1})")
     return finish_run(api, dag_id, p["run_id"], wait=wait, timeout_s=timeout_s)
 
 
@@ -580,7 +638,7 @@ def rollback_conf(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _operate(args: argparse.Namespace) -> int:
-    """``tritonflow promote|rollback|approve|reject``: through the Airflow REST API; exit status as documented."""
+    """``tritonflow promote|rollback|approve|reject|decide``: through the Airflow REST API, exit statuses above."""
     import urllib.error
 
     from tritonflow.runtime.airflow_api import AirflowApiError
@@ -594,6 +652,9 @@ def _operate(args: argparse.Namespace) -> int:
                             if args.command == "promote" else (ROLLBACK_DAG, rollback_conf(args)))
             run_id = start_run(api, dag_id, conf)
             return finish_run(api, dag_id, run_id, wait=args.wait, timeout_s=timeout_s)
+        if args.command == "decide":
+            return decide_pause(api, args.model, args.decision, comment=args.comment or "", run_id=args.run,
+                                wait=args.wait, timeout_s=timeout_s)
         return answer_approval(api, args.model, approve=args.command == "approve", comment=args.comment or "",
                                run_id=args.run, wait=args.wait, timeout_s=timeout_s)
     except AirflowApiError as exc:
@@ -606,7 +667,7 @@ def _operate(args: argparse.Namespace) -> int:
 
 
 def _add_operate_parsers(sub: Any) -> None:
-    """``tritonflow promote|rollback|approve|reject`` arguments."""
+    """``tritonflow promote|rollback|approve|reject|decide`` arguments."""
     exits = (f"exit status: {EXIT_OK} started (with --wait: ended success) or answered; {EXIT_FAILED} the run "
              f"failed or Airflow refused the request; {EXIT_UNREACHABLE} Airflow unreachable or credentials "
              f"refused; {EXIT_TIMEOUT} --wait ran out of time (the run goes on)")
@@ -630,6 +691,14 @@ def _add_operate_parsers(sub: Any) -> None:
         common(ap)
         ap.add_argument("--comment", default="", help="a comment recorded with the answer")
         ap.add_argument("--run", default=None, help=f"the {PROMOTION_DAG} run, when several wait")
+    de = sub.add_parser("decide", help="continue, hold or roll back a canary waiting at a pause "
+                                       "(promotion policy approve-steps)", epilog=exits)
+    common(de)
+    de.add_argument("decision", choices=["continue", "hold", "rollback"],
+                    help="continue: next step (at 100 %%: promote); hold: bake this step once more; "
+                         "rollback: all traffic back to the champion now")
+    de.add_argument("--comment", default="", help="a comment recorded with the decision")
+    de.add_argument("--run", default=None, help=f"the {PROMOTION_DAG} run, when several wait")
 
 
 def _add_drift_parser(sub: Any) -> None:
@@ -688,7 +757,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_operate_parsers(sub)
     args = parser.parse_args(argv)
     try:
-        if args.command in ("promote", "rollback", "approve", "reject"):
+        if args.command in ("promote", "rollback", "approve", "reject", "decide"):
             return _operate(args)
         if args.command == "status":
             return _status(args)

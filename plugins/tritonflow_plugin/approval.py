@@ -3,9 +3,10 @@
 :class:`CanaryApprovalOperator` reads the resolved versions of its DAG run (task
 ``resolve_versions``) and the model's promotion policy
 (:func:`tritonflow.pipelines.promotion_policy.promotion_policy`). Under ``auto``, for a no-op or a
-dry run, it returns at once and the canary goes on as before. Under ``approve`` (and
-``approve-steps``, which behaves the same for now) it fills subject and body (parity, p99 and shadow
-figures, the drift event, links to both MLflow versions), assigns the model's owners and waits on
+dry run, it returns at once and the canary goes on as before. Under ``approve`` and
+``approve-steps`` (whose canary then also pauses at each step: :mod:`tritonflow_plugin.step_decisions`)
+it fills subject and body (parity, p99 and shadow figures, the drift event, links to both MLflow
+versions), assigns the model's owners and waits on
 the UI's Required Actions page (or ``/api/v2/hitl-details/...``) for at most
 ``TRITONFLOW_APPROVAL_TIMEOUT_H`` hours; no answer by then is a reject. The answer, who gave it and
 when go on the challenger's MLflow version; a rejection tags it rejected (stage ``approval``) and
@@ -88,8 +89,6 @@ class CanaryApprovalOperator(ApprovalOperator):
         if not approval_needed(plan, policy):
             log.info("promotion policy of %s is %s: no approval needed", plan["model"], policy)
             return {"policy": policy, "approval": "not required"}
-        if policy == "approve-steps":
-            log.info("policy approve-steps behaves as approve for now: one approval before the canary")
         loop = loop_context(context)
         request = approval_request(plan, drift_event=loop.drift_event if loop else None,
                                    mlflow_url=mlflow_base_url(settings), settings=settings)

@@ -6,7 +6,8 @@ between steps. So the grid can still show each step, ``canary`` pushes its step 
 (:func:`push_step_results`, also when it then fails on a rollback) and a mapped task with one
 instance per step percent (:func:`show_step`) turns each into a state:
 
-* **success** -- the step passed (its last attempt, after any extensions);
+* **success** -- the step passed (its last attempt, after any extensions), or a person continued
+  it at its pause (promotion policy ``approve-steps``) after an inconclusive verdict;
 * **failed** -- the step failed or stayed inconclusive (the reason is the task's error), or the
   promotion failed without any step verdict saying so: it stopped before it recorded anything
   (``canary`` failed, e.g. a refused pre-flight or a held lock, or never ran) or ended
@@ -30,10 +31,12 @@ SUCCESS_OUTCOMES = frozenset({"promoted", "noop", "routed", "dry_run"})
 
 
 def push_step_results(context: Mapping[str, Any], result: Mapping[str, Any]) -> None:
-    """Push ``{"outcome", "reason", "steps"}`` of a promotion result for the step boxes."""
+    """Push ``{"outcome", "reason", "steps", "decisions"}`` of a promotion result for the step boxes."""
     context["ti"].xcom_push(key=STEP_RESULTS_KEY, value={
         "outcome": result.get("outcome"), "reason": result.get("reason") or "",
-        "steps": list(result.get("steps") or [])})
+        "steps": list(result.get("steps") or []),
+        "decisions": [{k: d.get(k) for k in ("percent", "attempt", "decision", "by", "source")}
+                      for d in result.get("decisions") or []]})
 
 
 def step_results(context: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -78,6 +81,11 @@ def step_verdict(percent: int, results: Mapping[str, Any] | None) -> tuple[str, 
               f"{last.get('reason') or verdict}")
     if verdict == "pass":
         return "passed", detail
+    continued = [d for d in results.get("decisions") or [] if int(d.get("percent", -1)) == int(percent)
+                 and d.get("attempt") == last.get("attempt") and d.get("decision") == "continue"]
+    if verdict == "inconclusive" and continued:
+        who = continued[-1].get("by") or f"nobody ({continued[-1].get('source')})"
+        return "passed", f"continued by {who} at its pause after an inconclusive verdict: {detail}"
     return "failed", f"{verdict}: {detail}"
 
 

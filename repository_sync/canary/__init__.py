@@ -9,5 +9,7 @@
 * :mod:`~repository_sync.canary.checks`: the checks on what the challenger answered (output
   health, expected behaviour, quality, coverage); a new canary check goes here;
 * :mod:`~repository_sync.canary.class_shift`: the per-class check of a multi-class challenger;
-* :mod:`~repository_sync.canary.preflight`: the memory pre-flight before any traffic moves.
+* :mod:`~repository_sync.canary.preflight`: the memory pre-flight before any traffic moves;
+* :mod:`~repository_sync.canary.pauses`: a person's decision at the end of each step's bake
+  (continue, hold, roll back) under promotion policy ``approve-steps``.
 """

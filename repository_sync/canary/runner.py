@@ -32,6 +32,10 @@ on the window from the step's start:
     The checks live in :mod:`repository_sync.canary.checks`. An inconclusive step is extended (baked
     again, the window growing) up to ``max_extensions`` times, then it fails.
 
+With a :class:`~repository_sync.canary.pauses.PauseControl` (promotion policy ``approve-steps``)
+a step whose bake ends passed or inconclusive pauses for a person's decision (continue, hold or
+roll back), the hard checks still running while it waits (:mod:`repository_sync.canary.pauses`).
+
 A failed analysis rolls back automatically through :func:`rollback` (the one rollback used by the
 canary, the manual rollback and any other caller): the router goes to 100 % champion FIRST, then
 the challenger is unloaded (never the reverse, so no request is routed to an unloaded version; if
@@ -61,6 +65,14 @@ from repository_sync.canary.analysis import (
     analyse_step,
 )
 from repository_sync.canary.checks import ExpectedBehaviour, Observations
+from repository_sync.canary.pauses import (
+    CONTINUE_DECISION,
+    HOLD_DECISION,
+    ROLLBACK_DECISION,
+    PauseControl,
+    PauseDecision,
+    offered,
+)
 from repository_sync.canary.policy import CanaryPolicy
 from repository_sync.routing.traffic_plan import TrafficPlan
 
@@ -88,6 +100,9 @@ class CanaryResult:
             loaded and an operator must act).
         steps: Every step's final analysis (extensions included) and the failing one, in order.
         analyses: Every analysis, intermediate ones included, in order.
+        decisions: The decision taken at each pause (``step``, ``percent``, ``attempt``, ``pause``
+            and :meth:`~repository_sync.canary.pauses.PauseDecision.to_dict`), in order; empty
+            without pauses.
     """
 
     model: str
@@ -98,6 +113,7 @@ class CanaryResult:
     steps: list[StepAnalysis]
     rollback: RollbackRecord | None = None
     analyses: list[StepAnalysis] = dataclasses.field(default_factory=list)
+    decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def promoted(self) -> bool:
@@ -114,6 +130,7 @@ class CanaryResult:
             "reason": self.reason,
             "steps": [s.to_dict() for s in self.steps],
             "analyses": len(self.analyses),
+            "decisions": list(self.decisions),
             "rollback": dataclasses.asdict(self.rollback) if self.rollback else None,
         }
 
@@ -180,8 +197,26 @@ class _CanaryRun:
     on_step: Callable[[StepAnalysis], Any] | None
     on_analysis: Callable[[StepAnalysis], Any] | None
     gateway_statuses: Callable[[float, float], Mapping[int, Any]] | None
+    pauses: PauseControl | None = None
     steps: list[StepAnalysis] = dataclasses.field(default_factory=list)
     analyses: list[StepAnalysis] = dataclasses.field(default_factory=list)
+    decisions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _StepState:
+    """One step's bake so far: its window, the last scrape, the attempt and the seconds baked."""
+
+    index: int
+    percent: int
+    start: float
+    before_text: str | None
+    metrics_error: str | None
+    recent_text: str | None
+    recent_start: float
+    bake_until: float
+    attempt: int = 1
+    baked: float = 0.0
 
 
 def run_canary(
@@ -202,6 +237,7 @@ def run_canary(
     on_analysis: Callable[[StepAnalysis], Any] | None = None,
     sticky_header: str | None = None,
     gateway_statuses: Callable[[float, float], Mapping[int, Any]] | None = None,
+    pauses: PauseControl | None = None,
 ) -> CanaryResult:
     """Drive a canary through ``policy.steps`` with continuous analysis; roll back on a failure.
 
@@ -234,6 +270,8 @@ def run_canary(
             ``GatewayStatusLog(path).counts`` bound to the model); its failures count when they
             exceed Triton's. ``None``, or raising, leaves Triton's counters alone (noted in the
             analysis).
+        pauses: Where a person decides at the end of each step's bake
+            (:mod:`repository_sync.canary.pauses`); ``None``: no pauses (the canary decides alone).
 
     Returns:
         :class:`CanaryResult`; at ``"promoted"`` the gateway sends 100 % to the challenger.
@@ -250,6 +288,7 @@ def run_canary(
         apply_plan=apply_plan, scrape_metrics=scrape_metrics, unload_challenger=unload_challenger,
         observe=observe, expected=expected, coverage_reference=coverage_reference, sleep=sleep,
         clock=clock, on_step=on_step, on_analysis=on_analysis, gateway_statuses=gateway_statuses,
+        pauses=pauses,
     )
     for index, (percent, plan) in enumerate(zip(policy.steps, plans, strict=True), start=1):
         try:
@@ -260,7 +299,7 @@ def run_canary(
         if failure is not None:
             return _rolled_back(run, failure)
     return CanaryResult(model, champion, challenger, "promoted", "every step passed", run.steps,
-                        analyses=run.analyses)
+                        analyses=run.analyses, decisions=run.decisions)
 
 
 def _rolled_back(run: _CanaryRun, reason: str) -> CanaryResult:
@@ -271,16 +310,19 @@ def _rolled_back(run: _CanaryRun, reason: str) -> CanaryResult:
     )
     outcome = "rolled_back" if rec.gateway_ok else "rollback_failed"
     return CanaryResult(run.model, run.champion, run.challenger, outcome, reason, run.steps, rec,
-                        run.analyses)
+                        run.analyses, run.decisions)
 
 
 def _bake_step(run: _CanaryRun, index: int, percent: int) -> str | None:
     """Bake one step (its plan already live), analysing as it goes, extended while inconclusive.
 
+    At the end of each bake the step passes, fails, or is inconclusive; with pauses a passed or
+    inconclusive step then waits for a person's decision (:func:`_decide`). A hold or an
+    inconclusive verdict bakes the step again (same window start, one more ``bake_s``).
+
     Returns:
         ``None`` when the step passed, else why it failed (the canary then rolls back).
     """
-    policy = run.policy
     start = run.clock()
     before_text: str | None = None
     metrics_error: str | None = None
@@ -288,44 +330,102 @@ def _bake_step(run: _CanaryRun, index: int, percent: int) -> str | None:
         before_text = run.scrape_metrics()
     except Exception as exc:  # noqa: BLE001
         metrics_error = str(exc)
-    recent_text, recent_start = before_text, start
-    attempt = 1
-    baked = 0.0
-    bake_until = float(policy.bake_s)
+    st = _StepState(index=index, percent=percent, start=start, before_text=before_text,
+                    metrics_error=metrics_error, recent_text=before_text, recent_start=start,
+                    bake_until=float(run.policy.bake_s))
     while True:
-        after_text = None
-        if metrics_error is None:
-            nap = max(0.0, min(policy.analysis_interval_s, bake_until - baked))
-            run.sleep(nap)
-            baked += nap
-            try:
-                after_text = run.scrape_metrics()
-            except Exception as exc:  # noqa: BLE001
-                metrics_error = str(exc)
-        final = baked >= bake_until - 1e-9
-        end = run.clock()
-        gateway_counts, gateway_recent, gateway_error = _gateway_counts(
-            run, start, recent_start, end, metrics_error)
-        observations, observations_error = _observations(run, start, end, metrics_error)
-        analysis = analyse_step(
-            policy=policy, model=run.model, champion=run.champion, challenger=run.challenger,
-            step=index, percent=percent, attempt=attempt, window_start=start, window_end=end,
-            before_text=before_text, after_text=after_text, metrics_error=metrics_error,
-            recent_before_text=recent_text, final=final, observations=observations,
-            observations_error=observations_error, expected=run.expected,
-            coverage_reference=run.coverage_reference, gateway_counts=gateway_counts,
-            gateway_recent=gateway_recent, gateway_error=gateway_error,
-        )
-        recent_text, recent_start = after_text, end
-        _record_analysis(run, analysis, attempt)
-        if analysis.verdict == PASS:
-            return None
+        nap = max(0.0, min(run.policy.analysis_interval_s, st.bake_until - st.baked))
+        analysis = _analyse(run, st, nap, baking=True)
         if analysis.verdict == FAIL:
-            when = "" if analysis.final else f" after {baked:g} s of its bake"
+            when = "" if analysis.final else f" after {st.baked:g} s of its bake"
             return f"step {index} ({percent}%) failed{when}: {analysis.reasons[0]}"
-        if analysis.verdict == INCONCLUSIVE:
-            attempt += 1  # extend the step: same window start, one more bake
-            bake_until += float(policy.bake_s)
+        if analysis.verdict not in (PASS, INCONCLUSIVE):
+            continue
+        decision, failure = _decide(run, st, analysis)
+        if failure is not None:
+            return failure
+        if decision == CONTINUE_DECISION:
+            return None
+        st.attempt += 1  # hold, or extend an inconclusive step: same window start, one more bake
+        st.bake_until += float(run.policy.bake_s)
+
+
+def _analyse(run: _CanaryRun, st: _StepState, nap: float, *, baking: bool) -> StepAnalysis:
+    """Sleep ``nap`` seconds, scrape, and analyse the step's window so far (recorded).
+
+    ``baking``: the seconds count towards the bake, and the analysis is final when the bake is
+    over; otherwise (a pause waiting for a decision) it is never final: only the hard checks judge.
+    """
+    after_text = None
+    if st.metrics_error is None:
+        run.sleep(nap)
+        if baking:
+            st.baked += nap
+        try:
+            after_text = run.scrape_metrics()
+        except Exception as exc:  # noqa: BLE001
+            st.metrics_error = str(exc)
+    final = baking and st.baked >= st.bake_until - 1e-9
+    end = run.clock()
+    gateway_counts, gateway_recent, gateway_error = _gateway_counts(
+        run, st.start, st.recent_start, end, st.metrics_error)
+    observations, observations_error = _observations(run, st.start, end, st.metrics_error)
+    analysis = analyse_step(
+        policy=run.policy, model=run.model, champion=run.champion, challenger=run.challenger,
+        step=st.index, percent=st.percent, attempt=st.attempt, window_start=st.start, window_end=end,
+        before_text=st.before_text, after_text=after_text, metrics_error=st.metrics_error,
+        recent_before_text=st.recent_text, final=final, observations=observations,
+        observations_error=observations_error, expected=run.expected,
+        coverage_reference=run.coverage_reference, gateway_counts=gateway_counts,
+        gateway_recent=gateway_recent, gateway_error=gateway_error,
+    )
+    st.recent_text, st.recent_start = after_text, end
+    _record_analysis(run, analysis, st.attempt)
+    return analysis
+
+
+def _decide(run: _CanaryRun, st: _StepState, analysis: StepAnalysis) -> tuple[str, str | None]:
+    """What to do after a bake that ended passed or inconclusive: ``(decision, failure or None)``.
+
+    Without pauses: continue after a pass, extend (``hold``) after an inconclusive verdict. With
+    pauses: ask (:meth:`PauseControl.open`), then wait for the answer until the pause's timeout
+    (its default then), analysing the step meanwhile: a hard failure while waiting rolls back at
+    once. ``rollback`` returns the failure that rolls the canary back.
+    """
+    passed = analysis.verdict == PASS
+    if run.pauses is None:
+        return (CONTINUE_DECISION if passed else HOLD_DECISION), None
+    options, default = offered(passed, extension_left=st.attempt <= run.policy.max_extensions)
+    number = run.pauses.open(analysis, options, default)
+    decision, failure = _wait_for_decision(run, st, number, default)
+    run.pauses.close(number, decision, analysis)
+    run.decisions.append({"step": st.index, "percent": st.percent, "attempt": st.attempt, "pause": number,
+                          "verdict": analysis.verdict, **decision.to_dict()})
+    if failure is None and decision.decision == ROLLBACK_DECISION:
+        failure = (f"step {st.index} ({st.percent}%) rolled back at its pause by {decision.by or 'nobody'}"
+                   + (f": {decision.note}" if decision.note else ""))
+    return decision.decision, failure
+
+
+def _wait_for_decision(run: _CanaryRun, st: _StepState, number: int | None,
+                       default: str) -> tuple[PauseDecision, str | None]:
+    """Wait at pause ``number`` for its answer, its timeout or a failed hard check."""
+    assert run.pauses is not None
+    if number is None:
+        return PauseDecision(default, source="no pause left"), None
+    deadline = run.clock() + float(run.pauses.timeout_s)
+    while True:
+        answer = run.pauses.answer(number)
+        if answer is not None:
+            return answer, None
+        left = deadline - run.clock()
+        if left <= 0:
+            return PauseDecision(default, note=f"no answer within {run.pauses.timeout_s:g} s",
+                                 source="timeout"), None
+        check = _analyse(run, st, min(run.policy.analysis_interval_s, left), baking=False)
+        if check.verdict == FAIL:
+            why = f"step {st.index} ({st.percent}%) failed while waiting at its pause: {check.reasons[0]}"
+            return PauseDecision(ROLLBACK_DECISION, note=check.reasons[0], source="check"), why
 
 
 def _gateway_counts(

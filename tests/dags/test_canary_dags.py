@@ -226,8 +226,9 @@ def test_promotion_dag_promotes_through_all_its_tasks(served, dag_runs):
     run = dag_runs["promoted"]
     assert run["state"] == "success", run
     assert set(run["tis"]) == {"resolve_versions", "approval", "preflight", "load_side_by_side", "canary",
-                               "traffic_steps", "canary_step"}
+                               "traffic_steps", "canary_step", "pause_numbers", "step_decision"}
     assert run["tis"]["approval"] == ["success", 1], run  # policy auto: passed at once, nobody asked
+    assert run["tis"]["step_decision"][0] == "skipped", run  # and no pause: nobody is asked during the canary
     assert run["tis"]["canary_step"] == ["success", 1], run  # the 100 % step's box in the grid
     assert run["labels"] == {"canary_step[0]": "100 %"}, run
     tags = RegistryClient(served["settings"].resolved_mlflow_tracking_uri).get_version(MODEL, 2).tags

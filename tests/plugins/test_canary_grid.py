@@ -39,6 +39,17 @@ def test_an_extended_step_is_judged_on_its_last_attempt():
     assert state == "failed" and reason.startswith("inconclusive")
 
 
+def test_a_step_a_person_continued_after_an_inconclusive_verdict_is_shown_passed():
+    results = {"outcome": "promoted", "reason": "every step passed", "steps": [_step(50, "pass"),
+                                                                              _step(100, "inconclusive", requests=3)],
+               "decisions": [{"percent": 50, "attempt": 1, "decision": "continue", "by": "alice", "source": "person"},
+                             {"percent": 100, "attempt": 1, "decision": "continue", "by": "bob", "source": "person"}]}
+    state, reason = step_verdict(100, results)
+    assert state == "passed" and reason.startswith("continued by bob at its pause after an inconclusive verdict")
+    results["decisions"][1]["decision"] = "hold"  # held, never continued: still not a pass
+    assert step_verdict(100, results)[0] == "failed"
+
+
 @pytest.mark.parametrize("results", [{"outcome": "noop", "reason": "already champion", "steps": []},
                                      {"outcome": "dry_run", "reason": "dry run", "steps": []}])
 def test_a_noop_or_dry_run_skips_every_box(results):
@@ -96,5 +107,5 @@ def test_the_promotion_result_round_trips_through_xcom():
 
     ti = Ti()
     push_step_results({"ti": ti}, {**ROLLED_BACK, "model": "m", "promotion": None})
-    assert set(ti.store[STEP_RESULTS_KEY]) == {"outcome", "reason", "steps"}
-    assert step_results({"ti": ti}) == ROLLED_BACK
+    assert set(ti.store[STEP_RESULTS_KEY]) == {"outcome", "reason", "steps", "decisions"}
+    assert step_results({"ti": ti}) == {**ROLLED_BACK, "decisions": []}

@@ -31,6 +31,12 @@ def test_the_expected_times_follow_the_settings(tmp_path):
                                  "TRITONFLOW_CANARY_MAX_EXTENSIONS": "1", "TRITONFLOW_DEADLINE_MARGIN_S": "100"},
                                 home=tmp_path)
     assert expected_run("canary", approve)[0] == 940 + 7200  # the approval's wait counts
+    steps = Settings.from_env({"TRITONFLOW_PROMOTION_POLICY": "approve-steps", "TRITONFLOW_APPROVAL_TIMEOUT_H": "2",
+                               "TRITONFLOW_CANARY_PAUSE_TIMEOUT_S": "30", "TRITONFLOW_CANARY_STEPS": "25,100",
+                               "TRITONFLOW_CANARY_BAKE_S": "60", "TRITONFLOW_CANARY_MAX_EXTENSIONS": "1",
+                               "TRITONFLOW_DEADLINE_MARGIN_S": "100"}, home=tmp_path)
+    seconds, why = expected_run("canary", steps)  # and a pause may follow each of the 4 bakes
+    assert seconds == 940 + 7200 + 4 * 30 and why.startswith("2 steps x (60 s bake + 30 s pause) x 2")
     with pytest.raises(ValueError, match="run kind 'train': expected one of"):
         expected_run("train", s)
 

@@ -136,14 +136,24 @@ def test_status_shows_aliases_policy_running_canary_and_last_decision(mlflow_ser
     client.set_model_version_tag(name, "2", "tritonflow.canary.c1.started", '{"started_at": "2026-01-01T01:01:00Z"}')
     client.set_model_version_tag(name, "2", "tritonflow.canary.c1.step.01.0", '{"percent": 25}')
     client.set_model_version_tag(name, "2", "tritonflow.canary.latest", "c1")
+    client.set_model_version_tag(name, "2", "tritonflow.canary.c1.pause.01", _json.dumps(
+        {"number": 1, "percent": 25, "verdict": "pass", "decision": None, "policy": "approve-steps"}))
     monkeypatch.setenv("TRITONFLOW_HOME", str(tmp_path))
     monkeypatch.setenv("TRITONFLOW_MLFLOW_TRACKING_URI", mlflow_server.tracking_uri)
     assert cli.main(["status", name]) == 0
     out = capsys.readouterr().out
     assert "promotion policy approve" in out and "aliases: champion=v1" in out
     assert "no traffic plan on the gateway" in out
-    assert "canary: v2 running (c1), step 01.0 at 25 %" in out
-    assert "last decision: approval approved on v2 at 2026-01-01T01:00:00Z" in out
+    assert "canary: v2 running (c1), step 01.0 at 25 %, waiting for a decision at pause 1 (pass;" in out
+    assert "last decision: approval approved on v2 at 2026-01-01T01:00:00Z by alice" in out
+    client.set_model_version_tag(name, "2", "tritonflow.canary.c1.pause.01", _json.dumps(
+        {"number": 1, "percent": 25, "verdict": "pass", "decision": "hold", "by": "bob", "at": "2026-01-01T01:05:00Z",
+         "policy": "approve-steps", "source": "person"}))
+    assert cli.main(["status", name]) == 0
+    out = capsys.readouterr().out
+    assert "waiting for a decision" not in out
+    assert ("last decision: step decision hold at 25 % on v2 at 2026-01-01T01:05:00Z by bob "
+            "(policy approve-steps)") in out
     assert cli.main(["status", name, "--json"]) == 0
     status = _json.loads(capsys.readouterr().out)
     assert status["aliases"] == {"champion": 1} and status["canary"]["percent"] == 25

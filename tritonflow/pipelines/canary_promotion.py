@@ -10,6 +10,11 @@ folders of the repository (:func:`garbage_collect_repository`). A failed step ro
 automatically (gateway to 100 % champion first, then the challenger unloaded); when that step
 measured the challenger and judged it bad, the challenger is tagged rejected (stage ``canary``) so
 no later shadow evaluation or canary promotes it again.
+
+Under the model's promotion policy ``approve-steps``, with a ``pause_key`` (the DAG run's), each
+step whose bake ends passed or inconclusive pauses for a person's decision (continue, hold, roll
+back) through :class:`~tritonflow.pipelines.canary_pauses.PauseBoard`, still under the lease and
+with the checks running; each decision is tagged on the challenger's version.
 """
 
 from __future__ import annotations
@@ -146,6 +151,9 @@ class PromotionRequest:
         label_column: Label column of the inference-log labels (default: their only one).
         policy_overrides: Other :class:`~repository_sync.canary.policy.CanaryPolicy` fields.
         garbage_collect: Delete old repository versions after a promotion.
+        pause_key: Where the pauses of a canary under promotion policy ``approve-steps`` are asked
+            (:func:`~tritonflow.pipelines.canary_pauses.pause_key` of the DAG run, whose
+            ``step_decision`` tasks ask a person); ``None``: no pauses, whatever the policy.
     """
 
     model: str
@@ -163,6 +171,7 @@ class PromotionRequest:
     label_column: str | None = None
     policy_overrides: Mapping[str, Any] | None = None
     garbage_collect: bool = True
+    pause_key: str | None = None
 
     def policy(self, settings: Any) -> Any:
         """The :class:`~repository_sync.canary.policy.CanaryPolicy`: the settings, then this request's values.
@@ -227,6 +236,26 @@ class _Promotion:
     def unload_challenger(self) -> None:
         unload_version(self.env, self.name, self.challenger, keep_config_of=self.champion)
 
+    def pause_board(self) -> Any:
+        """The :class:`~tritonflow.pipelines.canary_pauses.PauseBoard` of this canary, or ``None``.
+
+        ``None`` unless the promotion policy in force is ``approve-steps`` and the request names a
+        ``pause_key``; opened (:meth:`PauseBoard.start`) when returned.
+        """
+        if self.promotion_policy != "approve-steps" or not self.request.pause_key:
+            return None
+        from ground.coordination import coordination_store
+        from tritonflow.pipelines.canary_pauses import PauseBoard, pause_slots
+
+        settings = self.env.settings
+        board = PauseBoard(coordination_store(settings), self.request.pause_key,
+                           slots=pause_slots(len(self.policy.steps), self.policy.max_extensions),
+                           timeout_s=settings.canary_pause_timeout_s, record=self.tag, tag_prefix=self.prefix,
+                           policy=self.promotion_policy)
+        board.start(model=self.request.model, challenger=self.challenger, champion=self.champion,
+                    canary_id=self.canary_id, triton_model=self.name)
+        return board
+
 
 def run_promotion(
     request: PromotionRequest,
@@ -250,7 +279,8 @@ def run_promotion(
     Returns:
         ``{"outcome": "promoted" | "rolled_back" | "rollback_failed" | "noop" | "routed" |
         "dry_run", "model", "champion", "challenger", "reason", "canary_id", "steps": [verdict
-        summaries], "rollback": {...} | None, "promotion": {...} | None, "gc": {...} | None,
+        summaries], "decisions": [the decision at each pause, under approve-steps],
+        "rollback": {...} | None, "promotion": {...} | None, "gc": {...} | None,
         "canary_run": {"run_id", "analyses", "analyses_uri", "plot"} | None}``, plus ``rejected``
         after a rollback (the rejection tagged, ``''`` when none: :func:`_reject_judged_challenger`);
         the MLflow run (experiment ``tritonflow-canary``) holds every analysis and the plot over time.
@@ -296,7 +326,7 @@ def _base(request: PromotionRequest, res: Mapping[str, Any], policy: Any) -> dic
     """The keys every outcome has, before the canary fills them."""
     return {"model": request.model, "triton_model": res["triton_model"], "champion": res["champion"],
             "challenger": res["challenger"], "canary_id": None, "steps": [], "rollback": None,
-            "promotion": None, "gc": None, "canary_run": None, "policy": policy.thresholds()}
+            "promotion": None, "gc": None, "canary_run": None, "decisions": [], "policy": policy.thresholds()}
 
 
 def _route_without_canary(run: _Promotion) -> dict[str, Any]:
@@ -360,14 +390,18 @@ def _drive_canary(run: _Promotion, pre: Mapping[str, Any], loaded: Mapping[str, 
     observe = (observer(env.inference_log_root, run.name, prediction_columns=request.prediction_columns,
                         label_column=request.label_column, endpoint_url=env.endpoint_url)
                if request.check_predictions else None)
+    board = run.pause_board()
+    outcome = "aborted"
     try:
-        return run_canary(
+        result = run_canary(
             model=run.name, champion=run.champion, challenger=run.challenger, policy=run.policy,
             apply_plan=run.apply_live, scrape_metrics=metrics_scraper(env.metrics_url),
             unload_challenger=run.unload_challenger, observe=observe, expected=expected,
             coverage_reference=coverage_ref, sleep=sleep, clock=clock, on_step=on_step,
-            on_analysis=run.record.add, gateway_statuses=gateway_statuses(env, run.name),
+            on_analysis=run.record.add, gateway_statuses=gateway_statuses(env, run.name), pauses=board,
         )
+        outcome = result.outcome
+        return result
     except BaseException as exc:
         from repository_sync.canary.runner import rollback
 
@@ -378,6 +412,10 @@ def _drive_canary(run: _Promotion, pre: Mapping[str, Any], loaded: Mapping[str, 
         with contextlib.suppress(Exception):
             run.tag({run.prefix + "outcome": "aborted", run.prefix + "rollback": dataclasses.asdict(rec)})
         raise
+    finally:
+        if board is not None:  # the tasks still waiting for a pause end
+            with contextlib.suppress(Exception):
+                board.end(outcome)
 
 
 def _canary_outcome(run: _Promotion, result: Any, pre: Mapping[str, Any]) -> dict[str, Any]:
@@ -388,7 +426,7 @@ def _canary_outcome(run: _Promotion, result: Any, pre: Mapping[str, Any]) -> dic
                 "canary_requests": s.canary_requests} for s in result.steps]
     run.tag({run.prefix + "run": canary_run})
     return {**run.base, "canary_id": run.canary_id, "outcome": result.outcome, "reason": result.reason,
-            "steps": summary, "preflight": pre, "canary_run": canary_run,
+            "steps": summary, "decisions": list(result.decisions), "preflight": pre, "canary_run": canary_run,
             "rollback": dataclasses.asdict(result.rollback) if result.rollback else None}
 
 

@@ -6,8 +6,8 @@ The policy is tag ``tritonflow.promotion_policy`` on the registered model in MLf
 * ``auto``: a shadow winner goes straight to its canary (the main job's policy);
 * ``approve``: the ``canary_promotion`` DAG's ``approval`` task waits for a person before any
   traffic moves;
-* ``approve-steps``: accepted, and for now behaves as ``approve`` (decisions at each canary pause
-  are not built yet).
+* ``approve-steps``: that approval, then a person decides at the end of each canary step's bake
+  (continue, hold or roll back; :mod:`tritonflow.pipelines.canary_pauses`).
 
 The answer of an approval, who gave it and when are tags ``tritonflow.approval.*`` on the
 challenger's version; a rejection (or no answer before the timeout) also tags it rejected at stage

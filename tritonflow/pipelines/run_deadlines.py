@@ -19,19 +19,25 @@ PROMOTION_OVERHEAD_S = 600.0
 RUN_KINDS = ("canary", "rollback", "publish")
 
 
-def canary_time_budget_s(steps: Sequence[int], bake_s: float, max_extensions: int) -> float:
+def canary_time_budget_s(steps: Sequence[int], bake_s: float, max_extensions: int,
+                         pause_timeout_s: float = 0.0) -> float:
     """Longest a canary may take: every step baked ``1 + max_extensions`` times plus overhead.
+
+    Under promotion policy ``approve-steps`` each of those bakes may end in a pause that waits up to
+    ``pause_timeout_s`` for a person (0: no pauses).
 
     Used by the DAG to refuse parameters its promotion task's ``execution_timeout`` cannot hold.
     """
-    return len(steps) * float(bake_s) * (1 + int(max_extensions)) + PROMOTION_OVERHEAD_S
+    bakes = len(steps) * (1 + int(max_extensions))
+    return bakes * (float(bake_s) + float(pause_timeout_s)) + PROMOTION_OVERHEAD_S
 
 
 def expected_run(kind: str, settings: Settings) -> tuple[float, str]:
     """Seconds a run of ``kind`` may take before its deadline alert fires, and how they were computed.
 
     * ``canary``: steps x bake x (1 + extensions) + the promotion's overhead, plus the approval's
-      timeout when the default promotion policy asks for a person;
+      timeout when the default promotion policy asks for a person, plus a pause's timeout after each
+      of those bakes under ``approve-steps``;
     * ``rollback``: loading the target and unloading the other (2 x the READY wait);
     * ``publish``: Model Analyzer's timeout + loading the version and its INT8 fallback (2 x the READY wait);
 
@@ -43,8 +49,12 @@ def expected_run(kind: str, settings: Settings) -> tuple[float, str]:
     margin = settings.deadline_margin_s
     if kind == "canary":
         steps = parse_steps(settings.canary_steps)
-        base = canary_time_budget_s(steps, settings.canary_bake_s, settings.canary_max_extensions)
-        why = (f"{len(steps)} steps x {settings.canary_bake_s:g} s bake x {1 + settings.canary_max_extensions} "
+        paused = settings.promotion_policy == "approve-steps"
+        pause_s = settings.canary_pause_timeout_s if paused else 0.0
+        base = canary_time_budget_s(steps, settings.canary_bake_s, settings.canary_max_extensions, pause_s)
+        bake = (f"({settings.canary_bake_s:g} s bake + {pause_s:g} s pause)" if paused
+                else f"{settings.canary_bake_s:g} s bake")
+        why = (f"{len(steps)} steps x {bake} x {1 + settings.canary_max_extensions} "
                f"+ {PROMOTION_OVERHEAD_S:g} s overhead")
         if settings.promotion_policy != "auto":
             base += settings.approval_timeout_h * 3600

@@ -32,14 +32,22 @@ def running_canary(ref: Any) -> dict[str, Any] | None:
         return None
     steps = sorted(k[len(prefix + "step."):] for k in tags if k.startswith(prefix + "step."))
     last = _json(tags[prefix + "step." + steps[-1]]) if steps else None
+    waiting = [p for p in _pauses(tags, prefix) if not p.get("decision")]
     return {"version": ref.version, "canary_id": canary_id,
             "started": _json(tags.get(prefix + "started")),
             "step": steps[-1] if steps else None,
-            "percent": last.get("percent") if isinstance(last, dict) else None}
+            "percent": last.get("percent") if isinstance(last, dict) else None,
+            "waiting": waiting[-1] if waiting else None}
+
+
+def _pauses(tags: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
+    """The pauses (policy approve-steps) recorded under ``prefix``, in order (:mod:`.canary_pauses`)."""
+    found = sorted(k for k in tags if k.startswith(prefix + "pause."))
+    return [p for p in (_json(tags[k]) for k in found) if isinstance(p, dict)]
 
 
 def decisions(ref: Any) -> list[dict[str, Any]]:
-    """The decisions recorded on version ``ref`` (canary, shadow, approval, rejection), each with its time."""
+    """The decisions recorded on version ``ref`` (canary, step decision, shadow, approval, rejection), with times."""
     tags = dict(ref.tags or {})
     out = []
     canary_id = tags.get(CANARY_TAG_PREFIX + "latest")
@@ -49,6 +57,12 @@ def decisions(ref: Any) -> list[dict[str, Any]]:
         out.append({"kind": "canary", "outcome": tags[prefix + "outcome"], "reason": tags.get(prefix + "reason"),
                     "at": started.get("started_at", "") if isinstance(started, dict) else "",
                     "policy": tags.get(prefix + "promotion_policy")})
+    decided = [p for p in _pauses(tags, f"{CANARY_TAG_PREFIX}{canary_id}.") if p.get("decision")] if canary_id else []
+    if decided:
+        last = decided[-1]
+        out.append({"kind": "step decision", "outcome": f"{last['decision']} at {last.get('percent')} %",
+                    "by": last.get("by"), "at": last.get("at") or "", "policy": last.get("policy"),
+                    "reason": last.get("note") or last.get("source")})
     if SHADOW_TAG_PREFIX + "outcome" in tags:
         out.append({"kind": "shadow", "outcome": tags[SHADOW_TAG_PREFIX + "outcome"],
                     "at": tags.get(SHADOW_TAG_PREFIX + "evaluated_at", ""),
@@ -116,11 +130,15 @@ def format_status(status: dict[str, Any]) -> str:
     aliases = status["aliases"]
     lines.append("aliases: " + (", ".join(f"{a}=v{v}" for a, v in sorted(aliases.items())) if aliases else "none"))
     canary = status["canary"]
+    waiting = (canary or {}).get("waiting")
     lines.append(f"canary: v{canary['version']} running ({canary['canary_id']}), step {canary['step'] or 'none yet'}"
                  + (f" at {canary['percent']} %" if canary.get("percent") is not None else "")
+                 + (f", waiting for a decision at pause {waiting.get('number')} ({waiting.get('verdict')}; "
+                    f"tritonflow decide MODEL continue|hold|rollback)" if waiting else "")
                  if canary else "canary: none running")
     last = status["last_decision"]
     lines.append(f"last decision: {last['kind']} {last['outcome']} on v{last['version']} at {last['at'] or '?'}"
+                 + (f" by {last['by']}" if last.get("by") else "")
                  + (f" (policy {last['policy']})" if last.get("policy") else "")
                  + (f": {last['reason']}" if last.get("reason") else "")
                  if last else "last decision: none recorded")
