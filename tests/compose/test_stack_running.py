@@ -30,6 +30,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.timeout(2
 #: Host ports of this test's stack (published on 127.0.0.1 only), away from the compose defaults.
 PORTS = shifted_ports(10000)
 PROJECT = "tritonflow-test"
+#: The receiver's secret in this test's stack (the compose file's default is empty: no delivery passes).
+WEBHOOK_SECRET = "stack-test-webhook-secret"
+#: The receiver as the stack's MLflow server reaches it, on the stack's own network.
+RECEIVER_URL = "http://airflow-apiserver:8080/tritonflow/webhooks/mlflow"
 
 
 @dataclass
@@ -66,7 +70,8 @@ def stack() -> Iterator[Stack]:
     env = {**os.environ, "COMPOSE_PROJECT_NAME": PROJECT, **{k: str(v) for k, v in PORTS.items()},
            "TRITONFLOW_STACK_WORKERS": "2", "TRITONFLOW_CANARY_BAKE_S": "5",
            # a lost worker's task is failed after 90 s: above the promotion lease's 60 s TTL
-           "AIRFLOW_TASK_HEARTBEAT_TIMEOUT_S": "90"}
+           "AIRFLOW_TASK_HEARTBEAT_TIMEOUT_S": "90",
+           "TRITONFLOW_WEBHOOK_SECRET": WEBHOOK_SECRET}
     _docker_usable(env)
     s = Stack(env)
     up = s.sh("up")
@@ -337,3 +342,50 @@ def test_triton_restarted_mid_canary_resolves_the_canary_and_serves_a_ready_vers
     assert set(observed["gateway_routes"]) == {serving}, observed
     assert not [v for v, st in observed["triton"].items() if st not in ("READY", "UNAVAILABLE", "")], observed
     assert {str(int(v)) for v in after["version"]} == {serving}, after["version"].value_counts()
+
+
+def _delivery_status(stack, api) -> dict:
+    req = urllib.request.Request(f"{stack.url('AIRFLOW_PORT')}/tritonflow/webhooks/status?limit=100",
+                                 headers={"Authorization": f"Bearer {api.token()}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def test_the_stacks_mlflow_delivers_registry_changes_to_the_api_servers_receiver(stack, champion):
+    """The README's registry steps in the stack, with MLflow's own delivery: ``tritonflow registry
+    webhook register`` creates the webhook on the stack's MLflow (http to a private address, which
+    the stack's MLflow allows), a tag set on a version arrives signed at the api-server's receiver,
+    and alias ``challenger`` set in MLflow starts exactly one ``model_publish`` run. Last in this
+    module: the run it starts is left to the stack's teardown."""
+    import sys
+
+    from mlflow import MlflowClient
+
+    api = _api(stack)
+    tracking = stack.url("MLFLOW_PORT")
+    cli = subprocess.run([sys.executable, "-c", "from tritonflow.cli import main; raise SystemExit(main())",
+                          "registry", "webhook", "register", "--url", RECEIVER_URL, "--secret", WEBHOOK_SECRET,
+                          "--tracking-uri", tracking], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and "webhook" in cli.stdout, cli.stdout + cli.stderr
+    client = MlflowClient(tracking)
+    version = str(champion["version"])
+    time.sleep(6)  # the stack's MLflow caches each event's webhooks for MLFLOW_WEBHOOK_CACHE_TTL=5 s
+    before = {r["dag_run_id"] for r in api.dag_runs("model_publish")}
+    client.set_model_version_tag(MODEL, version, "stack.webhook.probe", "1")
+    client.set_registered_model_alias(MODEL, "challenger", version)
+    deadline, status, started = time.monotonic() + 120, {}, []
+    while time.monotonic() < deadline:
+        status = _delivery_status(stack, api)
+        events = {d["event"] for d in status["deliveries"]["last"]}
+        started = [r for r in api.dag_runs("model_publish") if r["dag_run_id"] not in before]
+        if {"model_version_tag.set", "model_version_alias.created"} <= events and started:
+            break
+        time.sleep(2)
+    assert {"model_version_tag.set", "model_version_alias.created"} <= events, status
+    time.sleep(10)  # a second run for the same change would show by now
+    started = [r for r in api.dag_runs("model_publish") if r["dag_run_id"] not in before]
+    assert len(started) == 1, (started, status)
+    assert (started[0].get("conf") or {}).get("model_name") == MODEL, started[0]
+    alias = [d for d in status["deliveries"]["last"] if d["event"] == "model_version_alias.created"]
+    # "duplicate" when the registry watcher (the reconciler) found the change first: one run either way
+    assert len(alias) == 1 and alias[0]["outcome"] in ("started", "duplicate"), status
