@@ -37,10 +37,11 @@ For each model:
   alert fires after a few drifted hours in a row, or at once on a strong drift; a cooldown keeps
   it from repeating every hour. Each alerting model gets its own **drift_event** box once its hour
   is recorded, whose asset event starts `shadow_evaluation`; a quiet hour has none;
-* **data_quality_gate** - after every other step: fails the run naming every model that failed
-  and why (a **broken data contract** - the hour is kept for inspection -, unreadable data, a step
-  that failed). One model's failure never stops the other models of its batch: they are checked,
-  recorded and alerted first;
+* **data_quality_gate** - after check, record, decide, Evidently and profile: fails the run naming
+  every model that failed and why (a **broken data contract** - the hour is kept for inspection -,
+  unreadable data, a step that failed). One model's failure never stops the other models of its
+  batch: they are checked, recorded and alerted first (a **drift_event** that failed fails the run
+  too);
 * **trigger_followup_retrain** - a champion trained on few rows since a shift asks for a follow-up
   retraining once more labels have arrived (`TRITONFLOW_RETRAIN_FOLLOWUP_HOURS`); an hour that
   passed the gate starts it, once. A quiet hour has none.
@@ -216,11 +217,15 @@ def _alert_events(recorded, events):
     return emitted
 
 
-def _quality_gate(batches, checked, recorded, events, evidently_results, profiles, emitted):
-    """``data_quality_gate`` after every stage (fails the run naming each model that failed), then the follow-ups."""
+def _quality_gate(batches, checked, recorded, events, evidently_results, profiles):
+    """``data_quality_gate`` after every stage (fails the run naming each model that failed), then the follow-ups.
+
+    It does not wait for the ``drift_event`` boxes (a quiet hour's skipped mapping cost one more
+    scheduler loop): one that failed fails the run itself, as a leaf.
+    """
     @data_task(execution_timeout=TIMEOUTS.decision, retries=0, trigger_rule="all_done")
     def data_quality_gate(batches: list, checked: list, recorded: list, evidently_results: list,
-                          profiles: list, emitted: list, params=None) -> list[dict]:
+                          profiles: list, params=None) -> list[dict]:
         from tritonflow.pipelines.drift_batches import OUTCOMES_KEY, due_followups, problems, raise_problems
         from tritonflow.pipelines.retrain_followup import start_followups
 
@@ -232,11 +237,11 @@ def _quality_gate(batches, checked, recorded, events, evidently_results, profile
         if params.get("profile", True):
             stages["profile"] = profiles
         batches = list(batches or [])
-        found = problems(batches, checked, stages, events=emitted)
+        found = problems(batches, checked, stages)
         raise_problems(found, sum(len(b) for b in batches), *_window(context))
         return start_followups(due_followups(recorded))
 
-    gate = data_quality_gate(batches, checked, recorded, evidently_results, profiles, emitted)
+    gate = data_quality_gate(batches, checked, recorded, evidently_results, profiles)
     events >> gate
     # a champion trained on few post-shift rows: its follow-up retraining, started by an hour that passed
     return fire_and_forget_mapped("trigger_followup_retrain").expand_kwargs(gate)
@@ -249,7 +254,7 @@ def drift_monitor():
     batches = _batches()
     checked, ev, profiled = _hour_stages(batches)
     recorded, events = _outcome_stages(checked, ev)
-    emitted = _alert_events(recorded, events)
-    _quality_gate(batches, checked, recorded, events, ev, profiled, emitted)
+    _alert_events(recorded, events)
+    _quality_gate(batches, checked, recorded, events, ev, profiled)
 
 drift_monitor()

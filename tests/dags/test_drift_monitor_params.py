@@ -30,19 +30,22 @@ def test_reference_strategy_and_evidently_rows_default_to_the_settings_at_run_ti
 
 
 def test_the_data_quality_gate_runs_after_every_stage_so_a_failure_fails_the_run(drift_dag):
-    # the gate runs whatever happened upstream (all_done); the run's only leaf is the follow-up
-    # trigger after it, upstream_failed when the gate failed: the run fails when any model failed
+    # the gate runs whatever happened upstream (all_done); the run's leaves are the follow-up
+    # trigger after it (upstream_failed when the gate failed) and the drift events (retries=0): the
+    # run fails when any model failed anywhere or an event was not emitted
     gate = drift_dag.get_task("data_quality_gate")
     assert gate.trigger_rule == "all_done" and gate.retries == 0
-    assert {"check", "record", "decide", "evidently", "profile", "drift_event"} <= gate.upstream_task_ids
-    assert [t.task_id for t in drift_dag.tasks if not t.downstream_task_ids] == ["trigger_followup_retrain"]
+    assert gate.upstream_task_ids == {"models", "check", "record", "decide", "evidently", "profile"}
+    assert {t.task_id for t in drift_dag.tasks if not t.downstream_task_ids} == {"trigger_followup_retrain",
+                                                                                  "drift_event"}
+    assert drift_dag.get_task("drift_event").retries == 0
     assert drift_dag.get_task("trigger_followup_retrain").upstream_task_ids == {"data_quality_gate"}
     assert drift_dag.get_task("trigger_followup_retrain").trigger_rule == "all_success"
     # the asset events go out after the hour was recorded and decided, one per alerting model
     event = drift_dag.get_task("drift_event")
     assert event.upstream_task_ids == {"record", "decide"}
-    # decide does not wait for record: both follow the check, so the hour's chain is
-    # models -> check -> record | decide -> data_quality_gate
+    # decide does not wait for record and the gate does not wait for the events: the hour's
+    # chain is models -> check -> record | decide -> data_quality_gate
     assert drift_dag.get_task("decide").upstream_task_ids == {"check"}
     assert drift_dag.get_task("record").upstream_task_ids == {"check", "evidently"}
     assert not {"alerts", "followups"} & set(drift_dag.task_ids)  # folded into decide, record and the gate
