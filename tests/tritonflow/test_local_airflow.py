@@ -84,6 +84,14 @@ def test_local_scheduler_queues_a_ready_task_within_a_fifth_of_a_second(tmp_path
     assert float(cfg["scheduler"]["scheduler_idle_sleep_time"]) <= 0.2  # Airflow's default 1 s per task
 
 
+def test_an_unchanged_dag_file_is_parsed_again_after_minutes_and_a_changed_one_at_once(tmp_path):
+    # every 10 s the dag-processor kept 16-19 % of a core busy parsing unchanged files; Airflow's
+    # default modified_time order still parses a changed file at the next scan (every 5 s)
+    cfg = AirflowConfig.local(Settings.from_env({}, home=tmp_path)).airflow_cfg()["dag_processor"]
+    assert int(cfg["min_file_process_interval"]) >= 60 and int(cfg["refresh_interval"]) <= 5
+    assert cfg.get("file_parsing_sort_mode", "modified_time") == "modified_time"
+
+
 def test_the_project_bytecode_is_written_at_start_only_when_the_processes_would_not(tmp_path, monkeypatch):
     # with PYTHONDONTWRITEBYTECODE every task process compiled every project module it imported
     from tritonflow.runtime.airflow import precompile_project
