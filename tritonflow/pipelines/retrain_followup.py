@@ -99,7 +99,7 @@ def start_followups(due: Sequence[Mapping[str, Any]], settings: Settings | None 
         :func:`trigger_of` of each version marked; a version whose mark could not be written is
         left out (logged): it is due again the next hour.
     """
-    out = []
+    out: list[dict[str, Any]] = []
     todo = sorted((c for c in due if c), key=lambda c: str(c["model"]))
     if not todo:
         return out
