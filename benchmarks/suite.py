@@ -77,6 +77,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("drift_scale", 7200, argv=("--airflow-models", "200"),
               why="the many-models goal is stated for 200 models; the script's default skips that part",
               paths=("dags",)),
+    Benchmark("drift_hour", 1800, paths=("dags", "plugins")),
     Benchmark("publish_latency", 3600),
     Benchmark("rollback_time", 1800, argv=("--triton", "--keepalive", "--retry-stale"),
               why="the real-Triton run is the headline; the default upstream is a Python stand-in"),

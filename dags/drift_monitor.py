@@ -33,16 +33,18 @@ For each model:
   from the last 30 days;
 * **record** - figures and verdicts go to MLflow (experiment `tritonflow-drift`), with an
   Evidently report and a whylogs profile when ticked;
-* **decide** - the alerts are logged (and posted to the webhook); an alert fires after a few
-  drifted hours in a row, or at once on a strong drift; a cooldown keeps it from repeating every
-  hour. Each alerting model gets its own **drift_event** box, whose asset event starts
-  `shadow_evaluation`; a quiet hour has none;
-* **followups** - a champion trained on few rows since a shift asks for a follow-up retraining
-  once more labels have arrived (`TRITONFLOW_RETRAIN_FOLLOWUP_HOURS`); it is started here, once;
-* **data_quality_gate** - last: fails the run naming every model that failed and why (a
-  **broken data contract** - the hour is kept for inspection -, unreadable data, a step that
-  failed). One model's failure never stops the other models of its batch: they are checked,
-  recorded and alerted first.
+* **decide** (one box for every model) - the alerts are logged (and posted to the webhook); an
+  alert fires after a few drifted hours in a row, or at once on a strong drift; a cooldown keeps
+  it from repeating every hour. Each alerting model gets its own **drift_event** box once its hour
+  is recorded, whose asset event starts `shadow_evaluation`; a quiet hour has none;
+* **data_quality_gate** - after check, record, decide, Evidently and profile: fails the run naming
+  every model that failed and why (a **broken data contract** - the hour is kept for inspection -,
+  unreadable data, a step that failed). One model's failure never stops the other models of its
+  batch: they are checked, recorded and alerted first (a **drift_event** that failed fails the run
+  too);
+* **trigger_followup_retrain** - a champion trained on few rows since a shift asks for a follow-up
+  retraining once more labels have arrived (`TRITONFLOW_RETRAIN_FOLLOWUP_HOURS`); an hour that
+  passed the gate starts it, once. A quiet hour has none.
 
 It runs by itself every hour. To check one hour by hand, trigger it and pick **Models** (empty:
 every model with a champion). A model without a reference yet gets the status `no_reference`
@@ -159,7 +161,7 @@ def _hour_stages(batches):
 
 
 def _outcome_stages(checked, evidently_results):
-    """``record`` (MLflow) and ``decide`` (alert decisions) of each checked batch: (recorded, decided)."""
+    """``record`` (MLflow, per batch) and ``decide`` (every model's alert decision): (recorded, events)."""
     @data_task(links=True, execution_timeout=TIMEOUTS.drift_batch, trigger_rule="all_done",
                      map_index_template=BATCH_LABEL.format(arg="checked"))
     def record(checked: list, evidently_results: list | None = None) -> list[dict]:
@@ -177,76 +179,72 @@ def _outcome_stages(checked, evidently_results):
         retry_if_transient(out, "record", _last_try(context))
         return out
 
-    @data_task(execution_timeout=TIMEOUTS.drift_batch, trigger_rule="all_done",
-          map_index_template=BATCH_LABEL.format(arg="checked"))
+    @data_task(execution_timeout=TIMEOUTS.drift_batch, trigger_rule="all_done")
     def decide(checked: list) -> list[dict]:
+        """Every checked model's alert and decision; returns the asset-event extras of the alerting ones."""
         from tritonflow.pipelines.alert_decision import XCOM_KEY
-        from tritonflow.pipelines.drift_batches import decide_batch, is_failure, retry_if_transient
+        from tritonflow.pipelines.drift_batches import (
+            OUTCOMES_KEY,
+            alert_events,
+            decide_hour,
+            is_failure,
+            outcomes,
+            retry_if_transient,
+        )
 
         context = get_current_context()
-        out = decide_batch(checked)
+        out = decide_hour(checked)
         context["ti"].xcom_push(key=XCOM_KEY, value=[e["decision"] for e in out if not is_failure(e)])
+        context["ti"].xcom_push(key=OUTCOMES_KEY, value=outcomes(out))
         retry_if_transient(out, "decide", _last_try(context))
-        return out
-
-    return record.partial(evidently_results=evidently_results).expand(checked=checked), decide.expand(checked=checked)
-
-
-def _alert_events(checked, recorded, decided):
-    """``alerts`` after ``record`` and ``decide``, then one ``drift_event`` box per alerting model."""
-    @task(execution_timeout=TIMEOUTS.decision, trigger_rule="all_done")
-    @limit_xcom_size
-    def alerts(checked: list) -> list[dict]:
-        """The asset-event extras of the models whose drift alert fired (one drift_event each)."""
-        from tritonflow.pipelines.drift_batches import alert_events
-
         return alert_events(checked)
 
-    @task(execution_timeout=TIMEOUTS.decision, outlets=[DRIFT_ALERTS], retries=0,
+    recorded = record.partial(evidently_results=evidently_results).expand(checked=checked)
+    return recorded, decide(checked)
+
+
+def _alert_events(recorded, events):
+    """One ``drift_event`` box per alerting model, once its hour is recorded and decided."""
+    @task(execution_timeout=TIMEOUTS.decision, outlets=[DRIFT_ALERTS], retries=0, trigger_rule="all_done",
           map_index_template="{{ task.op_kwargs['extra']['model'] }}")
     @limit_xcom_size
     def drift_event(extra: dict) -> dict:
         get_current_context()["outlet_events"][DRIFT_ALERTS].extra = extra
         return extra
 
-    alerting = alerts(checked)
-    [recorded, decided] >> alerting
-    return drift_event.expand(extra=alerting)
+    emitted = drift_event.expand(extra=events)
+    recorded >> emitted
+    return emitted
 
 
-def _followups(checked, decided):
-    """``followups`` (after ``decide``), then a ``retrain`` run per champion whose follow-up retraining is due."""
-    @task(execution_timeout=TIMEOUTS.decision, trigger_rule="all_done")
-    @limit_xcom_size
-    def followups(checked: list) -> list[dict]:
-        """Triggers of the follow-up retrainings due at the hour's end (few post-shift rows last time)."""
-        from tritonflow.pipelines.drift_batches import summaries
-        from tritonflow.pipelines.retrain import followup_triggers
+def _quality_gate(batches, checked, recorded, events, evidently_results, profiles):
+    """``data_quality_gate`` after every stage (fails the run naming each model that failed), then the follow-ups.
 
-        return followup_triggers(summaries(checked))
-
-    due = followups(checked)
-    decided >> due
-    return fire_and_forget_mapped("trigger_followup_retrain").expand_kwargs(due)
-
-
-def _quality_gate(batches, checked, recorded, decided, evidently_results, profiles, events):
-    """``data_quality_gate``: last, after every stage; fails the run naming each model that failed."""
+    It does not wait for the ``drift_event`` boxes (a quiet hour's skipped mapping cost one more
+    scheduler loop): one that failed fails the run itself, as a leaf.
+    """
     @data_task(execution_timeout=TIMEOUTS.decision, retries=0, trigger_rule="all_done")
-    def data_quality_gate(batches: list, checked: list, recorded: list, decided: list, evidently_results: list,
-                          profiles: list, events: list, params=None) -> dict:
-        from tritonflow.pipelines.drift_batches import problems, raise_problems
+    def data_quality_gate(batches: list, checked: list, recorded: list, evidently_results: list,
+                          profiles: list, params=None) -> list[dict]:
+        from tritonflow.pipelines.drift_batches import OUTCOMES_KEY, due_followups, problems, raise_problems
+        from tritonflow.pipelines.retrain_followup import start_followups
 
-        stages = {"record": recorded, "decide": decided}
+        context = get_current_context()
+        decided = context["ti"].xcom_pull(task_ids="decide", key=OUTCOMES_KEY, default=None)
+        stages = {"record": recorded, "decide": decided or []}
         if params.get("evidently", True):
             stages["evidently"] = evidently_results
         if params.get("profile", True):
             stages["profile"] = profiles
         batches = list(batches or [])
-        found = problems(batches, checked, stages, events=events)
-        return raise_problems(found, sum(len(b) for b in batches), *_window(get_current_context()))
+        found = problems(batches, checked, stages)
+        raise_problems(found, sum(len(b) for b in batches), *_window(context))
+        return start_followups(due_followups(recorded))
 
-    return data_quality_gate(batches, checked, recorded, decided, evidently_results, profiles, events)
+    gate = data_quality_gate(batches, checked, recorded, evidently_results, profiles)
+    events >> gate
+    # a champion trained on few post-shift rows: its follow-up retraining, started by an hour that passed
+    return fire_and_forget_mapped("trigger_followup_retrain").expand_kwargs(gate)
 
 
 @tritonflow_dag("drift_monitor", schedule=_schedule(), topics=["drift"], description=DESCRIPTION, doc_md=DOC,
@@ -255,9 +253,8 @@ def drift_monitor():
     """Check every monitored model's hour of inference log for drift, a batch of models per task."""
     batches = _batches()
     checked, ev, profiled = _hour_stages(batches)
-    recorded, decided = _outcome_stages(checked, ev)
-    events = _alert_events(checked, recorded, decided)
-    followed_up = _followups(checked, decided)
-    followed_up >> _quality_gate(batches, checked, recorded, decided, ev, profiled, events)  # the gate stays last
+    recorded, events = _outcome_stages(checked, ev)
+    _alert_events(recorded, events)
+    _quality_gate(batches, checked, recorded, events, ev, profiled)
 
 drift_monitor()

@@ -140,6 +140,10 @@ class PreparedReference:
         calibrations: Reference-chunk calibrations by chunk size (filled lazily).
         budgets: Quantiles calibrated to the false-alarm budget, by calibration and policies
             (filled lazily, :meth:`budget`).
+        calibration_store: Where the calibrations outlive the process (``load(key)`` /
+            ``save(key, calibration)``, :class:`drift_checks.reference_cache.CalibrationStore`);
+            ``None``: this object only. Each hourly check runs in a fresh task process, and
+            scoring the reference's chunks is most of a small window's check.
     """
 
     schema: LogSchema
@@ -151,17 +155,27 @@ class PreparedReference:
     time_ordered: bool = True
     calibrations: dict[tuple, Calibration] = dataclasses.field(default_factory=dict)
     budgets: dict[tuple, BudgetCalibration | None] = dataclasses.field(default_factory=dict)
+    calibration_store: Any = None
 
     def calibration(self, window_rows: int, quantile: float, names=None) -> Calibration | None:
-        """The reference-chunk calibration for a window of ``window_rows`` rows (cached)."""
+        """The reference-chunk calibration for a window of ``window_rows`` rows.
+
+        Cached here and, with a :attr:`calibration_store`, there (computed once per reference,
+        chunk size, quantile and statistics, whichever process asks first).
+        """
         size = chunk_rows_for(window_rows, len(self.frame))
         if size == 0:
             return None
         key = (size, quantile, tuple(names) if names is not None else None)
         if key not in self.calibrations:
-            frame = self.frame if self.time_ordered else self.frame.sample(frac=1.0, random_state=0)
-            self.calibrations[key] = calibrate_from_reference(
-                frame, self.numeric, self.categorical, size, quantile=quantile, names=names)
+            stored = self.calibration_store.load(key) if self.calibration_store is not None else None
+            if stored is None:
+                frame = self.frame if self.time_ordered else self.frame.sample(frac=1.0, random_state=0)
+                stored = calibrate_from_reference(frame, self.numeric, self.categorical, size, quantile=quantile,
+                                                  names=names)
+                if self.calibration_store is not None:
+                    self.calibration_store.save(key, stored)
+            self.calibrations[key] = stored
         return self.calibrations[key]
 
     def budget(self, calibration: Calibration | None, policy: ThresholdPolicy, alerts: AlertPolicy,

@@ -113,8 +113,9 @@ def test_quiet_hour_records_shifted_hour_emits_one_event_and_rerun_replaces(tmp_
     quiet, shifted, rerun = runs
 
     assert quiet["state"] == "success" and quiet["events"] == []
-    # a quiet hour maps no drift_event at all: the mapped task is skipped, the gate still runs last
+    # a quiet hour maps no drift_event and no follow-up at all: the mapped tasks are skipped
     assert quiet["tis"]["drift_event[-1]"] == "skipped" and quiet["tis"]["record[0]"] == "success"
+    assert quiet["tis"]["trigger_followup_retrain[-1]"] == "skipped" and quiet["tis"]["decide[-1]"] == "success"
     assert quiet["tis"]["data_quality_gate[-1]"] == "success"
     assert quiet["labels"]["check[0]"] == model  # the batch's box is labelled with its models
     history = HistoryStore(env["TRITONFLOW_DRIFT_HISTORY_DB_URL"])
@@ -172,7 +173,7 @@ def test_a_broken_contract_in_a_batch_fails_the_run_after_the_drifting_model_ale
     # one box per stage holds both models, and succeeds: the broken model did not stop the batch
     assert run["tis"]["check[0]"] == "success" and "check[1]" not in run["tis"]
     assert run["labels"]["check[0]"] == f"{broken}, {drifting}" == run["labels"]["record[0]"]
-    assert run["tis"]["record[0]"] == "success" and run["tis"]["decide[0]"] == "success"
+    assert run["tis"]["record[0]"] == "success" and run["tis"]["decide[-1]"] == "success"
     # the drifting model is recorded and emits its event, with the same extra as one model alone
     (extra,) = run["events"]
     assert extra["model"] == drifting and extra["severity"] == "drift" and extra["features"]
@@ -183,8 +184,9 @@ def test_a_broken_contract_in_a_batch_fails_the_run_after_the_drifting_model_ale
     history = HistoryStore(env["TRITONFLOW_DRIFT_HISTORY_DB_URL"])
     assert history.window(drifting, T0)["status"] == "ok"
     assert {d["model"]: d["decision"] for d in run["decisions"]} == {broken: "contract_failed", drifting: "alert"}
-    # then the gate, last, fails the run naming the broken model and why (bad data: no retry)
+    # then the gate fails the run naming the broken model and why (bad data: no retry)
     assert run["tis"]["data_quality_gate[-1]"] == "failed" and run["state"] == "failed"
+    assert run["tis"]["trigger_followup_retrain[-1]"] == "upstream_failed"
     out = proc.stdout + proc.stderr
     (tmp_path / "run.log").write_text(out)
     failed = [ln[ln.index("ModelsFailedError: "):] for ln in out.splitlines() if "ModelsFailedError: 1 of" in ln]

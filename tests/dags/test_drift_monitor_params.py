@@ -1,5 +1,5 @@
 """drift_monitor wiring: params read the settings when a run starts; models are checked in batches;
-the data-quality gate runs last and decides the run's state."""
+the data-quality gate runs after every stage and decides the run's state."""
 
 from pathlib import Path
 
@@ -29,20 +29,26 @@ def test_reference_strategy_and_evidently_rows_default_to_the_settings_at_run_ti
         spec.resolve("weekly")
 
 
-def test_the_data_quality_gate_runs_last_after_every_stage_so_a_failure_fails_the_run(drift_dag):
-    # the gate is the run's only leaf and runs whatever happened upstream (all_done): the run's
-    # state is the gate's, and it fails when any model failed anywhere
+def test_the_data_quality_gate_runs_after_every_stage_so_a_failure_fails_the_run(drift_dag):
+    # the gate runs whatever happened upstream (all_done); the run's leaves are the follow-up
+    # trigger after it (upstream_failed when the gate failed) and the drift events (retries=0): the
+    # run fails when any model failed anywhere or an event was not emitted
     gate = drift_dag.get_task("data_quality_gate")
     assert gate.trigger_rule == "all_done" and gate.retries == 0
-    assert {"check", "record", "decide", "evidently", "profile", "drift_event"} <= gate.upstream_task_ids
-    assert [t.task_id for t in drift_dag.tasks if not t.downstream_task_ids] == ["data_quality_gate"]
+    assert gate.upstream_task_ids == {"models", "check", "record", "decide", "evidently", "profile"}
+    assert {t.task_id for t in drift_dag.tasks if not t.downstream_task_ids} == {"trigger_followup_retrain",
+                                                                                  "drift_event"}
+    assert drift_dag.get_task("drift_event").retries == 0
+    assert drift_dag.get_task("trigger_followup_retrain").upstream_task_ids == {"data_quality_gate"}
+    assert drift_dag.get_task("trigger_followup_retrain").trigger_rule == "all_success"
     # the asset events go out after the hour was recorded and decided, one per alerting model
     event = drift_dag.get_task("drift_event")
-    assert event.upstream_task_ids == {"alerts"}
-    assert {"record", "decide"} <= drift_dag.get_task("alerts").upstream_task_ids
-    # a due follow-up retraining is looked up after the hour was decided, and triggered before the gate
-    assert drift_dag.get_task("followups").upstream_task_ids == {"check", "decide"}
-    assert "trigger_followup_retrain" in gate.upstream_task_ids
+    assert event.upstream_task_ids == {"record", "decide"}
+    # decide does not wait for record and the gate does not wait for the events: the hour's
+    # chain is models -> check -> record | decide -> data_quality_gate
+    assert drift_dag.get_task("decide").upstream_task_ids == {"check"}
+    assert drift_dag.get_task("record").upstream_task_ids == {"check", "evidently"}
+    assert not {"alerts", "followups"} & set(drift_dag.task_ids)  # folded into decide, record and the gate
 
 
 def test_models_are_batched_per_task_from_the_setting():

@@ -168,3 +168,62 @@ def test_an_unwritable_cache_folder_still_gives_the_prepared_reference(stored, t
     got = prepared_training_reference(ref, blocker / "cache")  # a file where a folder is needed
     _assert_same(got, prepare_reference(ref.frame, ref.schema, reference_id=ref.reference_id,
                                         importance=ref.importance))
+
+
+def _hours(prepared, tmp_path, name: str) -> list:
+    """Three hourly checks on ``prepared`` (a history of their own), as JSON text, and the stored rows."""
+    h = HistoryStore(f"sqlite:///{tmp_path / f'{name}.db'}")
+    try:
+        out = [check_window(model="m", frame=_frame(10 + i, 48, 0.3 * i), start=T0 + i * HOUR,
+                            end=T0 + (i + 1) * HOUR, reference=prepared, history=h,
+                            config=CheckConfig(evidently_sample_rows=0)) for i in range(3)]
+        with h.engine.connect() as conn:
+            rows = [tuple(r) for t in (h.stats, h.verdicts, h.series)
+                    for r in conn.execute(sa.select(t).order_by(*t.c)).all()]
+    finally:
+        h.engine.dispose()
+    return [json.dumps(out, sort_keys=True, default=str), rows]
+
+
+def test_a_stored_calibration_gives_the_same_hours_without_scoring_the_chunks_again(stored, tmp_path, monkeypatch):
+    root, cache = stored
+    ref = load_reference(str(root), "m", 1, with_profile=False)
+    fresh = prepare_reference(ref.frame, ref.schema, reference_id=ref.reference_id, importance=ref.importance)
+    expected = _hours(fresh, tmp_path, "fresh")  # no store: every calibration scored in memory
+    first = _hours(prepared_training_reference(ref, cache), tmp_path, "first")  # scores and stores
+    assert len(list(cache.glob("*.calibration-*.json"))) == 1  # one window size, quantile, statistics
+
+    def boom(*a, **k):
+        raise AssertionError("reference chunks scored again although their calibration was stored")
+
+    monkeypatch.setattr(verdict, "calibrate_from_reference", boom)
+    # a later hour's task process: a new prepared reference from the cache, the calibration from its file
+    later = _hours(prepared_training_reference(load_reference(str(root), "m", 1, with_profile=False), cache),
+                   tmp_path, "later")
+    assert first == expected and later == expected
+    summary = json.loads(later[0])[0]
+    assert summary["false_alarm_budget"]["calibrated"] and summary["threshold_sources"]["reference"] > 0
+
+
+@pytest.mark.parametrize("change", ["garbage", "other_key", "scoring_code"])
+def test_a_damaged_or_outdated_calibration_file_is_scored_again(stored, tmp_path, monkeypatch, change):
+    root, cache = stored
+    ref = load_reference(str(root), "m", 1, with_profile=False)
+    prepared_training_reference(ref, cache).calibration(48, 0.95)
+    (path,) = cache.glob("*.calibration-*.json")
+    if change == "garbage":
+        path.write_text("{not json")
+    elif change == "other_key":  # e.g. a file copied from another reference
+        doc = json.loads(path.read_text())
+        path.write_text(json.dumps({**doc, "key": doc["key"].replace('"quantile": 0.95', '"quantile": 0.9')}))
+    else:  # the code that scores chunks changed: another key, another file
+        monkeypatch.setattr(reference_cache, "scoring_digest", lambda: "changed")
+    scored = []
+    real = verdict.calibrate_from_reference
+    monkeypatch.setattr(verdict, "calibrate_from_reference", lambda *a, **k: scored.append(1) or real(*a, **k))
+    got = prepared_training_reference(ref, cache).calibration(48, 0.95)
+    assert scored == [1]
+    fresh = prepare_reference(ref.frame, ref.schema).calibration(48, 0.95)
+    assert got.values == fresh.values and got.n_chunks == fresh.n_chunks
+    store = reference_cache.CalibrationStore(cache, reference_cache.cache_key(ref.sample_sha256, ref.schema))
+    assert store.load((got.chunk_rows, 0.95, None)).values == fresh.values  # rewritten, readable again

@@ -96,6 +96,50 @@ def test_quiet_hour_is_recorded_in_history_and_mlflow_without_a_drift_event(env,
     assert len(HistoryStore(settings.drift_history_db_url).values(model, "temperature", "psi")) == 1
 
 
+def test_later_hours_log_to_the_run_the_version_names_and_find_a_due_follow_up_from_its_tags(env, noaa,
+                                                                                             monkeypatch):
+    from tritonflow.pipelines import drift_batches
+    from tritonflow.pipelines import retrain_followup as rf
+
+    settings, model, client, writer = env
+    for h in range(3):
+        writer.write(hour_frame(noaa, (1000 + 48 * h, 1048 + 48 * h), T0 + h * HOUR))
+
+    def hour(h: int) -> dict:
+        return drift.record_in_mlflow(drift.check_model_hour(model, 1, T0 + h * HOUR, T0 + (h + 1) * HOUR,
+                                                             settings), settings)
+
+    first = hour(0)
+    tags = client.get_model_version(model, "1").tags
+    assert (tags["tritonflow.drift.run_id"], tags["tritonflow.drift.experiment_id"]) == (first["run_id"],
+                                                                                         first["experiment_id"])
+    assert first["followup"] is None
+    # a retraining on few post-shift rows asked for a follow-up at the end of hour 1
+    client.set_model_version_tag(model, "1", rf.FOLLOWUP_AT_TAG, (T0 + 2 * HOUR).isoformat())
+    client.set_model_version_tag(model, "1", rf.CHANGE_POINT_TAG, "2025-02-20T00:00:00+00:00")
+    looked: list = []
+    real = drift._looked_up_run
+    monkeypatch.setattr(drift, "_looked_up_run", lambda *a: looked.append(a) or real(*a))
+    second = hour(1)  # the version's tags name the run: no experiment lookup, no run search
+    assert looked == [] and second["run_id"] == first["run_id"]
+    assert len(client.get_metric_history(first["run_id"], "temperature.psi")) == 2
+    assert second["followup"] == {"model": model, "version": 1, "reason": "retrain_followup",
+                                  "change_point": "2025-02-20T00:00:00+00:00",
+                                  "window_end": (T0 + 2 * HOUR).isoformat()}
+    # what the gate does once the hour passed: mark the version, hand over the retrain trigger
+    (trigger,) = rf.start_followups(drift_batches.due_followups([[{"model": model, **second}]]), settings)
+    assert trigger == {"trigger_dag_id": "retrain", "conf": {
+        "model": model, "reason": "retrain_followup", "change_point": "2025-02-20T00:00:00+00:00",
+        "window_end": (T0 + 2 * HOUR).isoformat(), "ignore_cooldown": True}}
+    assert client.get_model_version(model, "1").tags[rf.FOLLOWUP_STARTED_TAG] == (T0 + 2 * HOUR).isoformat()
+    assert hour(2)["followup"] is None  # once per version
+    # the run the tags name was deleted: the next hour finds (creates) the version's run again
+    client.delete_run(first["run_id"])
+    again = hour(2)
+    assert len(looked) == 1 and again["run_id"] != first["run_id"]
+    assert client.get_model_version(model, "1").tags["tritonflow.drift.run_id"] == again["run_id"]
+
+
 def test_a_strongly_shifted_hour_alerts_with_an_event_payload_naming_the_features(env, noaa):
     settings, model, _, writer = env
     writer.write(hour_frame(noaa, SHIFT_A, T0))

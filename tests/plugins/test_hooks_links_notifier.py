@@ -141,3 +141,9 @@ def test_plugin_mounts_the_webhook_app_and_declares_links():
     assert len(ours) == 1
     paths = {r.path for r in ours[0]["app"].routes}
     assert "/webhooks/mlflow" in paths and "/health" in paths
+    # built on its first use only: every task process loads the plugin, only the api-server serves it
+    from tritonflow_plugin_entry import LazyWebhookApp
+
+    lazy = LazyWebhookApp()
+    assert lazy._app is None
+    assert {r.path for r in lazy.routes} == paths and lazy._app is not None

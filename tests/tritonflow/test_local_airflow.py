@@ -84,6 +84,31 @@ def test_local_scheduler_queues_a_ready_task_within_a_fifth_of_a_second(tmp_path
     assert float(cfg["scheduler"]["scheduler_idle_sleep_time"]) <= 0.2  # Airflow's default 1 s per task
 
 
+def test_an_unchanged_dag_file_is_parsed_again_after_minutes_and_a_changed_one_at_once(tmp_path):
+    # every 10 s the dag-processor kept 16-19 % of a core busy parsing unchanged files; Airflow's
+    # default modified_time order still parses a changed file at the next scan (every 5 s)
+    cfg = AirflowConfig.local(Settings.from_env({}, home=tmp_path)).airflow_cfg()["dag_processor"]
+    assert int(cfg["min_file_process_interval"]) >= 60 and int(cfg["refresh_interval"]) <= 5
+    assert cfg.get("file_parsing_sort_mode", "modified_time") == "modified_time"
+
+
+def test_the_project_bytecode_is_written_at_start_only_when_the_processes_would_not(tmp_path, monkeypatch):
+    # with PYTHONDONTWRITEBYTECODE every task process compiled every project module it imported
+    from tritonflow.runtime.airflow import precompile_project
+
+    dags, plugins = tmp_path / "dags", tmp_path / "plugins"
+    for folder in (dags, plugins):
+        folder.mkdir()
+        (folder / "m.py").write_text("X = 1\n")
+    config = AirflowConfig.local(Settings.from_env({}, home=tmp_path), dags_folder=dags, plugins_folder=plugins)
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    assert precompile_project(config) == [] and not (dags / "__pycache__").exists()
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    done = precompile_project(config)
+    assert str(dags) in done and str(plugins) in done
+    assert list((dags / "__pycache__").glob("m.*.pyc")) and list((plugins / "__pycache__").glob("m.*.pyc"))
+
+
 def test_a_driver_run_starts_the_chain_and_the_runs_say_what_triggered_them(deployment):
     api = AirflowApi(deployment.api_url)
     services = {s.name for s in deployment.services}

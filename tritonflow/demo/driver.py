@@ -57,10 +57,19 @@ def _started(value: _T | None, what: str) -> _T:
     return value
 
 
-#: Seconds between two looks of the watcher thread at the deployment and the registry.
+#: Seconds between two looks of the watcher thread at the deployment (one request for every loop DAG's
+#: recent runs) and the registry.
 WATCH_S = 2.0
-#: Seconds between two polls of a run the driver waits for (the next hour waits on the last one's check).
+#: Seconds between two looks at the previous hour's ``check`` task instances (the next hour waits on
+#: them: this paces the replay). One request a look.
 POLL_S = 0.25
+#: Seconds between two state lines of Airflow's run-wait endpoint while the driver waits for a run's end.
+RUN_WAIT_S = 0.5
+#: Newest runs of the loop DAGs the watcher reads each look.
+WATCH_RUNS = 100
+#: Every how many looks at the ``check`` task instances the run's own state is read too (a run that
+#: ended without a check, e.g. cleared).
+RUN_LOOK_EVERY = 8
 #: Seconds a drift_monitor run may take before the driver gives up on it.
 DRIFT_RUN_TIMEOUT_S = 900.0
 #: Seconds the dag-processor may take to parse the loop DAGs.
@@ -71,6 +80,17 @@ SENTINEL_ARM_TIMEOUT_S = 300.0
 FINAL_STATES = ("success", "failed")
 #: Task instance states that are final.
 TI_FINAL_STATES = ("success", "failed", "skipped", "upstream_failed", "removed")
+
+
+def run_after(data_interval_end: dt.datetime) -> dt.datetime:
+    """The ``run_after`` of a run the driver creates for a logical hour: its end, at the latest a second ago.
+
+    A scheduled run's ``run_after`` is its data interval's end; the REST API's default is the
+    request's time, and the scheduler starts a queued run once ``run_after <= now()`` in the
+    metadata DB, whose ``now()`` has whole seconds on SQLite: the run waited 0.4-0.8 s for the next
+    second (``benchmarks/drift_hour.py``). A replayed hour ended long ago.
+    """
+    return min(data_interval_end, dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1))
 
 
 class Demo:
@@ -376,6 +396,7 @@ class Demo:
             self._api.post("/dags/drift_monitor/dagRuns", {
                 "dag_run_id": run_id, "logical_date": start.isoformat(),
                 "data_interval_start": start.isoformat(), "data_interval_end": end.isoformat(),
+                "run_after": run_after(end).isoformat(),
                 "conf": self.drift_conf(), "note": f"tritonflow demo: logical hour {hour}"})
         except AirflowApiError as exc:
             # a retried request whose first attempt created the run (the answer was lost)
@@ -385,24 +406,33 @@ class Demo:
         return run_id
 
     def wait_run(self, dag_id: str, run_id: str, timeout_s: float) -> dict[str, Any]:
-        """Poll a DAG run until it is final or ``timeout_s`` passed; return its last state."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            run = self._api.get(f"/dags/{dag_id}/dagRuns/{run_id}")
-            if run.get("state") in FINAL_STATES or time.monotonic() > deadline:
-                return run
-            time.sleep(POLL_S)
+        """Wait until a DAG run is final or ``timeout_s`` passed; return its last state.
+
+        Through Airflow's run-wait endpoint (one state line every :data:`RUN_WAIT_S`): polling the
+        run every 0.25 s kept the api-server at about 12 % of a core for the whole replay
+        (``benchmarks/drift_hour.py``), CPU the loop's own tasks did not get on two cores.
+        """
+        try:
+            return self._api.wait_for_run(dag_id, run_id, timeout_s, interval_s=RUN_WAIT_S)
+        except TimeoutError:
+            return self._api.get(f"/dags/{dag_id}/dagRuns/{run_id}")
 
     def wait_checked(self, run_id: str, timeout_s: float) -> None:
-        """Wait until the ``check`` task(s) of a ``drift_monitor`` run (or the run) have finished."""
+        """Wait until the ``check`` task(s) of a ``drift_monitor`` run (or the run) have finished.
+
+        One request every :data:`POLL_S` (the ``check`` task instances: failed upstream, they are
+        final too), the run's own state every :data:`RUN_LOOK_EVERY` looks.
+        """
         deadline = time.monotonic() + timeout_s
+        looks = 0
         while time.monotonic() < deadline:
-            run = self._api.get(f"/dags/drift_monitor/dagRuns/{run_id}")
-            if run.get("state") in FINAL_STATES:
-                return
             tis = self._api.get(f"/dags/drift_monitor/dagRuns/{run_id}/taskInstances?task_id=check")
             checks = [t for t in tis.get("task_instances") or [] if t.get("task_id") == "check"]
             if checks and all(t.get("state") in TI_FINAL_STATES for t in checks):
+                return
+            looks += 1
+            if looks % RUN_LOOK_EVERY == 0 and \
+                    self._api.get(f"/dags/drift_monitor/dagRuns/{run_id}").get("state") in FINAL_STATES:
                 return
             time.sleep(POLL_S)
 
@@ -442,17 +472,19 @@ class Demo:
         while not self._stop_watch.wait(WATCH_S):
             try:
                 canary_active = False
-                for dag_id in LOOP_DAGS[1:]:
-                    doc = self._api.get(f"/dags/{dag_id}/dagRuns?limit=20&order_by=-id")
-                    for run in doc.get("dag_runs") or []:
-                        key = (dag_id, run["dag_run_id"])
-                        state = run.get("state")
-                        if dag_id == "canary_promotion" and state in ("queued", "running"):
-                            canary_active = True
-                        if self._seen_states.get(key) != state:
-                            self._seen_states[key] = state
-                            self.progress.step(f"  scheduler: {dag_id} {run['dag_run_id']} "
-                                               f"({run.get('run_type')}) {state}")
+                # one request for every loop DAG but drift_monitor (one per DAG cost the api-server 5)
+                doc = self._api.post("/dags/~/dagRuns/list", {"dag_ids": list(LOOP_DAGS[1:]), "order_by": "-id",
+                                                              "page_limit": WATCH_RUNS})
+                for run in doc.get("dag_runs") or []:
+                    dag_id = run["dag_id"]
+                    key = (dag_id, run["dag_run_id"])
+                    state = run.get("state")
+                    if dag_id == "canary_promotion" and state in ("queued", "running"):
+                        canary_active = True
+                    if self._seen_states.get(key) != state:
+                        self._seen_states[key] = state
+                        self.progress.step(f"  scheduler: {dag_id} {run['dag_run_id']} "
+                                           f"({run.get('run_type')}) {state}")
                 if canary_active and not self._canary.active.is_set():
                     self._canary.set_frame(self._canary_rows())
                     self._canary.active.set()

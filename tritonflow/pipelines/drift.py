@@ -438,43 +438,39 @@ def _drift_run(client, experiment_id: str, model: str, version: int) -> str:
     return run.info.run_id
 
 
-def record_in_mlflow(summary: Mapping[str, Any], settings: Settings | None = None,
-                     evidently: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Record one hour's drift results against the model version in MLflow.
-
-    In experiment :data:`DRIFT_EXPERIMENT`, one run per model version (tags ``tritonflow.model``,
-    ``tritonflow.model_version``): every finite statistic as metric ``<feature>.<statistic>``
-    plus ``dataset_score``, with step = hours since the epoch and timestamp = window start (a
-    rerun writes the same points); the full summary JSON and the Evidently HTML as artifacts
-    under ``windows/<YYYY-MM-DDTHH>/``. The model version gets tags
-    ``tritonflow.drift.severity``, ``.dataset_score``, ``.window_start``, ``.run_id``, unless a
-    later hour's verdict is already there.
-
-    Args:
-        summary: From :func:`check_model_hour`.
-        settings: Settings (default: from the environment).
-        evidently: From :func:`evidently_for_hour` (optional).
-
-    Returns:
-        ``{"run_id", "experiment_id", "metrics", "artifacts", "version_tagged"}``, or
-        ``{"skipped": reason}`` when the summary names no model version.
-    """
-    from mlflow.entities import Metric
-
-    s = _settings(settings)
-    model, version = summary.get("model"), summary.get("model_version")
-    if not model or version is None:
-        return {"skipped": "summary names no model version"}
-    client = _mlflow_client(s)
+def _looked_up_run(client, model: str, version: int) -> tuple[str, str]:
+    """(experiment id, run id) of the version's drift run, found in :data:`DRIFT_EXPERIMENT` or created."""
     exp = client.get_experiment_by_name(DRIFT_EXPERIMENT)
     exp_id = exp.experiment_id if exp is not None else client.create_experiment(DRIFT_EXPERIMENT)
-    run_id = _drift_run(client, exp_id, model, int(version))
-    t0 = _hour(summary["window_start"], "window_start")
-    step, ts = int(t0.timestamp() // 3600), int(t0.timestamp() * 1000)
-    full = dict(summary)
-    p = Path(summary.get("artefacts", {}).get("summary_json") or "")
-    if p.is_file():  # the uncapped summary written by check_window
-        full = json.loads(p.read_text())
+    return exp_id, _drift_run(client, exp_id, model, version)
+
+
+def _log_metrics(client, tags: Mapping[str, str], model: str, version: int, metrics: list) -> tuple[str, str]:
+    """Log ``metrics`` to the version's drift run; return its (experiment id, run id).
+
+    The run named by the version's verdict tags (``.run_id``, ``.experiment_id``: the last recorded
+    hour's) is used without looking it up: two MLflow round-trips fewer each hour. When logging to
+    it fails (the run was deleted), the run is looked up or created as on the first hour.
+    """
+    run_id, exp_id = tags.get(VERDICT_TAG_PREFIX + "run_id"), tags.get(VERDICT_TAG_PREFIX + "experiment_id")
+    if run_id and exp_id:
+        try:
+            for i in range(0, len(metrics), 1000):
+                client.log_batch(run_id, metrics=metrics[i:i + 1000])
+            return exp_id, run_id
+        except Exception as exc:  # noqa: BLE001 - MLflow raises its own RestException; looked up below
+            log.warning("drift run %s of %s v%s named by the version's tags is not usable (%s); looking it up",
+                        run_id, model, version, exc)
+    exp_id, run_id = _looked_up_run(client, model, version)
+    for i in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[i:i + 1000])
+    return exp_id, run_id
+
+
+def _hour_metrics(full: Mapping[str, Any], ts: int, step: int) -> list:
+    """The MLflow metrics of one hour's full summary (every finite statistic, dataset score, rows)."""
+    from mlflow.entities import Metric
+
     metrics = []
     for feature, info in (full.get("features") or {}).items():
         for name, stat in (info.get("statistics") or {}).items():
@@ -484,8 +480,49 @@ def record_in_mlflow(summary: Mapping[str, Any], settings: Settings | None = Non
     if isinstance(full.get("dataset_score"), (int, float)):
         metrics.append(Metric("dataset_score", float(full["dataset_score"]), ts, step))
     metrics.append(Metric("n_rows", float(full.get("n_rows") or 0), ts, step))
-    for i in range(0, len(metrics), 1000):
-        client.log_batch(run_id, metrics=metrics[i:i + 1000])
+    return metrics
+
+
+def record_in_mlflow(summary: Mapping[str, Any], settings: Settings | None = None,
+                     evidently: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Record one hour's drift results against the model version in MLflow.
+
+    In experiment :data:`DRIFT_EXPERIMENT`, one run per model version (tags ``tritonflow.model``,
+    ``tritonflow.model_version``): every finite statistic as metric ``<feature>.<statistic>``
+    plus ``dataset_score``, with step = hours since the epoch and timestamp = window start (a
+    rerun writes the same points); the full summary JSON and the Evidently HTML as artifacts
+    under ``windows/<YYYY-MM-DDTHH>/``. The model version gets tags
+    ``tritonflow.drift.severity``, ``.dataset_score``, ``.window_start``, ``.status``, ``.run_id``
+    and ``.experiment_id`` (each written only when its value changes), unless a later hour's
+    verdict is already there. From the version's tags it also says whether the version's follow-up
+    retraining is due at the hour's end (:mod:`tritonflow.pipelines.retrain_followup`).
+
+    MLflow round-trips: the version (its tags name the drift run after the first hour), the
+    metrics, the artifact(s) and the changed tags: about five a quiet hour.
+
+    Args:
+        summary: From :func:`check_model_hour`.
+        settings: Settings (default: from the environment).
+        evidently: From :func:`evidently_for_hour` (optional).
+
+    Returns:
+        ``{"run_id", "experiment_id", "metrics", "artifacts", "version_tagged", "followup"}``
+        (``followup``: :func:`~tritonflow.pipelines.retrain_followup.followup_conf` or None), or
+        ``{"skipped": reason}`` when the summary names no model version.
+    """
+    s = _settings(settings)
+    model, version = summary.get("model"), summary.get("model_version")
+    if not model or version is None:
+        return {"skipped": "summary names no model version"}
+    client = _mlflow_client(s)
+    tags = dict(client.get_model_version(model, str(version)).tags or {})
+    t0 = _hour(summary["window_start"], "window_start")
+    full = dict(summary)
+    p = Path(summary.get("artefacts", {}).get("summary_json") or "")
+    if p.is_file():  # the uncapped summary written by check_window
+        full = json.loads(p.read_text())
+    metrics = _hour_metrics(full, int(t0.timestamp() * 1000), int(t0.timestamp() // 3600))
+    exp_id, run_id = _log_metrics(client, tags, model, int(version), metrics)
     where = f"windows/{t0:%Y-%m-%dT%H}"
     artifacts = []
     tmp = artefact_dir(model, t0, s)
@@ -499,22 +536,37 @@ def record_in_mlflow(summary: Mapping[str, Any], settings: Settings | None = Non
     if html and Path(html).is_file():
         client.log_artifact(run_id, html, where)
         artifacts.append(f"{where}/{Path(html).name}")
-    tagged = _tag_version(client, model, int(version), full, t0, run_id)
+    tagged = _tag_version(client, model, int(version), tags, full, t0, (run_id, exp_id))
     return {"run_id": run_id, "experiment_id": exp_id, "metrics": len(metrics), "artifacts": artifacts,
-            "version_tagged": tagged}
+            "version_tagged": tagged, "followup": _followup(model, int(version), tags, summary.get("window_end"))}
 
 
-def _tag_version(client, model: str, version: int, summary: Mapping[str, Any], t0, run_id: str) -> bool:
-    mv = client.get_model_version(model, str(version))
-    tags = dict(mv.tags or {})
+def _followup(model: str, version: int, tags: Mapping[str, str], hour_end: Any) -> dict[str, Any] | None:
+    """The version's follow-up retraining due at the hour's end, from the tags just read (None: none)."""
+    from tritonflow.pipelines.retrain_followup import followup_conf
+
+    if not hour_end:
+        return None
+    try:
+        return followup_conf(model, version, tags, hour_end)
+    except WindowError as exc:  # a malformed tag must not fail the hour's record
+        log.warning("follow-up retraining of %s v%s not checked: %s", model, version, exc)
+        return None
+
+
+def _tag_version(client, model: str, version: int, tags: Mapping[str, str], summary: Mapping[str, Any], t0,
+                 run: tuple[str, str]) -> bool:
+    """Set the version's verdict tags that changed; ``False`` when a later hour's verdict is there."""
     latest = tags.get(VERDICT_TAG_PREFIX + "window_start")
     if latest and _hour(latest, "tag") > t0:
         return False  # a backfill of an older hour never replaces a newer verdict
     values = {"severity": summary.get("severity"), "dataset_score": summary.get("dataset_score"),
-              "window_start": t0.isoformat(), "run_id": run_id, "status": summary.get("status")}
+              "window_start": t0.isoformat(), "run_id": run[0], "experiment_id": run[1],
+              "status": summary.get("status")}
     for key, value in values.items():
-        client.set_model_version_tag(model, str(version), VERDICT_TAG_PREFIX + key,
-                                     "" if value is None else str(value))
+        text = "" if value is None else str(value)
+        if tags.get(VERDICT_TAG_PREFIX + key) != text:
+            client.set_model_version_tag(model, str(version), VERDICT_TAG_PREFIX + key, text)
     return True
 
 

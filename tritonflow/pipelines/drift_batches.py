@@ -37,6 +37,9 @@ XCOM_SHARE = 0.9
 MIN_SUMMARY_BYTES = 2048
 #: Most models a failure message names one by one (the rest are counted).
 MAX_NAMED_FAILURES = 50
+#: XCom key under which the ``decide`` task keeps :func:`outcomes` for the gate (its return value
+#: is the hour's drift events, which ``drift_event`` maps over).
+OUTCOMES_KEY = "decide_outcomes"
 
 
 class ModelsFailedError(DataError):
@@ -215,10 +218,23 @@ def decide_batch(checked: Sequence[Mapping[str, Any]], settings: Settings | None
 
     :func:`tritonflow.pipelines.drift.alert`, then
     :func:`tritonflow.pipelines.alert_decision.drift_hour_decision` (recorded in MLflow unless
-    ``no_alert``).
+    ``no_alert``: a quiet hour costs no MLflow round-trip).
 
     Returns:
         ``{"model", "notified", "decision"}`` or a failure entry per checked model.
+    """
+    return decide_hour([list(checked)], settings)
+
+
+def decide_hour(checked: Iterable[Any], settings: Settings | None = None) -> list[dict[str, Any]]:
+    """:func:`decide_batch` of every checked model of the hour, whatever its batch.
+
+    Args:
+        checked: :func:`check_batch` results of every batch (a list per batch).
+        settings: Settings (default: from the environment).
+
+    Returns:
+        ``{"model", "notified", "decision"}`` or a failure entry per checked model, in check order.
     """
     from tritonflow.pipelines.alert_decision import drift_hour_decision, record_decision
     from tritonflow.pipelines.drift import alert
@@ -232,7 +248,20 @@ def decide_batch(checked: Sequence[Mapping[str, Any]], settings: Settings | None
             record_decision(made, settings=s)
         return {"model": summary.get("model"), "notified": notified, "decision": made}
 
-    return for_each("decide", summaries([list(checked)]), one)
+    return for_each("decide", summaries(checked), one)
+
+
+def outcomes(decided: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What :func:`problems` needs of :func:`decide_hour`'s entries: the failures, and ``{"model", "decision"}``."""
+    return [dict(e) if is_failure(e) else
+            {"model": e.get("model"), "decision": (e.get("decision") or {}).get("decision")} for e in decided]
+
+
+def due_followups(recorded: Iterable[Any]) -> list[dict[str, Any]]:
+    """The follow-up retrainings :func:`record_batch` found due (``followup`` of its entries), by model."""
+    due = [dict(e["followup"]) for e in flatten(recorded)
+           if isinstance(e, Mapping) and not is_failure(e) and isinstance(e.get("followup"), Mapping)]
+    return sorted(due, key=lambda c: str(c.get("model")))
 
 
 def alert_events(checked: Iterable[Any]) -> list[dict[str, Any]]:
@@ -329,7 +358,8 @@ def raise_problems(found: Sequence[Mapping[str, Any]], n_models: int, start: Any
 
 
 __all__ = [
-    "FAILED", "ModelsFailedError", "BatchRetryError", "batch_models", "per_model_settings", "failure",
+    "FAILED", "OUTCOMES_KEY", "ModelsFailedError", "BatchRetryError", "batch_models", "per_model_settings", "failure",
     "is_failure", "for_each", "retry_if_transient", "check_batch", "evidently_batch", "profile_batch",
-    "record_batch", "decide_batch", "summaries", "flatten", "alert_events", "problems", "raise_problems",
+    "record_batch", "decide_batch", "decide_hour", "outcomes", "due_followups", "summaries", "flatten",
+    "alert_events", "problems", "raise_problems",
 ]

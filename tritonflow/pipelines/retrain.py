@@ -42,6 +42,13 @@ from ground.checksums import sha256_file
 from ground.exceptions import DataError, RegistryError, SettingsError, WindowError
 from ground.settings import Settings, get_settings
 from tritonflow.pipelines import shared_work
+from tritonflow.pipelines.retrain_followup import (
+    FOLLOWUP_AT_TAG,
+    FOLLOWUP_REASON,
+    FOLLOWUP_STARTED_TAG,
+    followup_conf,
+    trigger_of,
+)
 from tritonflow.pipelines.shadow import drift_event_json, log_root, utc
 
 #: Folder under ``settings.home`` holding training windows (``<model>/windows/<hash>.parquet``).
@@ -54,12 +61,6 @@ _LABEL_KEYS = ("request_id", "timestamp")
 MIX_SEED = 0
 #: Reasons whose window follows the evidence (a shift the labels confirmed).
 EVIDENCE_REASONS = ("champion_degraded", "retrain_followup")
-#: Reason of a follow-up retraining (more post-shift labels arrived).
-FOLLOWUP_REASON = "retrain_followup"
-#: Version tags of the follow-up: when it is due, and the hour it was started (once per version).
-FOLLOWUP_AT_TAG = "tritonflow.retrain_followup_at"
-FOLLOWUP_STARTED_TAG = "tritonflow.retrain_followup_started"
-CHANGE_POINT_TAG = "tritonflow.change_point"
 #: Lineage keys of the window choice, recorded as ``tritonflow.<key>`` version tags.
 CHOICE_KEYS = ("window_rule", "window_reason", "change_point", "change_point_p_value", "post_shift_rows",
                "retrain_followup_at")
@@ -422,8 +423,10 @@ def followup_due(model: str, hour_end: Any, *, settings: Settings | None = None,
     window held fewer than ``retrain_followup_factor * retrain_min_post_shift_rows`` post-shift rows.
     Once that version serves (it is the champion) and ``hour_end`` (logical time, the hour the drift
     monitor checked) has reached it, the follow-up is due: the conf names the recorded change point so
-    the new window is the rows since it. With ``mark`` the champion is tagged
-    ``tritonflow.retrain_followup_started`` first, so each version asks for one follow-up only.
+    the new window is the rows since it (:func:`~tritonflow.pipelines.retrain_followup.followup_conf`).
+    With ``mark`` the champion is tagged ``tritonflow.retrain_followup_started`` first, so each
+    version asks for one follow-up only. (``drift_monitor`` decides it from the tags its ``record``
+    stage reads anyway; this looks the champion up.)
 
     Args:
         model: Registered model name.
@@ -441,25 +444,17 @@ def followup_due(model: str, hour_end: Any, *, settings: Settings | None = None,
     champion = registry.champion(model)
     if champion is None:
         return None
-    tags = registry.get_version(model, champion.version).tags
-    due_at = tags.get(FOLLOWUP_AT_TAG, "")
-    if not due_at or tags.get(FOLLOWUP_STARTED_TAG):
-        return None
-    end = utc(hour_end, "hour_end")
-    if end < utc(due_at, FOLLOWUP_AT_TAG):
-        return None
-    if mark:
-        registry.set_version_tags(champion, {FOLLOWUP_STARTED_TAG: end.isoformat()})
-    return {"model": model, "reason": FOLLOWUP_REASON, "change_point": tags.get(CHANGE_POINT_TAG, ""),
-            "window_end": end.isoformat(), "version": int(champion.version)}
+    conf = followup_conf(model, champion.version, registry.get_version(model, champion.version).tags, hour_end)
+    if conf is not None and mark:
+        registry.set_version_tags(champion, {FOLLOWUP_STARTED_TAG: conf["window_end"]})
+    return conf
 
 
 def followup_triggers(checked_summaries: Any, *, settings: Settings | None = None) -> list[dict[str, Any]]:
     """The ``retrain`` triggers of the follow-ups due at the end of the checked hour.
 
     Args:
-        checked_summaries: The drift monitor's check summaries of the hour (``model``,
-            ``window_end``), failures left out.
+        checked_summaries: Check summaries of an hour (``model``, ``window_end``), failures left out.
         settings: Settings (MLflow URI).
 
     Returns:
@@ -483,11 +478,7 @@ def followup_triggers(checked_summaries: Any, *, settings: Settings | None = Non
             logging.getLogger(__name__).warning("follow-up retraining of %s not checked: %s", model, exc)
             continue
         if conf is not None:
-            # once per version, so it cannot storm: the retrain cooldown (wall time, 6 h by default,
-            # longer than the follow-up's hours) would otherwise skip every follow-up
-            out.append({"trigger_dag_id": "retrain",
-                        "conf": {**{k: conf[k] for k in ("model", "reason", "change_point", "window_end")},
-                                 "ignore_cooldown": True}})
+            out.append(trigger_of(conf))
     return out
 
 

@@ -57,12 +57,14 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ground.exceptions import RuntimeStartError
-from ground.settings import Settings
+from ground.settings import PROJECT_ROOT, Settings
 from tritonflow.runtime.airflow_config import AirflowConfig
 from tritonflow.runtime.services import Service, http_ok, log_tail, port_in_use
 
 #: Seconds ``airflow db migrate`` may take.
 MIGRATE_TIMEOUT_S = 600.0
+#: The project's packages whose modules the task processes import (besides the DAG and plugins folders).
+PROJECT_PACKAGES = ("ground", "drift_checks", "model_registry", "repository_sync", "tritonflow")
 
 
 def _venv_bin(tool: str) -> str:
@@ -349,6 +351,35 @@ def migrate(config: AirflowConfig) -> None:
         )
 
 
+def precompile_project(config: AirflowConfig) -> list[str]:
+    """Write the bytecode of the project's modules when the Airflow processes would not.
+
+    Every task is a fresh process: the LocalExecutor forks it from a forkserver that preloaded the
+    third-party libraries only (:data:`~tritonflow.runtime.airflow_config.DEFAULT_TASK_PRELOAD_MODULES`),
+    so each task imports the DAG file, the plugin and the pipelines it calls. With
+    ``PYTHONDONTWRITEBYTECODE`` set in the deployment's environment (common in containers and CI),
+    no ``__pycache__`` is ever written and every task compiles each of those modules from source
+    again: 0.3-1 s of CPU per task measured on two cores (``benchmarks/drift_hour.py``). This writes
+    it once, at start, in the usual ``__pycache__`` folders (a no-op for modules whose bytecode is
+    current). A module changed later is still compiled from its source (Python checks the
+    source's mtime), so a changed pipeline takes effect without a restart as before.
+
+    Returns:
+        The folders compiled (``[]`` when the processes write their bytecode themselves). A folder
+        that cannot be written (a read-only install) is skipped: the tasks compile in memory.
+    """
+    import compileall
+
+    if not config.environment().get("PYTHONDONTWRITEBYTECODE"):
+        return []
+    folders = [PROJECT_ROOT / p for p in PROJECT_PACKAGES] + [Path(config.plugins_folder), Path(config.dags_folder)]
+    done = []
+    for folder in dict.fromkeys(folders):
+        if folder.is_dir() and compileall.compile_dir(str(folder), quiet=2, workers=1):
+            done.append(str(folder))
+    return done
+
+
 class AirflowDeployment:
     """The whole deployment: metadata DB, ``airflow.cfg``, migration and the five processes.
 
@@ -415,6 +446,7 @@ class AirflowDeployment:
             if not c.is_sqlite:
                 create_database(c)
             c.write_airflow_cfg()
+            precompile_project(c)
             migrate(c)
             if c.is_sqlite:
                 enable_sqlite_wal(c)

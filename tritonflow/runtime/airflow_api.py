@@ -118,6 +118,10 @@ class AirflowApi:
         """``PATCH /api/v2<path>`` with a JSON body."""
         return self._request("PATCH", f"/api/v2{path}", body)
 
+    def delete(self, path: str) -> Any:
+        """``DELETE /api/v2<path>``."""
+        return self._request("DELETE", f"/api/v2{path}")
+
     def dag_runs(self, dag_id: str) -> list[dict[str, Any]]:
         """DAG runs of ``dag_id`` (up to 100, oldest logical date first)."""
         doc = self.get(f"/dags/{dag_id}/dagRuns?limit=100&order_by=id")

@@ -39,8 +39,12 @@ DEFAULT_QUEUE = "tritonflow"
 DEFAULT_WORKER_CONCURRENCY = 2
 #: Seconds between two scans of the DAG folder for new or changed files.
 DEFAULT_DAG_REFRESH_INTERVAL_S = 5
-#: Seconds after which an unchanged DAG file is parsed again.
-DEFAULT_MIN_FILE_PROCESS_INTERVAL_S = 10
+#: Seconds after which an unchanged DAG file is parsed again. A changed file is parsed at the next scan
+#: whatever this says (Airflow 3.3's ``file_parsing_sort_mode = modified_time``, the default, queues
+#: files modified since their last parse). At 10 s the dag-processor parsed the nine DAG files about
+#: once a second, 16-28 % of a core for as long as the deployment ran, idle or not
+#: (``benchmarks/drift_hour.py``): CPU the tasks did not get on two cores.
+DEFAULT_MIN_FILE_PROCESS_INTERVAL_S = 120
 #: Task slots of the LocalExecutor (``[core] parallelism``).
 DEFAULT_LOCAL_PARALLELISM = 4
 #: Libraries the LocalExecutor's worker processes import once, before they fork any task.
