@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, Sequence
 
-from ground.exceptions import WindowError
 from ground.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -32,23 +31,6 @@ FOLLOWUP_AT_TAG = "tritonflow.retrain_followup_at"
 FOLLOWUP_STARTED_TAG = "tritonflow.retrain_followup_started"
 #: Version tag of the change point the retraining found (the follow-up's window starts there).
 CHANGE_POINT_TAG = "tritonflow.change_point"
-
-
-def utc_time(value: Any, field: str):
-    """``value`` (ISO 8601 string or datetime; naive = UTC) as a UTC ``pandas.Timestamp``.
-
-    Raises:
-        WindowError: ``value`` is not a time (names the field and the value).
-    """
-    import pandas as pd
-
-    try:
-        ts = pd.Timestamp(value)
-    except (TypeError, ValueError):
-        raise WindowError(f"{field}={value!r} is not a timestamp (expected ISO 8601)") from None
-    if ts is pd.NaT:
-        raise WindowError(f"{field}={value!r} is not a timestamp (expected ISO 8601)")
-    return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
 
 
 def followup_conf(model: str, version: int | str, tags: Mapping[str, str], hour_end: Any) -> dict[str, Any] | None:
@@ -70,8 +52,10 @@ def followup_conf(model: str, version: int | str, tags: Mapping[str, str], hour_
     due_at = tags.get(FOLLOWUP_AT_TAG, "")
     if not due_at or tags.get(FOLLOWUP_STARTED_TAG):
         return None
-    end = utc_time(hour_end, "hour_end")
-    if end < utc_time(due_at, FOLLOWUP_AT_TAG):
+    from tritonflow.pipelines.shadow import utc
+
+    end = utc(hour_end, "hour_end")
+    if end < utc(due_at, FOLLOWUP_AT_TAG):
         return None
     return {"model": model, "version": int(version), "reason": FOLLOWUP_REASON,
             "change_point": tags.get(CHANGE_POINT_TAG, ""), "window_end": end.isoformat()}
@@ -120,4 +104,4 @@ def start_followups(due: Sequence[Mapping[str, Any]], settings: Settings | None 
 
 
 __all__ = ["CHANGE_POINT_TAG", "FOLLOWUP_AT_TAG", "FOLLOWUP_REASON", "FOLLOWUP_STARTED_TAG", "followup_conf",
-           "start_followups", "trigger_of", "utc_time"]
+           "start_followups", "trigger_of"]
