@@ -210,19 +210,23 @@ def test_the_trigger_reads_the_tags_of_the_event_mapping_and_starts_each_mapped_
     assert asyncio.run(collect()) == []
 
 
+def _tagged_champion(client, name: str) -> str:
+    """A new version of ``name`` holding ``champion`` and tag ``validation_status=passed``."""
+    version = _new_version(client, name)
+    client.set_registered_model_alias(name, "champion", version)
+    client.set_model_version_tag(name, version, "validation_status", "passed")
+    return version
+
+
 def test_a_model_deleted_and_created_again_between_two_polls_has_its_new_version_1_reported(registry, tmp_path):
     """MLflow numbers the new model's versions from 1 again; the same facts by number are new facts."""
     client, name = registry
-    old = _new_version(client, name)
-    client.set_registered_model_alias(name, "champion", old)
-    client.set_model_version_tag(name, old, "validation_status", "passed")
+    old = _tagged_champion(client, name)
     store = SeenStateStore(tmp_path / "state.sqlite")
     assert _advance(store, client, name, WATCHED) == []
     client.delete_registered_model(name)
     client.create_registered_model(name)
-    new = _new_version(client, name)
-    client.set_registered_model_alias(name, "champion", new)
-    client.set_model_version_tag(name, new, "validation_status", "passed")
+    new = _tagged_champion(client, name)
     assert new == old
 
     changes = _advance(store, client, name, WATCHED)
@@ -236,9 +240,7 @@ def test_a_model_deleted_and_created_again_between_two_polls_has_its_new_version
 def test_a_state_stored_before_versions_were_told_apart_goes_on_without_reporting_them_again(registry, tmp_path):
     """Seen facts stored by an earlier tritonflow (versions by number, no tags): no storm after the upgrade."""
     client, name = registry
-    v1 = _new_version(client, name)
-    client.set_registered_model_alias(name, "champion", v1)
-    client.set_model_version_tag(name, v1, "validation_status", "passed")
+    v1 = _tagged_champion(client, name)
     store = SeenStateStore(tmp_path / "state.sqlite")
     store.store.set_state(SeenStateStore.SCOPE, "c", {"baseline_at": 1.0, "facts": [
         [name, v1, "alias", "champion"], [name, v1, "stage", "None"], [name, v1, "version", ""]]})
