@@ -5,7 +5,8 @@
 #           images where present locally, else a documented stand-in of the same name built from a
 #           debootstrapped Debian root (docs/stack.md); then tritonflow's own images. Every build is
 #           `docker build --network none` from Debian packages and wheels fetched on the host into
-#           TRITONFLOW_STACK_CACHE (default .cache/stack), reused across builds.
+#           TRITONFLOW_STACK_CACHE (default ~/.cache/tritonflow/stack: one cache per user, so a
+#           fresh clone on the same machine fetches nothing again), reused across builds.
 #   up      build, then `docker-compose up -d` with TRITONFLOW_STACK_WORKERS (2) Celery workers, and
 #           wait until every service is healthy (or its one-shot job completed).
 #   down    stop and remove the stack's containers (volumes too with --volumes).
@@ -16,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-CACHE=$(realpath -m "${TRITONFLOW_STACK_CACHE:-$ROOT/.cache/stack}")
+CACHE=$(realpath -m "${TRITONFLOW_STACK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tritonflow/stack}")
 PROJECT=${COMPOSE_PROJECT_NAME:-tritonflow}
 WORKERS=${TRITONFLOW_STACK_WORKERS:-2}
 STANDINS=${TRITONFLOW_STACK_STANDINS:-auto}
