@@ -46,8 +46,8 @@ The DAGs it starts run on their own (it does not wait for them).
 **Delivery status.** `GET /tritonflow/webhooks/status` on the Airflow api-server (your Airflow
 login; any user who may see this DAG's runs) shows the last webhook deliveries (received,
 duplicate, started), the changes acted on and the reconciler's findings: the changes it saw
-before any webhook did, and when each consumer last polled. Each run's `map_changes` log starts
-with the same summary.
+before any webhook did, and when each consumer last polled. The **Registry deliveries** button of
+each run's `map_changes` task opens it; the task's log starts with the same summary.
 
 **To replay a change by hand** (for example one missed while the triggerer was down), fill in
 **Model**, the **Kind of change** and the version, alias or stage it concerns, then click
@@ -129,15 +129,18 @@ def _prune_ledger(ledger, log) -> None:
                 topics=["registry"], description=DESCRIPTION, doc_md=DOC_MD, params=PARAMS)
 def registry_events():
     """Map MLflow registry changes to the DAGs they call for and trigger them."""
-    @data_task(execution_timeout=TIMEOUTS.event_mapping, retries=0)
+    @data_task(links=True, execution_timeout=TIMEOUTS.event_mapping, retries=0)
     def map_changes(params=None) -> list[dict]:
         """Registry changes of this run -> ``[{trigger_dag_id, trigger_run_id, conf}]``."""
         import logging
+
+        from airflow.sdk import conf
 
         from ground.exceptions import DataError
         from tritonflow_plugin.champion_guard import ChampionGuard
         from tritonflow_plugin.change_ledger import ChangeLedger
         from tritonflow_plugin.event_mapping import RegistryChange, actions_for, load_mapping
+        from tritonflow_plugin.links import delivery_status_url, record_link_info
 
         log = logging.getLogger("tritonflow.registry_events")
         context = get_current_context()
@@ -158,6 +161,8 @@ def registry_events():
                 for item in items if isinstance(items, list) else [payload]:
                     if isinstance(item, dict) and isinstance(item.get("registry_event"), dict):
                         found.append((item["registry_event"], str(getattr(ev, "timestamp", ""))))
+        # the "Registry deliveries" button: the receiver's status page on this api-server
+        record_link_info(delivery_status_url=delivery_status_url(conf.get("api", "base_url", fallback="") or ""))
         rules, guard, ledger = load_mapping(), ChampionGuard(), ChangeLedger()
         _log_delivery_status(ledger, log)
         _prune_ledger(ledger, log)

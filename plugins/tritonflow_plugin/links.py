@@ -1,4 +1,4 @@
-"""Operator extra links: MLflow model version, MLflow run, Evidently report, Triton model, Grafana panel.
+"""Operator extra links: MLflow model, run, Evidently report, Triton model, Grafana panel, deliveries.
 
 How it works in Airflow 3: the links of a task are computed on the worker and stored in XCom (key
 ``_link_<class name>``, one per link); the api-server only reads those XComs back
@@ -10,7 +10,7 @@ Two pieces, both used by the DAG files:
 
 * :func:`task_with_links`: the ``@task`` decorator of tritonflow's tasks that publish, analyse or
   promote. Its operator class declares :data:`TRITONFLOW_LINKS`, so the serialized DAG carries the
-  five link names and the worker computes them when the task instance finishes (success or failure);
+  link names and the worker computes them when the task instance finishes (success or failure);
 * :func:`record_link_info`: called inside such a task with what the links need::
 
       record_link_info(model_name="churn", model_version="7", triton_model="churn", triton_version="7",
@@ -35,6 +35,8 @@ from urllib.parse import quote, urlencode
 from airflow.providers.standard.decorators.python import _PythonDecoratedOperator
 from airflow.sdk import BaseOperatorLink
 from airflow.sdk.bases.decorator import task_decorator_factory
+
+from tritonflow.registry_events import URL_PREFIX
 
 #: XCom key holding ``{model_name, model_version, mlflow_run_id, mlflow_experiment_id,
 #: evidently_report_url, evidently_report_path, triton_model, triton_version, triton_http_url}``
@@ -307,9 +309,39 @@ class GrafanaPanelLink(_RecordedInfoLink):
         return grafana_link_from_info(info, _settings().grafana_dashboard_url)
 
 
-#: The five links of tritonflow's publishing, analysing and promoting tasks.
+class RegistryDeliveriesLink(_RecordedInfoLink):
+    """Button "Registry deliveries": the webhook receiver's delivery status (``registry_events`` runs).
+
+    The status page (``GET /tritonflow/webhooks/status`` on the api-server: the last MLflow
+    deliveries, the changes acted on, the reconciler's findings) is served by the Airflow
+    api-server itself, so the URL is the one the task recorded (:func:`delivery_status_url`).
+    """
+
+    name = "Registry deliveries"
+
+    def url(self, info: Mapping[str, Any]) -> str:
+        """The recorded status URL (``delivery_status_url``)."""
+        return str(info.get("delivery_status_url") or "")
+
+
+def delivery_status_url(api_base_url: str, prefix: str = URL_PREFIX) -> str:
+    """URL of the webhook receiver's delivery status page on the Airflow api-server.
+
+    Args:
+        api_base_url: Airflow's ``[api] base_url`` (``http://host:8080`` or with a sub-path);
+            ``""``: a path relative to the UI's own origin.
+        prefix: Where the plugin mounts the receiver (:data:`tritonflow.registry_events.URL_PREFIX`).
+
+    Returns:
+        ``<base>/tritonflow/webhooks/status``.
+    """
+    return f"{api_base_url.rstrip('/')}{prefix}/webhooks/status"
+
+
+#: The links of tritonflow's publishing, analysing, promoting and registry-event tasks.
 TRITONFLOW_LINKS: tuple[_RecordedInfoLink, ...] = (
     MlflowModelVersionLink(), MlflowRunLink(), EvidentlyReportLink(), TritonModelLink(), GrafanaPanelLink(),
+    RegistryDeliveriesLink(),
 )
 
 
@@ -322,7 +354,7 @@ class LinkedPythonOperator(_PythonDecoratedOperator):
 
 def task_with_links(python_callable: Callable | None = None, multiple_outputs: bool | None = None,
                     **kwargs: Any) -> Any:
-    """``@task`` whose task instances show tritonflow's five link buttons in the Airflow UI.
+    """``@task`` whose task instances show tritonflow's link buttons in the Airflow UI.
 
     Takes the arguments of ``@task`` (``execution_timeout``, ``outlets``, ``map_index_template``,
     ...) and works with ``.partial()`` / ``.expand()``. Inside the task, :func:`record_link_info`

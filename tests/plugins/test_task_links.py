@@ -20,7 +20,8 @@ import pytest
 
 from tests.plugins import airflow_env
 
-LINK_NAMES = ["Evidently report", "Grafana panel", "MLflow model version", "MLflow run", "Triton model"]
+LINK_NAMES = ["Evidently report", "Grafana panel", "MLflow model version", "MLflow run", "Registry deliveries",
+              "Triton model"]
 
 LINKED_DAG = textwrap.dedent('''\
     import pendulum
@@ -52,12 +53,19 @@ LINKED_DAG = textwrap.dedent('''\
             record_link_info(triton_model=model)
             return model
 
+        @task_with_links
+        def map_changes():
+            from tritonflow_plugin.links import delivery_status_url
+            record_link_info(delivery_status_url=delivery_status_url("http://airflow.example:8080/"))
+            return []
+
         @task
         def plain():
             return 1
 
         publish() >> nothing_recorded() >> plain()
         fails_after_recording()
+        map_changes()
         check.expand(model=["a", "b"])
 
     linked_demo()
@@ -124,8 +132,15 @@ def test_a_linked_task_serves_the_urls_of_what_it_recorded(served_links):
         "Grafana panel": "http://grafana.example:3000/d/tritonflow-triton?var-model=churn&viewPanel=1",
         "MLflow model version": "http://mlflow.example:5000/#/models/churn%20head/versions/3",
         "MLflow run": "http://mlflow.example:5000/#/experiments/5/runs/r1",
+        "Registry deliveries": None,
         "Triton model": "http://127.0.0.1:8000/v2/models/churn/versions/3",
     }
+
+
+def test_a_registry_events_task_links_the_receivers_delivery_status(served_links):
+    links = served_links["map_changes"]["links"]
+    assert links["Registry deliveries"] == "http://airflow.example:8080/tritonflow/webhooks/status"
+    assert {k for k, v in links.items() if v} == {"Registry deliveries"}
 
 
 def test_nothing_recorded_means_no_button_and_plain_tasks_declare_no_links(served_links):
@@ -146,7 +161,7 @@ def test_each_mapped_task_instance_has_its_own_links(served_links):
     assert served_links["check[1]"]["links"]["Triton model"].endswith("/v2/models/b")
 
 
-#: Tasks of the repository's DAGs that publish, analyse or promote, hence show the links.
+#: Tasks of the repository's DAGs that publish, analyse, promote or map registry changes: they show the links.
 LINKED_TASKS = {
     "model_publish": {"resolve", "convert_and_validate", "profile", "load_and_smoke", "record"},
     "shadow_evaluation": {"publish_challenger", "compare"},
@@ -154,10 +169,11 @@ LINKED_TASKS = {
     "canary_promotion": {"canary"},
     "canary_rollback": {"rollback"},
     "retrain": {"train"},
+    "registry_events": {"map_changes"},
 }
 
 
-def test_the_dags_tasks_that_publish_analyse_or_promote_declare_the_five_links():
+def test_the_dags_tasks_that_publish_analyse_promote_or_map_registry_changes_declare_the_links():
     from airflow.dag_processing.dagbag import DagBag
     from airflow.serialization.serialized_objects import DagSerialization
 

@@ -40,7 +40,8 @@ DAG_ID = "model_publish"
 #: the wait behind other model_publish runs of the session (max_active_runs=1).
 RUN_TIMEOUT_S = 2400
 TERMINAL = {"success", "failed"}
-LINK_NAMES = {"Evidently report", "Grafana panel", "MLflow model version", "MLflow run", "Triton model"}
+LINK_NAMES = {"Evidently report", "Grafana panel", "MLflow model version", "MLflow run", "Registry deliveries",
+              "Triton model"}
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +155,7 @@ def test_default_model_publish_succeeds_and_its_links_render_and_point_to_the_ri
         "Triton model": f"http://{stack.triton.http_url}/v2/models/{name}/versions/{version}",
         "Grafana panel": f"{GRAFANA_DASHBOARD_URL}?var-model={name}&viewPanel=1",
     }
-    assert served == {**expected, "Evidently report": None}
+    assert served == {**expected, "Evidently report": None, "Registry deliveries": None}
 
     with chromium() as driver:
         driver.get(f"{stack.url}/dags/{DAG_ID}/runs/{run_id}/tasks/record/details")
