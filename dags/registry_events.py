@@ -37,10 +37,13 @@ Turns changes in the MLflow model registry into runs of the other DAGs, followin
 | alias `champion` moved by hand (not by a promotion) | put back; `model_publish`, then `canary_promotion` |
 | stage `Archived`, or an alias removed | `canary_rollback` |
 
-It runs by itself: Airflow's triggerer polls the registry and each change runs this DAG once,
-even across restarts. When MLflow sends webhooks those changes start the DAGs directly; this DAG
-then starts only what the webhook missed (stage transitions, lost deliveries): both record each
-change once in the shared database, so nothing starts twice.
+It runs by itself: Airflow's triggerer polls the registry and each change starts its DAGs once,
+even across restarts: a change whose DAGs this DAG has not started within
+`TRITONFLOW_REGISTRY_RESEND_AFTER_S` (Airflow can hold an event back while the scheduler is down
+or busy) is sent again, and a change already started is left out. When MLflow sends webhooks
+those changes start the DAGs directly; this DAG then starts only what the webhook missed (stage
+transitions, lost deliveries): both record each change once in the shared database, so nothing
+starts twice.
 The DAGs it starts run on their own (it does not wait for them).
 
 **Delivery status.** `GET /tritonflow/webhooks/status` on the Airflow api-server (your Airflow
@@ -107,6 +110,36 @@ def _log_delivery_status(ledger, log) -> None:
              status["reconciler"]["unstarted"])
 
 
+def _to_start(found: list[tuple[dict, str]], ledger) -> list[tuple[dict, str]]:
+    """The changes of ``found`` whose runs may not exist yet, each once.
+
+    A change the reconciler sent again (its first event was left for a later run) can reach a run
+    twice, or after an earlier run (or the webhook) started it; both are left out.
+    """
+    from tritonflow_plugin.change_ledger import STARTED
+
+    seen: set[str] = set()
+    out = []
+    for raw, stamp in found:
+        key = str(raw.get("change_key") or "")  # "": a replay typed in the form
+        if key and (key in seen or (ledger.change(key) or {}).get("status") == STARTED):
+            continue
+        seen.add(key)
+        out.append((raw, stamp))
+    return out
+
+
+def _confirm(fired: list[dict], ledger) -> None:
+    """Mark the changes of ``fired`` started with their run ids: the reconciler stops sending them."""
+    runs: dict[str, list[str]] = {}
+    for item in fired:
+        key = (item["conf"].get("registry_event") or {}).get("change_key")
+        if key:
+            runs.setdefault(str(key), []).append(item["trigger_run_id"])
+    for key, run_ids in runs.items():
+        ledger.mark_started(key, run_ids)
+
+
 def _prune_ledger(ledger, log) -> None:
     """Drop started changes and finished deliveries past TRITONFLOW_REGISTRY_LEDGER_RETENTION_DAYS.
 
@@ -124,8 +157,9 @@ def _prune_ledger(ledger, log) -> None:
 
 # batch=True: one asset event per poll holding every change it found (several events written at
 # once would be split across runs, the last ones waiting for the next change; see the trigger).
+# await_confirmation=True: a change is started once `confirm` ran, else the watcher sends it again.
 @tritonflow_dag(DAG_ID, schedule=registry_asset(DAG_ID, watch=True, mapping_path=str(WATCH_ALL_MAPPING),
-                                                batch=True),
+                                                batch=True, await_confirmation=True),
                 topics=["registry"], description=DESCRIPTION, doc_md=DOC_MD, params=PARAMS)
 def registry_events():
     """Map MLflow registry changes to the DAGs they call for and trigger them."""
@@ -167,7 +201,7 @@ def registry_events():
         _log_delivery_status(ledger, log)
         _prune_ledger(ledger, log)
         fired = []
-        for raw, stamp in found:
+        for raw, stamp in _to_start(found, ledger):
             try:
                 change = RegistryChange(**raw)
             except TypeError as exc:
@@ -175,6 +209,8 @@ def registry_events():
                                 "RegistryChange") from None
             # an out-of-band champion move goes through the gates (not on a dry run: that changes nothing)
             mapped = actions_for(change, rules) if p.get("dry_run") else guard.actions(change, rules, ledger)
+            if not mapped and change.change_key and not p.get("dry_run"):  # nothing to start: done
+                ledger.mark_started(change.change_key, [])
             for action in mapped:
                 fired.append({"trigger_dag_id": action.dag_id,
                               "trigger_run_id": _run_id(action.dag_id, raw, stamp),
@@ -183,10 +219,18 @@ def registry_events():
                  [(f["trigger_dag_id"], f["trigger_run_id"]) for f in fired])
         return [] if p.get("dry_run") else fired
 
+    @data_task(execution_timeout=TIMEOUTS.event_mapping, trigger_rule="none_failed")
+    def confirm(fired: list[dict]) -> None:
+        """Mark the changes whose runs ``fire`` created (or found) started (not when a ``fire`` failed)."""
+        from tritonflow_plugin.change_ledger import ChangeLedger
+
+        _confirm(fired, ChangeLedger())
+
+    fired = map_changes()
     fire_and_forget_mapped(
         "fire", skip_when_already_exists=True, openlineage_inject_parent_info=False,
         execution_timeout=TIMEOUTS.event_fire, retries=1,
-    ).expand_kwargs(map_changes())
+    ).expand_kwargs(fired) >> confirm(fired)
 
 
 registry_events()

@@ -371,6 +371,12 @@ class Settings:
     event_mapping_path: str = setting("EVENT_MAPPING_PATH", "", "Registry-event-to-DAG mapping file.")
     #: Seconds between two polls of the MLflow registry by the registry watcher.
     registry_poll_interval_s: float = setting("REGISTRY_POLL_INTERVAL_S", 60.0, "Registry watcher poll (s).")
+    #: Seconds after which the registry watcher sends again a change it sent whose runs
+    #: ``registry_events`` has not confirmed (Airflow left its event for a later one, or the run failed).
+    registry_resend_after_s: float = setting(
+        "REGISTRY_RESEND_AFTER_S", 180.0, "Registry watcher re-sends an unconfirmed change after (s).",
+        check=POSITIVE_FINITE,
+    )
     #: Days the change ledger keeps a change whose runs were started, and a finished webhook delivery
     #: (the last value acted on per slot, which numbers the next move, is kept for ever).
     registry_ledger_retention_days: float = setting(

@@ -49,7 +49,11 @@ acted on it, never a payload's claim.
 before the receiver acknowledges; it is ``done`` once its change's runs exist. A delivery id seen
 ``done`` again is a replay (409); one not ``done`` (the receiver failed after storing) is processed
 again on MLflow's retry. A change recorded but whose runs were never started (``claimed``) is
-started again by the reconciler (:meth:`ChangeLedger.unstarted`).
+sent by the reconciler (:meth:`ChangeLedger.unstarted`) at its next poll, and again each time
+``TRITONFLOW_REGISTRY_RESEND_AFTER_S`` has passed since it last sent it (:meth:`ChangeLedger.mark_sent`).
+A change is ``started`` when the path that started its runs says so -- the receiver after
+creating them, ``registry_events`` after its ``fire`` task did -- not when the reconciler's asset
+event reached Airflow, which may leave that event for a later run (see :mod:`.registry_watcher`).
 
 Tables: ``tritonflow_state`` of :mod:`ground.coordination`, scopes :data:`SLOTS`, :data:`CHANGES`,
 :data:`DELIVERIES`.
@@ -62,7 +66,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import sqlalchemy as sa
 
@@ -165,24 +169,54 @@ class ChangeLedger:
         return Recorded(key, True, CLAIMED, previous, recorded)
 
     def mark_started(self, key: str, runs: list[str]) -> None:
-        """The runs of change ``key`` exist (no path needs to start them again)."""
+        """The runs of change ``key`` exist (no path needs to start them again).
+
+        Args:
+            key: The change key.
+            runs: The run ids started (or found) for it, added to those recorded before.
+        """
         with self.store.locked_state(CHANGES, key) as (conn, entry):
-            self.store.set_state(CHANGES, key, {**(entry or {}), "status": STARTED, "runs": runs,
+            entry = entry or {}
+            known = list(entry.get("runs") or [])
+            self.store.set_state(CHANGES, key, {**entry, "status": STARTED,
+                                                "runs": known + [r for r in runs if r not in known],
                                                 "started_at": time.time()}, conn=conn)
+
+    def mark_sent(self, keys: Iterable[str], now: float | None = None) -> None:
+        """The reconciler handed changes ``keys`` to Airflow at ``now`` (Unix s; default: the current time).
+
+        Their runs are not known to exist yet: :meth:`unstarted` returns a change again once
+        ``resend_after_s`` has passed since this send. A change already started is left as it is.
+        """
+        now = time.time() if now is None else now
+        for key in keys:
+            with self.store.locked_state(CHANGES, key) as (conn, entry):
+                if entry and entry.get("status") == CLAIMED:
+                    self.store.set_state(CHANGES, key, {**entry, "sent_at": now}, conn=conn)
 
     def change(self, key: str) -> dict[str, Any] | None:
         """The stored record of change ``key``."""
         return self.store.get_state(CHANGES, key)
 
-    def unstarted(self, older_than_s: float, now: float | None = None) -> list[RegistryChange]:
-        """Changes decided more than ``older_than_s`` ago whose runs were never confirmed."""
+    def unstarted(self, resend_after_s: float, now: float | None = None) -> list[RegistryChange]:
+        """Changes whose runs were never confirmed, and that the reconciler may send (again) now.
+
+        A change the reconciler never sent (the receiver failed after deciding it, or a trigger
+        stopped before it recorded the send) is returned at once; one it sent (:meth:`mark_sent`)
+        once ``resend_after_s`` has passed since.
+
+        Args:
+            resend_after_s: Seconds after a send before the change is returned again (0: always).
+            now: Unix seconds (default: the current time).
+        """
         now = time.time() if now is None else now
         out = []
         with self.store.engine.connect() as conn:
             rows = conn.execute(sa.select(state.c.value).where(state.c.scope == CHANGES)).scalars()
             for raw in rows:
                 entry = json.loads(raw)
-                if entry.get("status") == CLAIMED and entry.get("at", now) <= now - older_than_s:
+                sent = entry.get("sent_at")
+                if entry.get("status") == CLAIMED and (sent is None or sent <= now - resend_after_s):
                     out.append(RegistryChange(**entry["change"]))
         return out
 

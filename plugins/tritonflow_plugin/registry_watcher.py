@@ -31,9 +31,14 @@ Design:
 * :func:`poll_once` decides each change in the change ledger (:mod:`.change_ledger`), under the
   one change key the webhook receiver uses too: a change the webhook already started is left out,
   one it stored but failed to start (or a trigger crashed before handing on) is started now, with
-  the change's run id, so each change gives one run whichever path saw it first. A change is
-  marked started only after its event was handed to Airflow; a triggerer that dies in between
-  yields it again on the next poll (the same run id, so no second run).
+  the change's run id, so each change gives one run whichever path saw it first.
+* A change is ``started`` once its runs exist, and for the ``registry_events`` watcher
+  (``await_confirmation``) that is when its run's ``fire`` task has created them, not when the
+  trigger yielded the event: Airflow 3.3 closes an asset-triggered run's event window at the time
+  the DAG was first queued, so an event written while a run is pending (the scheduler down, or
+  busy) is left out of that run and waits for a later event. The trigger therefore sends again a
+  change still unconfirmed ``TRITONFLOW_REGISTRY_RESEND_AFTER_S`` after its last send; the
+  change's run id keeps a second send from starting a second run.
 * :class:`RegistryEventTrigger` is an Airflow 3 ``BaseEventTrigger`` for an ``AssetWatcher``:
   it polls every ``poll_interval_s`` and yields one ``TriggerEvent`` per mapped action for its
   ``dag_id`` (payload = the DAG run conf of :func:`~tritonflow_plugin.event_mapping.actions_for`).
@@ -269,13 +274,15 @@ def poll_once(
     *,
     mark: bool = True,
     tag_keys: TagKeys = frozenset(),
+    resend_after_s: float = 0.0,
 ) -> list[dict[str, Any]]:
     """One reconciler poll: snapshot, diff, decide each change in the ledger, map to ``consumer``.
 
     Each change the diff finds is decided in the change ledger (:mod:`.change_ledger`, the same
     key as the webhook receiver's): one the webhook already started is left out; one decided but
-    never started (the receiver failed after storing it) is started now, as is every change
-    decided before whose runs were never confirmed. The runs get the change's run id.
+    never started (the receiver failed after storing it) is started now, and so is a change this
+    reconciler sent more than ``resend_after_s`` ago whose runs were never confirmed. The runs get
+    the change's run id.
 
     Args:
         client: An ``mlflow.MlflowClient``.
@@ -284,9 +291,12 @@ def poll_once(
         rules: The mapping.
         models: Registered model names to watch (default: all).
         ledger: The change ledger (default: the one in ``store``'s database).
-        mark: Mark the returned changes started (the trigger marks them after yielding instead).
+        mark: Mark the returned changes started (the trigger records them after yielding instead:
+            :func:`mark_handed_on`).
         tag_keys: Version tag keys to reconcile (default none; ``None``: every key): the keys the
             mapping's ``tag_set`` rules act on (:func:`~tritonflow_plugin.event_mapping.mapped_tag_keys`).
+        resend_after_s: Seconds after which a change sent before (:meth:`ChangeLedger.mark_sent`),
+            still unconfirmed, is returned again (0: at every poll).
 
     Returns:
         The DAG run confs (see ``event_mapping.actions_for``) of actions whose ``dag_id`` is
@@ -298,7 +308,7 @@ def poll_once(
         recorded = ledger.record(change)
         if recorded.status != STARTED:
             decided[recorded.key] = recorded.change
-    for change in ledger.unstarted(0.0):
+    for change in ledger.unstarted(resend_after_s):
         if change.change_key and (models is None or change.model in models):
             decided.setdefault(str(change.change_key), change)
     out = []
@@ -311,13 +321,15 @@ def poll_once(
     return out
 
 
-def mark_started(store: SeenStateStore, confs: Sequence[dict[str, Any]]) -> None:
-    """Mark the changes of ``confs`` started (their events were handed to Airflow)."""
+def mark_handed_on(store: SeenStateStore, confs: Sequence[dict[str, Any]], *, started: bool) -> None:
+    """Record that the changes of ``confs`` were handed to Airflow: ``started``, or only sent."""
     ledger = ChangeLedger(store.store)
-    for conf in confs:
-        key = (conf.get("registry_event") or {}).get("change_key")
-        if key:
+    keys = [k for k in ((c.get("registry_event") or {}).get("change_key") for c in confs) if k]
+    if started:
+        for key in keys:
             ledger.mark_started(key, [])
+    else:
+        ledger.mark_sent(keys)
 
 
 try:  # The trigger needs Airflow core (the triggerer); the pure parts above do not.
@@ -348,6 +360,11 @@ class RegistryEventTrigger(BaseEventTrigger):
             changes), those written after the first are left out of the run that the first one
             starts, and the queue row is deleted, so they wait for the next registry change.
             A consumer that reads lists (``registry_events``) should batch.
+        await_confirmation: The consumer marks each change started once it has started the
+            change's runs (``registry_events`` does, after its ``fire`` task), and a change still
+            unconfirmed ``TRITONFLOW_REGISTRY_RESEND_AFTER_S`` after it was sent is sent again.
+            ``False``: a change counts as started once its event is handed to Airflow (a DAG
+            scheduled on the asset itself has no step that could confirm it).
     """
 
     def __init__(
@@ -360,9 +377,11 @@ class RegistryEventTrigger(BaseEventTrigger):
         mapping_path: str | None = None,
         max_polls: int | None = None,
         batch: bool = False,
+        await_confirmation: bool = False,
     ) -> None:
         super().__init__()
         self.batch = bool(batch)
+        self.await_confirmation = bool(await_confirmation)
         self.dag_id = dag_id
         self.tracking_uri = tracking_uri
         self.models = models
@@ -384,6 +403,7 @@ class RegistryEventTrigger(BaseEventTrigger):
                 "mapping_path": self.mapping_path,
                 "max_polls": self.max_polls,
                 "batch": self.batch,
+                "await_confirmation": self.await_confirmation,
             },
         )
 
@@ -401,10 +421,11 @@ class RegistryEventTrigger(BaseEventTrigger):
         # the tags the event mapping acts on (the receiver and registry_events apply it), whatever
         # this consumer's routing rules say
         tag_keys = mapped_tag_keys(load_mapping())
-        return poll_once(client, store, self.dag_id, rules, self.models, mark=False, tag_keys=tag_keys)
+        return poll_once(client, store, self.dag_id, rules, self.models, mark=False, tag_keys=tag_keys,
+                         resend_after_s=settings.registry_resend_after_s)
 
     def _mark(self, confs: list[dict[str, Any]]) -> None:
-        mark_started(SeenStateStore(self.state_path), confs)
+        mark_handed_on(SeenStateStore(self.state_path), confs, started=not self.await_confirmation)
 
     async def run(self) -> AsyncIterator[Any]:
         """Poll forever (or ``max_polls`` times), yielding one event per mapped change."""
@@ -426,7 +447,7 @@ class RegistryEventTrigger(BaseEventTrigger):
             elif not self.batch:
                 for conf in confs:
                     yield TriggerEvent(conf)
-            if confs:  # handed to Airflow: a crash before this line re-emits them (same run ids)
+            if confs:  # handed to Airflow: a crash before this line sends them again (same run ids)
                 await asyncio.to_thread(self._mark, confs)
             if self.max_polls is None or polls < self.max_polls:
                 await asyncio.sleep(interval)

@@ -134,6 +134,7 @@ def get_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         "TRITONFLOW_MONITORED_MODELS": model,
         "TRITONFLOW_WEBHOOK_SECRET": secret,
         "TRITONFLOW_REGISTRY_POLL_INTERVAL_S": "5",
+        "TRITONFLOW_REGISTRY_RESEND_AFTER_S": "15",
         "TRITONFLOW_EVENT_MAPPING_PATH": "",
         "TRITONFLOW_HOST": triton_settings.host,
         "TRITONFLOW_TRITON_HTTP_PORT": str(triton_settings.triton_http_port),

@@ -5,7 +5,9 @@ on PostgreSQL + Redis (tritonflow.runtime.airflow), with the repository's DAGs a
   real NOAA rows replayed as inference logs, and every run succeeds;
 * two MLflow webhook deliveries sent back to back, signed with MLflow's own signing function,
   reach the plugin's receiver on the api-server and each creates the ``model_publish`` run the
-  mapping names, carrying its event; a replay and a bad signature are refused.
+  mapping names, carrying its event; a replay and a bad signature are refused;
+* registry changes the reconciler finds while the scheduler is stopped (no webhook) each get one
+  ``model_publish`` run once it is back, none lost, none doubled.
 """
 
 from __future__ import annotations
@@ -198,3 +200,94 @@ def test_drift_monitor_runs_three_logical_hours_to_success_on_celery(stack):
 
     history = HistoryStore(stack.env["TRITONFLOW_DRIFT_HISTORY_DB_URL"]).values(stack.model, "temperature", "psi")
     assert len(history) == HOURS
+
+
+# ------------------------------------------------------------------ the scheduler restarted
+#: Seconds from the scheduler's restart until every change found while it was down has its run:
+#: the grace period before the reconciler sends a change again (15 s here), a poll (5 s), two
+#: registry_events runs on the Celery worker, with room for a loaded machine.
+SCHEDULER_BACK_BOUND_S = 150
+
+
+def _wait_until(what: str, check, timeout_s: float, state=lambda: ""):
+    """``check()``'s first truthy value, polled every second; after ``timeout_s`` fail with ``what`` and ``state()``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(1)
+    pytest.fail(f"{what}: not within {timeout_s:.0f} s; {state()}")
+
+
+def _found_versions(ledger, model: str) -> dict[str, dict]:
+    """The changes of ``model`` the change ledger holds: ``{version: entry}`` (``entry["key"]``: the key)."""
+    from tritonflow_plugin.change_ledger import CHANGES
+
+    return {v["change"]["version"]: {**v, "key": k} for k, v, _ in ledger.latest(CHANGES, 500)
+            if v["change"]["model"] == model}
+
+
+def _model_publish_runs(stack: Stack, model: str) -> list[dict]:
+    doc = stack.api.get("/dags/model_publish/dagRuns?limit=100&order_by=-id")
+    return [r for r in doc["dag_runs"] if (r.get("conf") or {}).get("model_name") == model]
+
+
+def test_registry_changes_found_while_the_scheduler_is_down_each_start_one_run_once_it_is_back(stack):
+    """No webhook: the reconciler finds three versions in two or more polls while no scheduler runs.
+
+    Airflow queues the first poll's event and, once the scheduler is back, closes the run's event
+    window at that event's time: the second poll's event is left for a later one. The reconciler
+    sends a change again until ``registry_events`` has started its runs.
+    """
+    from mlflow import MlflowClient
+
+    from tritonflow_plugin.change_ledger import ChangeLedger, change_run_id
+    from tritonflow_plugin.registry_watcher import SeenStateStore
+
+    url = stack.env["TRITONFLOW_DRIFT_HISTORY_DB_URL"]  # the deployment's coordination database
+    seen, ledger = SeenStateStore(url), ChangeLedger(url)
+    client = MlflowClient(stack.env["TRITONFLOW_MLFLOW_TRACKING_URI"])
+    model = f"{stack.model}-scheduler-down"
+    stack.api.wait_for_dag("registry_events", timeout_s=120)
+    stack.api.wait_for_dag("model_publish", timeout_s=120)
+    stack.api.unpause("registry_events")
+    stack.api.reparse("registry_events")  # its watcher starts when the file of the unpaused DAG is parsed
+    try:
+        _wait_until("the registry watcher's first poll", lambda: seen.store.get_state(seen.SCOPE, "registry_events"),
+                    120)
+        client.create_registered_model(model)
+        run = client.create_run(client.get_experiment_by_name("Default").experiment_id)
+        versions: list[str] = []
+        stack.deployment.scheduler.stop()
+        try:
+            for count in (1, 2):  # two polls, two asset events
+                versions += [client.create_model_version(model, f"{run.info.artifact_uri}/model",
+                                                         run.info.run_id).version for _ in range(count)]
+                made = set(versions)
+                _wait_until(f"the reconciler finding versions {versions}",
+                            lambda made=made: set(_found_versions(ledger, model)) == made, 60)
+        finally:
+            stack.deployment.scheduler.start()
+        back = time.monotonic()
+        found = _found_versions(ledger, model)
+        wanted = {change_run_id(found[v]["key"], "model_publish", "version_created"): v for v in versions}
+        _wait_until(f"a model_publish run for each of versions {versions}",
+                    lambda: {r["dag_run_id"] for r in _model_publish_runs(stack, model)} >= set(wanted),
+                    SCHEDULER_BACK_BOUND_S,
+                    lambda: f"runs of {[r['conf']['model_version'] for r in _model_publish_runs(stack, model)]}")
+        print(f"a model_publish run for each of {len(versions)} versions {time.monotonic() - back:.0f} s "
+              "after the scheduler's restart")
+        _wait_until("each change marked started", lambda: all(
+            e["status"] == "started" for e in _found_versions(ledger, model).values()), 60,
+            lambda: {v: e["status"] for v, e in _found_versions(ledger, model).items()})
+        runs = _model_publish_runs(stack, model)
+        assert sorted((r["dag_run_id"], r["conf"]["model_version"]) for r in runs) == sorted(wanted.items())
+        # confirmed by registry_events's run that created them, with their run ids
+        assert {v: e["runs"] for v, e in _found_versions(ledger, model).items()} == {
+            v: [rid] for rid, v in wanted.items()}
+    finally:
+        stack.api.patch("/dags/registry_events", {"is_paused": True})  # the other tests' changes start nothing
+        for run_id in [r["dag_run_id"] for r in _model_publish_runs(stack, model) if r["state"] not in TERMINAL]:
+            # versions without a model: their runs need not hold the queue of later tests' runs
+            stack.api.patch(f"/dags/model_publish/dagRuns/{run_id}", {"state": "failed"})

@@ -1,4 +1,4 @@
-"""The change ledger's retention: what no path needs any more goes, what a path may still need stays."""
+"""The change ledger: retention (what no path needs any more goes, what a path may still need stays), re-sends."""
 
 from __future__ import annotations
 
@@ -78,3 +78,29 @@ def test_a_version_number_reused_by_a_new_model_is_a_new_change_on_every_slot_an
     assert {r.key for r in new}.isdisjoint({r.key for r in old})
     moved = next(r for r in new if r.change.kind == ALIAS_SET)
     assert moved.previous == "1" and moved.change.previous_version == "1"  # the version it replaced, as a number
+
+
+def _due(ledger, resend_after_s: float, now: float) -> list[str]:
+    return sorted(str(c.change_key) for c in ledger.unstarted(resend_after_s, now=now))
+
+
+def test_a_sent_change_is_due_again_after_the_grace_period_until_its_runs_are_confirmed(ledger):
+    sent = ledger.record(champion_to("1"))
+    failed = ledger.record(RegistryChange(kind=VERSION_CREATED, model="fraud", version="2"))  # never sent
+    t, both = time.time(), sorted([sent.key, failed.key])
+    assert _due(ledger, 60, now=t) == both  # not sent yet: due at once
+
+    ledger.mark_sent([sent.key, failed.key], now=t)
+    assert _due(ledger, 60, now=t + 59) == []  # its event may still be on its way to a run
+    assert _due(ledger, 60, now=t + 60) == both
+    ledger.mark_sent([sent.key], now=t + 60)  # sent again: the grace period starts again
+    ledger.mark_started(failed.key, ["run-2"])
+    assert _due(ledger, 60, now=t + 119) == []
+    assert _due(ledger, 60, now=t + 120) == [sent.key]
+
+    ledger.mark_started(sent.key, ["run-1"])
+    ledger.mark_started(sent.key, ["run-1", "run-1b"])  # a later run confirms it too: runs are kept
+    ledger.mark_sent([sent.key], now=t + 200)  # a send recorded late changes nothing
+    assert _due(ledger, 60, now=t + 10_000) == []
+    assert ledger.change(sent.key)["runs"] == ["run-1", "run-1b"]
+    assert ledger.change(sent.key)["status"] == "started"

@@ -277,3 +277,36 @@ def test_a_run_that_consumed_several_registry_changes_fails_naming_them_instead_
     assert registry_conf_from_context({"triggering_asset_events": {"a": [_event(v4), _event(v4)]}}) == v4
     assert registry_conf_from_context({**folded, "dag_run": type("R", (), {"conf": v5})()}) == v5
     assert registry_conf_from_context({"triggering_asset_events": {}}) == {}
+
+
+def test_a_change_its_consumer_has_not_confirmed_is_sent_again_after_the_grace_period_and_then_no_more(
+        registry, tmp_path, mlflow_tracking_uri, monkeypatch):
+    """registry_events confirms its changes: one whose event Airflow left for a later run comes again."""
+    import time
+
+    from tritonflow_plugin.change_ledger import ChangeLedger
+    from tritonflow_plugin.registry_watcher import BATCH_KEY
+
+    client, name = registry
+    monkeypatch.setenv("TRITONFLOW_REGISTRY_RESEND_AFTER_S", "1")
+    _classpath, kwargs = RegistryEventTrigger(
+        dag_id="registry_events", tracking_uri=mlflow_tracking_uri, models=[name], poll_interval_s=0.01,
+        state_path=str(tmp_path / "state.sqlite"), mapping_path=str(WATCH_ALL), max_polls=1, batch=True,
+        await_confirmation=True).serialize()
+    assert kwargs["await_confirmation"] is True
+
+    def sent() -> list[str]:
+        async def collect():
+            return [ev async for ev in RegistryEventTrigger(**kwargs).run()]
+
+        return [c["registry_event"]["change_key"] for ev in asyncio.run(collect()) for c in ev.payload[BATCH_KEY]]
+
+    assert sent() == []  # baseline
+    _new_version(client, name)
+    (key,) = sent()
+    assert sent() == []  # within the grace period: its run may still be on its way
+    time.sleep(1.1)
+    assert sent() == [key]  # still not confirmed: the same change again
+    ChangeLedger(tmp_path / "state.sqlite").mark_started(key, ["registry__version_created__x"])
+    time.sleep(1.1)
+    assert sent() == []

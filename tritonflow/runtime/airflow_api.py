@@ -148,6 +148,16 @@ class AirflowApi:
         """Unpause ``dag_id``."""
         self.patch(f"/dags/{dag_id}", {"is_paused": False})
 
+    def reparse(self, dag_id: str) -> None:
+        """Have the dag-processor parse ``dag_id``'s file again at its next scan.
+
+        Airflow registers a DAG's asset watchers (its triggers) only when it parses the file of an
+        unpaused DAG; without this, an unpaused DAG's watcher waits for the file's next regular parse
+        (``min_file_process_interval``).
+        """
+        token = self.get(f"/dags/{dag_id}")["file_token"]
+        self._request("PUT", f"/api/v2/parseDagFile/{quote(token, safe='')}")
+
     def trigger(self, dag_id: str, conf: dict[str, Any], run_id: str) -> dict[str, Any]:
         """Create run ``run_id`` of ``dag_id`` with ``conf`` (its form's fields); return the run."""
         return self.post(f"/dags/{dag_id}/dagRuns", {"dag_run_id": run_id, "logical_date": None, "conf": conf})
