@@ -25,8 +25,10 @@ if [ "$#" -eq 0 ]; then
     echo "the service-free subset (-m \"not integration\") failed (rc $subset_rc): the full run is skipped" >&2
     exit 1
   fi
-  # The subset passed: the full run takes the rest, not those tests a second time.
-  set -- -m integration
+  # The subset passed: the full run takes the rest, not those tests a second time. Tests marked
+  # `long` (the quick loop in the compose stack, about half an hour here) run on demand only:
+  # bash scripts/test.sh -m long.
+  set -- -m "integration and not long"
 fi
 .venv/bin/python -m pytest "$@"
 rc=$?
