@@ -131,11 +131,13 @@ def _to_start(found: list[tuple[dict, str]], ledger) -> list[tuple[dict, str]]:
 
 def _confirm(fired: list[dict], ledger) -> None:
     """Mark the changes of ``fired`` started with their run ids: the reconciler stops sending them."""
+    from tritonflow_plugin.registry_watcher import change_key_of
+
     runs: dict[str, list[str]] = {}
     for item in fired:
-        key = (item["conf"].get("registry_event") or {}).get("change_key")
+        key = change_key_of(item["conf"])
         if key:
-            runs.setdefault(str(key), []).append(item["trigger_run_id"])
+            runs.setdefault(key, []).append(item["trigger_run_id"])
     for key, run_ids in runs.items():
         ledger.mark_started(key, run_ids)
 

@@ -321,10 +321,16 @@ def poll_once(
     return out
 
 
+def change_key_of(conf: dict[str, Any]) -> str | None:
+    """The change key a registry-started DAG run conf carries (``conf["registry_event"]["change_key"]``), if any."""
+    key = (conf.get("registry_event") or {}).get("change_key")
+    return str(key) if key else None
+
+
 def mark_handed_on(store: SeenStateStore, confs: Sequence[dict[str, Any]], *, started: bool) -> None:
     """Record that the changes of ``confs`` were handed to Airflow: ``started``, or only sent."""
     ledger = ChangeLedger(store.store)
-    keys = [k for k in ((c.get("registry_event") or {}).get("change_key") for c in confs) if k]
+    keys = [k for k in map(change_key_of, confs) if k]
     if started:
         for key in keys:
             ledger.mark_started(key, [])
