@@ -55,15 +55,34 @@ def _wait(driver, css: str, *, clickable: bool = False):
     return WebDriverWait(driver, UI_WAIT_S).until(cond((By.CSS_SELECTOR, css)))
 
 
-def _type(driver, param: str, text: str) -> None:
-    """Replace the value of the form field of ``param`` the way a user does (select all, type)."""
-    from selenium.webdriver.common.keys import Keys
+def _type(driver, param: str, text: str, attempts: int = 3) -> None:
+    """Replace the value of the form field of ``param`` the way a user does (select all, type).
 
-    field = _wait(driver, f"input[name='element_{param}']", clickable=True)
-    field.click()
-    field.send_keys(Keys.CONTROL, "a")
-    field.send_keys(Keys.BACKSPACE)
-    field.send_keys(text)
+    The form's fields are controlled React inputs: on a loaded machine a re-render can land between
+    two keystrokes and drop the ones before it (``0.002`` arrived as ``2``). A user sees that and
+    types again; so does this: the field must show ``text``, else it is cleared and typed again,
+    one key at a time with a pause, up to ``attempts`` times.
+    """
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    shown = None
+    for attempt in range(attempts):
+        field = _wait(driver, f"input[name='element_{param}']", clickable=True)
+        field.click()
+        field.send_keys(Keys.CONTROL, "a")
+        field.send_keys(Keys.BACKSPACE)
+        for key in ([text] if attempt == 0 else list(text)):
+            field.send_keys(key)
+            if attempt:
+                time.sleep(0.2)
+        try:
+            WebDriverWait(driver, 5).until(lambda d: _value(d, param) == text)
+            return
+        except TimeoutException:
+            shown = _value(driver, param)
+    pytest.fail(f"the form field {param!r} shows {shown!r} after typing {text!r} {attempts} times")
 
 
 def _value(driver, param: str) -> str:
@@ -143,20 +162,11 @@ def test_trigger_form_never_submits_a_negative_atol_or_an_invalid_version(stack,
     _open_form(browser, stack)
     _type(browser, "model", stack.model)
 
-    # A negative tolerance: the number field enforces the Param's minimum on blur. Keystrokes sent
-    # while the form still renders can be lost on a loaded machine, so the negative value must be
-    # seen in the field before leaving it (otherwise the check below would pass on an empty field).
-    from selenium.common.exceptions import TimeoutException
+    # A negative tolerance: the number field enforces the Param's minimum on blur. _type sees the
+    # typed -1 in the field before it returns (else the check below would pass on an empty field).
     from selenium.webdriver.support.ui import WebDriverWait
 
-    for _ in range(3):
-        _type(browser, "atol", "-1")
-        try:
-            WebDriverWait(browser, 10).until(lambda d: _value(d, "atol") == "-1")
-            break
-        except TimeoutException:
-            continue
-    assert _value(browser, "atol") == "-1", f"the atol field never showed the typed -1: {_value(browser, 'atol')!r}"
+    _type(browser, "atol", "-1")
     _wait(browser, "input[name='element_model']", clickable=True).click()  # leave the field
     WebDriverWait(browser, UI_WAIT_S).until(lambda d: _value(d, "atol") not in ("-1", "-"))
     shown = _value(browser, "atol")
