@@ -16,7 +16,8 @@ see what a policy would have said before switching monitoring on.
 
 Outputs (``out`` folder): ``backtest.json`` (per window: start, end, n_rows, status, severity,
 alert, dataset verdict and score, flagged features with statistic, value, threshold and threshold
-source, and the contract failures naming column, expectation and message; summary: windows,
+source, the contract failures naming column, expectation, source (``derived`` or ``user``) and
+message, and the expectations that could not be evaluated (``contract_check_errors``); summary: windows,
 alerts, dataset alarms (windows whose dataset verdict is drift), alerts per 100 windows in the
 static phase (before enough taught history: reference or static thresholds) and the dynamic
 phase, and the realised false-alarm rate of the quiet windows per 100 windows and per model-week
@@ -367,7 +368,7 @@ class _Replayer:
             try:
                 for i, (t_start, t_end, rows) in enumerate(cut):
                     reference, note = self.reference_for(t_start, t_end)
-                    summary = self.check(i, rows[cols].reset_index(drop=True), reference, history)
+                    summary = self.check(i, rows[cols], reference, history)
                     windows.append(_window_row(i, t_start, t_end, summary, note))
                     for c in cols:
                         series[c].append(_plot_point(summary, c))
@@ -381,22 +382,30 @@ class _Replayer:
         if span is None:
             return self.training, "training"
         mask = ((self.times >= span[0]) & (self.times < span[1])).to_numpy()
-        served = served_reference(self.table[mask], list(self.schema.features))
+        served = served_reference(self.table[mask], list(self.schema.features), kinds=self.schema.features)
         if served is None:
             return self.training, "training (too few served rows)"
         return (prepare_reference(served, self.schema, importance=self.importance, time_ordered=True,
                                   reference_id=f"backtest:{self.strategy.name}"), self.strategy.name)
 
-    def check(self, i: int, current: pd.DataFrame, reference: PreparedReference,
+    def check(self, i: int, rows: pd.DataFrame, reference: PreparedReference,
               history: HistoryStore) -> dict[str, Any]:
-        """Window ``i`` checked as hourly run ``i`` (summarised first by the streamed engine)."""
+        """Window ``i`` checked as hourly run ``i`` (summarised first by the streamed engine).
+
+        With a user's suite, the streamed engine keeps the seeded sample its row-wise
+        expectations run on (as the hourly check's does), keyed by each row's label in the table.
+        """
         start = LOGICAL_START + dt.timedelta(hours=i)
-        frame: Any = current
+        frame: Any = rows.reset_index(drop=True)
         if self.engine == "streamed":
             from drift_checks.sketches import DEFAULT_SKETCH_K
             from drift_checks.summaries import summarize_frame
 
-            frame = summarize_frame(current, reference, sketch_k=self.sketch_k or DEFAULT_SKETCH_K)
+            sample = self.cfg.contract_sample_rows if self.contract is not None else 0
+            keyed = (frame.assign(request_id=[str(k) for k in rows.index])
+                     if sample and "request_id" not in frame.columns else frame)
+            frame = summarize_frame(keyed, reference, sketch_k=self.sketch_k or DEFAULT_SKETCH_K,
+                                    sample_rows=sample)
         return check_window(model=self.model, frame=frame, start=start, end=start + dt.timedelta(hours=1),
                             reference=reference, history=history, config=self.cfg, contract=self.contract)
 
@@ -430,8 +439,14 @@ def _window_row(i: int, start, end, summary: Mapping[str, Any], note: str) -> di
             "threshold_phase": phase, "threshold_sources": sources,
             "threshold_quantile": (summary.get("false_alarm_budget") or {}).get("quantile"),
             "reference": note, "drifted": drifted,
-            "contract_failures": [{k: a.get(k) for k in ("column", "expectation", "source", "message")}
-                                  for a in summary.get("alerts") or [] if a.get("kind") == "data_quality"]}
+            "contract_failures": _contract_alerts(summary, "data_quality"),
+            "contract_check_errors": _contract_alerts(summary, "contract_check_error")}
+
+
+def _contract_alerts(summary: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
+    """The window's contract alerts of ``kind``: column, expectation, source and message."""
+    return [{k: a.get(k) for k in ("column", "expectation", "source", "message")}
+            for a in summary.get("alerts") or [] if a.get("kind") == kind]
 
 
 def summarise(windows: Sequence[Mapping[str, Any]], budget_per_week: float | None = None, *,
@@ -463,6 +478,7 @@ def summarise(windows: Sequence[Mapping[str, Any]], budget_per_week: float | Non
 
     return {**block(windows), "no_data_windows": sum(w["status"] == "no_data" for w in windows),
             "contract_failed_windows": sum(w["status"] == "contract_failed" for w in windows),
+            "check_error_windows": sum(w["status"] == "check_error" for w in windows),
             "alert_windows": [w["window"] for w in windows if w["alert"]],
             "quiet_windows": "all" if quiet is None else sorted(keep or ()),
             "static_phase": block([w for w in windows if w["threshold_phase"] == "static"]),

@@ -60,6 +60,33 @@ def _observed(result: Mapping[str, Any]) -> Any:
     return jsonable(dict(result)) if result else None
 
 
+def failure_message(spec: ExpectationSpec, result: Mapping[str, Any]) -> str:
+    """What the data did against ``spec``: the column, the offending values, what was expected.
+
+    Args:
+        spec: The expectation GX evaluated.
+        result: Its GX result (``BASIC`` format: ``unexpected_count``, ``element_count``,
+            ``partial_unexpected_list`` for row-wise ones, ``observed_value`` for aggregates).
+            At most five distinct unexpected values are named.
+
+    Returns:
+        E.g. ``column 'k': 12 of 48 values (25.00 %) are unexpected, first [60, 77]; expected
+        ExpectColumnValuesToBeBetween(min_value=0, max_value=50)``.
+    """
+    expected = ", ".join(f"{k}={v!r}" for k, v in spec.kwargs.items() if k != "column")
+    where = f"column {spec.column!r}: " if spec.column is not None else ""
+    if "unexpected_count" in result:
+        first: list[Any] = []
+        for v in jsonable(list(result.get("partial_unexpected_list") or [])):
+            if v not in first and len(first) < 5:  # distinct, in the order GX met them
+                first.append(v)
+        seen = (f"{result.get('unexpected_count')} of {result.get('element_count')} values "
+                f"({float(result.get('unexpected_percent') or 0.0):.2f} %) are unexpected, first {first!r}")
+    else:
+        seen = f"observed {jsonable(result.get('observed_value'))!r}"
+    return f"{where}{seen}; expected {spec.type}({expected})"
+
+
 def run_gx_streamed(specs: list[tuple[int, ExpectationSpec]], summary: Any,
                      dt_cols: set[str]) -> list[tuple[int, ExpectationResult]]:
     """GX on a streamed window: row-wise expectations on its seeded sample.
@@ -88,7 +115,8 @@ def run_gx_streamed(specs: list[tuple[int, ExpectationSpec]], summary: Any,
     if row_wise and sample is not None:
         res = _run_gx_on(row_wise, sample, dt_cols, 0, 0)
         note = f"evaluated on a seeded sample of {len(sample)} of {summary.n_rows} rows"
-        out.extend((i, dataclasses.replace(r, message=r.message or note, sample_rows=len(sample))) for i, r in res)
+        out.extend((i, dataclasses.replace(r, message=f"{r.message} ({note})" if r.message else note,
+                                           sample_rows=len(sample))) for i, r in res)
     elif row_wise:
         out.extend((i, ExpectationResult(sp.column, snake_case(sp.type), None, False, True,
                                          "the streamed window kept no sample rows")) for i, sp in row_wise)
@@ -158,6 +186,8 @@ def _run_gx_on(specs: list[tuple[int, ExpectationSpec]], frame: pd.DataFrame, dt
                 info = r.exception_info or {}
                 raised = bool(info.get("raised_exception"))
                 msg = str(info.get("exception_message") or "") if raised else ""
+                if not raised and not r.success:
+                    msg = failure_message(spec, r.result or {}) + (f" ({note})" if note else "")
                 results.append((i, ExpectationResult(
                     spec.column, snake_case(spec.type), None if raised else _observed(r.result or {}),
                     bool(r.success) and not raised, raised, msg or note,

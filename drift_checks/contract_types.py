@@ -30,8 +30,9 @@ TYPE_LISTS = {"float": FLOAT_TYPES, "int": _INT_TYPES, "category": _STR_TYPES,
                "string": _STR_TYPES, "bool": ["bool", "boolean"]}
 
 
-#: Severities of an expectation: ``critical`` fails the contract, ``warning`` only reports.
-SEVERITIES = ("critical", "warning")
+#: Severities of an expectation: ``critical`` fails the contract, ``warning`` only reports, and so
+#: does ``info`` (Great Expectations 1.x writes all three into a suite's JSON).
+SEVERITIES = ("critical", "warning", "info")
 #: Where an expectation comes from: ``derived`` (the schema and the reference:
 #: :func:`drift_checks.contracts.derive_contract`) or ``user`` (written by hand, a user's suite).
 SOURCES = ("derived", "user")
@@ -44,7 +45,8 @@ class ExpectationSpec:
     Attributes:
         type: GX class name (e.g. ``"ExpectColumnMaxToBeBetween"``).
         kwargs: Its GX keyword arguments.
-        severity: ``"critical"`` (default; fails the contract) or ``"warning"`` (reported only).
+        severity: ``"critical"`` (default; fails the contract), ``"warning"`` or ``"info"``
+            (reported only).
         meta: Extra facts kept with the result (e.g. ``reference_null_fraction``); never passed
             to GX.
         source: ``"user"`` (default: written by hand) or ``"derived"`` (:data:`SOURCES`).
@@ -167,8 +169,12 @@ class ContractResult:
 
     @property
     def warnings(self) -> list[ExpectationResult]:
-        """Warning-level failures (learned ranges and sets): reported, the contract still passes."""
-        return [r for r in self.results if not r.success and not r.raised and r.severity == "warning"]
+        """Non-critical failures: reported, the contract still passes.
+
+        Those of ``warning`` and ``info`` expectations: the ranges and sets learned from the
+        reference, a user suite's non-critical expectations.
+        """
+        return [r for r in self.results if not r.success and not r.raised and r.severity != "critical"]
 
     @property
     def check_errors(self) -> list[ExpectationResult]:
@@ -182,10 +188,16 @@ class ContractResult:
 
     @property
     def status(self) -> str:
-        """``"passed"``, ``"failed"`` (data failures) or ``"error"`` (a check raised)."""
-        if self.check_errors:
-            return "error"
-        return "failed" if self.failures else "passed"
+        """``"failed"`` (data failures), else ``"error"`` (a check raised), else ``"passed"``.
+
+        A data failure wins over an error of the check: an expectation that could not be
+        evaluated (say one of a user's suite) never hides a derived check the data broke, and is
+        still listed in :attr:`check_errors`. A non-critical expectation that could not be
+        evaluated is listed there too, and only reports, as its failure would.
+        """
+        if self.failures:
+            return "failed"
+        return "error" if any(r.severity == "critical" for r in self.check_errors) else "passed"
 
     @property
     def sources(self) -> dict[str, int]:

@@ -302,6 +302,10 @@ def run_contract(contract: Contract, frame: Any, *,
         A column holding values that cannot be read as its declared kind fails its
         ``expect_column_values_to_be_in_type_list`` (added at the end when the contract has none),
         naming the column, the kind, the count and the values: bad data, not an error of the check.
+        An expectation that contradicts a column's declared categorical kind (numeric bounds, a
+        non-string dtype) is an error of the check naming the column, the expectation and the kind
+        (it would otherwise fail every window whatever its values). A data failure outweighs an
+        error of the check in :attr:`ContractResult.status`.
     """
     streamed = not isinstance(frame, pd.DataFrame)
     schema = schema if schema is not None else (contract.schema or None)
@@ -320,6 +324,10 @@ def run_contract(contract: Contract, frame: Any, *,
             continue
         if spec.type == "ExpectColumnToExist":
             pre.append((i, ExpectationResult(col, "expect_column_to_exist", True, True)))
+            continue
+        conflict = _kind_conflict(spec, (schema or {}).get(col or ""))
+        if conflict:
+            pre.append((i, ExpectationResult(col, snake_case(spec.type), None, False, True, conflict)))
             continue
         if spec.type == "ExpectColumnValuesToBeInTypeList" and (col in bad or col in dt_cols):
             pre.append((i, _type_result(col, facts_of[col], bad.pop(col, None))))
@@ -363,6 +371,30 @@ def _window_facts(contract: Contract, frame: Any, schema: Mapping[str, str] | No
     dt_cols = {c for c in frame.columns if pd.api.types.is_datetime64_any_dtype(frame[c])}
     counted = {sp.column for sp in contract.expectations if sp.type in COUNTED_EXPECTATIONS}
     return frame, LazyColumnFacts(frame, counted, bad), dt_cols, bad
+
+
+def _kind_conflict(spec: ExpectationSpec, kind: str | None) -> str | None:
+    """Why ``spec`` cannot be judged on a column declared ``kind`` (``None``: it can).
+
+    A categorical column holds category names (``"11"``, not ``11``: the declared schema is applied
+    first), so numeric bounds (``min_value`` / ``max_value``) and a dtype that is not a string one
+    contradict the schema. Judging them anyway would fail every window whatever its values: it
+    is an error of the check, naming the column, the expectation and the declared kind.
+    """
+    if kind not in CATEGORICAL_KINDS:
+        return None
+    kw = spec.kwargs
+    bounds = {k: kw[k] for k in ("min_value", "max_value")
+              if isinstance(kw.get(k), (int, float)) and not isinstance(kw.get(k), bool)}
+    types = [kw["type_"]] if kw.get("type_") is not None else list(kw.get("type_list") or [])
+    foreign = bool(types) and not any(str(t) in TYPE_LISTS["category"] for t in types)
+    if not bounds and not foreign:
+        return None
+    what = f"numeric bounds {bounds}" if bounds else f"dtype {types}"
+    return (f"column {spec.column!r} is declared {kind}, so its values are compared as category names "
+            f"('11', not 11), and {spec.type} with {what} cannot apply to it; expected a value-set "
+            f"expectation (ExpectColumnValuesToBeInSet) on a categorical column, or the column declared "
+            f"numeric")
 
 
 def _type_result(col: str, facts: Any, bad: Unreadable | None) -> ExpectationResult:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import io
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Collection, Iterable, Literal, Mapping
 
 import pandas as pd
 
@@ -133,6 +133,29 @@ def arrow_type_ok(kind: str, t: Any) -> bool:
     if kind == "timestamp":
         return pa.types.is_timestamp(t) and t.tz is not None
     return False
+
+
+def read_type_ok(kind: str, t: Any, *, feature: bool = False) -> bool:
+    """Whether a log file's column of Arrow type ``t`` is read as ``kind``.
+
+    The types of :func:`arrow_type_ok`, and for a declared feature also text (``string``,
+    ``large_string``, ``string_view``): a file from another producer whose numeric, boolean or
+    datetime feature is text is read, and its values are then read one by one as the declared
+    kind (:mod:`drift_checks.declared_schema`), so a word among numbers fails the window's
+    contract naming the column and the word, as the backtest of the same table does. The log's
+    own writer still refuses such a column (:func:`validate_frame`).
+
+    Args:
+        kind: The column's kind in the log contract.
+        t: A ``pyarrow.DataType``.
+        feature: The column is a declared feature (base and prediction columns never take text
+            for another kind).
+    """
+    import pyarrow as pa
+
+    if arrow_type_ok(kind, t):
+        return True
+    return feature and (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t))
 
 
 #: ``{kind: what a column of that kind must be}``, for error messages.
@@ -396,7 +419,8 @@ def arrow_to_pandas(table) -> pd.DataFrame:
     return frame
 
 
-def _read_parquet(store: Store, key: str, required: Mapping[str, str]) -> pd.DataFrame:
+def _read_parquet(store: Store, key: str, required: Mapping[str, str],
+                  features: Collection[str] = ()) -> pd.DataFrame:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -408,12 +432,12 @@ def _read_parquet(store: Store, key: str, required: Mapping[str, str]) -> pd.Dat
     for col, kind in required.items():
         if col not in table.column_names:
             raise WindowError(f"{uri}: column {col!r} is missing; expected {EXPECTED_TYPES[kind]}")
-        if not arrow_type_ok(kind, table.schema.field(col).type):
+        if not read_type_ok(kind, table.schema.field(col).type, feature=col in features):
             raise type_error(uri, col, table.schema.field(col).type, kind, table.column(col))
     return arrow_to_pandas(table)
 
 
-def _read_range(store: Store, model: str, start, end, required, labels: bool):
+def _read_range(store: Store, model: str, start, end, required, labels: bool, features: Collection[str] = ()):
     s, e = hour_floor(start), pd.Timestamp(end)
     if e.tzinfo is None:
         raise WindowError(f"window end {end!r} is naive; expected a timezone-aware (UTC) datetime")
@@ -426,7 +450,7 @@ def _read_range(store: Store, model: str, start, end, required, labels: bool):
         for key in store.list(partition_prefix(model, h, labels)):
             if not key.endswith(".parquet"):
                 continue
-            frames.append(_read_parquet(store, key, required))
+            frames.append(_read_parquet(store, key, required, features))
             files.append(store.uri(key))
     if not frames:
         return None, files, s_exact, e
@@ -445,7 +469,8 @@ def read_window(root: str, model: str, start: dt.datetime, end: dt.datetime,
         model: Model name.
         start: Timezone-aware start, inclusive (the DAG's ``data_interval_start``).
         end: Timezone-aware end, exclusive (the DAG's ``data_interval_end``).
-        schema: When given, every file must hold its columns with compatible types.
+        schema: When given, every file must hold its columns with compatible types (a declared
+            feature may also be text: :func:`read_type_ok`).
         endpoint_url: S3-compatible endpoint.
 
     Returns:
@@ -459,7 +484,8 @@ def read_window(root: str, model: str, start: dt.datetime, end: dt.datetime,
     check_model_name(model)
     store = Store(root, endpoint_url)
     required = schema.columns if schema is not None else dict(BASE_COLUMNS)
-    frame, files, s, e = _read_range(store, model, start, end, required, labels=False)
+    frame, files, s, e = _read_range(store, model, start, end, required, labels=False,
+                                     features=schema.features if schema is not None else ())
     if frame is None:
         frame = _empty_frame(required)
     frame = frame.sort_values(["timestamp", "request_id"], kind="stable").reset_index(drop=True)

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import pandas as pd
 
+from drift_checks.declared_schema import apply_schema
 from ground.exceptions import SettingsError
 
 if TYPE_CHECKING:
@@ -111,11 +112,22 @@ class ReferenceStrategy:
 
 
 def served_reference(frame: pd.DataFrame, columns, *, seed: int = 0,
-                     max_rows: int = MAX_SERVED_REFERENCE_ROWS) -> pd.DataFrame | None:
+                     max_rows: int = MAX_SERVED_REFERENCE_ROWS,
+                     kinds: Mapping[str, str] | None = None) -> pd.DataFrame | None:
     """The served rows as a reference, or ``None`` when there are too few.
 
     The feature columns in time order, at most ``max_rows`` (seeded sample, order kept); ``None`` when
     fewer than :data:`MIN_SERVED_REFERENCE_ROWS`.
+
+    Args:
+        frame: The served rows (the inference log of the span, or the backtest's table rows).
+        columns: The feature columns.
+        seed: Seed of the sample.
+        max_rows: Most rows kept.
+        kinds: The declared ``{column: kind}``: the rows are read as it
+            (:func:`drift_checks.declared_schema.apply_schema`), and a served value that cannot
+            be read as its kind is left out (null). It failed its own window's contract, and a
+            reference that refused it would fail every later window of the span.
     """
     if frame is None or len(frame) < MIN_SERVED_REFERENCE_ROWS:
         return None
@@ -125,4 +137,5 @@ def served_reference(frame: pd.DataFrame, columns, *, seed: int = 0,
         out = out.sort_values("timestamp", kind="stable")
     if len(out) > max_rows:
         out = out.sample(n=max_rows, random_state=seed).sort_index()
-    return out[cols].reset_index(drop=True)
+    out = out[cols].reset_index(drop=True)
+    return apply_schema(out, kinds).frame if kinds is not None else out

@@ -35,11 +35,11 @@ from drift_checks.inference_log import (
     BASE_COLUMNS,
     EXPECTED_TYPES,
     LogSchema,
-    arrow_type_ok,
     check_model_name,
     hour_floor,
     hours_between,
     partition_prefix,
+    read_type_ok,
     type_error,
 )
 from drift_checks.sketches import DEFAULT_SKETCH_K
@@ -117,6 +117,7 @@ def open_window(root: str, model: str, start, end, schema: LogSchema | None = No
     fs, path_of = arrow_filesystem(store)
     keys = [k for h in hours_between(s, e) for k in store.list(partition_prefix(model, h)) if k.endswith(".parquet")]
     required = schema.columns if schema is not None else dict(BASE_COLUMNS)
+    features = schema.features if schema is not None else {}
     files, paths, groups, n_rows = [], [], [], 0
     for key in keys:
         uri, path = store.uri(key), path_of(key)
@@ -129,7 +130,7 @@ def open_window(root: str, model: str, start, end, schema: LogSchema | None = No
         for col, kind in required.items():
             if col not in phys.names:
                 raise WindowError(f"{uri}: column {col!r} is missing; expected {EXPECTED_TYPES[kind]}")
-            if not arrow_type_ok(kind, phys.field(col).type):
+            if not read_type_ok(kind, phys.field(col).type, feature=col in features):
                 column = frag.to_table(columns=[col]).column(col)
                 raise type_error(uri, col, phys.field(col).type, kind, column)
         files.append(uri)

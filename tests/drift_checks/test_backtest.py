@@ -226,3 +226,56 @@ def test_a_suite_of_the_user_s_own_adds_to_the_derived_contract_of_every_backtes
     assert cli.main(args + ["--suite", str(suite)]) == 1
     err = capsys.readouterr().err
     assert f"--suite {str(suite)!r}: expectation 0" in err and "expected" in err
+
+
+@pytest.mark.parametrize("engine", ["exact", "streamed"])
+def test_a_users_suite_is_judged_alike_by_both_engines_and_a_check_that_cannot_run_is_listed(tmp_path, engine):
+    table = _stores()
+    table.loc[450:459, "units"] = 2000.0  # window 3: ten readings far above the user's bound
+    path = tmp_path / "stores.csv"
+    table.to_csv(path, index=False)
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"name": "stores", "expectations": [
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "units", "min_value": 0,
+                                                                 "max_value": 1000}, "severity": "critical"},
+        {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "store_id", "value_set": [11, 17, 23]}}]}))
+    out = tmp_path / "bt"
+    args = ["drift", "backtest", "--data", str(path), "--time-column", "ts", "--reference-rows", "100",
+            "--window", "100", "--categorical", "store_id", "--out", str(out), "--no-html", "--engine", engine]
+    assert cli.main(args + ["--suite", str(suite)]) == 0
+    doc = json.loads((out / "backtest.json").read_text())
+    assert [(w["window"], w["status"]) for w in doc["windows"] if w["status"] != "ok"] == [(3, "contract_failed")]
+    assert doc["summary"]["check_error_windows"] == 0
+    (failure,) = doc["windows"][3]["contract_failures"]
+    assert (failure["column"], failure["expectation"], failure["source"]) == (
+        "units", "expect_column_values_to_be_between", "user")
+    assert failure["message"].startswith("column 'units': 10 of 100 values (10.00 %) are unexpected, first [2000.0]")
+    # a range on the column declared categorical cannot apply: each window says so, naming it
+    suite.write_text(json.dumps({"expectations": [
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "store_id", "min_value": 0,
+                                                                 "max_value": 100}}]}))
+    assert cli.main(args + ["--suite", str(suite)]) == 0
+    doc = json.loads((out / "backtest.json").read_text())
+    assert doc["summary"]["check_error_windows"] == 12 and doc["summary"]["contract_failed_windows"] == 0
+    for w in doc["windows"]:
+        (error,) = w["contract_check_errors"]
+        assert w["contract_failures"] == []  # the ids are all the reference's: no data is blamed
+        assert (error["column"], error["source"]) == ("store_id", "user")
+        assert "declared category" in error["message"]
+
+
+@pytest.mark.parametrize("engine", ["exact", "streamed"])
+def test_a_word_among_the_served_rows_fails_its_own_window_and_never_the_trailing_reference_of_later_ones(
+        tmp_path, engine):
+    table = _stores()
+    table["units"] = table["units"].astype(object)
+    table.loc[650, "units"] = "twelve"  # window 5; windows 6 and 7 compare with the 150 minutes before them
+    path = tmp_path / "stores.csv"
+    table.to_csv(path, index=False)
+    out = tmp_path / "bt"
+    assert cli.main(["drift", "backtest", "--data", str(path), "--time-column", "ts", "--reference-rows", "100",
+                     "--window", "100", "--categorical", "store_id", "--out", str(out), "--no-html",
+                     "--engine", engine, "--reference-strategy", "trailing", "--trailing", "150min"]) == 0
+    doc = json.loads((out / "backtest.json").read_text())
+    assert [w["window"] for w in doc["windows"] if w["status"] != "ok"] == [5]
+    assert {doc["windows"][i]["reference"] for i in (6, 7)} == {"trailing"}

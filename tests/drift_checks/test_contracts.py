@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from drift_checks.contract_types import Contract, ExpectationSpec
-from drift_checks.contracts import derive_contract, run_contract
+from drift_checks.contracts import derive_contract, run_contract, with_derived
 from drift_checks.inference_log import LogSchema
 from ground.exceptions import WindowError
 
@@ -208,6 +208,28 @@ def test_an_integer_column_declared_categorical_passes_with_the_reference_s_valu
     assert unseen.status == "passed"
     (w,) = unseen.warnings
     assert w.column == "store_id" and w.observed["partial_unexpected_list"] == ["99"]
+
+
+def test_a_users_range_or_dtype_on_a_column_declared_categorical_is_an_error_of_the_check_never_bad_data():
+    ref = _store_units()
+    cur = ref.iloc[::-1].reset_index(drop=True)  # every value equals the reference's
+    user = Contract((
+        ExpectationSpec("ExpectColumnValuesToBeBetween", {"column": "store_id", "min_value": 0, "max_value": 100}),
+        ExpectationSpec("ExpectColumnValuesToBeOfType", {"column": "store_id", "type_": "int64"}),
+        ExpectationSpec("ExpectColumnValuesToBeInSet", {"column": "store_id", "value_set": [11, 17, 23]}),
+        ExpectationSpec("ExpectColumnValuesToBeBetween", {"column": "units", "min_value": 0, "max_value": 100}),
+    ))
+    res = run_contract(with_derived(user, derive_contract(ref, STORE_UNITS_SCHEMA)), cur)
+    assert res.failures == [] and res.invalid_columns == [] and res.status == "error"  # the data is not blamed
+    assert [(r.column, r.expectation) for r in res.check_errors] == [
+        ("store_id", "expect_column_values_to_be_between"), ("store_id", "expect_column_values_to_be_of_type")]
+    between, dtype = res.check_errors
+    assert "column 'store_id' is declared category" in between.message
+    assert "numeric bounds {'min_value': 0, 'max_value': 100}" in between.message
+    assert "dtype ['int64']" in dtype.message and "ExpectColumnValuesToBeInSet" in dtype.message
+    assert {r.source for r in res.check_errors} == {"user"}
+    user_ok = [r for r in res.results if r.source == "user" and not r.raised]
+    assert [(r.column, r.success) for r in user_ok] == [("store_id", True), ("units", True)]
 
 
 def test_a_value_that_cannot_be_read_as_its_declared_type_fails_the_contract_naming_column_value_and_type():

@@ -155,8 +155,8 @@ def test_streaming_the_log_equals_reading_it_whole_with_one_or_two_workers(tmp_p
 def test_streamed_log_refuses_bad_files_with_the_readers_messages(tmp_path):
     rng = np.random.default_rng(4)
     root = _log(tmp_path, rng, n_files=1, rows=100)
-    bad = _window(rng, 10).assign(items=["x"] * 10)
-    InferenceLogWriter(root, "m", LogSchema({**SCHEMA.features, "items": "category"})).write(bad)
+    bad = _window(rng, 10).assign(items=[True] * 10)  # booleans are no integers (text would be read)
+    InferenceLogWriter(root, "m", LogSchema({**SCHEMA.features, "items": "bool"})).write(bad)
     with pytest.raises(WindowError) as exact:
         read_window(root, "m", T0, T0 + HOUR, SCHEMA)
     with pytest.raises(WindowError) as streamed:

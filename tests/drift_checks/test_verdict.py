@@ -181,6 +181,47 @@ def test_a_users_own_suite_adds_to_the_derived_contract_and_the_all_null_column_
         ("pages_viewed", "expect_column_values_to_be_in_type_list", "derived")}
 
 
+# A suite as Great Expectations 1.24 writes it (ExpectationSuite.to_json_dict()): snake-case types,
+# every expectation with its severity (critical, warning or info), null ids, suite meta and notes.
+GX_SUITE_JSON = """{"name": "shop", "id": null, "notes": null,
+ "meta": {"great_expectations_version": "1.24.1"},
+ "expectations": [
+  {"type": "expect_column_values_to_be_between", "kwargs": {"column": "session_minutes",
+   "min_value": 0.0, "max_value": 30.0}, "meta": {}, "severity": "info"},
+  {"type": "expect_column_max_to_be_between", "kwargs": {"column": "pages_viewed",
+   "min_value": "a", "max_value": "b"}, "meta": {}, "severity": "critical"},
+  {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "promo_code", "mostly": 0.0},
+   "meta": {}, "severity": "critical"}]}"""
+
+
+def test_a_gx_suite_is_read_whole_and_one_of_its_checks_that_cannot_run_never_hides_the_derived_failure(
+        null_and_empty_windows, history):
+    ref, all_null, _ = null_and_empty_windows
+    user = Contract.from_dict(json.loads(GX_SUITE_JSON))
+    assert [e.severity for e in user.expectations] == ["info", "critical", "critical"]
+    out = check_window(model="shop", frame=all_null, start=T0, end=T0 + HOUR,
+                       reference=prepare_reference(ref, SESSION_LOG_SCHEMA), history=history, contract=user)
+    # the all-null column is bad data, proven by the derived null check: the window failed its contract,
+    # and the user's expectation that could not be evaluated is listed beside it, not in its place
+    assert out["status"] == "contract_failed" and out["features"]["promo_code"]["severity"] == "invalid"
+    (failure,) = [a for a in out["alerts"] if a["kind"] == "data_quality"]
+    assert (failure["column"], failure["source"]) == ("promo_code", "derived")
+    (error,) = [a for a in out["alerts"] if a["kind"] == "contract_check_error"]
+    assert (error["column"], error["expectation"], error["source"]) == (
+        "pages_viewed", "expect_column_max_to_be_between", "user")
+    # the info expectation only reports; its failure names the column, the values and what was expected
+    (info,) = [a for a in out["alerts"] if a["kind"] == "data_quality_warning" and a["source"] == "user"]
+    assert info["column"] == "session_minutes" and info["expectation"] == "expect_column_values_to_be_between"
+    assert info["message"] == ("column 'session_minutes': 5 of 20 values (25.00 %) are unexpected, first "
+                               "[37.49, 63.15, 32.93, 79.59, 39.21]; expected "
+                               "ExpectColumnValuesToBeBetween(min_value=0.0, max_value=30.0)")
+    # without the all-null column, the critical check that cannot run makes it an error of the check
+    ok = all_null.assign(promo_code="VIP5")
+    again = check_window(model="shop", frame=ok, start=T0 + HOUR, end=T0 + 2 * HOUR,
+                         reference=prepare_reference(ref, SESSION_LOG_SCHEMA), history=history, contract=user)
+    assert again["status"] == "check_error" and again["contract"]["failures"] == []
+
+
 def test_a_copy_of_the_derived_contract_in_a_user_suite_is_run_once(null_and_empty_windows):
     from drift_checks.contracts import derive_contract, run_contract, with_derived
 

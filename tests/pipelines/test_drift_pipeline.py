@@ -312,3 +312,53 @@ def test_one_table_through_drift_monitor_and_through_the_backtest_gets_the_same_
         units = summary["features"]["units"]
         assert units["severity"] == "invalid" and units["statistics"] == {}
     assert doc["windows"][3]["contract_failures"][0]["message"] == failure["message"]
+
+
+def test_a_word_in_a_numeric_feature_of_another_writer_s_log_file_fails_the_hour_as_the_backtest_s_window(
+        stores, tmp_path):
+    import dataclasses
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from drift_checks.backtest import run_backtest
+    from drift_checks.inference_log import partition_prefix
+    from drift_checks.verdict import CheckConfig
+
+    settings, model, table, n_ref, hours = stores
+    table = table.assign(units=table["units"].astype(object))
+    table.loc[n_ref + 3 * 300 + 10:n_ref + 3 * 300 + 15, "units"] = 7.5  # no +inf: hour 3 is clean here
+    table.loc[n_ref + 300 + 7, "units"] = "twelve"  # hour 1 holds a word among its numbers
+    doc = run_backtest(table, time_column="ts", out_dir=tmp_path / "bt", categorical=["store_id"],
+                       reference_rows=n_ref, window="1h", html_report=False,
+                       config=CheckConfig.from_settings(settings, evidently_sample_rows=0))
+    assert [w["status"] for w in doc["windows"]] == ["ok", "contract_failed", "ok", "ok"]
+    for name, overrides in (("exact", {}), ("streamed", {"drift_exact_max_rows": 100})):
+        s = dataclasses.replace(settings, drift_history_db_url=f"{settings.drift_history_db_url}-{name}", **overrides)
+        m = f"{model}-{name}"
+        root = drift.log_root(s)
+        save_reference(root, m, 1, table.iloc[:n_ref].drop(columns="ts").astype({"units": "float64"}), STORES_SCHEMA)
+        log = table.iloc[n_ref:].reset_index(drop=True)
+        frame = pd.DataFrame({"request_id": [f"r{i}" for i in range(len(log))], "timestamp": log["ts"],
+                              "model_version": 1, "store_id": log["store_id"], "units": log["units"],
+                              "p_sold_out": 0.1})
+        hour1 = ((frame["timestamp"] >= T0 + HOUR) & (frame["timestamp"] < T0 + 2 * HOUR)).to_numpy()
+        foreign = hour1 & (np.cumsum(hour1) <= 100)  # the first 100 rows of hour 1, the word among them
+        InferenceLogWriter(root, m, STORES_SCHEMA).write(frame[~foreign].astype({"units": "float64"}))
+        # another producer wrote them with their units as text (one word made the whole column text)
+        raw = frame[foreign].astype({"units": str}).reset_index(drop=True)
+        target = tmp_path / "logs" / partition_prefix(m, T0 + HOUR) / "other-writer.parquet"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pandas(raw, preserve_index=False), target)
+        summaries = [drift.check_model_hour(m, 1, T0 + i * HOUR, T0 + (i + 1) * HOUR, s) for i in range(hours)]
+        assert [x["status"] for x in summaries] == [w["status"] for w in doc["windows"]], name
+        (failure,) = [a for a in summaries[1]["alerts"] if a["kind"] == "data_quality"]
+        assert failure["column"] == "units"
+        assert failure["message"] == doc["windows"][1]["contract_failures"][0]["message"]
+        assert "'twelve'" in failure["message"] and "cannot be read as float" in failure["message"]
+        if name == "exact":  # the window as checked is kept, numbers and text alike
+            kept = pd.read_parquet(summaries[1]["artefacts"]["window_parquet"])["units"]
+            assert len(kept) == 300 and "twelve" in kept.tolist()
+            # a trailing reference over hours 0-2 leaves the word out instead of refusing every later hour
+            later = drift.check_model_hour(m, 1, T0 + 3 * HOUR, T0 + 4 * HOUR, s, reference_strategy="trailing")
+            assert later["reference_strategy"].startswith("trailing") and later["status"] == "ok"

@@ -230,7 +230,7 @@ def _strategy_reference(model: str, version: int, ref, t0, t1, strategy_name: st
     span = strategy.served_range(t0, t1)
     if span is not None:
         served = served_reference(_read(model, span[0], span[1], ref.schema, settings).frame,
-                                  list(ref.schema.features))
+                                  list(ref.schema.features), kinds=ref.schema.features)
         if served is not None:
             return prepare_reference(served, ref.schema, reference_id=strategy.reference_id(
                 ref.reference_id, version), importance=ref.importance, time_ordered=True), strategy.describe()
@@ -317,11 +317,26 @@ def check_model_hour(model: str, version: int, start: Any, end: Any,
         summary["artefacts"]["window_files"] = str(keep)
     elif summary["status"] in ("contract_failed", "check_error") and window is not None:
         keep = out_dir / "window.parquet"
-        window.frame.to_parquet(keep, index=False)  # the window as checked, for inspection
+        _keep_window(window.frame, keep)  # the window as checked, for inspection
         summary["artefacts"]["window_parquet"] = str(keep)
         log.warning("drift check %s v%s [%s, %s): data contract %s; window kept at %s", model, version,
                     t0, t1, summary["status"], keep)
     return summary
+
+
+def _keep_window(frame: Any, path: Path) -> None:
+    """Write the window (pandas) that broke its contract to ``path`` (Parquet), for inspection.
+
+    A column mixing numbers and text (files from producers that disagree on its type) cannot be
+    stored as one Arrow type; its values are kept as text then (nulls stay null).
+    """
+    import pyarrow as pa
+
+    try:
+        frame.to_parquet(path, index=False)
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        mixed = {c: frame[c].map(str, na_action="ignore") for c in frame.columns if frame[c].dtype == object}
+        frame.assign(**mixed).to_parquet(path, index=False)
 
 
 def evidently_for_hour(model: str, version: int, start: Any, end: Any,
