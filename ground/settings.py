@@ -116,7 +116,7 @@ class Settings:
     )
     #: Hours an approval before a canary waits for an answer; then it defaults to reject.
     approval_timeout_h: float = setting("APPROVAL_TIMEOUT_H", 24.0, "Hours an approval waits before it rejects.",
-                                        check=NON_NEGATIVE)
+                                        check=POSITIVE_FINITE)
     #: Airflow users (comma-separated ids) an approval is assigned to when the model has no tag
     #: ``tritonflow.owners``; empty: any user may answer.
     approval_owners: str = setting("APPROVAL_OWNERS", "", "Default approvers (Airflow user ids, comma-separated).")

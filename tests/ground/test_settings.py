@@ -80,3 +80,13 @@ def test_each_checked_field_refuses_a_bad_value_and_names_it():
     assert "TRITONFLOW_CANARY_CONFIDENCE=1.5: expected a fraction between 0 and 1" in problems
     assert "TRITONFLOW_DRIFT_ENGINE='sparc': expected one of local, spark" in problems
     assert len(problems) == 2
+
+
+def test_an_approval_timeout_of_zero_is_refused_because_airflow_would_then_wait_forever():
+    # Airflow's HITL operators read a zero response timeout as none: the approval would never
+    # default to reject, against what the setting promises
+    from ground.settings_checks import settings_problems
+
+    problems = settings_problems(Settings.from_env({"TRITONFLOW_APPROVAL_TIMEOUT_H": "0"}))
+    assert problems == ["TRITONFLOW_APPROVAL_TIMEOUT_H=0.0: expected a finite number > 0"], problems
+    assert settings_problems(Settings.from_env({"TRITONFLOW_APPROVAL_TIMEOUT_H": "0.002"})) == []

@@ -1,8 +1,10 @@
 """On a real local Airflow (scheduler, dag-processor, triggerer, api-server) and a real MLflow, a run
 of a model under policy ``approve`` waits in its ``approval`` task until a person approves through
 the REST API (``PATCH .../hitlDetails``); then the task after it runs and the answer is on the
-challenger's MLflow version. The CLI answers and waits the same way, and so does a person in headless
-Chromium on the UI's Required Actions page (review drawer, Comment field, Approve / Reject buttons).
+challenger's MLflow version. An approval nobody answers times out (after a few seconds for one run
+here) to a reject by nobody, recorded on the version the same way. The CLI answers and waits as the
+REST API does, and so does a person in headless Chromium on the UI's Required Actions page (review
+drawer, Comment field, Approve / Reject buttons).
 A run that outlasts its deadline alert is reported through the failure notifier to a webhook.
 
 The deployment also runs the real ``canary_promotion`` DAG against a real Triton and NGINX gateway
@@ -10,6 +12,8 @@ started here, for models under policy ``approve-steps``: after the approval, a p
 each pause of the canary, once by the CLI (continue, continue: promoted) and once on the Required
 Actions page (hold, then roll back), while a loopback client sends requests through the gateway; a
 third canary's requests start failing while its pause waits, and it rolls back without an answer.
+The real ``canary_rollback`` DAG, asked to let a person choose, offers the model's signed versions
+and rolls back to the one picked over the REST API.
 Each outcome is checked in the MLflow tags, the gateway's weights and Triton's loaded versions.
 
 With ``TRITONFLOW_DOCS_SCREENSHOTS=1`` the UI tests save ``docs/required-actions.png`` and
@@ -39,10 +43,15 @@ pytestmark = [pytest.mark.integration]
 DAGS = Path(__file__).parent / "approval_airflow_dags"
 #: The real canary DAG, run beside the test DAGs.
 CANARY_DAG = Path(__file__).resolve().parents[2] / "dags" / "canary_promotion.py"
+ROLLBACK_DAG = CANARY_DAG.with_name("canary_rollback.py")
 DAG_ID = "approval_gate"
 PROMOTION = "canary_promotion"
+ROLLBACK = "canary_rollback"
 #: Seconds each wait may take on a loaded two-core machine.
 WAIT_S = 300
+#: Seconds the approval of the run that times out waits (``TRITONFLOW_APPROVAL_TIMEOUT_H``, that run's
+#: only); Airflow's scheduler applies the default answer at its next timeout sweep (every 15 s).
+APPROVAL_TIMEOUT_S = 8
 #: The canaries' schedule here: two steps of a 3 s bake, five challenger requests a step.
 CANARY_CONF = {"challenger": "2", "steps": [50, 100], "bake_s": 3, "min_requests": 5}
 
@@ -123,7 +132,7 @@ def deployment(tmp_path_factory, serving, alert_sink):
 
     settings = serving["settings"]
     dags = tmp_path_factory.mktemp("approval_dags")
-    for path in [*DAGS.glob("*.py"), CANARY_DAG]:
+    for path in [*DAGS.glob("*.py"), CANARY_DAG, ROLLBACK_DAG]:
         shutil.copy(path, dags / path.name)
     config = AirflowConfig.local(settings, api_port=free_port(), worker_log_port=free_port(),
                                  triggerer_log_port=free_port(), dags_folder=dags,
@@ -197,6 +206,35 @@ def test_the_cli_rejects_a_waiting_approval_with_a_comment_and_waits_for_the_run
     tags = client.get_model_version(name, "2").tags
     assert tags["tritonflow.approval.answer"] == "rejected" and tags["tritonflow.approval.note"] == "p99 too high"
     assert tags["tritonflow.status"] == "rejected" and tags["tritonflow.rejected_stage"] == "approval"
+
+
+def test_an_approval_nobody_answers_times_out_to_a_reject_by_nobody_on_the_version(deployment, model):
+    import datetime as dt
+
+    client = model[1]
+    name = _register_under_approve(client)
+    api = AirflowApi(deployment.api_url)
+    api.wait_for_dag(DAG_ID, WAIT_S)
+    api.unpause(DAG_ID)
+    run_id = f"timeout_{uuid.uuid4().hex[:6]}"
+    api.post(f"/dags/{DAG_ID}/dagRuns", {"dag_run_id": run_id, "logical_date": None,
+                                         "conf": {"model": name, "approval_timeout_h": APPROVAL_TIMEOUT_S / 3600}})
+    # nobody answers; the DAG's own response_timeout (30 min) would outlast this wait: the setting counts
+    run = api.wait_for_run(DAG_ID, run_id, WAIT_S)
+    assert run["state"] == "success", run  # a rejection skips the rest: the run itself succeeds
+    assert api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/after")["state"] == "skipped"
+    detail = api.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/approval/-1/hitlDetails")
+    assert detail["response_received"] and detail["chosen_options"] == ["Reject"], detail
+    assert detail.get("responded_by_user") is None, detail
+    asked, answered = (dt.datetime.fromisoformat(detail[k]) for k in ("created_at", "responded_at"))
+    assert answered - asked >= dt.timedelta(seconds=APPROVAL_TIMEOUT_S), detail
+    tags = client.get_model_version(name, "2").tags
+    assert (tags["tritonflow.approval.answer"], tags["tritonflow.approval.by"], tags["tritonflow.approval.policy"]) \
+        == ("rejected", "nobody", "approve"), tags
+    assert tags["tritonflow.approval.note"] == "timed out: the default answer is reject"
+    assert abs(dt.datetime.fromisoformat(tags["tritonflow.approval.at"]) - answered) < dt.timedelta(seconds=1), tags
+    assert tags["tritonflow.status"] == "rejected" and tags["tritonflow.rejected_stage"] == "approval"
+    assert "timed out" in tags["tritonflow.rejection_reason"] and "by nobody" in tags["tritonflow.rejection_reason"]
 
 
 def _open_review_drawer(driver, base_url: str, subject: str) -> None:
@@ -342,36 +380,50 @@ def onnx(tmp_path_factory):
     return out
 
 
-def _canary_model(serving, onnx) -> str:
-    """A model under policy ``approve-steps``: v1 and v2 published and signed, v1 champion at 100 %."""
+def _published_model(serving, onnx, prefix: str, versions: int):
+    """A new model with ``versions`` versions published and signed in the repository (odd ones the
+    first classifier, even ones the second) and registered in MLflow; its name and MLflow client."""
     from mlflow import MlflowClient
 
-    from model_registry.registry import RegistryClient
     from model_registry.triton_config import InstanceGroupSpec, build_config, to_pbtxt
     from repository_sync.publish import publish_version
-    from repository_sync.routing.gateway_probe import wait_live
-    from repository_sync.routing.traffic_plan import TrafficPlan
-    from tritonflow.pipelines.canary_loading import ensure_loaded
 
     settings = serving["settings"]
-    name = f"steps_{uuid.uuid4().hex[:6]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:6]}"
     client = MlflowClient(settings.resolved_mlflow_tracking_uri)
     client.create_registered_model(name)
-    for version in (1, 2):
-        path, model = onnx[version]
+    for version in range(1, versions + 1):
+        path, model = onnx[2 - version % 2]
         config = to_pbtxt(build_config(name, model, max_batch_size=16,
                                        instance_groups=[InstanceGroupSpec("KIND_CPU", 1)]))
         publish_version(repository=settings.repository_uri, model_name=name, version=version, model_file=path,
                         config=config, private_key=settings.signing_key_path,
                         trusted_keys=settings.signing_trusted_keys_dir)
         client.create_model_version(name, source=f"s3://tritonflow-test-models/{name}/{version}")
-    client.set_registered_model_tag(name, "tritonflow.promotion_policy", "approve-steps")
-    RegistryClient(settings.resolved_mlflow_tracking_uri).promote(name, 1, reason="initial deployment")
+    return name, client
+
+
+def _serve_only(serving, name: str, version: int) -> None:
+    """Load ``version`` of ``name`` in Triton and send it all of the gateway's traffic."""
+    from repository_sync.routing.gateway_probe import wait_live
+    from repository_sync.routing.traffic_plan import TrafficPlan
+    from tritonflow.pipelines.canary_loading import ensure_loaded
+
     env = _canary_env(serving)
-    ensure_loaded(name, [1], env=env)
-    plan = TrafficPlan.single(name, 1)
+    ensure_loaded(name, [version], env=env)
+    plan = TrafficPlan.single(name, version)
     env.router().apply(plan)
     wait_live(serving["gateway"].url, plan)
+
+
+def _canary_model(serving, onnx) -> str:
+    """A model under policy ``approve-steps``: v1 and v2 published and signed, v1 champion at 100 %."""
+    from model_registry.registry import RegistryClient
+
+    name, client = _published_model(serving, onnx, "steps", 2)
+    client.set_registered_model_tag(name, "tritonflow.promotion_policy", "approve-steps")
+    RegistryClient(serving["settings"].resolved_mlflow_tracking_uri).promote(name, 1, reason="initial deployment")
+    _serve_only(serving, name, 1)
     return name
 
 
@@ -391,7 +443,9 @@ def _served(serving, name: str) -> tuple[dict, list]:
 
 def _traffic(serving, name: str, onnx):
     """A loopback client sending iris rows through the gateway, logging what it got (the canary reads it);
-    once its ``broken`` is set, it sends requests that Triton refuses (a wrong input shape) instead."""
+    once its ``broken`` is set, it sends requests that Triton refuses (a wrong input shape) instead.
+    It sends until its ``with`` block ends: Traffic's default cap (20,000 requests) was spent before the
+    first pause when the machine was fast, and a pause then saw no request at all, failing or not."""
     import types
     import urllib.error
     import urllib.request
@@ -414,7 +468,8 @@ def _traffic(serving, name: str, onnx):
                 pass
             return None
 
-    return Client(types.SimpleNamespace(gateway=serving["gateway"], settings=serving["settings"]), name, onnx["X"])
+    return Client(types.SimpleNamespace(gateway=serving["gateway"], settings=serving["settings"]), name, onnx["X"],
+                  max_requests=10**9)
 
 
 def _pause_detail(api: AirflowApi, run_id: str, number: int) -> dict:
@@ -555,3 +610,64 @@ def test_a_check_failing_while_a_pause_waits_rolls_back_at_once_and_closes_the_r
     assert detail["response_received"] and detail["chosen_options"] == ["Roll back"], detail
     assert detail.get("responded_by_user") is None and not cli.pending_pauses(api, name)
     assert _served(serving, name) == ({1: 100}, [1])
+
+
+# ------------------------------------------------------------------ rollback to a version a person picks
+def test_a_person_picks_the_rollback_version_among_the_signed_ones_over_rest_and_it_serves(
+        deployment, serving, onnx):
+    from model_registry.registry import RegistryClient
+    from repository_sync.routing.gateway_probe import served_by
+    from tritonflow import cli
+
+    # v1..v4 signed; v2 rejected by the sentinel; v3 previous champion, v4 champion serving 100 %
+    name, client = _published_model(serving, onnx, "pick", 4)
+    for version in ("1", "2", "3", "4"):
+        client.set_model_version_tag(name, version, "tritonflow.signature_digest", "published here")
+    client.set_model_version_tag(name, "2", "tritonflow.status", "rejected")
+    client.set_model_version_tag(name, "2", "tritonflow.rejected_stage", "sentinel")
+    client.set_model_version_tag(name, "2", "tritonflow.rejection_reason", "error rate 40 %")
+    registry = RegistryClient(serving["settings"].resolved_mlflow_tracking_uri)
+    for version in (3, 4):
+        registry.promote(name, version, reason="earlier promotions")
+    _serve_only(serving, name, 4)
+    api = AirflowApi(deployment.api_url)
+    api.wait_for_dag(ROLLBACK, WAIT_S)
+    api.unpause(ROLLBACK)
+    run_id = f"pick_{uuid.uuid4().hex[:6]}"
+    reason = "v3 and v4 share a broken feature"
+    api.post(f"/dags/{ROLLBACK}/dagRuns", {"dag_run_id": run_id, "logical_date": None,
+                                           "conf": {"model": name, "reason": reason, "choose_version": True}})
+    path = f"/dags/{ROLLBACK}/dagRuns/{run_id}/taskInstances/choose_version/-1/hitlDetails"
+
+    def waiting():
+        try:
+            detail = api.get(path)
+        except AirflowApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return detail if detail["task_instance"]["state"] in cli.WAITING_STATES else None
+
+    asked = _wait("the version choice", waiting)
+    assert asked["subject"] == f"Roll {name} back to which version?"
+    assert asked["options"] == ["v3 (previous_champion)", "v2 (rejected by the sentinel)", "v1"], asked
+    assert asked["defaults"] == ["v3 (previous_champion)"] and not asked["response_received"], asked
+    assert reason in asked["body"] and "| v2 |" in asked["body"] and "at sentinel: error rate 40 %" in asked["body"]
+    assert _served(serving, name) == ({4: 100}, [4])  # nothing moves while the choice waits
+    time.sleep(max(0.0, cli.APPROVAL_SETTLE_S - cli.seconds_since(asked["created_at"])))  # see APPROVAL_SETTLE_S
+    api.patch(path, {"chosen_options": ["v1"], "params_input": {}})
+    run = api.wait_for_run(ROLLBACK, run_id, WAIT_S)
+    assert run["state"] == "success", run
+    chosen = api.xcom(ROLLBACK, run_id, "choose_version")
+    assert chosen["version"] == 1 and chosen["chosen_by"] not in ("", "form", "timeout"), chosen
+    result = api.xcom(ROLLBACK, run_id, "rollback")
+    assert (result["rolled_back_from"], result["rolled_back_to"], result["unloaded"]) == (4, 1, True), result
+    for version in ("1", "4"):  # the record goes on both versions
+        tags = client.get_model_version(name, version).tags
+        assert (tags["tritonflow.rollback.from"], tags["tritonflow.rollback.to"],
+                tags["tritonflow.rollback.reason"]) == ("4", "1", reason), tags
+    assert registry.aliases(name) == {"champion": 1}  # previous_champion cleared: a second rollback stops
+    done = [e.record for e in registry.audit_log(name) if e.action == "rollback" and e.outcome == "rolled_back"]
+    assert [(r.get("reason"), r.get("observed_champion"), r.get("champion")) for r in done] == [(reason, 4, 1)]
+    assert _served(serving, name) == ({1: 100}, [1])  # gateway on v1, v4 unloaded
+    assert {served_by(serving["gateway"].url, name)[0] for _ in range(5)} == {"1"}
