@@ -7,6 +7,16 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/ensure_services.sh
 set +e
+# The full run only: the compose tests' stack starts in the background while the linters and the
+# service-free subset run (tests/compose/prestart.py; its fixture waits for it), about 5 minutes of
+# containers starting that the run would otherwise wait for.
+if [ "$#" -eq 0 ] && [ "${TF_TEST_STACK_PRESTART:-1}" = 1 ]; then
+  mkdir -p "${XDG_CACHE_HOME:-$HOME/.cache}/tritonflow"
+  prestart_log="${XDG_CACHE_HOME:-$HOME/.cache}/tritonflow/test-stack-prestart.log"
+  .venv/bin/python -m tests.compose.prestart up > "$prestart_log" 2>&1 &
+  export TF_TEST_STACK_PRESTART_PID=$! TF_TEST_STACK_PRESTART_LOG=$prestart_log
+  echo "[test] the compose tests' stack is starting in the background (log $prestart_log)"
+fi
 # Linters first (ruff + mypy, zero findings; configured in pyproject.toml); the tests run either way.
 bash scripts/lint.sh
 lint_rc=$?
@@ -23,6 +33,10 @@ if [ "$#" -eq 0 ]; then
   subset_rc=$?
   if [ "$subset_rc" -ne 0 ]; then
     echo "the service-free subset (-m \"not integration\") failed (rc $subset_rc): the full run is skipped" >&2
+    if [ -n "${TF_TEST_STACK_PRESTART_PID:-}" ]; then
+      wait "$TF_TEST_STACK_PRESTART_PID"
+      .venv/bin/python -m tests.compose.prestart down >/dev/null 2>&1
+    fi
     exit 1
   fi
   # The subset passed: the full run takes the rest, not those tests a second time. Tests marked
@@ -32,6 +46,12 @@ if [ "$#" -eq 0 ]; then
 fi
 .venv/bin/python -m pytest "$@"
 rc=$?
+# The compose tests remove their stack; this removes it too when they did not run (a -k filter in
+# PYTEST_ADDOPTS, an interrupted run). Nothing to do on a stack already removed.
+if [ -n "${TF_TEST_STACK_PRESTART_PID:-}" ]; then
+  wait "$TF_TEST_STACK_PRESTART_PID"
+  .venv/bin/python -m tests.compose.prestart down >/dev/null 2>&1
+fi
 set -e
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: that is a failure" >&2

@@ -22,16 +22,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.compose.prestart import PORTS, PROJECT, WEBHOOK_SECRET, prestart_succeeded, stack_env, wait_for_prestart
 from tests.compose.stack import ROOT
-from tritonflow.demo.stack import ADMIN, ROUTE_CHAMPION, exec_python, shifted_ports
+from tritonflow.demo.stack import ADMIN, ROUTE_CHAMPION, exec_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.timeout(2400)]
 
-#: Host ports of this test's stack (published on 127.0.0.1 only), away from the compose defaults.
-PORTS = shifted_ports(10000)
-PROJECT = "tritonflow-test"
-#: The receiver's secret in this test's stack (the compose file's default is empty: no delivery passes).
-WEBHOOK_SECRET = "stack-test-webhook-secret"
 #: The receiver as the stack's MLflow server reaches it, on the stack's own network.
 RECEIVER_URL = "http://airflow-apiserver:8080/tritonflow/webhooks/mlflow"
 
@@ -67,15 +63,14 @@ def _docker_usable(env: dict[str, str]) -> None:
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    env = {**os.environ, "COMPOSE_PROJECT_NAME": PROJECT, **{k: str(v) for k, v in PORTS.items()},
-           "TRITONFLOW_STACK_WORKERS": "2", "TRITONFLOW_CANARY_BAKE_S": "5",
-           # a lost worker's task is failed after 90 s: above the promotion lease's 60 s TTL
-           "AIRFLOW_TASK_HEARTBEAT_TIMEOUT_S": "90",
-           "TRITONFLOW_WEBHOOK_SECRET": WEBHOOK_SECRET}
+    env = stack_env(os.environ)
     _docker_usable(env)
+    # scripts/test.sh may have started this stack while the linters ran (tests/compose/prestart.py):
+    # wait for that head start, and start the stack here unless it ended with every service healthy
+    wait_for_prestart(env)
     s = Stack(env)
-    up = s.sh("up")
-    if up.returncode != 0:
+    up = None if prestart_succeeded(env) else s.sh("up")
+    if up is not None and up.returncode != 0:
         logs = s.sh("logs", "--tail=40", timeout=120)
         s.sh("down", "--volumes", timeout=300)
         pytest.fail(f"scripts/stack.sh up failed ({up.returncode}):\n{up.stderr[-6000:]}\n"
