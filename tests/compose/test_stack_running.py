@@ -24,6 +24,7 @@ import pytest
 
 from tests.compose.prestart import PORTS, PROJECT, WEBHOOK_SECRET, prestart_succeeded, stack_env, wait_for_prestart
 from tests.compose.stack import ROOT
+from tests.polling import wait_until
 from tritonflow.demo.stack import ADMIN, ROUTE_CHAMPION, exec_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.timeout(2400)]
@@ -122,6 +123,7 @@ def _wait_run(api, dag_id: str, run_id: str, timeout_s: float) -> dict:
 
 
 MODEL = "noaa_rain_stack"
+PROMOTION = "canary_promotion"
 
 
 def _register(stack, first_day: int, last_day: int, alias: str) -> int:
@@ -337,6 +339,90 @@ def test_triton_restarted_mid_canary_resolves_the_canary_and_serves_a_ready_vers
     assert set(observed["gateway_routes"]) == {serving}, observed
     assert not [v for v, st in observed["triton"].items() if st not in ("READY", "UNAVAILABLE", "")], observed
     assert {str(int(v)) for v in after["version"]} == {serving}, after["version"].value_counts()
+
+
+def _set_policy(stack, policy: str | None) -> None:
+    """Set (``None``: delete) the model's promotion policy tag in the stack's MLflow."""
+    from mlflow import MlflowClient
+
+    from tritonflow.pipelines.promotion_policy import POLICY_TAG
+
+    client = MlflowClient(stack.url("MLFLOW_PORT"))
+    if policy is None:
+        client.delete_registered_model_tag(MODEL, POLICY_TAG)
+    else:
+        client.set_registered_model_tag(MODEL, POLICY_TAG, policy)
+
+
+def _pending(requests: list[dict], run_id: str) -> list[dict]:
+    """The requests of ``requests`` (:func:`tritonflow.cli.pending_requests`) that run ``run_id`` asks."""
+    return [r for r in requests if r["run_id"] == run_id]
+
+
+def test_the_policies_that_wait_for_a_person_work_on_the_celery_workers(stack, champion):
+    """The two promotion policies that wait for a person, in the stack: the approval and each pause
+    are human-in-the-loop tasks the triggerer parks and a Celery worker resumes once answered (the
+    CLI's answers, over the api-server's REST API). Under ``approve-steps`` a person approves, then
+    rolls the canary back at its first pause: the champion serves alone again and the challenger
+    is not judged. Under ``approve`` a person rejects the same version before any traffic moves: it
+    is tagged rejected at stage ``approval``. (``auto``, the default, is every other canary here.)"""
+    from mlflow import MlflowClient
+
+    from tritonflow import cli
+
+    api = _api(stack)
+    client = MlflowClient(stack.url("MLFLOW_PORT"))
+    before = _champion_alias(stack)
+    challenger = _register(stack, 8000, 10000, "challenger")
+    run, states = _publish(stack, api, challenger)
+    assert run["state"] == "success", states
+    conf = {"model": MODEL, "challenger": str(challenger), "champion": before,
+            "steps": [50, 100], "bake_s": 10, "min_requests": 5}
+    traffic = _Traffic(stack.url("GATEWAY_PORT"))
+    traffic.start()
+    try:
+        _set_policy(stack, "approve-steps")
+        steps_run = cli.start_run(api, PROMOTION, conf)
+        wait_until("the approval before the canary", lambda: _pending(cli.pending_approvals(api, MODEL), steps_run),
+                   600)
+        assert cli.answer_approval(api, MODEL, approve=True, run_id=steps_run) == cli.EXIT_OK
+        pause = wait_until("the first pause", lambda: _pending(cli.pending_pauses(api, MODEL), steps_run), 600)[0]
+        assert pause["subject"].startswith(f"Canary of {MODEL} v{challenger} at 50 %"), pause
+        assert cli.decide_pause(api, MODEL, "rollback", comment="stack test", run_id=steps_run) == cli.EXIT_OK
+        final = _wait_run(api, PROMOTION, steps_run, 600)
+        assert final["state"] == "failed", final  # a rolled-back canary fails its run
+        tags = client.get_model_version(MODEL, str(challenger)).tags
+        prefix = f"tritonflow.canary.{tags['tritonflow.canary.latest']}."
+        pauses = {int(k[len(prefix + "pause."):]): json.loads(v) for k, v in tags.items()
+                  if k.startswith(prefix + "pause.") and k[len(prefix + "pause."):].isdigit()}
+        first = pauses[1]
+        assert (first["decision"], first["source"], first["policy"]) == ("rollback", "person", "approve-steps"), first
+        # a person's rollback is no verdict on the challenger: it is not tagged rejected
+        assert tags[prefix + "outcome"] == "rolled_back" and tags.get("tritonflow.status") != "rejected", tags
+        assert tags["tritonflow.approval.answer"] == "approved", tags
+        assert _champion_alias(stack) == before and _gateway_versions(stack) == {str(before)}
+
+        _set_policy(stack, "approve")
+        approve_run = cli.start_run(api, PROMOTION, conf)
+        wait_until("the approval before the canary", lambda: _pending(cli.pending_approvals(api, MODEL), approve_run),
+                   600)
+        assert cli.answer_approval(api, MODEL, approve=False, comment="not this week", run_id=approve_run) \
+            == cli.EXIT_OK
+        final = _wait_run(api, PROMOTION, approve_run, 600)
+        tis = api.get(f"/dags/{PROMOTION}/dagRuns/{approve_run}/taskInstances?limit=100")["task_instances"]
+        canary = [t["state"] for t in tis if t["task_id"] == "canary"]
+        assert final["state"] == "success" and canary == ["skipped"], (final, tis)
+        tags = client.get_model_version(MODEL, str(challenger)).tags
+        assert (tags["tritonflow.approval.answer"], tags["tritonflow.approval.policy"],
+                tags["tritonflow.approval.note"]) == ("rejected", "approve", "not this week"), tags
+        assert tags["tritonflow.status"] == "rejected" and tags["tritonflow.rejected_stage"] == "approval", tags
+        assert _champion_alias(stack) == before and _gateway_versions(stack) == {str(before)}
+    finally:
+        traffic.stop.set()
+        traffic.join(60)
+        _set_policy(stack, None)
+    frame = traffic.frame()
+    assert int((frame["status"] != 200).sum()) == 0, frame[frame["status"] != 200].head()
 
 
 def _delivery_status(stack, api) -> dict:

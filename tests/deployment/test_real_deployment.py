@@ -24,6 +24,7 @@ import pandas as pd
 import pytest
 
 from tests.deployment.airflow_stack import Stack, get_stack
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -211,13 +212,7 @@ SCHEDULER_BACK_BOUND_S = 150
 
 def _wait_until(what: str, check, timeout_s: float, state=lambda: ""):
     """``check()``'s first truthy value, polled every second; after ``timeout_s`` fail with ``what`` and ``state()``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(1)
-    pytest.fail(f"{what}: not within {timeout_s:.0f} s; {state()}")
+    return wait_until(what, check, timeout_s, interval_s=1.0, state=state)
 
 
 def _found_versions(ledger, model: str) -> dict[str, dict]:

@@ -33,6 +33,7 @@ import pytest
 
 from tests.conftest import make_settings
 from tests.dags.test_canary_dags import settings_env
+from tests.polling import wait_until
 from tritonflow.runtime.airflow import AirflowDeployment
 from tritonflow.runtime.airflow_api import AirflowApi, AirflowApiError
 from tritonflow.runtime.airflow_config import AirflowConfig
@@ -146,13 +147,7 @@ def deployment(tmp_path_factory, serving, alert_sink):
 
 
 def _wait(what: str, probe, timeout_s: float = WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(2)
-    raise AssertionError(f"{what} not seen within {timeout_s:.0f} s")
+    return wait_until(what, probe, timeout_s)
 
 
 def test_a_run_under_approve_waits_for_a_person_and_goes_on_once_approved(deployment, model):
