@@ -39,13 +39,16 @@ if [ "$#" -eq 0 ]; then
     fi
     exit 1
   fi
-  # The subset passed: the full run takes the rest, not those tests a second time. Tests marked
-  # `long` (the quick loop in the compose stack, about half an hour here) run on demand only:
-  # bash scripts/test.sh -m long.
-  set -- -m "integration and not long"
+  # The subset passed: the full run takes the rest, not those tests a second time, as three pytest
+  # processes side by side (scripts/test_groups.sh): most of it waits on services, not on the CPU.
+  # Tests marked `long` (the quick loop in the compose stack, about half an hour here) run on
+  # demand only: bash scripts/test.sh -m long.
+  bash scripts/test_groups.sh
+  rc=$?
+else
+  .venv/bin/python -m pytest "$@"
+  rc=$?
 fi
-.venv/bin/python -m pytest "$@"
-rc=$?
 # The compose tests remove their stack; this removes it too when they did not run (a -k filter in
 # PYTEST_ADDOPTS, an interrupted run). Nothing to do on a stack already removed.
 if [ -n "${TF_TEST_STACK_PRESTART_PID:-}" ]; then
