@@ -17,6 +17,13 @@ if [ "$#" -eq 0 ] && [ "${TF_TEST_STACK_PRESTART:-1}" = 1 ]; then
   export TF_TEST_STACK_PRESTART_PID=$! TF_TEST_STACK_PRESTART_LOG=$prestart_log
   echo "[test] the compose tests' stack is starting in the background (log $prestart_log)"
 fi
+# remove_test_stack: once the head start (if any) has ended, remove the stack it started.
+remove_test_stack() {
+  if [ -n "${TF_TEST_STACK_PRESTART_PID:-}" ]; then
+    wait "$TF_TEST_STACK_PRESTART_PID"
+    .venv/bin/python -m tests.compose.prestart down >/dev/null 2>&1
+  fi
+}
 # Linters first (ruff + mypy, zero findings; configured in pyproject.toml); the tests run either way.
 bash scripts/lint.sh
 lint_rc=$?
@@ -33,10 +40,7 @@ if [ "$#" -eq 0 ]; then
   subset_rc=$?
   if [ "$subset_rc" -ne 0 ]; then
     echo "the service-free subset (-m \"not integration\") failed (rc $subset_rc): the full run is skipped" >&2
-    if [ -n "${TF_TEST_STACK_PRESTART_PID:-}" ]; then
-      wait "$TF_TEST_STACK_PRESTART_PID"
-      .venv/bin/python -m tests.compose.prestart down >/dev/null 2>&1
-    fi
+    remove_test_stack
     exit 1
   fi
   # The subset passed: the full run takes the rest, not those tests a second time, as three pytest
@@ -51,10 +55,7 @@ else
 fi
 # The compose tests remove their stack; this removes it too when they did not run (a -k filter in
 # PYTEST_ADDOPTS, an interrupted run). Nothing to do on a stack already removed.
-if [ -n "${TF_TEST_STACK_PRESTART_PID:-}" ]; then
-  wait "$TF_TEST_STACK_PRESTART_PID"
-  .venv/bin/python -m tests.compose.prestart down >/dev/null 2>&1
-fi
+remove_test_stack
 set -e
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: that is a failure" >&2
