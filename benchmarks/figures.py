@@ -119,6 +119,8 @@ def _load(record: dict[str, Any]) -> str:
 def _status(name: str, doc: dict[str, Any], file_name: str) -> tuple[dict[str, Any] | None, str]:
     """The benchmark's record and, when it has no figures to show, why."""
     record = doc.get("benchmarks", {}).get(name)
+    if record is None and name in doc.get("not_run_yet", ()):
+        return None, f"not run: the run of `{file_name}` stopped before it"
     if record is None:
         why = doc.get("excluded", {}).get(name)
         return None, f"not in the latest results file (`{file_name}`{'; ' + why if why else ''})"
@@ -147,8 +149,10 @@ def _rows(doc: dict[str, Any], file_name: str, age: AgeFn, names: tuple[str, ...
 
 def _header(doc: dict[str, Any], file_name: str) -> str:
     dirty = ", uncommitted changes" if doc.get("dirty") else ""
+    finished = (f"finished {doc['finished_at']}" if doc.get("finished_at") else
+                f"started {doc.get('started_at')} and stopped before it finished")
     return (f"From [`benchmarks/results/{file_name}`](benchmarks/results/{file_name}): commit "
-            f"`{doc.get('commit_short')}`{dirty}, finished {doc.get('finished_at')}, {doc.get('nproc')} cores, "
+            f"`{doc.get('commit_short')}`{dirty}, {finished}, {doc.get('nproc')} cores, "
             f"{round((doc.get('memory_total_mb') or 0) / 1024)} GB, Python {doc.get('python')}. "
             "Load: 1-minute load average before -> after the benchmark.")
 

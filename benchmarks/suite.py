@@ -131,7 +131,7 @@ def missing_prerequisite(bench: Benchmark) -> str | None:
         if shutil.which("docker") is None:
             return "docker is not installed"
         info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True)
-        if info.returncode != 0:
+        if info.returncode != 0 and shutil.which("dockerd") is None:  # an engine installed, stopped: stack.sh starts it
             return f"no Docker engine answers ({(info.stderr or info.stdout).strip()[:200]})"
         if not (ROOT / "scripts" / "stack.sh").is_file():
             return "scripts/stack.sh is missing"
@@ -326,7 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = LOG_DIR / stamp.strftime("%Y%m%dT%H%M%SZ")
     doc: dict[str, Any] = {"format": FORMAT, "started_at": started, "finished_at": None, **machine,
                            "runner_argv": sys.argv[1:] if argv is None else argv, "excluded": excluded,
-                           "logs": str(log_dir.relative_to(ROOT)), "benchmarks": {}}
+                           "logs": str(log_dir.relative_to(ROOT)), "benchmarks": {},
+                           "not_run_yet": [b.name for b in chosen]}
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_path(args.results_dir, stamp.strftime("%Y-%m-%d"), machine["commit_short"])
+    _write(path, doc)  # rewritten after every benchmark: a run stopped half way keeps what it measured
     for i, bench in enumerate(chosen, 1):
         default = bench.name not in args.arg_map
         argv_b = list(bench.argv) if default else args.arg_map[bench.name]
@@ -339,17 +343,25 @@ def main(argv: list[str] | None = None) -> int:
             record = run_one(bench, argv_b, args.timeout or bench.timeout_s, log_dir, echo=not args.quiet)
         record.update(default_args=default, measured_paths=measured_paths(bench))
         doc["benchmarks"][bench.name] = record
+        doc["not_run_yet"].remove(bench.name)
+        _write(path, doc)
         print(f"[{i}/{len(chosen)}] {bench.name}: {_verdict(record)}", file=sys.stderr, flush=True)
     doc["finished_at"] = _now()
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_path(args.results_dir, stamp.strftime("%Y-%m-%d"), machine["commit_short"])
-    path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    del doc["not_run_yet"]
+    _write(path, doc)
     failed = [n for n, r in doc["benchmarks"].items() if r["status"] == "failed"]
     missed = [n for n, r in doc["benchmarks"].items()
               if r["status"] == "ok" and not all((r["result"] or {}).get("goals_met", {}).values())]
     print(json.dumps({"results": str(path), "failed": failed, "goals_not_met": missed,
                       "skipped": [n for n, r in doc["benchmarks"].items() if r["status"] == "skipped"]}))
     return 1 if failed or (args.require_goals and missed) else 0
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    """Replace ``path`` with ``doc`` atomically (a reader never sees half a file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    os.replace(tmp, path)
 
 
 def _verdict(record: dict[str, Any]) -> str:

@@ -134,10 +134,37 @@ def test_the_runner_passes_when_every_benchmark_printed_its_line_and_never_overw
     assert json.loads(files[1].read_text())["benchmarks"]["good"]["argv"] == ["benchmarks/good.py", "--fast"]
 
 
+def test_a_run_stopped_half_way_keeps_what_it_measured_and_names_what_it_did_not_run(monkeypatch, tmp_path):
+    snapshot = tmp_path / "snapshot.json"
+    spy = (f"import glob, shutil\n[path] = glob.glob({str(tmp_path / 'results' / '*.json')!r})\n"
+           f"shutil.copy(path, {str(snapshot)!r})\n" + GOOD)  # what a reader sees if the run stops now
+    _fake_suite(monkeypatch, tmp_path, {"good": GOOD, "spy": spy, "last": GOOD})
+    assert suite.main(["--results-dir", str(tmp_path / "results"), "--quiet"]) == 0
+    half = json.loads(snapshot.read_text())
+    assert half["finished_at"] is None and half["not_run_yet"] == ["spy", "last"]
+    assert half["benchmarks"]["good"]["status"] == "ok"
+    table = figures.readme_table(half, "half.json", age=lambda _c, _p: "current", names=("good", "spy", "last"))
+    assert "stopped before it finished" in table
+    assert "| `spy` | not run: the run of `half.json` stopped before it |" in table
+    assert "`a_s` 0.5 (goal <= 1 s: met)" in table
+    [path] = (tmp_path / "results").glob("*.json")
+    done = json.loads(path.read_text())
+    assert done["finished_at"] and "not_run_yet" not in done and set(done["benchmarks"]) == {"good", "spy", "last"}
+
+
 def test_a_docker_benchmark_is_skipped_with_the_reason_when_docker_is_absent(monkeypatch):
     monkeypatch.setattr(suite.shutil, "which", lambda _name: None)
     bench = next(b for b in suite.BENCHMARKS if b.name == "compose_stack")
     assert suite.missing_prerequisite(bench) == "docker is not installed"
+
+
+def test_a_stopped_docker_engine_is_no_reason_to_skip_since_the_stack_script_starts_it(monkeypatch):
+    monkeypatch.setattr(suite.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(suite.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", "no daemon"))
+    bench = next(b for b in suite.BENCHMARKS if b.name == "compose_stack")
+    assert suite.missing_prerequisite(bench) is None
+    monkeypatch.setattr(suite.shutil, "which", lambda name: None if name == "dockerd" else f"/usr/bin/{name}")
+    assert suite.missing_prerequisite(bench).startswith("no Docker engine answers (no daemon")
 
 
 def test_measured_paths_follow_the_imports_down_the_layers():
