@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -156,6 +159,39 @@ def test_a_docker_benchmark_is_skipped_with_the_reason_when_docker_is_absent(mon
     monkeypatch.setattr(suite.shutil, "which", lambda _name: None)
     bench = next(b for b in suite.BENCHMARKS if b.name == "compose_stack")
     assert suite.missing_prerequisite(bench) == "docker is not installed"
+
+
+def test_stopping_the_runner_stops_the_benchmark_it_is_running(tmp_path):
+    pid_file, results = tmp_path / "bench.pid", tmp_path / "results"
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "sleepy.py").write_text(
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n")
+    driver = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\nfrom pathlib import Path\nfrom benchmarks import suite\n"
+              f"suite.ROOT = Path({str(tmp_path)!r}); suite.LOG_DIR = suite.ROOT / 'logs'\n"
+              "suite.BENCHMARKS = (suite.Benchmark('sleepy', 300),); suite.NAMES = ('sleepy',)\n"
+              f"suite.main(['--results-dir', {str(results)!r}, '--quiet'])\n")
+    runner = subprocess.Popen([sys.executable, "-c", driver])
+    try:
+        for _ in range(600):
+            if pid_file.is_file() and pid_file.read_text():
+                break
+            time.sleep(0.05)
+        bench_pid = int(pid_file.read_text())
+        runner.terminate()
+        assert runner.wait(timeout=60) != 0
+    finally:
+        runner.kill()
+    for _ in range(200):  # the benchmark's group was killed (SIGTERM, then SIGKILL after 30 s at most)
+        try:
+            os.kill(bench_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(bench_pid, signal.SIGKILL)
+        raise AssertionError("the benchmark outlived its runner")
+    [path] = results.glob("*.json")
+    assert json.loads(path.read_text())["not_run_yet"] == ["sleepy"]
 
 
 def test_a_stopped_docker_engine_is_no_reason_to_skip_since_the_stack_script_starts_it(monkeypatch):
