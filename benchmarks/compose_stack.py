@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-kill", action="store_true", help="skip the worker-kill test")
     args = ap.parse_args(argv)
     res: dict = {"load_before": load()}
+    _, proc = _stack("status")  # starts dockerd when it is installed but not running
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        raise SystemExit(f"no Docker engine answers, and scripts/stack.sh could not start one:\n{proc.stderr[-2000:]}")
     if not args.no_cold:
         images = _stack_images()
         if images:

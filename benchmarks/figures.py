@@ -142,7 +142,7 @@ def _rows(doc: dict[str, Any], file_name: str, age: AgeFn, names: tuple[str, ...
         record, problem = _status(name, doc, file_name)
         row: dict[str, Any] = {"name": name, "record": record or {}, "problem": problem}
         if record is not None and record.get("status") != "skipped":
-            row["age"] = age(doc.get("commit"), record.get("measured_paths") or ["."])
+            row["age"] = age(record.get("commit") or doc.get("commit"), record.get("measured_paths") or ["."])
         rows.append(row)
     return rows
 
@@ -154,7 +154,9 @@ def _header(doc: dict[str, Any], file_name: str) -> str:
     return (f"From [`benchmarks/results/{file_name}`](benchmarks/results/{file_name}): commit "
             f"`{doc.get('commit_short')}`{dirty}, {finished}, {doc.get('nproc')} cores, "
             f"{round((doc.get('memory_total_mb') or 0) / 1024)} GB, Python {doc.get('python')}. "
-            "Load: 1-minute load average before -> after the benchmark.")
+            + "".join(f"Resumed {r.get('started_at')} at commit `{(r.get('commit') or '')[:7]}` for "
+                      f"{', '.join(r.get('benchmarks') or [])}. " for r in doc.get("resumed") or [])
+            + "Load: 1-minute load average before -> after the benchmark.")
 
 
 def readme_table(doc: dict[str, Any] | None, file_name: str = "", age: AgeFn | None = None,

@@ -295,6 +295,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="comma-separated benchmark names to run (default: all)")
     ap.add_argument("--skip", help="comma-separated benchmark names not to run")
+    ap.add_argument("--resume", type=Path, metavar="FILE",
+                    help="run again, into results FILE, the benchmarks it records as failed or lacks (or --only's)")
     ap.add_argument("--list", action="store_true", help="list the benchmarks with their argv and timeout, run none")
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
                     help="where the results file goes (default benchmarks/results)")
@@ -324,16 +326,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{b.name:18s} {flags:40s} timeout {b.timeout_s} s{needs}" + (f"  -- {b.why}" if b.why else ""))
         return 0
     signal.signal(signal.SIGTERM, _interrupt)  # stopping the runner stops the benchmark it is running
-    started = _now()
-    machine = machine_facts(args.results_dir)
     stamp = dt.datetime.now(dt.timezone.utc)
     log_dir = LOG_DIR / stamp.strftime("%Y%m%dT%H%M%SZ")
-    doc: dict[str, Any] = {"format": FORMAT, "started_at": started, "finished_at": None, **machine,
-                           "runner_argv": sys.argv[1:] if argv is None else argv, "excluded": excluded,
-                           "logs": str(log_dir.relative_to(ROOT)), "benchmarks": {},
-                           "not_run_yet": [b.name for b in chosen]}
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_path(args.results_dir, stamp.strftime("%Y-%m-%d"), machine["commit_short"])
+    machine = machine_facts(args.results_dir)
+    if args.resume:
+        path, doc, chosen = _resume(args, machine, log_dir)
+    else:
+        doc = {"format": FORMAT, "started_at": _now(), "finished_at": None, **machine,
+               "runner_argv": sys.argv[1:] if argv is None else argv, "excluded": excluded,
+               "logs": str(log_dir.relative_to(ROOT)), "benchmarks": {}, "not_run_yet": [b.name for b in chosen]}
+        args.results_dir.mkdir(parents=True, exist_ok=True)
+        path = results_path(args.results_dir, stamp.strftime("%Y-%m-%d"), machine["commit_short"])
     _write(path, doc)  # rewritten after every benchmark: a run stopped half way keeps what it measured
     for i, bench in enumerate(chosen, 1):
         default = bench.name not in args.arg_map
@@ -346,12 +349,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             record = run_one(bench, argv_b, args.timeout or bench.timeout_s, log_dir, echo=not args.quiet)
         record.update(default_args=default, measured_paths=measured_paths(bench))
+        if args.resume and machine["commit"] != doc.get("commit"):
+            record.update(commit=machine["commit"], dirty=machine["dirty"])  # its age counts from here
         doc["benchmarks"][bench.name] = record
-        doc["not_run_yet"].remove(bench.name)
+        if bench.name in doc["not_run_yet"]:
+            doc["not_run_yet"].remove(bench.name)
         _write(path, doc)
         print(f"[{i}/{len(chosen)}] {bench.name}: {_verdict(record)}", file=sys.stderr, flush=True)
     doc["finished_at"] = _now()
-    del doc["not_run_yet"]
+    doc.pop("not_run_yet")
     _write(path, doc)
     failed = [n for n, r in doc["benchmarks"].items() if r["status"] == "failed"]
     missed = [n for n, r in doc["benchmarks"].items()
@@ -359,6 +365,33 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"results": str(path), "failed": failed, "goals_not_met": missed,
                       "skipped": [n for n, r in doc["benchmarks"].items() if r["status"] == "skipped"]}))
     return 1 if failed or (args.require_goals and missed) else 0
+
+
+def _resume(args: argparse.Namespace, machine: dict[str, Any],
+            log_dir: Path) -> tuple[Path, dict[str, Any], list[Benchmark]]:
+    """The results file to resume, its document and the benchmarks to run again in it.
+
+    The benchmarks named by ``--only`` (default: those the file records as failed, or has no record
+    of) run again; each new record keeps the commit it ran at when that differs from the file's.
+    """
+    path = args.resume
+    if not path.is_file():
+        raise SystemExit(f"--resume {path}: no such results file")
+    doc = json.loads(path.read_text())
+    for key in ("nproc", "memory_total_mb", "python"):
+        if doc.get(key) != machine[key]:
+            raise SystemExit(f"--resume {path}: {key} is {machine[key]!r} here but {doc.get(key)!r} in the file; "
+                             "resume on the machine that measured it")
+    names = [n for n in (args.only or "").split(",") if n] or [
+        b.name for b in BENCHMARKS if doc["benchmarks"].get(b.name, {}).get("status") in (None, "failed")]
+    chosen = [b for b in BENCHMARKS if b.name in names]
+    doc.setdefault("resumed", []).append({"started_at": _now(), "commit": machine["commit"], "dirty": machine["dirty"],
+                                          "benchmarks": [b.name for b in chosen], "logs": str(log_dir.relative_to(ROOT))})
+    doc["finished_at"] = None
+    doc["not_run_yet"] = [b.name for b in chosen]
+    for b in chosen:
+        doc["excluded"].pop(b.name, None)
+    return path, doc, chosen
 
 
 def _interrupt(signum: int, _frame: Any) -> None:

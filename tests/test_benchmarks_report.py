@@ -161,6 +161,33 @@ def test_a_docker_benchmark_is_skipped_with_the_reason_when_docker_is_absent(mon
     assert suite.missing_prerequisite(bench) == "docker is not installed"
 
 
+def test_resume_runs_again_only_what_failed_into_the_same_file_keeping_each_record_commit(monkeypatch, tmp_path):
+    flag = tmp_path / "fixed"
+    flaky = f"import pathlib, sys\nif not pathlib.Path({str(flag)!r}).exists():\n    sys.exit(2)\n" + GOOD
+    _fake_suite(monkeypatch, tmp_path, {"good": GOOD, "flaky": flaky})
+    results = tmp_path / "results"
+    assert suite.main(["--results-dir", str(results), "--quiet"]) == 1
+    [path] = results.glob("*.json")
+    first = json.loads(path.read_text())
+    flag.write_text("")  # the infrastructure problem is fixed
+    monkeypatch.setattr(suite, "machine_facts", lambda _d: {**{k: first[k] for k in (
+        "nproc", "cpu_count", "memory_total_mb", "python", "platform", "dirty")}, "commit": "b" * 40,
+        "commit_short": "bbbbbbb"})
+    assert suite.main(["--resume", str(path), "--quiet"]) == 0
+    assert list(results.glob("*.json")) == [path]  # the same file, no new one
+    doc = json.loads(path.read_text())
+    assert doc["benchmarks"]["good"] == first["benchmarks"]["good"]  # not run again
+    assert doc["benchmarks"]["flaky"]["status"] == "ok" and doc["benchmarks"]["flaky"]["commit"] == "b" * 40
+    assert doc["resumed"][0]["benchmarks"] == ["flaky"] and doc["finished_at"] and "not_run_yet" not in doc
+    seen = []
+    table = figures.readme_table(doc, path.name, age=lambda c, _p: seen.append(c) or "current", names=("good", "flaky"))
+    assert f"Resumed {doc['resumed'][0]['started_at']} at commit `bbbbbbb` for flaky." in table
+    assert seen == [first["commit"], "b" * 40]
+    monkeypatch.setattr(suite, "machine_facts", lambda _d: {**first, "nproc": 64})
+    with pytest.raises(SystemExit, match="nproc is 64 here but"):
+        suite.main(["--resume", str(path), "--quiet"])
+
+
 def test_stopping_the_runner_stops_the_benchmark_it_is_running(tmp_path):
     pid_file, results = tmp_path / "bench.pid", tmp_path / "results"
     (tmp_path / "benchmarks").mkdir()
