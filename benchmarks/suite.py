@@ -385,8 +385,9 @@ def _resume(args: argparse.Namespace, machine: dict[str, Any],
     names = [n for n in (args.only or "").split(",") if n] or [
         b.name for b in BENCHMARKS if doc["benchmarks"].get(b.name, {}).get("status") in (None, "failed")]
     chosen = [b for b in BENCHMARKS if b.name in names]
-    doc.setdefault("resumed", []).append({"started_at": _now(), "commit": machine["commit"], "dirty": machine["dirty"],
-                                          "benchmarks": [b.name for b in chosen], "logs": str(log_dir.relative_to(ROOT))})
+    doc.setdefault("resumed", []).append({
+        "started_at": _now(), "commit": machine["commit"], "dirty": machine["dirty"],
+        "benchmarks": [b.name for b in chosen], "logs": str(log_dir.relative_to(ROOT))})
     doc["finished_at"] = None
     doc["not_run_yet"] = [b.name for b in chosen]
     for b in chosen:
