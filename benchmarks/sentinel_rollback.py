@@ -66,33 +66,54 @@ X = np.arange(1, 9, dtype=np.float32)
 
 
 class Client:
-    """Paced keep-alive sender; records (t_send, version header, finite answer)."""
+    """Paced keep-alive sender; records (t_send, version header, finite answer).
+
+    As HTTP client pools do (and ``rollback_time.py --retry-stale``), a request whose kept-alive
+    connection the gateway closed on a graceful reload (an old worker shutting down) is resent
+    once on a fresh connection; ``retried`` counts them, and a resent request that fails counts
+    as failed.
+    """
 
     def __init__(self, host: str, port: int, rps: float, header: str):
         self.host, self.port, self.period, self.header = host, port, 1.0 / rps, header
         self.records: list[tuple[float, str | None, bool]] = []
+        self.retried = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [8],
                                              "data": X.tolist()}]})
 
+    def _send(self, conn: http.client.HTTPConnection) -> tuple[str | None, bool]:
+        conn.request("POST", f"/v2/models/{MODEL}/infer", body=self._body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        try:
+            ok = resp.status == 200 and all(
+                v is not None and math.isfinite(v) for v in json.loads(data)["outputs"][0]["data"])
+        except (ValueError, KeyError):
+            ok = False
+        return resp.getheader(self.header), ok
+
     def _run(self) -> None:
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+        conn, fresh = http.client.HTTPConnection(self.host, self.port, timeout=10), True
         next_t = time.perf_counter()
         while not self._stop.is_set():
             t = time.time()
             try:
-                conn.request("POST", f"/v2/models/{MODEL}/infer", body=self._body,
-                             headers={"Content-Type": "application/json"})
-                resp = conn.getresponse()
-                data = resp.read()
-                version = resp.getheader(self.header)
-                ok = resp.status == 200 and all(
-                    v is not None and math.isfinite(v) for v in json.loads(data)["outputs"][0]["data"])
-            except (OSError, http.client.HTTPException, ValueError, KeyError):
+                version, ok = self._send(conn)
+                fresh = False
+            except (OSError, http.client.HTTPException) as exc:
                 conn.close()
                 conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
-                version, ok = None, False
+                version, ok, stale, fresh = None, False, not fresh and not isinstance(exc, TimeoutError), True
+                if stale:  # a kept-alive connection the gateway closed: resend once on a fresh one
+                    self.retried += 1
+                    try:
+                        version, ok = self._send(conn)
+                        fresh = False
+                    except (OSError, http.client.HTTPException):
+                        conn.close()
+                        conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
             self.records.append((t, version, ok))
             next_t += self.period
             time.sleep(max(0.0, next_t - time.perf_counter()))
@@ -171,6 +192,7 @@ def one_run(env: CanaryEnvironment, gateway_url: str, mode_dir: Path, policy: Se
         "failed_after_switch": sum(1 for t, v, ok in recs if last_champion is not None and t > last_champion
                                    and not ok),
         "error": decided.get("error"),
+        "retried_stale_connections": client.retried,
         "after_switch_all_previous": bool(after) and all(v == str(PREVIOUS) for v in after),
     }
     return out
@@ -260,14 +282,15 @@ def _finish(args, runs: list[dict], figures: dict) -> None:
 
     values = [r["detection_to_switch_s"] for r in runs]
     all_back = bool(runs) and figures["all_rolled_back_to_previous"] and None not in values
-    worst = max(values) if all_back else None
+    worst = max(values) if None not in values and values else None  # shown even when a run missed the goal
     target = f"<= {GOAL_INTERVALS} x {args.interval:g} s + 2 s = {figures['goal_s']:g} s (every run)"
     figures["failed_after_switch"] = sum(r["failed_after_switch"] for r in runs)
     figures["meets_goal"] = all_back and worst <= figures["goal_s"]
     finish("sentinel_rollback",
            f"Health sentinel on real Triton + NGINX + MLflow, {len(runs)} runs, the champion answering NaN from "
            f"a random point of a {args.interval:g} s probe interval ({args.failures} failures roll back) at "
-           f"{args.rps:g} rps: first bad answer to 100 % on the previous champion; no baseline.",
+           f"{args.rps:g} rps (a keep-alive client resending once on a connection the gateway's reload closed, as "
+           "HTTP client pools do): first bad answer to 100 % on the previous champion; no baseline.",
            {"first_bad_to_previous_champion_s": Goal(target, {"max": worst, "runs": values},
                                                      bool(all_back and worst <= figures["goal_s"])),
             "failed_requests_after_switch": equals(figures["failed_after_switch"], 0)},
