@@ -78,6 +78,7 @@ class Client:
         self.host, self.port, self.period, self.header = host, port, 1.0 / rps, header
         self.records: list[tuple[float, str | None, bool]] = []
         self.retried = 0
+        self.failure_kinds: dict[str, int] = {}  # why requests failed: "HTTP 502", "RemoteDisconnected", "NaN"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [8],
@@ -87,12 +88,17 @@ class Client:
         conn.request("POST", f"/v2/models/{MODEL}/infer", body=self._body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         data = resp.read()
+        kind = f"HTTP {resp.status}" if resp.status != 200 else ""
         try:
-            ok = resp.status == 200 and all(
-                v is not None and math.isfinite(v) for v in json.loads(data)["outputs"][0]["data"])
+            ok = not kind and all(v is not None and math.isfinite(v) for v in json.loads(data)["outputs"][0]["data"])
         except (ValueError, KeyError):
-            ok = False
+            ok, kind = False, "unreadable answer"
+        if not ok:
+            self._count(kind or "NaN")
         return resp.getheader(self.header), ok
+
+    def _count(self, kind: str) -> None:
+        self.failure_kinds[kind] = self.failure_kinds.get(kind, 0) + 1
 
     def _run(self) -> None:
         conn, fresh = http.client.HTTPConnection(self.host, self.port, timeout=10), True
@@ -106,12 +112,15 @@ class Client:
                 conn.close()
                 conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
                 version, ok, stale, fresh = None, False, not fresh and not isinstance(exc, TimeoutError), True
-                if stale:  # a kept-alive connection the gateway closed: resend once on a fresh one
+                if not stale:
+                    self._count(type(exc).__name__)
+                else:  # a kept-alive connection the gateway closed: resend once on a fresh one
                     self.retried += 1
                     try:
                         version, ok = self._send(conn)
                         fresh = False
-                    except (OSError, http.client.HTTPException):
+                    except (OSError, http.client.HTTPException) as exc2:
+                        self._count(f"{type(exc2).__name__} (after the resend)")
                         conn.close()
                         conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
             self.records.append((t, version, ok))
@@ -193,6 +202,7 @@ def one_run(env: CanaryEnvironment, gateway_url: str, mode_dir: Path, policy: Se
                                    and not ok),
         "error": decided.get("error"),
         "retried_stale_connections": client.retried,
+        "failure_kinds": client.failure_kinds,  # the whole run's, NaN answers of the bad champion included
         "after_switch_all_previous": bool(after) and all(v == str(PREVIOUS) for v in after),
     }
     return out
