@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = LOG_DIR / stamp.strftime("%Y%m%dT%H%M%SZ")
     machine = machine_facts(args.results_dir)
     if args.resume:
-        path, doc, chosen = _resume(args, machine, log_dir)
+        path, doc, chosen = _resume(args, chosen if args.only else None, machine, log_dir)
     else:
         doc = {"format": FORMAT, "started_at": _now(), "finished_at": None, **machine,
                "runner_argv": sys.argv[1:] if argv is None else argv, "excluded": excluded,
@@ -367,11 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed or (args.require_goals and missed) else 0
 
 
-def _resume(args: argparse.Namespace, machine: dict[str, Any],
+def _resume(args: argparse.Namespace, only: list[Benchmark] | None, machine: dict[str, Any],
             log_dir: Path) -> tuple[Path, dict[str, Any], list[Benchmark]]:
     """The results file to resume, its document and the benchmarks to run again in it.
 
-    The benchmarks named by ``--only`` (default: those the file records as failed, or has no record
+    ``only`` (``--only``'s selection; default: those the file records as failed, or has no record
     of) run again; each new record keeps the commit it ran at when that differs from the file's.
     """
     path = args.resume
@@ -382,9 +382,7 @@ def _resume(args: argparse.Namespace, machine: dict[str, Any],
         if doc.get(key) != machine[key]:
             raise SystemExit(f"--resume {path}: {key} is {machine[key]!r} here but {doc.get(key)!r} in the file; "
                              "resume on the machine that measured it")
-    names = [n for n in (args.only or "").split(",") if n] or [
-        b.name for b in BENCHMARKS if doc["benchmarks"].get(b.name, {}).get("status") in (None, "failed")]
-    chosen = [b for b in BENCHMARKS if b.name in names]
+    chosen = only or [b for b in BENCHMARKS if doc["benchmarks"].get(b.name, {}).get("status") in (None, "failed")]
     doc.setdefault("resumed", []).append({
         "started_at": _now(), "commit": machine["commit"], "dirty": machine["dirty"],
         "benchmarks": [b.name for b in chosen], "logs": str(log_dir.relative_to(ROOT))})
