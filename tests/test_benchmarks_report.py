@@ -183,6 +183,8 @@ def test_resume_runs_again_only_what_failed_into_the_same_file_keeping_each_reco
     table = figures.readme_table(doc, path.name, age=lambda c, _p: seen.append(c) or "current", names=("good", "flaky"))
     assert f"Resumed {doc['resumed'][0]['started_at']} at commit `bbbbbbb` for flaky." in table
     assert seen == [first["commit"], "b" * 40]
+    with pytest.raises(SystemExit, match="--resume .*nothere.json: no such results file"):
+        suite.main(["--resume", str(results / "nothere.json"), "--quiet"])
     monkeypatch.setattr(suite, "machine_facts", lambda _d: {**first, "nproc": 64})
     with pytest.raises(SystemExit, match="nproc is 64 here but"):
         suite.main(["--resume", str(path), "--quiet"])
