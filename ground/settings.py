@@ -170,6 +170,15 @@ class Settings:
     canary_analysis_interval_s: float = setting(
         "CANARY_ANALYSIS_INTERVAL_S", 5.0, "Seconds between analyses during a bake (hard failures roll back at once).",
     )
+    #: Seconds between two looks of the hard checks (errors, non-finite or constant outputs, latency)
+    #: inside an analysis interval; a failing look rolls back at once. 0: hard checks only at the
+    #: analyses. Each look is another test of the same step, so the hard error-rate bound's
+    #: confidence is split over them (``CanaryPolicy.hard_confidence``).
+    canary_hard_check_interval_s: float = setting(
+        "CANARY_HARD_CHECK_INTERVAL_S", 1.0,
+        "Seconds between hard-check looks inside an analysis interval (0: only at analyses).",
+        check=NON_NEGATIVE,
+    )
     #: Seconds between two probes of a champion by the health sentinel (``champion_sentinel``).
     sentinel_interval_s: float = setting(
         "SENTINEL_INTERVAL_S", 10.0, "Seconds between two sentinel probes of a champion.",

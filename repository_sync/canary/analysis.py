@@ -213,6 +213,7 @@ def analyse_step(
     gateway_counts: Mapping[int, Any] | None = None,
     gateway_recent: Mapping[int, Any] | None = None,
     gateway_error: str | None = None,
+    recent_start: float | None = None,
 ) -> StepAnalysis:
     """Judge a step's window from two metrics scrapes, the gateway's statuses and the logged requests.
 
@@ -233,7 +234,9 @@ def analyse_step(
       requests: mean latency > ``max_mean_latency_ms``, or latency ratio to the champion >
       ``max_latency_ratio`` with a difference above ``min_latency_delta_ms`` (judged when the champion served at least
       ``MIN_CHAMPION_REQUESTS_FOR_RATIO`` requests too; a mean over fewer is noise);
-    * non-finite logged outputs (same rule as errors) or constant float outputs.
+    * non-finite logged outputs (same rule as errors: over the step, or over the logged requests
+      since ``recent_start``, unix seconds, when the log has their ``timestamp``) or constant
+      float outputs.
 
     Statistical rules, only when ``final`` (the end of the bake):
 
@@ -274,7 +277,7 @@ def analyse_step(
         found.blind.append((found.fails if final else found.notes)[-1])
     elif observations is not None:
         _observed(a, policy, observations, expected, coverage_reference, final, challenger, champion,
-                  found)
+                  found, recent_start)
     elif final:
         found.notes.append("outputs not checked (no inference log)")
     _decide(a, found, final)
@@ -425,12 +428,14 @@ def _decide(a: StepAnalysis, found: _Findings, final: bool) -> None:
 
 def _observed(a: StepAnalysis, policy: CanaryPolicy, obs: Observations,
               expected: ExpectedBehaviour | None, coverage_reference: CoverageReference | None,
-              final: bool, challenger: int, champion: int, found: _Findings) -> None:
+              final: bool, challenger: int, champion: int, found: _Findings,
+              recent_start: float | None = None) -> None:
     """The output, expected-behaviour, quality and coverage checks of :func:`analyse_step`."""
     rows = obs.rows_of(challenger)
     champ_rows = obs.rows_of(champion)
     cols = list(obs.prediction_columns)
-    _judge_output_health(a, policy, found, rows, cols, _comparison_outputs(expected, cols, champ_rows))
+    _judge_output_health(a, policy, found, rows, cols, _comparison_outputs(expected, cols, champ_rows),
+                         recent_start)
     if not final or found.hard:
         return
     _judge_expected_behaviour(a, policy, found, obs, _finite_rows(rows, cols), cols, expected)
@@ -453,17 +458,31 @@ def _comparison_outputs(expected: ExpectedBehaviour | None, cols: list[str], cha
 
 
 def _judge_output_health(a: StepAnalysis, policy: CanaryPolicy, found: _Findings, rows: Any,
-                         cols: list[str], comparison: Any) -> None:
-    """The hard output checks: non-finite outputs, and outputs constant where they should vary."""
+                         cols: list[str], comparison: Any, recent_start: float | None = None) -> None:
+    """The hard output checks: non-finite outputs (step, then recent rows), constant outputs."""
     health = output_health(rows, cols, comparison, policy.hard_min_requests)
     a.predictions_canary_n, a.predictions_nonfinite = health.n, health.nonfinite
     a.constant_outputs = health.constant_columns
     msg = _error_rate_failure(policy, health.nonfinite, health.n, "share of non-finite challenger outputs")
+    recent = _rows_since(rows, recent_start)
+    if msg is None and recent is not None and len(recent) < len(rows):
+        late = output_health(recent, cols, None, policy.hard_min_requests)
+        msg = _error_rate_failure(policy, late.nonfinite, late.n,
+                                  "share of non-finite challenger outputs since the last analysis")
     if msg:
         found.hard.append(msg)
     if health.constant_columns:
         found.hard.append(f"challenger outputs {health.constant_columns} are constant over {health.n} "
                           f"predictions while its expected/champion outputs vary")
+
+
+def _rows_since(rows: Any, start: float | None) -> Any:
+    """The rows logged at or after ``start`` (unix s), or ``None`` (no start, or no timestamps)."""
+    import pandas as pd
+
+    if start is None or "timestamp" not in rows.columns or not len(rows):
+        return None
+    return rows[pd.to_datetime(rows["timestamp"], utc=True) >= pd.Timestamp(start, unit="s", tz="UTC")]
 
 
 def _finite_rows(rows: Any, cols: list[str]) -> Any:

@@ -28,6 +28,8 @@ class CanaryPolicy:
     Attributes:
         steps, bake_s, min_requests, max_extensions: Schedule (``canary_*`` settings).
         analysis_interval_s: Seconds between analyses during a bake.
+        hard_check_interval_s: Seconds between looks of the hard checks inside an analysis
+            interval (0: only at the analyses).
         hard_min_requests: Fewest challenger requests/predictions for a mid-bake rollback on
             errors, non-finite or constant outputs, or latency.
         max_error_rate, max_mean_latency_ms, max_latency_ratio: Hard limits.
@@ -55,6 +57,7 @@ class CanaryPolicy:
     max_prediction_psi: float = DEFAULTS.canary_max_prediction_psi
     min_predictions: int = DEFAULT_MIN_PREDICTIONS
     analysis_interval_s: float = DEFAULTS.canary_analysis_interval_s
+    hard_check_interval_s: float = DEFAULTS.canary_hard_check_interval_s
     hard_min_requests: int = DEFAULTS.canary_hard_min_requests
     confidence: float = DEFAULTS.canary_confidence
     min_labels: int = DEFAULTS.canary_min_labels
@@ -77,6 +80,7 @@ class CanaryPolicy:
             "max_prediction_psi": self.max_prediction_psi >= 0,
             "min_predictions": self.min_predictions >= 1,
             "analysis_interval_s": self.analysis_interval_s > 0,
+            "hard_check_interval_s": math.isfinite(self.hard_check_interval_s) and self.hard_check_interval_s >= 0,
             "hard_min_requests": self.hard_min_requests >= 1,
             "confidence": 0 < self.confidence < 1,
             "min_labels": self.min_labels >= 2,
@@ -104,6 +108,7 @@ class CanaryPolicy:
             max_prediction_ks=settings.canary_max_prediction_ks,
             max_prediction_psi=settings.canary_max_prediction_psi,
             analysis_interval_s=settings.canary_analysis_interval_s,
+            hard_check_interval_s=settings.canary_hard_check_interval_s,
             hard_min_requests=settings.canary_hard_min_requests,
             confidence=settings.canary_confidence,
             min_labels=settings.canary_min_labels,
@@ -120,10 +125,14 @@ class CanaryPolicy:
         """Per-analysis confidence of the hard checks (Bonferroni over one bake).
 
         Confidence of the hard checks' error-rate bound: ``confidence`` with its error level
-        split over the analyses of one bake (Bonferroni), since every analysis is another look at
-        the same step: ``1 - (1 - confidence) / ceil(bake_s / analysis_interval_s)``.
+        split over the looks of one bake (Bonferroni), since every look is another test of the
+        same step: ``1 - (1 - confidence) / ceil(bake_s / interval)``, where ``interval`` is the
+        shorter of ``analysis_interval_s`` and a non-zero ``hard_check_interval_s``.
         """
-        looks = max(1, math.ceil(self.bake_s / self.analysis_interval_s)) if self.bake_s > 0 else 1
+        interval = self.analysis_interval_s
+        if 0 < self.hard_check_interval_s < interval:
+            interval = self.hard_check_interval_s
+        looks = max(1, math.ceil(self.bake_s / interval)) if self.bake_s > 0 else 1
         return 1.0 - (1.0 - self.confidence) / looks
 
     def thresholds(self) -> dict[str, Any]:

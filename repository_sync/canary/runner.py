@@ -5,7 +5,9 @@ A canary moves a model's traffic to the challenger version in steps (default 5 -
 bake :func:`analyse_step` runs every ``settings.canary_analysis_interval_s`` seconds (default 5 s)
 on the window from the step's start:
 
-(a) **hard checks, at every analysis** -- a failure rolls back at once, mid-bake:
+(a) **hard checks, at every analysis and every ``settings.canary_hard_check_interval_s`` seconds
+    between two** (default 1 s) -- a failure rolls back at once, mid-bake, so a broken challenger
+    waits for the next hard check, not for the next analysis:
 
     * the challenger's error rate above ``max_error_rate`` with confidence (one-sided
       Clopper-Pearson lower bound above the limit, at :attr:`CanaryPolicy.hard_confidence`: the
@@ -355,33 +357,73 @@ def _analyse(run: _CanaryRun, st: _StepState, nap: float, *, baking: bool) -> St
 
     ``baking``: the seconds count towards the bake, and the analysis is final when the bake is
     over; otherwise (a pause waiting for a decision) it is never final: only the hard checks judge.
+    The nap is slept in slices with the hard checks between them (:func:`_nap_with_hard_checks`);
+    one that fails ends the nap early and is the analysis returned.
     """
     after_text = None
     if st.metrics_error is None:
-        run.sleep(nap)
-        if baking:
-            st.baked += nap
+        failed = _nap_with_hard_checks(run, st, nap, baking=baking)
+        if failed is not None:
+            return failed
         try:
             after_text = run.scrape_metrics()
         except Exception as exc:  # noqa: BLE001
             st.metrics_error = str(exc)
     final = baking and st.baked >= st.bake_until - 1e-9
+    analysis = _evaluate(run, st, after_text, final=final)
+    st.recent_text, st.recent_start = after_text, analysis.window_end
+    _record_analysis(run, analysis, st.attempt)
+    return analysis
+
+
+def _nap_with_hard_checks(run: _CanaryRun, st: _StepState, nap: float, *, baking: bool) -> StepAnalysis | None:
+    """Sleep ``nap`` seconds in slices of ``policy.hard_check_interval_s``, hard-checking between them.
+
+    After each slice but the last (the analysis at the end of the nap is the last look) the step's
+    window so far is analysed as an intermediate analysis, which judges only the hard checks. One
+    that passes is not recorded (the next analysis covers the same window); one that fails is
+    recorded and returned, and the canary rolls back without waiting for the end of the interval.
+    A scrape that fails here is left to that analysis, which fails the step on it.
+
+    Returns:
+        The failing analysis, or ``None`` when the whole nap was slept.
+    """
+    step = run.policy.hard_check_interval_s
+    left = nap
+    while step > 0 and left > step + 1e-9:
+        run.sleep(step)
+        left -= step
+        if baking:
+            st.baked += step
+        try:
+            text = run.scrape_metrics()
+        except Exception:  # noqa: BLE001 -- the interval's analysis scrapes again and judges
+            continue
+        check = _evaluate(run, st, text, final=False)
+        if check.verdict == FAIL:
+            _record_analysis(run, check, st.attempt)
+            return check
+    run.sleep(left)
+    if baking:
+        st.baked += left
+    return None
+
+
+def _evaluate(run: _CanaryRun, st: _StepState, after_text: str | None, *, final: bool) -> StepAnalysis:
+    """Analyse the step's window from its start to now, given the metrics scraped now."""
     end = run.clock()
     gateway_counts, gateway_recent, gateway_error = _gateway_counts(
         run, st.start, st.recent_start, end, st.metrics_error)
     observations, observations_error = _observations(run, st.start, end, st.metrics_error)
-    analysis = analyse_step(
+    return analyse_step(
         policy=run.policy, model=run.model, champion=run.champion, challenger=run.challenger,
         step=st.index, percent=st.percent, attempt=st.attempt, window_start=st.start, window_end=end,
         before_text=st.before_text, after_text=after_text, metrics_error=st.metrics_error,
         recent_before_text=st.recent_text, final=final, observations=observations,
         observations_error=observations_error, expected=run.expected,
         coverage_reference=run.coverage_reference, gateway_counts=gateway_counts,
-        gateway_recent=gateway_recent, gateway_error=gateway_error,
+        gateway_recent=gateway_recent, gateway_error=gateway_error, recent_start=st.recent_start,
     )
-    st.recent_text, st.recent_start = after_text, end
-    _record_analysis(run, analysis, st.attempt)
-    return analysis
 
 
 def _decide(run: _CanaryRun, st: _StepState, analysis: StepAnalysis) -> tuple[str, str | None]:

@@ -30,9 +30,11 @@ from tritonflow.pipelines.canary_pauses import (
 )
 
 KEY = "canary_promotion/manual__1"
-#: Two steps, 10 s bakes, analyses every 5 s, one extension (or hold) per step.
+#: Two steps, 10 s bakes, analyses every 5 s and no hard-check looks between them (the person
+#: counts the runner's sleeps), one extension (or hold) per step.
 POLICY = CanaryPolicy(steps=(50, 100), bake_s=10, min_requests=100, max_extensions=1, max_error_rate=0.01,
-                      max_mean_latency_ms=50, max_latency_ratio=1.5, analysis_interval_s=5)
+                      max_mean_latency_ms=50, max_latency_ratio=1.5, analysis_interval_s=5,
+                      hard_check_interval_s=0)
 TIMEOUT_S = 60.0
 
 

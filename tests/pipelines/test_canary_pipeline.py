@@ -508,11 +508,12 @@ def test_challenger_unloaded_mid_canary_is_rolled_back(stack, models):
         result = promote(stack, name, 2, sleep=unload_behind_our_back)
     assert result["outcome"] == "rolled_back", result
     # rolled back because the challenger vanished from Triton (its counters disappeared or restarted
-    # from zero when it was unloaded/reloaded), not for another reason
+    # from zero when it was unloaded/reloaded, or, when a hard-check look came first, the gateway
+    # saw its requests fail), not for another reason
     failed = [s for s in result["steps"] if s["verdict"] == "fail"]
     assert failed and failed[-1] is result["steps"][-1], result["steps"]
-    gone = ("is not in Triton's metrics", "counters went backwards")
-    assert "version 2" in failed[-1]["reason"] and any(g in failed[-1]["reason"] for g in gone), failed
+    gone = ("version 2 is not in Triton's metrics", "version 2 counters went backwards", "challenger error rate")
+    assert any(g in failed[-1]["reason"] for g in gone), failed
     assert failed[-1]["reason"] in result["reason"]
     assert result["rollback"]["gateway_ok"]
     assert stack.env.router().current_plan(name).weights == {1: 100}

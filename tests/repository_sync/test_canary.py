@@ -88,11 +88,13 @@ def triton_metrics_text(counters: dict[str, dict[str, float]], model: str = MODE
     return "\n".join(lines) + "\n"
 
 
-#: One analysis per bake (interval = bake), so the scripted driver tests count bakes; the
-#: continuous analysis has its own tests in test_canary_continuous.py.
+#: One analysis per bake (interval = bake, no hard-check looks between), so the scripted driver
+#: tests count bakes; the continuous analysis and its looks have their own tests in
+#: test_canary_continuous.py.
 POLICY = CanaryPolicy(steps=(5, 25, 50, 100), bake_s=60, min_requests=100, max_extensions=2,
                       max_error_rate=0.01, max_mean_latency_ms=50, max_latency_ratio=1.5,
-                      max_prediction_ks=0.2, max_prediction_psi=0.25, analysis_interval_s=60)
+                      max_prediction_ks=0.2, max_prediction_psi=0.25, analysis_interval_s=60,
+                      hard_check_interval_s=0)
 
 
 def analyse(before, after, **kw):
@@ -279,7 +281,7 @@ def test_inconclusive_step_is_extended_then_fails_and_rolls_back():
 
 def test_extension_that_gathers_enough_traffic_passes():
     s = Scripted(canary_per_bake=60)  # 60 after one bake, 120 after the extension
-    result = drive(s, policy=CanaryPolicy(steps=(10, 100), bake_s=1, min_requests=100))
+    result = drive(s, policy=CanaryPolicy(steps=(10, 100), bake_s=1, min_requests=100, hard_check_interval_s=0))
     assert result.outcome == "promoted"
     assert [(a.percent, a.verdict) for a in result.steps] == [
         (10, INCONCLUSIVE), (10, PASS), (100, INCONCLUSIVE), (100, PASS)]

@@ -9,9 +9,13 @@ runs against a real Triton and NGINX in ``test_canary.py`` and in
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
+import pytest
 
+from ground.exceptions import SettingsError
 from repository_sync.canary.analysis import CONTINUE, FAIL, PASS
 from repository_sync.canary.checks import Observations
 from repository_sync.canary.policy import CanaryPolicy
@@ -19,7 +23,9 @@ from repository_sync.canary.runner import run_canary
 from tests.repository_sync.test_canary import MODEL, triton_metrics_text
 
 POLICY = CanaryPolicy(steps=(25, 100), bake_s=300, min_requests=100, max_extensions=1,
-                      max_mean_latency_ms=5000, max_latency_ratio=100, analysis_interval_s=5)
+                      max_mean_latency_ms=5000, max_latency_ratio=100, analysis_interval_s=5,
+                      hard_check_interval_s=0)  # analyses only; the looks between them are tested below
+LOOKING = dataclasses.replace(POLICY, hard_check_interval_s=1.0)
 
 
 class Clocked:
@@ -45,7 +51,8 @@ class Clocked:
                 self.failed += 1
                 continue
             self.ok += 1
-            self.rows.append({"model_version": 7, "probability": np.nan if bad else 0.3 + 0.4 * (self.t % 1)})
+            self.rows.append({"model_version": 7, "probability": np.nan if bad else 0.3 + 0.4 * (self.t % 1),
+                              "timestamp": pd.Timestamp(self.t, unit="s", tz="UTC")})
         self.t = max(self.t, sum(e[1] for e in self.events if e[0] == "sleep"))
 
     def clock(self):
@@ -57,7 +64,7 @@ class Clocked:
                                           "duration_us": self.ok * 1000}})
 
     def observe(self, start, end):
-        return Observations(pd.DataFrame(self.rows or {"model_version": [], "probability": []}),
+        return Observations(pd.DataFrame(self.rows or {"model_version": [], "probability": [], "timestamp": []}),
                             ("probability",))
 
     def apply(self, plan):
@@ -115,10 +122,10 @@ def test_a_bake_shorter_than_the_interval_is_analysed_once_at_its_end():
     c = Clocked(challenger_rps=400)
     result, analyses = drive(c, policy=CanaryPolicy(steps=(50, 100), bake_s=2, min_requests=100,
                                                     max_mean_latency_ms=5000, max_latency_ratio=100,
-                                                    analysis_interval_s=5))
+                                                    analysis_interval_s=5, hard_check_interval_s=1))
     assert result.outcome == "promoted"
-    assert [e for e in c.events if e[0] == "sleep"] == [("sleep", 2), ("sleep", 2)]
-    assert all(a.final for a in analyses)
+    assert [e for e in c.events if e[0] == "sleep"] == [("sleep", 1)] * 4  # a look mid-bake each step
+    assert len(analyses) == 2 and all(a.final for a in analyses)
 
 
 def test_inconclusive_step_is_extended_with_continuous_analysis_in_the_extension():
@@ -129,3 +136,51 @@ def test_inconclusive_step_is_extended_with_continuous_analysis_in_the_extension
     assert result.outcome == "rolled_back"
     assert [(a.attempt, a.verdict) for a in result.steps] == [(1, "inconclusive"), (2, FAIL)]
     assert len(analyses) == 10  # 5 per bake, the extension analysed as continuously
+
+
+def test_hard_checks_between_analyses_roll_a_failing_challenger_back_within_a_second():
+    c = Clocked(challenger_rps=20, bad_from=61.2, mode="error")  # early in the 60-65 s interval
+    result, analyses = drive(c, policy=LOOKING)
+    assert result.outcome == "rolled_back"
+    assert slept_before_rollback(c) == 62  # the look after the fault, not the analysis at 65 s
+    assert analyses[-1].verdict == FAIL and analyses[-1].hard and not analyses[-1].final
+    assert "after 62 s of its bake" in result.reason
+
+
+def test_hard_checks_between_analyses_catch_nan_answers_at_the_next_look():
+    c = Clocked(challenger_rps=20, bad_from=121.0, mode="nan")
+    result, _ = drive(c, policy=LOOKING)
+    assert result.outcome == "rolled_back"
+    assert slept_before_rollback(c) == 122
+    assert "non-finite" in result.reason
+
+
+def test_nan_answers_late_in_a_long_step_are_judged_over_the_last_interval_not_diluted_by_the_step():
+    c = Clocked(challenger_rps=20, bad_from=291.0, mode="nan")  # 5,800 good rows before: 1.4 % NaN
+    result, _ = drive(c)
+    assert result.outcome == "rolled_back"
+    assert slept_before_rollback(c) == 295  # the first analysis after the fault
+    assert "non-finite challenger outputs since the last analysis" in result.reason
+
+
+def test_looks_that_pass_are_not_recorded_and_do_not_change_the_bake():
+    c = Clocked(challenger_rps=50)
+    result, analyses = drive(c, policy=LOOKING)
+    assert result.outcome == "promoted", result.reason
+    assert len(analyses) == 2 * 300 / 5  # only the analyses, as without the looks
+    sleeps = [e[1] for e in c.events if e[0] == "sleep"]
+    assert set(sleeps) == {1.0} and sum(sleeps) == 600
+    scrapes_per_interval = 5  # four looks and the analysis
+    assert len(sleeps) == 2 * 300 / 5 * scrapes_per_interval
+
+
+def test_the_hard_error_bound_splits_its_confidence_over_every_look():
+    assert POLICY.hard_confidence == 1 - 0.05 / 60
+    assert LOOKING.hard_confidence == 1 - 0.05 / 300
+    assert dataclasses.replace(LOOKING, hard_check_interval_s=10).hard_confidence == 1 - 0.05 / 60
+
+
+def test_a_hard_check_interval_that_is_not_a_number_is_refused_by_name():
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(SettingsError, match="hard_check_interval_s"):
+            dataclasses.replace(POLICY, hard_check_interval_s=bad)
