@@ -82,6 +82,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               why="the stated figures are at default settings with a champion in place (the full sweep, the p99 gate "
                   "on), a fresh sweep against the champion's config reused; the script's default is a bounded sweep "
                   "with no champion"),
+    Benchmark("perf_gate", 1800),
     Benchmark("rollback_time", 1800, argv=("--triton", "--keepalive", "--retry-stale"),
               why="the real-Triton run is the headline; the default upstream is a Python stand-in"),
     Benchmark("canary_detection", 3600),
