@@ -214,6 +214,7 @@ def analyse_step(
     gateway_recent: Mapping[int, Any] | None = None,
     gateway_error: str | None = None,
     recent_start: float | None = None,
+    look: bool = False,
 ) -> StepAnalysis:
     """Judge a step's window from two metrics scrapes, the gateway's statuses and the logged requests.
 
@@ -253,6 +254,13 @@ def analyse_step(
     Any ``fail`` wins over ``inconclusive``, which wins over ``pass``; during the bake the verdict
     is ``continue`` unless a hard rule failed.
 
+    ``look`` (a hard-check look between two analyses, never ``final``) leaves the latency rules
+    out: a mean over the first second or two of a freshly loaded version is its warm-up on a busy
+    host, not its latency (a challenger measured 10.96 ms against the champion's 2.80 ms two
+    seconds into a step, on a host at load 8, with nothing wrong); the analyses judge it over the
+    longer window. Errors, non-finite and constant outputs and the measurement rules are judged
+    at every look.
+
     Returns:
         The :class:`StepAnalysis` with figures, verdict and reasons.
     """
@@ -270,7 +278,7 @@ def analyse_step(
         assert before is not None and after is not None  # else metrics_error is set
         _judge_traffic(a, policy, found, model=model, champion=champion, challenger=challenger,
                        scrapes=(before, after, recent), final=final, gateway_counts=gateway_counts,
-                       gateway_recent=gateway_recent, gateway_error=gateway_error)
+                       gateway_recent=gateway_recent, gateway_error=gateway_error, look=look)
     if observations_error is not None:
         (found.fails if final else found.notes).append(
             f"inference log unavailable, output checks impossible: {observations_error}")
@@ -306,9 +314,9 @@ def _judge_traffic(
     a: StepAnalysis, policy: CanaryPolicy, found: _Findings, *, model: str, champion: int,
     challenger: int, scrapes: tuple[Any, Any, Any], final: bool,
     gateway_counts: Mapping[int, Any] | None, gateway_recent: Mapping[int, Any] | None,
-    gateway_error: str | None,
+    gateway_error: str | None, look: bool = False,
 ) -> None:
-    """The checks on the counters: presence, resets, error rates, latency and traffic volume."""
+    """The checks on the counters: presence, resets, error rates, latency (not at a look) and volume."""
     before, after, recent = scrapes
     cw = version_window(before, after, model, challenger)
     hw = version_window(before, after, model, champion)
@@ -342,7 +350,8 @@ def _judge_traffic(
             policy, rw.failures, rw.requests, "challenger error rate over the last interval")
         if msg and not found.hard:
             found.hard.append(msg)
-    _judge_latency(a, policy, found, cw, hw, final)
+    if not look:
+        _judge_latency(a, policy, found, cw, hw, final)
     if final and not found.hard:
         _judge_volume(policy, found, cw)
 

@@ -6,8 +6,9 @@ bake :func:`analyse_step` runs every ``settings.canary_analysis_interval_s`` sec
 on the window from the step's start:
 
 (a) **hard checks, at every analysis and every ``settings.canary_hard_check_interval_s`` seconds
-    between two** (default 1 s) -- a failure rolls back at once, mid-bake, so a broken challenger
-    waits for the next hard check, not for the next analysis:
+    between two** (default 1 s; the looks between analyses leave latency out) -- a failure rolls
+    back at once, mid-bake, so a broken challenger waits for the next hard check, not for the next
+    analysis:
 
     * the challenger's error rate above ``max_error_rate`` with confidence (one-sided
       Clopper-Pearson lower bound above the limit, at :attr:`CanaryPolicy.hard_confidence`: the
@@ -380,7 +381,8 @@ def _nap_with_hard_checks(run: _CanaryRun, st: _StepState, nap: float, *, baking
     """Sleep ``nap`` seconds in slices of ``policy.hard_check_interval_s``, hard-checking between them.
 
     After each slice but the last (the analysis at the end of the nap is the last look) the step's
-    window so far is analysed as an intermediate analysis, which judges only the hard checks. One
+    window so far is analysed as an intermediate analysis, which judges only the hard checks, latency
+    left to the analyses (a mean over a second or two of a fresh version is its warm-up). One
     that passes is not recorded (the next analysis covers the same window); one that fails is
     recorded and returned, and the canary rolls back without waiting for the end of the interval.
     A scrape that fails here is left to that analysis, which fails the step on it.
@@ -399,7 +401,7 @@ def _nap_with_hard_checks(run: _CanaryRun, st: _StepState, nap: float, *, baking
             text = run.scrape_metrics()
         except Exception:  # noqa: BLE001 -- the interval's analysis scrapes again and judges
             continue
-        check = _evaluate(run, st, text, final=False)
+        check = _evaluate(run, st, text, final=False, look=True)
         if check.verdict == FAIL:
             _record_analysis(run, check, st.attempt)
             return check
@@ -409,8 +411,12 @@ def _nap_with_hard_checks(run: _CanaryRun, st: _StepState, nap: float, *, baking
     return None
 
 
-def _evaluate(run: _CanaryRun, st: _StepState, after_text: str | None, *, final: bool) -> StepAnalysis:
-    """Analyse the step's window from its start to now, given the metrics scraped now."""
+def _evaluate(run: _CanaryRun, st: _StepState, after_text: str | None, *, final: bool,
+              look: bool = False) -> StepAnalysis:
+    """Analyse the step's window from its start to now, given the metrics scraped now.
+
+    ``look``: a hard-check look, which leaves latency to the analyses (:func:`analyse_step`).
+    """
     end = run.clock()
     gateway_counts, gateway_recent, gateway_error = _gateway_counts(
         run, st.start, st.recent_start, end, st.metrics_error)
@@ -422,7 +428,7 @@ def _evaluate(run: _CanaryRun, st: _StepState, after_text: str | None, *, final:
         recent_before_text=st.recent_text, final=final, observations=observations,
         observations_error=observations_error, expected=run.expected,
         coverage_reference=run.coverage_reference, gateway_counts=gateway_counts,
-        gateway_recent=gateway_recent, gateway_error=gateway_error, recent_start=st.recent_start,
+        gateway_recent=gateway_recent, gateway_error=gateway_error, recent_start=st.recent_start, look=look,
     )
 
 

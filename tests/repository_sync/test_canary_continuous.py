@@ -184,3 +184,41 @@ def test_a_hard_check_interval_that_is_not_a_number_is_refused_by_name():
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(SettingsError, match="hard_check_interval_s"):
             dataclasses.replace(POLICY, hard_check_interval_s=bad)
+
+
+class ColdStart(Clocked):
+    """The challenger's first ``cold`` requests take 30 ms (a fresh version warming up), then 1 ms;
+    the champion's take 1 ms."""
+
+    def __init__(self, cold, **kw):
+        super().__init__(**kw)
+        self.cold, self.duration_us = cold, 0.0
+
+    def sleep(self, seconds):
+        before = self.ok
+        super().sleep(seconds)
+        for i in range(int(before), int(self.ok)):
+            self.duration_us += 30_000 if i < self.cold else 1_000
+
+    def scrape(self):
+        return triton_metrics_text({"6": {"success": 100 * self.t, "duration_us": 100 * self.t * 1000},
+                                    "7": {"success": self.ok, "failure": self.failed,
+                                          "duration_us": self.duration_us}})
+
+
+LATENCY = dataclasses.replace(LOOKING, max_latency_ratio=1.5, min_latency_delta_ms=5, max_mean_latency_ms=50)
+
+
+def test_a_look_leaves_latency_to_the_analyses_so_a_fresh_versions_warm_up_is_not_a_rollback():
+    c = ColdStart(cold=10, challenger_rps=20)  # 15.5 ms mean at the 1 s look, 3.9 ms at the 5 s analysis
+    result, analyses = drive(c, policy=LATENCY)
+    assert result.outcome == "promoted", result.reason
+    assert analyses[0].latency_ratio is not None and analyses[0].latency_ratio < 5
+
+
+def test_the_analysis_still_rolls_a_slow_challenger_back_on_latency():
+    c = ColdStart(cold=10_000, challenger_rps=20)  # 30 ms throughout
+    result, analyses = drive(c, policy=LATENCY)
+    assert result.outcome == "rolled_back"
+    assert slept_before_rollback(c) == 5  # the first analysis, not a look before it
+    assert "latency ratio" in result.reason
