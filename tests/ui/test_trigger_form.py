@@ -61,7 +61,9 @@ def _type(driver, param: str, text: str, attempts: int = 3) -> None:
     The form's fields are controlled React inputs: on a loaded machine a re-render can land between
     two keystrokes and drop the ones before it (``0.002`` arrived as ``2``). A user sees that and
     types again; so does this: the field must show ``text``, else it is cleared and typed again,
-    one key at a time with a pause, up to ``attempts`` times.
+    one key at a time with a pause, up to ``attempts`` times. A leading minus goes with the next
+    key: a lone ``-`` is no number, and the number field renders it as ``NaN``, so a negative
+    number typed one key at a time could never arrive.
     """
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.keys import Keys
@@ -73,7 +75,7 @@ def _type(driver, param: str, text: str, attempts: int = 3) -> None:
         field.click()
         field.send_keys(Keys.CONTROL, "a")
         field.send_keys(Keys.BACKSPACE)
-        for key in ([text] if attempt == 0 else list(text)):
+        for key in ([text] if attempt == 0 else _keys(text)):
             field.send_keys(key)
             if attempt:
                 time.sleep(0.2)
@@ -83,6 +85,11 @@ def _type(driver, param: str, text: str, attempts: int = 3) -> None:
         except TimeoutException:
             shown = _value(driver, param)
     pytest.fail(f"the form field {param!r} shows {shown!r} after typing {text!r} {attempts} times")
+
+
+def _keys(text: str) -> list[str]:
+    """``text`` one key at a time, a leading minus together with the key after it."""
+    return [text[:2], *text[2:]] if text.startswith("-") else list(text)
 
 
 def _value(driver, param: str) -> str:
