@@ -45,37 +45,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 N_FEATURES = 8
 CONCURRENCY = 4
 
-CONFIG = """name: "{name}"
-backend: "onnxruntime"
-max_batch_size: 8
-input {{
-  name: "float_input"
-  data_type: TYPE_FP32
-  dims: {n_features}
-}}
-output {{
-  name: "label"
-  data_type: TYPE_INT64
-  dims: 1
-  reshape {{
-  }}
-}}
-output {{
-  name: "probabilities"
-  data_type: TYPE_FP32
-  dims: 2
-}}
-instance_group {{
-  count: 1
-  kind: KIND_CPU
-}}
-"""
-
-
 def model_folder(root: Path, name: str, clf, X, y) -> Path:
-    """``root/name`` with ``config.pbtxt`` and ``1/model.onnx`` of ``clf`` fitted on ``X, y``."""
+    """``root/name`` with ``1/model.onnx`` of ``clf`` fitted on ``X, y`` and the config a publish
+    generates for it (:func:`model_registry.triton_config.build_config`: one CPU instance,
+    ``max_batch_size`` 8)."""
     from skl2onnx import convert_sklearn
     from skl2onnx.common.data_types import FloatTensorType
+
+    from model_registry.triton_config import InstanceGroupSpec, build_config, to_pbtxt
 
     clf.fit(X, y)
     onx = convert_sklearn(clf, initial_types=[("float_input", FloatTensorType([None, N_FEATURES]))],
@@ -83,7 +60,8 @@ def model_folder(root: Path, name: str, clf, X, y) -> Path:
     folder = root / name
     (folder / "1").mkdir(parents=True)
     (folder / "1" / "model.onnx").write_bytes(onx.SerializeToString())
-    (folder / "config.pbtxt").write_text(CONFIG.format(name=name, n_features=N_FEATURES))
+    config = build_config(name, onx, max_batch_size=8, instance_groups=[InstanceGroupSpec("KIND_CPU", 1)])
+    (folder / "config.pbtxt").write_text(to_pbtxt(config))
     return folder
 
 

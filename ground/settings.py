@@ -170,9 +170,9 @@ class Settings:
     canary_analysis_interval_s: float = setting(
         "CANARY_ANALYSIS_INTERVAL_S", 5.0, "Seconds between analyses during a bake (hard failures roll back at once).",
     )
-    #: Seconds between two looks of the hard checks (errors, non-finite or constant outputs, latency)
-    #: inside an analysis interval; a failing look rolls back at once. 0: hard checks only at the
-    #: analyses. Each look is another test of the same step, so the hard error-rate bound's
+    #: Seconds between two looks of the hard checks (errors, non-finite or constant outputs; latency
+    #: waits for the analyses) inside an analysis interval; a failing look rolls back at once.
+    #: 0: hard checks only at the analyses. Each look is another test of the same step, so the hard error-rate bound's
     #: confidence is split over them (``CanaryPolicy.hard_confidence``).
     canary_hard_check_interval_s: float = setting(
         "CANARY_HARD_CHECK_INTERVAL_S", 1.0,
