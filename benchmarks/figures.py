@@ -3,11 +3,15 @@
 :func:`render` reads the newest ``benchmarks/results/<UTC date>-<short commit>.json`` (newest by
 the date in its name, then by its ``finished_at``) written by ``python -m benchmarks`` and returns
 the two tables: README's (per benchmark: what it measured, each goal's figure with the goal and
-met or not, the load average before and after, the age) and docs/benchmarks.md's fuller one (also
-the argv, exit status and wall time). A benchmark absent from the file, failed or skipped in it
-gets a row saying so, never an older figure. The age of a row is the number of commits since the
-results file's commit that changed a path the benchmark measures (the record's
-``measured_paths``): ``git rev-list --count <commit>..HEAD -- <paths>``.
+met or not, the load average before and after, the commit it was measured at) and
+docs/benchmarks.md's fuller one (also the argv, exit status and wall time). A benchmark absent from
+the file, failed or skipped in it gets a row saying so, never an older figure.
+
+The tables name the commit each row was measured at, never an age counted from HEAD: a count
+would change with every later commit and make the committed tables stale without a figure moving.
+:func:`git_age` (``scripts/update_figures.py --stale``) reports the age on demand: the commits
+since that commit that changed a path the benchmark measures (the record's ``measured_paths``),
+``git rev-list --count <commit>..HEAD -- <paths>``.
 
 ``scripts/update_figures.py`` writes the tables between the ``<!-- figures:begin -->`` and
 ``<!-- figures:end -->`` markers; ``tests/test_benchmarks_report.py`` fails when the committed
@@ -36,6 +40,11 @@ NO_RESULTS = "No results file yet: run `python -m benchmarks`."
 
 #: ``age(commit, paths)`` -> the age cell's text.
 AgeFn = Callable[[str | None, list[str]], str]
+
+
+def measured_at(commit: str | None, _paths: list[str]) -> str:
+    """The table's age cell: the short commit a row was measured at (stable as HEAD moves)."""
+    return f"at `{commit[:7]}`" if commit else "commit not recorded"
 
 
 def latest_results(results_dir: Path = RESULTS_DIR) -> Path | None:
@@ -164,8 +173,8 @@ def readme_table(doc: dict[str, Any] | None, file_name: str = "", age: AgeFn | N
     """README's table (between the markers, markers excluded)."""
     if doc is None:
         return NO_RESULTS
-    age = age or git_age()
-    out = [_header(doc, file_name), "", "| benchmark | what it measured | figures against goals | load | age |",
+    age = age or measured_at
+    out = [_header(doc, file_name), "", "| benchmark | what it measured | figures against goals | load | measured |",
            "|---|---|---|---|---|"]
     for row in _rows(doc, file_name, age, names):
         record, name = row["record"], f"`{row['name']}`"
@@ -184,10 +193,10 @@ def docs_table(doc: dict[str, Any] | None, file_name: str = "", age: AgeFn | Non
     """docs/benchmarks.md's fuller table: also the argv, exit status, wall time and load (1, 5, 15 min)."""
     if doc is None:
         return NO_RESULTS
-    age = age or git_age()
+    age = age or measured_at
     header = _header(doc, file_name).replace("](benchmarks/results/", "](../benchmarks/results/")
     out = [header, "", "| benchmark | argv | status | wall s | what it measured | figures against goals "
-           "| load before | load after | age |", "|---|---|---|---|---|---|---|---|---|"]
+           "| load before | load after | measured |", "|---|---|---|---|---|---|---|---|---|"]
     for row in _rows(doc, file_name, age, names):
         record = row["record"]
         argv = f"`{' '.join(record['argv'])}`" if record.get("argv") else ""
@@ -211,6 +220,15 @@ def render(results_dir: Path = RESULTS_DIR, age: AgeFn | None = None) -> tuple[s
     doc = json.loads(path.read_text()) if path else None
     name = path.name if path else ""
     return readme_table(doc, name, age), docs_table(doc, name, age)
+
+
+def ages(results_dir: Path = RESULTS_DIR, age: AgeFn | None = None) -> list[tuple[str, str]]:
+    """``(benchmark, age)`` for each measured row of the latest results file, by :func:`git_age` by default."""
+    path = latest_results(results_dir)
+    if path is None:
+        return []
+    rows = _rows(json.loads(path.read_text()), path.name, age or git_age(), NAMES)
+    return [(row["name"], row["age"]) for row in rows if "age" in row]
 
 
 def splice(text: str, table: str, page: str = "page") -> str:

@@ -4,8 +4,9 @@ Rewrites what lies between the ``<!-- figures:begin -->`` and ``<!-- figures:end
 both pages with :func:`benchmarks.figures.render`'s tables (from the newest file in
 ``benchmarks/results/``, written by ``python -m benchmarks``); everything outside the markers is
 kept. ``--check`` writes nothing and exits 1 when a page's table differs from the generated one.
-Run it after ``python -m benchmarks``, and after a commit that changes code a benchmark measures
-(the age column counts those commits): ``.venv/bin/python scripts/update_figures.py``.
+Run it after ``python -m benchmarks``: ``.venv/bin/python scripts/update_figures.py``. ``--stale``
+writes nothing and lists, per benchmark, the commits since its figures were measured that changed
+code it measures (a hint for what to rerun; never a failure).
 """
 
 import argparse
@@ -14,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.figures import DOCS, README, RESULTS_DIR, between_markers, render, splice  # noqa: E402
+from benchmarks.figures import DOCS, README, RESULTS_DIR, ages, between_markers, render, splice  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare only; exit 1 when a table differs")
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--stale", action="store_true", help="list each benchmark's code changes since it was measured")
     args = ap.parse_args(argv)
+    if args.stale:
+        for name, age in ages(args.results_dir):
+            print(f"{name}: {age}")
+        return 0
     readme_table, docs_table = render(args.results_dir)
     rc = 0
     for page, table in ((README, readme_table), (DOCS, docs_table)):

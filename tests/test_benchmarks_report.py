@@ -345,6 +345,17 @@ def test_the_age_counts_commits_that_changed_the_measured_paths(tmp_path):
     assert age(None, ["pkg"]) == "age unknown (no commit recorded)"
 
 
+def test_the_tables_name_the_measured_commit_so_a_later_commit_leaves_them_current(tmp_path):
+    results = _results(tmp_path)
+    readme, docs = figures.render(results)
+    rows = [line for line in readme.splitlines() if line.startswith("| `dag_parse`")]
+    assert rows and rows[0].endswith("| at `aaaaaaa` |")
+    assert "| at `aaaaaaa` |" in docs
+    assert figures.measured_at(None, ["."]) == "commit not recorded"
+    stale = dict(figures.ages(results, age=_age))
+    assert stale["canary_detection"] == "measured 3 commits ago" and stale["dag_parse"] == "current"
+
+
 def test_update_figures_check_mode_agrees_with_the_test_above():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "update_figures.py"), "--check"],
                          capture_output=True, text=True)
