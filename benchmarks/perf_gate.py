@@ -1,11 +1,13 @@
-"""Benchmark: the p99 regression gate's cost and its verdicts, at several measurement windows.
+"""Benchmark: the p99 regression gate's cost and its verdicts, at several passes and measurement windows.
 
 The gate (:func:`model_registry.profiling.perf.perf_regression_gate`) starts a scratch Triton 2.51
-with champion and challenger and runs ``TRITONFLOW_PERF_GATE_PASSES`` (3) perf_analyzer passes per
+with champion and challenger and runs ``TRITONFLOW_PERF_GATE_PASSES`` perf_analyzer passes per
 model, interleaved, each stabilised over at least three windows of
-``TRITONFLOW_PERF_GATE_MEASUREMENT_MS`` (1,000 ms). With profile reuse the gate is most of a
-challenger's publish (``publish_latency --champion``), so a shorter window is the obvious saving;
-this benchmark measures what a shorter window costs in verdicts before any default moves.
+``TRITONFLOW_PERF_GATE_MEASUREMENT_MS``. With profile reuse the gate is most of a challenger's
+publish (``publish_latency --champion``), so its length is the saving; this benchmark measures what
+fewer or shorter windows, or more passes, cost in verdicts before any default moves. From 5 passes
+on the gate's noise band leaves out each end's extreme pass
+(:func:`~model_registry.profiling.perf.noise_spread`); below, it is the range.
 
 Models (scikit-learn, 8 features, converted with skl2onnx, ONNX Runtime on the CPU, the champion's
 config with ``max_batch_size`` 8): the champion is a logistic regression (p99 about 2 ms at
@@ -14,20 +16,20 @@ rejection is a false one); the *slower* challenger is a random forest of ``--slo
 unpruned trees, 1-3 ms slower at p99 (+50-150 %), above the gate's 1 ms floor
 (``TRITONFLOW_MIN_P99_REGRESSION_MS``) and its 10 % allowance, so the gate should reject it.
 
-For each of ``--reps`` rounds, every window of ``--windows`` (the setting's default first) gates the
-identical and then the slower challenger, so the windows share the machine's drift. Reported per
-window: the gate's seconds (median and max), false rejections of the identical challenger,
-detections of the slower one, and the noise bands and p99s behind each verdict.
+A configuration is ``PASSES@WINDOW_MS``. For each of ``--reps`` rounds, every configuration of
+``--configs`` (the settings' first) gates the identical and then the slower challenger, so the
+configurations share the machine's drift. Reported per configuration: the gate's seconds (median
+and max), false rejections of the identical challenger, detections of the slower one, the noise
+bands and p99 differences behind each verdict, and each pass's p99.
 
-Goals, judged at the setting's window (not measured when ``--windows`` leaves it out): 0 false
-rejections, and the slower challenger rejected in every round. The shorter windows are figures
-beside it, no goal: a default moves only when its column shows both at once. The reuse publish's
-goal (<= 20 s, ``publish_latency``) leaves the gate about 18 s after conversion, push, load and
-record.
+Goals, judged at the settings' configuration: 0 false rejections, and the slower challenger
+rejected in every round. The other configurations are figures beside it, no goal: a default moves
+only when its column shows both at once. The reuse publish's goal (<= 20 s, ``publish_latency``)
+leaves the gate about 18 s after conversion, push, load and record.
 
 Usage::
 
-    .venv/bin/python benchmarks/perf_gate.py [--windows 1000,500,250] [--reps 5]
+    .venv/bin/python benchmarks/perf_gate.py [--configs 5@250,3@1000,3@500,3@250] [--reps 5]
 """
 
 from __future__ import annotations
@@ -65,19 +67,36 @@ def model_folder(root: Path, name: str, clf, X, y) -> Path:
     return folder
 
 
-def gate_once(champion: Path, challenger: Path, window_ms: int, sample, settings, tools) -> dict:
-    """One gate run: its seconds, verdict and figures."""
+def gate_once(champion: Path, challenger: Path, config: tuple[int, int], sample, settings, tools) -> dict:
+    """One gate run at ``config`` (passes, window ms): its seconds, verdict, figures and passes."""
     from model_registry.profiling.perf import perf_regression_gate
 
+    passes, window_ms = config
     t = time.perf_counter()
-    result = perf_regression_gate(champion, challenger, concurrency=CONCURRENCY,
-                                  passes=max(3, settings.perf_gate_passes), measurement_ms=window_ms,
-                                  samples={"champion": sample, "challenger": sample}, tools=tools,
-                                  settings=settings)
+    result = perf_regression_gate(champion, challenger, concurrency=CONCURRENCY, passes=passes,
+                                  measurement_ms=window_ms, samples={"champion": sample, "challenger": sample},
+                                  tools=tools, settings=settings)
     v = result.verdict
     return {"seconds": round(time.perf_counter() - t, 2), "rejected": v.rejected,
             "champion_p99_ms": round(v.champion_p99_ms, 3), "challenger_p99_ms": round(v.challenger_p99_ms, 3),
-            "noise_band": round(v.noise_band, 3), "regression_ms": round(v.regression_ms, 3)}
+            "noise_band": round(v.noise_band, 3), "regression_ms": round(v.regression_ms, 3),
+            "pass_p99_ms": {m: [round(p.p99_ms, 3) for p in ps] for m, ps in result.passes.items()}}
+
+
+def parse_configs(text: str) -> list[tuple[int, int]]:
+    """``"5@250,3@1000"`` -> ``[(5, 250), (3, 1000)]``; ValueError naming a bad item."""
+    out = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        passes, _, window = item.partition("@")
+        if not (passes.isdigit() and window.isdigit() and int(passes) >= 3 and int(window) > 0):
+            raise ValueError(f"--configs item {item!r} is invalid (expected PASSES@WINDOW_MS, passes >= 3)")
+        out.append((int(passes), int(window)))
+    return out
+
+
+def label(config: tuple[int, int]) -> str:
+    """``(5, 250)`` -> ``"5@250"``."""
+    return f"{config[0]}@{config[1]}"
 
 
 def summarise(runs: list[dict], slower: bool) -> dict:
@@ -86,27 +105,30 @@ def summarise(runs: list[dict], slower: bool) -> dict:
     key = "detected" if slower else "false_rejections"
     return {key: sum(r["rejected"] for r in runs), "runs": len(runs),
             "gate_s_median": round(statistics.median(secs), 2), "gate_s_max": max(secs),
-            "noise_bands": [r["noise_band"] for r in runs], "regression_ms": [r["regression_ms"] for r in runs]}
+            "noise_bands": [r["noise_band"] for r in runs], "regression_ms": [r["regression_ms"] for r in runs],
+            "pass_p99_ms": [r["pass_p99_ms"] for r in runs]}
 
 
 def main() -> int:
     from ground.settings import get_settings
 
     s = get_settings()
+    default = (s.perf_gate_passes, s.perf_gate_measurement_ms)
+    others = [c for c in ((5, 250), (3, 1000), (3, 500), (3, 250)) if c != default]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--windows", default=f"{s.perf_gate_measurement_ms},500,250",
-                    help="measurement windows (ms), comma-separated; the first is judged (default: the setting's)")
-    ap.add_argument("--reps", type=int, default=5, help="rounds; each gates both challengers at every window")
+    ap.add_argument("--configs", default=",".join(map(label, [default, *others])),
+                    help="PASSES@WINDOW_MS, comma-separated (default: the settings' first, then the others)")
+    ap.add_argument("--reps", type=int, default=5, help="rounds; each gates both challengers in every configuration")
     ap.add_argument("--slower-trees", type=int, default=2500, help="trees of the slower challenger's forest")
     args = ap.parse_args()
-    windows = [int(w) for w in args.windows.split(",") if w]
-    figures = measure(windows, args.reps, args.slower_trees, s)
-    _finish(windows, args, figures, s)
+    configs = parse_configs(args.configs)
+    figures = measure(configs, args.reps, args.slower_trees, s)
+    _finish(configs, default, args, figures)
     return 0
 
 
-def measure(windows: list[int], reps: int, trees: int, s) -> dict:
-    """Every round's gates, summarised per window (see the module docstring)."""
+def measure(configs: list[tuple[int, int]], reps: int, trees: int, s) -> dict:
+    """Every round's gates, summarised per configuration (see the module docstring)."""
     import numpy as np
     from sklearn.datasets import make_classification
     from sklearn.ensemble import RandomForestClassifier
@@ -125,37 +147,36 @@ def measure(windows: list[int], reps: int, trees: int, s) -> dict:
                "identical": model_folder(root, "identical", LogisticRegression(), X, y),
                "slower": model_folder(root, "slower", RandomForestClassifier(trees, random_state=0), X, y)}
     tools, sample = triton_tools(s), {"float_input": X[:64]}
-    runs: dict[tuple[int, str], list[dict]] = {}
+    runs: dict[tuple[str, str], list[dict]] = {}
     for rep in range(reps):
-        for ms in windows:
+        for config in configs:
             for which in ("identical", "slower"):
-                r = gate_once(folders["champion"], folders[which], ms, sample, s, tools)
-                runs.setdefault((ms, which), []).append(r)
-                print(f"round {rep + 1} window {ms} ms {which}: {json.dumps(r)}", flush=True)
-    return {str(ms): {which: summarise(runs[(ms, which)], which == "slower") for which in ("identical", "slower")}
-            for ms in windows}
+                r = gate_once(folders["champion"], folders[which], config, sample, s, tools)
+                runs.setdefault((label(config), which), []).append(r)
+                print(f"round {rep + 1} {label(config)} {which}: {json.dumps(r)}", flush=True)
+    kinds = ("identical", "slower")
+    return {label(c): {k: summarise(runs[(label(c), k)], k == "slower") for k in kinds} for c in configs}
 
 
-def _finish(windows: list[int], args, figures: dict, s) -> None:
-    """The standard last line: the default window's verdicts judged, every window's figures beside."""
+def _finish(configs: list[tuple[int, int]], default: tuple[int, int], args, figures: dict) -> None:
+    """The standard last line: the settings' configuration judged, every configuration's figures beside."""
     from report import equals, finish, not_measured
 
-    default_ms = s.perf_gate_measurement_ms
-    default = figures.get(str(default_ms))
+    judged = figures.get(label(default))
     goals = {
-        "false_rejections_at_default": (equals(default["identical"]["false_rejections"], 0) if default
+        "false_rejections_at_default": (equals(judged["identical"]["false_rejections"], 0) if judged
                                         else not_measured("== 0")),
-        "slower_detected_at_default": (equals(default["slower"]["detected"], args.reps, f"of {args.reps}")
-                                       if default else not_measured(f"== {args.reps} of {args.reps}")),
+        "slower_detected_at_default": (equals(judged["slower"]["detected"], args.reps, f"of {args.reps}")
+                                       if judged else not_measured(f"== {args.reps} of {args.reps}")),
     }
     finish("perf_gate",
-           f"The p99 gate (scratch Triton, {max(3, s.perf_gate_passes)} interleaved perf_analyzer passes per model "
-           f"at concurrency {CONCURRENCY}) on a ~2 ms ONNX champion against an identical challenger and a "
-           f"{args.slower_trees}-tree forest 1-3 ms slower; rounds: {args.reps}, each at windows of "
-           f"{', '.join(map(str, windows))} ms side by side; judged at the default {default_ms} ms.",
-           goals, windows_ms=windows, default_window_ms=default_ms, reps=args.reps, concurrency=CONCURRENCY,
-           per_window=figures,
-           gate_s_median={w: figures[str(w)]["identical"]["gate_s_median"] for w in windows})
+           f"The p99 gate (scratch Triton, interleaved perf_analyzer passes at concurrency {CONCURRENCY}) on a "
+           f"~2 ms ONNX champion against an identical challenger and a {args.slower_trees}-tree forest 1-3 ms "
+           f"slower; rounds: {args.reps}, each at passes@window_ms {', '.join(map(label, configs))} side by side; "
+           f"judged at the default {label(default)}.",
+           goals, configs=[label(c) for c in configs], default_config=label(default), reps=args.reps,
+           concurrency=CONCURRENCY, per_config=figures,
+           gate_s_median={label(c): figures[label(c)]["identical"]["gate_s_median"] for c in configs})
 
 
 if __name__ == "__main__":

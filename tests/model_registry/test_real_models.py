@@ -342,6 +342,22 @@ def test_p99_regression_is_judged_beyond_the_noise_band():
         p99_regression([1.0, float("nan"), 1.0], [1.0, 1.0, 1.0], max_regression=0.1)
 
 
+def test_from_five_passes_one_outlier_pass_does_not_widen_the_noise_band():
+    """A slower challenger with one hiccup pass of the champion's: the range of 3 hides it, 5 trimmed do not."""
+    from model_registry.profiling.perf import noise_spread, p99_regression
+
+    assert noise_spread([2.0, 2.2, 3.8]) == pytest.approx(1.8 / 2.2)  # 3 passes: the range
+    assert noise_spread([2.0, 2.1, 2.2, 2.3, 3.8]) == pytest.approx(0.2 / 2.2)  # 5: 2nd to 4th
+    three = p99_regression([2.0, 2.2, 3.8], [3.6, 3.7, 3.9], max_regression=0.10, min_regression_ms=1.0)
+    assert not three.rejected and three.limit == pytest.approx(0.1 + 1.8 / 2.2)
+    five = p99_regression([2.0, 2.1, 2.2, 2.3, 3.8], [3.6, 3.7, 3.7, 3.8, 3.9], max_regression=0.10,
+                          min_regression_ms=1.0)
+    assert five.rejected and five.regression_ms == pytest.approx(1.5)
+    quiet = p99_regression([2.0, 2.1, 2.2, 2.3, 3.8], [2.1, 2.2, 2.2, 2.4, 2.0], max_regression=0.10,
+                           min_regression_ms=1.0)
+    assert not quiet.rejected
+
+
 def test_p99_regression_under_the_absolute_floor_passes_a_submillisecond_model():
     """A +40 % ratio that is 0.6 ms of scheduling noise is no regression; the same ratio at 15 ms is."""
     from model_registry.profiling.perf import p99_regression
@@ -365,3 +381,7 @@ def test_negative_perf_gate_settings_are_refused_by_name():
                                                     "TRITONFLOW_MAX_P99_REGRESSION": "-1"}))
     assert "TRITONFLOW_MIN_P99_REGRESSION_MS=-0.5: expected a number >= 0" in problems
     assert "TRITONFLOW_MAX_P99_REGRESSION=-1.0: expected a number >= 0" in problems
+    problems = settings_problems(Settings.from_env({"TRITONFLOW_PERF_GATE_PASSES": "2",
+                                                    "TRITONFLOW_PERF_GATE_MEASUREMENT_MS": "0"}))
+    assert "TRITONFLOW_PERF_GATE_PASSES=2: expected a whole number >= 3" in problems
+    assert "TRITONFLOW_PERF_GATE_MEASUREMENT_MS=0: expected milliseconds >= 1" in problems

@@ -380,7 +380,7 @@ def _perf_gate(staged: Mapping[str, Any], enabled: bool, repository_uri: str | N
     shutil.copyfile(staged["config_path"], chal_dir / CONFIG_FILENAME)
     concurrency = _champion_concurrency(champion, s)
     sample = read_npz(staged["sample_path"])
-    result = perf_regression_gate(champ_dir, chal_dir, concurrency=concurrency, passes=max(3, s.perf_gate_passes),
+    result = perf_regression_gate(champ_dir, chal_dir, concurrency=concurrency, passes=s.perf_gate_passes,
                                   measurement_ms=s.perf_gate_measurement_ms,
                                   samples={"champion": sample, "challenger": sample}, tools=triton_tools(s),
                                   settings=s)
