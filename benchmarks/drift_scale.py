@@ -17,14 +17,16 @@ Measures, side by side in one run:
   of N rows x 20 float features written as Parquet partitions of the inference log (generated on
   disk in chunks, never whole in memory), each in its own process: rows/s, CPU seconds (the
   process and its workers), the 1-minute load average before and after, and peak RSS (the
-  process and its workers, sampled every 20 ms); ``--repeat N``: the median of N checks. Each
+  process and its workers, sampled every 20 ms); ``--repeat N`` (default 3): N checks, the
+  median reported and the slowest judged. Before the checks of a size, the generated data is
+  flushed to disk, the CPUs are let go idle (:func:`settle`) and one untimed check runs. Each
   repeat runs a **first check** (a fresh home: empty history, no prepared reference cached) and
   then the **hourly check** (the same hour again in that home: the prepared reference cached, the
   history's series cached, as every hour after a version's first), both reported; the goal is
   judged on the hourly one. ``--compare-with CHECKOUT`` runs the same pair with another checkout's
   code interleaved (this checkout, then the other, in every repeat).
   Baseline: the exact path (the window read whole) on the 1M window. Goal: peak RSS <= 1.5 GB at
-  every size and >= 1M rows/s.
+  every size and >= 1M rows/s in every repeat.
 * **Spark local mode vs the single process** on the 10M window: both times (Spark's start-up
   apart), the largest difference of each statistic between the two, and the largest difference of
   each from the exact value (each column read alone), against the stated sketch bound.
@@ -248,14 +250,42 @@ def run_child(kind: str, model: str, env: dict[str, str], code: Path = ROOT) -> 
 
 
 def median_run(runs: list[dict], rows: int) -> dict:
-    """The median run (of an odd number) by wall time, with every run's figures."""
+    """The median run (of an odd number) by wall time, with every run's figures.
+
+    ``rows_per_s`` is the median run's; ``rows_per_s_worst`` the slowest run's, which the
+    throughput goal is judged on (every repeat must meet it).
+    """
     r = dict(sorted(runs, key=lambda x: x["seconds"])[len(runs) // 2])
     if len(runs) > 1:
         r.update({"seconds_all": [x["seconds"] for x in runs], "cpu_s_all": [x["cpu_s"] for x in runs],
                   "peak_rss_mb": max(x["peak_rss_mb"] for x in runs),
                   "load_average_1m_all": [x["load_average_1m"] for x in runs]})
     r["rows_per_s"] = round(rows / r["seconds"])
+    r["rows_per_s_worst"] = round(rows / max(x["seconds"] for x in runs))
     return r
+
+
+def settle(max_wait_s: float = 60.0, idle_share: float = 0.9) -> dict:
+    """Flush the data just written and wait until the CPUs are idle before a timed check.
+
+    The generated Parquet (about 2 GB at 10 M rows) is still being written back by the kernel
+    when generation returns; a check timed then measures the write-back too. ``os.sync`` waits
+    for it, then the CPUs are sampled one second at a time until one second was at least
+    ``idle_share`` idle, or ``max_wait_s`` passed.
+
+    Returns:
+        ``{"settle_s": seconds waited, "cpu_idle_share": the last second's idle share}``.
+    """
+    import psutil
+
+    t = time.perf_counter()
+    os.sync()
+    idle = 0.0
+    while time.perf_counter() - t < max_wait_s:
+        idle = 1.0 - psutil.cpu_percent(interval=1.0) / 100.0
+        if idle >= idle_share:
+            break
+    return {"settle_s": round(time.perf_counter() - t, 1), "cpu_idle_share": round(idle, 2)}
 
 
 def p95_lookup_ms(tmp: Path) -> float:
@@ -376,7 +406,7 @@ def main() -> None:
     ap.add_argument("--airflow-models", type=int, default=0, help="models of the drift_monitor run (0: skip)")
     ap.add_argument("--workdir", default=None,
                     help="where the Parquet data goes (default: a temp folder); data of an earlier run is reused")
-    ap.add_argument("--repeat", type=int, default=1,
+    ap.add_argument("--repeat", type=int, default=3,
                     help="checks per size (each in a fresh process); the median is reported, with all runs")
     ap.add_argument("--compare-with", default=None, metavar="CHECKOUT",
                     help="another checkout (e.g. the previous commit); its checks run interleaved with these")
@@ -398,6 +428,15 @@ def main() -> None:
             print(f"generated {rows:,} x {args.features} in {time.perf_counter() - t:.1f} s", flush=True)
         else:
             print(f"reusing the {rows:,} x {args.features} data in {root}", flush=True)
+        settled = settle()
+        # One untimed check first: the first process to read freshly written files and load the
+        # check's libraries from disk pays for that once (0.3-0.6 s at 1 M rows here); an hourly
+        # worker does not, every hour.
+        warm_home = tmp / f"home-{rows}-warmup"
+        shutil.rmtree(warm_home, ignore_errors=True)
+        shutil.rmtree(root / model / "drift_summaries", ignore_errors=True)
+        settled["warmup_s"] = run_child("check", model, check_env(root, warm_home, TRITONFLOW_DRIFT_STREAM_WORKERS=2),
+                                        ROOT)["seconds"]
         codes = {"this": ROOT, **({"other": Path(args.compare_with).resolve()} if args.compare_with else {})}
         runs: dict[tuple[str, str], list[dict]] = {}
         for _ in range(max(1, args.repeat)):
@@ -411,6 +450,7 @@ def main() -> None:
         med = {key: median_run(v, rows) for key, v in runs.items()}
         r = med[("this", "hourly")]
         r["first_check"] = med[("this", "first")]
+        r["settled"] = settled
         if args.compare_with:
             r["other_checkout"] = {"code": str(codes["other"]), "hourly": med[("other", "hourly")],
                                    "first_check": med[("other", "first")]}
@@ -442,12 +482,13 @@ def _finish(args, sizes: list[int], results: dict) -> None:
 
     per_size = results["sizes"]
     rss = {k: r["peak_rss_mb"] for k, r in per_size.items()}
-    rate = {k: r["rows_per_s"] for k, r in per_size.items()}
+    rate = {k: r["rows_per_s_worst"] for k, r in per_size.items()}
     many = results.get("many_models") or {}
     goals = {
         "peak_rss_mb": Goal("<= 1,536 MB at every size", rss, bool(rss) and max(rss.values()) <= 1536)
         if rss else not_measured("<= 1,536 MB at every size"),
-        "rows_per_s": Goal(">= 1,000,000 rows/s at every size", rate, min(rate.values()) >= 1_000_000)
+        "rows_per_s": Goal(f">= 1,000,000 rows/s at every size in {args.repeat} of {args.repeat} checks", rate,
+                           min(rate.values()) >= 1_000_000)
         if rate else not_measured(">= 1,000,000 rows/s at every size"),
         "p95_lookup_ms": at_most(results["p95_lookup_ms"], 20, "ms", inclusive=False),
         "many_models_run_wall_s": not_measured(f"< 600 s for {args.airflow_models or 200} models")
@@ -458,7 +499,7 @@ def _finish(args, sizes: list[int], results: dict) -> None:
     spark = "" if args.no_spark or not sizes else ", Spark local mode against one process on the largest window"
     finish("drift_scale",
            "The streamed hourly check (check_model_hour, each check a fresh process"
-           + (f", median of {args.repeat})" if args.repeat > 1 else ")")
+           + (f", {args.repeat} each, the slowest judged)" if args.repeat > 1 else ")")
            + f" on {', '.join(f'{n:,}' for n in sizes) or 'no'} rows x {args.features} features"
            + (" against the exact path on 1 M rows" if "exact_baseline_1m" in results else "")
            + f"{spark}, the P95 lookup (50 x 3 x 720, per-series cache)"
