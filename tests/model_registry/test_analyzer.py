@@ -143,6 +143,21 @@ def test_gpu_host_profile_searches_kind_gpu(tmp_path, settings):
     entry = profile["profile_models"]["tabular_cpu"]
     assert entry["cpu_only"] is False
     assert entry["model_config_parameters"]["instance_group"][0]["kind"] == "KIND_GPU"
+    assert "duration_seconds" not in profile  # the server-only GPU monitors get Model Analyzer's 3 s
+
+
+def test_model_analyzers_triton_exits_at_once_and_skips_gpu_monitoring_on_a_cpu_host(tmp_path, settings):
+    """Model Analyzer stops its Triton with its own client still connected: at Triton's default
+    exit timeout (30 s) every stop waited out Model Analyzer's 5 s kill, once per config."""
+    from model_registry.profiling.analyzer_config import SCRATCH_EXIT_TIMEOUT_S
+
+    profile = _profile(tmp_path, parse_config(CPU_ONLY_MODEL_CONFIG), hardware=CPU_HOST, settings=settings,
+                       backend_directory="/x/backends")
+    assert profile["triton_server_flags"] == {"exit-timeout-secs": SCRATCH_EXIT_TIMEOUT_S,
+                                              "backend-directory": "/x/backends"}
+    assert SCRATCH_EXIT_TIMEOUT_S <= 2 and profile["duration_seconds"] == 1
+    bare = _profile(tmp_path, parse_config(CPU_ONLY_MODEL_CONFIG), hardware=CPU_HOST, settings=settings)
+    assert bare["triton_server_flags"] == {"exit-timeout-secs": SCRATCH_EXIT_TIMEOUT_S}
 
 
 def test_gpu_profiling_requested_on_a_cpu_only_host_is_refused(tmp_path, settings):
@@ -390,6 +405,14 @@ def test_confirmation_passes_measure_each_tried_config_on_a_scratch_triton(tmp_p
     # perf_analyzer reached each config (a model it cannot reach fails the pass); on a loaded
     # machine a pass may be unstable (NaN figures), a stable one has real figures
     assert all(p.throughput > 0 and p.p99_ms > 0 for c in configs for p in measured[c] if p.stable)
+    # the scratch Triton ran with the short exit timeout (its Python-backend models would take a
+    # second each to unload at every stop otherwise)
+    import re
+
+    from model_registry.profiling.analyzer_config import SCRATCH_EXIT_TIMEOUT_S
+
+    triton_log = (out.parent / "confirm_home" / "logs" / "triton.log").read_text()
+    assert re.search(rf"\|\s*exit_timeout\s*\|\s*{SCRATCH_EXIT_TIMEOUT_S}\s*\|", triton_log), triton_log[-2000:]
     with pytest.raises(TransientError, match="tabular_config_broken"):
         measure_config_passes(out, ["tabular_config_broken"], 1, passes=1, tools=tools, settings=s,
                               measurement_ms=500)

@@ -385,3 +385,5 @@ def test_negative_perf_gate_settings_are_refused_by_name():
                                                     "TRITONFLOW_PERF_GATE_MEASUREMENT_MS": "0"}))
     assert "TRITONFLOW_PERF_GATE_PASSES=2: expected a whole number >= 3" in problems
     assert "TRITONFLOW_PERF_GATE_MEASUREMENT_MS=0: expected milliseconds >= 1" in problems
+    problems = settings_problems(Settings.from_env({"TRITONFLOW_ANALYZER_MEASUREMENT_MS": "10"}))
+    assert "TRITONFLOW_ANALYZER_MEASUREMENT_MS=10: expected milliseconds >= 50" in problems

@@ -326,14 +326,19 @@ class TritonServer(Service):
         repository: A local folder or ``s3://http(s)://host:port/bucket/prefix`` (AWS credentials
             from the environment). Defaults to ``settings.resolved_repository_uri``.
         name: Service name (log and pid file names), so several servers can run side by side.
+        exit_timeout_s: ``--exit-timeout-secs``: seconds Triton waits on shutdown for open
+            connections, in-flight requests and model unloads (``None``: Triton's default, 30 s,
+            which a serving Triton draining requests wants; a throwaway one passes a second or so).
     """
 
     name = "triton"
 
-    def __init__(self, settings: Settings, repository: str | None = None, name: str = "triton"):
+    def __init__(self, settings: Settings, repository: str | None = None, name: str = "triton",
+                 exit_timeout_s: int | None = None):
         super().__init__(settings)
         self.name = name
         self.repository = repository or settings.resolved_repository_uri
+        self.exit_timeout_s = exit_timeout_s
 
     def ports(self) -> Sequence[int]:
         """Triton's HTTP, gRPC and metrics ports."""
@@ -365,7 +370,7 @@ class TritonServer(Service):
             "--metrics-interval-ms=1000",
             "--exit-on-error=false",
             "--log-verbose=0",
-        ]
+        ] + ([f"--exit-timeout-secs={int(self.exit_timeout_s)}"] if self.exit_timeout_s is not None else [])
 
     def environment(self) -> Mapping[str, str]:
         """Environment of the Triton process (its tools' own)."""

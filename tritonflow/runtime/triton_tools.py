@@ -18,6 +18,7 @@ from typing import Iterator, Sequence
 from ground.exceptions import RuntimeStartError, TransientError
 from ground.settings import Settings
 from model_registry.profiling.analyzer import analyzer_binary
+from model_registry.profiling.analyzer_config import SCRATCH_EXIT_TIMEOUT_S
 from model_registry.profiling.perf import perf_analyzer_path
 from model_registry.profiling.triton_tools import TritonTools
 from tritonflow.runtime.services import (
@@ -61,7 +62,9 @@ def scratch_triton(settings: Settings, repository: str | Path, models: Sequence[
 
     The server runs from a copy of ``settings`` with its own ``home`` and free HTTP, gRPC and
     metrics ports (explicit model control, the Triton tools environment), so it never collides
-    with the serving Triton or another scratch one. Used by the perf gate
+    with the serving Triton or another scratch one; it exits within
+    :data:`~model_registry.profiling.analyzer_config.SCRATCH_EXIT_TIMEOUT_S` of being stopped (its
+    Python-backend models take about a second each to unload otherwise). Used by the perf gate
     (:func:`model_registry.profiling.perf.perf_regression_gate`) and Model Analyzer's confirmation passes
     (:func:`model_registry.profiling.analyzer.measure_config_passes`).
 
@@ -81,7 +84,7 @@ def scratch_triton(settings: Settings, repository: str | Path, models: Sequence[
     """
     ts = dataclasses.replace(settings, home=Path(home), triton_http_port=free_port(),
                              triton_grpc_port=free_port(), triton_metrics_port=free_port())
-    server = TritonServer(ts, repository=str(repository))
+    server = TritonServer(ts, repository=str(repository), exit_timeout_s=SCRATCH_EXIT_TIMEOUT_S)
     try:
         server.start()
     except RuntimeStartError as exc:
