@@ -708,6 +708,12 @@ class Settings:
     )
     #: API server / UI port of the local Airflow deployment (8080 is the gateway's).
     airflow_api_port: int = setting("AIRFLOW_API_PORT", 8280, "Local Airflow API server and UI port.")
+    #: Port of the local Airflow's execution API process, SQLite metadata DB only (why:
+    #: :class:`tritonflow.runtime.airflow_config.AirflowConfig`'s ``execution_api_port``).
+    airflow_execution_api_port: int = setting(
+        "AIRFLOW_EXECUTION_API_PORT", 8281,
+        "Local Airflow execution API port (its own process when the metadata DB is SQLite).",
+    )
     #: LocalExecutor task slots of the local Airflow deployment.
     airflow_parallelism: int = setting(
         "AIRFLOW_PARALLELISM", 4, "Local Airflow LocalExecutor task slots (>= 4).",

@@ -57,7 +57,8 @@ SERVICE_DESCRIPTIONS = {
               "({triton_http_port}/{triton_grpc_port}/{triton_metrics_port})",
     "gateway": "NGINX gateway in front of Triton, TRITONFLOW_GATEWAY_PORT ({gateway_port})",
     "airflow": "Airflow 3 (LocalExecutor, SQLite), UI and REST API on TRITONFLOW_AIRFLOW_API_PORT "
-               "({airflow_api_port}), task and trigger logs on TRITONFLOW_AIRFLOW_WORKER_LOG_PORT/"
+               "({airflow_api_port}), the execution API on TRITONFLOW_AIRFLOW_EXECUTION_API_PORT "
+               "({airflow_execution_api_port}), task and trigger logs on TRITONFLOW_AIRFLOW_WORKER_LOG_PORT/"
                "_TRIGGERER_LOG_PORT ({airflow_worker_log_port}/{airflow_triggerer_log_port})",
 }
 

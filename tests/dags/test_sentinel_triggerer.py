@@ -45,7 +45,8 @@ def deployment(tmp_path_factory, mlflow_server):
         folder = home / "dags"
         folder.mkdir()
         shutil.copy(DAGS / "champion_sentinel.py", folder / "champion_sentinel.py")
-        config = AirflowConfig.local(served["settings"], api_port=free_port(), worker_log_port=free_port(),
+        config = AirflowConfig.local(served["settings"], api_port=free_port(), execution_api_port=free_port(),
+                                     worker_log_port=free_port(),
                                      triggerer_log_port=free_port(), dags_folder=folder,
                                      extra_env=settings_env(served["settings"]))
         dep = AirflowDeployment(config)

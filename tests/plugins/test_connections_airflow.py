@@ -37,7 +37,8 @@ def deployment(tmp_path_factory):
     home = tmp_path_factory.mktemp("conn_airflow")
     settings = Settings.from_env({}, home=home, start_timeout_s=600)
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    config = AirflowConfig.local(settings, api_port=free_port(), worker_log_port=free_port(),
+    config = AirflowConfig.local(settings, api_port=free_port(), execution_api_port=free_port(),
+                                 worker_log_port=free_port(),
                                  triggerer_log_port=free_port(), dags_folder=PROJECT_ROOT / "dags",
                                  extra_env={"TRITONFLOW_MLFLOW_TRACKING_URI": dead})
     dep = AirflowDeployment(config)

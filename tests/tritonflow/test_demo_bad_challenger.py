@@ -14,7 +14,8 @@ from tritonflow.demo.config import LOOP_DAGS, config_from_args, environment
 from tritonflow.report import _bad_challenger_html
 from tritonflow_plugin.event_mapping import RegistryChange, actions_for, load_mapping
 
-PORTS = dict.fromkeys(("triton_http", "triton_grpc", "triton_metrics", "mlflow", "gateway", "airflow"), 1)
+PORTS = dict.fromkeys(("triton_http", "triton_grpc", "triton_metrics", "mlflow", "gateway", "airflow",
+                       "airflow_execution_api"), 1)
 
 
 def _change(kind: str, **kw) -> RegistryChange:

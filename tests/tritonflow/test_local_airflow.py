@@ -10,8 +10,11 @@ and measure the scheduling latency.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -35,7 +38,8 @@ CHAIN_TIMEOUT_S = 600
 def deployment(tmp_path_factory):
     home = tmp_path_factory.mktemp("local_airflow")
     settings = Settings.from_env({}, home=home, start_timeout_s=600)
-    config = AirflowConfig.local(settings, api_port=free_port(), worker_log_port=free_port(),
+    config = AirflowConfig.local(settings, api_port=free_port(), execution_api_port=free_port(),
+                                 worker_log_port=free_port(),
                                  triggerer_log_port=free_port(), dags_folder=DAGS)
     dep = AirflowDeployment(config)
     dep.start()
@@ -57,6 +61,28 @@ def test_config_is_local_executor_on_sqlite_without_celery(tmp_path):
         AirflowConfig.local(Settings.from_env({}, home=tmp_path), parallelism=2)
     with pytest.raises(ValueError, match="PostgreSQL"):
         AirflowConfig.from_settings(Settings.from_env({}, home=tmp_path), database_url="sqlite:////x.db")
+
+
+def test_on_sqlite_the_execution_api_has_a_process_of_its_own_and_on_postgresql_not(tmp_path):
+    # Airflow 3.3's audit log commits on the API server's event loop: with the execution API in the
+    # same process, a REST write and a task's XCom push waited out SQLite's 5 s busy timeout
+    # together (the REST call answered 500), twice in one quick main job
+    from tritonflow.runtime.airflow import AirflowDeployment
+
+    settings = Settings.from_env({"TRITONFLOW_AIRFLOW_EXECUTION_API_PORT": "8391"}, home=tmp_path)
+    sqlite = AirflowConfig.local(settings)
+    assert sqlite.execution_api_port == 8391 != sqlite.api_port
+    assert sqlite.airflow_cfg()["core"]["execution_api_server_url"] == "http://127.0.0.1:8391/execution/"
+    dep = AirflowDeployment(sqlite)
+    assert [s.name for s in dep.api_servers] == ["airflow-api-server", "airflow-execution-api"]
+    assert dep.api_server.command()[-2:] == ["--apps", "core"]
+    assert dep.execution_api.command()[-2:] == ["--apps", "execution"] and 8391 in dep.execution_api.ports()
+    postgres = AirflowConfig.local(settings, database_url="postgresql+psycopg2://postgres@127.0.0.1:5432/x")
+    assert postgres.execution_api_port == 0
+    assert postgres.airflow_cfg()["core"]["execution_api_server_url"] == f"{postgres.api_url}/execution/"
+    single = AirflowDeployment(postgres)
+    assert single.api_servers == [single.api_server] and "--apps" not in single.api_server.command()
+    assert "airflow-execution-api" not in {s.name for s in single.services}
 
 
 def test_local_workers_preload_the_task_libraries_and_celery_does_not(tmp_path):
@@ -112,9 +138,20 @@ def test_the_project_bytecode_is_written_at_start_only_when_the_processes_would_
 def test_a_driver_run_starts_the_chain_and_the_runs_say_what_triggered_them(deployment):
     api = AirflowApi(deployment.api_url)
     services = {s.name for s in deployment.services}
-    assert services == {"airflow-api-server", "airflow-dag-processor", "airflow-scheduler", "airflow-triggerer"}
+    assert services == {"airflow-api-server", "airflow-execution-api", "airflow-dag-processor", "airflow-scheduler",
+                        "airflow-triggerer"}
     db = deployment.config.sql_alchemy_conn.removeprefix("sqlite:///")
     assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    # the tasks' execution API is the other process's; the REST API's process does not serve it
+    assert deployment.execution_api.healthy()
+    try:  # the UI's pages answer any other path
+        with urllib.request.urlopen(f"{deployment.api_url}/execution/health", timeout=30) as resp:  # noqa: S310
+            answer = resp.read()
+    except urllib.error.HTTPError as exc:
+        answer = exc.read()
+    assert b'"healthy"' not in answer
+    with urllib.request.urlopen(deployment.execution_api.health_url(), timeout=30) as resp:  # noqa: S310
+        assert json.loads(resp.read()) == {"status": "healthy"}
     for dag_id in CHAIN:
         api.wait_for_dag(dag_id, 300)
         api.unpause(dag_id)

@@ -135,7 +135,8 @@ def deployment(tmp_path_factory, serving, alert_sink):
     dags = tmp_path_factory.mktemp("approval_dags")
     for path in [*DAGS.glob("*.py"), CANARY_DAG, ROLLBACK_DAG]:
         shutil.copy(path, dags / path.name)
-    config = AirflowConfig.local(settings, api_port=free_port(), worker_log_port=free_port(),
+    config = AirflowConfig.local(settings, api_port=free_port(), execution_api_port=free_port(),
+                                 worker_log_port=free_port(),
                                  triggerer_log_port=free_port(), dags_folder=dags,
                                  extra_env={**settings_env(settings), "TRITONFLOW_ALERT_WEBHOOK_URL": alert_sink})
     dep = AirflowDeployment(config)

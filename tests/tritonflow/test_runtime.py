@@ -179,7 +179,8 @@ def test_a_missing_binary_is_reported_with_the_set_up_command(tmp_path):
 def _cli_env(tmp_path) -> dict[str, str]:
     """The CLI's environment: its own home and a free port for every service it may touch."""
     ports = ("S3_PORT", "MLFLOW_PORT", "TRITON_HTTP_PORT", "TRITON_GRPC_PORT", "TRITON_METRICS_PORT",
-             "GATEWAY_PORT", "AIRFLOW_API_PORT", "AIRFLOW_WORKER_LOG_PORT", "AIRFLOW_TRIGGERER_LOG_PORT")
+             "GATEWAY_PORT", "AIRFLOW_API_PORT", "AIRFLOW_EXECUTION_API_PORT", "AIRFLOW_WORKER_LOG_PORT",
+             "AIRFLOW_TRIGGERER_LOG_PORT")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRITONFLOW_")}
     env.update({f"TRITONFLOW_{p}": str(_free()) for p in ports}, TRITONFLOW_HOME=str(tmp_path / "home"),
                TRITONFLOW_START_TIMEOUT_S="600")

@@ -31,6 +31,11 @@ DEFAULT_LOGICAL_START = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
 #: start nothing; the bad challenger comes through it (:mod:`tritonflow.demo.bad_challenger`).
 LOOP_DAGS = ("drift_monitor", "shadow_evaluation", "retrain", "model_publish", "canary_promotion",
              "registry_events")
+#: The loop DAG whose asset watcher follows the registry: the driver has its file parsed again
+#: once unpaused (:meth:`~tritonflow.runtime.airflow_api.AirflowApi.reparse`), or the watcher
+#: starts only at the file's next regular parse, 2 minutes later; a bad challenger registered
+#: before that is the watcher's baseline and never requested (seen once in the quick main job).
+WATCHED_DAG = "registry_events"
 #: Seconds between two registry polls of the ``registry_events`` watcher in the demo.
 REGISTRY_POLL_S = 5
 #: The health sentinel DAG, unpaused beside the loop: every promotion's ``CHAMPION_CHANGED`` event
@@ -248,7 +253,7 @@ def environment(cfg: DemoConfig, ports: Mapping[str, int]) -> dict[str, str]:
     Args:
         cfg: The demo configuration.
         ports: ``triton_http``, ``triton_grpc``, ``triton_metrics``, ``mlflow``, ``gateway``,
-            ``airflow`` (API server / UI).
+            ``airflow`` (API server / UI), ``airflow_execution_api``.
     """
     home = cfg.home
     env = {
@@ -259,6 +264,7 @@ def environment(cfg: DemoConfig, ports: Mapping[str, int]) -> dict[str, str]:
         "TRITONFLOW_MLFLOW_PORT": str(ports["mlflow"]),
         "TRITONFLOW_GATEWAY_PORT": str(ports["gateway"]),
         "TRITONFLOW_AIRFLOW_API_PORT": str(ports["airflow"]),
+        "TRITONFLOW_AIRFLOW_EXECUTION_API_PORT": str(ports["airflow_execution_api"]),
         "TRITONFLOW_MLFLOW_TRACKING_URI": f"http://127.0.0.1:{ports['mlflow']}",
         "TRITONFLOW_REPOSITORY_URI": str(home / "model_repository"),
         "TRITONFLOW_INFERENCE_LOG_ROOT": str(home / "inference_logs"),

@@ -31,6 +31,7 @@ from tritonflow.demo.bad_challenger import run_version
 from tritonflow.demo.config import (
     LOOP_DAGS,
     SENTINEL_DAG,
+    WATCHED_DAG,
     DemoConfig,
     Progress,
     apply_environment,
@@ -166,6 +167,7 @@ class Demo:
             "mlflow": pick_port(DEFAULTS.mlflow_port, taken),
             "gateway": pick_port(DEFAULTS.gateway_port, taken),
             "airflow": pick_port(DEFAULTS.airflow_api_port, taken),
+            "airflow_execution_api": pick_port(DEFAULTS.airflow_execution_api_port, taken),
             "airflow_task_logs": pick_port(af.DEFAULT_WORKER_LOG_PORT, taken),
             "airflow_trigger_logs": pick_port(af.DEFAULT_TRIGGERER_LOG_PORT, taken),
         }
@@ -190,6 +192,7 @@ class Demo:
         try:
             t = time.monotonic()
             config = AirflowConfig.local(self.settings, api_port=self.ports["airflow"],
+                                         execution_api_port=self.ports["airflow_execution_api"],
                                          worker_log_port=self.ports["airflow_task_logs"],
                                          triggerer_log_port=self.ports["airflow_trigger_logs"],
                                          dags_folder=PROJECT_ROOT / "dags")
@@ -203,6 +206,7 @@ class Demo:
             for dag_id in (*LOOP_DAGS, SENTINEL_DAG):
                 self.api.wait_for_dag(dag_id, PARSE_TIMEOUT_S)
                 self.api.unpause(dag_id)
+            self.api.reparse(WATCHED_DAG)
             self.progress.step(f"airflow: loop DAGs parsed and unpaused: {', '.join(LOOP_DAGS)}, and "
                                f"{SENTINEL_DAG} (armed by each promotion) ({time.monotonic() - t:.1f} s)")
         except BaseException as exc:  # noqa: BLE001 - re-raised by wait_for_airflow

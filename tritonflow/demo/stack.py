@@ -29,7 +29,14 @@ from typing import Any, Mapping, Sequence
 
 from ground.exceptions import RuntimeStartError
 from ground.settings import PROJECT_ROOT
-from tritonflow.demo.config import LOOP_DAGS, SENTINEL_DAG, DemoConfig, apply_environment, environment
+from tritonflow.demo.config import (
+    LOOP_DAGS,
+    SENTINEL_DAG,
+    WATCHED_DAG,
+    DemoConfig,
+    apply_environment,
+    environment,
+)
 from tritonflow.demo.driver import PARSE_TIMEOUT_S, Demo
 
 #: docker-compose.yaml's default host port of each published service (its ``*_PORT`` variables).
@@ -59,7 +66,8 @@ AIRFLOW_SERVICES = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-proce
 #: Settings of the local demo that are about the host (ports, paths, services): the stack has its own.
 HOST_SETTINGS = ("TRITONFLOW_HOME", "TRITONFLOW_TRITON_HTTP_PORT", "TRITONFLOW_TRITON_GRPC_PORT",
                  "TRITONFLOW_TRITON_METRICS_PORT", "TRITONFLOW_MLFLOW_PORT", "TRITONFLOW_GATEWAY_PORT",
-                 "TRITONFLOW_AIRFLOW_API_PORT", "TRITONFLOW_MLFLOW_TRACKING_URI", "TRITONFLOW_REPOSITORY_URI",
+                 "TRITONFLOW_AIRFLOW_API_PORT", "TRITONFLOW_AIRFLOW_EXECUTION_API_PORT",
+                 "TRITONFLOW_MLFLOW_TRACKING_URI", "TRITONFLOW_REPOSITORY_URI",
                  "TRITONFLOW_INFERENCE_LOG_ROOT", "TRITONFLOW_DRIFT_HISTORY_DB_URL", "TRITONFLOW_SIGNING_KEY_PATH",
                  "TRITONFLOW_SIGNING_TRUSTED_KEYS_DIR", "TRITONFLOW_EVENT_MAPPING_PATH", "TRITONFLOW_START_TIMEOUT_S",
                  "TRITONFLOW_AIRFLOW_DATABASE_URL", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
@@ -72,7 +80,8 @@ STACK_LOG_ROOT = "s3://inference-logs/logs"
 def container_environment(cfg: DemoConfig) -> dict[str, str]:
     """The loop settings of a demo run that the stack's containers need (everything but the host's)."""
     env = {k: v for k, v in environment(cfg, {p: 0 for p in (
-        "triton_http", "triton_grpc", "triton_metrics", "mlflow", "gateway", "airflow")}).items()
+        "triton_http", "triton_grpc", "triton_metrics", "mlflow", "gateway", "airflow",
+        "airflow_execution_api")}).items()
         if k not in HOST_SETTINGS}
     env["TRITONFLOW_EVENT_MAPPING_PATH"] = CONTAINER_MAPPING_PATH
     return env
@@ -252,6 +261,7 @@ class StackDemo(Demo):
         for dag_id in (*LOOP_DAGS, SENTINEL_DAG):
             self.api.wait_for_dag(dag_id, PARSE_TIMEOUT_S)
             self.api.unpause(dag_id)
+        self.api.reparse(WATCHED_DAG)
         p.step(f"airflow: loop DAGs parsed and unpaused ({time.monotonic() - t:.1f} s)")
 
     def wait_for_airflow(self) -> None:

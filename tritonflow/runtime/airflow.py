@@ -5,15 +5,16 @@
 * **Local** (:meth:`AirflowConfig.local`, the main job's embedded default and
   ``tritonflow runtime start --services airflow``): ``LocalExecutor`` (``parallelism`` task slots,
   at least 4) and a SQLite metadata DB in WAL mode under ``AIRFLOW_HOME`` (a PostgreSQL URL in
-  ``TRITONFLOW_AIRFLOW_DATABASE_URL`` replaces it), four processes: no broker, no worker (the
-  scheduler runs the tasks and serves their logs).
+  ``TRITONFLOW_AIRFLOW_DATABASE_URL`` replaces it), five processes: no broker, no worker (the
+  scheduler runs the tasks and serves their logs); on SQLite the execution API runs in an API
+  server process of its own (:class:`AirflowExecutionApiServer`; four processes on PostgreSQL).
 
 :class:`AirflowDeployment` runs what a production installation runs, each as its own process with
 ``AIRFLOW_HOME`` under ``<settings.home>/airflow``:
 
 * ``airflow api-server`` (:class:`AirflowApiServer`) -- REST API, UI, the execution API the
-  workers call, and tritonflow's plugin (the MLflow webhook receiver at
-  ``/tritonflow/webhooks/mlflow``);
+  workers call (unless :class:`AirflowExecutionApiServer` serves it), and tritonflow's plugin (the
+  MLflow webhook receiver at ``/tritonflow/webhooks/mlflow``);
 * ``airflow scheduler`` (:class:`AirflowScheduler`) with the ``CeleryExecutor``;
 * ``airflow dag-processor`` (:class:`AirflowDagProcessor`) parsing ``<repo>/dags``;
 * ``airflow triggerer`` (:class:`AirflowTriggerer`) running deferred tasks and asset watchers
@@ -134,10 +135,39 @@ class AirflowApiServer(AirflowService):
         return (self.config.api_port,)
 
     def command(self) -> list[str]:
-        """Argv of ``airflow api-server``."""
+        """Argv of ``airflow api-server`` (``--apps core`` when the execution API has its own)."""
         c = self.config
+        apps = ["--apps", "core"] if c.execution_api_port else []
         return [_venv_bin("airflow"), "api-server", "--host", c.host, "--port", str(c.api_port),
-                "--workers", "1"]
+                "--workers", "1", *apps]
+
+    def healthy(self) -> bool:
+        """The health endpoint answers 2xx."""
+        return http_ok(self.health_url())
+
+
+class AirflowExecutionApiServer(AirflowService):
+    """``airflow api-server --apps execution``: the execution API alone, in a process of its own.
+
+    Only where ``config.execution_api_port`` is set (SQLite: why is
+    :class:`~tritonflow.runtime.airflow_config.AirflowConfig`'s ``execution_api_port``).
+    """
+
+    name = "airflow-execution-api"
+
+    def ports(self) -> Sequence[int]:
+        """The execution API's port."""
+        return (self.config.execution_api_port,)
+
+    def command(self) -> list[str]:
+        """Argv of ``airflow api-server --apps execution``."""
+        c = self.config
+        return [_venv_bin("airflow"), "api-server", "--host", c.host, "--port", str(c.execution_api_port),
+                "--workers", "1", "--apps", "execution"]
+
+    def health_url(self) -> str:
+        """The execution API's health endpoint."""
+        return f"{self.config.execution_api_url}/execution/health"
 
     def healthy(self) -> bool:
         """The health endpoint answers 2xx."""
@@ -394,6 +424,7 @@ class AirflowDeployment:
         self.config = config
         self.drop_database = drop_database
         self.api_server = AirflowApiServer(config)
+        self.execution_api = AirflowExecutionApiServer(config)
         self.scheduler = AirflowScheduler(config)
         self.dag_processor = AirflowDagProcessor(config)
         self.triggerer = AirflowTriggerer(config)
@@ -401,9 +432,18 @@ class AirflowDeployment:
 
     @property
     def services(self) -> list[AirflowService]:
-        """The processes, in start order (no worker with the LocalExecutor)."""
-        out = [self.api_server, self.dag_processor, self.scheduler, self.triggerer]
+        """The processes, in start order.
+
+        No worker with the LocalExecutor, no execution API server of its own without
+        ``execution_api_port``.
+        """
+        out = [*self.api_servers, self.dag_processor, self.scheduler, self.triggerer]
         return out + [self.worker] if self.config.is_celery else out
+
+    @property
+    def api_servers(self) -> list[AirflowService]:
+        """The API server processes: one, or two where the execution API has its own."""
+        return [self.api_server, self.execution_api] if self.config.execution_api_port else [self.api_server]
 
     @property
     def api_url(self) -> str:
@@ -426,8 +466,8 @@ class AirflowDeployment:
     def start(self) -> "AirflowDeployment":
         """Create and migrate the metadata DB, then start every process and wait for health.
 
-        The API server starts first (it reports the others' heartbeats); the other four start
-        side by side.
+        The API server processes start first (the core one reports the others' heartbeats); the
+        other processes start side by side.
 
         Raises:
             RuntimeStartError: PostgreSQL/Redis unreachable, a port taken, the migration failed or
@@ -450,11 +490,14 @@ class AirflowDeployment:
             migrate(c)
             if c.is_sqlite:
                 enable_sqlite_wal(c)
-            self.api_server.start()
-            with ThreadPoolExecutor(max_workers=4) as pool:
-                futures = [pool.submit(s.start) for s in self.services[1:]]
-                errors = [f.exception() for f in futures]
-            errors = [e for e in errors if e is not None]
+            errors = []
+            first = self.api_servers
+            for group in (first, self.services[len(first):]):
+                with ThreadPoolExecutor(max_workers=4) as pool:
+                    futures = [pool.submit(s.start) for s in group]
+                    errors += [e for e in (f.exception() for f in futures) if e is not None]
+                if errors:
+                    break
             if errors:
                 raise RuntimeStartError("; ".join(str(e) for e in errors))
         except BaseException:

@@ -95,7 +95,18 @@ class AirflowConfig:
 
     Attributes:
         home: ``AIRFLOW_HOME`` (``airflow.cfg``, logs, pid files).
-        api_port: API server port (UI, REST, execution API) on ``host``.
+        api_port: API server port (UI, REST, and the execution API unless ``execution_api_port``).
+        execution_api_port: Port of a second API server process that serves only the execution
+            API (``airflow api-server --apps execution``) the tasks and the triggerer call; 0: the
+            API server on ``api_port`` serves it. :meth:`local` on SQLite sets it
+            (``TRITONFLOW_AIRFLOW_EXECUTION_API_PORT``): Airflow
+            3.3's audit log (``action_logging``, on every REST write such as triggering a run)
+            commits synchronously on the API server's event loop; when an execution-API request
+            of the same process holds SQLite's write lock until its session is closed, which also
+            needs that loop, both wait out SQLite's 5 s busy timeout. The run's POST fails with
+            HTTP 500, and the task's XCom push and every other writer (the scheduler too) stall
+            for those 5 s; seen twice in one quick main job. In a process of its own the execution
+            API commits at once. PostgreSQL locks rows, not the database: one process serves both.
         worker_log_port: Port the Celery worker serves task logs on.
         triggerer_log_port: Port the triggerer serves trigger logs on.
         database: PostgreSQL database name of the metadata DB (created if missing).
@@ -125,6 +136,7 @@ class AirflowConfig:
 
     home: Path
     api_port: int = DEFAULT_API_PORT
+    execution_api_port: int = 0
     worker_log_port: int = DEFAULT_WORKER_LOG_PORT
     triggerer_log_port: int = DEFAULT_TRIGGERER_LOG_PORT
     database: str = DEFAULT_DATABASE
@@ -194,7 +206,8 @@ class AirflowConfig:
         ``settings.airflow_database_url`` (``TRITONFLOW_AIRFLOW_DATABASE_URL``), when set, is the
         metadata DB instead (PostgreSQL for more than one host). The API server listens on
         ``settings.airflow_api_port`` (8080 is the gateway's), task and trigger logs are served on
-        ``settings.airflow_worker_log_port`` and ``settings.airflow_triggerer_log_port``.
+        ``settings.airflow_worker_log_port`` and ``settings.airflow_triggerer_log_port``; on SQLite
+        the execution API has a process of its own on ``settings.airflow_execution_api_port``.
         """
         home = Path(overrides.get("home", settings.home / "airflow"))
         values: dict[str, Any] = {
@@ -207,6 +220,8 @@ class AirflowConfig:
             "dags_paused_at_creation": True,
         }
         values.update(overrides)
+        if str(values["database_url"]).startswith("sqlite") and "execution_api_port" not in overrides:
+            values["execution_api_port"] = settings.airflow_execution_api_port
         return cls.from_settings(settings, **values)
 
     # ------------------------------------------------------------------ derived
@@ -214,6 +229,11 @@ class AirflowConfig:
     def api_url(self) -> str:
         """Base URL of the API server (``http://host:port``)."""
         return f"http://{self.host}:{self.api_port}"
+
+    @property
+    def execution_api_url(self) -> str:
+        """Base URL of the API server process serving the execution API (``http://host:port``)."""
+        return f"http://{self.host}:{self.execution_api_port}" if self.execution_api_port else self.api_url
 
     @property
     def is_sqlite(self) -> bool:
@@ -258,7 +278,7 @@ class AirflowConfig:
                 "auth_manager": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
                 "simple_auth_manager_all_admins": "True",
                 "simple_auth_manager_passwords_file": str(self.home / "simple_auth_manager_passwords.json"),
-                "execution_api_server_url": f"{self.api_url}/execution/",
+                "execution_api_server_url": f"{self.execution_api_url}/execution/",
                 "dags_are_paused_at_creation": str(self.dags_paused_at_creation),
                 "unit_test_mode": "False",
             },
