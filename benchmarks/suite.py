@@ -78,6 +78,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               why="the many-models goal is stated for 200 models; the script's default skips that part",
               paths=("dags",)),
     Benchmark("drift_hour", 1800, paths=("dags", "plugins")),
+    Benchmark("main_job", 3600, paths=("dags", "plugins", "tritonflow")),
     Benchmark("publish_latency", 3600, argv=("--champion",),
               why="the stated figures are at default settings with a champion in place (the full sweep, the p99 gate "
                   "on), a fresh sweep against the champion's config reused; the script's default is a bounded sweep "

@@ -1,0 +1,93 @@
+"""Benchmark: the main job on the local deployment, its closed loop and its wall time.
+
+Runs ``python -m tritonflow.demo --quick`` (``--full``: the whole replay) in a fresh process with
+its own home, as ``bash scripts/demo.sh`` does after set-up: the real local Airflow (scheduler,
+triggerer, api-server, LocalExecutor), MLflow, Triton, NGINX and S3, NOAA data, the bad challenger
+included. Reads the demo's last line (:func:`tritonflow.demo.__main__.benchmark_line`) and its
+``report/summary.json``.
+
+Figures: every closed loop (end of the alerting ``drift_monitor`` run to the end of the canary
+that promoted its challenger, ``closed_loops`` in ``summary.json``), the scheduling latency, the
+driver's wall time, the alerts and those acted on.
+
+Goals (issue 30): the quick closed loop <= 60 s (every closed loop of the run); with ``--full``,
+the whole replay <= 15 minutes after set-up.
+
+Usage::
+
+    .venv/bin/python benchmarks/main_job.py            # --quick: about 5 minutes on 2 cores
+    .venv/bin/python benchmarks/main_job.py --full     # the whole replay
+
+The last line printed is the standard JSON object (:mod:`benchmarks.report`); the exit status is 0
+when the demo ran to its end, whether or not the goals are met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from report import at_most, finish, not_measured  # noqa: E402  (benchmarks/ is the script's folder)
+
+#: Goals: every closed loop of the quick run, and the full replay's wall time (seconds).
+CLOSED_LOOP_GOAL_S = 60.0
+FULL_REPLAY_GOAL_S = 15 * 60.0
+
+
+def run_demo(home: Path, full: bool, timeout_s: float) -> tuple[int, dict, dict]:
+    """Run the demo with ``home``; (exit status, its last line, its summary.json or ``{}``)."""
+    argv = [sys.executable, "-m", "tritonflow.demo", "--home", str(home)] + ([] if full else ["--quick"])
+    env = {**os.environ, "TRITONFLOW_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    sys.stderr.write(proc.stderr[-4000:])
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    last = json.loads(lines[-1]) if lines else {}
+    summary_path = home / "report" / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    return proc.returncode, last, summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; see the module docstring."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true", help="the whole replay instead of --quick")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="limit for the demo (s)")
+    ap.add_argument("--keep", action="store_true", help="keep the demo's home")
+    args = ap.parse_args(argv)
+    home = Path(tempfile.mkdtemp(prefix="tritonflow-bench-main-job-"))
+    try:
+        rc, last, summary = run_demo(home, args.full, args.timeout)
+    finally:
+        if not args.keep:
+            shutil.rmtree(home, ignore_errors=True)
+    loops = [float(x) for x in last.get("closed_loop_s") or []]
+    wall = last.get("wall_s")
+    ok = rc == 0
+    goals = {
+        "closed_loop_s": at_most(max(loops) if loops and ok else None, CLOSED_LOOP_GOAL_S, "s (every closed loop)",
+                                 measured_as=loops or None),
+        "full_replay_wall_s": at_most(wall if ok else None, FULL_REPLAY_GOAL_S, "s") if args.full
+        else not_measured(f"<= {FULL_REPLAY_GOAL_S:g} s (--full)"),
+    }
+    what = "the whole replay" if args.full else "--quick (24 logical hours)"
+    finish("main_job",
+           f"The main job (python -m tritonflow.demo {what}) on the local deployment after set-up: real Airflow "
+           "(LocalExecutor), MLflow, Triton, NGINX and S3 on NOAA data, the bad challenger included; every "
+           "closed loop (alerting drift_monitor run end to the promoting canary's end) and the driver's wall time.",
+           goals, demo_exit_status=rc, wall_s=wall, scheduling_latency_s=last.get("scheduling_latency_s"),
+           alerts=last.get("alerts"), acted=last.get("acted"),
+           closed_loops=summary.get("closed_loops"), mode="full" if args.full else "quick")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
