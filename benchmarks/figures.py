@@ -104,6 +104,11 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+def _unwrap(target: str) -> str:
+    """``"(< 1 ms)"`` -> ``"< 1 ms"``; a target ending in its own parentheses keeps them."""
+    return target[1:-1] if target.startswith("(") and target.endswith(")") else target
+
+
 def goal_lines(result: dict[str, Any]) -> list[str]:
     """One line per goal: its figure, the goal and met or not; goals this run did not measure last."""
     lines = []
@@ -113,8 +118,9 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
         lines.append(f"`{name}` {fmt(result.get('measured', {}).get(name))} (goal {target}: {verdict})")
     skipped = result.get("not_measured") or {}
     if isinstance(skipped, list):  # an older line: "name (target)" strings
-        skipped = dict(item.split(" ", 1) if " " in item else (item, "") for item in skipped)
-    lines += [f"`{name}` not measured in this run (goal {target.strip('()')})" for name, target in skipped.items()]
+        pairs = (item.split(" ", 1) if " " in item else (item, "") for item in skipped)
+        skipped = {name: _unwrap(target) for name, target in pairs}
+    lines += [f"`{name}` not measured in this run (goal {target})" for name, target in skipped.items()]
     return lines or ["no stated goal"]
 
 

@@ -360,3 +360,11 @@ def test_update_figures_check_mode_agrees_with_the_test_above():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "update_figures.py"), "--check"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_a_goal_not_measured_keeps_the_parentheses_of_its_own_target():
+    # "<= 900 s (--full)" was printed "(goal <= 900 s (--full)": the wrapping strip took its ")"
+    lines = figures.goal_lines({"goals": {}, "not_measured": {"full_replay_wall_s": "<= 900 s (--full)"}})
+    assert lines == ["`full_replay_wall_s` not measured in this run (goal <= 900 s (--full))"]
+    older = figures.goal_lines({"goals": {}, "not_measured": ["mirror_p99_added_ms (< 1 ms)"]})
+    assert older == ["`mirror_p99_added_ms` not measured in this run (goal < 1 ms)"]
