@@ -13,6 +13,12 @@ driver's wall time, the alerts and those acted on.
 Goals (issue 30): the quick closed loop <= 60 s (every closed loop of the run); with ``--full``,
 the whole replay <= 15 minutes after set-up.
 
+With ``--full`` also the served AUC by block of days (issue 31; :func:`served_auc_by_block`, from
+the report's ``traffic.parquet``: every replayed request's score from the version that served it,
+and the never-retrained champion's score of the same row), beside a model retrained on the
+4,000 days before each block (:func:`model_registry.noaa_model.train_noaa`, the loop's own
+trainer). Goals: days >= 16,000 >= 0.80 and days 12,000-14,000 >= 0.70.
+
 Usage::
 
     .venv/bin/python benchmarks/main_job.py            # --quick: about 5 minutes on 2 cores
@@ -36,15 +42,65 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from report import at_most, finish, not_measured  # noqa: E402  (benchmarks/ is the script's folder)
+from report import at_least, at_most, finish, not_measured  # noqa: E402  (benchmarks/ is the script's folder)
 
 #: Goals: every closed loop of the quick run, and the full replay's wall time (seconds).
 CLOSED_LOOP_GOAL_S = 60.0
 FULL_REPLAY_GOAL_S = 15 * 60.0
+#: Blocks of days (first, end exclusive) the full replay's served AUC is reported on, and the
+#: goal of the served AUC where there is one (issue 31).
+AUC_BLOCKS = ((8000, 12000), (12000, 14000), (14000, 16000), (16000, 18159))
+AUC_GOALS = {(12000, 14000): 0.70, (16000, 18159): 0.80}
+#: Days a block's reference model is retrained on, just before the block.
+REFERENCE_TRAINING_DAYS = 4000
 
 
-def run_demo(home: Path, full: bool, timeout_s: float) -> tuple[int, dict, dict]:
-    """Run the demo with ``home``; (exit status, its last line, its summary.json or ``{}``)."""
+def served_auc_by_block(traffic, noaa) -> list[dict]:
+    """Served AUC per block of days against the never-retrained champion and a fresh retraining.
+
+    Args:
+        traffic: The report's ``traffic.parquet`` rows (``day``, ``label``, ``score``: the serving
+            version's, ``baseline_score``: the first champion's).
+        noaa: The NOAA table (:func:`model_registry.datasets.load_noaa`).
+
+    Returns:
+        One dict per block of :data:`AUC_BLOCKS` with replayed rows: ``days``, ``rows``,
+        ``served_auc``, ``champion_auc`` (never retrained) and ``retrained_auc`` (trained on the
+        :data:`REFERENCE_TRAINING_DAYS` before the block), rounded to 3 places.
+    """
+    from sklearn.metrics import roc_auc_score
+
+    from model_registry.datasets import FEATURE_COLUMNS
+    from model_registry.noaa_model import train_noaa
+
+    out = []
+    for first, end in AUC_BLOCKS:
+        rows = traffic[(traffic["day"] >= first) & (traffic["day"] < end)]
+        if rows["label"].nunique() < 2:
+            continue
+        block = noaa[(noaa["day"] >= first) & (noaa["day"] < end)]
+        reference = train_noaa(noaa[(noaa["day"] >= first - REFERENCE_TRAINING_DAYS) & (noaa["day"] < first)])
+        out.append({"days": [first, end - 1], "rows": int(len(rows)),
+                    "served_auc": round(float(roc_auc_score(rows["label"], rows["score"])), 3),
+                    "champion_auc": round(float(roc_auc_score(rows["label"], rows["baseline_score"])), 3),
+                    "retrained_auc": round(float(roc_auc_score(
+                        block["rain"], reference.predict_scores(block[list(FEATURE_COLUMNS)]))), 3)})
+    return out
+
+
+def auc_goals(blocks: list[dict], full: bool) -> dict:
+    """The served-AUC goals of :data:`AUC_GOALS` (not measured without ``--full``)."""
+    goals = {}
+    for (first, end), target in AUC_GOALS.items():
+        name = f"served_auc_days_{first}_{end - 1}"
+        row = next((b for b in blocks if b["days"] == [first, end - 1]), None)
+        goals[name] = (at_least(row["served_auc"], target, "(AUC, full replay)", measured_as=row)
+                       if full and row else not_measured(f">= {target:g} (AUC, --full)"))
+    return goals
+
+
+def run_demo(home: Path, full: bool, timeout_s: float) -> tuple[int, dict, dict, list[dict]]:
+    """Run the demo with ``home``: (exit status, its last line, its summary.json or ``{}``, served AUC by block)."""
     argv = [sys.executable, "-m", "tritonflow.demo", "--home", str(home)] + ([] if full else ["--quick"])
     env = {**os.environ, "TRITONFLOW_HOME": str(home), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -53,7 +109,15 @@ def run_demo(home: Path, full: bool, timeout_s: float) -> tuple[int, dict, dict]
     last = json.loads(lines[-1]) if lines else {}
     summary_path = home / "report" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    return proc.returncode, last, summary
+    traffic_path = home / "report" / "traffic.parquet"
+    blocks = []
+    if full and traffic_path.is_file():
+        import pandas as pd
+
+        from model_registry.datasets import load_noaa
+
+        blocks = served_auc_by_block(pd.read_parquet(traffic_path), load_noaa())
+    return proc.returncode, last, summary, blocks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     home = Path(tempfile.mkdtemp(prefix="tritonflow-bench-main-job-"))
     try:
-        rc, last, summary = run_demo(home, args.full, args.timeout)
+        rc, last, summary, blocks = run_demo(home, args.full, args.timeout)
     finally:
         if not args.keep:
             shutil.rmtree(home, ignore_errors=True)
@@ -77,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                                  measured_as=loops or None),
         "full_replay_wall_s": at_most(wall if ok else None, FULL_REPLAY_GOAL_S, "s") if args.full
         else not_measured(f"<= {FULL_REPLAY_GOAL_S:g} s (--full)"),
+        **auc_goals(blocks, args.full and ok),
     }
     what = "the whole replay" if args.full else "--quick (24 logical hours)"
     finish("main_job",
@@ -85,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
            "closed loop (alerting drift_monitor run end to the promoting canary's end) and the driver's wall time.",
            goals, demo_exit_status=rc, wall_s=wall, scheduling_latency_s=last.get("scheduling_latency_s"),
            alerts=last.get("alerts"), acted=last.get("acted"),
-           closed_loops=summary.get("closed_loops"), mode="full" if args.full else "quick")
+           closed_loops=summary.get("closed_loops"), served_auc_by_block=blocks or None,
+           mode="full" if args.full else "quick")
     return 0 if ok else 1
 
 

@@ -368,3 +368,23 @@ def test_a_goal_not_measured_keeps_the_parentheses_of_its_own_target():
     assert lines == ["`full_replay_wall_s` not measured in this run (goal <= 900 s (--full))"]
     older = figures.goal_lines({"goals": {}, "not_measured": ["mirror_p99_added_ms (< 1 ms)"]})
     assert older == ["`mirror_p99_added_ms` not measured in this run (goal < 1 ms)"]
+
+
+def test_the_full_replay_reports_the_served_auc_by_block_beside_the_champion_and_a_retraining(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # a script: it imports report from its folder
+    from benchmarks import main_job
+    from model_registry.datasets import FEATURE_COLUMNS, load_noaa
+    from model_registry.noaa_model import train_noaa
+
+    noaa = load_noaa()
+    champion = train_noaa(noaa[noaa["day"] < 8000])
+    served = noaa[noaa["day"] >= 8000].rename(columns={"rain": "label"})
+    served["baseline_score"] = champion.predict_scores(served[list(FEATURE_COLUMNS)])
+    served["score"] = served["baseline_score"]  # a loop that never retrained
+    blocks = {tuple(b["days"]): b for b in main_job.served_auc_by_block(served, noaa)}
+    assert set(blocks) == {(first, end - 1) for first, end in main_job.AUC_BLOCKS}
+    late = blocks[(16000, 18158)]
+    assert late["served_auc"] == late["champion_auc"] < 0.5 < 0.8 < late["retrained_auc"]  # the concept drift
+    goals = main_job.auc_goals(list(blocks.values()), full=True)
+    assert goals["served_auc_days_16000_18158"].met is False
+    assert main_job.auc_goals([], full=False)["served_auc_days_12000_13999"].met is None

@@ -694,7 +694,7 @@ class Demo:
                f"(source: {sorted({a['source'] for a in alerts}) or '-'})")
         for loop in summary["closed_loops"]:
             p.step(f"closed loop (drift alert at hour {loop['alert_hour']} -> version {loop['to']} promoted): "
-                   f"{loop['seconds']:.1f} s (goal <= 90 s on --quick)")
+                   f"{loop['seconds']:.1f} s (goal <= 60 s on --quick)")
         for sentinel in sentinels:
             states = ", ".join(str(w["state"]) for w in sentinel["watch"]) or "no watch yet"
             p.step(f"sentinel: {SENTINEL_DAG} {sentinel['run_id']} ({sentinel['triggered_by']}"
