@@ -246,6 +246,22 @@ def test_airflow_services_share_executor_database_and_broker(services):
     assert reference["AIRFLOW__CORE__AUTH_MANAGER"].startswith("airflow.")
 
 
+def test_the_stack_schedules_with_the_local_deployments_timings(services, tmp_path):
+    # the stack kept Airflow's defaults (1 s idle sleep, 5 s supervisor wait, 30 s re-parse) while the
+    # local deployment had measured and changed them: one definition, airflow_config's
+    from ground.settings import Settings
+    from tritonflow.runtime.airflow_config import AirflowConfig
+
+    local = AirflowConfig.local(Settings.from_env({}, home=tmp_path)).airflow_cfg()
+    for name in AIRFLOW_SERVICES:
+        env = env_of(services[name])
+        assert float(env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"]) == float(
+            local["scheduler"]["scheduler_idle_sleep_time"])
+        assert env["AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL"] == local["workers"]["min_heartbeat_interval"]
+        for key in ("min_file_process_interval", "refresh_interval"):
+            assert env[f"AIRFLOW__DAG_PROCESSOR__{key.upper()}"] == local["dag_processor"][key], key
+
+
 def test_airflow_services_run_the_project_image_and_mount_dags_and_plugins(services):
     images = {services[n]["image"] for n in AIRFLOW_SERVICES}
     assert len(images) == 1, f"Airflow services run different images: {images}"
