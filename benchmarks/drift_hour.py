@@ -118,7 +118,7 @@ class Deployment:
                         "TRITONFLOW_DRIFT_MONITOR_SCHEDULE": "none"}
             os.environ.update(self.env)
             self.settings = Settings.from_env({**os.environ}, mlflow_port=free_port(), airflow_api_port=free_port(),
-                                           airflow_execution_api_port=free_port(),
+                                              airflow_execution_api_port=free_port(),
                                               airflow_worker_log_port=free_port(),
                                               airflow_triggerer_log_port=free_port())
         self.tracking_uri = self.settings.resolved_mlflow_tracking_uri

@@ -70,7 +70,7 @@ def served_auc_by_block(traffic, noaa) -> list[dict]:
     """
     from sklearn.metrics import roc_auc_score
 
-    from model_registry.datasets import FEATURE_COLUMNS
+    from model_registry.datasets import FEATURE_COLUMNS, LABEL_COLUMN
     from model_registry.noaa_model import train_noaa
 
     out = []
@@ -84,7 +84,7 @@ def served_auc_by_block(traffic, noaa) -> list[dict]:
                     "served_auc": round(float(roc_auc_score(rows["label"], rows["score"])), 3),
                     "champion_auc": round(float(roc_auc_score(rows["label"], rows["baseline_score"])), 3),
                     "retrained_auc": round(float(roc_auc_score(
-                        block["rain"], reference.predict_scores(block[list(FEATURE_COLUMNS)]))), 3)})
+                        block[LABEL_COLUMN], reference.predict_scores(block[list(FEATURE_COLUMNS)]))), 3)})
     return out
 
 

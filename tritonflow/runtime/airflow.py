@@ -146,7 +146,7 @@ class AirflowApiServer(AirflowService):
         return http_ok(self.health_url())
 
 
-class AirflowExecutionApiServer(AirflowService):
+class AirflowExecutionApiServer(AirflowApiServer):
     """``airflow api-server --apps execution``: the execution API alone, in a process of its own.
 
     Only where ``config.execution_api_port`` is set (SQLite: why is
@@ -168,10 +168,6 @@ class AirflowExecutionApiServer(AirflowService):
     def health_url(self) -> str:
         """The execution API's health endpoint."""
         return f"{self.config.execution_api_url}/execution/health"
-
-    def healthy(self) -> bool:
-        """The health endpoint answers 2xx."""
-        return http_ok(self.health_url())
 
 
 class AirflowScheduler(AirflowService):

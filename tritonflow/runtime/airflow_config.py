@@ -220,9 +220,10 @@ class AirflowConfig:
             "dags_paused_at_creation": True,
         }
         values.update(overrides)
-        if str(values["database_url"]).startswith("sqlite") and "execution_api_port" not in overrides:
-            values["execution_api_port"] = settings.airflow_execution_api_port
-        return cls.from_settings(settings, **values)
+        config = cls.from_settings(settings, **values)
+        if config.is_sqlite and "execution_api_port" not in overrides:
+            return dataclasses.replace(config, execution_api_port=settings.airflow_execution_api_port)
+        return config
 
     # ------------------------------------------------------------------ derived
     @property
