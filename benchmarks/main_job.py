@@ -10,8 +10,9 @@ Figures: every closed loop (end of the alerting ``drift_monitor`` run to the end
 that promoted its challenger, ``closed_loops`` in ``summary.json``), the scheduling latency, the
 driver's wall time, the alerts and those acted on.
 
-Goals (issue 30): the quick closed loop <= 60 s (every closed loop of the run); with ``--full``,
-the whole replay <= 15 minutes after set-up.
+Goals (issue 30): the quick closed loop <= 60 s (every closed loop of the run; with ``--full``
+the loops are reported, not judged); with ``--full``, the whole replay <= 15 minutes after set-up.
+``python -m benchmarks`` runs both: ``main_job`` (quick) and ``main_job_full``.
 
 With ``--full`` also the served AUC by block of days (issue 31; :func:`served_auc_by_block`, from
 the report's ``traffic.parquet``: every replayed request's score from the version that served it,
@@ -137,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     wall = last.get("wall_s")
     ok = rc == 0
     goals = {
-        "closed_loop_s": at_most(max(loops) if loops and ok else None, CLOSED_LOOP_GOAL_S, "s (every closed loop)",
-                                 measured_as=loops or None),
+        # the goal is the quick run's; the whole replay's closed loops are in closed_loops
+        "closed_loop_s": not_measured(f"<= {CLOSED_LOOP_GOAL_S:g} s (every closed loop, --quick)") if args.full
+        else at_most(max(loops) if loops and ok else None, CLOSED_LOOP_GOAL_S, "s (every closed loop)",
+                     measured_as=loops or None),
         "full_replay_wall_s": at_most(wall if ok else None, FULL_REPLAY_GOAL_S, "s") if args.full
         else not_measured(f"<= {FULL_REPLAY_GOAL_S:g} s (--full)"),
         **auc_goals(blocks, args.full and ok),
