@@ -45,8 +45,8 @@ if [ "$#" -eq 0 ]; then
   fi
   # The subset passed: the full run takes the rest, not those tests a second time, as three pytest
   # processes side by side (scripts/test_groups.sh): most of it waits on services, not on the CPU.
-  # Tests marked `long` (the quick loop in the compose stack, about half an hour here) run on
-  # demand only: bash scripts/test.sh -m long.
+  # The test marked `long` (the quick loop in a compose stack of its own) runs in the stack group
+  # after the other stack tests have removed theirs; bash scripts/test.sh -m long runs it alone.
   bash scripts/test_groups.sh
   rc=$?
 else

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The full run's integration tests (-m "integration and not long") as three pytest processes side by
+# The full run's integration tests (-m integration) as three pytest processes side by
 # side; scripts/test.sh calls it once the service-free subset has passed. On one pytest process they
 # took 72 minutes on 2 cores at a load average of about 1.5: they wait on services (Airflow's
 # scheduler, Triton, MLflow, containers) far more than they compute. The groups share no state: each
 # starts its own services on free ports, Airflow metadata databases and Celery queues are per
 # deployment, and each group has its own temporary folder.
 #   stack:       the compose tests that run the stack (marker docker), whose fixture waits for the
-#                head start scripts/test.sh gave the stack;
+#                head start scripts/test.sh gave the stack, then, once that stack is removed, the
+#                whole quick loop in a stack of its own (marker long): one stack at a time on 2 cores;
 #   deployments: the local Airflow deployments, the demo and the UI (tests/tritonflow, tests/ui,
 #                tests/test_demo.py);
 #   rest:        everything else, in the foreground, its output as it comes.
@@ -15,12 +16,21 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d "${TMPDIR:-/tmp}/tritonflow-test-groups.XXXXXX")
-selection="integration and not long"
+selection="integration"
 deployments=(tests/tritonflow tests/ui tests/test_demo.py)
 names=(stack deployments)
 pids=()
-.venv/bin/python -m pytest -p no:cacheprovider --basetemp "$work/stack" -m "$selection and docker" \
-  > "$work/stack.log" 2>&1 &
+# The stack group's status: its first pytest process's unless that passed (0) and the second failed.
+(
+  .venv/bin/python -m pytest -p no:cacheprovider --basetemp "$work/stack" -m "$selection and docker and not long"
+  first=$?
+  .venv/bin/python -m pytest -p no:cacheprovider --basetemp "$work/stack-loop" -m "$selection and docker and long"
+  second=$?
+  if [ "$first" -ne 0 ] && [ "$first" -ne 5 ]; then exit "$first"; fi
+  if [ "$second" -ne 0 ] && [ "$second" -ne 5 ]; then exit "$second"; fi
+  if [ "$first" -eq 5 ] && [ "$second" -eq 5 ]; then exit 5; fi
+  exit 0
+) > "$work/stack.log" 2>&1 &
 pids+=($!)
 .venv/bin/python -m pytest -p no:cacheprovider --basetemp "$work/deployments" -m "$selection and not docker" \
   "${deployments[@]}" > "$work/deployments.log" 2>&1 &

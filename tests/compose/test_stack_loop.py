@@ -9,8 +9,9 @@ workers, the model-control leases were held from both, and the flipped-label cha
 through the registry inside the stack was rolled back by its canary.
 
 Needs a Docker engine; fails, never skips, without one (as the other stack tests). Marked ``long``:
-over 20 minutes on a 2-core machine, where the fourteen containers keep both cores busy, so the
-README's test command leaves it out; ``bash scripts/test.sh -m long`` runs it.
+the README's test command (``scripts/test_groups.sh``) runs it in the stack group once the other
+stack tests have removed their stack, so one stack of fourteen containers runs at a time on 2
+cores; ``bash scripts/test.sh -m long`` runs it alone.
 """
 
 from __future__ import annotations
