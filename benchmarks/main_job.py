@@ -60,8 +60,9 @@ def served_auc_by_block(traffic, noaa) -> list[dict]:
     """Served AUC per block of days against the never-retrained champion and a fresh retraining.
 
     Args:
-        traffic: The report's ``traffic.parquet`` rows (``day``, ``label``, ``score``: the serving
-            version's, ``baseline_score``: the first champion's).
+        traffic: The report's ``traffic.parquet`` rows (``day``, ``label``, the serving version's
+            score in :data:`tritonflow.demo.serving.SCORE_COLUMN`, ``baseline_score``: the first
+            champion's).
         noaa: The NOAA table (:func:`model_registry.datasets.load_noaa`).
 
     Returns:
@@ -73,6 +74,7 @@ def served_auc_by_block(traffic, noaa) -> list[dict]:
 
     from model_registry.datasets import FEATURE_COLUMNS, LABEL_COLUMN
     from model_registry.noaa_model import train_noaa
+    from tritonflow.demo.serving import SCORE_COLUMN
 
     out = []
     for first, end in AUC_BLOCKS:
@@ -82,7 +84,7 @@ def served_auc_by_block(traffic, noaa) -> list[dict]:
         block = noaa[(noaa["day"] >= first) & (noaa["day"] < end)]
         reference = train_noaa(noaa[(noaa["day"] >= first - REFERENCE_TRAINING_DAYS) & (noaa["day"] < first)])
         out.append({"days": [first, end - 1], "rows": int(len(rows)),
-                    "served_auc": round(float(roc_auc_score(rows["label"], rows["score"])), 3),
+                    "served_auc": round(float(roc_auc_score(rows["label"], rows[SCORE_COLUMN])), 3),
                     "champion_auc": round(float(roc_auc_score(rows["label"], rows["baseline_score"])), 3),
                     "retrained_auc": round(float(roc_auc_score(
                         block[LABEL_COLUMN], reference.predict_scores(block[list(FEATURE_COLUMNS)]))), 3)})

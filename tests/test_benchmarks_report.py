@@ -375,12 +375,14 @@ def test_the_full_replay_reports_the_served_auc_by_block_beside_the_champion_and
     from benchmarks import main_job
     from model_registry.datasets import FEATURE_COLUMNS, load_noaa
     from model_registry.noaa_model import train_noaa
+    from tritonflow.demo.serving import SCORE_COLUMN
 
     noaa = load_noaa()
     champion = train_noaa(noaa[noaa["day"] < 8000])
     served = noaa[noaa["day"] >= 8000].rename(columns={"rain": "label"})
     served["baseline_score"] = champion.predict_scores(served[list(FEATURE_COLUMNS)])
-    served["score"] = served["baseline_score"]  # a loop that never retrained
+    # the columns of the demo report's traffic.parquet; a loop that never retrained
+    served[SCORE_COLUMN] = served["baseline_score"]
     blocks = {tuple(b["days"]): b for b in main_job.served_auc_by_block(served, noaa)}
     assert set(blocks) == {(first, end - 1) for first, end in main_job.AUC_BLOCKS}
     late = blocks[(16000, 18158)]
