@@ -30,7 +30,6 @@ from ground.settings import PROJECT_ROOT
 from tritonflow.demo.bad_challenger import run_version
 from tritonflow.demo.config import (
     LOOP_DAGS,
-    PACED_DAGS,
     SENTINEL_DAG,
     WATCHED_DAG,
     DemoConfig,
@@ -117,9 +116,6 @@ class Demo:
         self._current_hour = 0
         self._stop_watch = threading.Event()
         self._seen_states: dict[tuple[str, str], str] = {}
-        # runs of PACED_DAGS queued or running -> the logical hour the watcher first saw them in
-        self._in_flight: dict[tuple[str, str], int] = {}
-        self._in_flight_lock = threading.Lock()
         self.watch_error: str | None = None
 
     # ------------------------------------------------------------------ helpers
@@ -489,7 +485,6 @@ class Demo:
                     state = run.get("state")
                     if dag_id == "canary_promotion" and state in ("queued", "running"):
                         canary_active = True
-                    self.note_loop_run(dag_id, run["dag_run_id"], state)
                     if self._seen_states.get(key) != state:
                         self._seen_states[key] = state
                         self.progress.step(f"  scheduler: {dag_id} {run['dag_run_id']} "
@@ -509,43 +504,6 @@ class Demo:
                 champion = now if now is not None else champion
             except Exception as exc:  # noqa: BLE001 - one missed look; reported at the end
                 self.watch_error = f"{type(exc).__name__}: {exc}"
-
-    def note_loop_run(self, dag_id: str, run_id: str, state: str | None) -> None:
-        """Keep the logical hour a run of :data:`PACED_DAGS` was first seen queued or running in."""
-        if dag_id not in PACED_DAGS:
-            return
-        with self._in_flight_lock:
-            if state in ("queued", "running"):
-                self._in_flight.setdefault((dag_id, run_id), self._current_hour)
-            else:
-                self._in_flight.pop((dag_id, run_id), None)
-
-    def loop_behind(self, hour: int) -> list[str]:
-        """Loop runs in flight for more than ``loop_lag_hours`` logical hours before ``hour``."""
-        lag = self.cfg.loop_lag_hours
-        if lag is None:
-            return []
-        with self._in_flight_lock:
-            return sorted(f"{dag_id}/{run_id}" for (dag_id, run_id), first in self._in_flight.items()
-                          if hour - first > lag)
-
-    def wait_for_loop(self, hour: int) -> None:
-        """Hold the replay before ``hour`` while :meth:`loop_behind` names a run (canary traffic on).
-
-        Gives up after ``settle_timeout_s`` and says so; the wait is an event of the report.
-        """
-        behind = self.loop_behind(hour)
-        if not behind:
-            return
-        t = time.monotonic()
-        deadline = t + self.cfg.settle_timeout_s
-        while behind and time.monotonic() < deadline:
-            time.sleep(WATCH_S / 2)
-            behind = self.loop_behind(hour)
-        waited = round(time.monotonic() - t, 1)
-        self.event("loop_wait", hour=hour, seconds=waited, gave_up=bool(behind))
-        self.progress.step(f"hour {hour:3d} waited {waited:.1f} s for the loop in flight"
-                           + (f"; gave up, still in flight: {behind}" if behind else ""))
 
     def busy(self) -> list[str]:
         """Runs of the loop DAGs that are queued or running."""
@@ -584,8 +542,6 @@ class Demo:
         self.loop_t0 = time.time()
         pending: list[tuple[HourRecord, str]] = []
         for hour in range(m.n_hours):
-            # runs the loop starts during the wait count as the previous hour's
-            self.wait_for_loop(hour)
             self._current_hour = hour
             t = time.monotonic()
             record = self.replay_hour(hour)
