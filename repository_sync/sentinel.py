@@ -395,7 +395,10 @@ async def watch(gateway_url: str, golden: GoldenSet, policy: SentinelPolicy, *,
     """Probe ``golden`` every ``policy.interval_s`` until a decision or a stop.
 
     The decisions: ``policy.failures`` failed probes in a row (``unhealthy``), or as many in a row
-    finding the version not loaded (``unloaded``).
+    finding the version not loaded (``unloaded``). Before either is returned, ``still_champion``
+    is asked once more whatever ``champion_check_s`` says: a rollback or promotion unloads the
+    version it replaces, and a sentinel that saw that must end ``superseded``, never load the
+    old version's model back or judge it.
 
     Each probe runs in a worker thread (``asyncio.to_thread``), so the triggerer's event loop is
     never blocked.
@@ -428,6 +431,9 @@ async def watch(gateway_url: str, golden: GoldenSet, policy: SentinelPolicy, *,
             on_probe(result)
         absent = absent + [result] if result.status == "unloaded" else []
         if len(absent) >= policy.failures:
+            if still_champion is not None and not await still_champion():
+                return SentinelOutcome("superseded", golden.model, golden.triton_model, golden.version,
+                                       probes, unreachable)
             return SentinelOutcome("unloaded", golden.model, golden.triton_model, golden.version, probes,
                                    unreachable, tuple(r.to_dict() for r in reversed(absent)), absent[0].at)
         if result.status in ("unreachable", "unloaded"):
@@ -435,6 +441,9 @@ async def watch(gateway_url: str, golden: GoldenSet, policy: SentinelPolicy, *,
         elif result.status == "failed":
             streak.append(result)
             if len(streak) >= policy.failures:
+                if still_champion is not None and not await still_champion():
+                    return SentinelOutcome("superseded", golden.model, golden.triton_model, golden.version,
+                                           probes, unreachable)
                 return SentinelOutcome("unhealthy", golden.model, golden.triton_model, golden.version, probes,
                                        unreachable, tuple(r.to_dict() for r in reversed(streak)), streak[0].at)
         else:

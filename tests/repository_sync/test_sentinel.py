@@ -243,6 +243,45 @@ def test_a_version_triton_does_not_hold_is_unloaded_not_a_verdict(served):
 
 
 @pytest.mark.integration
+def test_a_version_unloaded_by_the_rollback_that_superseded_it_ends_superseded_not_unloaded(served):
+    """A rollback moves ``champion`` and unloads the version it replaces: a sentinel whose periodic
+    champion check is not due yet must still end ``superseded`` (seen: the sentinel loaded the
+    model back, deferred again and reached its reload limit), never ``unloaded``."""
+    import tritonclient.http as httpclient
+
+    async def not_champion() -> bool:
+        return False
+
+    client = httpclient.InferenceServerClient(served["triton"].http_url)
+    client.unload_model(MODEL)
+    try:
+        outcome = asyncio.run(watch(served["gateway"].url, golden(1),
+                                    SentinelPolicy(interval_s=0.05, failures=3, latency_limit_s=5.0),
+                                    still_champion=not_champion, champion_check_s=3600.0, max_probes=20))
+    finally:
+        client.load_model(MODEL)
+    assert outcome.status == "superseded" and outcome.probes == 3, outcome
+
+
+@pytest.mark.integration
+def test_a_failing_version_no_longer_champion_ends_superseded_not_unhealthy(served):
+    """Failing probes of a version that lost ``champion`` meanwhile are no verdict: nothing to roll back."""
+    from tritonflow.runtime.fault_injection import set_mode
+
+    async def not_champion() -> bool:
+        return False
+
+    set_mode(served["mode_dir"], 1, "error")
+    try:
+        outcome = asyncio.run(watch(served["gateway"].url, golden(1),
+                                    SentinelPolicy(interval_s=0.05, failures=3, latency_limit_s=5.0),
+                                    still_champion=not_champion, champion_check_s=3600.0, max_probes=20))
+    finally:
+        set_mode(served["mode_dir"], 1, "ok")
+    assert outcome.status == "superseded" and outcome.probes == 3, outcome
+
+
+@pytest.mark.integration
 def test_a_failing_version_triton_holds_is_still_a_failed_probe(served):
     """The ready check only excuses a version Triton does not hold: a loaded version that fails is judged."""
     from tritonflow.runtime.fault_injection import set_mode
