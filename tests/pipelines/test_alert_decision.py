@@ -66,6 +66,32 @@ def test_the_retrain_cooldown_counts_in_logical_time_not_wall_clock(tmp_path):
     assert ad.last_retrain_hour("churn", "2025-03-01T05:00:00+00:00", s, tags) is None
 
 
+@pytest.mark.parametrize("cooldown_s", [6 * 3600, 0])
+def test_a_retrained_challenger_that_does_not_win_starts_no_second_retraining_for_the_same_alert(tmp_path,
+                                                                                                 cooldown_s):
+    # the chain alert -> retrain -> publish -> shadow evaluation of the challenger hands the alert's
+    # hour on; a challenger no better than a degraded champion used to start another retraining
+    # on the same rows, again and again while no new hour arrived; with no cooldown (the main job's
+    # setting) it still did: 137 retrainings of one alert's rows in a full replay
+    s = make_settings(tmp_path, retrain_cooldown_s=cooldown_s)
+    first = ad.shadow_decision("churn", HOUR, ["tenure"], "retrain", ["degraded"], s, tags={})
+    assert first["decision"] == "retrain"
+    key = ad.TAG_PREFIX + "2025-03-01T10-00.shadow"
+    tags = {key: json.dumps(first)}
+    second = ad.shadow_decision("churn", HOUR, ["tenure"], "retrain", ["no difference"], s, tags=tags)
+    assert second["decision"] == "retrain_cooldown"
+    assert second["retrain_hour"] == first["hour"]
+    # the second decision overwrites the hour's tag; the retraining it deferred to still counts
+    tags[key] = json.dumps(second)
+    third = ad.shadow_decision("churn", HOUR, ["tenure"], "retrain", ["no difference"], s, tags=tags)
+    assert third["decision"] == "retrain_cooldown"
+    later = ad.shadow_decision("churn", "2025-03-01T17:00:00+00:00", ["tenure"], "retrain", [], s, tags=tags)
+    assert later["decision"] == "retrain"
+    if not cooldown_s:  # the next hour's alert may retrain at once
+        nxt = ad.shadow_decision("churn", "2025-03-01T11:00:00+00:00", ["tenure"], "retrain", [], s, tags=tags)
+        assert nxt["decision"] == "retrain"
+
+
 def _hold_promotion_lock(home: str, model: str, ready, release) -> None:
     from ground.settings import get_settings
     from repository_sync.locks import promotion_lock

@@ -24,7 +24,8 @@ decision                   when                                                 
 ``promote``                the challenger won: canary                                    shadow_evaluation
 ``retrain``                the champion degraded: retraining                             shadow_evaluation
 ``retrain_cooldown``       retraining decided less than ``TRITONFLOW_RETRAIN_COOLDOWN_S``  shadow_evaluation
-                           before this alert's hour (logical time)
+                           before this alert's hour (logical time), or for this hour
+                           already (its challenger did not win)
 ``no_retrain``             the shadow evaluation found nothing wrong (or could not        shadow_evaluation
                            decide: inconclusive)
 ``challenger_rejected``    the challenger is tagged ``rejected`` (by a publish stage,     shadow_evaluation
@@ -192,7 +193,24 @@ def _client(s: Settings):
 
 def last_retrain_hour(model: str, before: Any, settings: Settings | None = None,
                       tags: Mapping[str, str] | None = None) -> dt.datetime | None:
-    """The latest recorded ``retrain`` decision's hour before ``before`` (logical time)."""
+    """The latest hour a retraining was decided for, at or before ``before`` (logical time).
+
+    A retraining decided for an alert's hour holds for every later shadow evaluation of that same
+    hour: the evaluation of the challenger it produced hands the alert's hour on, and a challenger
+    that did not beat a degraded champion must not start another retraining on the same rows (the
+    follow-up retraining, :mod:`tritonflow.pipelines.retrain_followup`, waits for new labels). The
+    hour's record is overwritten by that evaluation's ``retrain_cooldown`` decision, which keeps
+    the hour it deferred to as ``retrain_hour``.
+
+    Args:
+        model: Registered model name.
+        before: The alert's hour (ISO 8601 or timestamp).
+        settings: Settings for the MLflow client (only when ``tags`` is None).
+        tags: The registered model's tags, already read (None: read them).
+
+    Returns:
+        The hour (UTC datetime), or None when no retraining was decided at or before ``before``.
+    """
     import pandas as pd
 
     if tags is None:
@@ -206,10 +224,11 @@ def last_retrain_hour(model: str, before: Any, settings: Settings | None = None,
             rec = json.loads(value)
         except ValueError:
             continue
-        if rec.get("decision") != "retrain" or not rec.get("hour"):
+        hour = rec.get("hour") if rec.get("decision") == "retrain" else rec.get("retrain_hour")
+        if not hour:
             continue
-        at = pd.Timestamp(rec["hour"])
-        if at < limit and (best is None or at > best):
+        at = pd.Timestamp(hour)
+        if at <= limit and (best is None or at > best):
             best = at
     return None if best is None else best.to_pydatetime()
 
@@ -232,12 +251,18 @@ def shadow_decision(model: str, hour: Any, features: Sequence[str], outcome: str
         last = last_retrain_hour(model, hour, s, tags) if hour else None
         if last is not None:
             since = pd.Timestamp(_hour(hour)) - pd.Timestamp(last)
+            if since.total_seconds() <= 0:  # this alert's own retraining: never again, whatever the cooldown
+                return make_decision(
+                    model, hour, features, "retrain_cooldown",
+                    f"retraining was already decided for this alert's hour {last.isoformat()}: its challenger "
+                    "did not win; a follow-up retraining waits for new labels",
+                    outcome=outcome, retrain_hour=_hour(last))
             if since.total_seconds() < float(s.retrain_cooldown_s):
                 return make_decision(
                     model, hour, features, "retrain_cooldown",
                     f"retraining was decided for the hour {last.isoformat()}, {since} before this alert's "
                     f"hour (< TRITONFLOW_RETRAIN_COOLDOWN_S={s.retrain_cooldown_s:g} s, logical time)",
-                    outcome=outcome)
+                    outcome=outcome, retrain_hour=_hour(last))
         return make_decision(model, hour, features, "retrain", why or "the champion degraded", outcome=outcome)
     return make_decision(model, hour, features, "no_retrain",
                          f"shadow evaluation {outcome}: nothing wrong found" + (f" ({why})" if why else ""),
