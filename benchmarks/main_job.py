@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -102,13 +103,30 @@ def auc_goals(blocks: list[dict], full: bool) -> dict:
     return goals
 
 
+def demo_log_path(full: bool) -> Path:
+    """Where the demo's output is kept (outside its home, which is removed): the temp folder."""
+    return Path(tempfile.gettempdir()) / f"tritonflow-bench-main-job-{'full' if full else 'quick'}.log"
+
+
 def run_demo(home: Path, full: bool, timeout_s: float) -> tuple[int, dict, dict, list[dict]]:
     """Run the demo with ``home``: (exit status, its last line, its summary.json or ``{}``, served AUC by block)."""
     argv = [sys.executable, "-m", "tritonflow.demo", "--home", str(home)] + ([] if full else ["--quick"])
     env = {**os.environ, "TRITONFLOW_HOME": str(home), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
-    sys.stderr.write(proc.stderr[-4000:])
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    log = demo_log_path(full)
+    with log.open("w") as out:
+        # a session of its own: on timeout the demo's services go with it
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            returncode = proc.wait()
+            print(f"main_job: the demo ran past {timeout_s:g} s and was killed", file=sys.stderr)
+    output = log.read_text(errors="replace")
+    sys.stderr.write(output[-4000:])
+    print(f"main_job: the demo's output is in {log}", file=sys.stderr)
+    lines = [ln for ln in output.splitlines() if ln.startswith("{")]
     last = json.loads(lines[-1]) if lines else {}
     summary_path = home / "report" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
@@ -120,7 +138,7 @@ def run_demo(home: Path, full: bool, timeout_s: float) -> tuple[int, dict, dict,
         from model_registry.datasets import load_noaa
 
         blocks = served_auc_by_block(pd.read_parquet(traffic_path), load_noaa())
-    return proc.returncode, last, summary, blocks
+    return returncode, last, summary, blocks
 
 
 def main(argv: list[str] | None = None) -> int:

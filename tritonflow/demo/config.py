@@ -42,6 +42,12 @@ REGISTRY_POLL_S = 5
 #: arms a sentinel on the new champion in the triggerer. Its runs stay deferred (they end at the
 #: 6-hourly renewal), so the demo waits for them to be armed, never for them to finish.
 SENTINEL_DAG = "champion_sentinel"
+#: The loop DAGs between an alert and a promotion, whose runs the replay waits for
+#: (:attr:`DemoConfig.loop_lag_hours`).
+PACED_DAGS = ("shadow_evaluation", "retrain", "model_publish", "canary_promotion")
+#: The paced DAGs scheduled on an asset (``DRIFT_ALERTS``): an asset event queued for one of them
+#: holds the replay like a run in flight until Airflow has made the run.
+ASSET_PACED_DAGS = ("shadow_evaluation",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +141,14 @@ class DemoConfig:
             4). The next hour's run is created once the previous hour's ``check`` task finished
             (the alert policy reads the windows before), so recording, alerting and the next
             check overlap.
+        loop_lag_hours: Logical hours the replay may run ahead of a loop run in flight (a shadow
+            evaluation, retraining, publish or canary, :data:`PACED_DAGS`): before replaying an
+            hour, the driver waits for every such run first seen more than this many hours
+            earlier. A logical hour stands for an hour of traffic, in which the whole loop (about
+            a minute here, profiling included) fits; the replay plays an hour in a few seconds, and
+            without the wait a challenger served 10 or more logical hours after its alert, judged
+            on traffic a real deployment would have served with it. ``None``: no wait (the quick
+            sweep, which shows the loop rather than the served AUC).
     """
 
     home: Path = DEFAULT_DEMO_HOME
@@ -159,6 +173,7 @@ class DemoConfig:
     bad_challenger: bool = True
     bad_challenger_timeout_s: float = 1200.0
     stack: str = "local"
+    loop_lag_hours: int | None = 0
 
 
 def quick_config(home: Path = DEFAULT_DEMO_HOME, **overrides: Any) -> DemoConfig:
@@ -179,7 +194,8 @@ def quick_config(home: Path = DEFAULT_DEMO_HOME, **overrides: Any) -> DemoConfig
     values: dict[str, Any] = dict(home=home, champion_days=(0, first),
                                   mapping=DayHourMapping(first, 12_000 + 10 * d, d),
                                   canary_steps="25,100", canary_bake_s=8.0, canary_min_requests=40,
-                                  profile=False, perf_gate=False, quick=True, settle_timeout_s=1200.0)
+                                  profile=False, perf_gate=False, quick=True, settle_timeout_s=1200.0,
+                                  loop_lag_hours=None)
     values.update(overrides)
     return DemoConfig(**values)
 
@@ -324,6 +340,19 @@ def apply_environment(env: Mapping[str, str]) -> None:
 
 
 # ====================================================================================== CLI
+def _loop_lag_hours(value: str) -> int | None:
+    """``--loop-lag-hours``: a whole number of hours >= 0, or ``none``."""
+    if value.strip().lower() == "none":
+        return None
+    try:
+        hours = int(value)
+    except ValueError:
+        hours = -1
+    if hours < 0:
+        raise SystemExit(f"--loop-lag-hours: {value!r} is not a whole number of hours >= 0 or 'none'")
+    return hours
+
+
 def config_from_args(argv: list[str] | None = None) -> DemoConfig:
     """Parse the command line into a :class:`DemoConfig`."""
     ap = argparse.ArgumentParser(prog="python -m tritonflow.demo",
@@ -343,6 +372,9 @@ def config_from_args(argv: list[str] | None = None) -> DemoConfig:
                          "(scripts/stack.sh builds and starts it; Celery with two workers)")
     ap.add_argument("--no-bad-challenger", action="store_true",
                     help="skip the label-flipped challenger requested through the registry after the loop")
+    ap.add_argument("--loop-lag-hours", default=None, metavar="N|none",
+                    help="logical hours the replay may run ahead of a loop run in flight (default: 0, "
+                         "--quick: none, never waits)")
     args = ap.parse_args(argv)
     cfg = quick_config(args.home) if args.quick else DemoConfig(home=args.home)
     m = cfg.mapping
@@ -360,6 +392,8 @@ def config_from_args(argv: list[str] | None = None) -> DemoConfig:
         updates.update(profile=False, perf_gate=False)
     if args.min_history is not None:
         updates["min_history_windows"] = args.min_history
+    if args.loop_lag_hours is not None:
+        updates["loop_lag_hours"] = _loop_lag_hours(args.loop_lag_hours)
     if first < cfg.champion_days[1]:
         raise SystemExit(f"--first-day={first} overlaps the champion's training days {cfg.champion_days}")
     return dataclasses.replace(cfg, **updates)

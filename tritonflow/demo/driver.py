@@ -29,7 +29,9 @@ from ground.exceptions import RuntimeStartError
 from ground.settings import PROJECT_ROOT
 from tritonflow.demo.bad_challenger import run_version
 from tritonflow.demo.config import (
+    ASSET_PACED_DAGS,
     LOOP_DAGS,
+    PACED_DAGS,
     SENTINEL_DAG,
     WATCHED_DAG,
     DemoConfig,
@@ -71,6 +73,9 @@ WATCH_RUNS = 100
 #: Every how many looks at the ``check`` task instances the run's own state is read too (a run that
 #: ended without a check, e.g. cleared).
 RUN_LOOK_EVERY = 8
+#: Seconds an asset event may stay queued for a paced DAG with no run of it queued or running before
+#: the driver has the DAG's file parsed again (:meth:`Demo.note_queued_events`).
+STALE_QUEUE_S = 8.0
 #: Seconds a drift_monitor run may take before the driver gives up on it.
 DRIFT_RUN_TIMEOUT_S = 900.0
 #: Seconds the dag-processor may take to parse the loop DAGs.
@@ -116,6 +121,10 @@ class Demo:
         self._current_hour = 0
         self._stop_watch = threading.Event()
         self._seen_states: dict[tuple[str, str], str] = {}
+        # runs of PACED_DAGS queued or running -> the logical hour the watcher first saw them in
+        self._in_flight: dict[tuple[str, str], int] = {}
+        self._queued_since: dict[str, float] = {}  # paced DAG -> when its stalled asset event was seen
+        self._in_flight_lock = threading.Lock()
         self.watch_error: str | None = None
 
     # ------------------------------------------------------------------ helpers
@@ -476,6 +485,9 @@ class Demo:
         while not self._stop_watch.wait(WATCH_S):
             try:
                 canary_active = False
+                # read before the runs: an event consumed in between shows as the run it became
+                queued = {d: len(self._api.get(f"/dags/{d}/assets/queuedEvents").get("queued_events") or [])
+                          for d in ASSET_PACED_DAGS}
                 # one request for every loop DAG but drift_monitor (one per DAG cost the api-server 5)
                 doc = self._api.post("/dags/~/dagRuns/list", {"dag_ids": list(LOOP_DAGS[1:]), "order_by": "-id",
                                                               "page_limit": WATCH_RUNS})
@@ -485,10 +497,12 @@ class Demo:
                     state = run.get("state")
                     if dag_id == "canary_promotion" and state in ("queued", "running"):
                         canary_active = True
+                    self.note_loop_run(dag_id, run["dag_run_id"], state)
                     if self._seen_states.get(key) != state:
                         self._seen_states[key] = state
                         self.progress.step(f"  scheduler: {dag_id} {run['dag_run_id']} "
                                            f"({run.get('run_type')}) {state}")
+                self._look_at_queued_events(queued, doc.get("dag_runs") or [])
                 if canary_active and not self._canary.active.is_set():
                     self._canary.set_frame(self._canary_rows())
                     self._canary.active.set()
@@ -504,6 +518,92 @@ class Demo:
                 champion = now if now is not None else champion
             except Exception as exc:  # noqa: BLE001 - one missed look; reported at the end
                 self.watch_error = f"{type(exc).__name__}: {exc}"
+
+    def note_loop_run(self, dag_id: str, run_id: str, state: str | None) -> None:
+        """Keep the logical hour a run of :data:`PACED_DAGS` was first seen queued or running in."""
+        if dag_id not in PACED_DAGS:
+            return
+        with self._in_flight_lock:
+            if state in ("queued", "running"):
+                self._in_flight.setdefault((dag_id, run_id), self._current_hour)
+            else:
+                self._in_flight.pop((dag_id, run_id), None)
+
+    def _look_at_queued_events(self, queued: dict[str, int], runs: list[dict[str, Any]]) -> None:
+        """Hold the replay on queued asset events; have a stalled DAG's file parsed again."""
+        for dag_id, count in queued.items():
+            active = any(r["dag_id"] == dag_id and r.get("state") in ("queued", "running") for r in runs)
+            stalled_s = self.note_queued_events(dag_id, count, active, time.monotonic())
+            if stalled_s is not None:
+                self._api.reparse(dag_id)
+                self.event("asset_queue_reparse", dag_id=dag_id, hour=self._current_hour, stalled_s=stalled_s)
+                self.progress.step(f"  {dag_id}: asset event queued {stalled_s:.0f} s with no run of it active "
+                                   "(Airflow's stale max_active_runs flag, apache/airflow#56050): file parsed again")
+
+    def note_queued_events(self, dag_id: str, queued: int, active: bool, now: float) -> float | None:
+        """Count ``dag_id``'s queued asset events as a loop run in flight; say when they stalled.
+
+        A drift alert's asset event is queued for ``shadow_evaluation`` until the scheduler makes
+        the run: until then the loop has reacted to nothing, so the replay must wait as for a run
+        (:meth:`loop_behind`). Airflow 3.3 can hide a DAG with queued events behind a stale
+        ``exceeds_max_non_backfill`` flag (the dag-processor's count of active runs, written just
+        after the run it counted ended) until the file's next parse, 2 minutes later here
+        (apache/airflow#56050): a replayed hour lasts seconds, so that is tens of logical hours.
+
+        Args:
+            dag_id: A DAG of :data:`~tritonflow.demo.config.ASSET_PACED_DAGS`.
+            queued: Its queued asset events now.
+            active: Whether a run of it is queued or running (then the events wait for that run).
+            now: ``time.monotonic()``.
+
+        Returns:
+            Seconds the events have waited with no run active when that reached
+            :data:`STALE_QUEUE_S` (the caller has the file parsed again; counted afresh from
+            here), else None.
+        """
+        key = (dag_id, "queued asset events")
+        with self._in_flight_lock:
+            if not queued:
+                self._in_flight.pop(key, None)
+                self._queued_since.pop(dag_id, None)
+                return None
+            self._in_flight.setdefault(key, self._current_hour)
+            if active:
+                self._queued_since.pop(dag_id, None)
+                return None
+            since = self._queued_since.setdefault(dag_id, now)
+            if now - since < STALE_QUEUE_S:
+                return None
+            self._queued_since[dag_id] = now
+            return now - since
+
+    def loop_behind(self, hour: int) -> list[str]:
+        """Loop runs in flight for more than ``loop_lag_hours`` logical hours before ``hour``."""
+        lag = self.cfg.loop_lag_hours
+        if lag is None:
+            return []
+        with self._in_flight_lock:
+            return sorted(f"{dag_id}/{run_id}" for (dag_id, run_id), first in self._in_flight.items()
+                          if hour - first > lag)
+
+    def wait_for_loop(self, hour: int) -> None:
+        """Hold the replay before ``hour`` while :meth:`loop_behind` names a run (canary traffic on).
+
+        Gives up after ``settle_timeout_s`` and says so; the wait is an event of the report.
+        """
+        behind = self.loop_behind(hour)
+        if not behind:
+            return
+        self.progress.step(f"hour {hour:3d} waits for the loop in flight: {', '.join(behind)}")
+        t = time.monotonic()
+        deadline = t + self.cfg.settle_timeout_s
+        while behind and time.monotonic() < deadline:
+            time.sleep(WATCH_S / 2)
+            behind = self.loop_behind(hour)
+        waited = round(time.monotonic() - t, 1)
+        self.event("loop_wait", hour=hour, seconds=waited, gave_up=bool(behind))
+        self.progress.step(f"hour {hour:3d} waited {waited:.1f} s for the loop in flight"
+                           + (f"; gave up, still in flight: {behind}" if behind else ""))
 
     def busy(self) -> list[str]:
         """Runs of the loop DAGs that are queued or running."""
@@ -542,6 +642,8 @@ class Demo:
         self.loop_t0 = time.time()
         pending: list[tuple[HourRecord, str]] = []
         for hour in range(m.n_hours):
+            # runs the loop starts during the wait count as the previous hour's
+            self.wait_for_loop(hour)
             self._current_hour = hour
             t = time.monotonic()
             record = self.replay_hour(hour)
