@@ -2,11 +2,11 @@
 
 Usage::
 
-    .venv/bin/python benchmarks/retrain_window.py                  # ~1 min: serving delays 10, 6, 2 h
+    .venv/bin/python benchmarks/retrain_window.py                  # ~1 min: serving delays 4, 10, 2 h
     .venv/bin/python benchmarks/retrain_window.py --serve-delays 10  # one delay
 
 Tables go to stderr; the last stdout line is the standard JSON object (:mod:`benchmarks.report`),
-judged at the first delay (10 h, the full replay's).
+judged at the first delay (4 h, the full replay's).
 
 A cheap offline stand-in for the full replay's question: within 12 logical hours of the first alert
 after the day-12,000 concept shift, is the served rolling AUC within 0.05 of a model retrained on the
@@ -15,10 +15,11 @@ rows since the shift?
 Replay (the demo's mapping, :class:`tritonflow.demo.config.DemoConfig`): 48 NOAA days per logical
 hour from day 8,000; the champion is trained on days 0-7,999 (:func:`model_registry.noaa_model.train_noaa`).
 Each hour's rows are scored by the model serving then, and labelled at the hour's end. At the first
-alert's hour (``--alert-hour``, 86 in the full replay: about 30 hours before version 3 served at
-hour 116) a retraining is decided on the rows up to the end of that hour; its challenger serves
-``--serve-delay`` hours later (10 in the full replay: version 2 served from hour 96), the time the
-loop needs to publish, shadow-evaluate and canary it. Two rules choose its rows:
+alert's hour (``--alert-hour``, 84 in the full replay of 2026-12-05) a retraining is decided on
+the rows up to the end of that hour; its challenger serves ``--serve-delay`` hours after the next
+(4 in that replay, which waits for the loop: version 2 served from hour 89; 10 before it waited,
+when version 2 served from hour 96 after an alert at hour 86): the hours the drift checks trail
+the replay, and the loop's publish, shadow evaluation and canary. Two rules choose its rows:
 
 * ``span``: the policy's span, the last ``--span-hours`` (10, ``TRITONFLOW_RETRAIN_WINDOW_DAYS``
   in the demo) of labelled rows: mostly rows before the shift;
@@ -207,8 +208,8 @@ def _figures(results: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison at each serving delay, print the tables and the standard JSON line."""
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--alert-hour", type=int, default=86, help="hour of the first alert after the shift")
-    p.add_argument("--serve-delays", default="10,6,2",
+    p.add_argument("--alert-hour", type=int, default=84, help="hour of the first alert after the shift")
+    p.add_argument("--serve-delays", default="4,10,2",
                    help="hours from a retraining to its serving, comma-separated; the first is judged")
     p.add_argument("--span-hours", type=int, default=10, help="the policy's span, hours")
     p.add_argument("--rolling-hours", type=int, default=4, help="hours pooled in the rolling AUC")

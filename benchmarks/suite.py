@@ -82,7 +82,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               paths=("dags",)),
     Benchmark("drift_hour", 1800, paths=("dags", "plugins")),
     Benchmark("main_job", 3600, paths=("dags", "plugins", "tritonflow")),
-    Benchmark("main_job_full", 3600, argv=("--full",), script_name="main_job",
+    Benchmark("main_job_full", 3600, argv=("--full", "--timeout", "3300"), script_name="main_job",
               why="the full replay's wall time and the served AUC by block are stated for the whole replay; "
                   "the script's default is the quick run (the main_job entry)",
               paths=("dags", "plugins", "tritonflow")),
