@@ -9,7 +9,10 @@
 #      /gateway/reload-token), runs `nginx -t`, and when that passes `nginx -s reload`
 #      (graceful: old workers finish their requests);
 #   3. it waits until /gateway/reload-token answers the token, i.e. the new config is live;
-#   4. it writes "<token> ok" or "<token> failed" as the first line of reload.result
+#   4. it waits until the workers that ran before the reload have exited: a request they admitted
+#      under the previous config may still be on its way to a version the client unloads next
+#      (a canary's rollback unloads the challenger once this answer comes);
+#   5. it writes "<token> ok" or "<token> failed" as the first line of reload.result
 #      (atomically), followed by NGINX's own output. A client waits for its token and raises on
 #      "failed", so repository_sync.routing.nginx_router.NginxRouter restores the previous snippets.
 #
@@ -19,12 +22,18 @@
 #   TRITONFLOW_GATEWAY_PROBE_URL       URL of the token location
 #                                      (default http://127.0.0.1:8080/gateway/reload-token)
 #   TRITONFLOW_GATEWAY_LIVE_TIMEOUT_S  whole seconds to wait for the new config to go live (default 15)
+#   TRITONFLOW_GATEWAY_DRAIN_TIMEOUT_S whole seconds to wait for the old workers to exit (default 10);
+#                                      past it the answer is still ok, with a line saying so
+#   TRITONFLOW_GATEWAY_PID_FILE        the NGINX master's pid file (default /var/run/nginx.pid, as
+#                                      deploy/nginx/nginx.conf's pid directive)
 #   NGINX_CMD                          nginx argv prefix (default "nginx"; tests add -p/-c)
 set -u
 conf_dir="${TRITONFLOW_GATEWAY_CONF_DIR:-/etc/nginx/tritonflow}"
 poll="${TRITONFLOW_GATEWAY_RELOAD_POLL_S:-1}"
 probe="${TRITONFLOW_GATEWAY_PROBE_URL:-http://127.0.0.1:8080/gateway/reload-token}"
 live_timeout="${TRITONFLOW_GATEWAY_LIVE_TIMEOUT_S:-15}"
+drain_timeout="${TRITONFLOW_GATEWAY_DRAIN_TIMEOUT_S:-10}"
+pid_file="${TRITONFLOW_GATEWAY_PID_FILE:-/var/run/nginx.pid}"
 nginx_cmd="${NGINX_CMD:-nginx}"
 request="$conf_dir/reload.request"
 result="$conf_dir/reload.result"
@@ -52,6 +61,27 @@ live() {  # live TOKEN: true once NGINX serves TOKEN at the probe URL 3 times in
   return 1
 }
 
+workers() {  # PIDs of the NGINX master's children (none when its pid file cannot be read)
+  master=$(cat "$pid_file" 2>/dev/null) || return 0
+  [ -n "$master" ] || return 0
+  # cat, not awk on the files: a process may exit between the glob and the read
+  cat /proc/[0-9]*/status 2>/dev/null | awk -v m="$master" '/^Pid:/ {pid = $2} /^PPid:/ && $2 == m {print pid}'
+}
+
+drain() {  # drain PIDS: true once none of PIDS runs any more (a zombie counts as gone)
+  i=0
+  while [ "$i" -lt "$((drain_timeout * 10))" ]; do
+    alive=""
+    for p in $1; do
+      grep -qs '^State:[[:space:]]*[^Z]' "/proc/$p/status" && alive="$alive $p"
+    done
+    [ -z "$alive" ] && return 0
+    sleep 0.1
+    i=$((i + 1))
+  done
+  return 1
+}
+
 echo "reload-watcher: watching $request every ${poll}s"
 while :; do
   token=""
@@ -61,6 +91,7 @@ while :; do
   if [ -n "$token" ] && [ "$token" != "$last" ]; then
     last=$token
     printf 'return 200 "%s";\n' "$token" > "$token_conf.tmp.$$" && mv -f "$token_conf.tmp.$$" "$token_conf"
+    old_workers=$(workers)
     # shellcheck disable=SC2086  # NGINX_CMD is an argv prefix
     if ! out=$($nginx_cmd -t 2>&1); then
       answer "$token" failed "$out"
@@ -68,6 +99,9 @@ while :; do
       answer "$token" failed "$out2"
     elif ! live "$token"; then
       answer "$token" failed "nginx -s reload was sent but $probe did not answer the new token within ${live_timeout}s"
+    elif ! drain "$old_workers"; then
+      answer "$token" ok "$out
+old NGINX workers still running ${drain_timeout}s after the reload: requests they admitted under the previous config may be in flight"
     else
       answer "$token" ok "$out"
     fi

@@ -77,16 +77,18 @@ class WatcherReload:
     A worker cannot signal NGINX in another container. The gateway container of the
     docker-compose stack runs ``deploy/nginx/reload-watcher.sh`` beside NGINX; it watches
     ``<conf_dir>/reload.request``, runs ``nginx -t`` and ``nginx -s reload``, waits until the new
-    config is live and answers ``<token> ok`` or ``<token> failed`` (plus NGINX's output) in
+    config is live and the workers of the old one have exited (at most 10 s by default), and
+    answers ``<token> ok`` or ``<token> failed`` (plus NGINX's output) in
     ``<conf_dir>/reload.result``. Use an instance as :class:`NginxRouter`'s ``reload`` with
     ``test=None`` (the watcher tests the config itself).
 
     Args:
         conf_dir: The gateway config folder shared with the NGINX container.
-        timeout_s: Seconds to wait for the watcher's answer.
+        timeout_s: Seconds to wait for the watcher's answer: its poll (1 s), ``nginx -t``, the
+            reload, up to 15 s for the new config to go live and up to 10 s for the old workers.
     """
 
-    def __init__(self, conf_dir: str | os.PathLike[str], timeout_s: float = 30.0):
+    def __init__(self, conf_dir: str | os.PathLike[str], timeout_s: float = 60.0):
         self.conf_dir = Path(conf_dir)
         self.timeout_s = timeout_s
 

@@ -83,6 +83,11 @@ def test_gateway_shares_its_snippet_folders_with_the_workers(services):
 
 #: A version the stand-in Triton answers with an error (a challenger that fails).
 FAILING_VERSION = 9
+#: A version whose inferences it answers :data:`SLOW_S` seconds late (a request in flight when the plan changes);
+#: the monotonic time of each such answer goes to ``SLOW_ANSWERED``.
+SLOW_VERSION, SLOW_S = 5, 3.0
+SLOW_ANSWERED: list[float] = []
+SLOW_ADMITTED = threading.Event()
 
 
 class _FakeTriton(http.server.BaseHTTPRequestHandler):
@@ -93,6 +98,10 @@ class _FakeTriton(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(length)
+        if self.path.endswith(f"/versions/{SLOW_VERSION}/infer"):
+            SLOW_ADMITTED.set()
+            time.sleep(SLOW_S)
+            SLOW_ANSWERED.append(time.monotonic())
         body = json.dumps({"path": self.path}).encode()
         self.send_response(500 if f"/versions/{FAILING_VERSION}/" in self.path else 200)
         self.send_header("Content-Type", "application/json")
@@ -173,6 +182,7 @@ def local_gateway(tmp_path, services) -> Iterator[LocalGateway]:
         ["sh", str(ROOT / "deploy/nginx/reload-watcher.sh")],
         env=dict(os.environ, TRITONFLOW_GATEWAY_CONF_DIR=str(conf_dir), TRITONFLOW_GATEWAY_RELOAD_POLL_S="0.1",
                  TRITONFLOW_GATEWAY_PROBE_URL=f"http://127.0.0.1:{port}/gateway/reload-token",
+                 TRITONFLOW_GATEWAY_PID_FILE=str(state / "nginx.pid"),
                  NGINX_CMD=shlex.join(nginx_argv)),
         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
@@ -221,6 +231,37 @@ def test_workers_canary_plan_reaches_the_gateway_through_the_reload_watcher(loca
     router.apply(TrafficPlan.canary("churn", champion=7, challenger=8, percent=50))
     served = {_get(gw.url + "/v2/models/churn/infer", data=b"{}")[2]["path"] for _ in range(40)}
     assert served == {"/v2/models/churn/versions/7/infer", "/v2/models/churn/versions/8/infer"}
+
+
+def test_the_watcher_answers_once_the_requests_admitted_under_the_old_config_are_answered(local_gateway):
+    """A rollback unloads the challenger as soon as the watcher answers: a request the old
+    workers admitted must be answered by then, or it reaches a version that is gone."""
+    from repository_sync.routing.nginx_router import NginxRouter
+    from repository_sync.routing.traffic_plan import TrafficPlan
+
+    gw = local_gateway
+    router = NginxRouter(gw.conf_dir, reload=lambda: request_reload(gw.conf_dir), test=None)
+    router.apply(TrafficPlan.single("churn", SLOW_VERSION))
+    SLOW_ADMITTED.clear()
+    answers: list = []
+    client = threading.Thread(target=lambda: answers.append(_get(gw.url + "/v2/models/churn/infer", data=b"{}")))
+    client.start()
+    assert SLOW_ADMITTED.wait(10), "the slow request never reached the upstream"
+    router.apply(TrafficPlan.single("churn", 7))
+    applied_at = time.monotonic()
+    client.join(30)
+    (status, headers, body), = answers
+    assert (status, headers.get("X-Tritonflow-Version"), body["path"]) == (
+        200, str(SLOW_VERSION), f"/v2/models/churn/versions/{SLOW_VERSION}/infer")
+    assert SLOW_ANSWERED and SLOW_ANSWERED[-1] <= applied_at, "the watcher answered with a request in flight"
+    assert _get(gw.url + "/v2/models/churn/infer", data=b"{}")[2]["path"] == "/v2/models/churn/versions/7/infer"
+
+
+def test_the_watchers_default_pid_file_is_the_one_the_stack_nginx_writes(services):
+    conf = (ROOT / bind_mounts(services["gateway"])["/etc/nginx/nginx.conf"]).read_text()
+    watcher = (ROOT / "deploy/nginx/reload-watcher.sh").read_text()
+    default = re.search(r"TRITONFLOW_GATEWAY_PID_FILE:-([^}]+)}", watcher).group(1)
+    assert ((), f"pid {default}") in nginx_blocks(conf)
 
 
 def test_reload_watcher_reports_a_refused_config_and_nginx_keeps_serving(local_gateway):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import json
 import threading
+import time
 import types
 import urllib.error
 import urllib.request
@@ -71,6 +72,13 @@ def traffic_split_plans() -> dict[str, dict]:
 
 
 # ------------------------------------------------------------------------------ echo upstream
+#: A version whose inferences the echo upstream answers :data:`SLOW_S` seconds late (a request still in flight
+#: when the plan changes); the monotonic time of each such answer goes to ``SLOW_ANSWERED``.
+SLOW_VERSION, SLOW_S = 5, 3.0
+SLOW_ANSWERED: list[float] = []
+SLOW_ADMITTED = threading.Event()
+
+
 class _Echo(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body go in two writes: no 40 ms delayed-ACK stall
@@ -79,6 +87,10 @@ class _Echo(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(length)
+        if self.path.endswith(f"/versions/{SLOW_VERSION}/infer"):
+            SLOW_ADMITTED.set()
+            time.sleep(SLOW_S)
+            SLOW_ANSWERED.append(time.monotonic())
         body = json.dumps({"path": self.path, "method": self.command}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -330,6 +342,25 @@ def test_router_works_with_the_gateway_handle_reload(gateway):
     r.remove("churn_model")
     assert r.current_plan("churn_model") is None
     assert r.models() == []
+
+
+def test_the_gateway_reload_returns_once_the_requests_admitted_under_the_old_plan_are_answered(gateway):
+    """A rollback unloads the challenger as soon as the reload returns: a request the old workers
+    admitted must be answered by then, or it reaches a version that is gone."""
+    r = NginxRouter(gateway.conf_dir, reload=gateway.reload)
+    wait_live(gateway.url, r.apply(TrafficPlan.single("churn_model", SLOW_VERSION)))
+    SLOW_ADMITTED.clear()
+    answers: list = []
+    client = threading.Thread(target=lambda: answers.append(
+        request(f"{gateway.url}/v2/models/churn_model/infer", method="POST")))
+    client.start()
+    assert SLOW_ADMITTED.wait(10), "the slow request never reached the upstream"
+    r.apply(TrafficPlan.single("churn_model", 3))
+    applied_at = time.monotonic()
+    client.join(30)
+    assert answers == [(200, str(SLOW_VERSION), f"/v2/models/churn_model/versions/{SLOW_VERSION}/infer")]
+    assert SLOW_ANSWERED and SLOW_ANSWERED[-1] <= applied_at, "the reload returned with a request in flight"
+    assert request(f"{gateway.url}/v2/models/churn_model/infer", method="POST")[1] == "3"
 
 
 def test_router_chosen_by_the_setting_routes_through_the_real_gateway(gateway):

@@ -546,6 +546,28 @@ class S3Server(Service):
 
 # ================================================================================== NGINX
 NGINX_BINARY = "/usr/sbin/nginx"
+#: Seconds :meth:`NginxGateway.reload` waits for the workers of the previous config to exit.
+GATEWAY_DRAIN_TIMEOUT_S = 10.0
+
+
+def _proc_status(pid: int | str) -> dict[str, str]:
+    """``/proc/PID/status`` as a dict (empty once the process is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
+
+
+def is_running(pid: int) -> bool:
+    """True while process ``pid`` exists and is not a zombie waiting for its parent."""
+    return not _proc_status(pid).get("State", "Z").startswith("Z")
+
+
+def child_pids(parent: int) -> set[int]:
+    """PIDs of the running children of ``parent``, read from ``/proc``."""
+    pids = (int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit())
+    return {pid for pid in pids if _proc_status(pid).get("PPid") == str(parent) and is_running(pid)}
 
 
 class NginxGateway(Service):
@@ -659,15 +681,27 @@ http {{
             raise RuntimeStartError(f"{self.name}: nginx -t failed:\n{proc.stderr.strip()}")
 
     def reload(self) -> None:
-        """Check the config with ``nginx -t``, then reload gracefully (no dropped connections).
+        """Check the config with ``nginx -t``, reload gracefully, and wait for the old workers to exit.
+
+        NGINX starts the new config's workers first, then lets the old ones finish the requests
+        they admitted. A request admitted under the previous config may still be on its way to a
+        version the caller unloads next (a canary's rollback unloads the challenger), so this
+        returns once those workers have exited, or after :data:`GATEWAY_DRAIN_TIMEOUT_S`.
 
         Raises:
             RuntimeStartError: the config test or the reload signal failed.
         """
         self.test_config()
+        try:
+            old_workers = child_pids(int((self.conf_dir / "nginx.pid").read_text()))
+        except (OSError, ValueError):
+            old_workers = set()
         proc = subprocess.run(self.nginx_cmd("-s", "reload"), capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeStartError(f"{self.name}: nginx reload failed:\n{proc.stderr.strip()}")
+        deadline = time.monotonic() + GATEWAY_DRAIN_TIMEOUT_S
+        while any(is_running(pid) for pid in old_workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def python_site_packages() -> Path:
