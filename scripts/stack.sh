@@ -191,6 +191,23 @@ wait_healthy() {
   done
 }
 
+# Why the stack is not up: every container's state, and for each one that is neither healthy nor a
+# completed job its last health probes and the tail of its log (docker-compose says only
+# "Container ... is unhealthy").
+diagnose() {
+  local id name
+  compose ps >&2 || true
+  for id in $(compose ps -q 2>/dev/null); do
+    name=$(docker inspect -f '{{ .Name }} {{ .State.Status }} {{ if .State.Health }}{{ .State.Health.Status }}{{ else }}none{{ end }} {{ .State.ExitCode }}' "$id")
+    echo "$name" | awk '{exit !(($2=="running" && ($3=="healthy" || $3=="none")) || ($2=="exited" && $4=="0"))}' && continue
+    log "--- $name: last health probes"
+    docker inspect -f '{{ if .State.Health }}{{ range .State.Health.Log }}{{ .Start }} exit {{ .ExitCode }}: {{ .Output }}
+{{ end }}{{ end }}' "$id" | tail -n 12 >&2 || true
+    log "--- $name: log tail"
+    docker logs --tail 40 "$id" 2>&1 | tail -n 40 >&2 || true
+  done
+}
+
 cmd_up() {
   cmd_build
   # NVIDIA recommends an unlimited memlock for Triton; where this host's hard limit is lower, a
@@ -200,8 +217,8 @@ cmd_up() {
   fi
   local t0=$SECONDS
   log "docker-compose up ($WORKERS Celery workers)"
-  compose up -d --no-build --scale airflow-worker="$WORKERS" >&2
-  wait_healthy || { compose ps >&2; exit 1; }
+  compose up -d --no-build --scale airflow-worker="$WORKERS" >&2 || { diagnose; exit 1; }
+  wait_healthy || { diagnose; exit 1; }
   log "every service healthy ($((SECONDS - t0)) s after up)"
   compose ps >&2
 }

@@ -47,8 +47,10 @@ def loop(tmp_path_factory) -> dict:
                           timeout=LOOP_TIMEOUT_S)
     progress = "\n".join(line for line in proc.stdout.splitlines() if line.startswith("["))
     (home.parent / "demo.out").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr[-20000:])
+    # On failure the whole tail: a failed ``stack.sh up`` explains itself in lines of docker-compose's
+    # and in each unhealthy service's health log, which do not start with "[".
     assert proc.returncode == 0, f"the quick loop in the stack failed (rc {proc.returncode}):\n" \
-                                 f"{progress[-6000:]}\n{proc.stderr[-3000:]}"
+                                 f"{proc.stdout[-8000:]}\n{proc.stderr[-3000:]}"
     summary = json.loads((home / "report" / "summary.json").read_text())
     summary["_progress"] = progress
     return summary
