@@ -9,5 +9,8 @@ mkdir -p "$conf_dir/http.d" "$conf_dir/locations.d"
 if [ -n "${TRITONFLOW_GATEWAY_ACCESS_LOG:-}" ] && [ "$TRITONFLOW_GATEWAY_ACCESS_LOG" != "off" ]; then
     mkdir -p "$(dirname "$TRITONFLOW_GATEWAY_ACCESS_LOG")"
 fi
+# The watcher is a child of this shell, so of the NGINX master once it execs (the watcher knows).
 sh "$(dirname "$0")/reload-watcher.sh" &
-exec nginx -g 'daemon off;'
+# NGINX_CMD: an argv prefix, as in the watcher (tests run this entry point under a local NGINX).
+# shellcheck disable=SC2086
+exec ${NGINX_CMD:-nginx} -g 'daemon off;'

@@ -61,11 +61,13 @@ live() {  # live TOKEN: true once NGINX serves TOKEN at the probe URL 3 times in
   return 1
 }
 
-workers() {  # PIDs of the NGINX master's children (none when its pid file cannot be read)
+workers() {  # PIDs of the NGINX master's nginx children (none when its pid file cannot be read)
   master=$(cat "$pid_file" 2>/dev/null) || return 0
   [ -n "$master" ] || return 0
-  # cat, not awk on the files: a process may exit between the glob and the read
-  cat /proc/[0-9]*/status 2>/dev/null | awk -v m="$master" '/^Pid:/ {pid = $2} /^PPid:/ && $2 == m {print pid}'
+  # Only the nginx ones: in the gateway container this watcher is a child of the master too.
+  # cat, not awk on the files: a process may exit between the glob and the read.
+  cat /proc/[0-9]*/status 2>/dev/null \
+    | awk -v m="$master" '/^Name:/ {name = $2} /^Pid:/ {pid = $2} /^PPid:/ && $2 == m && name == "nginx" {print pid}'
 }
 
 drain() {  # drain PIDS: true once none of PIDS runs any more (a zombie counts as gone)

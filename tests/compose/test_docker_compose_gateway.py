@@ -117,12 +117,12 @@ class _FakeTriton(http.server.BaseHTTPRequestHandler):
 
 @dataclasses.dataclass
 class LocalGateway:
-    """deploy/nginx/nginx.conf and reload-watcher.sh running under the local NGINX binary."""
+    """The gateway container's entry point (deploy/nginx/gateway.sh: the reload watcher beside an
+    NGINX it then becomes) with deploy/nginx/nginx.conf, under the local NGINX binary."""
 
     conf_dir: Path
     url: str
-    nginx: subprocess.Popen
-    watcher: subprocess.Popen
+    process: subprocess.Popen  # the NGINX master, whose children are its workers and the watcher
     logs_dir: Path  # where the gateway-logs volume's path is mapped
 
 
@@ -176,17 +176,14 @@ def local_gateway(tmp_path, services) -> Iterator[LocalGateway]:
     conf_path = state / "nginx.conf"
     conf_path.write_text(conf)
     nginx_argv = [NGINX_BINARY, "-p", str(state), "-c", str(conf_path), "-e", str(state / "logs" / "error.log")]
-    nginx = subprocess.Popen([*nginx_argv, "-g", "daemon off;"], start_new_session=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    watcher = subprocess.Popen(
-        ["sh", str(ROOT / "deploy/nginx/reload-watcher.sh")],
+    nginx = subprocess.Popen(
+        ["sh", str(ROOT / "deploy/nginx/gateway.sh")],
         env=dict(os.environ, TRITONFLOW_GATEWAY_CONF_DIR=str(conf_dir), TRITONFLOW_GATEWAY_RELOAD_POLL_S="0.1",
                  TRITONFLOW_GATEWAY_PROBE_URL=f"http://127.0.0.1:{port}/gateway/reload-token",
-                 TRITONFLOW_GATEWAY_PID_FILE=str(state / "nginx.pid"),
-                 NGINX_CMD=shlex.join(nginx_argv)),
-        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                 TRITONFLOW_GATEWAY_PID_FILE=str(state / "nginx.pid"), NGINX_CMD=shlex.join(nginx_argv)),
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
-    gw = LocalGateway(conf_dir, f"http://127.0.0.1:{port}", nginx, watcher, tmp_path / "gateway-logs")
+    gw = LocalGateway(conf_dir, f"http://127.0.0.1:{port}", nginx, tmp_path / "gateway-logs")
     try:
         deadline = time.monotonic() + 30
         while not _get(gw.url + "/gateway/health")[0] == 200:
@@ -196,8 +193,7 @@ def local_gateway(tmp_path, services) -> Iterator[LocalGateway]:
             time.sleep(0.1)
         yield gw
     finally:
-        _stop(watcher)
-        _stop(nginx)
+        _stop(nginx)  # its session: the master, its workers and the watcher
         upstream.shutdown()
         upstream.server_close()
 
@@ -254,6 +250,8 @@ def test_the_watcher_answers_once_the_requests_admitted_under_the_old_config_are
     assert (status, headers.get("X-Tritonflow-Version"), body["path"]) == (
         200, str(SLOW_VERSION), f"/v2/models/churn/versions/{SLOW_VERSION}/infer")
     assert SLOW_ANSWERED and SLOW_ANSWERED[-1] <= applied_at, "the watcher answered with a request in flight"
+    # ... and it waited for the old workers only, not for itself (a child of the master too)
+    assert "still running" not in (gw.conf_dir / "reload.result").read_text()
     assert _get(gw.url + "/v2/models/churn/infer", data=b"{}")[2]["path"] == "/v2/models/churn/versions/7/infer"
 
 

@@ -564,10 +564,14 @@ def is_running(pid: int) -> bool:
     return not _proc_status(pid).get("State", "Z").startswith("Z")
 
 
-def child_pids(parent: int) -> set[int]:
-    """PIDs of the running children of ``parent``, read from ``/proc``."""
-    pids = (int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit())
-    return {pid for pid in pids if _proc_status(pid).get("PPid") == str(parent) and is_running(pid)}
+def child_pids(parent: int, name: str | None = None) -> set[int]:
+    """PIDs of the running children of ``parent`` (only those whose process name is ``name``), from ``/proc``."""
+    out: set[int] = set()
+    for pid in (int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()):
+        status = _proc_status(pid)
+        if status.get("PPid") == str(parent) and name in (None, status.get("Name")) and is_running(pid):
+            out.add(pid)
+    return out
 
 
 class NginxGateway(Service):
@@ -693,7 +697,7 @@ http {{
         """
         self.test_config()
         try:
-            old_workers = child_pids(int((self.conf_dir / "nginx.pid").read_text()))
+            old_workers = child_pids(int((self.conf_dir / "nginx.pid").read_text()), name="nginx")
         except (OSError, ValueError):
             old_workers = set()
         proc = subprocess.run(self.nginx_cmd("-s", "reload"), capture_output=True, text=True)
