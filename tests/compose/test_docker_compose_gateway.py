@@ -30,6 +30,7 @@ from tests.compose.stack import (
     named_volumes,
     triton_argv,
 )
+from tests.slow_upstream import SlowVersion
 from tritonflow.runtime.services import NGINX_BINARY, free_port
 
 #: The gateway runs under the local NGINX, a real service.
@@ -83,11 +84,8 @@ def test_gateway_shares_its_snippet_folders_with_the_workers(services):
 
 #: A version the stand-in Triton answers with an error (a challenger that fails).
 FAILING_VERSION = 9
-#: A version whose inferences it answers :data:`SLOW_S` seconds late (a request in flight when the plan changes);
-#: the monotonic time of each such answer goes to ``SLOW_ANSWERED``.
-SLOW_VERSION, SLOW_S = 5, 3.0
-SLOW_ANSWERED: list[float] = []
-SLOW_ADMITTED = threading.Event()
+#: Inferences of this version are answered 3 s late (a request in flight across a reload).
+SLOW = SlowVersion()
 
 
 class _FakeTriton(http.server.BaseHTTPRequestHandler):
@@ -98,10 +96,7 @@ class _FakeTriton(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(length)
-        if self.path.endswith(f"/versions/{SLOW_VERSION}/infer"):
-            SLOW_ADMITTED.set()
-            time.sleep(SLOW_S)
-            SLOW_ANSWERED.append(time.monotonic())
+        SLOW.hold(self.path)
         body = json.dumps({"path": self.path}).encode()
         self.send_response(500 if f"/versions/{FAILING_VERSION}/" in self.path else 200)
         self.send_header("Content-Type", "application/json")
@@ -237,19 +232,19 @@ def test_the_watcher_answers_once_the_requests_admitted_under_the_old_config_are
 
     gw = local_gateway
     router = NginxRouter(gw.conf_dir, reload=lambda: request_reload(gw.conf_dir), test=None)
-    router.apply(TrafficPlan.single("churn", SLOW_VERSION))
-    SLOW_ADMITTED.clear()
+    router.apply(TrafficPlan.single("churn", SLOW.version))
+    SLOW.admitted.clear()
     answers: list = []
     client = threading.Thread(target=lambda: answers.append(_get(gw.url + "/v2/models/churn/infer", data=b"{}")))
     client.start()
-    assert SLOW_ADMITTED.wait(10), "the slow request never reached the upstream"
+    assert SLOW.admitted.wait(10), "the slow request never reached the upstream"
     router.apply(TrafficPlan.single("churn", 7))
     applied_at = time.monotonic()
     client.join(30)
     (status, headers, body), = answers
     assert (status, headers.get("X-Tritonflow-Version"), body["path"]) == (
-        200, str(SLOW_VERSION), f"/v2/models/churn/versions/{SLOW_VERSION}/infer")
-    assert SLOW_ANSWERED and SLOW_ANSWERED[-1] <= applied_at, "the watcher answered with a request in flight"
+        200, str(SLOW.version), f"/v2/models/churn/versions/{SLOW.version}/infer")
+    assert SLOW.answered and SLOW.answered[-1] <= applied_at, "the watcher answered with a request in flight"
     # ... and it waited for the old workers only, not for itself (a child of the master too)
     assert "still running" not in (gw.conf_dir / "reload.result").read_text()
     assert _get(gw.url + "/v2/models/churn/infer", data=b"{}")[2]["path"] == "/v2/models/churn/versions/7/infer"

@@ -29,6 +29,7 @@ from ground.exceptions import (
 from repository_sync.routing.gateway_probe import PLAN_HEADER, served_by, wait_live
 from repository_sync.routing.nginx_router import NginxRouter
 from repository_sync.routing.traffic_plan import Route, TrafficPlan
+from tests.slow_upstream import SlowVersion
 
 pytestmark = pytest.mark.integration
 
@@ -72,11 +73,8 @@ def traffic_split_plans() -> dict[str, dict]:
 
 
 # ------------------------------------------------------------------------------ echo upstream
-#: A version whose inferences the echo upstream answers :data:`SLOW_S` seconds late (a request still in flight
-#: when the plan changes); the monotonic time of each such answer goes to ``SLOW_ANSWERED``.
-SLOW_VERSION, SLOW_S = 5, 3.0
-SLOW_ANSWERED: list[float] = []
-SLOW_ADMITTED = threading.Event()
+#: Inferences of this version are answered 3 s late (a request in flight across a reload).
+SLOW = SlowVersion()
 
 
 class _Echo(BaseHTTPRequestHandler):
@@ -87,10 +85,7 @@ class _Echo(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(length)
-        if self.path.endswith(f"/versions/{SLOW_VERSION}/infer"):
-            SLOW_ADMITTED.set()
-            time.sleep(SLOW_S)
-            SLOW_ANSWERED.append(time.monotonic())
+        SLOW.hold(self.path)
         body = json.dumps({"path": self.path, "method": self.command}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -348,18 +343,18 @@ def test_the_gateway_reload_returns_once_the_requests_admitted_under_the_old_pla
     """A rollback unloads the challenger as soon as the reload returns: a request the old workers
     admitted must be answered by then, or it reaches a version that is gone."""
     r = NginxRouter(gateway.conf_dir, reload=gateway.reload)
-    wait_live(gateway.url, r.apply(TrafficPlan.single("churn_model", SLOW_VERSION)))
-    SLOW_ADMITTED.clear()
+    wait_live(gateway.url, r.apply(TrafficPlan.single("churn_model", SLOW.version)))
+    SLOW.admitted.clear()
     answers: list = []
     client = threading.Thread(target=lambda: answers.append(
         request(f"{gateway.url}/v2/models/churn_model/infer", method="POST")))
     client.start()
-    assert SLOW_ADMITTED.wait(10), "the slow request never reached the upstream"
+    assert SLOW.admitted.wait(10), "the slow request never reached the upstream"
     r.apply(TrafficPlan.single("churn_model", 3))
     applied_at = time.monotonic()
     client.join(30)
-    assert answers == [(200, str(SLOW_VERSION), f"/v2/models/churn_model/versions/{SLOW_VERSION}/infer")]
-    assert SLOW_ANSWERED and SLOW_ANSWERED[-1] <= applied_at, "the reload returned with a request in flight"
+    assert answers == [(200, str(SLOW.version), f"/v2/models/churn_model/versions/{SLOW.version}/infer")]
+    assert SLOW.answered and SLOW.answered[-1] <= applied_at, "the reload returned with a request in flight"
     assert request(f"{gateway.url}/v2/models/churn_model/infer", method="POST")[1] == "3"
 
 
