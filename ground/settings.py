@@ -365,6 +365,13 @@ class Settings:
         "PERF_GATE_MEASUREMENT_MS", 250, "p99 gate measurement window (ms).",
         check=at_least(1, what="milliseconds"),
     )
+    #: Requests a p99 gate window should hold: a model's window grows from ``perf_gate_measurement_ms``
+    #: (up to 16x) until it holds them at the model's measured throughput, and doubles after an
+    #: unstable pass (``model_registry.profiling.perf.next_window_ms``).
+    perf_gate_min_requests: int = setting(
+        "PERF_GATE_MIN_REQUESTS", 100, "Requests each p99 gate window should hold (its window grows to them).",
+        check=at_least(1, what="a whole number"),
+    )
     #: Fraction (0-1) of a GPU's free memory the instances of one model may plan to use.
     gpu_memory_budget_fraction: float = setting(
         "GPU_MEMORY_BUDGET_FRACTION", 0.8, "Share of free GPU memory.", check=FRACTION,

@@ -49,6 +49,8 @@ from model_registry.profiling.triton_tools import TritonTools
 PA_UNSTABLE_MESSAGE = "Failed to obtain stable measurement"
 #: Fewest passes per model the gate accepts.
 MIN_PASSES = 3
+#: The gate's longest adaptive window as a multiple of its first (:func:`next_window_ms`; 250 ms -> 4 s).
+MAX_WINDOW_FACTOR = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +63,7 @@ class PerfPass:
         throughput: Inferences per second.
         p99_ms: p99 latency, milliseconds.
         stable: perf_analyzer reached its stability criterion.
+        window_ms: perf_analyzer's measurement window of the pass, milliseconds (0: not recorded).
     """
 
     model: str
@@ -68,6 +71,7 @@ class PerfPass:
     throughput: float
     p99_ms: float
     stable: bool
+    window_ms: int = 0
 
 
 def perf_analyzer_path(settings: Settings) -> Path:
@@ -145,7 +149,7 @@ def run_pass(model: str, url: str, concurrency: int, *, tools: TritonTools, sett
         out = proc.stdout + proc.stderr
         unstable = PA_UNSTABLE_MESSAGE in out
         if unstable and not report.is_file():  # perf_analyzer's own verdict: no figure to trust
-            return PerfPass(model, int(concurrency), math.nan, math.nan, False)
+            return PerfPass(model, int(concurrency), math.nan, math.nan, False, int(measurement_ms))
         if not report.is_file():
             raise TransientError(f"perf_analyzer on {model!r} failed (exit {proc.returncode}): {out[-800:]}")
         rows = list(csv.DictReader(io.StringIO(report.read_text())))
@@ -153,17 +157,45 @@ def run_pass(model: str, url: str, concurrency: int, *, tools: TritonTools, sett
         raise TransientError(f"perf_analyzer on {model!r} wrote an empty report: {out[-800:]}")
     row = rows[-1]
     return PerfPass(model, int(concurrency), float(row["Inferences/Second"]), float(row["p99 latency"]) / 1000.0,
-                    not unstable and proc.returncode == 0)
+                    not unstable and proc.returncode == 0, int(measurement_ms))
+
+
+def next_window_ms(window_ms: int, last: PerfPass, *, min_requests: int, max_window_ms: int) -> int:
+    """The measurement window of a model's next pass, grown to what its last pass showed it needs.
+
+    A p99 from a window of few requests is the window's slowest request or close to it, and
+    perf_analyzer cannot stabilise throughput and mean latency over windows of a dozen requests: a
+    challenger 10-30x slower than its champion on a loaded 2-core host got 2 stable passes in 10 at
+    the champion's 250 ms (a CI failure). So after an unstable pass the window doubles, and after a
+    stable one it grows to hold ``min_requests`` requests at the pass's throughput; it never shrinks
+    and never exceeds ``max_window_ms``.
+
+    Args:
+        window_ms: The window of ``last``, milliseconds (>= 1).
+        last: The model's last pass.
+        min_requests: Fewest requests a window should hold (0: only instability grows it).
+        max_window_ms: Largest window, milliseconds.
+
+    Returns:
+        The next window, milliseconds, in ``[window_ms, max(window_ms, max_window_ms)]``.
+    """
+    if not last.stable or not math.isfinite(last.throughput) or last.throughput <= 0:
+        wanted = 2 * window_ms
+    else:
+        wanted = math.ceil(min_requests * 1000.0 / last.throughput)
+    return max(window_ms, min(int(max_window_ms), int(wanted)))
 
 
 def measure_interleaved(models: Sequence[str], url: str, concurrency: int, *, tools: TritonTools,
                         settings: Settings, passes: int = MIN_PASSES, measurement_ms: int = 1000,
                         input_data: Mapping[str, str | Path | None] | None = None,
-                        stability_percentage: int | None = None, max_trials: int = 5) -> dict[str, list[PerfPass]]:
+                        stability_percentage: int | None = None, max_trials: int = 5, min_requests: int = 0,
+                        max_measurement_ms: int | None = None) -> dict[str, list[PerfPass]]:
     """At least ``passes`` stable perf_analyzer passes per model on one Triton, interleaved.
 
     The order is reversed every other round (A B, B A, ...). Rounds go on while a model has fewer than
-    ``passes`` stable passes, at most ``2 * passes`` rounds.
+    ``passes`` stable passes, at most ``2 * passes`` rounds. With ``max_measurement_ms`` each model's
+    window adapts to it (:func:`next_window_ms`): a slow model gets longer windows than a fast one.
 
     Args:
         models: Models loaded on the Triton at ``url``.
@@ -176,6 +208,9 @@ def measure_interleaved(models: Sequence[str], url: str, concurrency: int, *, to
         input_data: ``{model: --input-data JSON}`` (missing: random data).
         stability_percentage: perf_analyzer's stability criterion, percent.
         max_trials: perf_analyzer's trials per pass.
+        min_requests: Fewest requests per window the adaptive windows aim at.
+        max_measurement_ms: Largest adaptive window, milliseconds (None: every window is
+            ``measurement_ms``).
 
     Returns:
         ``{model: [PerfPass, ...]}`` in measurement order (unstable passes included, flagged).
@@ -184,14 +219,18 @@ def measure_interleaved(models: Sequence[str], url: str, concurrency: int, *, to
         TransientError: A pass failed (:func:`run_pass`).
     """
     out: dict[str, list[PerfPass]] = {m: [] for m in models}
+    window = {m: int(measurement_ms) for m in models}
     for rnd in range(2 * passes):
         if rnd >= passes and all(sum(p.stable for p in out[m]) >= passes for m in models):
             break
         order = list(models) if rnd % 2 == 0 else list(reversed(models))
         for m in order:
-            out[m].append(run_pass(m, url, concurrency, tools=tools, settings=settings, measurement_ms=measurement_ms,
+            out[m].append(run_pass(m, url, concurrency, tools=tools, settings=settings, measurement_ms=window[m],
                                    input_data=(input_data or {}).get(m), max_trials=max_trials,
                                    stability_percentage=stability_percentage))
+            if max_measurement_ms is not None:
+                window[m] = next_window_ms(window[m], out[m][-1], min_requests=min_requests,
+                                           max_window_ms=max_measurement_ms)
     return out
 
 
@@ -317,8 +356,13 @@ def perf_regression_gate(champion_dir: str | Path, challenger_dir: str | Path, *
                          passes: int = MIN_PASSES, max_regression: float | None = None,
                          min_regression_ms: float | None = None,
                          measurement_ms: int = 1000, samples: Mapping[str, Mapping[str, np.ndarray]] | None = None,
-                         stability_percentage: int = 30, tools: TritonTools, settings: Settings) -> PerfGateResult:
+                         stability_percentage: int = 30, min_requests: int | None = None, tools: TritonTools,
+                         settings: Settings) -> PerfGateResult:
     """Measure champion and challenger on one local Triton, interleaved, and decide on p99.
+
+    Each model's window starts at ``measurement_ms`` and adapts to the model (:func:`next_window_ms`,
+    up to ``MAX_WINDOW_FACTOR`` times longer), so a much slower challenger's p99 comes from as many
+    requests as the champion's instead of a window's slowest few.
 
     Args:
         champion_dir: Folder with ``config.pbtxt`` and a version folder ``1/`` (the champion).
@@ -328,15 +372,18 @@ def perf_regression_gate(champion_dir: str | Path, challenger_dir: str | Path, *
         max_regression: Allowed p99 regression (default ``settings.max_p99_regression``).
         min_regression_ms: Smallest absolute regression that rejects, milliseconds (default
             ``settings.min_p99_regression_ms``).
-        measurement_ms: perf_analyzer window.
+        measurement_ms: perf_analyzer's first window per model, milliseconds.
         samples: ``{"champion"|"challenger": validation feeds}`` used as ``--input-data``.
         stability_percentage: perf_analyzer's stability criterion per pass (the gate's own noise
             band handles pass-to-pass variation, so it is looser than profiling's).
+        min_requests: Fewest requests per window the adaptive windows aim at (default
+            ``settings.perf_gate_min_requests``).
         tools: The Triton tools (``perf_analyzer``, the scratch Triton starter).
-        settings: Default ``max_regression``, ``min_regression_ms`` and stability criterion.
+        settings: Default ``max_regression``, ``min_regression_ms``, ``min_requests`` and stability
+            criterion.
 
     Returns:
-        The verdict, the concurrency and every measured pass per model.
+        The verdict, the concurrency and every measured pass per model (each with its window).
 
     Raises:
         ValueError: ``passes`` is below 3.
@@ -366,7 +413,9 @@ def perf_regression_gate(champion_dir: str | Path, challenger_dir: str | Path, *
             measured = measure_interleaved(["champion", "challenger"], url, concurrency, tools=tools,
                                            passes=passes, settings=s, measurement_ms=measurement_ms,
                                            input_data=data, stability_percentage=stability_percentage,
-                                           max_trials=10)
+                                           max_trials=10, max_measurement_ms=MAX_WINDOW_FACTOR * int(measurement_ms),
+                                           min_requests=(s.perf_gate_min_requests if min_requests is None
+                                                         else int(min_requests)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     try:

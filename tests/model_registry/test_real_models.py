@@ -358,6 +358,23 @@ def test_from_five_passes_one_outlier_pass_does_not_widen_the_noise_band():
     assert not quiet.rejected
 
 
+def test_a_slow_models_gate_window_grows_until_it_holds_enough_requests_and_doubles_after_instability():
+    """A challenger 20x slower than its champion completed a dozen requests in the champion's 250 ms
+    window and perf_analyzer stabilised 2 of its 10 passes (a CI failure): its next window must hold
+    ``min_requests`` at its own throughput; an unstable pass doubles it; it never shrinks or passes the cap."""
+    from model_registry.profiling.perf import PerfPass, next_window_ms
+
+    def grow(throughput, stable=True, window=250):
+        return next_window_ms(window, PerfPass("m", 4, throughput, 20.0, stable, window), min_requests=100,
+                              max_window_ms=4000)
+
+    assert grow(1000.0) == 250  # a fast champion: 250 requests already, the window stays
+    assert grow(50.0) == 2000  # 12 requests at 50/s: 100 need 2 s
+    assert grow(10.0) == 4000  # capped
+    assert grow(float("nan"), stable=False) == 500 and grow(300.0, stable=False, window=3000) == 4000
+    assert grow(1000.0, window=1000) == 1000  # never shrinks
+
+
 def test_p99_regression_under_the_absolute_floor_passes_a_submillisecond_model():
     """A +40 % ratio that is 0.6 ms of scheduling noise is no regression; the same ratio at 15 ms is."""
     from model_registry.profiling.perf import p99_regression
