@@ -8,7 +8,8 @@ included. Reads the demo's last line (:func:`tritonflow.demo.__main__.benchmark_
 
 Figures: every closed loop (end of the alerting ``drift_monitor`` run to the end of the canary
 that promoted its challenger, ``closed_loops`` in ``summary.json``), the scheduling latency, the
-driver's wall time, the alerts and those acted on.
+driver's wall time, the alerts and those acted on, and the initial champion's profile status (a
+challenger reuses only a measured one: ``profiled`` or ``reused``).
 
 Goals (issue 30): the quick closed loop <= 60 s (every closed loop of the run; with ``--full``
 the loops are reported, not judged); with ``--full``, the whole replay <= 15 minutes after set-up.
@@ -174,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
            goals, demo_exit_status=rc, wall_s=wall, scheduling_latency_s=last.get("scheduling_latency_s"),
            alerts=last.get("alerts"), acted=last.get("acted"),
            closed_loops=summary.get("closed_loops"), served_auc_by_block=blocks or None,
+           initial_champion_profile=next((e.get("profile") for e in summary.get("events") or []
+                                          if e.get("kind") == "publish"), None),
            mode="full" if args.full else "quick")
     return 0 if ok else 1
 
