@@ -160,7 +160,7 @@ def run_pass(model: str, url: str, concurrency: int, *, tools: TritonTools, sett
                     not unstable and proc.returncode == 0, int(measurement_ms))
 
 
-def next_window_ms(window_ms: int, last: PerfPass, *, min_requests: int, max_window_ms: int) -> int:
+def next_window_ms(last: PerfPass, *, min_requests: int, max_window_ms: int) -> int:
     """The measurement window of a model's next pass, grown to what its last pass showed it needs.
 
     A p99 from a window of few requests is the window's slowest request or close to it, and
@@ -171,14 +171,14 @@ def next_window_ms(window_ms: int, last: PerfPass, *, min_requests: int, max_win
     and never exceeds ``max_window_ms``.
 
     Args:
-        window_ms: The window of ``last``, milliseconds (>= 1).
-        last: The model's last pass.
+        last: The model's last pass (its ``window_ms`` >= 1).
         min_requests: Fewest requests a window should hold (0: only instability grows it).
         max_window_ms: Largest window, milliseconds.
 
     Returns:
-        The next window, milliseconds, in ``[window_ms, max(window_ms, max_window_ms)]``.
+        The next window, milliseconds, in ``[last.window_ms, max(last.window_ms, max_window_ms)]``.
     """
+    window_ms = int(last.window_ms)
     if not last.stable or not math.isfinite(last.throughput) or last.throughput <= 0:
         wanted = 2 * window_ms
     else:
@@ -219,7 +219,7 @@ def measure_interleaved(models: Sequence[str], url: str, concurrency: int, *, to
         TransientError: A pass failed (:func:`run_pass`).
     """
     out: dict[str, list[PerfPass]] = {m: [] for m in models}
-    window = {m: int(measurement_ms) for m in models}
+    window = dict.fromkeys(models, int(measurement_ms))
     for rnd in range(2 * passes):
         if rnd >= passes and all(sum(p.stable for p in out[m]) >= passes for m in models):
             break
@@ -229,8 +229,7 @@ def measure_interleaved(models: Sequence[str], url: str, concurrency: int, *, to
                                    input_data=(input_data or {}).get(m), max_trials=max_trials,
                                    stability_percentage=stability_percentage))
             if max_measurement_ms is not None:
-                window[m] = next_window_ms(window[m], out[m][-1], min_requests=min_requests,
-                                           max_window_ms=max_measurement_ms)
+                window[m] = next_window_ms(out[m][-1], min_requests=min_requests, max_window_ms=max_measurement_ms)
     return out
 
 

@@ -365,7 +365,7 @@ def test_a_slow_models_gate_window_grows_until_it_holds_enough_requests_and_doub
     from model_registry.profiling.perf import PerfPass, next_window_ms
 
     def grow(throughput, stable=True, window=250):
-        return next_window_ms(window, PerfPass("m", 4, throughput, 20.0, stable, window), min_requests=100,
+        return next_window_ms(PerfPass("m", 4, throughput, 20.0, stable, window), min_requests=100,
                               max_window_ms=4000)
 
     assert grow(1000.0) == 250  # a fast champion: 250 requests already, the window stays
