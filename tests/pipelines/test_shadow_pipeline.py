@@ -32,6 +32,8 @@ from tritonflow.runtime.services import TritonServer
 #: Replayed window (days) with labels, and one without labels.
 LABELLED = (16_000, 16_600)
 UNLABELLED = (17_000, 17_300)
+#: A labelled window straddling the concept shift at day 12,000: 400 days before it, 300 after.
+STRADDLING = (11_600, 12_300)
 
 
 def publish_directly(settings, model: str, version: int, model_file_bytes: bytes, config) -> None:
@@ -96,6 +98,7 @@ def serving(tmp_path_factory, mlflow_server, noaa):
             control.load(model, 1)  # the champion serves
         labelled = write_noaa_log(settings.inference_log_root, model, noaa, *LABELLED)
         write_noaa_log(settings.inference_log_root, model, noaa, *UNLABELLED, labels=False)
+        write_noaa_log(settings.inference_log_root, model, noaa, *STRADDLING)
         yield {"settings": settings, "model": model, "trained": trained, "labelled": labelled,
                "triton": triton}
     finally:
@@ -176,6 +179,48 @@ def test_champion_trained_after_the_shift_beats_an_older_challenger(serving):
     assert decision["verdict"] == "challenger_loses"
     assert decision["outcome"] in ("nothing", "retrain")
     assert decision["primary"]["ci_high"] < 0
+
+
+def test_a_challenger_fitted_after_a_recorded_change_point_is_judged_on_the_rows_since_it(serving, noaa):
+    """A window straddling the shift: the challenger (trained after it) loses over the whole window,
+    mostly the concept the shift replaced, and wins on the rows since the change point it records."""
+    s, model = serving["settings"], serving["model"]
+    client = mlflow.MlflowClient(tracking_uri=s.resolved_mlflow_tracking_uri)
+    resolved = sp.resolve_versions(model, settings=s)
+    assert resolved["challenger"]["change_point"] == ""  # no recorded change point: the whole window
+    replayed = replay(model, resolved["champion"], resolved["challenger"], ts(STRADDLING[0]), ts(STRADDLING[1]),
+                      settings=s)
+    whole = compare(replayed, settings=s, record=False)
+    assert whole["verdict"] == "challenger_loses"
+    assert json.loads(open(whole["evidence_uri"]).read())["judged"]["since"] == ""
+
+    days = ds.window(noaa, *STRADDLING)[ds.DAY_COLUMN].to_numpy()
+    try:
+        client.set_model_version_tag(model, "2", "tritonflow.change_point", ts(12_000).isoformat())
+        resolved = sp.resolve_versions(model, settings=s)
+        replayed = replay(model, resolved["champion"], resolved["challenger"], ts(STRADDLING[0]),
+                          ts(STRADDLING[1]), settings=s)
+        since = compare(replayed, settings=s, record=False)
+        assert (since["verdict"], since["outcome"]) == ("challenger_wins", "promote_challenger")
+        after = days >= 12_000
+        assert since["n_rows"] == int(after.sum())
+        assert since["n_labelled"] == int((after & (days % 7 != 0)).sum())
+        judged = json.loads(open(since["evidence_uri"]).read())["judged"]
+        assert judged["since"] == ts(12_000).isoformat() and judged["recorded_by"] == 2
+        assert judged["rows_before"] == int((~after).sum())
+        assert "follow the replaced concept" in open(since["report_uri"]).read()
+
+        # too few labelled rows after the change point (< min_labels=200): the whole window again
+        client.set_model_version_tag(model, "2", "tritonflow.change_point", ts(12_150).isoformat())
+        resolved = sp.resolve_versions(model, settings=s)
+        replayed = replay(model, resolved["champion"], resolved["challenger"], ts(STRADDLING[0]),
+                          ts(STRADDLING[1]), settings=s)
+        late = compare(replayed, settings=s, record=False)
+        judged = json.loads(open(late["evidence_uri"]).read())["judged"]
+        assert judged["since"] == "" and judged["labelled_since"] == int(((days >= 12_150) & (days % 7 != 0)).sum())
+        assert "fewer than min_labels=200" in judged["reason"] and late["n_rows"] == len(days)
+    finally:
+        client.delete_model_version_tag(model, "2", "tritonflow.change_point")
 
 
 def test_window_without_labels_is_inconclusive(serving):

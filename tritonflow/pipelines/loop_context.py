@@ -40,6 +40,9 @@ LOOP_DAGS = ("drift_monitor", "shadow_evaluation", "retrain", "model_publish", "
 STATUS_TAG = "tritonflow.status"
 #: Model-version tag of a retrained version's training window (Parquet URI, its lineage).
 TRAINING_WINDOW_TAG = "tritonflow.training_window_uri"
+#: Model-version tag of the change point a retraining after a confirmed shift found (ISO 8601):
+#: its follow-up's window and the shadow decision's judged rows start there.
+CHANGE_POINT_TAG = "tritonflow.change_point"
 
 
 #: ``tritonflow.rejected_stage`` of a champion the health sentinel rolled back.
@@ -345,7 +348,7 @@ def check_conf_keys(conf: Mapping[str, Any], params: Iterable[str], dag_id: str)
                                       for k in unknown) + f"; expected keys among {sorted(valid)}")
 
 
-__all__ = ["CANARY_STAGE", "LOOP_CONF_KEY", "LOOP_DAGS", "LoopContext", "OVERRIDE_HINT", "REGISTRY_EVENT_KEYS",
-           "SENTINEL_STAGE", "STATUS_TAG", "TRAINING_WINDOW_TAG", "check_conf_keys", "closest", "lasting_rejection",
-           "lift_hint", "parse_loop_context", "publish_handoff", "refuse_lasting_rejection", "reject_after_rollback",
-           "rejection", "retrain_handoff", "shadow_handoffs"]
+__all__ = ["CANARY_STAGE", "CHANGE_POINT_TAG", "LOOP_CONF_KEY", "LOOP_DAGS", "LoopContext", "OVERRIDE_HINT",
+           "REGISTRY_EVENT_KEYS", "SENTINEL_STAGE", "STATUS_TAG", "TRAINING_WINDOW_TAG", "check_conf_keys",
+           "closest", "lasting_rejection", "lift_hint", "parse_loop_context", "publish_handoff",
+           "refuse_lasting_rejection", "reject_after_rollback", "rejection", "retrain_handoff", "shadow_handoffs"]

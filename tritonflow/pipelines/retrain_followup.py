@@ -21,6 +21,7 @@ import logging
 from typing import Any, Mapping, Sequence
 
 from ground.settings import Settings, get_settings
+from tritonflow.pipelines.loop_context import CHANGE_POINT_TAG
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,6 @@ FOLLOWUP_REASON = "retrain_followup"
 #: Version tags of the follow-up: when it is due, and the hour it was started (once per version).
 FOLLOWUP_AT_TAG = "tritonflow.retrain_followup_at"
 FOLLOWUP_STARTED_TAG = "tritonflow.retrain_followup_started"
-#: Version tag of the change point the retraining found (the follow-up's window starts there).
-CHANGE_POINT_TAG = "tritonflow.change_point"
 
 
 def followup_conf(model: str, version: int | str, tags: Mapping[str, str], hour_end: Any) -> dict[str, Any] | None:

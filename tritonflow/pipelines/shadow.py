@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, NotRequired, TypedDict, cast
 from ground.exceptions import DataError, RegistryError, RejectedVersionError, WindowError
 from ground.settings import Settings, get_settings
 from model_registry.registry.entities import CHALLENGER_ALIAS, CHAMPION_ALIAS
-from tritonflow.pipelines.loop_context import TRAINING_WINDOW_TAG, lift_hint, rejection
+from tritonflow.pipelines.loop_context import CHANGE_POINT_TAG, TRAINING_WINDOW_TAG, lift_hint, rejection
 from tritonflow.pipelines.publish_common import s3_endpoint
 
 #: Prefix of the model-version tags a shadow evaluation writes.
@@ -57,6 +57,9 @@ class VersionInfo(TypedDict):
         aliases: Its MLflow aliases.
         run_id: The MLflow run that logged it.
         reference_metrics: ``{metric: value}`` recorded at training (``tritonflow.reference_*``).
+        change_point: The change point its retraining found after a confirmed shift (ISO 8601,
+            tag ``tritonflow.change_point``; empty when none): the shadow decision judges the rows
+            since it (:func:`tritonflow.pipelines.shadow_compare.since_change_point`).
     """
 
     version: int
@@ -66,6 +69,7 @@ class VersionInfo(TypedDict):
     aliases: NotRequired[list[str]]
     run_id: NotRequired[str]
     reference_metrics: NotRequired[dict[str, float]]
+    change_point: NotRequired[str]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -146,9 +150,9 @@ def version_info(registry: Any, ref: Any) -> VersionInfo:
 
     Returns:
         ``{"version", "aliases", "run_id", "triton_model_name", "triton_model_version",
-        "input_columns", "reference_metrics"}``. The Triton name/version come from the publish
-        record tags (``tritonflow.triton_model_name``/``_version``), else the registered name and
-        the MLflow version. ``input_columns`` are the signature's column names in order (empty for
+        "input_columns", "reference_metrics", "change_point"}``. The Triton name/version come from
+        the publish record tags (``tritonflow.triton_model_name``/``_version``), else the registered
+        name and the MLflow version. ``input_columns`` are the signature's column names in order (empty for
         a tensor signature: the log's columns are then matched to input names).
     """
     io = registry.model_io(ref, require_signature=False)
@@ -162,6 +166,7 @@ def version_info(registry: Any, ref: Any) -> VersionInfo:
         "triton_model_version": int(tags.get("tritonflow.triton_model_version") or ref.version),
         "input_columns": columns,
         "reference_metrics": _reference_metrics(tags),
+        "change_point": tags.get(CHANGE_POINT_TAG, ""),
     }
 
 

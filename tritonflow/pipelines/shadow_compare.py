@@ -8,7 +8,9 @@ hands them to :func:`model_registry.shadow.evaluate` (paired bootstrap, decision
 ``tritonflow.reference_<metric>`` version tag). The evidence JSON and the Markdown report are
 written beside the predictions and recorded on BOTH model versions in MLflow (tags
 ``tritonflow.shadow.*`` and artifacts). The outcome (``promote_challenger``, ``retrain``,
-``nothing``, ``inconclusive``) drives the DAG's branch.
+``nothing``, ``inconclusive``) drives the DAG's branch. When a version records a change point
+inside the window (a retraining after a confirmed shift), the rows since it are judged
+(:func:`since_change_point`).
 
 Predictions with per-class probabilities (a multi-class model,
 :mod:`tritonflow.pipelines.shadow_classes`) are decided with the ``multiclass`` task (one-vs-rest
@@ -130,7 +132,9 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
     window = _label_window(replayed, s, labels_until)
     multi = probabilities(preds, CHAMPION_PROBA) is not None
     joined, y, column = _join_labels(preds, replayed, s, window, label_column, multi)
-    decision, rule = _decide(joined, y, replayed, s, rule_overrides, multi)
+    rule = _rule(s, rule_overrides, multi)
+    joined, y, judged = since_change_point(joined, y, replayed, window, rule.min_labels)
+    decision = _decide(joined, y, replayed, rule, multi)
     champ_v = int(replayed["champion"]["version"])
     chal = replayed.get("challenger")
     chal_v = None if chal is None else int(chal["version"])
@@ -142,6 +146,7 @@ def compare(replayed: Mapping[str, Any], *, settings: Settings | None = None,
         "window_start": window[0].isoformat(),
         "window_end": window[1].isoformat(),
         "labels_until": window[2].isoformat(),
+        "judged": judged,
         "label_column": column,
         "class_labels": replayed.get("class_labels") if multi else None,
         "predictions_uri": replayed["uri"],
@@ -222,16 +227,79 @@ def _join_labels(preds: Any, replayed: Mapping[str, Any], s: Settings, window: t
     return joined, y, column
 
 
-def _decide(joined: Any, y: np.ndarray | None, replayed: Mapping[str, Any], s: Settings,
-            rule_overrides: Mapping[str, Any] | None, multi: bool) -> tuple[Any, Any]:
-    """``(decision, rule)``: :func:`model_registry.shadow.evaluate` on the scores of both versions."""
-    from model_registry.shadow import DecisionRule, evaluate
+def _rule(s: Settings, rule_overrides: Mapping[str, Any] | None, multi: bool) -> Any:
+    """The :class:`model_registry.shadow.DecisionRule` of the settings, with the overrides."""
+    from model_registry.shadow import DecisionRule
 
-    champ, chal = replayed["champion"], replayed.get("challenger")
     overrides = {k: v for k, v in dict(rule_overrides or {}).items() if v is not None}
     if multi:  # [N, C] probabilities: one-vs-rest AUC, log-loss, accuracy
         overrides.setdefault("task", "multiclass")
-    rule = DecisionRule.from_settings(s, **overrides)
+    return DecisionRule.from_settings(s, **overrides)
+
+
+def since_change_point(joined: Any, y: np.ndarray | None, replayed: Mapping[str, Any],
+                       window: tuple[Any, Any, Any], min_labels: int) -> tuple[Any, np.ndarray | None, dict[str, Any]]:
+    """The rows a shadow decision judges: those since a change point a version recorded, when enough.
+
+    A retraining after a confirmed shift records where the served model's loss rose (version tag
+    ``tritonflow.change_point``, :mod:`model_registry.evidence_window`). Rows before it follow
+    the concept the shift replaced, so over a window straddling it a challenger fitted to the new
+    concept is judged largely on the old one, against a champion fitted to both. On NOAA's
+    day-12,000 shift a follow-up trained on the 272 rows since the shift scored AUC 0.567 against
+    its champion's 0.783 over 208 pre-shift and 272 post-shift rows and lost, while it led on the
+    post-shift rows (0.842 against 0.774) and on the 228 rows after both were trained (0.844
+    against 0.805).
+
+    So the latest change point either version records inside ``[start, end)`` starts the rows
+    judged, when at least ``min_labels`` labelled rows follow it. With fewer the whole window is
+    judged (said in ``judged["reason"]``): ``inconclusive`` would leave serving a champion the
+    shift already degraded, and a first retraining after a shift has few rows since it.
+
+    Args:
+        joined: The replayed rows with their labels (column ``timestamp``, UTC).
+        y: Their labels, ``NaN`` where none arrived (None: no label at all).
+        replayed: :func:`tritonflow.pipelines.shadow_replay.replay`'s return (``champion`` and
+            ``challenger`` version info, their ``change_point``).
+        window: ``(start, end, labels_until)`` (:func:`_label_window`).
+        min_labels: The decision rule's fewest labelled rows.
+
+    Returns:
+        ``(rows, labels, judged)``: the rows and labels judged, and ``{"since", "recorded_by",
+        "rows_before", "labelled_since", "reason"}`` (``since`` empty when the whole window is).
+
+    Raises:
+        WindowError: A recorded change point is not a timestamp.
+    """
+    import pandas as pd
+
+    start, end = window[0], window[1]
+    points = [(utc(info["change_point"], f"{role}.change_point"), int(info["version"]))
+              for role in ("champion", "challenger")
+              if (info := replayed.get(role)) and info.get("change_point")]
+    inside = [p for p in points if start < p[0] < end]
+    whole = {"since": "", "recorded_by": None, "rows_before": 0, "labelled_since": None}
+    if not inside:
+        return joined, y, {**whole, "reason": "the whole window: no version records a change point inside it"}
+    point, version = max(inside)
+    since = (pd.to_datetime(joined["timestamp"], utc=True) >= point).to_numpy()
+    labelled = since if y is None else since & np.isfinite(np.asarray(y, dtype=np.float64))
+    n = int(labelled.sum()) if y is not None else 0
+    if n < min_labels:
+        return joined, y, {**whole, "labelled_since": n, "reason": (
+            f"the whole window: only {n} labelled rows since the change point {point.isoformat()} "
+            f"(version {version}), fewer than min_labels={min_labels}")}
+    return (joined[since].reset_index(drop=True), None if y is None else y[since],
+            {"since": point.isoformat(), "recorded_by": version, "rows_before": int((~since).sum()),
+             "labelled_since": n, "reason": (
+                 f"the {int(since.sum())} rows since the change point {point.isoformat()} version {version} "
+                 f"records ({n} labelled); the {int((~since).sum())} before it follow the replaced concept")})
+
+
+def _decide(joined: Any, y: np.ndarray | None, replayed: Mapping[str, Any], rule: Any, multi: bool) -> Any:
+    """:func:`model_registry.shadow.evaluate` on the scores of both versions."""
+    from model_registry.shadow import evaluate
+
+    champ, chal = replayed["champion"], replayed.get("challenger")
     reference = (champ.get("reference_metrics") or {}).get(rule.primary_metric)
     if multi:
         champion_out = probabilities(joined, CHAMPION_PROBA)
@@ -239,7 +307,7 @@ def _decide(joined: Any, y: np.ndarray | None, replayed: Mapping[str, Any], s: S
     else:
         champion_out = joined["champion_score"].to_numpy(np.float64)
         challenger_out = None if chal is None else joined["challenger_score"].to_numpy(np.float64)
-    return evaluate(y, champion_out, challenger_out, rule=rule, champion_reference=reference), rule
+    return evaluate(y, champion_out, challenger_out, rule=rule, champion_reference=reference)
 
 
 def _write_evidence(replayed: Mapping[str, Any], decision: Any, evidence: Mapping[str, Any],
@@ -256,7 +324,8 @@ def _write_evidence(replayed: Mapping[str, Any], decision: Any, evidence: Mappin
         challenger_label=(f"{model} v{chal_v} (challenger)" if chal_v is not None else "no challenger"),
     )
     report += (f"\nWindow: {start.isoformat()} .. {end.isoformat()} (labels arrived until "
-               f"{until.isoformat()}); predictions: `{replayed['uri']}`.\n")
+               f"{until.isoformat()}); predictions: `{replayed['uri']}`.\n"
+               f"Rows judged: {evidence['judged']['reason']}.\n")
     report_path.write_text(report)
     return evidence_path, report_path
 
@@ -326,4 +395,4 @@ def _record(settings: Settings, model: str, evidence: Mapping[str, Any], evidenc
     return out
 
 
-__all__ = ["EXPECTED_TAG", "compare"]
+__all__ = ["EXPECTED_TAG", "compare", "since_change_point"]
