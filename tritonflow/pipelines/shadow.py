@@ -152,8 +152,8 @@ def version_info(registry: Any, ref: Any) -> VersionInfo:
         ``{"version", "aliases", "run_id", "triton_model_name", "triton_model_version",
         "input_columns", "reference_metrics", "change_point"}``. The Triton name/version come from
         the publish record tags (``tritonflow.triton_model_name``/``_version``), else the registered
-        name and the MLflow version. ``input_columns`` are the signature's column names in order (empty for
-        a tensor signature: the log's columns are then matched to input names).
+        name and the MLflow version. ``input_columns`` are the signature's column names in order
+        (empty for a tensor signature: the log's columns are then matched to input names).
     """
     io = registry.model_io(ref, require_signature=False)
     columns = [n for n in io.input_names if n] if io.input_kind == "columns" else []

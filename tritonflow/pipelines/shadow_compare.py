@@ -282,17 +282,17 @@ def since_change_point(joined: Any, y: np.ndarray | None, replayed: Mapping[str,
         return joined, y, {**whole, "reason": "the whole window: no version records a change point inside it"}
     point, version = max(inside)
     since = (pd.to_datetime(joined["timestamp"], utc=True) >= point).to_numpy()
-    labelled = since if y is None else since & np.isfinite(np.asarray(y, dtype=np.float64))
-    n = int(labelled.sum()) if y is not None else 0
-    if n < min_labels:
+    n = 0 if y is None else int((since & np.isfinite(np.asarray(y, dtype=np.float64))).sum())
+    if y is None or n < min_labels:
         return joined, y, {**whole, "labelled_since": n, "reason": (
             f"the whole window: only {n} labelled rows since the change point {point.isoformat()} "
             f"(version {version}), fewer than min_labels={min_labels}")}
-    return (joined[since].reset_index(drop=True), None if y is None else y[since],
-            {"since": point.isoformat(), "recorded_by": version, "rows_before": int((~since).sum()),
+    before = int((~since).sum())
+    return (joined[since].reset_index(drop=True), y[since],
+            {"since": point.isoformat(), "recorded_by": version, "rows_before": before,
              "labelled_since": n, "reason": (
                  f"the {int(since.sum())} rows since the change point {point.isoformat()} version {version} "
-                 f"records ({n} labelled); the {int((~since).sum())} before it follow the replaced concept")})
+                 f"records ({n} labelled); the {before} before it follow the replaced concept")})
 
 
 def _decide(joined: Any, y: np.ndarray | None, replayed: Mapping[str, Any], rule: Any, multi: bool) -> Any:
