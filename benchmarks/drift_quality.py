@@ -27,6 +27,10 @@ Policies, side by side on the same windows:
   the default settings; an alarm is a drift alert (the asset event the DAG emits).
 * ``tritonflow_no_run_rule``: the same without the sustained-drift run rule
   (``TRITONFLOW_DRIFT_SUSTAINED_WINDOWS=0``, :mod:`drift_checks.policy`): the policy before it.
+* ``tritonflow_training_seasonal``: the default policy with the seasonally matched reference
+  (``TRITONFLOW_DRIFT_REFERENCE_STRATEGY=training_seasonal``, a period of 365.25 days:
+  :mod:`drift_checks.season_match`), scored out of sample as well; a comparison, not the goal's
+  policy (the goals are judged on the defaults).
 * ``today``: the product's earlier drift policy, re-implemented here on the same registry statistics:
   static thresholds (K-S p 0.05, PSI 0.1, Wasserstein 0.1, inclusive) until 48 windows of history,
   then the P95 (P5 for p-values) of every past value; a feature flagged when 2 of its 3 statistics
@@ -84,6 +88,10 @@ OTHER_STRETCHES = ((3480, 5480, 7040), (8200, 9700, 10176), (12480, 13520, 14080
 SHUFFLED = ((0, 1), (8000, 2))
 #: Out of sample: quiet windows before each known shift when the windows are cut half a window later.
 OFFSET_QUIET = 6
+#: The default policy with the seasonally matched reference (``training_seasonal``, a year's period:
+#: the days are mapped to timestamps one day apart).
+SEASONAL_ENV = {"TRITONFLOW_DRIFT_REFERENCE_STRATEGY": "training_seasonal",
+                "TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS": str(365.25 * 24)}
 
 
 def _champion_importance(frame: pd.DataFrame, features: list[str]) -> dict[str, float]:
@@ -102,16 +110,19 @@ def _ts(day: int) -> pd.Timestamp:
 def replay(table, features, ref_start, start, end, env=None) -> list[bool]:
     """Alerts of ``tritonflow drift backtest`` on ``table``: reference days [ref_start, start), windows to ``end``."""
     from drift_checks.backtest import run_backtest
+    from drift_checks.strategies import ReferenceStrategy
     from drift_checks.verdict import CheckConfig
     from ground.settings import Settings
 
     end = start + (end - start) // DAYS_PER_WINDOW * DAYS_PER_WINDOW  # whole windows only
     ref = table[(table["day"] >= ref_start) & (table["day"] < start)]
+    settings = Settings.from_env(env or {})
     with tempfile.TemporaryDirectory() as tmp:
         doc = run_backtest(table[["day", *features]], time_column="day", time_unit="D", out_dir=tmp,
                            reference_range=(_ts(ref_start), _ts(start)), window=str(DAYS_PER_WINDOW),
                            importance=_champion_importance(ref, features),
-                           config=CheckConfig.from_settings(Settings.from_env(env or {})),
+                           config=CheckConfig.from_settings(settings),
+                           strategy=ReferenceStrategy.from_settings(settings),
                            replay_end=_ts(end), html_report=False)
     return [w["alert"] for w in doc["windows"]]
 
@@ -121,21 +132,21 @@ def run_tritonflow(noaa, features, shift, quiet, env=None) -> list[bool]:
     return replay(noaa, features, start - REFERENCE_DAYS, start, shift + AFTER * DAYS_PER_WINDOW, env)
 
 
-def out_of_sample(noaa, features, budget: float) -> dict:
-    """The default policy on windows the tuning never saw (module docstring)."""
+def out_of_sample(noaa, features, budget: float, env=None) -> dict:
+    """A policy (default: the default one) on windows the tuning never saw (module docstring)."""
     from drift_checks.budget import realised_rate
 
-    stretches = [replay(noaa, features, a, b, c) for a, b, c in OTHER_STRETCHES]
+    stretches = [replay(noaa, features, a, b, c, env) for a, b, c in OTHER_STRETCHES]
     controls = []
     for first, seed in SHUFFLED:
         rows = noaa.iloc[first:first + REFERENCE_DAYS + 168 * DAYS_PER_WINDOW]
         shuffled = rows.sample(frac=1.0, random_state=seed).reset_index(drop=True)
         shuffled["day"] = np.arange(len(shuffled))
-        controls.append(replay(shuffled, features, 0, REFERENCE_DAYS, len(shuffled)))
+        controls.append(replay(shuffled, features, 0, REFERENCE_DAYS, len(shuffled), env))
     delays = []
     for shift in SCENARIOS:
         start = shift - OFFSET_QUIET * DAYS_PER_WINDOW + DAYS_PER_WINDOW // 2
-        alarms = replay(noaa, features, start - REFERENCE_DAYS, start, shift + AFTER * DAYS_PER_WINDOW)
+        alarms = replay(noaa, features, start - REFERENCE_DAYS, start, shift + AFTER * DAYS_PER_WINDOW, env)
         hit = [i - (OFFSET_QUIET - 1) for i, a in enumerate(alarms) if a and i >= OFFSET_QUIET - 1]
         delays.append(hit[0] if hit else None)  # window OFFSET_QUIET - 1 holds the shift day
     return {"noaa_quiet": realised_rate(sum(map(sum, stretches)), sum(map(len, stretches)), budget),
@@ -263,7 +274,8 @@ def main() -> None:
     budget = DEFAULTS.drift_false_alarm_budget_per_week
     results, timings = {}, {}
     no_run_rule = {"TRITONFLOW_DRIFT_SUSTAINED_WINDOWS": "0"}
-    policies: dict = {"tritonflow": {}, "tritonflow_no_run_rule": no_run_rule, "today": run_today}
+    policies: dict = {"tritonflow": {}, "tritonflow_no_run_rule": no_run_rule,
+                      "tritonflow_training_seasonal": SEASONAL_ENV, "today": run_today}
     if not args.skip_evidently:
         policies["evidently"] = run_evidently
     for name, fn in policies.items():
@@ -288,8 +300,14 @@ def main() -> None:
         timings["out_of_sample"] = round(time.perf_counter() - t0, 1)
         print("out of sample:", json.dumps(doc["out_of_sample"]), flush=True)
         doc["in_vs_out_of_sample"] = side_by_side(results["tritonflow"], doc["out_of_sample"])
-        for row in doc["in_vs_out_of_sample"]:
-            print(f"{row['set']:34s} false alerts/100 windows {row['per_100_windows']} (<= "
+        doc["out_of_sample_training_seasonal"] = out_of_sample(noaa, features, budget, SEASONAL_ENV)
+        timings["out_of_sample"] = round(time.perf_counter() - t0, 1)
+        doc["in_vs_out_of_sample_training_seasonal"] = side_by_side(
+            results["tritonflow_training_seasonal"], doc["out_of_sample_training_seasonal"])
+        rows = [("default", r) for r in doc["in_vs_out_of_sample"]]
+        rows += [("training_seasonal", r) for r in doc["in_vs_out_of_sample_training_seasonal"]]
+        for label, row in rows:
+            print(f"{label}: {row['set']:34s} false alerts/100 windows {row['per_100_windows']} (<= "
                   f"{row['per_100_windows_upper']}, {row['alerts']}/{row['windows']}); per week {row['per_week']} "
                   f"(<= {row['per_week_upper']}); delays {row['delays']}", flush=True)
     if args.demo:
@@ -321,6 +339,7 @@ def _finish(doc: dict) -> None:
         oos_goals = {"oos_false_alerts_per_week_shuffled": not_measured("<= 1 false alerts per model-week"),
                      "oos_max_delay_windows": not_measured("<= 2 windows after every offset shift")}
     names = {"tritonflow_no_run_rule": "the same without the run rule",
+             "tritonflow_training_seasonal": "the same with the seasonally matched reference",
              "today": "the earlier policy (re-implemented in this benchmark)",
              "evidently": "Evidently DataDriftPreset defaults"}
     baselines = ", ".join(names.get(n, n) for n in doc["policies"] if n != "tritonflow")

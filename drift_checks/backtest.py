@@ -43,6 +43,7 @@ from drift_checks.budget import realised_rate
 from drift_checks.contract_types import Contract
 from drift_checks.history import HistoryStore
 from drift_checks.inference_log import LogSchema, arrow_to_pandas
+from drift_checks.season_match import SeasonalReference
 from drift_checks.strategies import ReferenceStrategy, served_reference
 from drift_checks.verdict import CheckConfig, PreparedReference, check_window, json_default, prepare_reference
 from ground.exceptions import DataError
@@ -295,7 +296,7 @@ def run_backtest(
     out.mkdir(parents=True, exist_ok=True)
     replayer = _Replayer(table=table, times=times, schema=schema, training=training, strategy=strategy,
                          importance=importance, cfg=cfg, contract=contract, model=model, engine=engine,
-                         sketch_k=sketch_k)
+                         sketch_k=sketch_k, seasonal=_seasonal(training, times.loc[ref_frame.index], strategy))
     windows, series = replayer.replay(_cut(replay, times, win))
     doc = {"data": {"rows": int(len(table)), "time_column": time_column, "features": schema.to_dict()["features"],
                     "reference_rows": int(len(ref_frame)),
@@ -310,6 +311,15 @@ def run_backtest(
     if html_report:
         write_html(out, doc, series)
     return doc
+
+
+def _seasonal(training: PreparedReference, times: pd.Series, strategy: ReferenceStrategy
+              ) -> SeasonalReference | None:
+    """The seasonally matched reference of the ``training_seasonal`` strategy (else ``None``)."""
+    if strategy.name != "training_seasonal":
+        return None
+    naive = pd.to_datetime(times).dt.tz_convert(None) if getattr(times.dt, "tz", None) else pd.to_datetime(times)
+    return SeasonalReference(training, naive.to_numpy(dtype="datetime64[ns]"), pd.Timedelta(strategy.period))
 
 
 def _split_reference(table: pd.DataFrame, times: pd.Series, reference_rows: int | None,
@@ -356,6 +366,7 @@ class _Replayer:
     model: str
     engine: str
     sketch_k: int | None
+    seasonal: SeasonalReference | None = None
 
     def replay(self, cut: list[tuple[Any, Any, pd.DataFrame]]
                ) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
@@ -378,6 +389,8 @@ class _Replayer:
 
     def reference_for(self, t_start: Any, t_end: Any) -> tuple[PreparedReference, str]:
         """The window's reference under the strategy, and the note saying which it was."""
+        if self.seasonal is not None:
+            return self.seasonal.for_window(t_start, t_end)
         span = self.strategy.served_range(t_start, t_end)
         if span is None:
             return self.training, "training"

@@ -9,6 +9,12 @@
 * ``seasonal``: the same window one ``period`` earlier (default one week, 168 hours): "this hour
   compared with the same hour last week" (the practitioners' rule in ``../shared/references``).
   Recurring daily and weekly patterns stop alarming; a change from last week's pattern does.
+* ``training_seasonal``: the model version's reference rows at the window's phase of the same
+  ``period`` (a year for daily data, a day or a week for hourly traffic), from every cycle the
+  reference covers, with thresholds calibrated the same way (:mod:`drift_checks.season_match`).
+  A shift smaller than the seasons' swing shows in the season it happens in. It needs each
+  reference row's time: the backtest has it; a stored reference keeps none, so the hourly check
+  compares with the whole training reference and its note says so.
 
 A served reference (trailing, seasonal) is read from the inference log; an empty one (the first
 days of a model) falls back to the training reference, and the summary says so. Importance
@@ -32,7 +38,7 @@ if TYPE_CHECKING:
     from ground.settings import Settings
 
 #: Reference strategies.
-STRATEGIES = ("training", "trailing", "seasonal")
+STRATEGIES = ("training", "trailing", "seasonal", "training_seasonal")
 #: Default span of a trailing reference (days).
 DEFAULT_TRAILING_DAYS = 7.0
 #: Default period of a seasonal reference (hours): one week.
@@ -48,9 +54,9 @@ class ReferenceStrategy:
     """One reference strategy.
 
     Attributes:
-        name: ``"training"``, ``"trailing"`` or ``"seasonal"``.
+        name: One of :data:`STRATEGIES`.
         trailing: Span of a trailing reference (> 0).
-        period: Period of a seasonal reference (> 0).
+        period: Period of a seasonal or seasonally matched reference (> 0).
     """
 
     name: str = "training"
@@ -96,8 +102,8 @@ class ReferenceStrategy:
 
     def reference_id(self, training_id: str, version: int | None) -> str:
         """The id thresholds are keyed by under this strategy."""
-        if self.name == "training":
-            return training_id
+        if self.name in ("training", "training_seasonal"):
+            return training_id if self.name == "training" else f"{training_id}:seasonal"
         span = self.trailing if self.name == "trailing" else self.period
         hours = span.total_seconds() / 3600
         return f"v{version}:{self.name}:{hours:g}h"
@@ -108,6 +114,8 @@ class ReferenceStrategy:
             return f"trailing: the last {self.trailing} of served traffic"
         if self.name == "seasonal":
             return f"seasonal: the same window {self.period} earlier"
+        if self.name == "training_seasonal":
+            return f"training_seasonal: the model version's reference rows at the window's phase of {self.period}"
         return "training: the model version's reference"
 
 

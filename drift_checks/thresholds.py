@@ -228,10 +228,10 @@ class Calibration:
         """The same chunks with ``values`` at another quantile (p-values: ``1 - quantile``)."""
         if quantile == self.quantile:
             return self
-        return dataclasses.replace(self, values=_chunk_quantiles(self.chunks, quantile), quantile=quantile)
+        return dataclasses.replace(self, values=chunk_quantiles(self.chunks, quantile), quantile=quantile)
 
 
-def _chunk_quantiles(chunks: Iterable[Mapping[str, Mapping[str, Any]]], quantile: float
+def chunk_quantiles(chunks: Iterable[Mapping[str, Mapping[str, Any]]], quantile: float
                      ) -> dict[tuple[str, str], float]:
     """``{(feature, statistic): tail quantile}`` of the chunks' defined values (guards skipped)."""
     collected: dict[tuple[str, str], list[float]] = {}
@@ -303,7 +303,7 @@ def calibrate_from_reference(
             results[col] = st.score_categorical(counts, st.category_counts(chunk[col]), reference_rows=len(frame),
                                                 current_rows=len(chunk), names=wanted)
         chunks.append(results)
-    return Calibration(chunk_rows, int(picks.size), _chunk_quantiles(chunks, quantile), quantile, tuple(chunks))
+    return Calibration(chunk_rows, int(picks.size), chunk_quantiles(chunks, quantile), quantile, tuple(chunks))
 
 
 # ------------------------------------------------------------------------------ resolution

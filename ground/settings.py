@@ -469,15 +469,19 @@ class Settings:
     #: SQLAlchemy URL of the drift history store; empty means SQLite at ``<home>/drift/history.db``.
     drift_history_db_url: str = setting("DRIFT_HISTORY_DB_URL", "", "Drift history DB URL (empty: SQLite).")
     #: What a window is compared with: ``training`` (the version's reference), ``trailing`` (the last
-    #: N days of served traffic) or ``seasonal`` (the same window one period earlier).
+    #: N days of served traffic), ``seasonal`` (the same window one period earlier) or
+    #: ``training_seasonal`` (the version's reference rows at the window's phase of the period; the
+    #: backtest only: a stored reference keeps no row times).
     drift_reference_strategy: str = setting(
         "DRIFT_REFERENCE_STRATEGY", "training",
-        "Drift reference: training, trailing (last N days served) or seasonal (one period earlier).",
-        check=one_of("training", "trailing", "seasonal"),
+        "Drift reference: training, trailing (last N days served), seasonal (one period earlier) or "
+        "training_seasonal (reference rows of the same season; backtest).",
+        check=one_of("training", "trailing", "seasonal", "training_seasonal"),
     )
     #: Span of the ``trailing`` reference (days of served traffic).
     drift_trailing_days: float = setting("DRIFT_TRAILING_DAYS", 7.0, "Span of the trailing reference (days).")
-    #: Period of the ``seasonal`` reference (hours; 168 = "the same hour last week").
+    #: Period of the ``seasonal`` and ``training_seasonal`` references (hours; 168 = "the same hour
+    #: last week"; 8766 = a year).
     drift_seasonal_period_hours: float = setting(
         "DRIFT_SEASONAL_PERIOD_HOURS", 168.0, "Period of the seasonal reference (hours; 168 = same hour last week).",
     )

@@ -721,10 +721,12 @@ def _add_drift_parser(sub: Any) -> None:
                      help="the reference is the rows with START <= time < END")
     bt.add_argument("--window", default="1h", help="window: N rows (e.g. 48) or a duration (e.g. 1h, 2D)")
     bt.add_argument("--end", default=None, help="stop replaying at this time (default: the end)")
-    bt.add_argument("--reference-strategy", choices=["training", "trailing", "seasonal"], default=None,
+    bt.add_argument("--reference-strategy", default=None,
+                    choices=["training", "trailing", "seasonal", "training_seasonal"],
                     help="what each window is compared with (default: TRITONFLOW_DRIFT_REFERENCE_STRATEGY)")
     bt.add_argument("--trailing", default=None, help="span of the trailing reference, data time (e.g. 7D)")
-    bt.add_argument("--period", default=None, help="period of the seasonal reference, data time (e.g. 168h)")
+    bt.add_argument("--period", default=None, help="period of the seasonal and training_seasonal references, data time "
+                                                        "(e.g. 168h, 365.25D)")
     bt.add_argument("--importance", default=None, help="JSON file {feature: weight} for the dataset verdict")
     bt.add_argument("--weighting", choices=["importance", "uniform"], default=None,
                     help="dataset weights (default: TRITONFLOW_DRIFT_WEIGHTING)")

@@ -193,6 +193,9 @@ def test_a_trailing_reference_is_read_from_the_served_log(env, noaa):
     assert summary["reference_id"] == "v1:trailing:168h" and summary["drift"] is False
     cold = drift.check_model_hour(model, 1, T0, T0 + HOUR, settings, reference_strategy="seasonal")
     assert "the training reference applies" in cold["reference_strategy"]  # nothing served a week ago
+    matched = drift.check_model_hour(model, 1, T0, T0 + HOUR, settings, reference_strategy="training_seasonal")
+    assert "a stored reference does not keep" in matched["reference_strategy"]  # no row times: the whole one
+    assert matched["status"] != "error" and matched["reference_id"].startswith("v1:training")
 
 
 def test_missing_reference_is_an_explicit_status_with_an_alert(env, noaa):

@@ -236,6 +236,9 @@ def _strategy_reference(model: str, version: int, ref, t0, t1, strategy_name: st
                 ref.reference_id, version), importance=ref.importance, time_ordered=True), strategy.describe()
         note = (f"{strategy.describe()}: fewer than the rows needed in [{span[0]}, {span[1]}); "
                 "the training reference applies")
+    elif strategy.name == "training_seasonal":
+        note = ("training_seasonal needs each reference row's time, which a stored reference does not keep "
+                "(the backtest has it): the whole training reference applies")
     else:
         note = strategy.describe()
     return prepared_training_reference(ref, reference_cache_dir(settings)), note

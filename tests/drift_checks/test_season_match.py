@@ -1,0 +1,73 @@
+"""The seasonally matched training reference (``training_seasonal``): each window against the
+reference rows at its phase of the period, thresholds from chunks scored the same way."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from drift_checks.backtest import run_backtest
+from drift_checks.season_match import season_mask
+from drift_checks.strategies import ReferenceStrategy
+from ground.settings import Settings
+
+YEAR = pd.Timedelta(days=365)
+
+
+def _seasonal_days(years=8, drop_day=6 * 365 + 60, drop=0.8, seed=0):
+    """Daily rows with a strong yearly cycle (amplitude 2 sd) and, from ``drop_day``, a level
+    lower by ``drop`` sd: smaller than the cycle's swing, so in the windy half of the year the
+    dropped days are still near the whole reference's middle."""
+    rng = np.random.default_rng(seed)
+    day = np.arange(years * 365)
+    wind = 2.0 * np.sin(2 * np.pi * day / 365) + rng.normal(0, 1.0, day.size)
+    wind[day >= drop_day] -= drop
+    return pd.DataFrame({"ts": pd.Timestamp("2000-01-01", tz="UTC") + pd.to_timedelta(day, unit="D"), "wind": wind})
+
+
+def test_a_row_matches_the_window_at_the_same_phase_of_every_cycle_and_wraps_at_the_year_end():
+    times = (pd.Timestamp("2000-01-01") + pd.to_timedelta(np.arange(3 * 365), unit="D")).to_numpy("datetime64[ns]")
+    start = pd.Timestamp("2003-12-20")  # a window across the year's end
+    mask = season_mask(times, start, start + pd.Timedelta(days=20), YEAR)
+    picked = pd.DatetimeIndex(times[mask])
+    runs = np.split(picked, np.flatnonzero(np.diff(picked.asi8) > pd.Timedelta(days=1).value) + 1)
+    assert [len(r) for r in runs][1:3] == [20, 20]  # whole cycles; the first and last are cut by the series
+    assert len(runs) == 4 and set(picked.month) == {12, 1} and picked.min() == pd.Timestamp("2000-01-01")
+    assert not season_mask(times, start, start, YEAR).any()
+
+
+def _run(table, tmp_path, strategy, end="2007-06-01"):
+    spec = ReferenceStrategy(name=strategy, period=YEAR.to_pytimedelta())
+    return run_backtest(table, time_column="ts", out_dir=tmp_path / strategy, window="30",
+                        reference_range=("2000-01-01T00:00Z", "2005-01-01T00:00Z"), strategy=spec,
+                        replay_end=f"{end}T00:00Z", html_report=False)
+
+
+def test_a_drop_smaller_than_the_seasons_swing_is_seen_in_its_own_season_and_quiet_seasons_stay_quiet(tmp_path):
+    table = _seasonal_days()
+    runs = {s: _run(table, tmp_path, s)["windows"] for s in ("training", "training_seasonal")}
+    drop_at = table["ts"].iloc[6 * 365 + 60]
+    drop = next(i for i, w in enumerate(runs["training"]) if pd.Timestamp(w["end"]) > drop_at)  # holds the drop
+    flagged = {s: [i for i, w in enumerate(ws) if w["drifted"]] for s, ws in runs.items()}
+    assert [i for i in flagged["training_seasonal"] if i < drop] == []  # a year of seasons, no false flag
+    assert runs["training_seasonal"][drop + 1]["reference"].startswith("training_seasonal (")
+    seasonal_after = [i for i in flagged["training_seasonal"] if drop <= i <= drop + 3]
+    assert seasonal_after and not [i for i in flagged["training"] if drop <= i <= drop + 3], flagged
+    assert any(w["alert"] for w in runs["training_seasonal"][drop:drop + 4])
+
+
+def test_a_reference_spanning_less_than_two_periods_falls_back_to_the_whole_reference(tmp_path):
+    table = _seasonal_days(years=2)
+    spec = ReferenceStrategy(name="training_seasonal", period=YEAR.to_pytimedelta())
+    doc = run_backtest(table, time_column="ts", out_dir=tmp_path, window="30", strategy=spec,
+                       reference_range=("2000-01-01T00:00Z", "2001-03-01T00:00Z"), replay_end="2001-06-01T00:00Z",
+                       html_report=False)
+    assert {w["reference"] for w in doc["windows"]} == {"training (the season matches 1 cycle(s) of the reference)"}
+
+
+@pytest.mark.parametrize("value", ["training_seasonal", "seasonal"])
+def test_the_strategy_setting_accepts_the_matched_season(value):
+    settings = Settings.from_env({"TRITONFLOW_DRIFT_REFERENCE_STRATEGY": value,
+                                  "TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS": "8766"})
+    spec = ReferenceStrategy.from_settings(settings)
+    assert spec.name == value and spec.period == pd.Timedelta(hours=8766)
+    assert spec.served_range("2024-01-01", "2024-01-02") is None if value == "training_seasonal" else True
