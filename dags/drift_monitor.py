@@ -99,7 +99,8 @@ PARAMS = {
     "reference_strategy": form.optional_choice(
         "Compare with",
         "training: the data the version was trained on; trailing: the last days it served; "
-        "seasonal: the same hour one period earlier. Empty: TRITONFLOW_DRIFT_REFERENCE_STRATEGY.",
+        "seasonal: the same hour one period earlier; training_seasonal: the training rows of the same "
+        "hour of the period. Empty: TRITONFLOW_DRIFT_REFERENCE_STRATEGY.",
         form.REFERENCE_STRATEGIES),
     "profile": Param(True, type="boolean", title="whylogs profile",
                      description="Also store the hour's whylogs profile (profiled once per hour; it decides "

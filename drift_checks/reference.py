@@ -6,12 +6,18 @@ Layout (folder or S3 prefix)::
     <root>/<model>/reference/v<version>/profile.bin
     <root>/<model>/reference/v<version>/meta.json      schema, rows, sampling seed, digest,
                                                        importance of each input
+    <root>/<model>/reference/v<version>/times.parquet  each sample row's time, when the source
+                                                       had a ``timestamp`` column
 
 Recorded when a version is published or retrained (from its training data in MLflow), or from a
 designated window of the inference log. The sample keeps the source's row order (a seeded
 subsample, index-sorted), so chunks of consecutive rows follow the source's time order when the
 source is ordered by time (the reference calibration of :mod:`drift_checks.thresholds` relies on
 it for seasonality).
+
+The row times (the source's ``timestamp`` column, the inference log's time column; never a
+feature) let the ``training_seasonal`` strategy compare a window with the rows of its own season
+(:mod:`drift_checks.season_match`). A reference without them is compared whole.
 
 Each reference has an id, ``v<version>:training:<first 12 hex of the sample's SHA-256>``: the
 drift history keys thresholds by it, so re-recording a version's reference starts new thresholds.
@@ -23,8 +29,10 @@ import dataclasses
 import hashlib
 import io
 import json
+import logging
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from drift_checks.inference_log import LogSchema
@@ -32,8 +40,12 @@ from drift_checks.profiles import profile_frame, read_profile, write_profile
 from drift_checks.storage import Store
 from ground.exceptions import WindowError
 
+log = logging.getLogger(__name__)
+
 #: Default rows kept in a reference sample.
 DEFAULT_REFERENCE_ROWS = 100_000
+#: File of the row times beside the sample.
+TIMES_FILE = "times.parquet"
 
 
 @dataclasses.dataclass
@@ -50,6 +62,8 @@ class Reference:
         importance: ``{feature: importance}`` of the model version (``None``: not computed).
         sample_sha256: SHA-256 (hex) of the ``sample.parquet`` bytes as written or read (keys the
             prepared-reference cache, :mod:`drift_checks.reference_cache`; ``""``: unknown).
+        times: Each sample row's time, UTC-naive ``datetime64[ns]`` in row order (``None``: the
+            source had no ``timestamp`` column).
     """
 
     model: str
@@ -61,6 +75,7 @@ class Reference:
     reference_id: str = ""
     importance: dict[str, float] | None = None
     sample_sha256: str = ""
+    times: np.ndarray | None = None
 
 
 def _prefix(model: str, version: int) -> str:
@@ -85,7 +100,9 @@ def save_reference(root: str, model: str, version: int, frame: pd.DataFrame,
         root: Folder or ``s3://bucket/prefix``.
         model: Model name.
         version: MLflow model version.
-        frame: Training data (or a designated window); feature columns at least.
+        frame: Training data (or a designated window); feature columns at least. A ``timestamp``
+            column (datetimes) is kept as the row times; one that cannot be read as times on
+            every row is dropped with a warning (the reference is kept).
         schema: Feature kinds; inferred from ``frame`` when ``None``.
         max_rows: Rows kept (uniform sample without replacement, ``seed``; row order kept).
         seed: Random seed of the sample.
@@ -109,6 +126,9 @@ def save_reference(root: str, model: str, version: int, frame: pd.DataFrame,
     sample = frame[list(schema.features)]
     if len(sample) > max_rows:
         sample = sample.sample(n=max_rows, random_state=seed).sort_index()
+    times, no_times = _row_times(frame, sample.index)
+    if no_times and "timestamp" in frame.columns:
+        log.warning("reference for %r v%s keeps no row times: %s", model, version, no_times)
     sample = sample.reset_index(drop=True)
     store = Store(root, endpoint_url)
     p = _prefix(model, version)
@@ -124,9 +144,38 @@ def save_reference(root: str, model: str, version: int, frame: pd.DataFrame,
             "seed": seed, "schema": schema.to_dict(), "digest": digest,
             "importance": importance_map,
             "importance_method": importance_method if importance else ""}
+    if times is not None:
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"timestamp": pa.array(times, pa.timestamp("ns"))}), buf)
+        store.put_bytes(f"{p}/{TIMES_FILE}", buf.getvalue())
+    meta["times"] = times is not None
+    meta["times_note"] = no_times
     store.put_bytes(f"{p}/meta.json", json.dumps(meta, sort_keys=True).encode())
     return Reference(model, int(version), sample, schema, view, store.uri(p),
-                     reference_id_of(version, digest), importance_map, digest)
+                     reference_id_of(version, digest), importance_map, digest, times)
+
+
+def _row_times(frame: pd.DataFrame, picked: pd.Index) -> tuple[np.ndarray | None, str]:
+    """The ``timestamp`` of the rows kept (UTC-naive), and why none when ``None``.
+
+    Times are a refinement (the ``training_seasonal`` strategy): a column that is missing, holds a
+    value that is not a time or leaves a row without one keeps the reference and drops the times,
+    with the reason (column, row or value) logged and recorded in ``meta.json``.
+    """
+    if "timestamp" not in frame.columns:
+        return None, "no 'timestamp' column"
+    if not frame.index.is_unique:
+        return None, "the frame's index repeats labels, so the kept rows' times are ambiguous"
+    col = frame["timestamp"].loc[picked]
+    try:
+        ts = pd.to_datetime(col, utc=True)
+    except (ValueError, TypeError) as exc:
+        return None, f"column 'timestamp' holds a value that is not a time ({exc}); expected datetimes"
+    if ts.isna().any():
+        row = ts.index[ts.isna()][0]
+        row = row.item() if hasattr(row, "item") else row
+        return None, f"column 'timestamp' is empty at row {row!r}; expected a time on every row"
+    return ts.dt.tz_convert(None).to_numpy(dtype="datetime64[ns]"), ""
 
 
 def load_reference(root: str, model: str, version: int, endpoint_url: str | None = None,
@@ -145,9 +194,11 @@ def load_reference(root: str, model: str, version: int, endpoint_url: str | None
         data = store.get_bytes(f"{p}/sample.parquet")
         frame = pq.read_table(io.BytesIO(data)).to_pandas()
         view = read_profile(store, f"{p}/profile.bin") if with_profile else None
+        times = (pq.read_table(io.BytesIO(store.get_bytes(f"{p}/{TIMES_FILE}"))).column("timestamp")
+                 .to_numpy().astype("datetime64[ns]") if meta.get("times") else None)
     except FileNotFoundError as exc:
         raise WindowError(f"no reference stored for {model!r} v{version} at {store.uri(p)} ({exc}); "
                           "expected save_reference() when the version was published") from None
     return Reference(model, int(version), frame, LogSchema.from_dict(meta["schema"]), view, store.uri(p),
                      reference_id_of(version, meta.get("digest", "")), meta.get("importance") or None,
-                     hashlib.sha256(data).hexdigest())  # the bytes read, not meta.json's record of them
+                     hashlib.sha256(data).hexdigest(), times)  # the bytes read, not meta.json's record of them

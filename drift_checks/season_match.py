@@ -21,12 +21,13 @@ threshold, as for the ``training`` strategy; the dynamic thresholds, the false-a
 the alert policy then apply unchanged. Every window shares one reference id, so the history
 learns one series per (feature, statistic): "distance from the same season".
 
-**Fallback.** A window whose matched rows are fewer than :data:`MIN_CYCLES` cycles' worth (the
-reference spans less than ``MIN_CYCLES`` periods, or the window is longer than the period) is
-compared with the whole reference; the note on the window says so.
+**Fallback.** A window whose matched rows come from fewer than :data:`MIN_CYCLES` cycles (the
+reference spans less than ``MIN_CYCLES`` periods, or the window is longer than the period) or
+number fewer than :data:`~drift_checks.strategies.MIN_SERVED_REFERENCE_ROWS` is compared with the
+whole reference; the note on the window says so.
 
 The rows' times are needed: the backtest has them (its time column); a stored model-version
-reference (:mod:`drift_checks.reference`) keeps none, so the hourly check cannot use this strategy.
+reference has them when its source had a ``timestamp`` column (:mod:`drift_checks.reference`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from drift_checks import statistics as st
+from drift_checks.strategies import MIN_SERVED_REFERENCE_ROWS
 from drift_checks.thresholds import MAX_REFERENCE_CHUNKS, Calibration, chunk_quantiles, chunk_rows_for
 from drift_checks.verdict import PreparedReference, prepare_reference
 
@@ -72,6 +74,9 @@ class SeasonalReference:
         calibrations: Seasonal calibrations by (chunk rows, quantile, statistics), filled lazily.
         budgets: Quantiles calibrated to the false-alarm budget, shared by every window's matched
             reference (:meth:`drift_checks.verdict.PreparedReference.budget`).
+        store: Where the calibrations outlive the process (``load(key)`` / ``save(key,
+            calibration)``, as :attr:`drift_checks.verdict.PreparedReference.calibration_store`,
+            keyed apart from the whole reference's); ``None``: this object only.
     """
 
     training: PreparedReference
@@ -79,6 +84,7 @@ class SeasonalReference:
     period: pd.Timedelta
     calibrations: dict[tuple, Calibration] = dataclasses.field(default_factory=dict)
     budgets: dict[tuple, Any] = dataclasses.field(default_factory=dict)
+    store: Any = None
 
     def for_window(self, start: Any, end: Any) -> tuple[PreparedReference, str]:
         """The window's reference and a note saying which rows it holds.
@@ -94,14 +100,16 @@ class SeasonalReference:
         mask = season_mask(self.times, a, b, self.period)
         cycles = int(np.unique(np.floor_divide((self.times[mask] - np.datetime64(a, "ns")).astype("int64"),
                                                self.period.value)).size)
-        if cycles < MIN_CYCLES:
-            return self.training, f"training (the season matches {cycles} cycle(s) of the reference)"
+        rows = int(mask.sum())
+        if cycles < MIN_CYCLES or rows < MIN_SERVED_REFERENCE_ROWS:
+            return self.training, (f"training (the season matches {rows} rows from {cycles} cycle(s) of the "
+                                   f"reference; {MIN_CYCLES} cycles and {MIN_SERVED_REFERENCE_ROWS} rows needed)")
         ref = self.training
         matched = prepare_reference(ref.frame[mask].reset_index(drop=True), ref.schema,
                                     reference_id=f"{ref.reference_id}:seasonal", importance=ref.importance,
                                     time_ordered=True)
         fields = {f.name: getattr(matched, f.name) for f in dataclasses.fields(PreparedReference)}
-        note = f"training_seasonal ({int(mask.sum())} rows from {cycles} cycles)"
+        note = f"training_seasonal ({rows} rows from {cycles} cycles)"
         return _Matched(**{**fields, "budgets": self.budgets}, source=self), note
 
     def calibration(self, window_rows: int, quantile: float, names=None) -> Calibration | None:
@@ -123,7 +131,12 @@ class SeasonalReference:
             return None
         key = (size, quantile, tuple(names) if names is not None else None)
         if key not in self.calibrations:
-            self.calibrations[key] = self._calibrate(size, quantile, names)
+            stored = self.store.load(key) if self.store is not None else None
+            if stored is None:
+                stored = self._calibrate(size, quantile, names)
+                if self.store is not None:
+                    self.store.save(key, stored)
+            self.calibrations[key] = stored
         return self.calibrations[key]
 
     def _calibrate(self, size: int, quantile: float, names) -> Calibration:

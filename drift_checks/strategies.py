@@ -13,8 +13,9 @@
   ``period`` (a year for daily data, a day or a week for hourly traffic), from every cycle the
   reference covers, with thresholds calibrated the same way (:mod:`drift_checks.season_match`).
   A shift smaller than the seasons' swing shows in the season it happens in. It needs each
-  reference row's time: the backtest has it; a stored reference keeps none, so the hourly check
-  compares with the whole training reference and its note says so.
+  reference row's time: the backtest has it, a stored reference has it when its source had a
+  ``timestamp`` column (:mod:`drift_checks.reference`); without it the whole training reference
+  applies and the note says so.
 
 A served reference (trailing, seasonal) is read from the inference log; an empty one (the first
 days of a model) falls back to the training reference, and the summary says so. Importance

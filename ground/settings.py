@@ -471,11 +471,11 @@ class Settings:
     #: What a window is compared with: ``training`` (the version's reference), ``trailing`` (the last
     #: N days of served traffic), ``seasonal`` (the same window one period earlier) or
     #: ``training_seasonal`` (the version's reference rows at the window's phase of the period; the
-    #: backtest only: a stored reference keeps no row times).
+    #: reference needs row times, a ``timestamp`` column in its source).
     drift_reference_strategy: str = setting(
         "DRIFT_REFERENCE_STRATEGY", "training",
         "Drift reference: training, trailing (last N days served), seasonal (one period earlier) or "
-        "training_seasonal (reference rows of the same season; backtest).",
+        "training_seasonal (reference rows of the same season).",
         check=one_of("training", "trailing", "seasonal", "training_seasonal"),
     )
     #: Span of the ``trailing`` reference (days of served traffic).

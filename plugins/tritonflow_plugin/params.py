@@ -72,7 +72,7 @@ ALIAS_NAME = TextRule("alias name (letters, digits, '_', '-')", r"[A-Za-z0-9_\-]
 #: Legacy MLflow stages a version can move to.
 LEGACY_STAGES = choice_rule(["Staging", "Production", "Archived", "None"])
 #: What a drift window is compared with (``drift_checks`` reference strategies).
-REFERENCE_STRATEGIES = choice_rule(["training", "trailing", "seasonal"])
+REFERENCE_STRATEGIES = choice_rule(["training", "trailing", "seasonal", "training_seasonal"])
 
 #: Every rule, registered as a JSON-Schema format when this module is imported. The API server
 #: validates a trigger request without importing DAG files, so a rule a DAG uses must be listed

@@ -21,7 +21,7 @@ def test_reference_strategy_and_evidently_rows_default_to_the_settings_at_run_ti
     params = drift_dag.params
     assert params["reference_strategy"] is None and params["evidently_sample_rows"] is None
     spec = params.get_param("reference_strategy")
-    for ok in (None, "training", "trailing", "seasonal"):  # an optional enum can be cleared
+    for ok in (None, "training", "trailing", "seasonal", "training_seasonal"):  # an optional enum can be cleared
         spec.resolve(ok)
     from airflow.sdk.definitions.param import ParamValidationError
 

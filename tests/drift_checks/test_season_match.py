@@ -61,7 +61,8 @@ def test_a_reference_spanning_less_than_two_periods_falls_back_to_the_whole_refe
     doc = run_backtest(table, time_column="ts", out_dir=tmp_path, window="30", strategy=spec,
                        reference_range=("2000-01-01T00:00Z", "2001-03-01T00:00Z"), replay_end="2001-06-01T00:00Z",
                        html_report=False)
-    assert {w["reference"] for w in doc["windows"]} == {"training (the season matches 1 cycle(s) of the reference)"}
+    assert all(w["reference"].startswith("training (the season matches ") and "from 1 cycle(s)" in w["reference"]
+               for w in doc["windows"])
 
 
 @pytest.mark.parametrize("value", ["training_seasonal", "seasonal"])
@@ -71,3 +72,35 @@ def test_the_strategy_setting_accepts_the_matched_season(value):
     spec = ReferenceStrategy.from_settings(settings)
     assert spec.name == value and spec.period == pd.Timedelta(hours=8766)
     assert spec.served_range("2024-01-01", "2024-01-02") is None if value == "training_seasonal" else True
+
+
+def test_a_reference_keeps_its_rows_times_through_sampling_and_a_round_trip(tmp_path):
+    from drift_checks.reference import load_reference, save_reference
+
+    table = _seasonal_days(years=2).rename(columns={"ts": "timestamp"})
+    saved = save_reference(str(tmp_path), "m", 1, table, max_rows=300, seed=3)
+    loaded = load_reference(str(tmp_path), "m", 1, with_profile=False)
+    assert list(saved.schema.features) == ["wind"]  # the time is never a feature
+    expected = table.set_index("wind").loc[loaded.frame["wind"], "timestamp"].dt.tz_convert(None).to_numpy()
+    assert np.array_equal(loaded.times, expected) and np.array_equal(saved.times, loaded.times)
+    timeless = save_reference(str(tmp_path), "m", 2, table[["wind"]])
+    assert timeless.times is None and load_reference(str(tmp_path), "m", 2, with_profile=False).times is None
+
+
+def test_a_reference_time_that_is_not_a_time_drops_the_times_with_the_reason_and_keeps_the_reference(
+        tmp_path, caplog):
+    """A training window mixing in earlier reference rows has rows without a time: the reference is
+    what drift checks need, so it is kept; the times go, and the log and meta.json say why."""
+    import json
+
+    from drift_checks.reference import load_reference, save_reference
+
+    table = _seasonal_days(years=1).rename(columns={"ts": "timestamp"}).astype({"timestamp": object})
+    for value, why in (("soon", "holds a value that is not a time"), (None, "is empty at row 7")):
+        table.loc[7, "timestamp"] = value
+        saved = save_reference(str(tmp_path), "m", 1, table)
+        assert saved.times is None and len(saved.frame) == len(table)
+        assert f"column 'timestamp' {why}" in caplog.text
+        meta = json.loads((tmp_path / "m" / "reference" / "v1" / "meta.json").read_text())
+        assert meta["times"] is False and why in meta["times_note"]
+        assert load_reference(str(tmp_path), "m", 1, with_profile=False).times is None

@@ -193,9 +193,30 @@ def test_a_trailing_reference_is_read_from_the_served_log(env, noaa):
     assert summary["reference_id"] == "v1:trailing:168h" and summary["drift"] is False
     cold = drift.check_model_hour(model, 1, T0, T0 + HOUR, settings, reference_strategy="seasonal")
     assert "the training reference applies" in cold["reference_strategy"]  # nothing served a week ago
-    matched = drift.check_model_hour(model, 1, T0, T0 + HOUR, settings, reference_strategy="training_seasonal")
-    assert "a stored reference does not keep" in matched["reference_strategy"]  # no row times: the whole one
-    assert matched["status"] != "error" and matched["reference_id"].startswith("v1:training")
+    timeless = drift.check_model_hour(model, 1, T0, T0 + HOUR, settings, reference_strategy="training_seasonal")
+    assert "stores no row times" in timeless["reference_strategy"]  # no timestamp column: the whole one
+    assert timeless["status"] == "ok" and timeless["reference_id"].startswith("v1:training")
+
+
+def test_a_seasonally_matched_reference_compares_the_hour_with_the_rows_of_its_season(env, noaa, monkeypatch):
+    """The reference's ``timestamp`` column is kept as its row times; with a 4-hour period, the
+    hour 00:00-01:00 is compared with the reference rows of every 00:00-01:00 of that cycle."""
+    from ground.settings import Settings
+
+    settings, model, _, writer = env
+    rows = noaa.iloc[0:3000][list(FEATURE_COLUMNS)].copy()
+    rows["timestamp"] = pd.Timestamp(T0) - pd.Timedelta(days=21) + pd.to_timedelta(np.arange(3000) * 600, unit="s")
+    saved = save_reference(drift.log_root(settings), model, 1, rows, max_rows=3000)
+    assert "timestamp" not in saved.schema.features and saved.times is not None
+    monkeypatch.setenv("TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS", "4")
+    seasonal = Settings.from_env()
+    writer.write(hour_frame(noaa, (QUIET[0], QUIET[0] + 100), T0))  # small enough for 10 reference chunks
+    summary = drift.check_model_hour(model, 1, T0, T0 + HOUR, seasonal, reference_strategy="training_seasonal")
+    assert summary["reference_strategy"] == "training_seasonal (750 rows from 125 cycles)"
+    assert summary["reference_id"].endswith(":seasonal") and summary["status"] == "ok"
+    assert summary["threshold_sources"].get("reference")  # calibrated on the chunks, each against its season
+    kept = list(drift.reference_cache_dir(seasonal).glob("*-season-*.calibration-*.json"))
+    assert kept  # the seasonal calibration outlives the task process, keyed apart from the whole one's
 
 
 def test_missing_reference_is_an_explicit_status_with_an_alert(env, noaa):

@@ -134,10 +134,12 @@ def published(stack, classifier):
     model, X = classifier
     name = unique("churn_clf")
     version = register(stack.tracking_uri, name, model, X)
-    # the training rows: the validation dataset and the drift reference (an input example is none)
+    # the training rows: the validation dataset and the drift reference (an input example is none),
+    # with the time each row was logged (no model input: the reference keeps it as its row times)
     dataset = Path(stack.settings.home) / "datasets" / f"{name}.parquet"
     dataset.parent.mkdir(parents=True, exist_ok=True)
-    X.to_parquet(dataset)
+    X.assign(timestamp=pd.Timestamp("2026-01-01", tz="UTC") + pd.to_timedelta(np.arange(len(X)), unit="h")
+             ).to_parquet(dataset)
     summary = pipeline.publish(f"{name}@champion", triton_url=stack.triton.http_url, settings=stack.settings,
                                max_batch_size=16, profile_enabled=False, dataset_uri=str(dataset))
     return name, version, summary
@@ -204,6 +206,7 @@ def test_classifier_resolved_by_alias_is_published_served_and_recorded(stack, cl
 
     ref = load_reference(publish_record.reference_root(stack.settings), name, version, with_profile=False)
     assert list(ref.frame.columns) == FEATURES and len(ref.frame) > 0
+    assert ref.times is not None and len(ref.times) == len(ref.frame)  # for training_seasonal
     assert tags["tritonflow.reference_uri"] == ref.uri
     # with each input's importance for this version (the drift check's dataset weights)
     assert set(ref.importance) == set(FEATURES) and sum(ref.importance.values()) == pytest.approx(1.0, abs=1e-5)

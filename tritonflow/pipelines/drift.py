@@ -237,11 +237,30 @@ def _strategy_reference(model: str, version: int, ref, t0, t1, strategy_name: st
         note = (f"{strategy.describe()}: fewer than the rows needed in [{span[0]}, {span[1]}); "
                 "the training reference applies")
     elif strategy.name == "training_seasonal":
-        note = ("training_seasonal needs each reference row's time, which a stored reference does not keep "
-                "(the backtest has it): the whole training reference applies")
+        return _seasonal_reference(ref, t0, t1, strategy, settings)
     else:
         note = strategy.describe()
     return prepared_training_reference(ref, reference_cache_dir(settings)), note
+
+
+def _seasonal_reference(ref, t0, t1, strategy, settings: Settings):
+    """(prepared reference, note) of ``training_seasonal``: the reference rows of the window's season."""
+    import dataclasses
+
+    import pandas as pd
+
+    from drift_checks.reference_cache import prepared_training_reference
+    from drift_checks.season_match import SeasonalReference
+
+    training = prepared_training_reference(ref, reference_cache_dir(settings))
+    if getattr(ref, "times", None) is None:
+        return training, ("training_seasonal: the reference stores no row times (its source had no 'timestamp' "
+                          "column); the whole training reference applies")
+    period = pd.Timedelta(strategy.period)
+    store = training.calibration_store
+    if store is not None:  # seasonal calibrations are keyed apart from the whole reference's
+        store = dataclasses.replace(store, reference_key=f"{store.reference_key}-season-{period.value}ns")
+    return SeasonalReference(training, ref.times, period, store=store).for_window(t0, t1)
 
 
 def reference_cache_dir(settings: Settings) -> Path:

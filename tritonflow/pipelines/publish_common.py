@@ -181,7 +181,9 @@ class PublishState(TypedDict, total=False):
       (``models:/<name>/<version>``), ``run_id``, ``aliases``, ``triton_model_name``,
       ``tracking_uri``, ``staging_attempt`` and ``staging_dir`` (this attempt's own folder);
     * ``convert_and_validate``: the staged files (``model_path``, ``model_filename``, ``config_path``,
-      ``sample_path``, ``expected_path``, ``reference_frame_path``, the report paths), the gate's
+      ``sample_path``, ``expected_path``, ``reference_frame_path``, the report paths;
+      ``reference_time_column``: the reference frame's column of row times that is no model
+      input, ``""`` when none), the gate's
       figures (``parity``, ``checks``, ``batch_sizes_checked``, ``validation_rows``, ``atol``,
       ``rtol``), ``config_summary``, ``instance_plan``, ``max_batch_size``, ``export_format``,
       ``source_flavor``, ``reference_source``, ``notes``, ``provenance``;
@@ -219,6 +221,7 @@ class PublishState(TypedDict, total=False):
     expected_path: str
     reference_frame_path: str
     reference_source: str
+    reference_time_column: str
     parity: dict[str, Any]
     validation_rows: int
     checks: list[str]

@@ -154,8 +154,10 @@ def record(loaded: Mapping[str, Any], *, settings: Settings | None = None) -> di
         if not str(loaded.get("reference_source", "")).startswith(REAL_REFERENCE_PREFIX):
             raise DataError(NO_REAL_REFERENCE)
         frame = pd.read_parquet(loaded["reference_frame_path"])
+        time_column = loaded.get("reference_time_column") or ""  # the rows' times, no model input
+        inputs = frame.drop(columns=[time_column]) if time_column else frame
         with pinned_mlflow_uris(reg.tracking_uri):
-            importance, how = _reference_importance(ref.uri, loaded.get("source_flavor", ""), frame)
+            importance, how = _reference_importance(ref.uri, loaded.get("source_flavor", ""), inputs)
         saved = save_reference(reference_root(s), loaded["model"], int(loaded["version"]), frame,
                                endpoint_url=s3_endpoint(s), importance=importance or None,
                                importance_method=how)

@@ -259,9 +259,14 @@ def _convert_and_validate(resolved, ref, reg, stage: Path, atol: float, rtol: fl
     converted = gate.converted
     if converted.name_mapping:
         (stage / NAME_MAPPING_FILENAME).write_text(converted.name_mapping_json())
+    time_column = ""
     if dataset is not None:
         cols = [c for c, _, _ in _feature_columns(converted.inputs, model_io, gate.sample)]
-        reference = dataset[[c for c in cols if c in dataset.columns]]
+        kept = [c for c in cols if c in dataset.columns]
+        if "timestamp" in dataset.columns and "timestamp" not in kept:
+            kept.append("timestamp")  # the rows' times: a seasonally matched reference needs them
+            time_column = "timestamp"
+        reference = dataset[kept]
         reference_source = f"{REAL_REFERENCE_PREFIX}{dataset_uri}"
     else:
         reference = sample_frame(converted.inputs, model_io, gate.sample)
@@ -282,6 +287,7 @@ def _convert_and_validate(resolved, ref, reg, stage: Path, atol: float, rtol: fl
         "validation_report_path": str(stage / VALIDATION_REPORT_FILENAME),
         "sample_path": str(stage / SAMPLE_FILENAME), "expected_path": str(stage / EXPECTED_FILENAME),
         "reference_frame_path": str(stage / REFERENCE_FRAME_FILENAME), "reference_source": reference_source,
+        "reference_time_column": time_column,
         "parity": parity, "validation_rows": len(next(iter(gate.sample.values()))),
         "checks": list(gate.report.checks),
         "batch_sizes_checked": list(gate.report.batch_sizes), "config_summary": json_safe(summary),
