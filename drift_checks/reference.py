@@ -167,6 +167,8 @@ def _row_times(frame: pd.DataFrame, picked: pd.Index) -> tuple[np.ndarray | None
     if not frame.index.is_unique:
         return None, "the frame's index repeats labels, so the kept rows' times are ambiguous"
     col = frame["timestamp"].loc[picked]
+    if pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col):
+        return None, f"column 'timestamp' holds numbers ({col.dtype}), not times; expected datetimes"
     try:
         ts = pd.to_datetime(col, utc=True)
     except (ValueError, TypeError) as exc:
@@ -194,11 +196,31 @@ def load_reference(root: str, model: str, version: int, endpoint_url: str | None
         data = store.get_bytes(f"{p}/sample.parquet")
         frame = pq.read_table(io.BytesIO(data)).to_pandas()
         view = read_profile(store, f"{p}/profile.bin") if with_profile else None
-        times = (pq.read_table(io.BytesIO(store.get_bytes(f"{p}/{TIMES_FILE}"))).column("timestamp")
-                 .to_numpy().astype("datetime64[ns]") if meta.get("times") else None)
     except FileNotFoundError as exc:
         raise WindowError(f"no reference stored for {model!r} v{version} at {store.uri(p)} ({exc}); "
                           "expected save_reference() when the version was published") from None
+    times = _read_times(store, p, len(frame)) if meta.get("times") else None
     return Reference(model, int(version), frame, LogSchema.from_dict(meta["schema"]), view, store.uri(p),
                      reference_id_of(version, meta.get("digest", "")), meta.get("importance") or None,
                      hashlib.sha256(data).hexdigest(), times)  # the bytes read, not meta.json's record of them
+
+
+def _read_times(store: Store, prefix: str, rows: int) -> np.ndarray | None:
+    """The stored row times, or ``None`` (logged) when they are missing, unreadable or not one per row.
+
+    The times only refine the ``training_seasonal`` strategy: losing them never loses the reference.
+    """
+    import pyarrow.parquet as pq
+
+    key = f"{prefix}/{TIMES_FILE}"
+    try:
+        times = pq.read_table(io.BytesIO(store.get_bytes(key))).column("timestamp").to_numpy()
+    except Exception as exc:  # noqa: BLE001 - a missing or damaged file costs the times only
+        log.warning("reference row times at %s not read (%s: %s); the reference is used without them",
+                    store.uri(key), type(exc).__name__, exc)
+        return None
+    if len(times) != rows:
+        log.warning("reference row times at %s hold %d rows, the sample %d; the reference is used without them",
+                    store.uri(key), len(times), rows)
+        return None
+    return times.astype("datetime64[ns]")

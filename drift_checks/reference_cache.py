@@ -53,7 +53,8 @@ FORMAT = "prepared-reference-2"
 CALIBRATION_FORMAT = "reference-calibration-1"
 #: Modules whose code scores the reference's chunks: their source is part of a calibration's key.
 SCORING_MODULES = ("drift_checks.statistics", "drift_checks.numeric_statistics", "drift_checks.categorical_statistics",
-                   "drift_checks.statistic_types", "drift_checks.binning", "drift_checks.thresholds")
+                   "drift_checks.statistic_types", "drift_checks.binning", "drift_checks.thresholds",
+                   "drift_checks.season_match")
 
 
 def cache_key(sample_sha256: str, schema) -> str:

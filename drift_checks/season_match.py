@@ -13,18 +13,23 @@ weather, a day or a week for hourly traffic): a row at time ``t`` matches the wi
 when ``(t - a) mod period < b - a``. Those rows come from every cycle the reference covers, so the
 season is held fixed and the window's difference from its own season is what is scored.
 
-**Thresholds** (:meth:`SeasonalReference.calibration`). The reference's time-ordered chunks of the
-window's size are each scored against the rows of the reference that match the chunk's season,
-the chunk itself left out (otherwise a chunk would be compared with a set holding its own rows,
-and every threshold would be too low). The quantile over those chunks is the ``reference``
-threshold, as for the ``training`` strategy; the dynamic thresholds, the false-alarm budget and
-the alert policy then apply unchanged. Every window shares one reference id, so the history
-learns one series per (feature, statistic): "distance from the same season".
+**Thresholds** (:meth:`SeasonalReference.calibration`). For phases of the period a window of
+the same duration can start at, the reference rows of that season are cut, in time order, into
+chunks of the window's size, and each chunk is scored against the season's other rows (left in,
+a chunk would be compared with a set holding its own rows, and every threshold would be too low).
+The quantile over those chunks is the ``reference`` threshold, as for the ``training`` strategy;
+the dynamic thresholds, the false-alarm budget and the alert policy then apply unchanged. Every
+matched window is keyed ``<training id>:seasonal``, so the history learns one series per
+(feature, statistic): "distance from the same season". A season must hold at least twice the
+window's rows to be cut so; with fewer than 10 chunks in all, the static thresholds apply.
+
+The window's data contract is still derived from the whole reference: a season's rows would
+narrow it (a column with nulls elsewhere and none in one season would fail that season's hours).
 
 **Fallback.** A window whose matched rows come from fewer than :data:`MIN_CYCLES` cycles (the
 reference spans less than ``MIN_CYCLES`` periods, or the window is longer than the period) or
 number fewer than :data:`~drift_checks.strategies.MIN_SERVED_REFERENCE_ROWS` is compared with the
-whole reference; the note on the window says so.
+whole reference, under the whole reference's id and thresholds; the note on the window says so.
 
 The rows' times are needed: the backtest has them (its time column); a stored model-version
 reference has them when its source had a ``timestamp`` column (:mod:`drift_checks.reference`).
@@ -33,18 +38,26 @@ reference has them when its source had a ``timestamp`` column (:mod:`drift_check
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
 
 from drift_checks import statistics as st
 from drift_checks.strategies import MIN_SERVED_REFERENCE_ROWS
-from drift_checks.thresholds import MAX_REFERENCE_CHUNKS, Calibration, chunk_quantiles, chunk_rows_for
+from drift_checks.thresholds import (
+    MAX_REFERENCE_CHUNKS,
+    MIN_REFERENCE_CHUNKS,
+    Calibration,
+    chunk_quantiles,
+    chunk_rows_for,
+)
 from drift_checks.verdict import PreparedReference, prepare_reference
 
 #: Fewest cycles of the period the matched rows must hold (fewer: the whole reference).
 MIN_CYCLES = 2
+#: Most phases of the period whose seasons calibrate the thresholds (spread evenly).
+MAX_PHASES = 48
 
 
 def season_mask(times: np.ndarray, start: pd.Timestamp, end: pd.Timestamp, period: pd.Timedelta) -> np.ndarray:
@@ -65,41 +78,43 @@ def season_mask(times: np.ndarray, start: pd.Timestamp, end: pd.Timestamp, perio
 
 @dataclasses.dataclass
 class SeasonalReference:
-    """A time-ordered training reference that yields, per window, the rows of its season.
+    """A training reference with row times that yields, per window, the rows of its season.
 
     Attributes:
-        training: The whole reference, prepared (rows in time order).
-        times: Each reference row's time (UTC-naive ``datetime64[ns]``, same order).
+        training: The whole reference, prepared (any row order: the times say where each row is).
+        times: Each reference row's time (UTC-naive ``datetime64[ns]``, the rows' order).
         period: The seasonal period.
-        calibrations: Seasonal calibrations by (chunk rows, quantile, statistics), filled lazily.
+        calibrations: Seasonal calibrations by (window duration, chunk rows, quantile, statistics),
+            filled lazily.
         budgets: Quantiles calibrated to the false-alarm budget, shared by every window's matched
             reference (:meth:`drift_checks.verdict.PreparedReference.budget`).
-        store: Where the calibrations outlive the process (``load(key)`` / ``save(key,
-            calibration)``, as :attr:`drift_checks.verdict.PreparedReference.calibration_store`,
-            keyed apart from the whole reference's); ``None``: this object only.
+        store: ``store(duration)`` gives where the calibrations of windows of that duration outlive
+            the process (``load(key)`` / ``save(key, calibration)``, as
+            :attr:`drift_checks.verdict.PreparedReference.calibration_store`, keyed apart from the
+            whole reference's); ``None``: this object only.
     """
 
     training: PreparedReference
     times: np.ndarray
     period: pd.Timedelta
-    calibrations: dict[tuple, Calibration] = dataclasses.field(default_factory=dict)
+    calibrations: dict[tuple, Calibration | None] = dataclasses.field(default_factory=dict)
     budgets: dict[tuple, Any] = dataclasses.field(default_factory=dict)
-    store: Any = None
+    store: Callable[[pd.Timedelta], Any] | None = None
 
     def for_window(self, start: Any, end: Any) -> tuple[PreparedReference, str]:
         """The window's reference and a note saying which rows it holds.
 
         Returns:
-            ``(prepared reference, note)``: the matched rows, keyed by the training reference's
-            id and calibrated by :meth:`calibration`; or the whole reference when the match holds
-            fewer than :data:`MIN_CYCLES` cycles (module docstring).
+            ``(prepared reference, note)``: the matched rows, keyed ``<training id>:seasonal`` and
+            calibrated by :meth:`calibration`; or the whole reference (its own id and calibration)
+            when the match holds fewer than :data:`MIN_CYCLES` cycles or
+            :data:`~drift_checks.strategies.MIN_SERVED_REFERENCE_ROWS` rows (module docstring).
         """
         a, b = _naive(start), _naive(end)
         if b - a >= self.period:
             return self.training, "training (the window is not shorter than the seasonal period)"
         mask = season_mask(self.times, a, b, self.period)
-        cycles = int(np.unique(np.floor_divide((self.times[mask] - np.datetime64(a, "ns")).astype("int64"),
-                                               self.period.value)).size)
+        cycles = int(np.unique(_cycle(self.times[mask], a, self.period)).size)
         rows = int(mask.sum())
         if cycles < MIN_CYCLES or rows < MIN_SERVED_REFERENCE_ROWS:
             return self.training, (f"training (the season matches {rows} rows from {cycles} cycle(s) of the "
@@ -110,58 +125,82 @@ class SeasonalReference:
                                     time_ordered=True)
         fields = {f.name: getattr(matched, f.name) for f in dataclasses.fields(PreparedReference)}
         note = f"training_seasonal ({rows} rows from {cycles} cycles)"
-        return _Matched(**{**fields, "budgets": self.budgets}, source=self), note
+        return _Matched(**{**fields, "budgets": self.budgets}, source=self, duration=b - a), note
 
-    def calibration(self, window_rows: int, quantile: float, names=None) -> Calibration | None:
-        """Chunks of the reference, each scored against its season without itself (cached).
+    def calibration(self, window_rows: int, quantile: float, names=None, *,
+                    duration: pd.Timedelta) -> Calibration | None:
+        """Season-matched chunks of the reference, each scored against its season without itself (cached).
+
+        For each phase of the period a window of ``duration`` can start at (one per ``duration``,
+        at most :data:`MAX_PHASES`), the reference rows of that season are taken in time order and
+        cut into chunks of the window's size; each chunk is scored against the season's other rows.
+        A chunk whose season holds no row of another cycle, or fewer rows than the chunk, is not
+        scored.
 
         Args:
             window_rows: Rows of the window being judged (sets the chunk size,
                 :func:`~drift_checks.thresholds.chunk_rows_for`).
             quantile: Quantile of distances (p-values: ``1 - quantile``).
             names: Statistics to compute (default: every registered one).
+            duration: The window's duration (the span of a season).
 
         Returns:
-            A :class:`~drift_checks.thresholds.Calibration`, or ``None`` when the reference holds
-            too few chunks of that size.
+            A :class:`~drift_checks.thresholds.Calibration`, or ``None`` when fewer than
+            :data:`~drift_checks.thresholds.MIN_REFERENCE_CHUNKS` chunks can be scored (the
+            static thresholds then apply, as for any reference too small to calibrate).
         """
-        ref = self.training
-        size = chunk_rows_for(window_rows, len(ref.frame))
+        size = chunk_rows_for(window_rows, len(self.training.frame))
         if size == 0:
             return None
         key = (size, quantile, tuple(names) if names is not None else None)
-        if key not in self.calibrations:
-            stored = self.store.load(key) if self.store is not None else None
-            if stored is None:
-                stored = self._calibrate(size, quantile, names)
-                if self.store is not None:
-                    self.store.save(key, stored)
-            self.calibrations[key] = stored
-        return self.calibrations[key]
+        if (duration.value, *key) not in self.calibrations:
+            store = self.store(duration) if self.store is not None else None
+            found = store.load(key) if store is not None else None
+            if found is None:
+                found = self._calibrate(size, duration, quantile, names)
+                if store is not None and found is not None:
+                    store.save(key, found)
+            self.calibrations[(duration.value, *key)] = found
+        return self.calibrations[(duration.value, *key)]
 
-    def _calibrate(self, size: int, quantile: float, names) -> Calibration:
-        ref, times = self.training, self.times
-        n_total = len(ref.frame) // size
-        picks = np.unique(np.linspace(0, n_total - 1, min(n_total, MAX_REFERENCE_CHUNKS)).round().astype(int))
+    def _season_chunks(self, size: int, duration: pd.Timedelta) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(chunk rows, rest of its season)`` pairs, at most :data:`MAX_REFERENCE_CHUNKS`."""
+        times, period = self.times, self.period
+        t0 = pd.Timestamp(times.min())
+        phases = np.arange(0, period.value, duration.value)
+        phases = phases[np.unique(np.linspace(0, len(phases) - 1, min(len(phases), MAX_PHASES)).round().astype(int))]
+        pairs = []
+        for phase in phases:
+            start = t0 + pd.Timedelta(int(phase))
+            season = np.flatnonzero(season_mask(times, start, start + duration, period))
+            season = season[np.argsort(times[season], kind="stable")]
+            cycle = _cycle(times[season], start, period)
+            for i in range(len(season) // size):
+                inside = np.zeros(len(season), bool)
+                inside[i * size:(i + 1) * size] = True
+                rest = season[~inside]
+                if len(rest) >= size and np.setdiff1d(cycle[~inside], cycle[inside]).size:
+                    pairs.append((season[inside], rest))
+        picks = np.unique(np.linspace(0, len(pairs) - 1, min(len(pairs), MAX_REFERENCE_CHUNKS)).round().astype(int))
+        return [pairs[i] for i in picks] if pairs else []
+
+    def _calibrate(self, size: int, duration: pd.Timedelta, quantile: float, names) -> Calibration | None:
+        ref = self.training
+        pairs = self._season_chunks(size, duration)
+        if len(pairs) < MIN_REFERENCE_CHUNKS:
+            return None
         wanted = list(names) if names is not None else None
-        span = pd.Timedelta(int((times[-1] - times[0]).astype("int64") / max(len(times) - 1, 1) * size))
         chunks = []
-        for i in picks:
-            rows = slice(i * size, (i + 1) * size)
-            chunk = ref.frame.iloc[rows]
-            start = pd.Timestamp(times[rows.start])
-            mask = season_mask(times, start, start + span, self.period) if span < self.period else \
-                np.ones(len(times), bool)
-            mask[rows] = False
-            rest = ref.frame[mask]
+        for inside, rest in pairs:
+            chunk, others = ref.frame.iloc[inside], ref.frame.iloc[rest]
             results: dict[str, Mapping[str, Any]] = {}
             for col in ref.numeric:
-                results[col] = st.score_numeric(st.prepare_numeric(rest[col]), st.prepare_numeric(chunk[col]), wanted)
+                results[col] = st.score_numeric(st.prepare_numeric(others[col]), st.prepare_numeric(chunk[col]), wanted)
             for col in ref.categorical:
-                results[col] = st.score_categorical(st.category_counts(rest[col]), st.category_counts(chunk[col]),
-                                                    reference_rows=len(rest), current_rows=len(chunk), names=wanted)
+                results[col] = st.score_categorical(st.category_counts(others[col]), st.category_counts(chunk[col]),
+                                                    reference_rows=len(others), current_rows=len(chunk), names=wanted)
             chunks.append(results)
-        return Calibration(size, int(picks.size), chunk_quantiles(chunks, quantile), quantile, tuple(chunks))
+        return Calibration(size, len(chunks), chunk_quantiles(chunks, quantile), quantile, tuple(chunks))
 
 
 @dataclasses.dataclass
@@ -169,10 +208,21 @@ class _Matched(PreparedReference):
     """The matched rows of one window, calibrated by their :class:`SeasonalReference`."""
 
     source: SeasonalReference | None = None
+    duration: pd.Timedelta = pd.Timedelta(0)
 
     def calibration(self, window_rows: int, quantile: float, names=None) -> Calibration | None:
         assert self.source is not None
-        return self.source.calibration(window_rows, quantile, names)
+        return self.source.calibration(window_rows, quantile, names, duration=self.duration)
+
+    def contract_rows(self) -> pd.DataFrame:
+        """The whole reference: a season's rows would narrow the contract (a null share, a range)."""
+        assert self.source is not None
+        return self.source.training.contract_rows()
+
+
+def _cycle(times: np.ndarray, start: pd.Timestamp, period: pd.Timedelta) -> np.ndarray:
+    """Which cycle of ``period`` counted from ``start`` each time falls in."""
+    return np.floor_divide((times - np.datetime64(_naive(start), "ns")).astype("int64"), period.value)
 
 
 def _naive(t: Any) -> pd.Timestamp:

@@ -178,6 +178,10 @@ class PreparedReference:
             self.calibrations[key] = stored
         return self.calibrations[key]
 
+    def contract_rows(self) -> pd.DataFrame:
+        """The rows a window's derived contract is learned from (here: this reference's rows)."""
+        return self.frame
+
     def budget(self, calibration: Calibration | None, policy: ThresholdPolicy, alerts: AlertPolicy,
                weights: Mapping[str, float]) -> BudgetCalibration | None:
         """The quantile calibrated to ``alerts``' false-alarm budget on ``calibration`` (cached).
@@ -352,7 +356,7 @@ def _check_contract(frame: Any, reference: PreparedReference, contract: Contract
     if not streamed:  # the declared schema first (a streamed window was read with it)
         applied = apply_schema(frame, schema.features)
         frame, unreadable = applied.frame, applied.unreadable
-    contract = with_derived(contract, derive_contract(reference.frame, schema))  # a user's suite adds
+    contract = with_derived(contract, derive_contract(reference.contract_rows(), schema))  # a user's suite adds
     cres: ContractResult = run_contract(contract, frame, gx_sample_rows=cfg.contract_sample_rows,
                                         schema=schema.features, unreadable=unreadable)
     status = {"passed": "ok", "failed": "contract_failed", "error": "check_error"}[cres.status]

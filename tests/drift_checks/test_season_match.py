@@ -6,8 +6,10 @@ import pandas as pd
 import pytest
 
 from drift_checks.backtest import run_backtest
-from drift_checks.season_match import season_mask
+from drift_checks.inference_log import LogSchema
+from drift_checks.season_match import SeasonalReference, season_mask
 from drift_checks.strategies import ReferenceStrategy
+from drift_checks.verdict import prepare_reference
 from ground.settings import Settings
 
 YEAR = pd.Timedelta(days=365)
@@ -71,7 +73,7 @@ def test_the_strategy_setting_accepts_the_matched_season(value):
                                   "TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS": "8766"})
     spec = ReferenceStrategy.from_settings(settings)
     assert spec.name == value and spec.period == pd.Timedelta(hours=8766)
-    assert spec.served_range("2024-01-01", "2024-01-02") is None if value == "training_seasonal" else True
+    assert (spec.served_range("2024-01-01", "2024-01-02") is None) == (value == "training_seasonal")
 
 
 def test_a_reference_keeps_its_rows_times_through_sampling_and_a_round_trip(tmp_path):
@@ -104,3 +106,54 @@ def test_a_reference_time_that_is_not_a_time_drops_the_times_with_the_reason_and
         meta = json.loads((tmp_path / "m" / "reference" / "v1" / "meta.json").read_text())
         assert meta["times"] is False and why in meta["times_note"]
         assert load_reference(str(tmp_path), "m", 1, with_profile=False).times is None
+
+
+def _seasonal(table: pd.DataFrame, order=None) -> SeasonalReference:
+    rows = table if order is None else table.iloc[order]
+    prepared = prepare_reference(rows[["wind"]].reset_index(drop=True), LogSchema({"wind": "float"}),
+                                 reference_id="r", time_ordered=True)
+    return SeasonalReference(prepared, rows["ts"].dt.tz_convert(None).to_numpy("datetime64[ns]"), YEAR)
+
+
+def test_the_calibration_follows_the_rows_times_not_their_order():
+    """A training set is often shuffled: the seasons come from the times, so the thresholds match."""
+    table = _seasonal_days(years=5)
+    shuffled = np.random.default_rng(1).permutation(len(table))
+    month = pd.Timedelta(days=30)
+    ordered = _seasonal(table).calibration(30, 0.95, duration=month)
+    mixed = _seasonal(table, shuffled).calibration(30, 0.95, duration=month)
+    assert ordered is not None and mixed is not None and ordered.n_chunks == mixed.n_chunks >= 10
+    assert mixed.values == pytest.approx(ordered.values)
+
+
+def test_a_reference_shorter_than_two_cycles_per_season_calibrates_nothing():
+    month = pd.Timedelta(days=30)
+    assert _seasonal(_seasonal_days(years=1)).calibration(30, 0.95, duration=month) is None
+
+
+def test_a_seasons_window_is_held_to_the_contract_of_the_whole_reference(tmp_path):
+    """Nulls in the first half of every year only: a second-half window with 6 % nulls would break
+    the not-null expectation learned from its season's rows alone (none: at most 5 %), and keeps
+    the one of the whole reference (2.5 %: at most 7.5 %), as with the training strategy."""
+    table = _seasonal_days(drop_day=10**6)
+    day = np.arange(len(table))
+    first_half = (day % 365) < 180
+    table.loc[first_half & (day % 20 == 0), "wind"] = np.nan  # 5 %: 2.5 % of the whole reference
+    table.loc[(day >= 5 * 365 + 200) & (day % 16 == 0), "wind"] = np.nan  # 6 % in the replayed second half
+    runs = {s: _run(table, tmp_path, s, end="2005-12-31")["windows"] for s in ("training", "training_seasonal")}
+    second_half = [i for i, w in enumerate(runs["training"]) if pd.Timestamp(w["start"]).dayofyear > 200]
+    assert second_half and runs["training_seasonal"][second_half[0]]["reference"].startswith("training_seasonal (")
+    for s, windows in runs.items():
+        assert [w["contract_failures"] for w in windows if w["contract_failures"]] == [], s
+
+
+def test_numeric_times_and_a_damaged_times_file_cost_the_times_only(tmp_path, caplog):
+    from drift_checks.reference import TIMES_FILE, load_reference, save_reference
+
+    table = _seasonal_days(years=2)
+    numeric = save_reference(str(tmp_path), "m", 1, table[["wind"]].assign(timestamp=np.arange(len(table))))
+    assert numeric.times is None and "holds numbers" in caplog.text
+    save_reference(str(tmp_path), "m", 2, table.rename(columns={"ts": "timestamp"}))
+    (tmp_path / "m" / "reference" / "v2" / TIMES_FILE).write_bytes(b"not parquet")
+    damaged = load_reference(str(tmp_path), "m", 2, with_profile=False)
+    assert damaged.times is None and len(damaged.frame) == len(table) and "not read" in caplog.text

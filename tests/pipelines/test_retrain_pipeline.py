@@ -196,6 +196,24 @@ def test_reference_rows_are_mixed_in_at_the_requested_share(env, challenger_v1):
     assert set(frame["request_id"].iloc[:lin["reference_rows"]]) <= reference_ids
 
 
+def test_mixed_reference_rows_carry_their_stored_times(env, noaa):
+    """A version without a training-window tag mixes in its stored reference; rows that kept their
+    times bring them, so the new version's reference keeps row times too."""
+    from drift_checks.reference import save_reference
+
+    s = env["settings"]
+    model = f"noaa_ref_{uuid.uuid4().hex[:8]}"
+    client = mlflow.MlflowClient(s.mlflow_tracking_uri)
+    client.create_registered_model(model)
+    run = client.create_run(client.get_experiment_by_name("Default").experiment_id)
+    client.create_model_version(model, f"{run.info.artifact_uri}/model", run.info.run_id)
+    rows = noaa.iloc[14_000:14_200][[*ds.FEATURE_COLUMNS, "rain"]].assign(
+        timestamp=[ts(d) for d in range(14_000, 14_200)])
+    save_reference(s.inference_log_root, model, 1, rows)
+    frame, _ = rp.reference_rows(model, 1, label_column="rain", settings=s)
+    assert list(frame["timestamp"]) == list(rows["timestamp"]) and "rain" in frame.columns
+
+
 def test_failing_entry_point_leaves_the_registry_unchanged(env, challenger_v1):
     s, model = env["settings"], env["model"]
     before = (_versions(env), _client(env).get_registered_model(model).aliases)

@@ -246,6 +246,7 @@ def _strategy_reference(model: str, version: int, ref, t0, t1, strategy_name: st
 def _seasonal_reference(ref, t0, t1, strategy, settings: Settings):
     """(prepared reference, note) of ``training_seasonal``: the reference rows of the window's season."""
     import dataclasses
+    import hashlib
 
     import pandas as pd
 
@@ -257,10 +258,15 @@ def _seasonal_reference(ref, t0, t1, strategy, settings: Settings):
         return training, ("training_seasonal: the reference stores no row times (its source had no 'timestamp' "
                           "column); the whole training reference applies")
     period = pd.Timedelta(strategy.period)
-    store = training.calibration_store
-    if store is not None:  # seasonal calibrations are keyed apart from the whole reference's
-        store = dataclasses.replace(store, reference_key=f"{store.reference_key}-season-{period.value}ns")
-    return SeasonalReference(training, ref.times, period, store=store).for_window(t0, t1)
+    whole = training.calibration_store
+    times_key = hashlib.sha256(ref.times.tobytes()).hexdigest()[:16]
+
+    def store(duration: pd.Timedelta):  # seasonal calibrations, keyed apart from the whole reference's
+        return dataclasses.replace(whole, reference_key=f"{whole.reference_key}-season-{period.value}-"
+                                                        f"{duration.value}-{times_key}")
+
+    return SeasonalReference(training, ref.times, period, store=store if whole is not None else None
+                             ).for_window(t0, t1)
 
 
 def reference_cache_dir(settings: Settings) -> Path:

@@ -141,6 +141,8 @@ def reference_rows(model: str, version: int, *, label_column: str,
     if label_column not in reference.frame.columns:
         raise WindowError(f"model {model!r} v{version}: reference sample at {reference.uri} has no "
                           f"label column {label_column!r}; cannot mix it into a training window")
+    if reference.times is not None and "timestamp" not in reference.frame.columns:  # mixed rows keep their times
+        return reference.frame.assign(timestamp=pd.to_datetime(reference.times).tz_localize("UTC")), reference.uri
     return reference.frame, reference.uri
 
 
