@@ -152,6 +152,37 @@ def _times(frame: pd.DataFrame, column: str, unit: str | None) -> pd.Series:
     return t
 
 
+def _numeric_unit(column: pd.Series, unit: str | None) -> str | None:
+    """The unit a numeric time column is read in (``None``: the column holds datetimes)."""
+    numeric = pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
+    return (unit or "s") if numeric else None
+
+
+def _instant(value: Any, option: str, numbers: str | None) -> pd.Timestamp:
+    """A time given as an option, in UTC.
+
+    A number in the time column's unit where the column holds numbers (``numbers``), else a datetime
+    (a naive one is UTC).
+
+    Raises:
+        DataError: ``value`` is not a time; the message names the option, the value and what reads.
+    """
+    if numbers is not None and not isinstance(value, (pd.Timestamp, dt.datetime)):
+        try:
+            return pd.to_datetime(float(value), unit=numbers, origin="unix", utc=True)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    expected = "a datetime such as 2024-03-01T00:00Z" + (
+        f", or a number of {numbers!r} as in the time column" if numbers else "")
+    try:
+        t = pd.Timestamp(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise DataError(f"{option} {value!r} is not a time ({exc}); expected {expected}") from None
+    if pd.isna(t):
+        raise DataError(f"{option} {value!r} is not a time; expected {expected}")
+    return t.tz_localize("UTC") if t.tzinfo is None else t.tz_convert("UTC")
+
+
 def _numbers_kind(s: pd.Series) -> str:
     """``int`` / ``float`` for a text or object column whose values all read as numbers, else ``category``.
 
@@ -246,7 +277,8 @@ def run_backtest(
         categorical: Columns scored as categories (object/string/bool ones are anyway).
         reference_rows: The reference is the first N rows (give this or ``reference_range``).
         reference_range: ``(start, end)``: the reference is the rows with ``start <= time < end``
-            (give this or ``reference_rows``).
+            (give this or ``reference_rows``). Datetimes (naive ones are UTC), or numbers in
+            ``time_unit`` when the time column holds numbers.
         window: :class:`BacktestWindow`, or its text (``"48"`` rows, ``"1h"``).
         strategy: Reference strategy (default: ``training``, the reference above).
         importance: ``{feature: importance}`` for the dataset weights (default: none, which the
@@ -255,7 +287,8 @@ def run_backtest(
             :meth:`CheckConfig.from_settings` (default: the built-in defaults, ``CheckConfig()``,
             which are the settings' defaults). Evidently is off either way.
         time_unit: Unit of a numeric time column (``"s"``, ``"D"``...; default seconds).
-        replay_end: Stop replaying at this time (exclusive; default: the table's end).
+        replay_end: Stop replaying at this time (exclusive; default: the table's end), read as
+            ``reference_range``.
         html_report: Also write ``index.html`` and the plots.
         model: Model name used in the temporary history.
         engine: ``"exact"`` (each window whole in memory) or ``"streamed"`` (each window
@@ -286,6 +319,12 @@ def run_backtest(
     times = _times(table, time_column, time_unit)
     order = np.argsort(times.to_numpy(), kind="stable")
     table, times = table.iloc[order], times.iloc[order]
+    numbers = _numeric_unit(table[time_column], time_unit)
+    if reference_range is not None:
+        reference_range = (_instant(reference_range[0], "--reference-range", numbers),
+                           _instant(reference_range[1], "--reference-range", numbers))
+    if replay_end is not None:
+        replay_end = _instant(replay_end, "--end", numbers)
     ref_frame, replay = _split_reference(table, times, reference_rows, reference_range)
     schema = _schema(ref_frame, features, categorical, time_column)  # declared by the reference rows
     replay = _until(replay, times, replay_end)
@@ -331,8 +370,7 @@ def _split_reference(table: pd.DataFrame, times: pd.Series, reference_rows: int 
                             f"has {len(table)} rows)")
         return table.iloc[:reference_rows], table.iloc[reference_rows:]
     assert reference_range is not None  # exactly one of the two, checked by the caller
-    a, b = (pd.Timestamp(x) for x in reference_range)
-    a, b = (x.tz_localize("UTC") if x.tzinfo is None else x.tz_convert("UTC") for x in (a, b))
+    a, b = reference_range  # UTC instants (_instant)
     inside = (times >= a) & (times < b)
     if not inside.any():
         raise DataError(f"--reference-range {a}..{b} holds no row (the table spans "
@@ -342,10 +380,8 @@ def _split_reference(table: pd.DataFrame, times: pd.Series, reference_rows: int 
 
 def _until(replay: pd.DataFrame, times: pd.Series, replay_end: Any) -> pd.DataFrame:
     """The replayed rows before ``replay_end`` (all of them when ``None``); never empty."""
-    if replay_end is not None:
-        end = pd.Timestamp(replay_end)
-        end = end.tz_localize("UTC") if end.tzinfo is None else end.tz_convert("UTC")
-        replay = replay[(times.loc[replay.index] < end).to_numpy()]
+    if replay_end is not None:  # a UTC instant (_instant)
+        replay = replay[(times.loc[replay.index] < replay_end).to_numpy()]
     if replay.empty:
         raise DataError("no rows left to replay after the reference")
     return replay

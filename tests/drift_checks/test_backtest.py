@@ -80,6 +80,26 @@ def test_backtest_refuses_bad_options_with_a_clear_message(tmp_path):
         run_backtest(bad, time_column="ts", reference_rows=50, out_dir=tmp_path)
 
 
+def test_a_range_and_an_end_are_read_in_the_unit_of_a_numeric_time_column(tmp_path, capsys):
+    """Days numbered 0..N (``--time-unit D``): ``--reference-range 0 200 --end 300`` means days,
+    as the time column does; a value that is no time fails naming the option, the value and what
+    reads, for a numeric column and a datetime one alike."""
+    rng = np.random.default_rng(3)
+    path = tmp_path / "days.csv"
+    pd.DataFrame({"day": np.arange(400), "x": rng.normal(size=400)}).to_csv(path, index=False)
+    rc = cli.main(["drift", "backtest", "--data", str(path), "--time-column", "day", "--time-unit", "D",
+                   "--reference-range", "0", "200", "--end", "300", "--window", "20", "--no-html",
+                   "--out", str(tmp_path / "bt")])
+    assert rc == 0 and json.loads(capsys.readouterr().out.strip().splitlines()[-1])["windows"] == 5
+    doc = json.loads((tmp_path / "bt" / "backtest.json").read_text())
+    assert doc["data"]["reference_rows"] == 200
+    table = pd.read_csv(path)
+    with pytest.raises(DataError, match=r"--reference-range 'soon' is not a time .*or a number of 'D'"):
+        run_backtest(table, time_column="day", time_unit="D", reference_range=("0", "soon"), out_dir=tmp_path)
+    with pytest.raises(DataError, match=r"--end 'later' is not a time .*expected a datetime such as"):
+        run_backtest(_table(200), time_column="ts", reference_rows=50, replay_end="later", out_dir=tmp_path)
+
+
 def _daily_cycle(days=5, shift_day=3, seed=1):
     """One row per minute; x follows the hour of day (a daily cycle), +1.5 from 2024-01-04."""
     rng = np.random.default_rng(seed)
