@@ -297,7 +297,6 @@ def main() -> None:
     if not args.skip_out_of_sample:
         t0 = time.perf_counter()
         doc["out_of_sample"] = out_of_sample(noaa, features, budget)
-        timings["out_of_sample"] = round(time.perf_counter() - t0, 1)
         print("out of sample:", json.dumps(doc["out_of_sample"]), flush=True)
         doc["in_vs_out_of_sample"] = side_by_side(results["tritonflow"], doc["out_of_sample"])
         doc["out_of_sample_training_seasonal"] = out_of_sample(noaa, features, budget, SEASONAL_ENV)

@@ -357,8 +357,8 @@ def _seasonal(training: PreparedReference, times: pd.Series, strategy: Reference
     """The seasonally matched reference of the ``training_seasonal`` strategy (else ``None``)."""
     if strategy.name != "training_seasonal":
         return None
-    naive = pd.to_datetime(times).dt.tz_convert(None) if getattr(times.dt, "tz", None) else pd.to_datetime(times)
-    return SeasonalReference(training, naive.to_numpy(dtype="datetime64[ns]"), pd.Timedelta(strategy.period))
+    naive = times.dt.tz_convert(None).to_numpy(dtype="datetime64[ns]")  # _times reads them as UTC
+    return SeasonalReference(training, naive, pd.Timedelta(strategy.period))
 
 
 def _split_reference(table: pd.DataFrame, times: pd.Series, reference_rows: int | None,

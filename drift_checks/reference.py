@@ -181,8 +181,11 @@ def _row_times(frame: pd.DataFrame, picked: pd.Index) -> tuple[np.ndarray | None
 
 
 def load_reference(root: str, model: str, version: int, endpoint_url: str | None = None,
-                   with_profile: bool = True) -> Reference:
+                   with_profile: bool = True, with_times: bool = True) -> Reference:
     """Load a stored reference.
+
+    ``with_profile`` / ``with_times``: also read the whylogs profile / the row times (callers that
+    never use them skip a read each).
 
     Raises:
         WindowError: No reference stored for this version, or its files are unreadable.
@@ -199,7 +202,7 @@ def load_reference(root: str, model: str, version: int, endpoint_url: str | None
     except FileNotFoundError as exc:
         raise WindowError(f"no reference stored for {model!r} v{version} at {store.uri(p)} ({exc}); "
                           "expected save_reference() when the version was published") from None
-    times = _read_times(store, p, len(frame)) if meta.get("times") else None
+    times = _read_times(store, p, len(frame)) if with_times and meta.get("times") else None
     return Reference(model, int(version), frame, LogSchema.from_dict(meta["schema"]), view, store.uri(p),
                      reference_id_of(version, meta.get("digest", "")), meta.get("importance") or None,
                      hashlib.sha256(data).hexdigest(), times)  # the bytes read, not meta.json's record of them

@@ -255,7 +255,8 @@ def coverage_reference_for(root: str, model: str, version: int, top: int, *,
     from repository_sync.canary.checks import important_features
 
     try:
-        ref = load_reference(root, model, int(version), endpoint_url=endpoint_url, with_profile=False)
+        ref = load_reference(root, model, int(version), endpoint_url=endpoint_url, with_profile=False,
+                             with_times=False)
     except WindowError as exc:
         return None, f"feature-space coverage not evaluated: {exc}"
     numeric = [c for c, k in ref.schema.features.items() if k in ("float", "int")]

@@ -41,7 +41,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ground.exceptions import ContractViolation, RegistryError, WindowError
+from ground.exceptions import ContractViolation, RegistryError, SettingsError, WindowError
 from ground.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -151,11 +151,22 @@ def monitored_models(settings: Settings | None = None, only: Sequence[str] | Non
     return sorted(out, key=lambda d: d["model"])
 
 
-def _load_reference(model: str, version: int, settings: Settings):
+def _load_reference(model: str, version: int, settings: Settings, with_times: bool = False):
+    """The version's stored reference (its row times only when asked: ``training_seasonal``)."""
     from drift_checks.reference import load_reference
 
     return load_reference(log_root(settings), model, int(version), endpoint_url=_endpoint(settings),
-                          with_profile=False)
+                          with_profile=False, with_times=with_times)
+
+
+def _wants_times(settings: Settings, strategy_name: str | None) -> bool:
+    """Whether the strategy in effect reads the reference's row times (an unknown name is refused later)."""
+    from drift_checks.strategies import ReferenceStrategy
+
+    try:
+        return ReferenceStrategy.from_settings(settings, strategy_name).name == "training_seasonal"
+    except SettingsError:
+        return False
 
 
 def _read(model: str, start, end, schema, settings: Settings):
@@ -254,7 +265,7 @@ def _seasonal_reference(ref, t0, t1, strategy, settings: Settings):
     from drift_checks.season_match import SeasonalReference
 
     training = prepared_training_reference(ref, reference_cache_dir(settings))
-    if getattr(ref, "times", None) is None:
+    if ref.times is None:
         return training, ("training_seasonal: the reference stores no row times (its source had no 'timestamp' "
                           "column); the whole training reference applies")
     period = pd.Timedelta(strategy.period)
@@ -307,7 +318,7 @@ def check_model_hour(model: str, version: int, start: Any, end: Any,
     s = _settings(settings)
     t0, t1 = _hour(start, "start"), _hour(end, "end")
     try:
-        ref = _load_reference(model, version, s)
+        ref = _load_reference(model, version, s, with_times=_wants_times(s, reference_strategy))
     except WindowError as exc:
         exc = WindowError(f"{exc}; a drift reference is built only from real data (the training window "
                           "given to the publish as dataset_uri): this version is not monitored until it "

@@ -75,7 +75,7 @@ def golden_set(model: str, *, env: Any = None, samples: int | None = None) -> di
     name = triton_name(champion)
     try:
         ref = load_reference(reference_root(env.settings), model, champion.version,
-                             endpoint_url=env.endpoint_url, with_profile=False)
+                             endpoint_url=env.endpoint_url, with_profile=False, with_times=False)
     except WindowError as exc:
         raise DataError(f"no golden samples for {model!r} v{champion.version}: {exc}") from None
     with env.triton() as tc:
