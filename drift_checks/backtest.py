@@ -335,7 +335,8 @@ def run_backtest(
     out.mkdir(parents=True, exist_ok=True)
     replayer = _Replayer(table=table, times=times, schema=schema, training=training, strategy=strategy,
                          importance=importance, cfg=cfg, contract=contract, model=model, engine=engine,
-                         sketch_k=sketch_k, seasonal=_seasonal(training, times.loc[ref_frame.index], strategy))
+                         sketch_k=sketch_k, seasonal=_seasonal(training, times.loc[ref_frame.index], strategy),
+                         season_run=_season_run(training, times.loc[ref_frame.index], strategy, cfg))
     windows, series = replayer.replay(_cut(replay, times, win))
     doc = {"data": {"rows": int(len(table)), "time_column": time_column, "features": schema.to_dict()["features"],
                     "reference_rows": int(len(ref_frame)),
@@ -356,6 +357,18 @@ def _seasonal(training: PreparedReference, times: pd.Series, strategy: Reference
               ) -> SeasonalReference | None:
     """The seasonally matched reference of the ``training_seasonal`` strategy (else ``None``)."""
     if strategy.name != "training_seasonal":
+        return None
+    naive = times.dt.tz_convert(None).to_numpy(dtype="datetime64[ns]")  # _times reads them as UTC
+    return SeasonalReference(training, naive, pd.Timedelta(strategy.period))
+
+
+def _season_run(training: PreparedReference, times: pd.Series, strategy: ReferenceStrategy, cfg: CheckConfig
+                ) -> SeasonalReference | None:
+    """The season-matched reference of the season run rule (:mod:`drift_checks.policy`).
+
+    Only for the ``training`` strategy with ``seasonal_run_windows`` on (else ``None``).
+    """
+    if strategy.name != "training" or cfg.alerts.seasonal_run_windows < 2:
         return None
     naive = times.dt.tz_convert(None).to_numpy(dtype="datetime64[ns]")  # _times reads them as UTC
     return SeasonalReference(training, naive, pd.Timedelta(strategy.period))
@@ -403,6 +416,7 @@ class _Replayer:
     engine: str
     sketch_k: int | None
     seasonal: SeasonalReference | None = None
+    season_run: SeasonalReference | None = None
 
     def replay(self, cut: list[tuple[Any, Any, pd.DataFrame]]
                ) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
@@ -415,7 +429,7 @@ class _Replayer:
             try:
                 for i, (t_start, t_end, rows) in enumerate(cut):
                     reference, note = self.reference_for(t_start, t_end)
-                    summary = self.check(i, rows[cols], reference, history)
+                    summary = self.check(i, rows[cols], reference, history, self.season_for(t_start, t_end))
                     windows.append(_window_row(i, t_start, t_end, summary, note))
                     for c in cols:
                         series[c].append(_plot_point(summary, c))
@@ -437,8 +451,15 @@ class _Replayer:
         return (prepare_reference(served, self.schema, importance=self.importance, time_ordered=True,
                                   reference_id=f"backtest:{self.strategy.name}"), self.strategy.name)
 
+    def season_for(self, t_start: Any, t_end: Any) -> PreparedReference | None:
+        """The window's season for the season run rule (``None``: off, or fewer than 2 cycles)."""
+        if self.season_run is None or self.engine != "exact":
+            return None
+        season, _ = self.season_run.for_window(t_start, t_end)
+        return season if season.reference_id != self.training.reference_id else None
+
     def check(self, i: int, rows: pd.DataFrame, reference: PreparedReference,
-              history: HistoryStore) -> dict[str, Any]:
+              history: HistoryStore, season: PreparedReference | None = None) -> dict[str, Any]:
         """Window ``i`` checked as hourly run ``i`` (summarised first by the streamed engine).
 
         With a user's suite, the streamed engine keeps the seeded sample its row-wise
@@ -456,7 +477,8 @@ class _Replayer:
             frame = summarize_frame(keyed, reference, sketch_k=self.sketch_k or DEFAULT_SKETCH_K,
                                     sample_rows=sample)
         return check_window(model=self.model, frame=frame, start=start, end=start + dt.timedelta(hours=1),
-                            reference=reference, history=history, config=self.cfg, contract=self.contract)
+                            reference=reference, history=history, config=self.cfg, contract=self.contract,
+                            season=season)
 
 
 def _policy_doc(cfg: CheckConfig) -> dict[str, Any]:

@@ -91,6 +91,8 @@ class StatisticRow:
         value: Finite value (NaN/inf rows are never stored).
         taught: Whether the value may teach the dynamic threshold.
         threshold / source: The threshold it was judged by and its source.
+        reference_id: The reference it was computed against when not the hour's own (the
+            season-matched reference of the season run rule: :mod:`drift_checks.policy`).
     """
 
     feature: str
@@ -99,6 +101,7 @@ class StatisticRow:
     taught: bool = True
     threshold: float | None = None
     source: str | None = None
+    reference_id: str | None = None
 
 
 class HistoryStore:
@@ -265,7 +268,7 @@ class HistoryStore:
         h = _utc_hour(hour)
         ref = str(reference_id or "")
         stat_rows: list[dict[str, Any]] = [
-            {"model": model, "reference_id": ref, "feature": s.feature, "statistic": s.statistic,
+            {"model": model, "reference_id": s.reference_id or ref, "feature": s.feature, "statistic": s.statistic,
              "hour": h, "value": float(s.value), "model_version": model_version,
              "taught": bool(s.taught),
              "threshold": None if s.threshold is None or not math.isfinite(float(s.threshold))
@@ -289,8 +292,8 @@ class HistoryStore:
             self._upsert(conn, self.stats, stat_rows, ("model", "reference_id", "feature", "statistic", "hour"))
             self._upsert(conn, self.verdicts, verdict_rows, ("model", "reference_id", "feature", "hour"))
             self._upsert(conn, self.windows, [window_row], ("model", "hour"))
-            self._update_cache(conn, model, h, ref, {(r["feature"], r["statistic"]): r["value"]
-                                                     for r in stat_rows if r["taught"]})
+            self._update_cache(conn, model, h, {(r["reference_id"], r["feature"], r["statistic"]): r["value"]
+                                                for r in stat_rows if r["taught"]})
         return len(stat_rows)
 
     # ------------------------------------------------------------------ lookup cache
@@ -306,11 +309,12 @@ class HistoryStore:
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:k))"),
                          {"k": f"tritonflow.drift_history:{model}"})
 
-    def _update_cache(self, conn, model: str, hour: dt.datetime, reference_id: str,
-                      values: Mapping[tuple[str, str], float]) -> None:
+    def _update_cache(self, conn, model: str, hour: dt.datetime,
+                      values: Mapping[tuple[str, str, str], float]) -> None:
         """Replace ``hour`` in every cached series of ``model`` and add this hour's taught values.
 
-        ``values`` are those of ``reference_id``; series without a cache row are built from the table.
+        ``values``: ``{(reference_id, feature, statistic): value}``; series without a cache row are
+        built from the table.
         """
         import sqlalchemy as sa
 
@@ -320,9 +324,9 @@ class HistoryStore:
         seen, updates = set(), []
         for ref, feature, statistic, since, hb, vb in rows:
             hrs, vals = np.frombuffer(hb, dtype="<i8"), np.frombuffer(vb, dtype="<f8")
-            key = (feature, statistic)
-            add = values.get(key) if ref == reference_id else None
-            if ref == reference_id:
+            key = (ref, feature, statistic)
+            add = values.get(key)
+            if key in values:
                 seen.add(key)
             keep = hrs != hi
             if add is None and keep.all():
@@ -341,9 +345,12 @@ class HistoryStore:
             conn.execute(sa.update(c).where(c.c.model == model, c.c.reference_id == b("k_ref"),
                                             c.c.feature == b("k_feature"), c.c.statistic == b("k_statistic"))
                          .values(since=b("k_since"), hours=b("k_hours"), vals=b("k_vals")), updates)
-        missing = [k for k in values if k not in seen]
-        if missing:
-            self._build_cache(conn, model, reference_id, missing)
+        missing: dict[str, list[tuple[str, str]]] = {}
+        for ref, feature, statistic in values:
+            if (ref, feature, statistic) not in seen:
+                missing.setdefault(ref, []).append((feature, statistic))
+        for ref, keys in missing.items():
+            self._build_cache(conn, model, ref, keys)
 
     def _build_cache(self, conn, model: str, reference_id: str, keys: Sequence[tuple[str, str]]) -> None:
         """(Re)build the cache rows of ``keys`` from the statistics table.

@@ -21,7 +21,8 @@ Feature severities:
   warning; not part of the score);
 * ``drift``: a strong effect, or flagged in this window and the ``k - 1`` windows before (one
   unusual hour is not an alarm), or sustained (flagged now, with evidence in most of the last
-  few windows: the run rule of :mod:`drift_checks.policy`);
+  few windows: the run rule of :mod:`drift_checks.policy`; or with evidence against the window's
+  own season in each of the last few: its season-matched run rule, where a season is given);
 * ``warning``: flagged in this window only;
 * ``ok``.
 
@@ -56,6 +57,7 @@ from drift_checks.policy import (
     decide_alert,
     feature_verdict,
     importance_weights,
+    season_sustained_features,
     sustained_features,
 )
 from drift_checks.thresholds import (
@@ -325,6 +327,8 @@ class _Votes:
         previous: ``{feature: flags of the k - 1 windows before}``, oldest first.
         sustained: Features the run rule calls sustained.
         budget: The false-alarm budget and the quantile calibrated to it (summary entry).
+        season_sustained: Features the season-matched run rule calls sustained.
+        season_rows: The window's statistics against its season (stored for the run rule).
     """
 
     thresholds: dict[tuple[str, str], Threshold]
@@ -332,6 +336,8 @@ class _Votes:
     previous: dict[str, list[bool]]
     sustained: set[str]
     budget: dict[str, Any]
+    season_sustained: set[str] = dataclasses.field(default_factory=set)
+    season_rows: list[StatisticRow] = dataclasses.field(default_factory=list)
 
 
 def _no_data_summary(base: dict[str, Any], model: str, start: Any, history: HistoryStore,
@@ -438,6 +444,31 @@ def _vote(model: str, start: Any, scored: dict[str, dict[str, st.StatisticResult
     return _Votes(thresholds, verdicts, prev, sustained, budget)
 
 
+def _season_votes(model: str, start: Any, checked: _ContractOutcome, season: PreparedReference,
+                  history: HistoryStore, cfg: CheckConfig, n_rows: int, weights: Mapping[str, float],
+                  votes: _Votes) -> None:
+    """The season-matched run rule (:func:`drift_checks.policy.season_sustained_features`) into ``votes``.
+
+    The window is scored against ``season`` too, with that reference's own calibrated and taught
+    thresholds; those statistics are kept (``votes.season_rows``) as evidence for the windows after,
+    and decide nothing in this one.
+    """
+    n = cfg.alerts.seasonal_run_windows
+    scored, _ = _score_features(checked.frame, season, checked, cfg, n_rows)
+    series = [(f, s) for f, res in scored.items() for s in res]
+    if not series:
+        return
+    calibration, policy, _ = _budgeted(season, cfg, n_rows, weights)
+    sid = season.reference_id
+    thresholds = resolve_thresholds(history, model, start, series, policy, reference_id=sid, calibration=calibration)
+    votes.season_rows = [StatisticRow(f, name, float(r.value), threshold=thresholds[(f, name)].value,
+                                      source=thresholds[(f, name)].source, reference_id=sid)
+                         for f, res in scored.items() for name, r in res.items() if r.value is not None]
+    flagged = {f: v.flagged and not v.undefined for f, v in votes.verdicts.items()}
+    votes.season_sustained = set(season_sustained_features(
+        cfg.alerts, flagged, history.previous_evidence(model, list(scored), start, n - 1, reference_id=sid)))
+
+
 def _scored_feature(f: str, v: FeatureVerdict, results: Mapping[str, st.StatisticResult], votes: _Votes,
                     cfg: CheckConfig) -> dict[str, Any]:
     """Severity, flag, reason and per-statistic detail of one scored feature (weight and counts added later)."""
@@ -445,7 +476,7 @@ def _scored_feature(f: str, v: FeatureVerdict, results: Mapping[str, st.Statisti
     persistent = all(votes.previous.get(f, []))
     if v.undefined:
         sev = "invalid"
-    elif v.strong or (v.flagged and persistent) or f in votes.sustained:
+    elif v.strong or (v.flagged and persistent) or f in votes.sustained | votes.season_sustained:
         sev = "drift"
     else:
         sev = "warning" if v.flagged else "ok"
@@ -454,6 +485,9 @@ def _scored_feature(f: str, v: FeatureVerdict, results: Mapping[str, st.Statisti
         reason += f" in {k} consecutive windows"
     if f in votes.sustained:
         reason += f"; sustained: evidence in {cfg.alerts.sustained_evidence} of the last {n_run} windows"
+    if f in votes.season_sustained:
+        reason += (f"; sustained against its season: evidence in each of the "
+                   f"{cfg.alerts.seasonal_run_windows - 1} windows before")
     stats_out = {}
     for vote in v.votes:
         stats_out[vote.name] = {**results[vote.name].to_dict(), "threshold": vote.threshold.value,
@@ -503,7 +537,8 @@ def _decide(model: str, start: Any, features: Mapping[str, dict[str, Any]], vote
         persistent_features=[f for f, info in features.items() if info["severity"] == "drift"
                              or (info["severity"] == "invalid" and f in checked.invalid)],
         last_alert=history.last_alert(model, start, reference_id=ref_id),
-        contract_failed=checked.status != "ok", sustained=sorted(votes.sustained))
+        contract_failed=checked.status != "ok", sustained=sorted(votes.sustained),
+        season_sustained=sorted(votes.season_sustained))
     return score, dataset_drift, decision
 
 
@@ -528,6 +563,7 @@ def _record_window(model: str, start: Any, summary: Mapping[str, Any], features:
     rows = [StatisticRow(f, vote.name, float(vote.value), taught=teach_window and not v.strong,
                          threshold=vote.threshold.value, source=vote.threshold.source)
             for f, v in votes.verdicts.items() if not v.undefined for vote in v.votes if vote.value is not None]
+    rows += [dataclasses.replace(r, taught=teach_window) for r in votes.season_rows]
     history.record_hour(model, start, status=status, n_rows=n_rows, statistics=rows,
                         verdicts={f: (info["severity"], info["flagged"], info["strong"])
                                   for f, info in features.items()},
@@ -559,6 +595,7 @@ def check_window(
     config: CheckConfig | None = None,
     model_version: int | None = None,
     artefact_dir: str | Path | None = None,
+    season: PreparedReference | None = None,
 ) -> dict[str, Any]:
     """Run the hourly drift check of one model's window and record it.
 
@@ -584,6 +621,9 @@ def check_window(
         config: Check knobs (default :class:`CheckConfig`).
         model_version: Version that served the window (recorded).
         artefact_dir: Folder for bulky artefacts (full summary JSON); none written when ``None``.
+        season: The reference rows of the window's season (:mod:`drift_checks.season_match`, from
+            at least 2 cycles; its own ``reference_id``), for the season-matched run rule
+            (:mod:`drift_checks.policy`); ``None``, or ``seasonal_run_windows`` 0: the rule is off.
 
     Returns:
         JSON-serialisable summary under ``config.max_summary_bytes``: ``status`` (``ok``,
@@ -611,6 +651,9 @@ def check_window(
                           importance_weights(list(reference.schema.features), reference.importance,
                                              cfg.alerts.weighting))
     votes = _vote(model, start, scored, reference, history, cfg, n_rows, weights)
+    if season is not None and cfg.alerts.seasonal_run_windows >= 2 and season.reference_id != ref_id:
+        _season_votes(model, start, checked, season, history, cfg, n_rows, weights, votes)
+        base["season_reference_id"] = season.reference_id
     features = _feature_report(checked, scored, samples, votes, weights, cfg)
     score, dataset_drift, decision = _decide(model, start, features, votes, checked, weights, history, cfg,
                                              ref_id)

@@ -510,6 +510,16 @@ class Settings:
         "Windows of the run rule span (this one included) that must show evidence.",
         check=at_least(2, what="a whole number"),
     )
+    #: Season-matched run rule (``drift_checks.policy``): a feature flagged against the reference now
+    #: alerts, whatever its weight, when it showed evidence against the rows of its own season (the
+    #: same phase of ``DRIFT_SEASONAL_PERIOD_HOURS``, ``drift_checks.season_match``) in each of the
+    #: ``DRIFT_SEASONAL_RUN_WINDOWS - 1`` windows before (0: off). Needs the reference's row times
+    #: and a season from at least 2 cycles; otherwise it never applies.
+    drift_seasonal_run_windows: int = setting(
+        "DRIFT_SEASONAL_RUN_WINDOWS", 4,
+        "Season-matched run rule span: flagged now, with evidence against its season in every window before (0: off).",
+        check=at_least(0, what="a whole number"),
+    )
     #: Expected false drift alerts per model-week of hourly windows (alerts per 168 windows) that the
     #: alert policy is calibrated to on the reference's own windows (``drift_checks.budget``: the
     #: "expected run time between false alarms" of Alibi Detect's online detectors, ERT = 168 / budget

@@ -12,7 +12,13 @@ from drift_checks import statistics as st
 from drift_checks.contract_types import Contract, ExpectationSpec
 from drift_checks.history import HistoryStore
 from drift_checks.inference_log import LogSchema
-from drift_checks.policy import AlertPolicy, decide_alert, feature_verdict, sustained_features
+from drift_checks.policy import (
+    AlertPolicy,
+    decide_alert,
+    feature_verdict,
+    season_sustained_features,
+    sustained_features,
+)
 from drift_checks.thresholds import Threshold, ThresholdPolicy, resolve_thresholds
 from drift_checks.verdict import CheckConfig, check_window, prepare_reference
 from ground.exceptions import SettingsError
@@ -312,9 +318,22 @@ def test_sustained_features_counts_evidence_in_the_windows_before():
                               {"x": [True]}) == ["x"]
 
 
+def test_the_season_run_rule_needs_evidence_against_the_season_in_every_window_before():
+    policy = AlertPolicy()  # 4 of 4
+    evidence = {"x": [False, True, True, True], "y": [True, True, False, True], "z": [True, True]}
+    assert season_sustained_features(policy, {"x": True, "y": True, "z": True}, evidence) == ["x"]
+    assert season_sustained_features(policy, {"x": False}, evidence) == []  # the vote now decides
+    assert season_sustained_features(AlertPolicy(seasonal_run_windows=0), {"x": True}, evidence) == []
+    decision = decide_alert(policy, window_start=dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc),
+                            dataset_drift=False, previous_drift=[False], strong_features=[],
+                            persistent_features=[], last_alert=None, season_sustained=["x"])
+    assert decision.fire and decision.features == ("x",) and "against the season on x" in decision.reason
+
+
 @pytest.mark.parametrize("fields, field", [({"sustained_windows": 1}, "sustained_windows=1"),
                                            ({"sustained_evidence": 6}, "sustained_evidence=6"),
-                                           ({"sustained_evidence": 1}, "sustained_evidence=1")])
+                                           ({"sustained_evidence": 1}, "sustained_evidence=1"),
+                                           ({"seasonal_run_windows": 1}, "seasonal_run_windows=1")])
 def test_a_bad_run_rule_is_refused_naming_the_field_and_value(fields, field):
     with pytest.raises(SettingsError, match=field):
         AlertPolicy(**fields)

@@ -95,3 +95,19 @@ def test_bulk_loaded_history_and_a_store_without_cache_rows_give_the_same_thresh
     before = T0 + dt.timedelta(hours=201)
     got = store.quantiles("m", before, 5, wanted, reference_id=REF, taught_only=True)
     assert got[("f", "psi")] == (float(np.quantile(np.append(vals[81:], 0.5), 0.95, method="linear")), 120)
+
+
+def test_an_hours_rows_against_its_season_are_kept_and_cached_apart_from_its_own_references(store):
+    """One hour stores its statistics against its reference and, under the season's id, against its
+    season (the season-matched run rule); each series answers only for its own reference."""
+    season = REF + ":seasonal"
+    for h in range(40):
+        store.record_hour("m", T0 + dt.timedelta(hours=h), status="ok", n_rows=10, reference_id=REF,
+                          statistics=[StatisticRow("a", "psi", 0.1 + h / 1000),
+                                      StatisticRow("a", "psi", 5.0 + h, reference_id=season)])
+    wanted = {("a", "psi"): 0.5}
+    before = T0 + dt.timedelta(hours=40)
+    for ref, expected in ((REF, 0.1195), (season, 24.5)):
+        cached = store.quantiles("m", before, 10, wanted, reference_id=ref, taught_only=True)
+        assert cached == _table_only(store, "m", before, 10, wanted, ref=ref)
+        assert cached[("a", "psi")][1] == 40 and cached[("a", "psi")][0] == pytest.approx(expected)

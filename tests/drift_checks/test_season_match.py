@@ -57,6 +57,41 @@ def test_a_drop_smaller_than_the_seasons_swing_is_seen_in_its_own_season_and_qui
     assert any(w["alert"] for w in runs["training_seasonal"][drop:drop + 4])
 
 
+def _training_run(table, tmp_path, run_windows, reference_end="2005-01-01", end="2007-06-01"):
+    """The ``training`` strategy with the season-matched run rule on (``run_windows``) or off (0)."""
+    from drift_checks.verdict import CheckConfig
+
+    cfg = CheckConfig.from_settings(Settings.from_env({"TRITONFLOW_DRIFT_SEASONAL_RUN_WINDOWS": str(run_windows)}))
+    spec = ReferenceStrategy(name="training", period=YEAR.to_pytimedelta())
+    return run_backtest(table, time_column="ts", out_dir=tmp_path / f"run{run_windows}", window="30", config=cfg,
+                        reference_range=("2000-01-01T00:00Z", f"{reference_end}T00:00Z"), strategy=spec,
+                        replay_end=f"{end}T00:00Z", html_report=False)["windows"]
+
+
+def test_the_season_run_rule_alerts_on_the_first_window_flagged_after_evidence_against_its_season(tmp_path):
+    """Against the whole reference the drop is flagged only once the windy season ends; against its
+    own season it showed in every window before, so the first flagged window alerts."""
+    table = _seasonal_days()
+    on, off = _training_run(table, tmp_path, 4), _training_run(table, tmp_path, 0)
+    assert [w["reference"] for w in on] == [w["reference"] for w in off] == ["training"] * len(on)
+    drop_at = table["ts"].iloc[6 * 365 + 60]
+    drop = next(i for i, w in enumerate(on) if pd.Timestamp(w["end"]) > drop_at)
+    first_flag = next(i for i, w in enumerate(on) if w["drifted"])
+    assert first_flag > drop + 2  # the whole reference sees nothing for a while
+    alerts = {name: [i for i, w in enumerate(ws) if w["alert"]] for name, ws in (("on", on), ("off", off))}
+    assert alerts["on"][0] == first_flag < alerts["off"][0], alerts
+    assert "against the season on wind" in on[first_flag]["alert_reason"]
+    assert [i for i in alerts["on"] if i < drop] == []  # quiet seasons raise nothing
+
+
+def test_without_two_cycles_of_the_period_the_season_run_rule_changes_nothing(tmp_path):
+    table = _seasonal_days(years=3, drop_day=int(1.5 * 365))
+    short = dict(reference_end="2001-03-01", end="2002-06-01")  # 14 months: one cycle per season
+    on, off = _training_run(table, tmp_path, 4, **short), _training_run(table, tmp_path, 0, **short)
+    assert [(w["alert"], w["alert_reason"]) for w in on] == [(w["alert"], w["alert_reason"]) for w in off]
+    assert any(w["alert"] for w in on)
+
+
 def test_a_reference_spanning_less_than_two_periods_falls_back_to_the_whole_reference(tmp_path):
     table = _seasonal_days(years=2)
     spec = ReferenceStrategy(name="training_seasonal", period=YEAR.to_pytimedelta())

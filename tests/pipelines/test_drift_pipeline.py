@@ -219,6 +219,36 @@ def test_a_seasonally_matched_reference_compares_the_hour_with_the_rows_of_its_s
     assert kept  # the seasonal calibration outlives the task process, keyed apart from the whole one's
 
 
+def test_under_the_training_strategy_the_hour_is_also_scored_against_its_season_for_the_run_rule(
+        env, noaa, monkeypatch):
+    """A reference with row times and a period it covers twice: the hour is judged against the whole
+    reference, and its statistics against its season are stored under the season's id, the evidence
+    the season-matched run rule reads in the hours after."""
+    import sqlalchemy as sa
+
+    from ground.settings import Settings
+
+    settings, model, _, writer = env
+    rows = noaa.iloc[0:3000][list(FEATURE_COLUMNS)].copy()
+    rows["timestamp"] = pd.Timestamp(T0) - pd.Timedelta(days=21) + pd.to_timedelta(np.arange(3000) * 600, unit="s")
+    save_reference(drift.log_root(settings), model, 1, rows, max_rows=3000)
+    monkeypatch.setenv("TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS", "4")
+    seasonal = Settings.from_env()
+    writer.write(hour_frame(noaa, (QUIET[0], QUIET[0] + 100), T0))
+    summary = drift.check_model_hour(model, 1, T0, T0 + HOUR, seasonal, reference_strategy="training")
+    assert summary["reference_id"].startswith("v1:training") and not summary["reference_id"].endswith(":seasonal")
+    sid = summary["season_reference_id"]
+    assert sid == summary["reference_id"] + ":seasonal"
+    history = drift._history(seasonal)
+    with history.engine.connect() as conn:
+        refs = dict(conn.execute(sa.select(history.stats.c.reference_id, sa.func.count())
+                                 .where(history.stats.c.model == model).group_by(history.stats.c.reference_id)).all())
+    assert set(refs) == {summary["reference_id"], sid} and refs[sid] == refs[summary["reference_id"]]
+    monkeypatch.setenv("TRITONFLOW_DRIFT_SEASONAL_RUN_WINDOWS", "0")
+    off = drift.check_model_hour(model, 1, T0, T0 + HOUR, Settings.from_env(), reference_strategy="training")
+    assert "season_reference_id" not in off and off["reference_id"] == summary["reference_id"]
+
+
 def test_missing_reference_is_an_explicit_status_with_an_alert(env, noaa):
     settings, model, _, writer = env
     writer.write(hour_frame(noaa, QUIET, T0))

@@ -160,13 +160,33 @@ def _load_reference(model: str, version: int, settings: Settings, with_times: bo
 
 
 def _wants_times(settings: Settings, strategy_name: str | None) -> bool:
-    """Whether the strategy in effect reads the reference's row times (an unknown name is refused later)."""
+    """Whether the check reads the reference's row times (an unknown name is refused later).
+
+    ``training_seasonal`` does, and ``training`` with the season-matched run rule on.
+    """
     from drift_checks.strategies import ReferenceStrategy
 
     try:
-        return ReferenceStrategy.from_settings(settings, strategy_name).name == "training_seasonal"
+        name = ReferenceStrategy.from_settings(settings, strategy_name).name
     except SettingsError:
         return False
+    return name == "training_seasonal" or (name == "training" and settings.drift_seasonal_run_windows >= 2)
+
+
+def _season_run(ref, prepared, t0, t1, strategy_name: str | None, settings: Settings):
+    """The window's season for the season-matched run rule (:mod:`drift_checks.policy`), else ``None``.
+
+    Only under the ``training`` strategy with ``TRITONFLOW_DRIFT_SEASONAL_RUN_WINDOWS`` on, a
+    reference that stores its rows' times, and a season of at least 2 cycles of
+    ``TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS`` (:mod:`drift_checks.season_match`).
+    """
+    from drift_checks.strategies import ReferenceStrategy
+
+    strategy = ReferenceStrategy.from_settings(settings, strategy_name)
+    if strategy.name != "training" or settings.drift_seasonal_run_windows < 2 or ref.times is None:
+        return None
+    season, _ = _seasonal_reference(ref, t0, t1, strategy, settings)
+    return season if season.reference_id != prepared.reference_id else None
 
 
 def _read(model: str, start, end, schema, settings: Settings):
@@ -330,16 +350,18 @@ def check_model_hour(model: str, version: int, start: Any, end: Any,
     scan = _scan(model, t0, t1, ref.schema, s)
     window = None
     writes: list[Any] = []  # futures of the stored summary's write
+    season = None
     if scan.n_rows > s.drift_exact_max_rows:  # constant memory: bin counts and sketches
         current, computed = streamed_summary(scan, prepared, s, writes)  # stored while it is scored
-    else:
+    else:  # (the season run rule scores exact windows only: a streamed summary is binned for one reference)
         window = _read(model, t0, t1, ref.schema, s)
         current = window.frame
+        season = _season_run(ref, prepared, t0, t1, reference_strategy, s)
     out_dir = artefact_dir(model, t0, s)
     try:
         summary = check_window(model=model, frame=current, start=t0, end=t1, reference=prepared,
                                history=_history(s), config=CheckConfig.from_settings(s),
-                               model_version=int(version), artefact_dir=out_dir)
+                               model_version=int(version), artefact_dir=out_dir, season=season)
     except BaseException:
         for w in writes:  # wait for the write; the check's own error is the one raised
             w.exception()
