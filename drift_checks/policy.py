@@ -68,8 +68,8 @@ same weeks of earlier years before it is against the whole reference; the vote n
 whole reference's, so a season that merely differs from its earlier cycles raises nothing until
 the window also departs from everything the model was trained on. Out of sample on NOAA
 (``benchmarks/drift_quality.py``, with a year as the period) it catches the offset wind drop 2
-windows after its window instead of 5. Where no season is known, the rule never applies (4 of 4
-on the whole reference would be a subset of the 4 of 5 above).
+windows after its window instead of 5 (the case it was built for). Where no season is known, the
+rule never applies.
 
 Why it is weight-blind: permutation importance says how much the model used an input on its
 training data, not whether that input is still the one it was; a shift that persists on one input

@@ -451,7 +451,8 @@ def _season_votes(model: str, start: Any, checked: _ContractOutcome, season: Pre
 
     The window is scored against ``season`` too, with that reference's own calibrated and taught
     thresholds; those statistics are kept (``votes.season_rows``) as evidence for the windows after,
-    and decide nothing in this one.
+    and decide nothing in this one. They teach the season's dynamic thresholds as the hour's own
+    rows teach the reference's: not when the feature's effect against its season is strong.
     """
     n = cfg.alerts.seasonal_run_windows
     scored, _ = _score_features(checked.frame, season, checked, cfg, n_rows)
@@ -461,8 +462,10 @@ def _season_votes(model: str, start: Any, checked: _ContractOutcome, season: Pre
     calibration, policy, _ = _budgeted(season, cfg, n_rows, weights)
     sid = season.reference_id
     thresholds = resolve_thresholds(history, model, start, series, policy, reference_id=sid, calibration=calibration)
-    votes.season_rows = [StatisticRow(f, name, float(r.value), threshold=thresholds[(f, name)].value,
-                                      source=thresholds[(f, name)].source, reference_id=sid)
+    strong = {f: feature_verdict(res, {n: thresholds[(f, n)] for n in res}).strong for f, res in scored.items()}
+    votes.season_rows = [StatisticRow(f, name, float(r.value), taught=not strong[f],  # as the hour's own rows
+                                      threshold=thresholds[(f, name)].value, source=thresholds[(f, name)].source,
+                                      reference_id=sid)
                          for f, res in scored.items() for name, r in res.items() if r.value is not None]
     flagged = {f: v.flagged and not v.undefined for f, v in votes.verdicts.items()}
     votes.season_sustained = set(season_sustained_features(
@@ -563,7 +566,7 @@ def _record_window(model: str, start: Any, summary: Mapping[str, Any], features:
     rows = [StatisticRow(f, vote.name, float(vote.value), taught=teach_window and not v.strong,
                          threshold=vote.threshold.value, source=vote.threshold.source)
             for f, v in votes.verdicts.items() if not v.undefined for vote in v.votes if vote.value is not None]
-    rows += [dataclasses.replace(r, taught=teach_window) for r in votes.season_rows]
+    rows += [dataclasses.replace(r, taught=teach_window and r.taught) for r in votes.season_rows]
     history.record_hour(model, start, status=status, n_rows=n_rows, statistics=rows,
                         verdicts={f: (info["severity"], info["flagged"], info["strong"])
                                   for f, info in features.items()},

@@ -53,8 +53,10 @@ def drift_series(history_url: str, model: str, summary: Mapping[str, Any],
                  ) -> dict[str, pd.DataFrame]:
     """Per feature: ``hour``, ``statistic``, ``value`` and ``threshold`` (NaN before enough history).
 
-    The threshold of hour ``h`` is the ``quantile`` of the statistic over ``[h - days, h)`` from the
-    history store, as the drift check computes it.
+    Only the statistics of each hour against its own reference (not those against its season, kept
+    for the season-matched run rule). The threshold of hour ``h`` is the ``quantile`` of the taught
+    values against that reference over ``[h - days, h)`` from the history store, as the drift check
+    computes it.
     """
     from drift_checks.history import HistoryStore
 
@@ -63,13 +65,15 @@ def drift_series(history_url: str, model: str, summary: Mapping[str, Any],
     store = HistoryStore(history_url, create=True)
     import sqlalchemy as sa
 
-    t = store.stats
+    t, w = store.stats, store.windows
     with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(t.c.feature, t.c.statistic, t.c.hour, t.c.value)
+        rows = conn.execute(sa.select(t.c.feature, t.c.statistic, t.c.hour, t.c.value, t.c.reference_id)
+                            .join(w, sa.and_(w.c.model == t.c.model, w.c.hour == t.c.hour,
+                                             w.c.reference_id == t.c.reference_id))
                             .where(t.c.model == model)).all()
     if not rows:
         return {}
-    frame = pd.DataFrame(rows, columns=["feature", "statistic", "hour", "value"])
+    frame = pd.DataFrame(rows, columns=["feature", "statistic", "hour", "value", "reference_id"])
     index = _hour_index(summary)
     frame["logical_hour"] = frame["hour"].map(lambda h: index.get(pd.Timestamp(h)))
     frame = frame.dropna(subset=["logical_hour"])
@@ -79,9 +83,9 @@ def drift_series(history_url: str, model: str, summary: Mapping[str, Any],
         stat = next((s for s in PREFERRED_STATISTICS if s in stats), sorted(stats)[0])
         series = part[part["statistic"] == stat].sort_values("hour").reset_index(drop=True)
         thresholds = []
-        for h in series["hour"]:
+        for h, ref in zip(series["hour"], series["reference_id"], strict=True):
             q = store.quantiles(model, pd.Timestamp(h).tz_localize("UTC").to_pydatetime(), days,
-                                {(feature, stat): quantile})
+                                {(feature, stat): quantile}, reference_id=ref, taught_only=True)
             value, n = q.get((feature, stat), (np.nan, 0))
             thresholds.append(value if n >= min_windows else np.nan)
         series["threshold"] = thresholds

@@ -330,6 +330,28 @@ def test_the_season_run_rule_needs_evidence_against_the_season_in_every_window_b
     assert decision.fire and decision.features == ("x",) and "against the season on x" in decision.reason
 
 
+def test_an_hour_scored_against_its_season_keeps_those_values_apart_and_untaught_when_strong(history):
+    """The season's statistics are stored under its own id, never in the hour's own series, and a
+    strong effect against the season teaches the season's thresholds nothing (as for the hour's own)."""
+    import sqlalchemy as sa
+
+    rng = np.random.default_rng(5)
+    reference = prepare_reference(_normal(rng, 3000), NUM, reference_id="r")
+    season = prepare_reference(_normal(rng, 3000, loc=3.0), NUM, reference_id="r:seasonal")
+    cfg = CheckConfig(evidently_sample_rows=0)
+    for i in range(3):
+        summary = check_window(model="m", frame=_normal(rng, 200), start=T0 + i * HOUR, end=T0 + (i + 1) * HOUR,
+                               reference=reference, history=history, config=cfg, season=season)
+        assert summary["season_reference_id"] == "r:seasonal" and summary["drift"] is False
+    t = history.stats
+    with history.engine.connect() as conn:
+        rows = conn.execute(sa.select(t.c.reference_id, t.c.taught, sa.func.count())
+                            .group_by(t.c.reference_id, t.c.taught)).all()
+    counts = {(ref, bool(taught)): n for ref, taught, n in rows}
+    assert set(counts) == {("r", True), ("r:seasonal", False)} and counts[("r", True)] == counts[("r:seasonal", False)]
+    assert max(v for _, v in history.values("m", "x", "psi", reference_id="r")) < 0.5
+
+
 @pytest.mark.parametrize("fields, field", [({"sustained_windows": 1}, "sustained_windows=1"),
                                            ({"sustained_evidence": 6}, "sustained_evidence=6"),
                                            ({"sustained_evidence": 1}, "sustained_evidence=1"),

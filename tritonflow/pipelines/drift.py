@@ -185,7 +185,7 @@ def _season_run(ref, prepared, t0, t1, strategy_name: str | None, settings: Sett
     strategy = ReferenceStrategy.from_settings(settings, strategy_name)
     if strategy.name != "training" or settings.drift_seasonal_run_windows < 2 or ref.times is None:
         return None
-    season, _ = _seasonal_reference(ref, t0, t1, strategy, settings)
+    season, _ = _seasonal_reference(ref, t0, t1, strategy, settings, training=prepared)
     return season if season.reference_id != prepared.reference_id else None
 
 
@@ -274,8 +274,11 @@ def _strategy_reference(model: str, version: int, ref, t0, t1, strategy_name: st
     return prepared_training_reference(ref, reference_cache_dir(settings)), note
 
 
-def _seasonal_reference(ref, t0, t1, strategy, settings: Settings):
-    """(prepared reference, note) of ``training_seasonal``: the reference rows of the window's season."""
+def _seasonal_reference(ref, t0, t1, strategy, settings: Settings, training=None):
+    """(prepared reference, note) of ``training_seasonal``: the reference rows of the window's season.
+
+    ``training``: the prepared training reference when the caller holds it already.
+    """
     import dataclasses
     import hashlib
 
@@ -284,7 +287,8 @@ def _seasonal_reference(ref, t0, t1, strategy, settings: Settings):
     from drift_checks.reference_cache import prepared_training_reference
     from drift_checks.season_match import SeasonalReference
 
-    training = prepared_training_reference(ref, reference_cache_dir(settings))
+    if training is None:
+        training = prepared_training_reference(ref, reference_cache_dir(settings))
     if ref.times is None:
         return training, ("training_seasonal: the reference stores no row times (its source had no 'timestamp' "
                           "column); the whole training reference applies")
