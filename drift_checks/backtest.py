@@ -335,8 +335,7 @@ def run_backtest(
     out.mkdir(parents=True, exist_ok=True)
     replayer = _Replayer(table=table, times=times, schema=schema, training=training, strategy=strategy,
                          importance=importance, cfg=cfg, contract=contract, model=model, engine=engine,
-                         sketch_k=sketch_k, seasonal=_seasonal(training, times.loc[ref_frame.index], strategy),
-                         season_run=_season_run(training, times.loc[ref_frame.index], strategy, cfg))
+                         sketch_k=sketch_k, seasons=_seasons(training, times.loc[ref_frame.index], strategy, cfg))
     windows, series = replayer.replay(_cut(replay, times, win))
     doc = {"data": {"rows": int(len(table)), "time_column": time_column, "features": schema.to_dict()["features"],
                     "reference_rows": int(len(ref_frame)),
@@ -353,22 +352,15 @@ def run_backtest(
     return doc
 
 
-def _seasonal(training: PreparedReference, times: pd.Series, strategy: ReferenceStrategy
-              ) -> SeasonalReference | None:
-    """The seasonally matched reference of the ``training_seasonal`` strategy (else ``None``)."""
-    if strategy.name != "training_seasonal":
-        return None
-    naive = times.dt.tz_convert(None).to_numpy(dtype="datetime64[ns]")  # _times reads them as UTC
-    return SeasonalReference(training, naive, pd.Timedelta(strategy.period))
+def _seasons(training: PreparedReference, times: pd.Series, strategy: ReferenceStrategy, cfg: CheckConfig
+             ) -> SeasonalReference | None:
+    """The reference rows by season (else ``None``).
 
-
-def _season_run(training: PreparedReference, times: pd.Series, strategy: ReferenceStrategy, cfg: CheckConfig
-                ) -> SeasonalReference | None:
-    """The season-matched reference of the season run rule (:mod:`drift_checks.policy`).
-
-    Only for the ``training`` strategy with ``seasonal_run_windows`` on (else ``None``).
+    For the ``training_seasonal`` strategy's windows, or the season run rule's evidence under
+    ``training`` with ``seasonal_run_windows`` on (:mod:`drift_checks.policy`).
     """
-    if strategy.name != "training" or cfg.alerts.seasonal_run_windows < 2:
+    if strategy.name != "training_seasonal" and not (strategy.name == "training"
+                                                     and cfg.alerts.seasonal_run_windows >= 2):
         return None
     naive = times.dt.tz_convert(None).to_numpy(dtype="datetime64[ns]")  # _times reads them as UTC
     return SeasonalReference(training, naive, pd.Timedelta(strategy.period))
@@ -415,8 +407,7 @@ class _Replayer:
     model: str
     engine: str
     sketch_k: int | None
-    seasonal: SeasonalReference | None = None
-    season_run: SeasonalReference | None = None
+    seasons: SeasonalReference | None = None
 
     def replay(self, cut: list[tuple[Any, Any, pd.DataFrame]]
                ) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
@@ -439,8 +430,8 @@ class _Replayer:
 
     def reference_for(self, t_start: Any, t_end: Any) -> tuple[PreparedReference, str]:
         """The window's reference under the strategy, and the note saying which it was."""
-        if self.seasonal is not None:
-            return self.seasonal.for_window(t_start, t_end)
+        if self.seasons is not None and self.strategy.name == "training_seasonal":
+            return self.seasons.for_window(t_start, t_end)
         span = self.strategy.served_range(t_start, t_end)
         if span is None:
             return self.training, "training"
@@ -452,11 +443,13 @@ class _Replayer:
                                   reference_id=f"backtest:{self.strategy.name}"), self.strategy.name)
 
     def season_for(self, t_start: Any, t_end: Any) -> PreparedReference | None:
-        """The window's season for the season run rule (``None``: off, or fewer than 2 cycles)."""
-        if self.season_run is None or self.engine != "exact":
+        """The window's season for the season run rule (``None``: off).
+
+        The whole reference when the season holds fewer than 2 cycles, which :func:`check_window` ignores.
+        """
+        if self.seasons is None or self.strategy.name != "training" or self.engine != "exact":
             return None
-        season, _ = self.season_run.for_window(t_start, t_end)
-        return season if season.reference_id != self.training.reference_id else None
+        return self.seasons.for_window(t_start, t_end)[0]
 
     def check(self, i: int, rows: pd.DataFrame, reference: PreparedReference,
               history: HistoryStore, season: PreparedReference | None = None) -> dict[str, Any]:

@@ -426,22 +426,39 @@ def _vote(model: str, start: Any, scored: dict[str, dict[str, st.StatisticResult
           weights: Mapping[str, float]) -> _Votes:
     """Thresholds for every (feature, statistic), each feature's vote, its past flags and the run rule."""
     ref_id = reference.reference_id
+    thresholds, verdicts, budget = _judge(model, start, scored, reference, history, cfg, n_rows, weights)
+    k = cfg.alerts.consecutive_windows
+    prev = history.previous_flags(model, list(scored), start, k - 1, reference_id=ref_id)
+    n_run = cfg.alerts.sustained_windows
+    sustained = set(sustained_features(
+        cfg.alerts, _flagged(verdicts),
+        history.previous_evidence(model, list(scored), start, n_run - 1, reference_id=ref_id)
+        if n_run >= 2 else {}))
+    return _Votes(thresholds, verdicts, prev, sustained, budget)
+
+
+def _judge(model: str, start: Any, scored: dict[str, dict[str, st.StatisticResult]],
+           reference: PreparedReference, history: HistoryStore, cfg: CheckConfig, n_rows: int,
+           weights: Mapping[str, float]
+           ) -> tuple[dict[tuple[str, str], Threshold], dict[str, FeatureVerdict], dict[str, Any]]:
+    """(thresholds, per-feature verdicts, budget entry) of ``scored`` against ``reference``.
+
+    Thresholds from the reference's calibration at the budget's quantile and its own taught history.
+    """
     series = [(f, s) for f, res in scored.items() for s in res]
     calibration, policy = None, cfg.policy
     budget = uncalibrated(cfg.alerts.false_alarm_budget_per_week, "no feature scored")
     if series:
         calibration, policy, budget = _budgeted(reference, cfg, n_rows, weights)
     thresholds = resolve_thresholds(history, model, start, series, policy,
-                                    reference_id=ref_id, calibration=calibration)
-    k = cfg.alerts.consecutive_windows
-    prev = history.previous_flags(model, list(scored), start, k - 1, reference_id=ref_id)
+                                    reference_id=reference.reference_id, calibration=calibration)
     verdicts = {f: feature_verdict(res, {n: thresholds[(f, n)] for n in res}) for f, res in scored.items()}
-    n_run = cfg.alerts.sustained_windows
-    sustained = set(sustained_features(
-        cfg.alerts, {f: v.flagged and not v.undefined for f, v in verdicts.items()},
-        history.previous_evidence(model, list(scored), start, n_run - 1, reference_id=ref_id)
-        if n_run >= 2 else {}))
-    return _Votes(thresholds, verdicts, prev, sustained, budget)
+    return thresholds, verdicts, budget
+
+
+def _flagged(verdicts: Mapping[str, FeatureVerdict]) -> dict[str, bool]:
+    """``{feature: flagged by its vote}`` (a feature with an undefined statistic is not)."""
+    return {f: v.flagged and not v.undefined for f, v in verdicts.items()}
 
 
 def _season_votes(model: str, start: Any, checked: _ContractOutcome, season: PreparedReference,
@@ -454,22 +471,17 @@ def _season_votes(model: str, start: Any, checked: _ContractOutcome, season: Pre
     and decide nothing in this one. They teach the season's dynamic thresholds as the hour's own
     rows teach the reference's: not when the feature's effect against its season is strong.
     """
-    n = cfg.alerts.seasonal_run_windows
     scored, _ = _score_features(checked.frame, season, checked, cfg, n_rows)
-    series = [(f, s) for f, res in scored.items() for s in res]
-    if not series:
+    if not any(scored.values()):
         return
-    calibration, policy, _ = _budgeted(season, cfg, n_rows, weights)
+    _, verdicts, _ = _judge(model, start, scored, season, history, cfg, n_rows, weights)
     sid = season.reference_id
-    thresholds = resolve_thresholds(history, model, start, series, policy, reference_id=sid, calibration=calibration)
-    strong = {f: feature_verdict(res, {n: thresholds[(f, n)] for n in res}).strong for f, res in scored.items()}
-    votes.season_rows = [StatisticRow(f, name, float(r.value), taught=not strong[f],  # as the hour's own rows
-                                      threshold=thresholds[(f, name)].value, source=thresholds[(f, name)].source,
-                                      reference_id=sid)
-                         for f, res in scored.items() for name, r in res.items() if r.value is not None]
-    flagged = {f: v.flagged and not v.undefined for f, v in votes.verdicts.items()}
-    votes.season_sustained = set(season_sustained_features(
-        cfg.alerts, flagged, history.previous_evidence(model, list(scored), start, n - 1, reference_id=sid)))
+    votes.season_rows = [StatisticRow(f, vote.name, float(vote.value), taught=not v.strong,  # as the hour's own
+                                      threshold=vote.threshold.value, source=vote.threshold.source, reference_id=sid)
+                         for f, v in verdicts.items() for vote in v.votes if vote.value is not None]
+    before = history.previous_evidence(model, list(scored), start, cfg.alerts.seasonal_run_windows - 1,
+                                       reference_id=sid)
+    votes.season_sustained = set(season_sustained_features(cfg.alerts, _flagged(votes.verdicts), before))
 
 
 def _scored_feature(f: str, v: FeatureVerdict, results: Mapping[str, st.StatisticResult], votes: _Votes,
@@ -626,7 +638,8 @@ def check_window(
         artefact_dir: Folder for bulky artefacts (full summary JSON); none written when ``None``.
         season: The reference rows of the window's season (:mod:`drift_checks.season_match`, from
             at least 2 cycles; its own ``reference_id``), for the season-matched run rule
-            (:mod:`drift_checks.policy`); ``None``, or ``seasonal_run_windows`` 0: the rule is off.
+            (:mod:`drift_checks.policy`); ``None``, ``reference`` itself (a season of fewer cycles
+            falls back to it), or ``seasonal_run_windows`` 0: the rule is off.
 
     Returns:
         JSON-serialisable summary under ``config.max_summary_bytes``: ``status`` (``ok``,

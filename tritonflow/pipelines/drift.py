@@ -170,23 +170,28 @@ def _wants_times(settings: Settings, strategy_name: str | None) -> bool:
         name = ReferenceStrategy.from_settings(settings, strategy_name).name
     except SettingsError:
         return False
-    return name == "training_seasonal" or (name == "training" and settings.drift_seasonal_run_windows >= 2)
+    return name == "training_seasonal" or _season_run_on(name, settings)
+
+
+def _season_run_on(strategy_name: str, settings: Settings) -> bool:
+    """Whether the season-matched run rule (:mod:`drift_checks.policy`) applies to the strategy."""
+    return strategy_name == "training" and settings.drift_seasonal_run_windows >= 2
 
 
 def _season_run(ref, prepared, t0, t1, strategy_name: str | None, settings: Settings):
     """The window's season for the season-matched run rule (:mod:`drift_checks.policy`), else ``None``.
 
-    Only under the ``training`` strategy with ``TRITONFLOW_DRIFT_SEASONAL_RUN_WINDOWS`` on, a
-    reference that stores its rows' times, and a season of at least 2 cycles of
-    ``TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS`` (:mod:`drift_checks.season_match`).
+    Only under the ``training`` strategy with ``TRITONFLOW_DRIFT_SEASONAL_RUN_WINDOWS`` on and a
+    reference that stores its rows' times. A season of fewer than 2 cycles of
+    ``TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS`` is the whole reference
+    (:mod:`drift_checks.season_match`), which :func:`~drift_checks.verdict.check_window` ignores.
     """
     from drift_checks.strategies import ReferenceStrategy
 
     strategy = ReferenceStrategy.from_settings(settings, strategy_name)
-    if strategy.name != "training" or settings.drift_seasonal_run_windows < 2 or ref.times is None:
+    if not _season_run_on(strategy.name, settings) or ref.times is None:
         return None
-    season, _ = _seasonal_reference(ref, t0, t1, strategy, settings, training=prepared)
-    return season if season.reference_id != prepared.reference_id else None
+    return _seasonal_reference(ref, t0, t1, strategy, settings, training=prepared)[0]
 
 
 def _read(model: str, start, end, schema, settings: Settings):
