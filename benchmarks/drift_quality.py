@@ -24,16 +24,17 @@ replay starts ``48 * Q`` days before the shift, so a window starts exactly on th
 Policies, side by side on the same windows:
 
 * ``tritonflow``: ``tritonflow drift backtest`` (:func:`drift_checks.backtest.run_backtest`) with
-  the default settings and the data's season declared (:data:`YEAR_ENV`: the period is a year, as a
-  user with daily weather data sets it; the default, a week, is shorter than one 48-day window);
-  an alarm is a drift alert (the asset event the DAG emits).
-* ``tritonflow_no_season``: the default settings alone, the period undeclared, so the
-  season-matched run rule never applies (:mod:`drift_checks.policy`): the policy before it.
+  the default settings; an alarm is a drift alert (the asset event the DAG emits). The period is
+  undeclared, so the season-matched run rule (:mod:`drift_checks.policy`) takes the one the
+  reference's times give (:func:`drift_checks.season_match.choose_period`): NOAA's days are mapped
+  to timestamps one day apart and a 2,000-day reference covers a year twice, so a year.
+* ``tritonflow_no_season``: the same without the season-matched run rule
+  (``TRITONFLOW_DRIFT_SEASONAL_RUN_WINDOWS=0``): the policy before it.
 * ``tritonflow_no_run_rule``: without either run rule (``TRITONFLOW_DRIFT_SUSTAINED_WINDOWS=0``,
   ``TRITONFLOW_DRIFT_SEASONAL_RUN_WINDOWS=0``): the policy before them.
 * ``tritonflow_training_seasonal``: the default policy with the seasonally matched reference
-  (``TRITONFLOW_DRIFT_REFERENCE_STRATEGY=training_seasonal``, a period of 365.25 days:
-  :mod:`drift_checks.season_match`), scored out of sample as well; a comparison, not the goal's
+  (``TRITONFLOW_DRIFT_REFERENCE_STRATEGY=training_seasonal``, the period from the times as above,
+  a year: :mod:`drift_checks.season_match`), scored out of sample as well; a comparison, not the goal's
   policy (the goals are judged on the defaults).
 * ``today``: the product's earlier drift policy, re-implemented here on the same registry statistics:
   static thresholds (K-S p 0.05, PSI 0.1, Wasserstein 0.1, inclusive) until 48 windows of history,
@@ -44,7 +45,7 @@ Policies, side by side on the same windows:
   of the columns drift, per-column tests chosen by Evidently).
 
 These are the windows the run rule was tuned on: the figures above are **in-sample**. The
-default policy (with and without the season declared) is then scored **out of sample**, on windows
+default policy (with and without the season-matched run rule) is then scored **out of sample**, on windows
 it never saw (``--skip-out-of-sample`` leaves them out):
 
 * ``noaa_quiet``: the other NOAA stretches, away from the known shifts and from the tuned windows
@@ -92,13 +93,11 @@ OTHER_STRETCHES = ((3480, 5480, 7040), (8200, 9700, 10176), (12480, 13520, 14080
 SHUFFLED = ((0, 1), (8000, 2))
 #: Out of sample: quiet windows before each known shift when the windows are cut half a window later.
 OFFSET_QUIET = 6
-#: The data's season declared: NOAA's days are mapped to timestamps one day apart, and its season is a
-#: year (the season-matched run rule compares each window with the same weeks of earlier years).
-YEAR_ENV = {"TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS": str(365.25 * 24)}
-#: The default policy with the seasonally matched reference (``training_seasonal``, a year's period:
-#: the days are mapped to timestamps one day apart).
-SEASONAL_ENV = {"TRITONFLOW_DRIFT_REFERENCE_STRATEGY": "training_seasonal",
-                "TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS": str(365.25 * 24)}
+#: The default policy without the season-matched run rule (:mod:`drift_checks.policy`).
+NO_SEASON_ENV = {"TRITONFLOW_DRIFT_SEASONAL_RUN_WINDOWS": "0"}
+#: The default policy with the seasonally matched reference (``training_seasonal``; its period, a
+#: year, from the reference's times: the days are mapped to timestamps one day apart).
+SEASONAL_ENV = {"TRITONFLOW_DRIFT_REFERENCE_STRATEGY": "training_seasonal"}
 
 
 def _champion_importance(frame: pd.DataFrame, features: list[str]) -> dict[str, float]:
@@ -281,7 +280,7 @@ def main() -> None:
     budget = DEFAULTS.drift_false_alarm_budget_per_week
     results, timings = {}, {}
     no_run_rule = {"TRITONFLOW_DRIFT_SUSTAINED_WINDOWS": "0", "TRITONFLOW_DRIFT_SEASONAL_RUN_WINDOWS": "0"}
-    policies: dict = {"tritonflow": YEAR_ENV, "tritonflow_no_season": {}, "tritonflow_no_run_rule": no_run_rule,
+    policies: dict = {"tritonflow": {}, "tritonflow_no_season": NO_SEASON_ENV, "tritonflow_no_run_rule": no_run_rule,
                       "tritonflow_training_seasonal": SEASONAL_ENV, "today": run_today}
     if not args.skip_evidently:
         policies["evidently"] = run_evidently
@@ -303,10 +302,10 @@ def main() -> None:
            "seconds": timings}
     if not args.skip_out_of_sample:
         t0 = time.perf_counter()
-        doc["out_of_sample"] = out_of_sample(noaa, features, budget, YEAR_ENV)
+        doc["out_of_sample"] = out_of_sample(noaa, features, budget)
         print("out of sample:", json.dumps(doc["out_of_sample"]), flush=True)
         doc["in_vs_out_of_sample"] = side_by_side(results["tritonflow"], doc["out_of_sample"])
-        doc["out_of_sample_no_season"] = out_of_sample(noaa, features, budget)
+        doc["out_of_sample_no_season"] = out_of_sample(noaa, features, budget, NO_SEASON_ENV)
         doc["in_vs_out_of_sample_no_season"] = side_by_side(results["tritonflow_no_season"],
                                                             doc["out_of_sample_no_season"])
         doc["out_of_sample_training_seasonal"] = out_of_sample(noaa, features, budget, SEASONAL_ENV)
@@ -314,7 +313,7 @@ def main() -> None:
         doc["in_vs_out_of_sample_training_seasonal"] = side_by_side(
             results["tritonflow_training_seasonal"], doc["out_of_sample_training_seasonal"])
         rows = [("default", r) for r in doc["in_vs_out_of_sample"]]
-        rows += [("no season", r) for r in doc["in_vs_out_of_sample_no_season"]]
+        rows += [("no season run rule", r) for r in doc["in_vs_out_of_sample_no_season"]]
         rows += [("training_seasonal", r) for r in doc["in_vs_out_of_sample_training_seasonal"]]
         for label, row in rows:
             print(f"{label}: {row['set']:34s} false alerts/100 windows {row['per_100_windows']} (<= "
@@ -348,15 +347,15 @@ def _finish(doc: dict) -> None:
     else:
         oos_goals = {"oos_false_alerts_per_week_shuffled": not_measured("<= 1 false alerts per model-week"),
                      "oos_max_delay_windows": not_measured("<= 2 windows after every offset shift")}
-    names = {"tritonflow_no_season": "the same without the season declared",
+    names = {"tritonflow_no_season": "the same without the season-matched run rule",
              "tritonflow_no_run_rule": "the same without the run rules",
              "tritonflow_training_seasonal": "the same with the seasonally matched reference",
              "today": "the earlier policy (re-implemented in this benchmark)",
              "evidently": "Evidently DataDriftPreset defaults"}
     baselines = ", ".join(names.get(n, n) for n in doc["policies"] if n != "tritonflow")
     finish("drift_quality",
-           f"Drift alarms of the default policy on NOAA, its season declared (a year; "
-           f"{doc['days_per_window']}-day windows, "
+           f"Drift alarms of the default policy on NOAA (its season, a year, read from the reference's "
+           f"times; {doc['days_per_window']}-day windows, "
            f"{len(doc['shifts'])} known shifts, {ours['quiet_windows']} quiet windows; in-sample: the windows "
            f"the run rules were tuned on) against {baselines} on the same windows; out of sample: other NOAA "
            f"stretches, shuffled controls and the shifts cut at an offset, against a budget of "

@@ -26,6 +26,12 @@ window's rows to be cut so; with fewer than 10 chunks in all, the static thresho
 The window's data contract is still derived from the whole reference: a season's rows would
 narrow it (a column with nulls elsewhere and none in one season would fail that season's hours).
 
+**The period.** Declared (``period``), or chosen per window duration from the reference's times
+(:func:`choose_period`): the longest of a year, a week and a day that the times cover twice and
+whose season holds enough rows for a window, as Prophet turns its yearly, weekly and daily
+seasonalities on from the history's span. NOAA's daily rows over eight years get a year; a few
+weeks of rows every ten minutes get a day.
+
 **Fallback.** A window whose matched rows come from fewer than :data:`MIN_CYCLES` cycles (the
 reference spans less than ``MIN_CYCLES`` periods, or the window is longer than the period) or
 number fewer than :data:`~drift_checks.strategies.MIN_SERVED_REFERENCE_ROWS` is compared with the
@@ -58,6 +64,42 @@ from drift_checks.verdict import PreparedReference, prepare_reference
 MIN_CYCLES = 2
 #: Most phases of the period whose seasons calibrate the thresholds (spread evenly).
 MAX_PHASES = 48
+#: Periods a season is looked for in when none is declared, longest first: a year, a week, a day.
+SEASON_CANDIDATES = (pd.Timedelta(days=365.25), pd.Timedelta(days=7), pd.Timedelta(days=1))
+
+
+def choose_period(times: np.ndarray, duration: pd.Timedelta,
+                  candidates: tuple[pd.Timedelta, ...] = SEASON_CANDIDATES) -> pd.Timedelta | None:
+    """The longest candidate period whose seasons a window of ``duration`` can be matched in.
+
+    A candidate qualifies when it is longer than the window, the times span at least
+    :data:`MIN_CYCLES` of it, the rows come closer together than one period, and a window's
+    season would hold on average :data:`~drift_checks.strategies.MIN_SERVED_REFERENCE_ROWS` rows
+    (``rows x duration / period``). The span and spacing tests are Prophet's automatic
+    seasonalities (``Prophet.set_auto_seasonalities``: yearly with two years of history, weekly
+    with two weeks and rows under a week apart, daily with two days and rows under a day apart;
+    Taylor & Letham, "Forecasting at scale", 2018). Prophet fits each that qualifies; a season
+    here is one period, so the longest is taken (the same hour of the same day of earlier years
+    holds the shorter ones' phase where the data has it).
+
+    Args:
+        times: Reference row times (``datetime64[ns]``, any order).
+        duration: The window's duration (> 0).
+        candidates: Periods to try, longest first.
+
+    Returns:
+        The chosen period, or ``None`` when none qualifies (the whole reference then applies).
+    """
+    steps = np.diff(np.unique(times)).astype("int64")
+    if steps.size == 0:
+        return None
+    span, spacing = pd.Timedelta(int(steps.sum())), pd.Timedelta(int(steps.min()))
+    for period in candidates:
+        rows = len(times) * (duration / period)
+        if (duration < period and span >= MIN_CYCLES * period and spacing < period
+                and rows >= MIN_SERVED_REFERENCE_ROWS):
+            return period
+    return None
 
 
 def season_mask(times: np.ndarray, start: pd.Timestamp, end: pd.Timestamp, period: pd.Timedelta) -> np.ndarray:
@@ -83,23 +125,28 @@ class SeasonalReference:
     Attributes:
         training: The whole reference, prepared (any row order: the times say where each row is).
         times: Each reference row's time (UTC-naive ``datetime64[ns]``, the rows' order).
-        period: The seasonal period.
+        period: The declared seasonal period; ``None``: chosen per window duration
+            (:func:`choose_period`).
         calibrations: Seasonal calibrations by (window duration, chunk rows, quantile, statistics),
             filled lazily.
         budgets: Quantiles calibrated to the false-alarm budget, shared by every window's matched
             reference (:meth:`drift_checks.verdict.PreparedReference.budget`).
-        store: ``store(duration)`` gives where the calibrations of windows of that duration outlive
-            the process (``load(key)`` / ``save(key, calibration)``, as
+        store: ``store(period, duration)`` gives where the calibrations of windows of that duration
+            in that period outlive the process (``load(key)`` / ``save(key, calibration)``, as
             :attr:`drift_checks.verdict.PreparedReference.calibration_store`, keyed apart from the
             whole reference's); ``None``: this object only.
     """
 
     training: PreparedReference
     times: np.ndarray
-    period: pd.Timedelta
+    period: pd.Timedelta | None
     calibrations: dict[tuple, Calibration | None] = dataclasses.field(default_factory=dict)
     budgets: dict[tuple, Any] = dataclasses.field(default_factory=dict)
-    store: Callable[[pd.Timedelta], Any] | None = None
+    store: Callable[[pd.Timedelta, pd.Timedelta], Any] | None = None
+
+    def period_for(self, duration: pd.Timedelta) -> pd.Timedelta | None:
+        """The period windows of ``duration`` are matched in: the declared one, else :func:`choose_period`."""
+        return self.period if self.period is not None else choose_period(self.times, duration)
 
     def for_window(self, start: Any, end: Any) -> tuple[PreparedReference, str]:
         """The window's reference and a note saying which rows it holds.
@@ -111,10 +158,14 @@ class SeasonalReference:
             :data:`~drift_checks.strategies.MIN_SERVED_REFERENCE_ROWS` rows (module docstring).
         """
         a, b = _naive(start), _naive(end)
-        if b - a >= self.period:
+        period = self.period_for(b - a)
+        if period is None:
+            return self.training, (f"training (no season: the reference's times give no year, week or day "
+                                   f"covered {MIN_CYCLES} times with {MIN_SERVED_REFERENCE_ROWS} rows per window)")
+        if b - a >= period:
             return self.training, "training (the window is not shorter than the seasonal period)"
-        mask = season_mask(self.times, a, b, self.period)
-        cycles = int(np.unique(_cycle(self.times[mask], a, self.period)).size)
+        mask = season_mask(self.times, a, b, period)
+        cycles = int(np.unique(_cycle(self.times[mask], a, period)).size)
         rows = int(mask.sum())
         if cycles < MIN_CYCLES or rows < MIN_SERVED_REFERENCE_ROWS:
             return self.training, (f"training (the season matches {rows} rows from {cycles} cycle(s) of the "
@@ -124,7 +175,8 @@ class SeasonalReference:
                                     reference_id=f"{ref.reference_id}:seasonal", importance=ref.importance,
                                     time_ordered=True)
         fields = {f.name: getattr(matched, f.name) for f in dataclasses.fields(PreparedReference)}
-        note = f"training_seasonal ({rows} rows from {cycles} cycles)"
+        chosen = "" if self.period is not None else f" of {period / pd.Timedelta(hours=1):g} h, from its times"
+        note = f"training_seasonal ({rows} rows from {cycles} cycles{chosen})"
         return _Matched(**{**fields, "budgets": self.budgets}, source=self, duration=b - a), note
 
     def calibration(self, window_rows: int, quantile: float, names=None, *,
@@ -152,20 +204,24 @@ class SeasonalReference:
         size = chunk_rows_for(window_rows, len(self.training.frame))
         if size == 0:
             return None
+        period = self.period_for(duration)
+        if period is None:
+            return None
         key = (size, quantile, tuple(names) if names is not None else None)
         if (duration.value, *key) not in self.calibrations:
-            store = self.store(duration) if self.store is not None else None
+            store = self.store(period, duration) if self.store is not None else None
             found = store.load(key) if store is not None else None
             if found is None:
-                found = self._calibrate(size, duration, quantile, names)
+                found = self._calibrate(size, period, duration, quantile, names)
                 if store is not None and found is not None:
                     store.save(key, found)
             self.calibrations[(duration.value, *key)] = found
         return self.calibrations[(duration.value, *key)]
 
-    def _season_chunks(self, size: int, duration: pd.Timedelta) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _season_chunks(self, size: int, period: pd.Timedelta,
+                       duration: pd.Timedelta) -> list[tuple[np.ndarray, np.ndarray]]:
         """``(chunk rows, rest of its season)`` pairs, at most :data:`MAX_REFERENCE_CHUNKS`."""
-        times, period = self.times, self.period
+        times = self.times
         t0 = pd.Timestamp(times.min())
         phases = np.arange(0, period.value, duration.value)
         phases = phases[np.unique(np.linspace(0, len(phases) - 1, min(len(phases), MAX_PHASES)).round().astype(int))]
@@ -184,9 +240,10 @@ class SeasonalReference:
         picks = np.unique(np.linspace(0, len(pairs) - 1, min(len(pairs), MAX_REFERENCE_CHUNKS)).round().astype(int))
         return [pairs[i] for i in picks] if pairs else []
 
-    def _calibrate(self, size: int, duration: pd.Timedelta, quantile: float, names) -> Calibration | None:
+    def _calibrate(self, size: int, period: pd.Timedelta, duration: pd.Timedelta, quantile: float,
+                   names) -> Calibration | None:
         ref = self.training
-        pairs = self._season_chunks(size, duration)
+        pairs = self._season_chunks(size, period, duration)
         if len(pairs) < MIN_REFERENCE_CHUNKS:
             return None
         wanted = list(names) if names is not None else None

@@ -6,12 +6,14 @@
 * ``trailing``: the last ``trailing`` span (default 7 days) of served traffic before the window.
   Drift means "unlike the recent past": sudden changes alarm, slow ones are followed. Useful
   when the training data is old or the input moves by design.
-* ``seasonal``: the same window one ``period`` earlier (default one week, 168 hours): "this hour
-  compared with the same hour last week" (the practitioners' rule in ``../shared/references``).
+* ``seasonal``: the same window one ``period`` earlier (undeclared: one week, 168 hours): "this
+  hour compared with the same hour last week" (the practitioners' rule in ``../shared/references``).
   Recurring daily and weekly patterns stop alarming; a change from last week's pattern does.
 * ``training_seasonal``: the model version's reference rows at the window's phase of the same
-  ``period`` (a year for daily data, a day or a week for hourly traffic), from every cycle the
-  reference covers, with thresholds calibrated the same way (:mod:`drift_checks.season_match`).
+  ``period`` (a year for daily data, a day or a week for hourly traffic; undeclared, the longest
+  of those the reference's times cover, :func:`drift_checks.season_match.choose_period`), from
+  every cycle the reference covers, with thresholds calibrated the same way
+  (:mod:`drift_checks.season_match`).
   A shift smaller than the seasons' swing shows in the season it happens in. It needs each
   reference row's time: the backtest has it, a stored reference has it when its source had a
   ``timestamp`` column (:mod:`drift_checks.reference`); without it the whole training reference
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
 STRATEGIES = ("training", "trailing", "seasonal", "training_seasonal")
 #: Default span of a trailing reference (days).
 DEFAULT_TRAILING_DAYS = 7.0
-#: Default period of a seasonal reference (hours): one week.
+#: Period of a ``seasonal`` reference when none is declared (hours): one week.
 DEFAULT_SEASONAL_PERIOD_HOURS = 168.0
 #: Fewest served rows a trailing/seasonal reference needs (fewer: the training reference).
 MIN_SERVED_REFERENCE_ROWS = 30
@@ -57,17 +59,20 @@ class ReferenceStrategy:
     Attributes:
         name: One of :data:`STRATEGIES`.
         trailing: Span of a trailing reference (> 0).
-        period: Period of a seasonal or seasonally matched reference (> 0).
+        period: Declared period of a seasonal or seasonally matched reference (> 0); ``None``:
+            undeclared, a week for ``seasonal`` (:attr:`served_period`) and, for the training
+            reference's season, chosen from its row times
+            (:func:`drift_checks.season_match.choose_period`).
     """
 
     name: str = "training"
     trailing: dt.timedelta = dt.timedelta(days=DEFAULT_TRAILING_DAYS)
-    period: dt.timedelta = dt.timedelta(hours=DEFAULT_SEASONAL_PERIOD_HOURS)
+    period: dt.timedelta | None = None
 
     def __post_init__(self) -> None:
         if self.name not in STRATEGIES:
             raise SettingsError(f"reference strategy {self.name!r}; expected one of {STRATEGIES}")
-        if self.trailing <= dt.timedelta(0) or self.period <= dt.timedelta(0):
+        if self.trailing <= dt.timedelta(0) or (self.period is not None and self.period <= dt.timedelta(0)):
             raise SettingsError(f"reference strategy spans trailing={self.trailing}, period={self.period}; "
                                 "expected positive durations")
 
@@ -87,10 +92,15 @@ class ReferenceStrategy:
             SettingsError: Unknown strategy name or a non-positive span.
         """
         s = settings
+        hours = float(getattr(s, "drift_seasonal_period_hours", 0.0))
         return cls(name=str(name or getattr(s, "drift_reference_strategy", "training")),
                    trailing=dt.timedelta(days=getattr(s, "drift_trailing_days", DEFAULT_TRAILING_DAYS)),
-                   period=dt.timedelta(hours=getattr(s, "drift_seasonal_period_hours",
-                                                     DEFAULT_SEASONAL_PERIOD_HOURS)))
+                   period=dt.timedelta(hours=hours) if hours > 0 else None)
+
+    @property
+    def served_period(self) -> dt.timedelta:
+        """How far back a ``seasonal`` reference looks: the declared period, else a week."""
+        return self.period if self.period is not None else dt.timedelta(hours=DEFAULT_SEASONAL_PERIOD_HOURS)
 
     def served_range(self, start: Any, end: Any) -> tuple[pd.Timestamp, pd.Timestamp] | None:
         """The span of served traffic the window is compared with (``None``: training)."""
@@ -98,14 +108,14 @@ class ReferenceStrategy:
         if self.name == "trailing":
             return t0 - pd.Timedelta(self.trailing), t0
         if self.name == "seasonal":
-            return t0 - pd.Timedelta(self.period), t1 - pd.Timedelta(self.period)
+            return t0 - pd.Timedelta(self.served_period), t1 - pd.Timedelta(self.served_period)
         return None
 
     def reference_id(self, training_id: str, version: int | None) -> str:
         """The id thresholds are keyed by under this strategy."""
         if self.name in ("training", "training_seasonal"):
             return training_id if self.name == "training" else f"{training_id}:seasonal"
-        span = self.trailing if self.name == "trailing" else self.period
+        span = self.trailing if self.name == "trailing" else self.served_period
         hours = span.total_seconds() / 3600
         return f"v{version}:{self.name}:{hours:g}h"
 
@@ -114,9 +124,11 @@ class ReferenceStrategy:
         if self.name == "trailing":
             return f"trailing: the last {self.trailing} of served traffic"
         if self.name == "seasonal":
-            return f"seasonal: the same window {self.period} earlier"
+            return f"seasonal: the same window {self.served_period} earlier"
         if self.name == "training_seasonal":
-            return f"training_seasonal: the model version's reference rows at the window's phase of {self.period}"
+            period = self.period if self.period is not None else (
+                "its season (a year, a week or a day: the reference's times)")
+            return f"training_seasonal: the model version's reference rows at the window's phase of {period}"
         return "training: the model version's reference"
 
 

@@ -480,10 +480,14 @@ class Settings:
     )
     #: Span of the ``trailing`` reference (days of served traffic).
     drift_trailing_days: float = setting("DRIFT_TRAILING_DAYS", 7.0, "Span of the trailing reference (days).")
-    #: Period of the ``seasonal`` and ``training_seasonal`` references (hours; 168 = "the same hour
-    #: last week"; 8766 = a year).
+    #: Period of the ``seasonal`` and ``training_seasonal`` references and of the season-matched run
+    #: rule (hours; 168 = "the same hour last week"; 8766 = a year). 0: undeclared, a week for
+    #: ``seasonal``; for the training reference's season, the longest of a year, a week and a day
+    #: its row times cover twice (``drift_checks.season_match.choose_period``, Prophet's rule).
     drift_seasonal_period_hours: float = setting(
-        "DRIFT_SEASONAL_PERIOD_HOURS", 168.0, "Period of the seasonal reference (hours; 168 = same hour last week).",
+        "DRIFT_SEASONAL_PERIOD_HOURS", 0.0,
+        "Seasonal period (hours; 0: a week for seasonal, the reference's year, week or day for its season).",
+        check=NON_NEGATIVE,
     )
     #: How features weigh in the dataset verdict: ``importance`` (the model version's permutation
     #: importance, stored with its reference at publish time) or ``uniform``.

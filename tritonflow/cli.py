@@ -725,8 +725,11 @@ def _add_drift_parser(sub: Any) -> None:
                     choices=["training", "trailing", "seasonal", "training_seasonal"],
                     help="what each window is compared with (default: TRITONFLOW_DRIFT_REFERENCE_STRATEGY)")
     bt.add_argument("--trailing", default=None, help="span of the trailing reference, data time (e.g. 7D)")
-    bt.add_argument("--period", default=None, help="period of the seasonal and training_seasonal references and of "
-                                                        "the season-matched run rule, data time (e.g. 168h, 365.25D)")
+    bt.add_argument("--period", default=None,
+                    help="period of the seasonal and training_seasonal references and of the season-matched run "
+                         "rule, data time (e.g. 168h, 365.25D; default: TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS, and "
+                         "when that is 0 a week for seasonal and, for the reference's season, the longest of a "
+                         "year, a week and a day its times cover twice)")
     bt.add_argument("--importance", default=None, help="JSON file {feature: weight} for the dataset verdict")
     bt.add_argument("--weighting", choices=["importance", "uniform"], default=None,
                     help="dataset weights (default: TRITONFLOW_DRIFT_WEIGHTING)")

@@ -7,7 +7,7 @@ import pytest
 
 from drift_checks.backtest import run_backtest
 from drift_checks.inference_log import LogSchema
-from drift_checks.season_match import SeasonalReference, season_mask
+from drift_checks.season_match import SeasonalReference, choose_period, season_mask
 from drift_checks.strategies import ReferenceStrategy
 from drift_checks.verdict import prepare_reference
 from ground.settings import Settings
@@ -57,13 +57,15 @@ def test_a_drop_smaller_than_the_seasons_swing_is_seen_in_its_own_season_and_qui
     assert any(w["alert"] for w in runs["training_seasonal"][drop:drop + 4])
 
 
-def _training_run(table, tmp_path, run_windows, reference_end="2005-01-01", end="2007-06-01"):
-    """The ``training`` strategy with the season-matched run rule on (``run_windows``) or off (0)."""
+def _training_run(table, tmp_path, run_windows, reference_end="2005-01-01", end="2007-06-01", period=YEAR):
+    """The ``training`` strategy with the season-matched run rule on (``run_windows``) or off (0);
+    ``period`` ``None``: undeclared, chosen from the reference's times."""
     from drift_checks.verdict import CheckConfig
 
     cfg = CheckConfig.from_settings(Settings.from_env({"TRITONFLOW_DRIFT_SEASONAL_RUN_WINDOWS": str(run_windows)}))
-    spec = ReferenceStrategy(name="training", period=YEAR.to_pytimedelta())
-    return run_backtest(table, time_column="ts", out_dir=tmp_path / f"run{run_windows}", window="30", config=cfg,
+    spec = ReferenceStrategy(name="training", period=period.to_pytimedelta() if period is not None else None)
+    return run_backtest(table, time_column="ts", out_dir=tmp_path / f"run{run_windows}-{period}", window="30",
+                        config=cfg,
                         reference_range=("2000-01-01T00:00Z", f"{reference_end}T00:00Z"), strategy=spec,
                         replay_end=f"{end}T00:00Z", html_report=False)["windows"]
 
@@ -82,6 +84,33 @@ def test_the_season_run_rule_alerts_on_the_first_window_flagged_after_evidence_a
     assert alerts["on"][0] == first_flag < alerts["off"][0], alerts
     assert "against the season on wind" in on[first_flag]["alert_reason"]
     assert [i for i in alerts["on"] if i < drop] == []  # quiet seasons raise nothing
+
+
+def test_undeclared_the_season_is_the_year_the_daily_rows_cover_and_the_rule_alerts_as_declared(tmp_path):
+    table = _seasonal_days()
+    declared, found = _training_run(table, tmp_path, 4), _training_run(table, tmp_path, 4, period=None)
+    alerts = {name: [i for i, w in enumerate(ws) if w["alert"]] for name, ws in (("declared", declared),
+                                                                                 ("found", found))}
+    assert alerts["found"] == alerts["declared"] and alerts["found"], alerts
+    assert "against the season on wind" in found[alerts["found"][0]]["alert_reason"]
+
+
+def _times(start, step, count):
+    return (pd.Timestamp(start) + pd.to_timedelta(np.arange(count) * pd.Timedelta(step).value, unit="ns")
+            ).to_numpy("datetime64[ns]")
+
+
+@pytest.mark.parametrize(("times", "window", "expected"), [
+    (_times("2000-01-01", "1D", 8 * 365), "30D", pd.Timedelta(days=365.25)),  # daily weather: a year
+    (_times("2000-01-01", "1D", 3 * 365), "6h", pd.Timedelta(days=7)),  # midnight rows: no day; a year too few
+    (_times("2000-01-01", "10min", 3000), "1h", pd.Timedelta(days=1)),  # three weeks: 18 rows an hour of a week
+    (_times("2000-01-01", "1h", 24 * 365), "1h", pd.Timedelta(days=7)),  # a year of hours: not twice a year
+    (_times("2000-01-01", "1D", 21), "1D", None),  # three weeks of days: 3 rows a weekday
+    (_times("2000-01-01", "1h", 1), "1h", None),
+])
+def test_undeclared_the_period_is_the_longest_of_a_year_a_week_and_a_day_covered_twice_with_rows_to_match(
+        times, window, expected):
+    assert choose_period(times, pd.Timedelta(window)) == expected
 
 
 def test_without_two_cycles_of_the_period_the_season_run_rule_changes_nothing(tmp_path):
@@ -109,6 +138,9 @@ def test_the_strategy_setting_accepts_the_matched_season(value):
     spec = ReferenceStrategy.from_settings(settings)
     assert spec.name == value and spec.period == pd.Timedelta(hours=8766)
     assert (spec.served_range("2024-01-01", "2024-01-02") is None) == (value == "training_seasonal")
+    undeclared = ReferenceStrategy.from_settings(Settings.from_env({"TRITONFLOW_DRIFT_REFERENCE_STRATEGY": value}))
+    assert undeclared.period is None and undeclared.served_period == pd.Timedelta(days=7)  # seasonal: last week
+    assert "the reference's times" in undeclared.describe() or value == "seasonal"
 
 
 def test_a_reference_keeps_its_rows_times_through_sampling_and_a_round_trip(tmp_path):

@@ -244,9 +244,15 @@ def test_under_the_training_strategy_the_hour_is_also_scored_against_its_season_
         refs = dict(conn.execute(sa.select(history.stats.c.reference_id, sa.func.count())
                                  .where(history.stats.c.model == model).group_by(history.stats.c.reference_id)).all())
     assert set(refs) == {summary["reference_id"], sid} and refs[sid] == refs[summary["reference_id"]]
-    monkeypatch.delenv("TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS")  # the default week: 3 cycles of 6 rows
+    monkeypatch.setenv("TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS", "168")  # a week declared: 3 cycles of 6 rows
     weekly = drift.check_model_hour(model, 1, T0, T0 + HOUR, Settings.from_env(), reference_strategy="training")
     assert "season_reference_id" not in weekly  # fewer than 30 rows in the hour's season: no rule
+    monkeypatch.delenv("TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS")  # undeclared: three weeks of times give a day
+    daily = drift.check_model_hour(model, 1, T0, T0 + HOUR, Settings.from_env(), reference_strategy="training")
+    assert daily["season_reference_id"] == sid
+    matched = drift.check_model_hour(model, 1, T0, T0 + HOUR, Settings.from_env(),
+                                     reference_strategy="training_seasonal")
+    assert matched["reference_strategy"] == "training_seasonal (126 rows from 21 cycles of 24 h, from its times)"
     monkeypatch.setenv("TRITONFLOW_DRIFT_SEASONAL_RUN_WINDOWS", "0")
     off = drift.check_model_hour(model, 1, T0, T0 + HOUR, Settings.from_env(), reference_strategy="training")
     assert "season_reference_id" not in off and off["reference_id"] == summary["reference_id"]

@@ -183,7 +183,8 @@ def _season_run(ref, prepared, t0, t1, strategy_name: str | None, settings: Sett
 
     Only under the ``training`` strategy with ``TRITONFLOW_DRIFT_SEASONAL_RUN_WINDOWS`` on and a
     reference that stores its rows' times. A season of fewer than 2 cycles of
-    ``TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS`` is the whole reference
+    ``TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS`` (0: the period its times give,
+    :func:`drift_checks.season_match.choose_period`) is the whole reference
     (:mod:`drift_checks.season_match`), which :func:`~drift_checks.verdict.check_window` ignores.
     """
     from drift_checks.strategies import ReferenceStrategy
@@ -297,11 +298,11 @@ def _seasonal_reference(ref, t0, t1, strategy, settings: Settings, training=None
     if ref.times is None:
         return training, ("training_seasonal: the reference stores no row times (its source had no 'timestamp' "
                           "column); the whole training reference applies")
-    period = pd.Timedelta(strategy.period)
+    period = pd.Timedelta(strategy.period) if strategy.period is not None else None  # None: from the times
     whole = training.calibration_store
     times_key = hashlib.sha256(ref.times.tobytes()).hexdigest()[:16]
 
-    def store(duration: pd.Timedelta):  # seasonal calibrations, keyed apart from the whole reference's
+    def store(period: pd.Timedelta, duration: pd.Timedelta):  # keyed apart from the whole reference's
         return dataclasses.replace(whole, reference_key=f"{whole.reference_key}-season-{period.value}-"
                                                         f"{duration.value}-{times_key}")
 
