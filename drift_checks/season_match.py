@@ -129,6 +129,7 @@ class SeasonalReference:
             (:func:`choose_period`).
         calibrations: Seasonal calibrations by (window duration, chunk rows, quantile, statistics),
             filled lazily.
+        chosen: Periods chosen from the times, by window duration (ns), filled lazily.
         budgets: Quantiles calibrated to the false-alarm budget, shared by every window's matched
             reference (:meth:`drift_checks.verdict.PreparedReference.budget`).
         store: ``store(period, duration)`` gives where the calibrations of windows of that duration
@@ -143,10 +144,15 @@ class SeasonalReference:
     calibrations: dict[tuple, Calibration | None] = dataclasses.field(default_factory=dict)
     budgets: dict[tuple, Any] = dataclasses.field(default_factory=dict)
     store: Callable[[pd.Timedelta, pd.Timedelta], Any] | None = None
+    chosen: dict[int, pd.Timedelta | None] = dataclasses.field(default_factory=dict)
 
     def period_for(self, duration: pd.Timedelta) -> pd.Timedelta | None:
         """The period windows of ``duration`` are matched in: the declared one, else :func:`choose_period`."""
-        return self.period if self.period is not None else choose_period(self.times, duration)
+        if self.period is not None:
+            return self.period
+        if duration.value not in self.chosen:
+            self.chosen[duration.value] = choose_period(self.times, duration)
+        return self.chosen[duration.value]
 
     def for_window(self, start: Any, end: Any) -> tuple[PreparedReference, str]:
         """The window's reference and a note saying which rows it holds.
