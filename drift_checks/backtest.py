@@ -363,7 +363,7 @@ def _seasons(training: PreparedReference, times: pd.Series, strategy: ReferenceS
                                                      and cfg.alerts.seasonal_run_windows >= 2):
         return None
     naive = times.dt.tz_convert(None).to_numpy(dtype="datetime64[ns]")  # _times reads them as UTC
-    return SeasonalReference(training, naive, pd.Timedelta(strategy.period) if strategy.period is not None else None)
+    return SeasonalReference(training, naive, strategy.period)
 
 
 def _split_reference(table: pd.DataFrame, times: pd.Series, reference_rows: int | None,

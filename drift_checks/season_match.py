@@ -125,8 +125,8 @@ class SeasonalReference:
     Attributes:
         training: The whole reference, prepared (any row order: the times say where each row is).
         times: Each reference row's time (UTC-naive ``datetime64[ns]``, the rows' order).
-        period: The declared seasonal period; ``None``: chosen per window duration
-            (:func:`choose_period`).
+        period: The declared seasonal period (any timedelta, kept as a ``pd.Timedelta``); ``None``:
+            chosen per window duration (:func:`choose_period`).
         calibrations: Seasonal calibrations by (window duration, chunk rows, quantile, statistics),
             filled lazily.
         chosen: Periods chosen from the times, by window duration (ns), filled lazily.
@@ -145,6 +145,10 @@ class SeasonalReference:
     budgets: dict[tuple, Any] = dataclasses.field(default_factory=dict)
     store: Callable[[pd.Timedelta, pd.Timedelta], Any] | None = None
     chosen: dict[int, pd.Timedelta | None] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.period is not None:
+            self.period = pd.Timedelta(self.period)
 
     def period_for(self, duration: pd.Timedelta) -> pd.Timedelta | None:
         """The period windows of ``duration`` are matched in: the declared one, else :func:`choose_period`."""

@@ -298,7 +298,6 @@ def _seasonal_reference(ref, t0, t1, strategy, settings: Settings, training=None
     if ref.times is None:
         return training, ("training_seasonal: the reference stores no row times (its source had no 'timestamp' "
                           "column); the whole training reference applies")
-    period = pd.Timedelta(strategy.period) if strategy.period is not None else None  # None: from the times
     whole = training.calibration_store
     times_key = hashlib.sha256(ref.times.tobytes()).hexdigest()[:16]
 
@@ -306,7 +305,7 @@ def _seasonal_reference(ref, t0, t1, strategy, settings: Settings, training=None
         return dataclasses.replace(whole, reference_key=f"{whole.reference_key}-season-{period.value}-"
                                                         f"{duration.value}-{times_key}")
 
-    return SeasonalReference(training, ref.times, period, store=store if whole is not None else None
+    return SeasonalReference(training, ref.times, strategy.period, store=store if whole is not None else None
                              ).for_window(t0, t1)
 
 
