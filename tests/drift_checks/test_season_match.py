@@ -224,3 +224,13 @@ def test_numeric_times_and_a_damaged_times_file_cost_the_times_only(tmp_path, ca
     (tmp_path / "m" / "reference" / "v2" / TIMES_FILE).write_bytes(b"not parquet")
     damaged = load_reference(str(tmp_path), "m", 2, with_profile=False)
     assert damaged.times is None and len(damaged.frame) == len(table) and "not read" in caplog.text
+
+
+def test_a_negative_period_is_refused_naming_the_variable_the_value_and_what_is_expected():
+    from ground.exceptions import SettingsError
+    from ground.settings_checks import settings_problems
+
+    settings = Settings.from_env({"TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS": "-24"})
+    assert settings_problems(settings) == ["TRITONFLOW_DRIFT_SEASONAL_PERIOD_HOURS=-24.0: expected a number >= 0"]
+    with pytest.raises(SettingsError, match="expected positive durations"):
+        ReferenceStrategy(name="seasonal", period=pd.Timedelta(hours=-24).to_pytimedelta())
